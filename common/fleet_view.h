@@ -1,0 +1,66 @@
+// FleetView: who is in the job, where they listen, and which keys each server owns.
+//
+// The coordinator builds it once every expected process has registered and sends it to each
+// of them; it is the same on every process, so anything computed from it (key placement,
+// ring order) agrees everywhere.
+#ifndef TESSERA_COMMON_FLEET_VIEW_H_
+#define TESSERA_COMMON_FLEET_VIEW_H_
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/config.h"
+#include "common/status.h"
+#include "proto/wire_generated.h"
+
+namespace tessera {
+
+enum class MemberState { kJoining, kAlive, kFailed, kLeft };
+std::string_view MemberStateName(MemberState state);
+
+struct MemberInfo {
+  Role role = Role::kWorker;
+  int rank = -1;
+  std::string address;          // tcp://HOST:PORT of its transport
+  std::string metrics_address;  // http://HOST:PORT/metrics
+  std::string host;
+  int64_t pid = 0;
+  MemberState state = MemberState::kJoining;
+  uint64_t key_begin = 0;  // servers: owned keys [key_begin, key_end)
+  uint64_t key_end = 0;
+
+  // "worker 2" / "server 0" / "coordinator".
+  std::string Name() const;
+};
+
+struct FleetView {
+  std::string job;
+  uint64_t epoch = 0;
+  int num_servers = 0;
+  int num_workers = 0;
+  uint64_t key_space = 0;
+  std::vector<MemberInfo> members;  // sorted by (role, rank)
+
+  const MemberInfo* Find(Role role, int rank) const;
+  std::vector<const MemberInfo*> OfRole(Role role) const;
+};
+
+// Server `rank` of `num_servers` owns keys [first, second): contiguous, as even as possible.
+std::pair<uint64_t, uint64_t> ServerKeyRange(uint64_t key_space, int num_servers, int rank);
+
+proto::Role ToWireRole(Role role);
+// InvalidArgument for roles that are not fleet members (Unknown, Launcher).
+StatusOr<Role> FromWireRole(proto::Role role);
+// "worker 2" for a role and rank as sent on the wire.
+std::string MemberName(Role role, int rank);
+
+flatbuffers::Offset<proto::FleetView> EncodeFleetView(flatbuffers::FlatBufferBuilder* fbb,
+                                                      const FleetView& view);
+// Rejects members with unknown roles or states.
+StatusOr<FleetView> DecodeFleetView(const proto::FleetView& wire);
+
+}  // namespace tessera
+
+#endif  // TESSERA_COMMON_FLEET_VIEW_H_

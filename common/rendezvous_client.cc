@@ -1,0 +1,219 @@
+#include "common/rendezvous_client.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <future>
+#include <vector>
+
+#include "common/logging.h"
+#include "common/metric_names.h"
+#include "common/wire_codec.h"
+
+namespace tessera {
+namespace {
+
+// Extra time a client waits beyond the coordinator's own timeout, so that the coordinator's
+// explanation (which members are missing) arrives before the client's bare deadline.
+constexpr int64_t kCoordinatorGraceMs = 5000;
+
+}  // namespace
+
+RendezvousOptions RendezvousOptionsFrom(const ProcessConfig& config) {
+  RendezvousOptions options;
+  options.coordinator_address = "tcp://" + config.coordinator;
+  options.role = config.role;
+  options.requested_rank = config.rank;
+  options.rendezvous_timeout_ms = config.rendezvous_timeout_ms;
+  options.heartbeat_interval_ms = config.heartbeat_interval_ms;
+  options.heartbeat_timeout_ms = config.heartbeat_timeout_ms;
+  options.request_timeout_ms = config.request_timeout_ms;
+  char host[256] = {0};
+  if (gethostname(host, sizeof(host) - 1) == 0) options.host = host;
+  return options;
+}
+
+RendezvousClient::RendezvousClient(RpcEndpoint* endpoint, const RendezvousOptions& options)
+    : endpoint_(endpoint), options_(options) {}
+
+StatusOr<std::unique_ptr<RendezvousClient>> RendezvousClient::Join(
+    RpcEndpoint* endpoint, const RendezvousOptions& options, MetricsRegistry* metrics) {
+  std::unique_ptr<RendezvousClient> client(new RendezvousClient(endpoint, options));
+  if (metrics != nullptr) {
+    ASSIGN_OR_RETURN(HistogramFamily * family,
+                     metrics->RegisterHistogram(metric_names::kBarrierWaitSeconds.name,
+                                                metric_names::kBarrierWaitSeconds.help, {},
+                                                DefaultLatencyBuckets()));
+    ASSIGN_OR_RETURN(client->barrier_wait_, family->WithLabels({}));
+  }
+  std::string me = MemberName(options.role, options.requested_rank);
+  if (options.requested_rank < 0) me = std::string(RoleName(options.role)) + " (rank unassigned)";
+
+  // Failure notices may arrive as soon as we are registered.
+  RendezvousClient* raw = client.get();
+  endpoint->SetHandler(proto::Body::FailureNotice, [raw](Envelope envelope) {
+    const proto::FailureNotice* notice = envelope.header->body_as_FailureNotice();
+    StatusOr<Role> role = FromWireRole(notice->role());
+    std::string who = role.ok() ? MemberName(*role, notice->rank()) : "an unknown process";
+    std::string address = notice->address() ? notice->address()->str() : "?";
+    std::string reason = notice->reason() ? notice->reason()->str() : "no reason given";
+    raw->Fail(AbortedError(who + " (" + address + ") failed: " + reason));
+  });
+
+  uint64_t request_id = endpoint->NextRequestId();
+  MessageBuilder builder(ToWireRole(options.role), options.requested_rank);
+  auto body = proto::CreateRegisterRequestDirect(
+      builder.fbb(), ToWireRole(options.role), options.requested_rank, endpoint->address().c_str(),
+      options.metrics_address.c_str(), options.host.c_str(), static_cast<int64_t>(getpid()));
+  TLOG(INFO) << "registering as " << me << " with the coordinator at "
+             << options.coordinator_address << " (waiting up to " << options.rendezvous_timeout_ms
+             << " ms for the whole fleet)";
+  StatusOr<Envelope> reply = endpoint->Call(
+      options.coordinator_address, builder.Finish(body, request_id), request_id,
+      Deadline::AfterMillis(options.rendezvous_timeout_ms + kCoordinatorGraceMs),
+      "rendezvous of " + me + " with the coordinator");
+  if (!reply.ok()) return reply.status();
+  if (reply->header->body_type() != proto::Body::FleetView) {
+    return InternalError("coordinator answered registration with " +
+                         std::string(BodyName(reply->header->body_type())) + ", not a FleetView");
+  }
+  ASSIGN_OR_RETURN(client->view_, DecodeFleetView(*reply->header->body_as_FleetView()));
+  // Our rank is whatever member of our role lists our address.
+  for (const MemberInfo& m : client->view_.members) {
+    if (m.role == options.role && m.address == endpoint->address()) client->rank_ = m.rank;
+  }
+  if (client->rank_ < 0) {
+    return InternalError("the fleet view from the coordinator does not list this process (" +
+                         endpoint->address() + ")");
+  }
+  endpoint->SetIdentity(ToWireRole(options.role), client->rank_);
+  client->heartbeat_thread_ = std::thread([raw] { raw->HeartbeatLoop(); });
+  return client;
+}
+
+RendezvousClient::~RendezvousClient() { StopHeartbeats(); }
+
+void RendezvousClient::StopHeartbeats() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  stop_cv_.notify_all();
+  if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
+}
+
+Status RendezvousClient::health() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return health_;
+}
+
+void RendezvousClient::SetFailureCallback(std::function<void(const Status&)> callback) {
+  Status already;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    on_failure_ = std::move(callback);
+    already = health_;
+    if (!already.ok() && on_failure_) {
+      auto run = std::move(on_failure_);
+      on_failure_ = nullptr;
+      run(already);
+    }
+  }
+}
+
+void RendezvousClient::Fail(const Status& status) {
+  std::function<void(const Status&)> callback;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!health_.ok()) return;  // the first failure is the root cause
+    health_ = status;
+    callback = std::move(on_failure_);
+    on_failure_ = nullptr;
+  }
+  TLOG(ERROR) << status.message();
+  endpoint_->FailAll(status);
+  if (callback) callback(status);
+}
+
+void RendezvousClient::HeartbeatLoop() {
+  auto last_ack = SteadyClock::now();
+  uint64_t sequence = 0;
+  std::vector<std::shared_future<StatusOr<Envelope>>> in_flight;
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_ && health_.ok()) {
+    lock.unlock();
+    uint64_t request_id = endpoint_->NextRequestId();
+    MessageBuilder builder(ToWireRole(options_.role), rank_);
+    auto body = proto::CreateHeartbeat(builder.fbb(), sequence++);
+    in_flight.push_back(endpoint_->CallAsync(
+        options_.coordinator_address, builder.Finish(body, request_id), request_id,
+        Deadline::AfterMillis(options_.heartbeat_timeout_ms), "heartbeat"));
+    // Collect answered heartbeats: an ack refreshes contact; an error from the coordinator
+    // (e.g. "not a member": it restarted or declared us failed) is final.
+    for (auto it = in_flight.begin(); it != in_flight.end();) {
+      if (it->wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+        ++it;
+        continue;
+      }
+      const StatusOr<Envelope>& result = it->get();
+      if (result.ok()) {
+        last_ack = SteadyClock::now();
+      } else if (result.status().code() != StatusCode::kDeadlineExceeded &&
+                 result.status().code() != StatusCode::kAborted &&
+                 result.status().code() != StatusCode::kCancelled) {
+        Fail(result.status().WithContext("coordinator at " + options_.coordinator_address +
+                                         " rejected a heartbeat of " + MemberName(options_.role, rank_)));
+      }
+      it = in_flight.erase(it);
+    }
+    auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(SteadyClock::now() - last_ack);
+    if (silent.count() > options_.heartbeat_timeout_ms) {
+      Fail(UnavailableError("lost contact with the coordinator at " +
+                            options_.coordinator_address + ": no heartbeat reply for " +
+                            std::to_string(silent.count()) + " ms (limit " +
+                            std::to_string(options_.heartbeat_timeout_ms) + " ms)"));
+    }
+    lock.lock();
+    stop_cv_.wait_for(lock, std::chrono::milliseconds(options_.heartbeat_interval_ms),
+                      [this] { return stopping_; });
+  }
+}
+
+Status RendezvousClient::Barrier(const std::string& name, std::optional<Role> scope,
+                                 int64_t timeout_ms) {
+  uint64_t generation;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!health_.ok()) return health_.WithContext("barrier '" + name + "' not entered");
+    generation = barrier_generation_[name]++;
+  }
+  uint64_t request_id = endpoint_->NextRequestId();
+  MessageBuilder builder(ToWireRole(options_.role), rank_);
+  auto body = proto::CreateBarrierRequestDirect(
+      builder.fbb(), name.c_str(), generation, timeout_ms,
+      scope.has_value() ? ToWireRole(*scope) : proto::Role::Unknown);
+  auto started = SteadyClock::now();
+  StatusOr<Envelope> reply = endpoint_->Call(
+      options_.coordinator_address, builder.Finish(body, request_id), request_id,
+      Deadline::AfterMillis(timeout_ms + kCoordinatorGraceMs),
+      "barrier '" + name + "' generation " + std::to_string(generation) + " of " +
+          MemberName(options_.role, rank_));
+  if (!reply.ok()) return reply.status();
+  if (barrier_wait_ != nullptr) {
+    barrier_wait_->Observe(std::chrono::duration<double>(SteadyClock::now() - started).count());
+  }
+  return OkStatus();
+}
+
+void RendezvousClient::Leave(const std::string& reason) {
+  StopHeartbeats();
+  uint64_t request_id = endpoint_->NextRequestId();
+  MessageBuilder builder(ToWireRole(options_.role), rank_);
+  auto body = proto::CreateGoodbyeDirect(builder.fbb(), reason.c_str());
+  StatusOr<Envelope> reply = endpoint_->Call(
+      options_.coordinator_address, builder.Finish(body, request_id), request_id,
+      Deadline::AfterMillis(options_.request_timeout_ms), "goodbye");
+  if (!reply.ok()) TLOG(WARNING) << "leaving: " << reply.status();
+}
+
+}  // namespace tessera

@@ -1,0 +1,98 @@
+// RendezvousClient: a server's or worker's link to the coordinator.
+//
+// Join() registers this process (role, listen address, /metrics address) and waits until the
+// coordinator has heard from the whole fleet; it returns the FleetView and this process's
+// rank. From then on a heartbeat thread tells the coordinator we are alive, and the
+// coordinator tells us when another process failed (a FailureNotice). Either way the first
+// failure becomes health() and fails every pending and later call on the endpoint, so a
+// process waiting on a dead peer gets an error naming it instead of hanging.
+//
+// Thread-safety: all methods are thread-safe.
+#ifndef TESSERA_COMMON_RENDEZVOUS_CLIENT_H_
+#define TESSERA_COMMON_RENDEZVOUS_CLIENT_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "common/config.h"
+#include "common/fleet_view.h"
+#include "common/metrics.h"
+#include "common/rpc_endpoint.h"
+#include "common/status.h"
+
+namespace tessera {
+
+struct RendezvousOptions {
+  std::string coordinator_address;  // tcp://HOST:PORT
+  Role role = Role::kWorker;
+  int requested_rank = -1;          // -1: the coordinator assigns one
+  std::string metrics_address;      // http://HOST:PORT/metrics
+  std::string host;
+  int64_t rendezvous_timeout_ms = 60000;
+  int64_t heartbeat_interval_ms = 1000;
+  int64_t heartbeat_timeout_ms = 10000;
+  int64_t request_timeout_ms = 30000;
+};
+
+// Fills the options that come straight from a ProcessConfig.
+RendezvousOptions RendezvousOptionsFrom(const ProcessConfig& config);
+
+class RendezvousClient {
+ public:
+  // Registers and waits for the complete fleet. Fails with the coordinator's explanation
+  // (e.g. which processes never arrived) or, if the coordinator does not answer, with a
+  // timeout naming it. `endpoint` and `metrics` (may be null) must outlive the client.
+  static StatusOr<std::unique_ptr<RendezvousClient>> Join(RpcEndpoint* endpoint,
+                                                          const RendezvousOptions& options,
+                                                          MetricsRegistry* metrics);
+  ~RendezvousClient();
+
+  int rank() const { return rank_; }
+  Role role() const { return options_.role; }
+  const FleetView& view() const { return view_; }
+
+  // Waits until every live member in `scope` (all servers and workers when nullopt) has
+  // called Barrier(name). Calls with the same name are numbered (generations), so a barrier
+  // can be reused. Fails naming the members that did not arrive within `timeout_ms`, or the
+  // member that failed meanwhile.
+  Status Barrier(const std::string& name, std::optional<Role> scope, int64_t timeout_ms);
+
+  // OK while the fleet is healthy, else the first failure seen.
+  Status health() const;
+  // Runs once with the first failure (on an internal thread; must not block).
+  void SetFailureCallback(std::function<void(const Status&)> callback);
+
+  // Says goodbye to the coordinator (a clean exit, not a failure) and stops heartbeating.
+  void Leave(const std::string& reason);
+
+ private:
+  RendezvousClient(RpcEndpoint* endpoint, const RendezvousOptions& options);
+  void HeartbeatLoop();
+  void Fail(const Status& status);
+  void StopHeartbeats();
+
+  RpcEndpoint* const endpoint_;
+  const RendezvousOptions options_;
+  int rank_ = -1;
+  FleetView view_;
+  Histogram* barrier_wait_ = nullptr;
+
+  mutable std::mutex mu_;
+  std::condition_variable stop_cv_;
+  bool stopping_ = false;                              // guarded by mu_
+  Status health_;                                      // guarded by mu_
+  std::function<void(const Status&)> on_failure_;      // guarded by mu_
+  std::map<std::string, uint64_t> barrier_generation_;  // guarded by mu_
+  std::thread heartbeat_thread_;
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_COMMON_RENDEZVOUS_CLIENT_H_

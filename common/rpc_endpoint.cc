@@ -1,0 +1,215 @@
+#include "common/rpc_endpoint.h"
+
+#include <vector>
+
+#include "common/logging.h"
+#include "common/metric_names.h"
+#include "common/wire_codec.h"
+
+namespace tessera {
+
+StatusOr<std::unique_ptr<RpcEndpoint>> RpcEndpoint::Start(const ZmqTransportOptions& options,
+                                                          MetricsRegistry* metrics) {
+  std::unique_ptr<RpcEndpoint> endpoint(new RpcEndpoint());
+  endpoint->role_ = options.role;
+  endpoint->rank_ = options.rank;
+  if (metrics != nullptr) {
+    ASSIGN_OR_RETURN(endpoint->latency_,
+                     metrics->RegisterHistogram(metric_names::kRpcLatencySeconds.name,
+                                                metric_names::kRpcLatencySeconds.help, {"type"},
+                                                DefaultLatencyBuckets()));
+  }
+  RpcEndpoint* raw = endpoint.get();
+  ASSIGN_OR_RETURN(endpoint->transport_,
+                   ZmqTransport::Start(
+                       options, [raw](Envelope envelope) { raw->OnMessage(std::move(envelope)); },
+                       metrics));
+  endpoint->expire_thread_ = std::thread([raw] { raw->ExpireLoop(); });
+  return endpoint;
+}
+
+RpcEndpoint::~RpcEndpoint() { Shutdown(); }
+
+void RpcEndpoint::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  expire_cv_.notify_all();
+  if (expire_thread_.joinable()) expire_thread_.join();
+  if (transport_) transport_->Shutdown();  // no handler runs after this
+  std::map<uint64_t, std::shared_ptr<PendingCall>> pending;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending.swap(pending_);
+  }
+  for (auto& [id, call] : pending) {
+    call->promise.set_value(
+        CancelledError(call->what + ": endpoint shut down before " + call->address + " replied"));
+  }
+}
+
+void RpcEndpoint::SetIdentity(proto::Role role, int32_t rank) {
+  role_ = role;
+  rank_ = rank;
+  transport_->SetIdentity(role, rank);
+}
+
+void RpcEndpoint::SetHandler(proto::Body type, MessageHandler handler) {
+  std::lock_guard<std::mutex> lock(mu_);
+  handlers_[type] = std::move(handler);
+}
+
+std::shared_future<StatusOr<Envelope>> RpcEndpoint::CallAsync(const std::string& address,
+                                                              Message request,
+                                                              uint64_t request_id,
+                                                              Deadline deadline,
+                                                              std::string_view what) {
+  auto call = std::make_shared<PendingCall>();
+  call->address = address;
+  call->what = std::string(what);
+  call->deadline = deadline;
+  call->timeout_ms = deadline.RemainingMillis();
+  call->started = SteadyClock::now();
+  std::shared_future<StatusOr<Envelope>> future = call->promise.get_future().share();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) {
+      call->promise.set_value(CancelledError(call->what + ": endpoint is shut down"));
+      return future;
+    }
+    if (!failure_.ok()) {
+      call->promise.set_value(failure_.WithContext(call->what + " not sent"));
+      return future;
+    }
+    if (!pending_.emplace(request_id, call).second) {
+      call->promise.set_value(
+          InternalError(call->what + ": request id " + std::to_string(request_id) + " reused"));
+      return future;
+    }
+  }
+  expire_cv_.notify_all();
+  Status sent = transport_->Send(address, std::move(request));
+  if (!sent.ok()) Complete(request_id, sent.WithContext(call->what));
+  return future;
+}
+
+StatusOr<Envelope> RpcEndpoint::Call(const std::string& address, Message request,
+                                     uint64_t request_id, Deadline deadline,
+                                     std::string_view what) {
+  return CallAsync(address, std::move(request), request_id, deadline, what).get();
+}
+
+void RpcEndpoint::FailAll(const Status& status) {
+  std::map<uint64_t, std::shared_ptr<PendingCall>> pending;
+  Status root;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failure_.ok()) failure_ = status;
+    root = failure_;
+    pending.swap(pending_);
+  }
+  for (auto& [id, call] : pending) call->promise.set_value(root.WithContext(call->what));
+}
+
+void RpcEndpoint::Complete(uint64_t request_id, StatusOr<Envelope> result) {
+  std::shared_ptr<PendingCall> call;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = pending_.find(request_id);
+    if (it == pending_.end()) return;
+    call = std::move(it->second);
+    pending_.erase(it);
+  }
+  call->promise.set_value(std::move(result));
+}
+
+void RpcEndpoint::OnMessage(Envelope envelope) {
+  proto::Body type = envelope.header->body_type();
+  if (!envelope.origin.IsRequest()) {
+    std::shared_ptr<PendingCall> call;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = pending_.find(envelope.header->request_id());
+      if (it != pending_.end() && it->second->address == envelope.origin.peer_address) {
+        call = std::move(it->second);
+        pending_.erase(it);
+      }
+    }
+    if (call != nullptr) {
+      if (type == proto::Body::ErrorReply) {
+        call->promise.set_value(StatusFromErrorReply(*envelope.header->body_as_ErrorReply())
+                                    .WithContext(call->what + ": " +
+                                                 DescribeSender(*envelope.header) + " at " +
+                                                 call->address));
+        return;
+      }
+      if (latency_ != nullptr) {
+        StatusOr<Histogram*> h = latency_->WithLabels({std::string(BodyName(type))});
+        if (h.ok()) {
+          (*h)->Observe(std::chrono::duration<double>(SteadyClock::now() - call->started).count());
+        }
+      }
+      call->promise.set_value(std::move(envelope));
+      return;
+    }
+  }
+  MessageHandler handler;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = handlers_.find(type);
+    if (it != handlers_.end()) handler = it->second;
+  }
+  if (handler) {
+    handler(std::move(envelope));
+    return;
+  }
+  if (envelope.origin.IsRequest()) {
+    Status unhandled = UnimplementedError(std::string(RoleLabel(role_.load())) + " does not serve " +
+                                          std::string(BodyName(type)) + " requests");
+    Status replied = transport_->Reply(
+        envelope.origin, MakeErrorReply(role_.load(), rank_.load(),
+                                        envelope.header->request_id(), unhandled));
+    if (!replied.ok()) TLOG(WARNING) << "cannot answer " << BodyName(type) << ": " << replied;
+    return;
+  }
+  TLOG(DEBUG) << "dropped " << BodyName(type) << " from " << envelope.origin.peer_address
+              << " (request id " << envelope.header->request_id()
+              << "): no pending call and no handler (a late reply?)";
+}
+
+void RpcEndpoint::ExpireLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    auto next = SteadyClock::time_point::max();
+    auto now = SteadyClock::now();
+    std::vector<std::shared_ptr<PendingCall>> expired;
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      if (it->second->deadline.when() <= now) {
+        expired.push_back(std::move(it->second));
+        it = pending_.erase(it);
+      } else {
+        next = std::min(next, it->second->deadline.when());
+        ++it;
+      }
+    }
+    if (!expired.empty()) {
+      lock.unlock();
+      for (auto& call : expired) {
+        call->promise.set_value(DeadlineExceededError(
+            call->what + ": no reply from " + call->address + " within " +
+            std::to_string(call->timeout_ms) + " ms"));
+      }
+      lock.lock();
+      continue;
+    }
+    if (next == SteadyClock::time_point::max()) {
+      expire_cv_.wait(lock);
+    } else {
+      expire_cv_.wait_until(lock, next);
+    }
+  }
+}
+
+}  // namespace tessera

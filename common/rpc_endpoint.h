@@ -1,0 +1,103 @@
+// RpcEndpoint: request/reply on top of a Transport, plus routing of everything else by type.
+//
+//   auto endpoint = RpcEndpoint::Start(transport_options, &metrics);
+//   endpoint->SetHandler(proto::Body::FailureNotice, [&](Envelope e) { ... });
+//   uint64_t id = endpoint->NextRequestId();
+//   MessageBuilder b(role, rank);
+//   StatusOr<Envelope> reply = endpoint->Call(server, b.Finish(body, id), id,
+//                                             Deadline::AfterMillis(30000), "pull of layer3.w");
+//
+// A message that arrives on one of our outgoing connections and carries the request id of a
+// pending Call completes that Call; an ErrorReply completes it with the error it describes.
+// Every other message (requests from others, unsolicited notices) goes to the handler set for
+// its body type; a request of a type nobody handles is answered with Unimplemented.
+//
+// Thread-safety: all methods are thread-safe. Handlers run on the transport's I/O thread and
+// must not block (in particular, they must not Call): queue work for another thread.
+#ifndef TESSERA_COMMON_RPC_ENDPOINT_H_
+#define TESSERA_COMMON_RPC_ENDPOINT_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <thread>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+
+#include "common/deadline.h"
+#include "common/metrics.h"
+#include "common/status.h"
+#include "common/transport.h"
+#include "common/zmq_transport.h"
+
+namespace tessera {
+
+class RpcEndpoint {
+ public:
+  static StatusOr<std::unique_ptr<RpcEndpoint>> Start(const ZmqTransportOptions& options,
+                                                      MetricsRegistry* metrics);
+  ~RpcEndpoint();
+
+  Transport& transport() { return *transport_; }
+  const std::string& address() const { return transport_->address(); }
+  void SetIdentity(proto::Role role, int32_t rank);
+  proto::Role role() const { return role_.load(); }
+  int32_t rank() const { return rank_.load(); }
+
+  // Routes messages of `type` that are not replies to our calls. Replaces an earlier handler.
+  void SetHandler(proto::Body type, MessageHandler handler);
+
+  uint64_t NextRequestId() { return next_request_id_.fetch_add(1); }
+
+  // Sends `request` (whose header carries `request_id`) to `address` and returns a future
+  // for its reply. The future is completed with DeadlineExceeded naming `what` and `address`
+  // if no reply arrives by `deadline`, or with the error of an ErrorReply.
+  std::shared_future<StatusOr<Envelope>> CallAsync(const std::string& address, Message request,
+                                                   uint64_t request_id, Deadline deadline,
+                                                   std::string_view what);
+  // CallAsync and wait.
+  StatusOr<Envelope> Call(const std::string& address, Message request, uint64_t request_id,
+                          Deadline deadline, std::string_view what);
+
+  // Fails every pending call with `status` (e.g. a peer was declared failed) and later calls
+  // too, until the endpoint is destroyed. The first status given is kept as the root cause.
+  void FailAll(const Status& status);
+
+  void Shutdown();
+
+ private:
+  struct PendingCall {
+    std::promise<StatusOr<Envelope>> promise;
+    std::string address;
+    std::string what;
+    Deadline deadline{SteadyClock::time_point::max()};
+    int64_t timeout_ms = 0;
+    SteadyClock::time_point started;
+  };
+
+  RpcEndpoint() = default;
+  void OnMessage(Envelope envelope);
+  void Complete(uint64_t request_id, StatusOr<Envelope> result);
+  void ExpireLoop();
+
+  std::unique_ptr<ZmqTransport> transport_;
+  HistogramFamily* latency_ = nullptr;
+  std::atomic<uint64_t> next_request_id_{1};
+  std::atomic<proto::Role> role_{proto::Role::Unknown};
+  std::atomic<int32_t> rank_{-1};
+
+  std::mutex mu_;
+  std::map<uint64_t, std::shared_ptr<PendingCall>> pending_;  // guarded by mu_
+  std::map<proto::Body, MessageHandler> handlers_;            // guarded by mu_
+  Status failure_;                                             // guarded by mu_
+  bool stopping_ = false;                                      // guarded by mu_
+  std::condition_variable expire_cv_;
+  std::thread expire_thread_;
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_COMMON_RPC_ENDPOINT_H_

@@ -1,0 +1,71 @@
+// Transport: how a Tessera process sends and receives Messages.
+//
+// Every process has one Transport. It listens at `address()` and connects to other processes'
+// addresses on first use. Inbound messages are verified (wire_codec.h) before the handler sees
+// them; a malformed one is answered with an ErrorReply naming what was wrong, counted in
+// tessera_bad_messages_total, and dropped, and the transport keeps serving.
+//
+// Two kinds of inbound messages reach the handler:
+//   - requests, which arrived on our listening socket: `origin.reply_to` is set and Reply()
+//     answers on the connection they came in on (the sender need not listen anywhere);
+//   - replies and unsolicited messages that arrived on one of our outgoing connections:
+//     `origin.peer_address` names the process we connected to.
+//
+// Backends mirror each other's file names: zmq_transport.{h,cc} for production; later an
+// in-process one and a fault-injecting decorator for tests.
+#ifndef TESSERA_COMMON_TRANSPORT_H_
+#define TESSERA_COMMON_TRANSPORT_H_
+
+#include <functional>
+#include <string>
+
+#include "common/payload.h"
+#include "common/status.h"
+#include "proto/wire_generated.h"
+
+namespace tessera {
+
+// Where an inbound message came from.
+struct Origin {
+  // Non-empty for messages received on our listening socket: the opaque route to answer on.
+  std::string reply_to;
+  // For messages received on an outgoing connection: the address we connected to.
+  std::string peer_address;
+
+  bool IsRequest() const { return !reply_to.empty(); }
+};
+
+// A verified inbound message. `header` points into `message.header` and stays valid while the
+// Envelope (or any copy of message.header) lives.
+struct Envelope {
+  Origin origin;
+  Message message;
+  const proto::Header* header = nullptr;
+};
+
+// Called on the transport's I/O thread for every verified inbound message. It must not block
+// for long: hand work to another thread (a queue) if it is more than bookkeeping.
+using MessageHandler = std::function<void(Envelope envelope)>;
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  // "tcp://127.0.0.1:PORT": where other processes reach this one.
+  virtual const std::string& address() const = 0;
+
+  // Queues `message` for the process listening at `address` ("tcp://HOST:PORT"), connecting
+  // on first use. Returns once queued; delivery failures after that are logged and counted
+  // (the receiver's silence is detected by the waiting side's deadline). Thread-safe.
+  virtual Status Send(const std::string& address, Message message) = 0;
+
+  // Answers a request on the connection it arrived on. Thread-safe.
+  virtual Status Reply(const Origin& origin, Message message) = 0;
+
+  // Stops the I/O thread and closes every socket; later Send/Reply fail. Idempotent.
+  virtual void Shutdown() = 0;
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_COMMON_TRANSPORT_H_

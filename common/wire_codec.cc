@@ -1,0 +1,249 @@
+#include "common/wire_codec.h"
+
+#include <limits>
+
+namespace tessera {
+namespace {
+
+VerifyResult Bad(std::string_view reason, std::string message) {
+  VerifyResult result;
+  result.status = InvalidArgumentError(std::move(message));
+  result.reason = reason;
+  return result;
+}
+
+bool ValidDType(proto::DType dtype) { return DTypeSize(dtype) != 0; }
+
+// Checks one TensorMeta: dtype, shape, and (when bytes travel) that its slice lies inside its
+// payload frame and holds exactly dtype x shape bytes.
+Status VerifyTensor(const proto::TensorMeta* tensor, const Message& message,
+                    std::string_view field) {
+  std::string where = std::string(field);
+  if (tensor == nullptr) return InvalidArgumentError(where + ": missing");
+  if (tensor->name() != nullptr) where += " '" + tensor->name()->str() + "'";
+  if (!ValidDType(tensor->dtype())) {
+    return InvalidArgumentError(where + ": unknown dtype " +
+                                std::to_string(static_cast<int>(tensor->dtype())));
+  }
+  uint64_t elements = 1;
+  if (tensor->shape() != nullptr) {
+    for (int64_t dim : *tensor->shape()) {
+      if (dim < 0) return InvalidArgumentError(where + ": negative dimension " + std::to_string(dim));
+      if (dim != 0 && elements > std::numeric_limits<uint64_t>::max() / static_cast<uint64_t>(dim)) {
+        return InvalidArgumentError(where + ": shape overflows");
+      }
+      elements *= static_cast<uint64_t>(dim);
+    }
+  }
+  int32_t index = tensor->payload();
+  if (index < 0) return OkStatus();  // metadata only (a pull request)
+  if (static_cast<size_t>(index) >= message.payloads.size()) {
+    return InvalidArgumentError(where + ": payload frame " + std::to_string(index) +
+                                " does not exist (message has " +
+                                std::to_string(message.payloads.size()) + ")");
+  }
+  uint64_t frame = message.payloads[index].size();
+  uint64_t offset = tensor->offset();
+  uint64_t length = tensor->byte_length();
+  if (offset > frame || length > frame - offset) {
+    return InvalidArgumentError(where + ": bytes [" + std::to_string(offset) + ", " +
+                                std::to_string(offset) + "+" + std::to_string(length) +
+                                ") exceed payload frame " + std::to_string(index) + " of " +
+                                std::to_string(frame) + " bytes");
+  }
+  size_t element_size = DTypeSize(tensor->dtype());
+  if (elements > std::numeric_limits<uint64_t>::max() / element_size ||
+      elements * element_size != length) {
+    return InvalidArgumentError(where + ": shape holds " + std::to_string(elements) +
+                                " elements of " + std::to_string(element_size) +
+                                " bytes but byte_length is " + std::to_string(length));
+  }
+  return OkStatus();
+}
+
+Status VerifyTensorList(
+    const flatbuffers::Vector<flatbuffers::Offset<proto::TensorMeta>>* tensors,
+    const Message& message, std::string_view field) {
+  if (tensors == nullptr) return OkStatus();
+  for (flatbuffers::uoffset_t i = 0; i < tensors->size(); ++i) {
+    RETURN_IF_ERROR(
+        VerifyTensor(tensors->Get(i), message, std::string(field) + "[" + std::to_string(i) + "]"));
+  }
+  return OkStatus();
+}
+
+// The TensorMetas of every body that carries tensor bytes.
+Status VerifyBodyTensors(const proto::Header& header, const Message& message) {
+  switch (header.body_type()) {
+    case proto::Body::PushRequest:
+      return VerifyTensorList(header.body_as_PushRequest()->tensors(), message, "tensors");
+    case proto::Body::PullRequest:
+      return VerifyTensorList(header.body_as_PullRequest()->tensors(), message, "tensors");
+    case proto::Body::PullReply:
+      return VerifyTensorList(header.body_as_PullReply()->tensors(), message, "tensors");
+    case proto::Body::SparsePushRequest: {
+      auto* body = header.body_as_SparsePushRequest();
+      RETURN_IF_ERROR(VerifyTensor(body->row_ids(), message, "row_ids"));
+      return VerifyTensor(body->values(), message, "values");
+    }
+    case proto::Body::SparsePullRequest:
+      return VerifyTensor(header.body_as_SparsePullRequest()->row_ids(), message, "row_ids");
+    case proto::Body::SparsePullReply: {
+      auto* body = header.body_as_SparsePullReply();
+      RETURN_IF_ERROR(VerifyTensor(body->row_ids(), message, "row_ids"));
+      return VerifyTensor(body->values(), message, "values");
+    }
+    case proto::Body::CollectiveChunk:
+      return VerifyTensor(header.body_as_CollectiveChunk()->data(), message, "data");
+    default:
+      return OkStatus();
+  }
+}
+
+// The checks after the FlatBuffers Verifier accepted the header.
+VerifyResult VerifyTail(const proto::Header* header, const Message& message) {
+  namespace reason = bad_message_reason;
+  if (header->version() != kWireVersion) {
+    return Bad(reason::kVersion, "wire version " + std::to_string(header->version()) +
+                                     " from " + DescribeSender(*header) + ", expected " +
+                                     std::to_string(kWireVersion));
+  }
+  if (header->body_type() == proto::Body::NONE || header->body() == nullptr ||
+      BodyName(header->body_type()) == "invalid") {
+    return Bad(reason::kNoBody, "header from " + DescribeSender(*header) +
+                                    " has no known body (type " +
+                                    std::to_string(static_cast<int>(header->body_type())) + ")");
+  }
+  size_t declared = header->payload_lengths() ? header->payload_lengths()->size() : 0;
+  if (declared != message.payloads.size()) {
+    return Bad(reason::kPayloadCount, std::string(BodyName(header->body_type())) + " from " +
+                                          DescribeSender(*header) + " declares " +
+                                          std::to_string(declared) + " payload frames but " +
+                                          std::to_string(message.payloads.size()) + " arrived");
+  }
+  for (size_t i = 0; i < declared; ++i) {
+    uint64_t length = header->payload_lengths()->Get(static_cast<flatbuffers::uoffset_t>(i));
+    if (length != message.payloads[i].size()) {
+      return Bad(reason::kPayloadLength,
+                 std::string(BodyName(header->body_type())) + " from " + DescribeSender(*header) +
+                     ": payload frame " + std::to_string(i) + " declares " +
+                     std::to_string(length) + " bytes but " +
+                     std::to_string(message.payloads[i].size()) + " arrived");
+    }
+  }
+  Status tensors = VerifyBodyTensors(*header, message);
+  if (!tensors.ok()) {
+    return Bad(reason::kTensor, std::string(BodyName(header->body_type())) + " from " +
+                                    DescribeSender(*header) + ": " + tensors.message());
+  }
+  return VerifyResult();
+}
+
+}  // namespace
+
+size_t DTypeSize(proto::DType dtype) {
+  switch (dtype) {
+    case proto::DType::Float32: return 4;
+    case proto::DType::Float16: return 2;
+    case proto::DType::BFloat16: return 2;
+    case proto::DType::Int64: return 8;
+    case proto::DType::Int32: return 4;
+    case proto::DType::UInt8: return 1;
+  }
+  return 0;
+}
+
+std::string_view RoleLabel(proto::Role role) {
+  switch (role) {
+    case proto::Role::Coordinator: return "coordinator";
+    case proto::Role::Server: return "server";
+    case proto::Role::Worker: return "worker";
+    case proto::Role::Launcher: return "launcher";
+    case proto::Role::Unknown: break;
+  }
+  return "unknown";
+}
+
+std::string DescribeSender(const proto::Header& header) {
+  std::string out(RoleLabel(header.sender_role()));
+  if (header.sender_role() == proto::Role::Unknown) return "unknown sender";
+  if (header.sender_role() != proto::Role::Coordinator && header.sender_rank() >= 0) {
+    out += " " + std::to_string(header.sender_rank());
+  }
+  return out;
+}
+
+std::string_view BodyName(proto::Body body) {
+  const char* name = proto::EnumNameBody(body);
+  return name == nullptr || *name == '\0' ? std::string_view("invalid") : std::string_view(name);
+}
+
+VerifyResult VerifyMessage(const Message& message, uint64_t max_message_bytes) {
+  namespace reason = bad_message_reason;
+  uint64_t total = message.TotalBytes();
+  if (total > max_message_bytes) {
+    return Bad(reason::kTooLarge, "message of " + std::to_string(total) +
+                                      " bytes exceeds the maximum of " +
+                                      std::to_string(max_message_bytes) + " bytes");
+  }
+  if (message.header.empty()) return Bad(reason::kEmptyHeader, "empty header frame");
+  if (message.header.size() > kMaxHeaderBytes) {
+    return Bad(reason::kTooLarge, "header frame of " + std::to_string(message.header.size()) +
+                                      " bytes exceeds the maximum of " +
+                                      std::to_string(kMaxHeaderBytes) + " bytes");
+  }
+  flatbuffers::Verifier verifier(message.header.data(), message.header.size(),
+                                 /*max_depth=*/16, /*max_tables=*/1u << 20);
+  if (!proto::VerifyHeaderBuffer(verifier)) {
+    return Bad(reason::kMalformedHeader,
+               "header frame of " + std::to_string(message.header.size()) +
+                   " bytes is not a valid tessera.proto.Header");
+  }
+  const proto::Header* header = proto::GetHeader(message.header.data());
+  VerifyResult result = VerifyTail(header, message);
+  result.request_id = header->request_id();
+  if (result.status.ok()) result.header = header;
+  return result;
+}
+
+Message MessageBuilder::FinishWith(proto::Body type, flatbuffers::Offset<void> body,
+                                   uint64_t request_id, int64_t step) {
+  std::vector<uint64_t> lengths;
+  lengths.reserve(message_.payloads.size());
+  for (const Payload& p : message_.payloads) lengths.push_back(p.size());
+  auto lengths_offset = fbb_.CreateVector(lengths);
+  proto::HeaderBuilder header(fbb_);
+  header.add_version(kWireVersion);
+  header.add_sender_role(role_);
+  header.add_sender_rank(rank_);
+  header.add_request_id(request_id);
+  header.add_step(step);
+  header.add_body_type(type);
+  header.add_body(body);
+  header.add_payload_lengths(lengths_offset);
+  proto::FinishHeaderBuffer(fbb_, header.Finish());
+
+  auto buffer = std::make_shared<flatbuffers::DetachedBuffer>(fbb_.Release());
+  const uint8_t* data = buffer->data();
+  size_t size = buffer->size();
+  message_.header = Payload::Borrow(data, size, std::move(buffer));
+  return std::move(message_);
+}
+
+Message MakeErrorReply(proto::Role role, int32_t rank, uint64_t request_id, const Status& status) {
+  MessageBuilder builder(role, rank);
+  auto body = proto::CreateErrorReplyDirect(builder.fbb(),
+                                            static_cast<proto::ErrorCode>(status.code()),
+                                            status.message().c_str());
+  return builder.Finish(body, request_id);
+}
+
+Status StatusFromErrorReply(const proto::ErrorReply& reply) {
+  std::string message = reply.message() ? reply.message()->str() : "(no message)";
+  int code = static_cast<int>(reply.code());
+  bool known = StatusCodeName(static_cast<StatusCode>(code)) != "UNKNOWN" || code == 2;
+  if (code == 0 || !known) return Status(StatusCode::kUnknown, std::move(message));
+  return Status(static_cast<StatusCode>(code), std::move(message));
+}
+
+}  // namespace tessera

@@ -1,0 +1,515 @@
+#include "common/zmq_transport.h"
+
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <vector>
+#include <zmq.hpp>
+
+#include "common/config.h"
+#include "common/logging.h"
+#include "common/metric_names.h"
+#include "common/wire_codec.h"
+
+namespace tessera {
+namespace {
+
+// Frames beyond this many in one inbound message are a framing error (protects memory).
+constexpr size_t kMaxFramesPerMessage = 1 + 65536;
+// Inbound messages handled per socket per poll round, so one busy peer cannot starve others.
+constexpr int kMaxReceivesPerRound = 256;
+
+void ReleasePayloadOwner(void* /*data*/, void* hint) {
+  delete static_cast<std::shared_ptr<const void>*>(hint);
+}
+
+// An outbound frame that borrows the payload's bytes; ZeroMQ drops the owner once sent.
+zmq::message_t ToZmqFrame(const Payload& payload) {
+  if (payload.empty()) return zmq::message_t();
+  if (!payload.owner()) return zmq::message_t(payload.data(), payload.size());
+  auto* owner = new std::shared_ptr<const void>(payload.owner());
+  return zmq::message_t(const_cast<uint8_t*>(payload.data()), payload.size(),
+                        ReleasePayloadOwner, owner);
+}
+
+// An inbound frame becomes the owner of the Payload that views it: no copy.
+Payload FromZmqFrame(zmq::message_t&& frame) {
+  auto holder = std::make_shared<zmq::message_t>(std::move(frame));
+  const void* data = holder->data();
+  size_t size = holder->size();
+  return Payload::Borrow(data, size, std::move(holder));
+}
+
+std::string MessageType(const Message& message) {
+  if (message.header.empty()) return "invalid";
+  // Our own outbound headers were built by MessageBuilder and need no verification.
+  const proto::Header* header = proto::GetHeader(message.header.data());
+  return std::string(BodyName(header->body_type()));
+}
+
+enum class SendOutcome { kSent, kWouldBlock, kFailed };
+
+}  // namespace
+
+bool IsValidTcpAddress(const std::string& address) {
+  constexpr std::string_view kScheme = "tcp://";
+  if (address.compare(0, kScheme.size(), kScheme) != 0) return false;
+  size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon <= kScheme.size()) return false;
+  std::string port = address.substr(colon + 1);
+  if (port.empty() || port.size() > 5) return false;
+  for (char c : port) {
+    if (c < '0' || c > '9') return false;
+  }
+  int value = std::stoi(port);
+  return value >= 1 && value <= 65535;
+}
+
+struct ZmqTransport::Impl {
+  // A Send or Reply waiting for the I/O thread.
+  struct Command {
+    bool is_reply = false;
+    std::string target;  // peer address (Send) or routing id (Reply)
+    Message message;
+  };
+  // One outgoing connection and the messages that ZeroMQ could not take yet.
+  struct Outbound {
+    std::string address;
+    std::unique_ptr<zmq::socket_t> socket;
+    std::deque<Message> pending;
+  };
+  struct RoutedMessage {
+    std::string routing_id;
+    Message message;
+  };
+
+  ZmqTransportOptions options;
+  MessageHandler handler;
+  zmq::context_t context{1};
+  zmq::socket_t router{context, zmq::socket_type::router};  // I/O thread only (after Start)
+  std::map<std::string, Outbound> dealers;                  // I/O thread only
+  std::deque<RoutedMessage> router_pending;                 // I/O thread only
+  int wake_fd = -1;
+  std::thread io_thread;
+
+  std::mutex mu;
+  std::deque<Command> commands;  // guarded by mu
+  bool stopped = false;          // guarded by mu
+  std::atomic<size_t> queued{0};  // messages accepted by Send/Reply, not yet given to ZeroMQ
+  std::atomic<int32_t> rank;
+  std::atomic<proto::Role> role;
+
+  // Metrics (null when no registry was given).
+  CounterFamily* sent_by_type = nullptr;
+  CounterFamily* received_by_type = nullptr;
+  CounterFamily* bad_by_reason = nullptr;
+  Counter* bytes_sent = nullptr;
+  Counter* bytes_received = nullptr;
+  Counter* send_failures = nullptr;
+  uint64_t bad_messages_logged = 0;  // I/O thread only
+
+  ~Impl() {
+    if (wake_fd >= 0) close(wake_fd);
+  }
+
+  Status RegisterMetrics(MetricsRegistry* metrics) {
+    namespace names = metric_names;
+    ASSIGN_OR_RETURN(sent_by_type, metrics->RegisterCounter(names::kMessagesSentTotal.name,
+                                                            names::kMessagesSentTotal.help,
+                                                            {"type"}));
+    ASSIGN_OR_RETURN(received_by_type,
+                     metrics->RegisterCounter(names::kMessagesReceivedTotal.name,
+                                              names::kMessagesReceivedTotal.help, {"type"}));
+    ASSIGN_OR_RETURN(bad_by_reason, metrics->RegisterCounter(names::kBadMessagesTotal.name,
+                                                             names::kBadMessagesTotal.help,
+                                                             {"reason"}));
+    ASSIGN_OR_RETURN(CounterFamily * family,
+                     metrics->RegisterCounter(names::kBytesSentTotal.name,
+                                              names::kBytesSentTotal.help));
+    ASSIGN_OR_RETURN(bytes_sent, family->WithLabels({}));
+    ASSIGN_OR_RETURN(family, metrics->RegisterCounter(names::kBytesReceivedTotal.name,
+                                                      names::kBytesReceivedTotal.help));
+    ASSIGN_OR_RETURN(bytes_received, family->WithLabels({}));
+    ASSIGN_OR_RETURN(family, metrics->RegisterCounter(names::kSendFailuresTotal.name,
+                                                      names::kSendFailuresTotal.help));
+    ASSIGN_OR_RETURN(send_failures, family->WithLabels({}));
+    // Pre-create the reason children so the metric is visible (at 0) before the first one.
+    for (std::string_view reason :
+         {bad_message_reason::kTooLarge, bad_message_reason::kMalformedHeader,
+          bad_message_reason::kVersion, bad_message_reason::kPayloadLength,
+          bad_message_reason::kFraming}) {
+      RETURN_IF_ERROR(bad_by_reason->WithLabels({std::string(reason)}).status());
+    }
+    return OkStatus();
+  }
+
+  static void Count(CounterFamily* family, const std::string& label) {
+    if (family == nullptr) return;
+    StatusOr<Counter*> child = family->WithLabels({label});
+    if (child.ok()) (*child)->Increment();
+  }
+
+  void Wake() {
+    uint64_t one = 1;
+    ssize_t n = write(wake_fd, &one, sizeof(one));
+    (void)n;  // EAGAIN means the counter is already non-zero: the thread will wake anyway
+  }
+
+  Status Enqueue(Command command) {
+    if (queued.load() >= options.max_queued_messages) {
+      return UnavailableError("send queue full (" + std::to_string(options.max_queued_messages) +
+                              " messages waiting) for " +
+                              (command.is_reply ? std::string("a reply") : command.target) +
+                              ": the peer is not reading fast enough");
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (stopped) return CancelledError("transport at " + router_address + " is shut down");
+      commands.push_back(std::move(command));
+    }
+    ++queued;
+    Wake();
+    return OkStatus();
+  }
+
+  std::string router_address;
+
+  // ---- I/O thread ----
+
+  void Run() {
+    std::vector<zmq::pollitem_t> items;
+    std::vector<Outbound*> outbound_of_item;
+    while (true) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (stopped) break;
+      }
+      items.clear();
+      outbound_of_item.clear();
+      items.push_back({nullptr, wake_fd, ZMQ_POLLIN, 0});
+      items.push_back({router.handle(), 0, ZMQ_POLLIN, 0});
+      outbound_of_item.push_back(nullptr);
+      outbound_of_item.push_back(nullptr);
+      bool any_pending = !router_pending.empty();
+      for (auto& [address, out] : dealers) {
+        short events = ZMQ_POLLIN;
+        if (!out.pending.empty()) {
+          events |= ZMQ_POLLOUT;
+          any_pending = true;
+        }
+        items.push_back({out.socket->handle(), 0, events, 0});
+        outbound_of_item.push_back(&out);
+      }
+      // A ROUTER reports POLLOUT whatever one peer's queue holds, so blocked replies are retried
+      // on a short timer instead of by readiness.
+      auto timeout = std::chrono::milliseconds(any_pending ? 1 : 200);
+      try {
+        zmq::poll(items.data(), items.size(), timeout);
+      } catch (const zmq::error_t& e) {
+        if (e.num() == EINTR) continue;
+        TLOG(ERROR) << "transport " << router_address << ": poll failed: " << e.what();
+        continue;
+      }
+      if (items[0].revents & ZMQ_POLLIN) {
+        uint64_t count;
+        ssize_t n = read(wake_fd, &count, sizeof(count));
+        (void)n;
+      }
+      TakeCommands();
+      FlushRouter();
+      for (size_t i = 2; i < items.size(); ++i) {
+        Outbound* out = outbound_of_item[i];
+        FlushDealer(*out);
+        if (items[i].revents & ZMQ_POLLIN) Drain(*out->socket, out->address);
+      }
+      if (items[1].revents & ZMQ_POLLIN) Drain(router, "");
+    }
+    // Close every socket on the thread that used them; queued messages are dropped.
+    for (auto& [address, out] : dealers) {
+      queued -= out.pending.size();
+      out.socket->close();
+    }
+    queued -= router_pending.size();
+    router.close();
+  }
+
+  void TakeCommands() {
+    std::deque<Command> taken;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      taken.swap(commands);
+    }
+    for (Command& command : taken) {
+      if (command.is_reply) {
+        router_pending.push_back({std::move(command.target), std::move(command.message)});
+        continue;
+      }
+      StatusOr<Outbound*> out = DealerFor(command.target);
+      if (!out.ok()) {
+        --queued;
+        if (send_failures) send_failures->Increment();
+        TLOG(ERROR) << "transport " << router_address << ": " << out.status();
+        continue;
+      }
+      (*out)->pending.push_back(std::move(command.message));
+    }
+  }
+
+  StatusOr<Outbound*> DealerFor(const std::string& address) {
+    auto it = dealers.find(address);
+    if (it != dealers.end()) return &it->second;
+    try {
+      Outbound out;
+      out.address = address;
+      out.socket = std::make_unique<zmq::socket_t>(context, zmq::socket_type::dealer);
+      ConfigureSocket(*out.socket);
+      out.socket->connect(address);
+      return &dealers.emplace(address, std::move(out)).first->second;
+    } catch (const zmq::error_t& e) {
+      return UnavailableError("cannot connect to " + address + ": " + e.what());
+    }
+  }
+
+  void ConfigureSocket(zmq::socket_t& socket) {
+    socket.set(zmq::sockopt::linger, 0);
+    socket.set(zmq::sockopt::sndhwm, 10000);
+    socket.set(zmq::sockopt::rcvhwm, 10000);
+    // Frames beyond this are dropped by ZeroMQ with the connection; smaller oversized messages
+    // reach VerifyMessage and get an ErrorReply.
+    socket.set(zmq::sockopt::maxmsgsize,
+               static_cast<int64_t>(options.max_message_bytes + (1u << 20)));
+  }
+
+  void FlushDealer(Outbound& out) {
+    while (!out.pending.empty()) {
+      SendOutcome outcome = SendFrames(*out.socket, nullptr, out.pending.front());
+      if (outcome == SendOutcome::kWouldBlock) return;
+      out.pending.pop_front();
+      --queued;
+    }
+  }
+
+  void FlushRouter() {
+    size_t attempts = router_pending.size();
+    for (size_t i = 0; i < attempts && !router_pending.empty(); ++i) {
+      RoutedMessage& front = router_pending.front();
+      SendOutcome outcome = SendFrames(router, &front.routing_id, front.message);
+      if (outcome == SendOutcome::kWouldBlock) {
+        // That peer is slow; let the others' replies pass.
+        router_pending.push_back(std::move(front));
+      } else {
+        --queued;
+      }
+      router_pending.pop_front();
+    }
+  }
+
+  SendOutcome SendFrames(zmq::socket_t& socket, const std::string* routing_id,
+                         const Message& message) {
+    const auto more = zmq::send_flags::sndmore | zmq::send_flags::dontwait;
+    try {
+      if (routing_id != nullptr) {
+        zmq::message_t id(routing_id->data(), routing_id->size());
+        if (!socket.send(id, more)) return SendOutcome::kWouldBlock;
+      }
+      zmq::message_t header = ToZmqFrame(message.header);
+      auto flags = message.payloads.empty() ? zmq::send_flags::dontwait : more;
+      if (!socket.send(header, flags)) {
+        // With a routing id sent, ZeroMQ has taken the message; this cannot block.
+        if (routing_id == nullptr) return SendOutcome::kWouldBlock;
+        throw zmq::error_t();
+      }
+      for (size_t i = 0; i < message.payloads.size(); ++i) {
+        zmq::message_t frame = ToZmqFrame(message.payloads[i]);
+        bool last = i + 1 == message.payloads.size();
+        if (!socket.send(frame, last ? zmq::send_flags::none : zmq::send_flags::sndmore)) {
+          throw zmq::error_t();
+        }
+      }
+    } catch (const zmq::error_t& e) {
+      if (send_failures) send_failures->Increment();
+      const char* reason = e.num() == EHOSTUNREACH ? "the peer has disconnected" : e.what();
+      TLOG(WARNING) << "transport " << router_address << ": dropped " << MessageType(message)
+                    << (routing_id ? " reply" : " message") << ": " << reason;
+      return SendOutcome::kFailed;
+    }
+    Count(sent_by_type, MessageType(message));
+    if (bytes_sent) bytes_sent->Increment(static_cast<double>(message.TotalBytes()));
+    return SendOutcome::kSent;
+  }
+
+  // Receives up to kMaxReceivesPerRound whole messages from `socket`: the ROUTER when
+  // `peer_address` is empty, else the DEALER connected to it.
+  void Drain(zmq::socket_t& socket, const std::string& peer_address) {
+    bool is_router = peer_address.empty();
+    for (int round = 0; round < kMaxReceivesPerRound; ++round) {
+      std::vector<zmq::message_t> frames;
+      uint64_t total = 0;
+      bool overflow = false;
+      try {
+        zmq::message_t first;
+        if (!socket.recv(first, zmq::recv_flags::dontwait)) return;
+        bool more = first.more();
+        total += first.size();
+        frames.push_back(std::move(first));
+        while (more) {
+          zmq::message_t next;
+          (void)socket.recv(next, zmq::recv_flags::none);  // the rest of a message is here
+          more = next.more();
+          total += next.size();
+          // Keep reading to the end of the message, but stop holding frames once it is
+          // clearly unacceptable.
+          if (frames.size() >= kMaxFramesPerMessage || total > options.max_message_bytes) {
+            overflow = true;
+            if (frames.size() > 2) frames.resize(2);
+            continue;
+          }
+          frames.push_back(std::move(next));
+        }
+      } catch (const zmq::error_t& e) {
+        if (e.num() == EAGAIN || e.num() == EINTR) return;
+        TLOG(ERROR) << "transport " << router_address << ": receive failed: " << e.what();
+        return;
+      }
+      if (bytes_received) bytes_received->Increment(static_cast<double>(total));
+      Handle(is_router, peer_address, std::move(frames), overflow, total);
+    }
+  }
+
+  void Handle(bool is_router, std::string peer_address, std::vector<zmq::message_t> frames,
+              bool overflow, uint64_t total) {
+    Origin origin;
+    size_t first_frame = 0;
+    if (is_router) {
+      origin.reply_to = frames[0].to_string();
+      first_frame = 1;
+    } else {
+      origin.peer_address = std::move(peer_address);
+    }
+    std::string from = is_router ? "a client" : origin.peer_address;
+    VerifyResult verified;
+    Message message;
+    if (overflow) {
+      verified.status = InvalidArgumentError(
+          "message of " + std::to_string(total) + " bytes in " +
+          (frames.size() > kMaxFramesPerMessage ? "too many frames" : "its frames") +
+          " exceeds the maximum of " + std::to_string(options.max_message_bytes) + " bytes");
+      verified.reason = bad_message_reason::kTooLarge;
+    } else if (frames.size() <= first_frame) {
+      verified.status = InvalidArgumentError("message has no header frame");
+      verified.reason = bad_message_reason::kFraming;
+    } else {
+      message.header = FromZmqFrame(std::move(frames[first_frame]));
+      for (size_t i = first_frame + 1; i < frames.size(); ++i) {
+        message.payloads.push_back(FromZmqFrame(std::move(frames[i])));
+      }
+      verified = VerifyMessage(message, options.max_message_bytes);
+    }
+    if (!verified.status.ok()) {
+      Count(bad_by_reason, std::string(verified.reason));
+      if (bad_messages_logged++ < 20 || bad_messages_logged % 1000 == 0) {
+        TLOG(WARNING) << "transport " << router_address << ": rejected a message from " << from
+                      << ": " << verified.status.message();
+      }
+      if (is_router) {
+        Message reply = MakeErrorReply(role.load(), rank.load(), verified.request_id,
+                                       verified.status.WithContext(
+                                           "rejected by " + std::string(RoleLabel(role.load())) +
+                                           " at " + router_address));
+        router_pending.push_back({origin.reply_to, std::move(reply)});
+        ++queued;
+      }
+      return;
+    }
+    Count(received_by_type, std::string(BodyName(verified.header->body_type())));
+    Envelope envelope;
+    envelope.origin = std::move(origin);
+    envelope.header = verified.header;
+    envelope.message = std::move(message);
+    handler(std::move(envelope));
+  }
+};
+
+ZmqTransport::ZmqTransport(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {
+  address_ = impl_->router_address;
+}
+
+StatusOr<std::unique_ptr<ZmqTransport>> ZmqTransport::Start(const ZmqTransportOptions& options,
+                                                             MessageHandler handler,
+                                                             MetricsRegistry* metrics) {
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  impl->handler = std::move(handler);
+  impl->rank = options.rank;
+  impl->role = options.role;
+  if (metrics != nullptr) RETURN_IF_ERROR(impl->RegisterMetrics(metrics));
+
+  bool ipv6 = options.bind_host.find(':') != std::string::npos;
+  std::string host = ipv6 ? "[" + options.bind_host + "]" : options.bind_host;
+  std::string endpoint =
+      "tcp://" + host + ":" + (options.port == 0 ? "*" : std::to_string(options.port));
+  try {
+    impl->ConfigureSocket(impl->router);
+    impl->router.set(zmq::sockopt::router_mandatory, 1);
+    if (ipv6) impl->router.set(zmq::sockopt::ipv6, 1);
+    impl->router.bind(endpoint);
+    impl->router_address = impl->router.get(zmq::sockopt::last_endpoint);
+  } catch (const zmq::error_t& e) {
+    return UnavailableError("cannot listen on " + endpoint + ": " + e.what());
+  }
+  if (!IsLoopbackHost(options.bind_host)) {
+    TLOG(WARNING) << "transport listens on " << impl->router_address
+                  << ", which is reachable from the network; Tessera does not authenticate "
+                     "peers yet, so expose it only on a trusted network";
+  }
+  impl->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (impl->wake_fd < 0) return InternalError(std::string("eventfd: ") + std::strerror(errno));
+  Impl* raw = impl.get();
+  impl->io_thread = std::thread([raw] { raw->Run(); });
+  return std::unique_ptr<ZmqTransport>(new ZmqTransport(std::move(impl)));
+}
+
+ZmqTransport::~ZmqTransport() { Shutdown(); }
+
+Status ZmqTransport::Send(const std::string& address, Message message) {
+  if (!IsValidTcpAddress(address)) {
+    return InvalidArgumentError("cannot send to '" + address +
+                                "': expected tcp://HOST:PORT with a port in 1..65535");
+  }
+  Impl::Command command;
+  command.target = address;
+  command.message = std::move(message);
+  return impl_->Enqueue(std::move(command));
+}
+
+Status ZmqTransport::Reply(const Origin& origin, Message message) {
+  if (!origin.IsRequest()) {
+    return InvalidArgumentError("cannot reply to a message that did not arrive as a request");
+  }
+  Impl::Command command;
+  command.is_reply = true;
+  command.target = origin.reply_to;
+  command.message = std::move(message);
+  return impl_->Enqueue(std::move(command));
+}
+
+void ZmqTransport::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    if (impl_->stopped) return;
+    impl_->stopped = true;
+  }
+  impl_->Wake();
+  if (impl_->io_thread.joinable()) impl_->io_thread.join();
+}
+
+void ZmqTransport::SetIdentity(proto::Role role, int32_t rank) {
+  impl_->role = role;
+  impl_->rank = rank;
+}
+
+}  // namespace tessera
