@@ -45,6 +45,11 @@ class LogLine {
   std::ostringstream stream_;
 };
 
+// Turns a stream expression into void so TLOG can be the branch of a conditional expression.
+struct LogVoidify {
+  void operator&(std::ostream&) {}
+};
+
 }  // namespace tessera
 
 #define TESSERA_LOG_LEVEL_DEBUG ::tessera::LogLevel::kDebug
@@ -52,10 +57,11 @@ class LogLine {
 #define TESSERA_LOG_LEVEL_WARNING ::tessera::LogLevel::kWarning
 #define TESSERA_LOG_LEVEL_ERROR ::tessera::LogLevel::kError
 
-// TLOG(INFO) << ...; arguments are not evaluated when the level is disabled.
-#define TLOG(level)                                                   \
-  if (!::tessera::LogLevelEnabled(TESSERA_LOG_LEVEL_##level)) {       \
-  } else                                                              \
-    ::tessera::LogLine(TESSERA_LOG_LEVEL_##level).stream()
+// TLOG(INFO) << ...; arguments are not evaluated when the level is disabled. An expression,
+// not an if/else, so `if (x) TLOG(INFO) << y; else ...` means what it says.
+#define TLOG(level)                                            \
+  !::tessera::LogLevelEnabled(TESSERA_LOG_LEVEL_##level)       \
+      ? (void)0                                                \
+      : ::tessera::LogVoidify() & ::tessera::LogLine(TESSERA_LOG_LEVEL_##level).stream()
 
 #endif  // TESSERA_COMMON_LOGGING_H_

@@ -1,0 +1,153 @@
+#include "common/process_runtime.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <sstream>
+#include <thread>
+
+#include <CLI/CLI.hpp>
+
+#include "common/fleet_view.h"
+#include "common/logging.h"
+#include "common/metric_names.h"
+
+namespace tessera {
+namespace {
+
+constexpr const char* kVersion = "0.1.0";
+
+// SIGINT/SIGTERM are blocked in every thread and taken by one thread with sigwait, so stopping
+// is ordinary code rather than a signal handler.
+sigset_t StopSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  return set;
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<ProcessRuntime>> ProcessRuntime::Start(const ProcessConfig& config) {
+  std::unique_ptr<ProcessRuntime> runtime(new ProcessRuntime(config));
+  namespace names = metric_names;
+  ASSIGN_OR_RETURN(GaugeFamily * start_time,
+                   runtime->metrics_.RegisterGauge(names::kProcessStartTimeSeconds.name,
+                                                   names::kProcessStartTimeSeconds.help));
+  ASSIGN_OR_RETURN(Gauge * start, start_time->WithLabels({}));
+  start->Set(std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+                 .count());
+  ASSIGN_OR_RETURN(GaugeFamily * build_info,
+                   runtime->metrics_.RegisterGauge(names::kBuildInfo.name, names::kBuildInfo.help,
+                                                   {"role", "version"}));
+  ASSIGN_OR_RETURN(Gauge * info,
+                   build_info->WithLabels({std::string(RoleName(config.role)), kVersion}));
+  info->Set(1);
+
+  MetricsHttpOptions http_options;
+  http_options.bind_host = config.bind_host;
+  http_options.port = config.metrics_port;
+  ASSIGN_OR_RETURN(runtime->http_, MetricsHttpServer::Start(http_options, &runtime->metrics_));
+
+  ZmqTransportOptions transport;
+  transport.max_message_bytes = config.max_message_bytes;
+  transport.role = ToWireRole(config.role);
+  transport.rank = config.rank;
+  if (config.role == Role::kCoordinator) {
+    ASSIGN_OR_RETURN(auto host_port, ParseHostPort(config.coordinator));
+    transport.bind_host = host_port.first;
+    transport.port = host_port.second;
+  } else {
+    transport.bind_host = config.bind_host;
+    transport.port = config.port;
+  }
+  ASSIGN_OR_RETURN(runtime->endpoint_, RpcEndpoint::Start(transport, &runtime->metrics_));
+  return runtime;
+}
+
+ProcessRuntime::~ProcessRuntime() {
+  if (endpoint_) endpoint_->Shutdown();
+}
+
+void ProcessRuntime::AnnounceReady(int rank) {
+  std::printf("TESSERA_READY role=%s rank=%d address=%s metrics=%s pid=%d\n",
+              std::string(RoleName(config_.role)).c_str(), rank, endpoint_->address().c_str(),
+              metrics_url().c_str(), static_cast<int>(getpid()));
+  std::fflush(stdout);
+}
+
+void ProcessRuntime::RequestStop(int signal_number) {
+  int expected = -1;
+  if (stop_signal_.compare_exchange_strong(expected, signal_number)) {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_cv_.notify_all();
+  }
+}
+
+bool ProcessRuntime::WaitForStop(Deadline deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return stop_cv_.wait_until(lock, deadline.when(), [this] { return StopRequested(); });
+}
+
+int RunProcess(Role role, int argc, char** argv, CLI::App* app,
+               const std::function<Status(ProcessRuntime&)>& body) {
+  // Before any thread exists, so that every thread inherits the mask.
+  sigset_t stop_signals = StopSignals();
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  bool help = false;
+  StatusOr<ProcessConfig> config =
+      ParseProcessConfig(role, argc, argv, CurrentEnvironment(), app, &help);
+  if (help) return 0;
+  if (!config.ok()) {
+    std::fprintf(stderr, "tessera-%s: %s\nRun with --help for the list of flags.\n",
+                 std::string(RoleName(role)).c_str(), config.status().message().c_str());
+    return 2;
+  }
+  SetLogIdentity(RoleName(role), config->rank);
+  SetMinLogLevel(config->log_level);
+  {
+    std::istringstream lines(DescribeConfig(*config));
+    std::string line;
+    while (std::getline(lines, line)) TLOG(INFO) << "config " << line;
+  }
+
+  StatusOr<std::unique_ptr<ProcessRuntime>> runtime = ProcessRuntime::Start(*config);
+  if (!runtime.ok()) {
+    TLOG(ERROR) << "cannot start: " << runtime.status();
+    return 1;
+  }
+  ProcessRuntime* raw = runtime->get();
+  std::thread signal_thread([raw, stop_signals] {
+    while (true) {
+      int signal_number = 0;
+      if (sigwait(&stop_signals, &signal_number) != 0) continue;
+      TLOG(INFO) << "received " << (signal_number == SIGINT ? "SIGINT" : "SIGTERM")
+                 << "; stopping";
+      raw->RequestStop(signal_number);
+      return;
+    }
+  });
+  signal_thread.detach();  // parked in sigwait until a signal or process exit
+
+  Status status = body(**runtime);
+  int stop_signal = (*runtime)->stop_signal();
+  runtime->reset();
+  if (!status.ok()) {
+    if (stop_signal > 0 && status.code() == StatusCode::kCancelled) {
+      TLOG(INFO) << "stopped by signal " << stop_signal << ": " << status.message();
+      return 128 + stop_signal;
+    }
+    TLOG(ERROR) << "failed: " << status;
+    return 1;
+  }
+  TLOG(INFO) << "done";
+  return 0;
+}
+
+}  // namespace tessera

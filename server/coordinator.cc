@@ -1,0 +1,464 @@
+#include "server/coordinator.h"
+
+#include <algorithm>
+
+#include "common/logging.h"
+#include "common/metric_names.h"
+#include "common/wire_codec.h"
+
+namespace tessera::server {
+namespace {
+
+// How often Run() wakes to check deadlines when no message arrives.
+constexpr int64_t kTickMs = 20;
+
+std::string Str(const flatbuffers::String* s) { return s == nullptr ? std::string() : s->str(); }
+
+std::string JoinNames(const std::vector<std::string>& names) {
+  std::string out;
+  for (const std::string& name : names) {
+    if (!out.empty()) out += ", ";
+    out += name;
+  }
+  return out.empty() ? "nobody" : out;
+}
+
+int64_t MillisSince(SteadyClock::time_point since) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(SteadyClock::now() - since).count();
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(RpcEndpoint* endpoint,
+                                                           const CoordinatorOptions& options,
+                                                           MetricsRegistry* metrics) {
+  if (options.num_workers < 1) return InvalidArgumentError("a job needs at least one worker");
+  if (options.num_servers < 0) return InvalidArgumentError("negative number of servers");
+  if (options.num_servers > 0 && options.key_space < static_cast<uint64_t>(options.num_servers)) {
+    return InvalidArgumentError("--key-space=" + std::to_string(options.key_space) +
+                                " is smaller than --num-servers=" +
+                                std::to_string(options.num_servers));
+  }
+  std::unique_ptr<Coordinator> coordinator(new Coordinator(endpoint, options));
+  if (metrics != nullptr) RETURN_IF_ERROR(coordinator->RegisterMetrics(metrics));
+  for (proto::Body type : {proto::Body::RegisterRequest, proto::Body::Heartbeat,
+                           proto::Body::BarrierRequest, proto::Body::Goodbye}) {
+    endpoint->SetHandler(type, coordinator->inbox_.Handler());
+  }
+  coordinator->PublishSnapshot();
+  return coordinator;
+}
+
+Status Coordinator::RegisterMetrics(MetricsRegistry* metrics) {
+  namespace names = metric_names;
+  ASSIGN_OR_RETURN(members_gauge_, metrics->RegisterGauge(names::kFleetMembers.name,
+                                                          names::kFleetMembers.help,
+                                                          {"role", "state"}));
+  ASSIGN_OR_RETURN(CounterFamily * heartbeats,
+                   metrics->RegisterCounter(names::kHeartbeatsReceivedTotal.name,
+                                            names::kHeartbeatsReceivedTotal.help));
+  ASSIGN_OR_RETURN(heartbeats_, heartbeats->WithLabels({}));
+  ASSIGN_OR_RETURN(failures_, metrics->RegisterCounter(names::kFailuresDetectedTotal.name,
+                                                       names::kFailuresDetectedTotal.help,
+                                                       {"role"}));
+  for (Role role : {Role::kServer, Role::kWorker}) {
+    RETURN_IF_ERROR(failures_->WithLabels({std::string(RoleName(role))}).status());
+  }
+  UpdateMemberGauges();
+  return OkStatus();
+}
+
+Status Coordinator::Run(const std::function<bool()>& stop_requested) {
+  TLOG(INFO) << "waiting for " << options_.num_servers << " servers and " << options_.num_workers
+             << " workers to register at " << endpoint_->address() << " (rendezvous timeout "
+             << options_.rendezvous_timeout_ms << " ms)";
+  while (!stop_requested()) {
+    StatusOr<Envelope> next = inbox_.Pop(Deadline::AfterMillis(kTickMs), "message");
+    if (next.ok()) Handle(*next);
+    RETURN_IF_ERROR(CheckTimers());
+  }
+  inbox_.Close();
+  return OkStatus();
+}
+
+void Coordinator::Handle(const Envelope& envelope) {
+  switch (envelope.header->body_type()) {
+    case proto::Body::RegisterRequest: return HandleRegister(envelope);
+    case proto::Body::Heartbeat: return HandleHeartbeat(envelope);
+    case proto::Body::BarrierRequest: return HandleBarrier(envelope);
+    case proto::Body::Goodbye: return HandleGoodbye(envelope);
+    default: break;
+  }
+}
+
+void Coordinator::HandleRegister(const Envelope& envelope) {
+  const proto::RegisterRequest* request = envelope.header->body_as_RegisterRequest();
+  uint64_t request_id = envelope.header->request_id();
+  StatusOr<Role> role = FromWireRole(request->role());
+  if (!role.ok() || *role == Role::kCoordinator) {
+    return ReplyError(envelope.origin, request_id,
+                      InvalidArgumentError("only servers and workers register with the "
+                                           "coordinator, not role " +
+                                           std::string(RoleLabel(request->role()))));
+  }
+  int expected = *role == Role::kServer ? options_.num_servers : options_.num_workers;
+  std::string role_name(RoleName(*role));
+  std::string address = Str(request->address());
+  if (!IsValidTcpAddress(address)) {
+    return ReplyError(envelope.origin, request_id,
+                      InvalidArgumentError(role_name + " registered with listen address '" +
+                                           address + "', expected tcp://HOST:PORT"));
+  }
+  if (complete_) {
+    return ReplyError(envelope.origin, request_id,
+                      FailedPreconditionError(
+                          "the rendezvous of job '" + options_.job +
+                          "' is already complete (epoch " + std::to_string(epoch_) +
+                          "); a " + role_name + " at " + address + " cannot join it"));
+  }
+  if (expected == 0) {
+    return ReplyError(envelope.origin, request_id,
+                      InvalidArgumentError("job '" + options_.job + "' expects no " + role_name +
+                                           "s (--num-" + role_name + "s=0)"));
+  }
+  int rank = request->requested_rank();
+  if (rank >= expected) {
+    return ReplyError(envelope.origin, request_id,
+                      InvalidArgumentError(role_name + " rank " + std::to_string(rank) +
+                                           " is out of range: job '" + options_.job + "' has " +
+                                           std::to_string(expected) + " " + role_name + "s"));
+  }
+  if (rank < 0) {
+    for (rank = 0; rank < expected && members_.count({*role, rank}); ++rank) {
+    }
+    if (rank == expected) {
+      return ReplyError(envelope.origin, request_id,
+                        AlreadyExistsError("all " + std::to_string(expected) + " " + role_name +
+                                           " ranks of job '" + options_.job + "' are taken"));
+    }
+  }
+  auto existing = members_.find({*role, rank});
+  if (existing != members_.end() && existing->second.info.address != address) {
+    const MemberInfo& other = existing->second.info;
+    return ReplyError(envelope.origin, request_id,
+                      AlreadyExistsError(other.Name() + " is already registered by pid " +
+                                         std::to_string(other.pid) + " at " + other.address +
+                                         "; a second process (pid " +
+                                         std::to_string(request->pid()) + " at " + address +
+                                         ") asked for the same rank"));
+  }
+  Member& member = members_[{*role, rank}];
+  member.info.role = *role;
+  member.info.rank = rank;
+  member.info.address = address;
+  member.info.metrics_address = Str(request->metrics_address());
+  member.info.host = Str(request->host());
+  member.info.pid = request->pid();
+  member.info.state = MemberState::kJoining;
+  member.route = envelope.origin;
+  member.register_request_id = request_id;
+  member.last_seen = SteadyClock::now();
+  TLOG(INFO) << member.info.Name() << " registered from " << address << " (pid "
+             << member.info.pid << "); " << members_.size() << " of "
+             << options_.num_servers + options_.num_workers << " processes are here";
+  UpdateMemberGauges();
+  if (static_cast<int>(members_.size()) == options_.num_servers + options_.num_workers) {
+    CompleteRendezvous();
+  }
+  PublishSnapshot();
+}
+
+void Coordinator::CompleteRendezvous() {
+  complete_ = true;
+  epoch_ = 1;
+  auto now = SteadyClock::now();
+  for (auto& [key, member] : members_) {
+    member.info.state = MemberState::kAlive;
+    member.last_seen = now;  // heartbeats start now
+    if (member.info.role == Role::kServer) {
+      auto [begin, end] = ServerKeyRange(options_.key_space, options_.num_servers, member.info.rank);
+      member.info.key_begin = begin;
+      member.info.key_end = end;
+    }
+  }
+  FleetView view = BuildView();
+  for (auto& [key, member] : members_) {
+    MessageBuilder builder(proto::Role::Coordinator, 0);
+    Message reply = builder.Finish(EncodeFleetView(&builder.fbb(), view), member.register_request_id);
+    Status sent = endpoint_->transport().Reply(member.route, std::move(reply));
+    if (!sent.ok()) TLOG(WARNING) << "fleet view for " << member.info.Name() << ": " << sent;
+  }
+  TLOG(INFO) << "fleet complete after " << MillisSince(started_) << " ms: "
+             << options_.num_servers << " servers, " << options_.num_workers << " workers";
+  UpdateMemberGauges();
+}
+
+Coordinator::Member* Coordinator::FindLive(const proto::Header& header) {
+  StatusOr<Role> role = FromWireRole(header.sender_role());
+  if (!role.ok()) return nullptr;
+  auto it = members_.find({*role, header.sender_rank()});
+  if (it == members_.end() || it->second.info.state != MemberState::kAlive) return nullptr;
+  return &it->second;
+}
+
+void Coordinator::HandleHeartbeat(const Envelope& envelope) {
+  if (heartbeats_ != nullptr) heartbeats_->Increment();
+  Member* member = FindLive(*envelope.header);
+  if (member == nullptr) {
+    return ReplyError(envelope.origin, envelope.header->request_id(),
+                      FailedPreconditionError(DescribeSender(*envelope.header) +
+                                              " is not a live member of job '" + options_.job +
+                                              "' (it never registered, left, or was declared "
+                                              "failed)"));
+  }
+  member->last_seen = SteadyClock::now();
+  member->route = envelope.origin;  // a reconnect gives a new route
+  MessageBuilder builder(proto::Role::Coordinator, 0);
+  Message ack = builder.Finish(proto::CreateHeartbeatAck(builder.fbb(), epoch_),
+                               envelope.header->request_id());
+  Status sent = endpoint_->transport().Reply(envelope.origin, std::move(ack));
+  if (!sent.ok()) TLOG(WARNING) << "heartbeat ack: " << sent;
+}
+
+void Coordinator::HandleGoodbye(const Envelope& envelope) {
+  Member* member = FindLive(*envelope.header);
+  if (member == nullptr) {
+    return ReplyAck(envelope.origin, envelope.header->request_id(), "not a live member");
+  }
+  const proto::Goodbye* goodbye = envelope.header->body_as_Goodbye();
+  member->info.state = MemberState::kLeft;
+  ++epoch_;
+  TLOG(INFO) << member->info.Name() << " left: " << Str(goodbye->reason());
+  ReplyAck(envelope.origin, envelope.header->request_id(), "goodbye");
+  UpdateMemberGauges();
+  PublishSnapshot();
+  TryReleaseBarriers();  // it no longer holds anyone up
+}
+
+bool Coordinator::IsParticipant(const Member& member, const std::optional<Role>& scope) const {
+  if (member.info.state != MemberState::kAlive) return false;
+  return !scope.has_value() || member.info.role == *scope;
+}
+
+void Coordinator::HandleBarrier(const Envelope& envelope) {
+  const proto::BarrierRequest* request = envelope.header->body_as_BarrierRequest();
+  uint64_t request_id = envelope.header->request_id();
+  std::string name = Str(request->name());
+  Member* member = FindLive(*envelope.header);
+  if (!complete_ || member == nullptr) {
+    return ReplyError(envelope.origin, request_id,
+                      FailedPreconditionError(DescribeSender(*envelope.header) +
+                                              " entered barrier '" + name +
+                                              "' but is not a live member of a complete fleet"));
+  }
+  std::optional<Role> scope;
+  if (request->scope() != proto::Role::Unknown) {
+    StatusOr<Role> role = FromWireRole(request->scope());
+    if (!role.ok() || *role == Role::kCoordinator) {
+      return ReplyError(envelope.origin, request_id,
+                        InvalidArgumentError("barrier '" + name + "': bad scope"));
+    }
+    scope = *role;
+  }
+  if (!IsParticipant(*member, scope)) {
+    return ReplyError(envelope.origin, request_id,
+                      InvalidArgumentError(member->info.Name() + " entered barrier '" + name +
+                                           "' whose scope does not include it"));
+  }
+  int64_t timeout_ms = std::max<int64_t>(1, request->timeout_ms());
+  auto key = std::make_pair(name, request->generation());
+  auto [it, created] = barriers_.try_emplace(key);
+  PendingBarrier& barrier = it->second;
+  if (created) {
+    barrier.name = name;
+    barrier.generation = request->generation();
+    barrier.scope = scope;
+    barrier.timeout_ms = timeout_ms;
+    barrier.deadline = SteadyClock::now() + std::chrono::milliseconds(timeout_ms);
+  } else if (barrier.scope != scope) {
+    return ReplyError(envelope.origin, request_id,
+                      InvalidArgumentError(member->info.Name() + " entered barrier '" + name +
+                                           "' with a different scope than the others"));
+  }
+  barrier.arrived[{member->info.role, member->info.rank}] = {envelope.origin, request_id};
+  TryReleaseBarriers();
+}
+
+std::string Coordinator::Missing(const PendingBarrier& barrier) const {
+  std::vector<std::string> missing;
+  for (const auto& [key, member] : members_) {
+    if (IsParticipant(member, barrier.scope) && !barrier.arrived.count(key)) {
+      missing.push_back(member.info.Name());
+    }
+  }
+  return JoinNames(missing);
+}
+
+void Coordinator::TryReleaseBarriers() {
+  for (auto it = barriers_.begin(); it != barriers_.end();) {
+    PendingBarrier& barrier = it->second;
+    bool all_here = true;
+    for (const auto& [key, member] : members_) {
+      if (IsParticipant(member, barrier.scope) && !barrier.arrived.count(key)) all_here = false;
+    }
+    if (!all_here) {
+      ++it;
+      continue;
+    }
+    for (auto& [key, arrival] : barrier.arrived) {
+      MessageBuilder builder(proto::Role::Coordinator, 0);
+      Message release = builder.Finish(
+          proto::CreateBarrierReleaseDirect(builder.fbb(), barrier.name.c_str(), barrier.generation),
+          arrival.request_id);
+      Status sent = endpoint_->transport().Reply(arrival.route, std::move(release));
+      if (!sent.ok()) TLOG(WARNING) << "barrier release: " << sent;
+    }
+    TLOG(DEBUG) << "barrier '" << barrier.name << "' generation " << barrier.generation
+                << " released " << barrier.arrived.size() << " processes";
+    it = barriers_.erase(it);
+  }
+}
+
+void Coordinator::DeclareFailed(Member& member, const std::string& reason) {
+  member.info.state = MemberState::kFailed;
+  ++epoch_;
+  if (failures_ != nullptr) {
+    StatusOr<Counter*> counter = failures_->WithLabels({std::string(RoleName(member.info.role))});
+    if (counter.ok()) (*counter)->Increment();
+  }
+  std::string what = member.info.Name() + " (" + member.info.address + ", pid " +
+                     std::to_string(member.info.pid) + ") failed: " + reason;
+  TLOG(ERROR) << what << "; telling every other process";
+  for (auto& [key, other] : members_) {
+    if (other.info.state != MemberState::kAlive) continue;
+    MessageBuilder builder(proto::Role::Coordinator, 0);
+    Message notice = builder.Finish(
+        proto::CreateFailureNoticeDirect(builder.fbb(), ToWireRole(member.info.role),
+                                         member.info.rank, member.info.address.c_str(),
+                                         reason.c_str()),
+        0);
+    Status sent = endpoint_->transport().Reply(other.route, std::move(notice));
+    if (!sent.ok()) TLOG(WARNING) << "failure notice to " << other.info.Name() << ": " << sent;
+  }
+  // Barriers that waited for it can never complete.
+  MemberKey key{member.info.role, member.info.rank};
+  for (auto it = barriers_.begin(); it != barriers_.end();) {
+    PendingBarrier& barrier = it->second;
+    if (!barrier.scope.has_value() || *barrier.scope == member.info.role) {
+      if (!barrier.arrived.count(key)) {
+        for (auto& [arrived_key, arrival] : barrier.arrived) {
+          ReplyError(arrival.route, arrival.request_id,
+                     AbortedError("barrier '" + barrier.name + "' generation " +
+                                  std::to_string(barrier.generation) +
+                                  " cannot complete: " + what));
+        }
+        it = barriers_.erase(it);
+        continue;
+      }
+    }
+    ++it;
+  }
+  UpdateMemberGauges();
+  PublishSnapshot();
+}
+
+Status Coordinator::CheckTimers() {
+  auto now = SteadyClock::now();
+  if (!complete_) {
+    if (MillisSince(started_) < options_.rendezvous_timeout_ms) return OkStatus();
+    std::vector<std::string> missing, present;
+    for (Role role : {Role::kServer, Role::kWorker}) {
+      int expected = role == Role::kServer ? options_.num_servers : options_.num_workers;
+      for (int rank = 0; rank < expected; ++rank) {
+        (members_.count({role, rank}) ? present : missing).push_back(MemberName(role, rank));
+      }
+    }
+    Status failure = DeadlineExceededError(
+        "rendezvous of job '" + options_.job + "' timed out after " +
+        std::to_string(options_.rendezvous_timeout_ms) + " ms: missing " + JoinNames(missing) +
+        " (registered: " + JoinNames(present) + ")");
+    for (auto& [key, member] : members_) {
+      ReplyError(member.route, member.register_request_id, failure);
+    }
+    TLOG(ERROR) << failure.message();
+    // Let the error replies leave before the caller tears the endpoint down.
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    return failure;
+  }
+  for (auto& [key, member] : members_) {
+    if (member.info.state != MemberState::kAlive) continue;
+    int64_t silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - member.last_seen).count();
+    if (silent > options_.heartbeat_timeout_ms) {
+      DeclareFailed(member, "no heartbeat for " + std::to_string(silent) + " ms (limit " +
+                                std::to_string(options_.heartbeat_timeout_ms) + " ms)");
+    }
+  }
+  for (auto it = barriers_.begin(); it != barriers_.end();) {
+    PendingBarrier& barrier = it->second;
+    if (now < barrier.deadline) {
+      ++it;
+      continue;
+    }
+    Status timeout = DeadlineExceededError(
+        "barrier '" + barrier.name + "' generation " + std::to_string(barrier.generation) +
+        " timed out after " + std::to_string(barrier.timeout_ms) + " ms waiting for " +
+        Missing(barrier));
+    TLOG(WARNING) << timeout.message();
+    for (auto& [key, arrival] : barrier.arrived) ReplyError(arrival.route, arrival.request_id, timeout);
+    it = barriers_.erase(it);
+  }
+  return OkStatus();
+}
+
+void Coordinator::ReplyError(const Origin& route, uint64_t request_id, const Status& status) {
+  Status sent = endpoint_->transport().Reply(
+      route, MakeErrorReply(proto::Role::Coordinator, 0, request_id, status));
+  if (!sent.ok()) TLOG(WARNING) << "error reply (" << status.message() << "): " << sent;
+}
+
+void Coordinator::ReplyAck(const Origin& route, uint64_t request_id, const std::string& detail) {
+  MessageBuilder builder(proto::Role::Coordinator, 0);
+  Status sent = endpoint_->transport().Reply(
+      route, builder.Finish(proto::CreateAckDirect(builder.fbb(), detail.c_str()), request_id));
+  if (!sent.ok()) TLOG(WARNING) << "ack: " << sent;
+}
+
+FleetView Coordinator::BuildView() const {
+  FleetView view;
+  view.job = options_.job;
+  view.epoch = epoch_;
+  view.num_servers = options_.num_servers;
+  view.num_workers = options_.num_workers;
+  view.key_space = options_.key_space;
+  for (const auto& [key, member] : members_) view.members.push_back(member.info);
+  return view;
+}
+
+void Coordinator::PublishSnapshot() {
+  FleetView view = BuildView();
+  std::lock_guard<std::mutex> lock(snapshot_mu_);
+  snapshot_ = std::move(view);
+}
+
+FleetView Coordinator::Snapshot() const {
+  std::lock_guard<std::mutex> lock(snapshot_mu_);
+  return snapshot_;
+}
+
+void Coordinator::UpdateMemberGauges() {
+  if (members_gauge_ == nullptr) return;
+  for (Role role : {Role::kServer, Role::kWorker}) {
+    for (MemberState state : {MemberState::kJoining, MemberState::kAlive, MemberState::kFailed,
+                              MemberState::kLeft}) {
+      int count = 0;
+      for (const auto& [key, member] : members_) {
+        if (member.info.role == role && member.info.state == state) ++count;
+      }
+      StatusOr<Gauge*> gauge = members_gauge_->WithLabels(
+          {std::string(RoleName(role)), std::string(MemberStateName(state))});
+      if (gauge.ok()) (*gauge)->Set(count);
+    }
+  }
+}
+
+}  // namespace tessera::server

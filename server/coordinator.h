@@ -1,0 +1,126 @@
+// Coordinator: the rendezvous point of a job, its only fixed address.
+//
+// Servers and workers register (role, listen address, /metrics address). Once every expected
+// process has registered, each gets the FleetView: everyone's rank and address, and for
+// servers their key ranges. After that the coordinator
+//   - answers heartbeats, and declares a member failed when it has been silent for
+//     heartbeat_timeout; every other live member then gets a FailureNotice naming it;
+//   - runs barriers over all members or one role, releasing them when every live participant
+//     has arrived, or failing them naming who is missing (timeout) or who failed;
+//   - records clean departures (Goodbye), which are not failures.
+// If the fleet is not complete within rendezvous_timeout, every registered process gets an
+// error naming the roles and ranks that never arrived, and Run() returns that error.
+//
+// Thread-safety: Run() owns all state on the calling thread; message handlers only queue.
+// Snapshot() may be called from any thread.
+#ifndef TESSERA_SERVER_COORDINATOR_H_
+#define TESSERA_SERVER_COORDINATOR_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/deadline.h"
+#include "common/envelope_queue.h"
+#include "common/fleet_view.h"
+#include "common/metrics.h"
+#include "common/rpc_endpoint.h"
+#include "common/status.h"
+
+namespace tessera::server {
+
+struct CoordinatorOptions {
+  std::string job = "tessera";
+  int num_servers = 0;
+  int num_workers = 1;
+  uint64_t key_space = uint64_t{1} << 20;  // keys [0, key_space), split over the servers
+  int64_t rendezvous_timeout_ms = 60000;
+  int64_t heartbeat_timeout_ms = 10000;
+};
+
+class Coordinator {
+ public:
+  // `endpoint` (listening at the job's coordinator address) and `metrics` must outlive this.
+  static StatusOr<std::unique_ptr<Coordinator>> Create(RpcEndpoint* endpoint,
+                                                       const CoordinatorOptions& options,
+                                                       MetricsRegistry* metrics);
+
+  // Serves until `stop_requested()` returns true (checked every few milliseconds): OK. Returns
+  // the error if the rendezvous times out.
+  Status Run(const std::function<bool()>& stop_requested);
+
+  // The current membership, from any thread.
+  FleetView Snapshot() const;
+
+ private:
+  using MemberKey = std::pair<Role, int>;
+  struct Member {
+    MemberInfo info;
+    Origin route;                    // where to send its replies and notices
+    uint64_t register_request_id = 0;
+    SteadyClock::time_point last_seen;
+  };
+  struct Arrival {
+    Origin route;
+    uint64_t request_id = 0;
+  };
+  struct PendingBarrier {
+    std::string name;
+    uint64_t generation = 0;
+    std::optional<Role> scope;
+    int64_t timeout_ms = 0;
+    SteadyClock::time_point deadline;
+    std::map<MemberKey, Arrival> arrived;
+  };
+
+  Coordinator(RpcEndpoint* endpoint, const CoordinatorOptions& options)
+      : endpoint_(endpoint), options_(options) {}
+  Status RegisterMetrics(MetricsRegistry* metrics);
+
+  void Handle(const Envelope& envelope);
+  void HandleRegister(const Envelope& envelope);
+  void HandleHeartbeat(const Envelope& envelope);
+  void HandleBarrier(const Envelope& envelope);
+  void HandleGoodbye(const Envelope& envelope);
+  Status CheckTimers();
+
+  void CompleteRendezvous();
+  void DeclareFailed(Member& member, const std::string& reason);
+  void TryReleaseBarriers();
+  bool IsParticipant(const Member& member, const std::optional<Role>& scope) const;
+  std::string Missing(const PendingBarrier& barrier) const;
+
+  Member* FindLive(const proto::Header& header);
+  void ReplyError(const Origin& route, uint64_t request_id, const Status& status);
+  void ReplyAck(const Origin& route, uint64_t request_id, const std::string& detail);
+  FleetView BuildView() const;  // REQUIRES: called on the Run thread
+  void PublishSnapshot();
+  void UpdateMemberGauges();
+
+  RpcEndpoint* const endpoint_;
+  const CoordinatorOptions options_;
+  EnvelopeQueue inbox_;
+
+  // Run-thread state.
+  std::map<MemberKey, Member> members_;
+  std::map<std::pair<std::string, uint64_t>, PendingBarrier> barriers_;
+  bool complete_ = false;
+  uint64_t epoch_ = 0;
+  SteadyClock::time_point started_ = SteadyClock::now();
+
+  GaugeFamily* members_gauge_ = nullptr;
+  Counter* heartbeats_ = nullptr;
+  CounterFamily* failures_ = nullptr;
+
+  mutable std::mutex snapshot_mu_;
+  FleetView snapshot_;  // guarded by snapshot_mu_
+};
+
+}  // namespace tessera::server
+
+#endif  // TESSERA_SERVER_COORDINATOR_H_

@@ -1,0 +1,208 @@
+// The coordinator and RendezvousClient together, in one process over loopback ZeroMQ.
+#include "server/coordinator.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <future>
+#include <set>
+#include <thread>
+
+#include "common/rendezvous_client.h"
+
+namespace tessera::server {
+namespace {
+
+struct Fleet {
+  std::unique_ptr<RpcEndpoint> coordinator_endpoint;
+  std::unique_ptr<Coordinator> coordinator;
+  std::thread run_thread;
+  std::atomic<bool> stop{false};
+  std::promise<Status> result;
+
+  Fleet(int servers, int workers, int64_t rendezvous_ms = 10000, int64_t heartbeat_ms = 1000) {
+    ZmqTransportOptions transport;
+    transport.role = proto::Role::Coordinator;
+    coordinator_endpoint = std::move(RpcEndpoint::Start(transport, nullptr)).value();
+    CoordinatorOptions options;
+    options.job = "test";
+    options.num_servers = servers;
+    options.num_workers = workers;
+    options.key_space = 100;
+    options.rendezvous_timeout_ms = rendezvous_ms;
+    options.heartbeat_timeout_ms = heartbeat_ms;
+    coordinator = std::move(Coordinator::Create(coordinator_endpoint.get(), options, &metrics)).value();
+    run_thread = std::thread([this] { result.set_value(coordinator->Run([this] { return stop.load(); })); });
+  }
+  ~Fleet() {
+    stop = true;
+    run_thread.join();
+  }
+  RendezvousOptions Options(Role role, int rank, int64_t heartbeat_timeout_ms = 1000) {
+    RendezvousOptions options;
+    options.coordinator_address = coordinator_endpoint->address();
+    options.role = role;
+    options.requested_rank = rank;
+    options.rendezvous_timeout_ms = 10000;
+    options.heartbeat_interval_ms = 100;
+    options.heartbeat_timeout_ms = heartbeat_timeout_ms;
+    options.request_timeout_ms = 5000;
+    return options;
+  }
+  MetricsRegistry metrics;
+};
+
+struct Process {
+  std::unique_ptr<RpcEndpoint> endpoint;
+  std::unique_ptr<RendezvousClient> client;
+};
+
+std::unique_ptr<RpcEndpoint> NewEndpoint() {
+  return std::move(RpcEndpoint::Start(ZmqTransportOptions(), nullptr)).value();
+}
+
+// Joins every (role, rank) concurrently; returns the processes or fails the test.
+std::vector<Process> JoinAll(Fleet& fleet, const std::vector<std::pair<Role, int>>& who) {
+  std::vector<Process> processes(who.size());
+  std::vector<std::thread> threads;
+  std::vector<Status> statuses(who.size());
+  for (size_t i = 0; i < who.size(); ++i) {
+    processes[i].endpoint = NewEndpoint();
+    threads.emplace_back([&, i] {
+      auto client = RendezvousClient::Join(processes[i].endpoint.get(),
+                                           fleet.Options(who[i].first, who[i].second), nullptr);
+      statuses[i] = client.status();
+      if (client.ok()) processes[i].client = std::move(client).value();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const Status& s : statuses) EXPECT_TRUE(s.ok()) << s;
+  return processes;
+}
+
+TEST(CoordinatorTest, FleetRegistersAndEveryoneGetsTheSameView) {
+  Fleet fleet(2, 3);
+  auto processes = JoinAll(fleet, {{Role::kWorker, -1}, {Role::kServer, 1}, {Role::kWorker, -1},
+                                   {Role::kServer, 0}, {Role::kWorker, -1}});
+  std::set<int> worker_ranks;
+  for (auto& p : processes) {
+    ASSERT_NE(p.client, nullptr);
+    const FleetView& view = p.client->view();
+    EXPECT_EQ(view.members.size(), 5u);
+    EXPECT_EQ(view.epoch, 1u);
+    if (p.client->role() == Role::kWorker) worker_ranks.insert(p.client->rank());
+  }
+  EXPECT_EQ(worker_ranks, (std::set<int>{0, 1, 2}));
+  const FleetView& view = processes[0].client->view();
+  EXPECT_EQ(view.Find(Role::kServer, 0)->key_begin, 0u);
+  EXPECT_EQ(view.Find(Role::kServer, 0)->key_end, 50u);
+  EXPECT_EQ(view.Find(Role::kServer, 1)->key_end, 100u);
+  EXPECT_EQ(processes[1].client->rank(), 1);  // the server that asked for rank 1
+  for (auto& p : processes) p.client->Leave("test done");
+}
+
+TEST(CoordinatorTest, BarrierReleasesOnlyWhenEveryoneArrived) {
+  Fleet fleet(0, 3);
+  auto processes = JoinAll(fleet, {{Role::kWorker, 0}, {Role::kWorker, 1}, {Role::kWorker, 2}});
+  std::atomic<int> released{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) {
+    threads.emplace_back([&, i] {
+      EXPECT_TRUE(processes[i].client->Barrier("b", std::nullopt, 5000).ok());
+      ++released;
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(released.load(), 0);
+  EXPECT_TRUE(processes[2].client->Barrier("b", std::nullopt, 5000).ok());
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(released.load(), 2);
+  // The same name again is a new generation.
+  std::vector<std::thread> again;
+  for (auto& p : processes) {
+    again.emplace_back([&p] { EXPECT_TRUE(p.client->Barrier("b", std::nullopt, 5000).ok()); });
+  }
+  for (auto& t : again) t.join();
+}
+
+TEST(CoordinatorTest, BarrierTimeoutNamesWhoIsMissing) {
+  Fleet fleet(0, 3);
+  auto processes = JoinAll(fleet, {{Role::kWorker, 0}, {Role::kWorker, 1}, {Role::kWorker, 2}});
+  std::thread t([&] {
+    Status s = processes[0].client->Barrier("sync", Role::kWorker, 300);
+    EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded) << s;
+    EXPECT_NE(s.message().find("waiting for worker 1, worker 2"), std::string::npos) << s;
+  });
+  t.join();
+}
+
+TEST(CoordinatorTest, RendezvousTimeoutNamesTheMissingProcesses) {
+  Fleet fleet(1, 2, /*rendezvous_ms=*/500);
+  auto endpoint = NewEndpoint();
+  auto client = RendezvousClient::Join(endpoint.get(), fleet.Options(Role::kWorker, 0), nullptr);
+  ASSERT_FALSE(client.ok());
+  EXPECT_EQ(client.status().code(), StatusCode::kDeadlineExceeded) << client.status();
+  EXPECT_NE(client.status().message().find("missing server 0, worker 1"), std::string::npos)
+      << client.status();
+  Status run = fleet.result.get_future().get();
+  EXPECT_EQ(run.code(), StatusCode::kDeadlineExceeded);
+}
+
+TEST(CoordinatorTest, BadRegistrationsAreRejectedClearly) {
+  Fleet fleet(1, 2);
+  auto endpoint = NewEndpoint();
+  auto out_of_range = RendezvousClient::Join(endpoint.get(), fleet.Options(Role::kWorker, 5), nullptr);
+  EXPECT_EQ(out_of_range.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(out_of_range.status().message().find("worker rank 5 is out of range"), std::string::npos)
+      << out_of_range.status();
+
+  // Two processes asking for the same rank: the second is told who holds it.
+  auto first = NewEndpoint();
+  std::thread holder([&] {
+    (void)RendezvousClient::Join(first.get(), fleet.Options(Role::kWorker, 0), nullptr);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  auto second = NewEndpoint();
+  auto dup = RendezvousClient::Join(second.get(), fleet.Options(Role::kWorker, 0), nullptr);
+  EXPECT_EQ(dup.status().code(), StatusCode::kAlreadyExists) << dup.status();
+  EXPECT_NE(dup.status().message().find("worker 0 is already registered"), std::string::npos);
+  first->FailAll(CancelledError("test over"));
+  holder.join();
+}
+
+TEST(CoordinatorTest, SilentMemberIsDeclaredFailedAndOthersAreTold) {
+  Fleet fleet(1, 2, 10000, /*heartbeat_ms=*/500);
+  auto processes = JoinAll(fleet, {{Role::kServer, 0}, {Role::kWorker, 0}, {Role::kWorker, 1}});
+  std::promise<Status> told;
+  processes[0].client->SetFailureCallback([&](const Status& s) { told.set_value(s); });
+  // worker 1 goes silent (as if killed): its heartbeats stop.
+  processes[2].client.reset();
+  processes[2].endpoint.reset();
+  auto future = told.get_future();
+  ASSERT_EQ(future.wait_for(std::chrono::seconds(5)), std::future_status::ready);
+  Status s = future.get();
+  EXPECT_EQ(s.code(), StatusCode::kAborted);
+  EXPECT_NE(s.message().find("worker 1"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("no heartbeat"), std::string::npos) << s;
+  EXPECT_EQ(processes[1].client->health().code(), StatusCode::kAborted);
+  // A barrier on a survivor now fails at once with the root cause.
+  Status barrier = processes[1].client->Barrier("after", std::nullopt, 5000);
+  EXPECT_NE(barrier.message().find("worker 1"), std::string::npos) << barrier;
+  EXPECT_NE(fleet.metrics.RenderText().find("tessera_failures_detected_total{role=\"worker\"} 1"),
+            std::string::npos);
+}
+
+TEST(CoordinatorTest, LostCoordinatorIsDetectedByClients) {
+  auto fleet = std::make_unique<Fleet>(0, 1);
+  auto processes = JoinAll(*fleet, {{Role::kWorker, 0}});
+  std::promise<Status> told;
+  processes[0].client->SetFailureCallback([&](const Status& s) { told.set_value(s); });
+  fleet.reset();  // the coordinator vanishes
+  auto future = told.get_future();
+  ASSERT_EQ(future.wait_for(std::chrono::seconds(5)), std::future_status::ready);
+  Status s = future.get();
+  EXPECT_NE(s.message().find("lost contact with the coordinator"), std::string::npos) << s;
+}
+
+}  // namespace
+}  // namespace tessera::server
