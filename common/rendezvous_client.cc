@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <future>
 #include <vector>
@@ -16,6 +17,8 @@ namespace {
 // Extra time a client waits beyond the coordinator's own timeout, so that the coordinator's
 // explanation (which members are missing) arrives before the client's bare deadline.
 constexpr int64_t kCoordinatorGraceMs = 5000;
+// A goodbye is a courtesy; a process that is leaving does not wait long for its answer.
+constexpr int64_t kGoodbyeTimeoutMs = 2000;
 
 }  // namespace
 
@@ -91,7 +94,10 @@ StatusOr<std::unique_ptr<RendezvousClient>> RendezvousClient::Join(
   return client;
 }
 
-RendezvousClient::~RendezvousClient() { StopHeartbeats(); }
+RendezvousClient::~RendezvousClient() {
+  StopHeartbeats();
+  endpoint_->ClearHandler(proto::Body::FailureNotice);
+}
 
 void RendezvousClient::StopHeartbeats() {
   {
@@ -207,12 +213,14 @@ Status RendezvousClient::Barrier(const std::string& name, std::optional<Role> sc
 
 void RendezvousClient::Leave(const std::string& reason) {
   StopHeartbeats();
+  if (!health().ok()) return;  // the coordinator is gone or the fleet failed: nobody to tell
   uint64_t request_id = endpoint_->NextRequestId();
   MessageBuilder builder(ToWireRole(options_.role), rank_);
   auto body = proto::CreateGoodbyeDirect(builder.fbb(), reason.c_str());
   StatusOr<Envelope> reply = endpoint_->Call(
       options_.coordinator_address, builder.Finish(body, request_id), request_id,
-      Deadline::AfterMillis(options_.request_timeout_ms), "goodbye");
+      Deadline::AfterMillis(std::min<int64_t>(options_.request_timeout_ms, kGoodbyeTimeoutMs)),
+      "goodbye");
   if (!reply.ok()) TLOG(WARNING) << "leaving: " << reply.status();
 }
 

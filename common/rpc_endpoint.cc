@@ -61,6 +61,12 @@ void RpcEndpoint::SetHandler(proto::Body type, MessageHandler handler) {
   handlers_[type] = std::move(handler);
 }
 
+void RpcEndpoint::ClearHandler(proto::Body type) {
+  std::unique_lock<std::mutex> lock(mu_);
+  handlers_.erase(type);
+  handlers_idle_cv_.wait(lock, [this] { return handlers_running_ == 0; });
+}
+
 std::shared_future<StatusOr<Envelope>> RpcEndpoint::CallAsync(const std::string& address,
                                                               Message request,
                                                               uint64_t request_id,
@@ -159,10 +165,16 @@ void RpcEndpoint::OnMessage(Envelope envelope) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = handlers_.find(type);
-    if (it != handlers_.end()) handler = it->second;
+    if (it != handlers_.end()) {
+      handler = it->second;
+      ++handlers_running_;
+    }
   }
   if (handler) {
     handler(std::move(envelope));
+    handler = nullptr;  // drop its captures before ClearHandler callers proceed
+    std::lock_guard<std::mutex> lock(mu_);
+    if (--handlers_running_ == 0) handlers_idle_cv_.notify_all();
     return;
   }
   if (envelope.origin.IsRequest()) {

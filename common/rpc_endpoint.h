@@ -49,6 +49,9 @@ class RpcEndpoint {
 
   // Routes messages of `type` that are not replies to our calls. Replaces an earlier handler.
   void SetHandler(proto::Body type, MessageHandler handler);
+  // Removes the handler of `type` and waits until no handler is running, so whatever the
+  // handler refers to may be destroyed afterwards. REQUIRES: not called from a handler.
+  void ClearHandler(proto::Body type);
 
   uint64_t NextRequestId() { return next_request_id_.fetch_add(1); }
 
@@ -94,6 +97,8 @@ class RpcEndpoint {
   std::map<proto::Body, MessageHandler> handlers_;            // guarded by mu_
   Status failure_;                                             // guarded by mu_
   bool stopping_ = false;                                      // guarded by mu_
+  int handlers_running_ = 0;                                   // guarded by mu_
+  std::condition_variable handlers_idle_cv_;
   std::condition_variable expire_cv_;
   std::thread expire_thread_;
 };

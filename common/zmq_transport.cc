@@ -160,7 +160,10 @@ struct ZmqTransport::Impl {
   }
 
   Status Enqueue(Command command) {
-    if (queued.load() >= options.max_queued_messages) {
+    // Count the message before publishing it: the I/O thread may send it (and decrement)
+    // as soon as the lock is released.
+    if (queued.fetch_add(1) >= options.max_queued_messages) {
+      --queued;
       return UnavailableError("send queue full (" + std::to_string(options.max_queued_messages) +
                               " messages waiting) for " +
                               (command.is_reply ? std::string("a reply") : command.target) +
@@ -168,10 +171,12 @@ struct ZmqTransport::Impl {
     }
     {
       std::lock_guard<std::mutex> lock(mu);
-      if (stopped) return CancelledError("transport at " + router_address + " is shut down");
+      if (stopped) {
+        --queued;
+        return CancelledError("transport at " + router_address + " is shut down");
+      }
       commands.push_back(std::move(command));
     }
-    ++queued;
     Wake();
     return OkStatus();
   }
@@ -403,7 +408,14 @@ struct ZmqTransport::Impl {
       verified.status = InvalidArgumentError("message has no header frame");
       verified.reason = bad_message_reason::kFraming;
     } else {
-      message.header = FromZmqFrame(std::move(frames[first_frame]));
+      // FlatBuffers reads the header in place and needs it 8-byte aligned; ZeroMQ keeps small
+      // frames inside the zmq_msg_t, where they may not be. Headers are small: copy those.
+      zmq::message_t& header = frames[first_frame];
+      if (reinterpret_cast<uintptr_t>(header.data()) % alignof(uint64_t) != 0) {
+        message.header = Payload::Copy(header.data(), header.size());
+      } else {
+        message.header = FromZmqFrame(std::move(header));
+      }
       for (size_t i = first_frame + 1; i < frames.size(); ++i) {
         message.payloads.push_back(FromZmqFrame(std::move(frames[i])));
       }

@@ -9,6 +9,10 @@
 namespace tessera::server {
 namespace {
 
+// The requests the coordinator serves.
+constexpr proto::Body kHandledTypes[] = {proto::Body::RegisterRequest, proto::Body::Heartbeat,
+                                         proto::Body::BarrierRequest, proto::Body::Goodbye};
+
 // How often Run() wakes to check deadlines when no message arrives.
 constexpr int64_t kTickMs = 20;
 
@@ -41,12 +45,15 @@ StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(RpcEndpoint* endpoint
   }
   std::unique_ptr<Coordinator> coordinator(new Coordinator(endpoint, options));
   if (metrics != nullptr) RETURN_IF_ERROR(coordinator->RegisterMetrics(metrics));
-  for (proto::Body type : {proto::Body::RegisterRequest, proto::Body::Heartbeat,
-                           proto::Body::BarrierRequest, proto::Body::Goodbye}) {
+  for (proto::Body type : kHandledTypes) {
     endpoint->SetHandler(type, coordinator->inbox_.Handler());
   }
   coordinator->PublishSnapshot();
   return coordinator;
+}
+
+Coordinator::~Coordinator() {
+  for (proto::Body type : kHandledTypes) endpoint_->ClearHandler(type);
 }
 
 Status Coordinator::RegisterMetrics(MetricsRegistry* metrics) {

@@ -49,6 +49,8 @@ class Coordinator {
   static StatusOr<std::unique_ptr<Coordinator>> Create(RpcEndpoint* endpoint,
                                                        const CoordinatorOptions& options,
                                                        MetricsRegistry* metrics);
+  // Stops routing the endpoint's messages here (later ones are answered Unimplemented).
+  ~Coordinator();
 
   // Serves until `stop_requested()` returns true (checked every few milliseconds): OK. Returns
   // the error if the rendezvous times out.

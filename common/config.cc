@@ -1,0 +1,732 @@
+#include "common/config.h"
+
+#include <CLI/CLI.hpp>
+
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <type_traits>
+
+// The process environment; read in CurrentEnvironment() only.
+extern char** environ;
+
+namespace tessera {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Value parsing shared by flags and environment variables. `name` is the flag or variable
+// ("--rank", "RANK"), so every message says where the bad value came from.
+
+std::string Quote(std::string_view text) {
+  std::string out = "\"";
+  for (char c : text) {
+    unsigned char u = static_cast<unsigned char>(c);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (u < 0x20 || u == 0x7f) {
+      char hex[8];
+      std::snprintf(hex, sizeof(hex), "\\x%02x", u);
+      out += hex;
+    } else {
+      out += c;
+    }
+  }
+  out += '"';
+  return out;
+}
+
+Status BadValue(std::string_view name, std::string_view text, std::string_view why) {
+  return InvalidArgumentError(std::string(name) + "=" + Quote(text) + ": " + std::string(why));
+}
+
+// Strict decimal: optional '-', digits, nothing else (no spaces, '+', hex or octal).
+template <typename T>
+Status ParseInteger(std::string_view name, std::string_view text, T* out) {
+  static_assert(std::is_integral_v<T>);
+  const char* first = text.data();
+  const char* last = text.data() + text.size();
+  const std::string range_why = std::is_signed_v<T>
+                                    ? "out of range for a " + std::to_string(8 * sizeof(T)) +
+                                          "-bit integer"
+                                    : "out of range";
+  if (std::is_unsigned_v<T> && !text.empty() && text.front() == '-') {
+    return BadValue(name, text, "must not be negative");
+  }
+  T value{};
+  auto [ptr, ec] = std::from_chars(first, last, value);
+  if (ec == std::errc::result_out_of_range) return BadValue(name, text, range_why);
+  if (ec != std::errc() || ptr != last || text.empty()) {
+    return BadValue(name, text, "not an integer");
+  }
+  *out = value;
+  return OkStatus();
+}
+
+Status ParseSeconds(std::string_view name, std::string_view text, double* out) {
+  const char* last = text.data() + text.size();
+  double value = 0;
+  auto [ptr, ec] = std::from_chars(text.data(), last, value, std::chars_format::general);
+  if (ec != std::errc() || ptr != last || text.empty()) return BadValue(name, text, "not a number");
+  if (!std::isfinite(value)) return BadValue(name, text, "not a finite number");
+  *out = value;
+  return OkStatus();
+}
+
+std::string_view LogLevelName(LogLevel level) {
+  switch (level) {
+    case LogLevel::kDebug: return "debug";
+    case LogLevel::kInfo: return "info";
+    case LogLevel::kWarning: return "warning";
+    case LogLevel::kError: return "error";
+  }
+  return "unknown";
+}
+
+std::string FormatSeconds(double seconds) {
+  std::ostringstream out;
+  out << seconds;
+  return out.str();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The field table: one row per flag, shared by registration, --help, parsing, DescribeConfig
+// and ValidateConfig's messages.
+
+enum FieldId : int {
+  kRank,
+  kLocalRank,
+  kNumWorkers,
+  kNumServers,
+  kCoordinator,
+  kBindHost,
+  kPort,
+  kMetricsPort,
+  kJob,
+  kRendezvousTimeout,
+  kHeartbeatInterval,
+  kHeartbeatTimeout,
+  kRequestTimeout,
+  kMaxMessageBytes,
+  kLogLevel,
+  kLinger,
+  kNumFields,
+};
+
+constexpr unsigned kForCoordinator = 1u << static_cast<int>(Role::kCoordinator);
+constexpr unsigned kForServer = 1u << static_cast<int>(Role::kServer);
+constexpr unsigned kForWorker = 1u << static_cast<int>(Role::kWorker);
+constexpr unsigned kForAll = kForCoordinator | kForServer | kForWorker;
+
+using Setter = Status (*)(std::string_view name, std::string_view text, ProcessConfig* config);
+using Getter = std::string (*)(const ProcessConfig& config);
+using HelpText = const char* (*)(Role role);
+
+struct Field {
+  FieldId id;
+  const char* flag;
+  const char* alias;  // nullptr: none
+  const char* type_name;
+  unsigned roles;     // which roles have this flag
+  bool is_text;       // quoted in messages
+  Setter set;
+  Getter get;
+  HelpText help;
+};
+
+const Field kFields[kNumFields] = {
+    {kRank, "--rank", nullptr, "INT", kForServer | kForWorker, false,
+     [](std::string_view n, std::string_view t, ProcessConfig* c) {
+       return ParseInteger(n, t, &c->rank);
+     },
+     [](const ProcessConfig& c) { return std::to_string(c.rank); },
+     [](Role role) -> const char* {
+       if (role == Role::kServer) {
+         return "This server's shard index, < --num-servers; -1: the coordinator assigns one. "
+                "Never read from RANK etc. (those describe workers)";
+       }
+       return "This worker's rank, < --num-workers; -1: the coordinator assigns one. "
+              "Env: RANK | OMPI_COMM_WORLD_RANK | SLURM_PROCID";
+     }},
+    {kLocalRank, "--local-rank", nullptr, "INT", kForServer | kForWorker, false,
+     [](std::string_view n, std::string_view t, ProcessConfig* c) {
+       return ParseInteger(n, t, &c->local_rank);
+     },
+     [](const ProcessConfig& c) { return std::to_string(c.local_rank); },
+     [](Role role) -> const char* {
+       if (role == Role::kServer) {
+         return "Index among this host's processes; -1: unknown. Not read from the environment";
+       }
+       return "Rank among this host's workers (picks the GPU); -1: unknown. "
+              "Env: LOCAL_RANK | OMPI_COMM_WORLD_LOCAL_RANK | SLURM_LOCALID";
+     }},
+    {kNumWorkers, "--num-workers", "--world-size", "INT", kForAll, false,
+     [](std::string_view n, std::string_view t, ProcessConfig* c) {
+       return ParseInteger(n, t, &c->num_workers);
+     },
+     [](const ProcessConfig& c) { return std::to_string(c.num_workers); },
+     [](Role) -> const char* {
+       return "Number of workers in the job. Env: WORLD_SIZE | OMPI_COMM_WORLD_SIZE | SLURM_NTASKS";
+     }},
+    {kNumServers, "--num-servers", nullptr, "INT", kForAll, false,
+     [](std::string_view n, std::string_view t, ProcessConfig* c) {
+       return ParseInteger(n, t, &c->num_servers);
+     },
+     [](const ProcessConfig& c) { return std::to_string(c.num_servers); },
+     [](Role) -> const char* {
+       return "Number of parameter servers (0 for all-reduce and ZeRO). Env: TESSERA_NUM_SERVERS";
+     }},
+    {kCoordinator, "--coordinator", nullptr, "HOST:PORT", kForAll, true,
+     [](std::string_view, std::string_view t, ProcessConfig* c) {
+       c->coordinator = std::string(t);
+       return OkStatus();
+     },
+     [](const ProcessConfig& c) { return c.coordinator; },
+     [](Role role) -> const char* {
+       if (role == Role::kCoordinator) {
+         return "Address the rendezvous socket listens on; port 0: the OS picks. "
+                "Env: MASTER_ADDR + MASTER_PORT";
+       }
+       return "Address of the coordinator (required). Env: MASTER_ADDR + MASTER_PORT";
+     }},
+    {kBindHost, "--bind-host", nullptr, "HOST", kForAll, true,
+     [](std::string_view, std::string_view t, ProcessConfig* c) {
+       c->bind_host = std::string(t);
+       return OkStatus();
+     },
+     [](const ProcessConfig& c) { return c.bind_host; },
+     [](Role role) -> const char* {
+       if (role == Role::kCoordinator) {
+         return "Interface of the /metrics HTTP server; 0.0.0.0: every interface";
+       }
+       return "Interface this process listens on (transport, /metrics); 0.0.0.0: every interface";
+     }},
+    {kPort, "--port", nullptr, "PORT", kForServer | kForWorker, false,
+     [](std::string_view n, std::string_view t, ProcessConfig* c) {
+       return ParseInteger(n, t, &c->port);
+     },
+     [](const ProcessConfig& c) { return std::to_string(c.port); },
+     [](Role) -> const char* { return "Transport port to listen on; 0: the OS picks a free one"; }},
+    {kMetricsPort, "--metrics-port", nullptr, "PORT", kForAll, false,
+     [](std::string_view n, std::string_view t, ProcessConfig* c) {
+       return ParseInteger(n, t, &c->metrics_port);
+     },
+     [](const ProcessConfig& c) { return std::to_string(c.metrics_port); },
+     [](Role) -> const char* { return "HTTP port serving /metrics; 0: the OS picks a free one"; }},
+    {kJob, "--job", nullptr, "NAME", kForAll, true,
+     [](std::string_view, std::string_view t, ProcessConfig* c) {
+       c->job = std::string(t);
+       return OkStatus();
+     },
+     [](const ProcessConfig& c) { return c.job; },
+     [](Role) -> const char* {
+       return "Job name (1-64 of A-Z a-z 0-9 . _ -), in logs and metrics. Env: TESSERA_JOB";
+     }},
+    {kRendezvousTimeout, "--rendezvous-timeout-ms", nullptr, "MS", kForAll, false,
+     [](std::string_view n, std::string_view t, ProcessConfig* c) {
+       return ParseInteger(n, t, &c->rendezvous_timeout_ms);
+     },
+     [](const ProcessConfig& c) { return std::to_string(c.rendezvous_timeout_ms); },
+     [](Role) -> const char* { return "How long to wait for the whole fleet to register"; }},
+    {kHeartbeatInterval, "--heartbeat-interval-ms", nullptr, "MS", kForAll, false,
+     [](std::string_view n, std::string_view t, ProcessConfig* c) {
+       return ParseInteger(n, t, &c->heartbeat_interval_ms);
+     },
+     [](const ProcessConfig& c) { return std::to_string(c.heartbeat_interval_ms); },
+     [](Role) -> const char* { return "Time between two heartbeats"; }},
+    {kHeartbeatTimeout, "--heartbeat-timeout-ms", nullptr, "MS", kForAll, false,
+     [](std::string_view n, std::string_view t, ProcessConfig* c) {
+       return ParseInteger(n, t, &c->heartbeat_timeout_ms);
+     },
+     [](const ProcessConfig& c) { return std::to_string(c.heartbeat_timeout_ms); },
+     [](Role) -> const char* {
+       return "Silence after which a process is declared failed; > --heartbeat-interval-ms";
+     }},
+    {kRequestTimeout, "--request-timeout-ms", nullptr, "MS", kForAll, false,
+     [](std::string_view n, std::string_view t, ProcessConfig* c) {
+       return ParseInteger(n, t, &c->request_timeout_ms);
+     },
+     [](const ProcessConfig& c) { return std::to_string(c.request_timeout_ms); },
+     [](Role) -> const char* { return "Longest wait for the reply to any single request"; }},
+    {kMaxMessageBytes, "--max-message-bytes", nullptr, "BYTES", kForAll, false,
+     [](std::string_view n, std::string_view t, ProcessConfig* c) {
+       return ParseInteger(n, t, &c->max_message_bytes);
+     },
+     [](const ProcessConfig& c) { return std::to_string(c.max_message_bytes); },
+     [](Role) -> const char* {
+       return "Largest message accepted (header + payloads), 4096..2147483647 (< 2 GiB: "
+              "the FlatBuffers Verifier limit)";
+     }},
+    {kLogLevel, "--log-level", nullptr, "LEVEL", kForAll, false,
+     [](std::string_view n, std::string_view t, ProcessConfig* c) {
+       StatusOr<LogLevel> level = ParseLogLevel(t);
+       if (!level.ok()) return BadValue(n, t, "expected debug, info, warning or error");
+       c->log_level = *level;
+       return OkStatus();
+     },
+     [](const ProcessConfig& c) { return std::string(LogLevelName(c.log_level)); },
+     [](Role) -> const char* {
+       return "debug, info, warning or error. Env: TESSERA_LOG_LEVEL";
+     }},
+    {kLinger, "--linger", nullptr, "SECONDS", kForAll, false,
+     [](std::string_view n, std::string_view t, ProcessConfig* c) {
+       return ParseSeconds(n, t, &c->linger_seconds);
+     },
+     [](const ProcessConfig& c) { return FormatSeconds(c.linger_seconds); },
+     [](Role) -> const char* {
+       return "Keep serving (e.g. /metrics) this long after the work is done, then exit";
+     }},
+};
+
+bool HasField(Role role, const Field& field) {
+  return (field.roles & (1u << static_cast<int>(role))) != 0;
+}
+
+constexpr std::string_view kFromFlag = "flag";
+constexpr std::string_view kEnvPrefix = "env ";
+
+bool GivenAsFlag(const ProcessConfig& config, FieldId id) {
+  auto it = config.sources.find(kFields[id].flag);
+  return it != config.sources.end() && it->second == kFromFlag;
+}
+
+// "--rank=5", plus " (from RANK)" when the value came from the environment.
+std::string Named(const ProcessConfig& config, FieldId id) {
+  const Field& field = kFields[id];
+  std::string value = field.get(config);
+  std::string out = std::string(field.flag) + "=" + (field.is_text ? Quote(value) : value);
+  auto it = config.sources.find(field.flag);
+  if (it != config.sources.end() && it->second.rfind(kEnvPrefix, 0) == 0) {
+    out += " (from " + it->second.substr(kEnvPrefix.size()) + ")";
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Environment.
+
+// One launcher's variables. Order of kFamilies = precedence.
+struct LauncherFamily {
+  const char* rank;
+  const char* local_rank;
+  const char* size;
+};
+
+constexpr LauncherFamily kFamilies[] = {
+    {"RANK", "LOCAL_RANK", "WORLD_SIZE"},                                           // torchrun
+    {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_SIZE"},  // OpenMPI
+    {"SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS"},                              // Slurm
+};
+
+const std::string* Lookup(const Environment& env, const char* name) {
+  auto it = env.find(name);
+  return it == env.end() ? nullptr : &it->second;
+}
+
+// Sets field `id` from variable `var` when the variable is set and the flag was not given.
+Status ApplyVariable(const Environment& env, const char* var, FieldId id, ProcessConfig* config) {
+  if (GivenAsFlag(*config, id)) return OkStatus();
+  const std::string* value = Lookup(env, var);
+  if (value == nullptr) return OkStatus();
+  RETURN_IF_ERROR(kFields[id].set(var, *value, config));
+  config->sources[kFields[id].flag] = std::string(kEnvPrefix) + var;
+  return OkStatus();
+}
+
+Status ApplyMasterAddress(const Environment& env, ProcessConfig* config) {
+  if (GivenAsFlag(*config, kCoordinator)) return OkStatus();
+  const std::string* addr = Lookup(env, "MASTER_ADDR");
+  const std::string* port_text = Lookup(env, "MASTER_PORT");
+  if (addr == nullptr && port_text == nullptr) return OkStatus();
+  if (port_text == nullptr) {
+    return InvalidArgumentError("MASTER_ADDR=" + Quote(*addr) +
+                                " is set but MASTER_PORT is not: set both, or pass --coordinator");
+  }
+  if (addr == nullptr) {
+    return InvalidArgumentError("MASTER_PORT=" + Quote(*port_text) +
+                                " is set but MASTER_ADDR is not: set both, or pass --coordinator");
+  }
+  int port = 0;
+  RETURN_IF_ERROR(ParseInteger("MASTER_PORT", *port_text, &port));
+  if (port < 1 || port > 65535) return BadValue("MASTER_PORT", *port_text, "must be 1..65535");
+
+  std::string_view host = *addr;
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  if (host.empty()) return BadValue("MASTER_ADDR", *addr, "empty host");
+  for (char c : host) {
+    if (std::isspace(static_cast<unsigned char>(c)) || c == '/' || c == '[' || c == ']') {
+      return BadValue("MASTER_ADDR", *addr, "not a host name or IP address");
+    }
+  }
+  size_t colons = 0;
+  for (char c : host) colons += (c == ':');
+  if (colons == 1) {
+    return BadValue("MASTER_ADDR", *addr,
+                    "must be a host without a port (the port goes in MASTER_PORT)");
+  }
+  config->coordinator = JoinHostPort(host, port);
+  config->sources[kFields[kCoordinator].flag] = std::string(kEnvPrefix) + "MASTER_ADDR+MASTER_PORT";
+  return OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Validation helpers.
+
+Status OutOfRange(const ProcessConfig& config, FieldId id, std::string_view requirement) {
+  return InvalidArgumentError(Named(config, id) + " is out of range: " + std::string(requirement));
+}
+
+Status CheckTimeoutMs(const ProcessConfig& config, FieldId id, int64_t value) {
+  if (value <= 0 || value > kMaxTimeoutMs) {
+    return OutOfRange(config, id, "must be 1.." + std::to_string(kMaxTimeoutMs) + " (a week)");
+  }
+  return OkStatus();
+}
+
+Status CheckPort(const ProcessConfig& config, FieldId id, int value) {
+  if (value < 0 || value > 65535) {
+    return OutOfRange(config, id, "must be 0..65535 (0: the OS picks)");
+  }
+  return OkStatus();
+}
+
+bool IsJobChar(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
+}
+
+}  // namespace
+
+// -----------------------------------------------------------------------------------------------
+
+std::string_view RoleName(Role role) {
+  switch (role) {
+    case Role::kCoordinator: return "coordinator";
+    case Role::kServer: return "server";
+    case Role::kWorker: return "worker";
+  }
+  return "unknown";
+}
+
+StatusOr<Role> ParseRole(std::string_view name) {
+  if (name == "coordinator") return Role::kCoordinator;
+  if (name == "server") return Role::kServer;
+  if (name == "worker") return Role::kWorker;
+  return InvalidArgumentError("unknown role " + Quote(name) +
+                              " (expected coordinator, server or worker)");
+}
+
+ProcessConfig DefaultProcessConfig(Role role) {
+  ProcessConfig config;
+  config.role = role;
+  if (role == Role::kCoordinator) config.coordinator = "127.0.0.1:0";
+  return config;
+}
+
+ProcessFlags::ProcessFlags(Role role, CLI::App* app) : role_(role) {
+  const ProcessConfig defaults = DefaultProcessConfig(role);
+  for (const Field& field : kFields) {
+    if (!HasField(role, field)) continue;
+    std::string names = field.flag;
+    if (field.alias != nullptr) names += std::string(",") + field.alias;
+    CLI::Option* option = app->add_option(names);
+    option->description(field.help(role));
+    option->type_name(field.type_name);
+    option->default_str(field.get(defaults));  // an empty one (no default) shows nothing
+    option->group("Tessera process options");
+    bindings_.push_back({option, field.id});
+  }
+  std::string footer =
+      "Precedence: flags > environment > defaults. --rank, --local-rank and --num-workers come "
+      "from ONE launcher's variables: the first of torchrun (RANK, LOCAL_RANK, WORLD_SIZE) > "
+      "OpenMPI (OMPI_COMM_WORLD_RANK, _LOCAL_RANK, _SIZE) > Slurm (SLURM_PROCID, SLURM_LOCALID, "
+      "SLURM_NTASKS) that has any of them set; rank variables apply to workers only.";
+  std::string existing = app->get_footer();
+  app->footer(existing.empty() ? footer : existing + "\n\n" + footer);
+  app->get_formatter()->column_width(40);
+}
+
+Status ProcessFlags::ApplyTo(ProcessConfig* config) const {
+  for (const Binding& binding : bindings_) {
+    if (binding.option->count() == 0) continue;
+    const Field& field = kFields[binding.field];
+    const std::vector<std::string>& results = binding.option->results();
+    std::string text = results.empty() ? std::string() : results.back();
+    RETURN_IF_ERROR(field.set(field.flag, text, config));
+    config->sources[field.flag] = std::string(kFromFlag);
+  }
+  return OkStatus();
+}
+
+Environment CurrentEnvironment() {
+  Environment env;
+  for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
+    std::string_view text(*entry);
+    size_t eq = text.find('=');
+    if (eq == std::string_view::npos) continue;
+    env.emplace(std::string(text.substr(0, eq)), std::string(text.substr(eq + 1)));
+  }
+  return env;
+}
+
+Status ApplyEnvironment(const Environment& env, ProcessConfig* config) {
+  for (const LauncherFamily& family : kFamilies) {
+    if (Lookup(env, family.rank) == nullptr && Lookup(env, family.local_rank) == nullptr &&
+        Lookup(env, family.size) == nullptr) {
+      continue;
+    }
+    if (config->role == Role::kWorker) {
+      RETURN_IF_ERROR(ApplyVariable(env, family.rank, kRank, config));
+      RETURN_IF_ERROR(ApplyVariable(env, family.local_rank, kLocalRank, config));
+    }
+    RETURN_IF_ERROR(ApplyVariable(env, family.size, kNumWorkers, config));
+    break;  // the first family present wins; the others are ignored
+  }
+  RETURN_IF_ERROR(ApplyMasterAddress(env, config));
+  RETURN_IF_ERROR(ApplyVariable(env, "TESSERA_NUM_SERVERS", kNumServers, config));
+  RETURN_IF_ERROR(ApplyVariable(env, "TESSERA_JOB", kJob, config));
+  RETURN_IF_ERROR(ApplyVariable(env, "TESSERA_LOG_LEVEL", kLogLevel, config));
+  return OkStatus();
+}
+
+Status ValidateConfig(const ProcessConfig& c) {
+  const bool is_coordinator = c.role == Role::kCoordinator;
+  if (is_coordinator) {
+    if (c.rank != -1) {
+      return InvalidArgumentError(Named(c, kRank) + ": the coordinator has no rank; leave it -1");
+    }
+    if (c.local_rank != -1) {
+      return InvalidArgumentError(Named(c, kLocalRank) +
+                                  ": the coordinator has no local rank; leave it -1");
+    }
+    if (c.port != 0) {
+      return InvalidArgumentError(Named(c, kPort) +
+                                  ": the coordinator listens on --coordinator, not --port");
+    }
+  }
+
+  if (c.num_workers < 1) return OutOfRange(c, kNumWorkers, "must be >= 1");
+  if (c.num_servers < 0) return OutOfRange(c, kNumServers, "must be >= 0");
+  if (c.rank < -1) {
+    return OutOfRange(c, kRank, "must be >= 0, or -1 to let the coordinator assign one");
+  }
+  if (c.role == Role::kWorker && c.rank >= c.num_workers) {
+    return OutOfRange(c, kRank, "must be < " + Named(c, kNumWorkers));
+  }
+  if (c.role == Role::kServer && c.rank >= c.num_servers) {
+    return OutOfRange(c, kRank, "must be < " + Named(c, kNumServers));
+  }
+  if (c.local_rank < -1) return OutOfRange(c, kLocalRank, "must be >= 0, or -1 for unknown");
+  if (c.role == Role::kWorker && c.local_rank >= c.num_workers) {
+    return OutOfRange(c, kLocalRank, "must be < " + Named(c, kNumWorkers));
+  }
+
+  if (c.coordinator.empty()) {
+    return InvalidArgumentError(
+        "--coordinator is required for a " + std::string(RoleName(c.role)) +
+        ": HOST:PORT of the coordinator (or set MASTER_ADDR and MASTER_PORT)");
+  }
+  StatusOr<std::pair<std::string, int>> coordinator = ParseHostPort(c.coordinator);
+  if (!coordinator.ok()) return coordinator.status().WithContext(Named(c, kCoordinator));
+  if (!is_coordinator && coordinator->second == 0) {
+    return InvalidArgumentError(Named(c, kCoordinator) +
+                                ": port 0 cannot be connected to; give the coordinator's port");
+  }
+
+  if (c.bind_host.empty()) return InvalidArgumentError("--bind-host is empty");
+  for (char ch : c.bind_host) {
+    if (std::isspace(static_cast<unsigned char>(ch)) || ch == '/') {
+      return InvalidArgumentError(Named(c, kBindHost) + ": not a host name or IP address");
+    }
+  }
+  RETURN_IF_ERROR(CheckPort(c, kPort, c.port));
+  RETURN_IF_ERROR(CheckPort(c, kMetricsPort, c.metrics_port));
+  if (c.metrics_port != 0 && c.metrics_port == c.port) {
+    return InvalidArgumentError(Named(c, kMetricsPort) + " is the same port as " + Named(c, kPort));
+  }
+  if (is_coordinator && c.metrics_port != 0 && c.metrics_port == coordinator->second) {
+    return InvalidArgumentError(Named(c, kMetricsPort) + " is the same port as " +
+                                Named(c, kCoordinator));
+  }
+
+  if (c.job.empty() || c.job.size() > 64) {
+    return InvalidArgumentError(Named(c, kJob) + ": must be 1-64 characters");
+  }
+  for (char ch : c.job) {
+    if (!IsJobChar(ch)) {
+      return InvalidArgumentError(Named(c, kJob) +
+                                  ": may only contain letters, digits, '.', '_' and '-'");
+    }
+  }
+
+  RETURN_IF_ERROR(CheckTimeoutMs(c, kRendezvousTimeout, c.rendezvous_timeout_ms));
+  RETURN_IF_ERROR(CheckTimeoutMs(c, kHeartbeatInterval, c.heartbeat_interval_ms));
+  RETURN_IF_ERROR(CheckTimeoutMs(c, kHeartbeatTimeout, c.heartbeat_timeout_ms));
+  RETURN_IF_ERROR(CheckTimeoutMs(c, kRequestTimeout, c.request_timeout_ms));
+  if (c.heartbeat_timeout_ms <= c.heartbeat_interval_ms) {
+    return InvalidArgumentError(Named(c, kHeartbeatTimeout) + " must be greater than " +
+                                Named(c, kHeartbeatInterval) +
+                                ", or a live process is declared failed between two heartbeats");
+  }
+
+  if (c.max_message_bytes < kMinMessageBytes) {
+    return OutOfRange(c, kMaxMessageBytes, "must be >= " + std::to_string(kMinMessageBytes));
+  }
+  if (c.max_message_bytes > kMaxMessageBytesLimit) {
+    return OutOfRange(c, kMaxMessageBytes,
+                      "must be <= " + std::to_string(kMaxMessageBytesLimit) +
+                          " (below 2 GiB): the FlatBuffers 2.0.8 Verifier asserts on buffers of "
+                          "2 GiB or more");
+  }
+
+  switch (c.log_level) {
+    case LogLevel::kDebug:
+    case LogLevel::kInfo:
+    case LogLevel::kWarning:
+    case LogLevel::kError:
+      break;
+    default:
+      return InvalidArgumentError("--log-level=" + std::to_string(static_cast<int>(c.log_level)) +
+                                  " is not a log level");
+  }
+
+  if (!std::isfinite(c.linger_seconds) || c.linger_seconds < 0 ||
+      c.linger_seconds > kMaxTimeoutMs / 1000) {
+    return OutOfRange(c, kLinger, "must be 0.." + std::to_string(kMaxTimeoutMs / 1000) +
+                                      " seconds (a week)");
+  }
+  return OkStatus();
+}
+
+StatusOr<ProcessConfig> ParseProcessConfig(Role role, int argc, const char* const* argv,
+                                           const Environment& env, CLI::App* app,
+                                           bool* help_requested) {
+  if (help_requested != nullptr) *help_requested = false;
+  std::unique_ptr<CLI::App> own_app;
+  if (app == nullptr) {
+    own_app = std::make_unique<CLI::App>("tessera " + std::string(RoleName(role)));
+    app = own_app.get();
+  }
+  ProcessConfig config = DefaultProcessConfig(role);
+  std::optional<ProcessFlags> flags;
+  try {
+    flags.emplace(role, app);
+    app->parse(argc, argv);
+  } catch (const CLI::Success& success) {  // --help, --help-all, --version
+    app->exit(success, std::cout, std::cerr);
+    if (help_requested != nullptr) *help_requested = true;
+    return CancelledError("help requested: printed to stdout");
+  } catch (const CLI::ParseError& error) {
+    return InvalidArgumentError(std::string(error.what()) + " (run with --help to list the flags)");
+  } catch (const CLI::Error& error) {  // e.g. a binary's flag that clashes with ours
+    return InternalError(std::string("command-line setup: ") + error.what());
+  }
+  RETURN_IF_ERROR(flags->ApplyTo(&config));
+  RETURN_IF_ERROR(ApplyEnvironment(env, &config));
+  RETURN_IF_ERROR(ValidateConfig(config));
+  return config;
+}
+
+std::string DescribeConfig(const ProcessConfig& config) {
+  std::string out = "role: " + std::string(RoleName(config.role)) + "\n";
+  for (const Field& field : kFields) {
+    if (!HasField(config.role, field)) continue;
+    std::string value = field.get(config);
+    out += std::string(field.flag) + "=" + (field.is_text ? Quote(value) : value);
+    auto it = config.sources.find(field.flag);
+    out += " (" + (it == config.sources.end() ? std::string("default") : it->second) + ")\n";
+  }
+  return out;
+}
+
+bool IsLoopbackHost(std::string_view host) {
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  std::string lower;
+  for (char c : host) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (lower == "localhost" || lower == "localhost.") return true;
+  if (lower == "::1" || lower == "0:0:0:0:0:0:0:1") return true;
+  std::string_view v4 = lower;
+  if (v4.rfind("::ffff:", 0) == 0) v4.remove_prefix(7);  // IPv4-mapped IPv6
+  // Dotted quad 127.a.b.c, each part 1-3 decimal digits <= 255.
+  int parts = 0;
+  int first = -1;
+  size_t start = 0;
+  while (true) {
+    size_t dot = v4.find('.', start);
+    std::string_view part = v4.substr(start, dot == std::string_view::npos ? dot : dot - start);
+    if (part.empty() || part.size() > 3) return false;
+    int value = 0;
+    for (char c : part) {
+      if (c < '0' || c > '9') return false;
+      value = value * 10 + (c - '0');
+    }
+    if (value > 255) return false;
+    if (parts == 0) first = value;
+    ++parts;
+    if (dot == std::string_view::npos) break;
+    start = dot + 1;
+  }
+  return parts == 4 && first == 127;
+}
+
+StatusOr<std::pair<std::string, int>> ParseHostPort(std::string_view text) {
+  auto fail = [text](std::string_view why) {
+    return InvalidArgumentError(Quote(text) + " is not HOST:PORT: " + std::string(why));
+  };
+  if (text.empty()) return fail("empty");
+  if (text.find("://") != std::string_view::npos) {
+    return fail("give HOST:PORT without a scheme such as tcp://");
+  }
+  for (char c : text) {
+    if (std::isspace(static_cast<unsigned char>(c))) return fail("contains whitespace");
+  }
+  std::string_view host;
+  std::string_view port_text;
+  if (text.front() == '[') {
+    size_t close = text.find(']');
+    if (close == std::string_view::npos) return fail("missing ']' after the IPv6 address");
+    host = text.substr(1, close - 1);
+    std::string_view rest = text.substr(close + 1);
+    if (rest.empty()) return fail("missing :PORT");
+    if (rest.front() != ':') return fail("expected ':' after ']'");
+    port_text = rest.substr(1);
+  } else {
+    size_t colon = text.rfind(':');
+    if (colon == std::string_view::npos) return fail("missing :PORT");
+    if (text.find(':') != colon) return fail("an IPv6 address needs brackets, e.g. [::1]:5555");
+    host = text.substr(0, colon);
+    port_text = text.substr(colon + 1);
+  }
+  if (host.empty()) return fail("empty host");
+  if (port_text.empty()) return fail("missing port after ':'");
+  for (char c : port_text) {
+    if (c < '0' || c > '9') return fail("port " + Quote(port_text) + " is not a number");
+  }
+  const std::string out_of_range = "port " + std::string(port_text) + " is out of range 0..65535";
+  if (port_text.size() > 5) return fail(out_of_range);
+  int port = 0;
+  for (char c : port_text) port = port * 10 + (c - '0');
+  if (port > 65535) return fail(out_of_range);
+  return std::make_pair(std::string(host), port);
+}
+
+std::string JoinHostPort(std::string_view host, int port) {
+  std::string out;
+  if (host.find(':') != std::string_view::npos) {
+    out = "[" + std::string(host) + "]";
+  } else {
+    out = std::string(host);
+  }
+  return out + ":" + std::to_string(port);
+}
+
+}  // namespace tessera

@@ -1,0 +1,205 @@
+// ProcessConfig: the one configuration struct of a Tessera process (coordinator, server or
+// worker), built once in main() from flags and the environment, validated once, and logged.
+//
+// Precedence: command-line flags > environment variables > defaults. A bad value is rejected
+// with the name of its flag (or environment variable) and the value; nothing is clamped.
+// This file (and config.cc) is the only place that reads the process environment, and even
+// here the environment is a map handed in, so tests pass a fake one.
+//
+// Typical main():
+//
+//   CLI::App app("tessera worker");
+//   std::string model;
+//   app.add_option("--model", model, "...");          // binary-specific flags, same App
+//   bool help = false;
+//   StatusOr<ProcessConfig> config = ParseProcessConfig(
+//       Role::kWorker, argc, argv, CurrentEnvironment(), &app, &help);
+//   if (help) return 0;                                // help was printed to stdout
+//   if (!config.ok()) { std::cerr << config.status() << "\n"; return 2; }
+//   TLOG(INFO) << "effective config:\n" << DescribeConfig(*config);
+//
+// Environment variables read (only for fields whose flag was not given):
+//
+//   field          torchrun      OpenMPI                      Slurm
+//   rank           RANK          OMPI_COMM_WORLD_RANK         SLURM_PROCID     (workers only)
+//   local_rank     LOCAL_RANK    OMPI_COMM_WORLD_LOCAL_RANK   SLURM_LOCALID    (workers only)
+//   num_workers    WORLD_SIZE    OMPI_COMM_WORLD_SIZE         SLURM_NTASKS
+//   coordinator    MASTER_ADDR + MASTER_PORT (both or neither)
+//   num_servers    TESSERA_NUM_SERVERS
+//   job            TESSERA_JOB
+//   log_level      TESSERA_LOG_LEVEL
+//
+// Launcher families: rank, local_rank and num_workers are read from ONE family, the first of
+// torchrun > OpenMPI > Slurm that has any of its three variables set; the other families are
+// ignored entirely. (mpirun or torchrun inside a Slurm allocation therefore wins over the
+// allocation's SLURM_* variables, and a rank is never paired with another launcher's size.)
+// The rank variables describe the launcher's processes, which are the workers: a server or a
+// coordinator never takes its rank or local rank from the environment (a server's shard index
+// comes from --rank or the coordinator), though it does take num_workers from it.
+//
+// Thread-safety: plain functions on values; CurrentEnvironment() must not race with setenv().
+#ifndef TESSERA_COMMON_CONFIG_H_
+#define TESSERA_COMMON_CONFIG_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "common/logging.h"
+#include "common/status.h"
+
+namespace CLI {
+class App;
+class Option;
+}  // namespace CLI
+
+namespace tessera {
+
+enum class Role { kCoordinator, kServer, kWorker };
+
+// "coordinator", "server", "worker".
+std::string_view RoleName(Role role);
+StatusOr<Role> ParseRole(std::string_view name);
+
+// The largest accepted --max-message-bytes: the FlatBuffers 2.0.8 Verifier asserts on buffers
+// of 2 GiB or more, so a received header must stay below that.
+inline constexpr uint64_t kMaxMessageBytesLimit = (uint64_t{1} << 31) - 1;
+inline constexpr uint64_t kMinMessageBytes = 4096;
+// Upper bound of every *_ms timeout and of --linger: a week. Far from any overflow in deadline
+// arithmetic, and catches a few zeros too many.
+inline constexpr int64_t kMaxTimeoutMs = int64_t{7} * 24 * 3600 * 1000;
+
+struct ProcessConfig {
+  Role role = Role::kWorker;
+
+  // Worker: rank in [0, num_workers); server: shard index in [0, num_servers); -1: the
+  // coordinator assigns one. Flag --rank; env (workers only) RANK | OMPI_COMM_WORLD_RANK |
+  // SLURM_PROCID. The coordinator has no rank (no flag; must stay -1).
+  int rank = -1;
+  // Rank among this host's workers (selects the GPU); -1 = unknown. Flag --local-rank; env
+  // (workers only) LOCAL_RANK | OMPI_COMM_WORLD_LOCAL_RANK | SLURM_LOCALID. Not for the
+  // coordinator.
+  int local_rank = -1;
+  // Flag --num-workers (alias --world-size); env WORLD_SIZE | OMPI_COMM_WORLD_SIZE | SLURM_NTASKS.
+  int num_workers = 1;
+  // Flag --num-servers; env TESSERA_NUM_SERVERS. 0 for all-reduce and ZeRO modes.
+  int num_servers = 0;
+  // HOST:PORT (IPv6 as [addr]:port). Server/worker: the coordinator to register with, required.
+  // Coordinator: where its rendezvous socket listens; default 127.0.0.1:0 (port 0 = OS picks).
+  // Flag --coordinator; env MASTER_ADDR + MASTER_PORT (both needed).
+  std::string coordinator;
+  // Interface of this process's listening sockets (transport and HTTP /metrics; for the
+  // coordinator only /metrics, its rendezvous socket listens on `coordinator`). Flag --bind-host.
+  std::string bind_host = "127.0.0.1";
+  // Transport port, 0 = OS picks. Flag --port. Not for the coordinator (must stay 0).
+  int port = 0;
+  // HTTP /metrics port, 0 = OS picks. Flag --metrics-port.
+  int metrics_port = 0;
+  // Job name: 1..64 of [A-Za-z0-9._-]. Flag --job; env TESSERA_JOB.
+  std::string job = "tessera";
+  // How long to wait for the whole fleet to register. Flag --rendezvous-timeout-ms.
+  int64_t rendezvous_timeout_ms = 60000;
+  // Flag --heartbeat-interval-ms.
+  int64_t heartbeat_interval_ms = 1000;
+  // Silence after which a process is declared failed; > heartbeat_interval_ms.
+  // Flag --heartbeat-timeout-ms.
+  int64_t heartbeat_timeout_ms = 10000;
+  // Longest wait for any single request's reply. Flag --request-timeout-ms.
+  int64_t request_timeout_ms = 30000;
+  // Cap on one received message (header + payloads), in [kMinMessageBytes,
+  // kMaxMessageBytesLimit]. Flag --max-message-bytes.
+  uint64_t max_message_bytes = uint64_t{1} << 30;
+  // Flag --log-level debug|info|warning|error; env TESSERA_LOG_LEVEL.
+  LogLevel log_level = LogLevel::kInfo;
+  // Seconds to keep serving (e.g. /metrics for a last scrape) after the work is done.
+  // Flag --linger.
+  double linger_seconds = 0;
+
+  // Where each value came from, keyed by flag name: "flag" (given on the command line) or
+  // "env RANK" (etc.); fields absent here hold their default. Filled by ProcessFlags::ApplyTo
+  // and ApplyEnvironment; read by ApplyEnvironment (a flag beats the environment), by
+  // ValidateConfig's messages and by DescribeConfig.
+  std::map<std::string, std::string> sources;
+};
+
+// The defaults for `role` (the struct's defaults, plus coordinator = "127.0.0.1:0" for the
+// coordinator itself).
+ProcessConfig DefaultProcessConfig(Role role);
+
+// The common flags, registered on a CLI::App next to the binary's own flags.
+//
+// Flags are only collected while CLI11 parses; they are converted and checked afterwards by
+// ApplyTo, so `--help` works even when another flag's value is bad.
+class ProcessFlags {
+ public:
+  // Registers the flags that `role` uses on `app` (the coordinator has no --rank, --local-rank
+  // or --port), each with a one-line help naming its default and environment variables; adds a
+  // footer on precedence and widens the help's name column. REQUIRES: `app` outlives this object
+  // and has none of these flags yet. CLI11 throws CLI::OptionAlreadyAdded otherwise.
+  ProcessFlags(Role role, CLI::App* app);
+
+  // REQUIRES: app->parse() has returned. For each of the flags that was given, parses its value
+  // into `config` and records sources[flag] = "flag". Errors name the flag and quote the value:
+  // `--rank="abc": not an integer`. Ranges are ValidateConfig's job.
+  Status ApplyTo(ProcessConfig* config) const;
+
+ private:
+  struct Binding {
+    CLI::Option* option;
+    int field;  // index into config.cc's field table
+  };
+  Role role_;
+  std::vector<Binding> bindings_;
+};
+
+using Environment = std::map<std::string, std::string>;
+
+// A copy of this process's environment. The only place that reads `environ`.
+Environment CurrentEnvironment();
+
+// Applies the environment variables listed above to the fields whose flag was not given
+// (config->sources says so), recording sources[flag] = "env VAR". config->role decides whether
+// the rank variables apply. Errors name the variable and quote the value:
+// `RANK="abc": not an integer`, `MASTER_ADDR is set but MASTER_PORT is not`.
+Status ApplyEnvironment(const Environment& env, ProcessConfig* config);
+
+// Checks every range and relation; the first violation is returned, naming the flag, its value
+// and (when it came from the environment) the variable:
+// `--rank=5 (from RANK) is out of range: must be < --num-workers=4 (from WORLD_SIZE)`.
+Status ValidateConfig(const ProcessConfig& config);
+
+// All of the above: DefaultProcessConfig(role), ProcessFlags on `app` (a fresh App when null),
+// app->parse(argc, argv), ApplyTo, ApplyEnvironment, ValidateConfig.
+// On -h/--help: prints the help to stdout, sets *help_requested (when not null) and returns
+// CANCELLED; main() should then exit 0. Every other failure (an unknown flag, a bad value) is
+// INVALID_ARGUMENT naming the flag or variable; *help_requested is false then.
+// REQUIRES: `app`, when given, has not been through ParseProcessConfig before.
+StatusOr<ProcessConfig> ParseProcessConfig(Role role, int argc, const char* const* argv,
+                                           const Environment& env, CLI::App* app,
+                                           bool* help_requested);
+
+// One line per field, "--flag=value (source)", for the startup log, e.g.
+//   role: worker
+//   --rank=3 (env RANK)
+//   --num-workers=4 (env WORLD_SIZE)
+//   --port=0 (default)
+std::string DescribeConfig(const ProcessConfig& config);
+
+// True for addresses only this host can reach: localhost, 127.0.0.0/8, ::1 (bracketed or not).
+// Used to warn when a listening socket is reachable from the network.
+bool IsLoopbackHost(std::string_view host);
+
+// "host:port" or "[ipv6]:port" -> {host without brackets, port}; port must be 0..65535.
+// Errors quote the text and say what is wrong (missing port, non-numeric port, IPv6 without
+// brackets, a URL scheme, ...).
+StatusOr<std::pair<std::string, int>> ParseHostPort(std::string_view text);
+
+// The inverse: brackets `host` when it contains ':' (IPv6).
+std::string JoinHostPort(std::string_view host, int port);
+
+}  // namespace tessera
+
+#endif  // TESSERA_COMMON_CONFIG_H_

@@ -1,0 +1,580 @@
+#include "common/config.h"
+
+#include <CLI/CLI.hpp>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+namespace tessera {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+constexpr char kCoordinatorFlag[] = "--coordinator=10.0.0.1:29500";
+
+StatusOr<ProcessConfig> Parse(Role role, const std::vector<std::string>& args,
+                              const Environment& env = {}, CLI::App* app = nullptr,
+                              bool* help = nullptr) {
+  std::vector<const char*> argv = {"tessera_test"};
+  for (const std::string& arg : args) argv.push_back(arg.c_str());
+  return ParseProcessConfig(role, static_cast<int>(argv.size()), argv.data(), env, app, help);
+}
+
+// The error message of a parse expected to fail.
+std::string ParseError(Role role, const std::vector<std::string>& args,
+                       const Environment& env = {}) {
+  StatusOr<ProcessConfig> config = Parse(role, args, env);
+  EXPECT_FALSE(config.ok()) << "expected an error";
+  if (config.ok()) return "";
+  EXPECT_EQ(config.status().code(), StatusCode::kInvalidArgument) << config.status();
+  return config.status().message();
+}
+
+TEST(RoleTest, NamesRoundTrip) {
+  for (Role role : {Role::kCoordinator, Role::kServer, Role::kWorker}) {
+    StatusOr<Role> parsed = ParseRole(RoleName(role));
+    ASSERT_TRUE(parsed.ok());
+    EXPECT_EQ(*parsed, role);
+  }
+  EXPECT_EQ(RoleName(Role::kWorker), "worker");
+  EXPECT_THAT(ParseRole("trainer").status().message(), HasSubstr("\"trainer\""));
+}
+
+TEST(ProcessConfigTest, WorkerDefaults) {
+  StatusOr<ProcessConfig> config = Parse(Role::kWorker, {kCoordinatorFlag});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->role, Role::kWorker);
+  EXPECT_EQ(config->rank, -1);
+  EXPECT_EQ(config->local_rank, -1);
+  EXPECT_EQ(config->num_workers, 1);
+  EXPECT_EQ(config->num_servers, 0);
+  EXPECT_EQ(config->coordinator, "10.0.0.1:29500");
+  EXPECT_EQ(config->bind_host, "127.0.0.1");
+  EXPECT_EQ(config->port, 0);
+  EXPECT_EQ(config->metrics_port, 0);
+  EXPECT_EQ(config->job, "tessera");
+  EXPECT_EQ(config->rendezvous_timeout_ms, 60000);
+  EXPECT_EQ(config->heartbeat_interval_ms, 1000);
+  EXPECT_EQ(config->heartbeat_timeout_ms, 10000);
+  EXPECT_EQ(config->request_timeout_ms, 30000);
+  EXPECT_EQ(config->max_message_bytes, uint64_t{1} << 30);
+  EXPECT_EQ(config->log_level, LogLevel::kInfo);
+  EXPECT_EQ(config->linger_seconds, 0);
+  EXPECT_EQ(config->sources.size(), 1u);
+  EXPECT_EQ(config->sources.at("--coordinator"), "flag");
+}
+
+TEST(ProcessConfigTest, CoordinatorDefaultsToListeningOnLoopbackFreePort) {
+  StatusOr<ProcessConfig> config = Parse(Role::kCoordinator, {});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->coordinator, "127.0.0.1:0");
+  EXPECT_TRUE(config->sources.empty());
+}
+
+TEST(ProcessConfigTest, WorkerAndServerNeedACoordinator) {
+  for (Role role : {Role::kWorker, Role::kServer}) {
+    std::string message = ParseError(role, {});
+    EXPECT_THAT(message, HasSubstr("--coordinator is required"));
+    EXPECT_THAT(message, HasSubstr("MASTER_ADDR"));
+  }
+}
+
+TEST(ProcessConfigTest, EveryFlagIsApplied) {
+  StatusOr<ProcessConfig> config = Parse(
+      Role::kWorker,
+      {"--rank=2", "--local-rank", "1", "--num-workers=4", "--num-servers=3",
+       "--coordinator=[::1]:7000", "--bind-host=0.0.0.0", "--port=5000", "--metrics-port=9100",
+       "--job=exp-7.a_b", "--rendezvous-timeout-ms=5000", "--heartbeat-interval-ms=200",
+       "--heartbeat-timeout-ms=900", "--request-timeout-ms=1234", "--max-message-bytes=4096",
+       "--log-level=warn", "--linger=2.5"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->rank, 2);
+  EXPECT_EQ(config->local_rank, 1);
+  EXPECT_EQ(config->num_workers, 4);
+  EXPECT_EQ(config->num_servers, 3);
+  EXPECT_EQ(config->coordinator, "[::1]:7000");
+  EXPECT_EQ(config->bind_host, "0.0.0.0");
+  EXPECT_EQ(config->port, 5000);
+  EXPECT_EQ(config->metrics_port, 9100);
+  EXPECT_EQ(config->job, "exp-7.a_b");
+  EXPECT_EQ(config->rendezvous_timeout_ms, 5000);
+  EXPECT_EQ(config->heartbeat_interval_ms, 200);
+  EXPECT_EQ(config->heartbeat_timeout_ms, 900);
+  EXPECT_EQ(config->request_timeout_ms, 1234);
+  EXPECT_EQ(config->max_message_bytes, 4096u);
+  EXPECT_EQ(config->log_level, LogLevel::kWarning);
+  EXPECT_EQ(config->linger_seconds, 2.5);
+  EXPECT_EQ(config->sources.size(), 16u);
+}
+
+TEST(ProcessConfigTest, WorldSizeIsAnAliasOfNumWorkers) {
+  StatusOr<ProcessConfig> config = Parse(Role::kWorker, {kCoordinatorFlag, "--world-size=8"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->num_workers, 8);
+}
+
+TEST(ProcessConfigTest, NegativeValueAfterSpace) {
+  StatusOr<ProcessConfig> config =
+      Parse(Role::kWorker, {kCoordinatorFlag, "--rank", "-1", "--num-workers", "2"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->rank, -1);
+  EXPECT_EQ(config->num_workers, 2);
+}
+
+TEST(ProcessConfigTest, FlagsOverrideEnvironment) {
+  Environment env = {{"RANK", "1"},        {"WORLD_SIZE", "4"},       {"LOCAL_RANK", "1"},
+                     {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1234"},  {"TESSERA_JOB", "envjob"},
+                     {"TESSERA_NUM_SERVERS", "2"}, {"TESSERA_LOG_LEVEL", "debug"}};
+  StatusOr<ProcessConfig> config =
+      Parse(Role::kWorker,
+            {"--rank=3", "--coordinator=flaghost:1", "--job=flagjob", "--num-servers=5",
+             "--log-level=error"},
+            env);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->rank, 3);
+  EXPECT_EQ(config->coordinator, "flaghost:1");
+  EXPECT_EQ(config->job, "flagjob");
+  EXPECT_EQ(config->num_servers, 5);
+  EXPECT_EQ(config->log_level, LogLevel::kError);
+  EXPECT_EQ(config->sources.at("--rank"), "flag");
+  // Fields without a flag still come from the environment.
+  EXPECT_EQ(config->num_workers, 4);
+  EXPECT_EQ(config->local_rank, 1);
+  EXPECT_EQ(config->sources.at("--num-workers"), "env WORLD_SIZE");
+}
+
+TEST(ProcessConfigTest, EnvironmentAppliedWhenNoFlag) {
+  Environment env = {{"TESSERA_NUM_SERVERS", "2"},
+                     {"TESSERA_JOB", "resnet"},
+                     {"TESSERA_LOG_LEVEL", "debug"},
+                     {"MASTER_ADDR", "node7"},
+                     {"MASTER_PORT", "29500"}};
+  StatusOr<ProcessConfig> config = Parse(Role::kWorker, {}, env);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->num_servers, 2);
+  EXPECT_EQ(config->job, "resnet");
+  EXPECT_EQ(config->log_level, LogLevel::kDebug);
+  EXPECT_EQ(config->coordinator, "node7:29500");
+  EXPECT_EQ(config->sources.at("--coordinator"), "env MASTER_ADDR+MASTER_PORT");
+}
+
+TEST(ProcessConfigTest, TorchrunStyle) {
+  Environment env = {{"RANK", "3"},
+                     {"WORLD_SIZE", "8"},
+                     {"LOCAL_RANK", "1"},
+                     {"MASTER_ADDR", "10.1.2.3"},
+                     {"MASTER_PORT", "29500"}};
+  StatusOr<ProcessConfig> config = Parse(Role::kWorker, {}, env);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->rank, 3);
+  EXPECT_EQ(config->num_workers, 8);
+  EXPECT_EQ(config->local_rank, 1);
+  EXPECT_EQ(config->coordinator, "10.1.2.3:29500");
+  EXPECT_EQ(config->sources.at("--rank"), "env RANK");
+  EXPECT_EQ(config->sources.at("--local-rank"), "env LOCAL_RANK");
+}
+
+TEST(ProcessConfigTest, OpenMpiStyle) {
+  Environment env = {{"OMPI_COMM_WORLD_RANK", "5"},
+                     {"OMPI_COMM_WORLD_SIZE", "6"},
+                     {"OMPI_COMM_WORLD_LOCAL_RANK", "2"}};
+  StatusOr<ProcessConfig> config = Parse(Role::kWorker, {kCoordinatorFlag}, env);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->rank, 5);
+  EXPECT_EQ(config->num_workers, 6);
+  EXPECT_EQ(config->local_rank, 2);
+  EXPECT_EQ(config->sources.at("--rank"), "env OMPI_COMM_WORLD_RANK");
+}
+
+TEST(ProcessConfigTest, SlurmStyle) {
+  Environment env = {{"SLURM_PROCID", "7"}, {"SLURM_NTASKS", "16"}, {"SLURM_LOCALID", "3"}};
+  StatusOr<ProcessConfig> config = Parse(Role::kWorker, {kCoordinatorFlag}, env);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->rank, 7);
+  EXPECT_EQ(config->num_workers, 16);
+  EXPECT_EQ(config->local_rank, 3);
+  EXPECT_EQ(config->sources.at("--num-workers"), "env SLURM_NTASKS");
+}
+
+TEST(ProcessConfigTest, TorchrunBeatsOpenMpiBeatsSlurm) {
+  Environment all = {{"RANK", "1"},
+                     {"WORLD_SIZE", "2"},
+                     {"LOCAL_RANK", "0"},
+                     {"OMPI_COMM_WORLD_RANK", "3"},
+                     {"OMPI_COMM_WORLD_SIZE", "4"},
+                     {"OMPI_COMM_WORLD_LOCAL_RANK", "3"},
+                     {"SLURM_PROCID", "5"},
+                     {"SLURM_NTASKS", "6"},
+                     {"SLURM_LOCALID", "5"}};
+  StatusOr<ProcessConfig> config = Parse(Role::kWorker, {kCoordinatorFlag}, all);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->rank, 1);
+  EXPECT_EQ(config->num_workers, 2);
+  EXPECT_EQ(config->local_rank, 0);
+
+  Environment mpi_in_slurm = all;
+  mpi_in_slurm.erase("RANK");
+  mpi_in_slurm.erase("WORLD_SIZE");
+  mpi_in_slurm.erase("LOCAL_RANK");
+  config = Parse(Role::kWorker, {kCoordinatorFlag}, mpi_in_slurm);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->rank, 3);
+  EXPECT_EQ(config->num_workers, 4);
+  EXPECT_EQ(config->local_rank, 3);
+}
+
+TEST(ProcessConfigTest, FamiliesAreNeverMixed) {
+  // RANK alone selects the torchrun family; Slurm's size must not be paired with it.
+  Environment env = {{"RANK", "0"}, {"SLURM_NTASKS", "8"}, {"SLURM_PROCID", "6"}};
+  StatusOr<ProcessConfig> config = Parse(Role::kWorker, {kCoordinatorFlag}, env);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->rank, 0);
+  EXPECT_EQ(config->num_workers, 1);
+  EXPECT_EQ(config->sources.count("--num-workers"), 0u);
+}
+
+TEST(ProcessConfigTest, ServerAndCoordinatorIgnoreRankVariables) {
+  Environment env = {{"RANK", "3"}, {"LOCAL_RANK", "1"}, {"WORLD_SIZE", "4"}};
+  StatusOr<ProcessConfig> server = Parse(Role::kServer, {kCoordinatorFlag}, env);
+  ASSERT_TRUE(server.ok()) << server.status();
+  EXPECT_EQ(server->rank, -1);
+  EXPECT_EQ(server->local_rank, -1);
+  EXPECT_EQ(server->num_workers, 4);
+
+  StatusOr<ProcessConfig> coordinator = Parse(Role::kCoordinator, {}, env);
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  EXPECT_EQ(coordinator->rank, -1);
+  EXPECT_EQ(coordinator->num_workers, 4);
+}
+
+TEST(ProcessConfigTest, ServerRankIsCheckedAgainstNumServers) {
+  StatusOr<ProcessConfig> ok =
+      Parse(Role::kServer, {kCoordinatorFlag, "--rank=1", "--num-servers=2"});
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->rank, 1);
+  EXPECT_THAT(ParseError(Role::kServer, {kCoordinatorFlag, "--rank=2", "--num-servers=2"}),
+              HasSubstr("--rank=2 is out of range: must be < --num-servers=2"));
+}
+
+TEST(ProcessConfigTest, CoordinatorHasNoRankOrPortFlag) {
+  EXPECT_THAT(ParseError(Role::kCoordinator, {"--rank=0"}), HasSubstr("--rank"));
+  EXPECT_THAT(ParseError(Role::kCoordinator, {"--port=5"}), HasSubstr("--port"));
+  StatusOr<ProcessConfig> config = Parse(Role::kCoordinator, {"--coordinator=0.0.0.0:29500"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->coordinator, "0.0.0.0:29500");
+}
+
+TEST(ProcessConfigTest, CoordinatorListensOnMasterAddress) {
+  Environment env = {{"MASTER_ADDR", "::1"}, {"MASTER_PORT", "29500"}};
+  StatusOr<ProcessConfig> config = Parse(Role::kCoordinator, {}, env);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->coordinator, "[::1]:29500");
+}
+
+TEST(ProcessConfigTest, MasterAddressNeedsBothVariables) {
+  std::string message = ParseError(Role::kWorker, {}, {{"MASTER_ADDR", "node1"}});
+  EXPECT_THAT(message, HasSubstr("MASTER_ADDR=\"node1\" is set but MASTER_PORT is not"));
+  message = ParseError(Role::kWorker, {}, {{"MASTER_PORT", "29500"}});
+  EXPECT_THAT(message, HasSubstr("MASTER_PORT=\"29500\" is set but MASTER_ADDR is not"));
+  // A --coordinator flag makes MASTER_* irrelevant, even half-set.
+  StatusOr<ProcessConfig> config = Parse(Role::kWorker, {kCoordinatorFlag}, {{"MASTER_ADDR", "x"}});
+  EXPECT_TRUE(config.ok()) << config.status();
+}
+
+struct BadCase {
+  Role role;
+  std::vector<std::string> args;
+  Environment env;
+  std::vector<std::string> expected;  // substrings of the message
+};
+
+TEST(ProcessConfigTest, BadValuesNameTheFlagOrVariable) {
+  const std::string c = kCoordinatorFlag;
+  const std::vector<BadCase> cases = {
+      // Not integers / numbers.
+      {Role::kWorker, {c, "--rank=abc"}, {}, {"--rank=\"abc\": not an integer"}},
+      {Role::kWorker, {c, "--rank=1.5"}, {}, {"--rank=\"1.5\": not an integer"}},
+      {Role::kWorker, {c, "--rank=0x1"}, {}, {"--rank=\"0x1\": not an integer"}},
+      {Role::kWorker, {c, "--rank= 1"}, {}, {"--rank=\" 1\": not an integer"}},
+      {Role::kWorker, {c, "--rank="}, {}, {"--rank", "missing"}},
+      {Role::kWorker, {c, "--rank=99999999999"}, {}, {"--rank", "32-bit"}},
+      {Role::kWorker, {c}, {{"RANK", "abc"}}, {"RANK=\"abc\": not an integer"}},
+      {Role::kWorker, {c}, {{"WORLD_SIZE", ""}}, {"WORLD_SIZE=\"\": not an integer"}},
+      {Role::kWorker, {c}, {{"OMPI_COMM_WORLD_SIZE", "4x"}}, {"OMPI_COMM_WORLD_SIZE=\"4x\""}},
+      {Role::kWorker, {c}, {{"SLURM_LOCALID", "-"}}, {"SLURM_LOCALID=\"-\": not an integer"}},
+      {Role::kWorker, {c}, {{"TESSERA_NUM_SERVERS", "two"}}, {"TESSERA_NUM_SERVERS=\"two\""}},
+      {Role::kWorker, {c, "--linger=abc"}, {}, {"--linger=\"abc\": not a number"}},
+      {Role::kWorker, {c, "--linger=inf"}, {}, {"--linger=\"inf\": not a finite number"}},
+      {Role::kWorker, {c, "--max-message-bytes=-5"}, {},
+       {"--max-message-bytes=\"-5\": must not be negative"}},
+      {Role::kWorker, {c, "--log-level=verbose"}, {}, {"--log-level=\"verbose\"", "debug, info"}},
+      {Role::kWorker, {c}, {{"TESSERA_LOG_LEVEL", "loud"}}, {"TESSERA_LOG_LEVEL=\"loud\""}},
+      // Negative / out of range.
+      {Role::kWorker, {c, "--rank=-2"}, {}, {"--rank=-2 is out of range: must be >= 0, or -1"}},
+      {Role::kWorker, {c, "--rank=5", "--num-workers=4"}, {},
+       {"--rank=5 is out of range: must be < --num-workers=4"}},
+      {Role::kWorker, {c}, {{"RANK", "5"}, {"WORLD_SIZE", "4"}},
+       {"--rank=5 (from RANK) is out of range: must be < --num-workers=4 (from WORLD_SIZE)"}},
+      {Role::kWorker, {c}, {{"RANK", "-3"}}, {"--rank=-3 (from RANK) is out of range"}},
+      {Role::kWorker, {c, "--local-rank=-5"}, {}, {"--local-rank=-5 is out of range"}},
+      {Role::kWorker, {c, "--local-rank=4", "--num-workers=4"}, {},
+       {"--local-rank=4 is out of range: must be < --num-workers=4"}},
+      {Role::kWorker, {c, "--num-workers=0"}, {},
+       {"--num-workers=0 is out of range: must be >= 1"}},
+      {Role::kWorker, {c, "--world-size=-1"}, {}, {"--num-workers=-1 is out of range"}},
+      {Role::kWorker, {c}, {{"SLURM_NTASKS", "0"}}, {"--num-workers=0 (from SLURM_NTASKS)"}},
+      {Role::kWorker, {c, "--num-servers=-1"}, {},
+       {"--num-servers=-1 is out of range: must be >= 0"}},
+      {Role::kWorker, {c, "--port=70000"}, {}, {"--port=70000 is out of range: must be 0..65535"}},
+      {Role::kWorker, {c, "--metrics-port=-1"}, {}, {"--metrics-port=-1 is out of range"}},
+      {Role::kWorker, {c, "--port=9000", "--metrics-port=9000"}, {},
+       {"--metrics-port=9000 is the same port as --port=9000"}},
+      {Role::kCoordinator, {"--coordinator=127.0.0.1:9000", "--metrics-port=9000"}, {},
+       {"--metrics-port=9000 is the same port as --coordinator"}},
+      {Role::kWorker, {c, "--max-message-bytes=3000000000"}, {},
+       {"--max-message-bytes=3000000000 is out of range", "2 GiB", "FlatBuffers"}},
+      {Role::kWorker, {c, "--max-message-bytes=100"}, {},
+       {"--max-message-bytes=100 is out of range: must be >= 4096"}},
+      {Role::kWorker, {c, "--heartbeat-timeout-ms=1000"}, {},
+       {"--heartbeat-timeout-ms=1000 must be greater than --heartbeat-interval-ms=1000"}},
+      {Role::kWorker, {c, "--heartbeat-interval-ms=20000"}, {},
+       {"--heartbeat-timeout-ms=10000 must be greater than --heartbeat-interval-ms=20000"}},
+      {Role::kWorker, {c, "--request-timeout-ms=0"}, {},
+       {"--request-timeout-ms=0 is out of range"}},
+      {Role::kWorker, {c, "--rendezvous-timeout-ms=-1"}, {}, {"--rendezvous-timeout-ms=-1"}},
+      {Role::kWorker, {c, "--heartbeat-interval-ms=999999999999"}, {},
+       {"--heartbeat-interval-ms=999999999999 is out of range", "a week"}},
+      {Role::kWorker, {c, "--linger=-1"}, {}, {"--linger=-1 is out of range"}},
+      {Role::kWorker, {c, "--job=a b"}, {}, {"--job=\"a b\": may only contain"}},
+      {Role::kWorker, {c}, {{"TESSERA_JOB", ""}}, {"--job=\"\" (from TESSERA_JOB): must be 1-64"}},
+      {Role::kWorker, {c, "--job=" + std::string(65, 'j')}, {}, {"must be 1-64 characters"}},
+      {Role::kWorker, {c}, {{"TESSERA_JOB", "x/y"}}, {"--job=\"x/y\" (from TESSERA_JOB)"}},
+      {Role::kWorker, {c, "--bind-host=tcp://x"}, {}, {"--bind-host=\"tcp://x\": not a host"}},
+      // Addresses.
+      {Role::kWorker, {"--coordinator=localhost"}, {},
+       {"--coordinator=\"localhost\"", "missing :PORT"}},
+      {Role::kWorker, {"--coordinator=host:0"}, {}, {"--coordinator=\"host:0\"", "port 0"}},
+      {Role::kWorker, {"--coordinator=host:99999"}, {}, {"--coordinator", "out of range 0..65535"}},
+      {Role::kWorker, {"--coordinator=tcp://host:5"}, {}, {"--coordinator", "scheme"}},
+      {Role::kWorker, {}, {{"MASTER_ADDR", "h"}, {"MASTER_PORT", "abc"}},
+       {"MASTER_PORT=\"abc\": not an integer"}},
+      {Role::kWorker, {}, {{"MASTER_ADDR", "h"}, {"MASTER_PORT", "0"}},
+       {"MASTER_PORT=\"0\": must be 1..65535"}},
+      {Role::kWorker, {}, {{"MASTER_ADDR", "10.0.0.1:29500"}, {"MASTER_PORT", "29500"}},
+       {"MASTER_ADDR=\"10.0.0.1:29500\": must be a host without a port"}},
+      {Role::kWorker, {}, {{"MASTER_ADDR", ""}, {"MASTER_PORT", "1"}},
+       {"MASTER_ADDR=\"\": empty host"}},
+      // Command-line shape.
+      {Role::kWorker, {c, "--bogus=1"}, {}, {"--bogus"}},
+      {Role::kWorker, {c, "stray"}, {}, {"stray"}},
+      {Role::kWorker, {c, "--rank=1", "--rank=2"}, {}, {"--rank"}},
+      {Role::kWorker, {c, "--rank"}, {}, {"--rank"}},
+  };
+  for (const BadCase& bad : cases) {
+    std::string where;
+    for (const std::string& arg : bad.args) where += " " + arg;
+    for (const auto& [name, value] : bad.env) where += " env " + name + "=" + value;
+    SCOPED_TRACE(std::string(RoleName(bad.role)) + where);
+    std::string message = ParseError(bad.role, bad.args, bad.env);
+    for (const std::string& expected : bad.expected) EXPECT_THAT(message, HasSubstr(expected));
+  }
+}
+
+TEST(ProcessConfigTest, HelpListsEveryFlagWithDefaultAndEnvironment) {
+  bool help = false;
+  testing::internal::CaptureStdout();
+  StatusOr<ProcessConfig> config = Parse(Role::kWorker, {"--help"}, {}, nullptr, &help);
+  std::string out = testing::internal::GetCapturedStdout();
+  EXPECT_TRUE(help);
+  EXPECT_EQ(config.status().code(), StatusCode::kCancelled);
+  for (const char* expected :
+       {"--rank INT=-1", "--local-rank INT=-1", "--num-workers,--world-size INT=1",
+        "--num-servers INT=0", "--coordinator HOST:PORT", "--bind-host HOST=127.0.0.1",
+        "--port PORT=0", "--metrics-port PORT=0", "--job NAME=tessera",
+        "--rendezvous-timeout-ms MS=60000", "--heartbeat-interval-ms MS=1000",
+        "--heartbeat-timeout-ms MS=10000", "--request-timeout-ms MS=30000",
+        "--max-message-bytes BYTES=1073741824", "--log-level LEVEL=info", "--linger SECONDS=0",
+        "RANK | OMPI_COMM_WORLD_RANK | SLURM_PROCID", "LOCAL_RANK", "WORLD_SIZE",
+        "MASTER_ADDR + MASTER_PORT", "TESSERA_NUM_SERVERS", "TESSERA_JOB", "TESSERA_LOG_LEVEL",
+        "Precedence: flags > environment > defaults"}) {
+    EXPECT_THAT(out, HasSubstr(expected));
+  }
+}
+
+TEST(ProcessConfigTest, HelpWinsOverBadValues) {
+  bool help = false;
+  testing::internal::CaptureStdout();
+  StatusOr<ProcessConfig> config =
+      Parse(Role::kWorker, {"--rank=abc", "-h"}, {{"RANK", "zzz"}}, nullptr, &help);
+  std::string out = testing::internal::GetCapturedStdout();
+  EXPECT_TRUE(help);
+  EXPECT_EQ(config.status().code(), StatusCode::kCancelled);
+  EXPECT_THAT(out, HasSubstr("--rank"));
+}
+
+TEST(ProcessConfigTest, CoordinatorHelpHasNoRankOrPort) {
+  bool help = false;
+  testing::internal::CaptureStdout();
+  StatusOr<ProcessConfig> config = Parse(Role::kCoordinator, {"--help"}, {}, nullptr, &help);
+  std::string out = testing::internal::GetCapturedStdout();
+  EXPECT_TRUE(help);
+  EXPECT_THAT(out, HasSubstr("--coordinator HOST:PORT=127.0.0.1:0"));
+  EXPECT_THAT(out, Not(HasSubstr("--rank ")));
+  EXPECT_THAT(out, Not(HasSubstr("--port ")));
+}
+
+TEST(ProcessConfigTest, BinaryAddsItsOwnFlags) {
+  CLI::App app("tessera worker");
+  std::string model = "mlp";
+  int steps = 0;
+  app.add_option("--model", model, "Model to train");
+  app.add_option("--steps", steps, "Training steps");
+  StatusOr<ProcessConfig> config =
+      Parse(Role::kWorker, {kCoordinatorFlag, "--model=resnet", "--steps=7", "--rank=0"}, {}, &app);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(model, "resnet");
+  EXPECT_EQ(steps, 7);
+  EXPECT_EQ(config->rank, 0);
+
+  CLI::App help_app("tessera worker");
+  help_app.add_option("--model", model, "Model to train");
+  bool help = false;
+  testing::internal::CaptureStdout();
+  config = Parse(Role::kWorker, {"--help"}, {}, &help_app, &help);
+  std::string out = testing::internal::GetCapturedStdout();
+  EXPECT_TRUE(help);
+  EXPECT_THAT(out, HasSubstr("--model"));
+  EXPECT_THAT(out, HasSubstr("--heartbeat-timeout-ms"));
+}
+
+TEST(ProcessConfigTest, BinaryFlagClashIsAnInternalError) {
+  CLI::App app("tessera worker");
+  int rank = 0;
+  app.add_option("--rank", rank);
+  StatusOr<ProcessConfig> config = Parse(Role::kWorker, {kCoordinatorFlag}, {}, &app);
+  EXPECT_EQ(config.status().code(), StatusCode::kInternal);
+}
+
+TEST(ApplyEnvironmentTest, SkipsFieldsGivenAsFlags) {
+  ProcessConfig config = DefaultProcessConfig(Role::kWorker);
+  config.rank = 2;
+  config.sources["--rank"] = "flag";
+  ASSERT_TRUE(ApplyEnvironment({{"RANK", "not even a number"}, {"WORLD_SIZE", "3"}}, &config).ok());
+  EXPECT_EQ(config.rank, 2);
+  EXPECT_EQ(config.num_workers, 3);
+}
+
+TEST(ValidateConfigTest, DefaultsOfEachRoleAreValidOnceACoordinatorIsKnown) {
+  EXPECT_TRUE(ValidateConfig(DefaultProcessConfig(Role::kCoordinator)).ok());
+  for (Role role : {Role::kServer, Role::kWorker}) {
+    ProcessConfig config = DefaultProcessConfig(role);
+    EXPECT_FALSE(ValidateConfig(config).ok());
+    config.coordinator = "localhost:1";
+    EXPECT_TRUE(ValidateConfig(config).ok()) << ValidateConfig(config);
+  }
+}
+
+TEST(ValidateConfigTest, FieldsSetInCodeAreNamedByFlag) {
+  ProcessConfig config = DefaultProcessConfig(Role::kCoordinator);
+  config.rank = 0;
+  EXPECT_THAT(ValidateConfig(config).message(), HasSubstr("--rank=0: the coordinator has no rank"));
+  config = DefaultProcessConfig(Role::kWorker);
+  config.coordinator = "h:1";
+  config.max_message_bytes = uint64_t{1} << 31;
+  EXPECT_THAT(ValidateConfig(config).message(),
+              HasSubstr("--max-message-bytes=2147483648 is out of range"));
+  config.max_message_bytes = kMaxMessageBytesLimit;
+  EXPECT_TRUE(ValidateConfig(config).ok());
+  config.bind_host = "";
+  EXPECT_THAT(ValidateConfig(config).message(), HasSubstr("--bind-host is empty"));
+}
+
+TEST(DescribeConfigTest, OneLinePerFieldWithSource) {
+  StatusOr<ProcessConfig> config =
+      Parse(Role::kWorker, {kCoordinatorFlag, "--port=5000"}, {{"RANK", "0"}});
+  ASSERT_TRUE(config.ok()) << config.status();
+  std::string text = DescribeConfig(*config);
+  EXPECT_THAT(text, HasSubstr("role: worker\n"));
+  EXPECT_THAT(text, HasSubstr("--rank=0 (env RANK)\n"));
+  EXPECT_THAT(text, HasSubstr("--port=5000 (flag)\n"));
+  EXPECT_THAT(text, HasSubstr("--coordinator=\"10.0.0.1:29500\" (flag)\n"));
+  EXPECT_THAT(text, HasSubstr("--max-message-bytes=1073741824 (default)\n"));
+  EXPECT_THAT(text, HasSubstr("--log-level=info (default)\n"));
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 17);  // role + 16 flags
+}
+
+TEST(HostPortTest, Parses) {
+  auto parsed = ParseHostPort("10.0.0.1:29500");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->first, "10.0.0.1");
+  EXPECT_EQ(parsed->second, 29500);
+  parsed = ParseHostPort("[::1]:0");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->first, "::1");
+  EXPECT_EQ(parsed->second, 0);
+  parsed = ParseHostPort("node-7.cluster:65535");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->first, "node-7.cluster");
+}
+
+TEST(HostPortTest, ErrorsSayWhatIsWrong) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"", "empty"},
+      {"host", "missing :PORT"},
+      {"host:", "missing port"},
+      {":80", "empty host"},
+      {"host:http", "port \"http\" is not a number"},
+      {"host:-1", "is not a number"},
+      {"host:65536", "port 65536 is out of range 0..65535"},
+      {"host:12345678901234567890", "out of range"},
+      {"::1:80", "IPv6 address needs brackets"},
+      {"[::1", "missing ']'"},
+      {"[::1]", "missing :PORT"},
+      {"[::1]80", "expected ':' after ']'"},
+      {"[]:80", "empty host"},
+      {"tcp://host:80", "scheme"},
+      {"host :80", "whitespace"},
+  };
+  for (const auto& [text, why] : cases) {
+    auto parsed = ParseHostPort(text);
+    ASSERT_FALSE(parsed.ok()) << text;
+    EXPECT_THAT(parsed.status().message(), HasSubstr("\"" + text + "\" is not HOST:PORT"));
+    EXPECT_THAT(parsed.status().message(), HasSubstr(why)) << text;
+  }
+}
+
+TEST(HostPortTest, JoinBracketsIpv6) {
+  EXPECT_EQ(JoinHostPort("h", 1), "h:1");
+  EXPECT_EQ(JoinHostPort("::1", 80), "[::1]:80");
+  auto round_trip = ParseHostPort(JoinHostPort("fe80::1", 5));
+  ASSERT_TRUE(round_trip.ok());
+  EXPECT_EQ(round_trip->first, "fe80::1");
+}
+
+TEST(IsLoopbackHostTest, Classifies) {
+  for (const char* host : {"127.0.0.1", "127.1.2.3", "127.255.255.255", "localhost", "LocalHost",
+                           "localhost.", "::1", "[::1]", "0:0:0:0:0:0:0:1", "::ffff:127.0.0.1"}) {
+    EXPECT_TRUE(IsLoopbackHost(host)) << host;
+  }
+  for (const char* host : {"", "0.0.0.0", "*", "10.0.0.1", "128.0.0.1", "127.0.0", "127.0.0.1.5",
+                           "127.0.0.256", "127..0.1", "localhost.example.com", "::", "::2",
+                           "127.0.0.1:80", "1127.0.0.1", "node1"}) {
+    EXPECT_FALSE(IsLoopbackHost(host)) << host;
+  }
+}
+
+TEST(CurrentEnvironmentTest, ReadsTheProcessEnvironment) {
+  ASSERT_EQ(setenv("TESSERA_CONFIG_TEST_VAR", "a=b", 1), 0);
+  Environment env = CurrentEnvironment();
+  ASSERT_EQ(env.count("TESSERA_CONFIG_TEST_VAR"), 1u);
+  EXPECT_EQ(env.at("TESSERA_CONFIG_TEST_VAR"), "a=b");
+  unsetenv("TESSERA_CONFIG_TEST_VAR");
+}
+
+}  // namespace
+}  // namespace tessera

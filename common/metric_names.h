@@ -1,0 +1,88 @@
+// Every metric Tessera exports, in one place: name and help text, with its type and label
+// names in the comment above it (they are fixed at registration; see common/metrics.h).
+//
+//   registry->RegisterCounter(kBadMessagesTotal.name, kBadMessagesTotal.help, {"reason"});
+//
+// Conventions (checked by `promtool check metrics` in metrics_test): the `tessera_` prefix,
+// base units (`_seconds`, `_bytes`), counters end in `_total`, and labels stay low-cardinality
+// (role, rank, op, peer, type, reason; never tensor names or keys).
+#ifndef TESSERA_COMMON_METRIC_NAMES_H_
+#define TESSERA_COMMON_METRIC_NAMES_H_
+
+#include <string_view>
+
+namespace tessera::metric_names {
+
+struct MetricName {
+  std::string_view name;
+  std::string_view help;
+};
+
+// --- Wire and transport ---
+
+// counter; labels: reason.
+inline constexpr MetricName kBadMessagesTotal{
+    "tessera_bad_messages_total",
+    "Inbound messages rejected before use (failed verification, bad version, too large)."};
+// counter; labels: type.
+inline constexpr MetricName kMessagesReceivedTotal{"tessera_messages_received_total",
+                                                   "Messages received, by message type."};
+// counter; labels: type.
+inline constexpr MetricName kMessagesSentTotal{"tessera_messages_sent_total",
+                                               "Messages sent, by message type."};
+// counter.
+inline constexpr MetricName kBytesReceivedTotal{
+    "tessera_bytes_received_total", "Bytes received over the transport, headers and payloads."};
+// counter.
+inline constexpr MetricName kBytesSentTotal{"tessera_bytes_sent_total",
+                                            "Bytes sent over the transport, headers and payloads."};
+// counter.
+inline constexpr MetricName kSendFailuresTotal{
+    "tessera_send_failures_total",
+    "Outbound messages ZeroMQ refused (peer disconnected, connect failed); each is logged."};
+// histogram (seconds); labels: type.
+inline constexpr MetricName kRpcLatencySeconds{
+    "tessera_rpc_latency_seconds", "Time from sending a request to receiving its reply."};
+
+// --- Process ---
+
+// gauge (unix time in seconds).
+inline constexpr MetricName kProcessStartTimeSeconds{
+    "tessera_process_start_time_seconds", "Start time of the process since the unix epoch."};
+// gauge, always 1; labels: role, version.
+inline constexpr MetricName kBuildInfo{"tessera_build_info",
+                                       "Always 1; the labels say what this process runs."};
+
+// --- Coordinator: fleet, heartbeats, barriers ---
+
+// gauge; labels: role, state.
+inline constexpr MetricName kFleetMembers{"tessera_fleet_members",
+                                          "Processes in the fleet, by role and state."};
+// counter.
+inline constexpr MetricName kHeartbeatsReceivedTotal{"tessera_heartbeats_received_total",
+                                                     "Heartbeats received from fleet members."};
+// counter; labels: role.
+inline constexpr MetricName kFailuresDetectedTotal{"tessera_failures_detected_total",
+                                                   "Fleet members declared failed, by role."};
+// histogram (seconds).
+inline constexpr MetricName kBarrierWaitSeconds{
+    "tessera_barrier_wait_seconds", "Time a process waited in a barrier for the others."};
+
+// --- Parameter server ---
+
+// gauge.
+inline constexpr MetricName kServerKeys{"tessera_server_keys",
+                                        "Tensors held by this server's shard store."};
+// gauge (bytes).
+inline constexpr MetricName kServerBytes{"tessera_server_bytes",
+                                         "Tensor bytes held by this server's shard store."};
+// counter.
+inline constexpr MetricName kServerPushesTotal{
+    "tessera_server_pushes_total", "Tensor values stored by pushes (one per tensor pushed)."};
+// counter.
+inline constexpr MetricName kServerPullsTotal{
+    "tessera_server_pulls_total", "Tensor values served to pulls (one per tensor pulled)."};
+
+}  // namespace tessera::metric_names
+
+#endif  // TESSERA_COMMON_METRIC_NAMES_H_

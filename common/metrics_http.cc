@@ -1,0 +1,161 @@
+#include "common/metrics_http.h"
+
+#include <civetweb.h>
+
+#include <utility>
+
+#include "common/logging.h"
+
+namespace tessera {
+namespace {
+
+constexpr char kMetricsPath[] = "/metrics";
+constexpr char kMetricsContentType[] = "text/plain; version=0.0.4; charset=utf-8";
+
+bool IsLoopback(const std::string& host) {
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+HttpResponse PlainResponse(int status, std::string body) {
+  HttpResponse response;
+  response.status = status;
+  response.body = std::move(body);
+  return response;
+}
+
+}  // namespace
+
+MetricsHttpServer::MetricsHttpServer(std::string host) : host_(std::move(host)) {}
+
+MetricsHttpServer::~MetricsHttpServer() {
+  if (context_ != nullptr) mg_stop(context_);  // joins civetweb's threads
+}
+
+StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
+    const MetricsHttpOptions& options, const MetricsRegistry* registry) {
+  if (registry == nullptr) return InvalidArgumentError("metrics http: registry is null");
+  if (options.bind_host.empty()) return InvalidArgumentError("metrics http: bind_host is empty");
+  if (options.port < 0 || options.port > 65535) {
+    return InvalidArgumentError("metrics http: port " + std::to_string(options.port) +
+                                " is not in [0, 65535]");
+  }
+  if (options.num_threads < 1) {
+    return InvalidArgumentError("metrics http: num_threads " + std::to_string(options.num_threads) +
+                                " is not >= 1");
+  }
+  // civetweb takes numeric addresses only, IPv6 ones in brackets.
+  std::string host = options.bind_host == "localhost" ? "127.0.0.1" : options.bind_host;
+  std::string address = host.find(':') == std::string::npos ? host : "[" + host + "]";
+  std::string listening = address + ":" + std::to_string(options.port);
+  if (!IsLoopback(options.bind_host)) {
+    TLOG(WARNING) << "metrics http: binding to " << listening
+                  << ", which is reachable from the network (no authentication, no TLS)";
+  }
+
+  std::unique_ptr<MetricsHttpServer> server(new MetricsHttpServer(address));
+  server->handlers_[kMetricsPath] =
+      std::make_shared<const HttpHandler>([registry](const HttpRequest& request) {
+        if (request.method != "GET") return PlainResponse(405, "use GET for /metrics\n");
+        HttpResponse response = PlainResponse(200, registry->RenderText());
+        response.content_type = kMetricsContentType;
+        return response;
+      });
+
+  // civetweb's library state is per process and its init is not thread-safe.
+  static std::once_flag init_library;
+  std::call_once(init_library, [] { mg_init_library(0); });
+
+  std::string num_threads = std::to_string(options.num_threads);
+  const char* config[] = {
+      "listening_ports",    listening.c_str(), "num_threads", num_threads.c_str(),
+      "request_timeout_ms", "10000",           nullptr};
+  mg_callbacks callbacks = {};
+  callbacks.begin_request = &MetricsHttpServer::HandleRequest;
+  callbacks.log_message = &MetricsHttpServer::LogMessage;
+  mg_init_data init = {&callbacks, server.get(), config};
+  unsigned error_code = 0;
+  char error_text[256] = "";
+  mg_error_data error = {&error_code, error_text, sizeof(error_text)};
+  server->context_ = mg_start2(&init, &error);
+
+  std::string start_log;
+  {
+    std::lock_guard<std::mutex> lock(server->mu_);
+    server->starting_ = false;
+    start_log = std::move(server->start_log_);
+  }
+  // civetweb's error text is generic ("Failed to setup server ports"); the reason (e.g.
+  // "cannot bind to 127.0.0.1:9100: 98 (Address already in use)") went to its log.
+  std::string reason = start_log.empty() ? error_text : start_log;
+  if (server->context_ == nullptr) {
+    return UnavailableError("metrics http: cannot listen on " + listening + ": " + reason);
+  }
+  mg_server_port ports[4];
+  if (mg_get_server_ports(server->context_, 4, ports) < 1) {
+    return InternalError("metrics http: started on " + listening + " but has no listening port");
+  }
+  server->port_ = ports[0].port;
+  if (!start_log.empty()) TLOG(WARNING) << "civetweb: " << start_log;
+  TLOG(INFO) << "metrics http: serving " << server->url();
+  return server;
+}
+
+Status MetricsHttpServer::AddHandler(const std::string& path, HttpHandler handler) {
+  if (path.empty() || path[0] != '/') {
+    return InvalidArgumentError("metrics http: handler path '" + path + "' must start with /");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  bool added =
+      handlers_.emplace(path, std::make_shared<const HttpHandler>(std::move(handler))).second;
+  if (!added) return AlreadyExistsError("metrics http: a handler for " + path + " exists");
+  return OkStatus();
+}
+
+std::string MetricsHttpServer::url() const {
+  return "http://" + host_ + ":" + std::to_string(port_) + kMetricsPath;
+}
+
+int MetricsHttpServer::HandleRequest(mg_connection* conn) {
+  const mg_request_info* info = mg_get_request_info(conn);
+  auto* server = static_cast<MetricsHttpServer*>(info->user_data);
+  HttpRequest request;
+  request.method = info->request_method != nullptr ? info->request_method : "";
+  request.path = info->local_uri != nullptr ? info->local_uri : "";
+  request.query = info->query_string != nullptr ? info->query_string : "";
+
+  std::shared_ptr<const HttpHandler> handler;
+  {
+    std::lock_guard<std::mutex> lock(server->mu_);
+    auto it = server->handlers_.find(request.path);
+    if (it != server->handlers_.end()) handler = it->second;
+  }
+  HttpResponse response = handler != nullptr
+                              ? (*handler)(request)
+                              : PlainResponse(404, "not found: " + request.path + "\n");
+
+  mg_printf(conn,
+            "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%s"
+            "Cache-Control: no-store\r\nConnection: close\r\n\r\n",
+            response.status, mg_get_response_code_text(conn, response.status),
+            response.content_type.c_str(), response.body.size(),
+            response.status == 405 ? "Allow: GET\r\n" : "");  // our pages serve GET
+  if (request.method != "HEAD") mg_write(conn, response.body.data(), response.body.size());
+  return response.status;  // 1..999: civetweb sends nothing more
+}
+
+int MetricsHttpServer::LogMessage(const mg_connection* conn, const char* message) {
+  auto* server = conn != nullptr
+                     ? static_cast<MetricsHttpServer*>(mg_get_user_data(mg_get_context(conn)))
+                     : nullptr;
+  if (server != nullptr) {
+    std::lock_guard<std::mutex> lock(server->mu_);
+    if (server->starting_) {  // Start() puts these into its error
+      server->start_log_ += (server->start_log_.empty() ? "" : "; ") + std::string(message);
+      return 1;
+    }
+  }
+  TLOG(WARNING) << "civetweb: " << message;
+  return 1;  // civetweb prints nothing itself
+}
+
+}  // namespace tessera

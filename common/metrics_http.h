@@ -1,0 +1,91 @@
+// A small HTTP server (civetweb) that serves the registry at GET /metrics, plus whatever other
+// pages are added with AddHandler (service discovery JSON, the dashboard).
+//
+//   ASSIGN_OR_RETURN(std::unique_ptr<MetricsHttpServer> http,
+//                    MetricsHttpServer::Start(MetricsHttpOptions{}, &registry));
+//   TLOG(INFO) << "metrics at " << http->url();
+//
+// /metrics answers GET with the text exposition format 0.0.4 and 405 for other methods;
+// unknown paths get 404. Binding to anything but loopback logs a warning, since the port is
+// then reachable from the network (no authentication, no TLS).
+//
+// Lifetime: the registry, and anything the handlers capture, must outlive the server; the
+// destructor stops the server and waits for requests in flight, which takes up to 2 s
+// (civetweb's accept loop polls in 2 s slices, fixed when the library was built).
+// Thread-safety: requests run on civetweb's worker threads, so handlers must be thread-safe;
+// AddHandler may be called from any thread, also while serving.
+#ifndef TESSERA_COMMON_METRICS_HTTP_H_
+#define TESSERA_COMMON_METRICS_HTTP_H_
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "common/metrics.h"
+#include "common/status.h"
+
+struct mg_connection;
+struct mg_context;
+
+namespace tessera {
+
+struct MetricsHttpOptions {
+  std::string bind_host = "127.0.0.1";  // an IPv4 address or "localhost"
+  int port = 0;                         // 0: the OS picks a free port; see port()
+  int num_threads = 2;                  // civetweb worker threads, >= 1
+};
+
+struct HttpRequest {
+  std::string method;  // "GET", "POST", ...
+  std::string path;    // "/sd", URL-decoded, without the query string
+  std::string query;   // after '?', not decoded; empty if none
+};
+
+struct HttpResponse {
+  int status = 200;
+  std::string content_type = "text/plain; charset=utf-8";
+  std::string body;
+};
+
+// Sees every method: answer 405 for those the page does not serve.
+using HttpHandler = std::function<HttpResponse(const HttpRequest&)>;
+
+class MetricsHttpServer {
+ public:
+  // Listens on options.bind_host:options.port and serves `registry` at /metrics.
+  // InvalidArgument for bad options; Unavailable naming host:port and civetweb's reason when
+  // it cannot listen (port in use, address not local).
+  static StatusOr<std::unique_ptr<MetricsHttpServer>> Start(const MetricsHttpOptions& options,
+                                                            const MetricsRegistry* registry);
+  ~MetricsHttpServer();
+  MetricsHttpServer(const MetricsHttpServer&) = delete;
+  MetricsHttpServer& operator=(const MetricsHttpServer&) = delete;
+
+  // Serves `path` (exact match, starting with '/') with `handler`. AlreadyExists if the path
+  // is taken (including /metrics).
+  Status AddHandler(const std::string& path, HttpHandler handler);
+
+  int port() const { return port_; }
+  // "http://127.0.0.1:PORT/metrics".
+  std::string url() const;
+
+ private:
+  explicit MetricsHttpServer(std::string host);
+  static int HandleRequest(mg_connection* conn);
+  static int LogMessage(const mg_connection* conn, const char* message);
+
+  const std::string host_;
+  mg_context* context_ = nullptr;
+  int port_ = 0;
+
+  std::mutex mu_;
+  std::map<std::string, std::shared_ptr<const HttpHandler>> handlers_;  // guarded by mu_
+  bool starting_ = true;   // guarded by mu_; civetweb's messages go to start_log_ until false
+  std::string start_log_;  // guarded by mu_
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_COMMON_METRICS_HTTP_H_

@@ -1,0 +1,181 @@
+#include "common/metrics_http.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tessera {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct Reply {
+  int status = 0;
+  std::string headers;  // raw header block, lines end in \r\n
+  std::string body;
+};
+
+// A blocking HTTP/1.1 client for one request: connect to 127.0.0.1:port, send, read to EOF.
+Reply Fetch(int port, const std::string& method, const std::string& target) {
+  Reply reply;
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return reply;
+  timeval timeout = {10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  sockaddr_in address = {};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+    close(fd);
+    return reply;
+  }
+  std::string request = method + " " + target +
+                        " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n"
+                        "Connection: close\r\n\r\n";
+  for (size_t sent = 0; sent < request.size();) {
+    ssize_t n = send(fd, request.data() + sent, request.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) break;
+    sent += static_cast<size_t>(n);
+  }
+  std::string response;
+  char buffer[4096];
+  for (ssize_t n; (n = recv(fd, buffer, sizeof(buffer), 0)) > 0;) response.append(buffer, n);
+  close(fd);
+
+  size_t header_end = response.find("\r\n\r\n");
+  if (response.rfind("HTTP/1.1 ", 0) != 0 || header_end == std::string::npos) return reply;
+  reply.status = std::stoi(response.substr(9, 3));
+  reply.headers = response.substr(0, header_end + 2);
+  reply.body = response.substr(header_end + 4);
+  return reply;
+}
+
+// One server for the suite: stopping one takes up to 2 s (see MetricsHttpServer).
+class MetricsHttpServerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    registry_ = new MetricsRegistry();
+    CounterFamily* family =
+        registry_->RegisterCounter("requests_total", "Requests.", {"path"}).value();
+    family->WithLabels({"/x"}).value()->Increment(3);
+    StatusOr<std::unique_ptr<MetricsHttpServer>> server =
+        MetricsHttpServer::Start(MetricsHttpOptions{}, registry_);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(server).value().release();
+    ASSERT_GT(server_->port(), 0);
+  }
+  static void TearDownTestSuite() {
+    delete server_;
+    delete registry_;
+  }
+  void SetUp() override { ASSERT_NE(server_, nullptr); }
+
+  static MetricsRegistry* registry_;
+  static MetricsHttpServer* server_;
+};
+
+MetricsRegistry* MetricsHttpServerTest::registry_ = nullptr;
+MetricsHttpServer* MetricsHttpServerTest::server_ = nullptr;
+
+TEST_F(MetricsHttpServerTest, ServesMetrics) {
+  EXPECT_EQ(server_->url(), "http://127.0.0.1:" + std::to_string(server_->port()) + "/metrics");
+  Reply reply = Fetch(server_->port(), "GET", "/metrics");
+  EXPECT_EQ(reply.status, 200);
+  EXPECT_THAT(reply.headers,
+              HasSubstr("\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"));
+  EXPECT_EQ(reply.body, registry_->RenderText());
+  EXPECT_THAT(reply.body, HasSubstr("requests_total{path=\"/x\"} 3\n"));
+
+  // A later update shows in the next scrape; a query string is ignored.
+  registry_->RegisterCounter("requests_total", "Requests.", {"path"})
+      .value()
+      ->WithLabels({"/x"})
+      .value()
+      ->Increment();
+  EXPECT_THAT(Fetch(server_->port(), "GET", "/metrics?x=1").body,
+              HasSubstr("requests_total{path=\"/x\"} 4\n"));
+}
+
+TEST_F(MetricsHttpServerTest, UnknownPathIs404AndOtherMethodsAre405) {
+  Reply missing = Fetch(server_->port(), "GET", "/nope");
+  EXPECT_EQ(missing.status, 404);
+  EXPECT_THAT(missing.body, HasSubstr("/nope"));
+  Reply post = Fetch(server_->port(), "POST", "/metrics");
+  EXPECT_EQ(post.status, 405);
+  EXPECT_THAT(post.headers, HasSubstr("\r\nAllow: GET\r\n"));
+}
+
+TEST_F(MetricsHttpServerTest, ServesAddedHandlers) {
+  ASSERT_TRUE(server_
+                  ->AddHandler("/sd",
+                               [](const HttpRequest& request) {
+                                 HttpResponse response;
+                                 response.content_type = "application/json";
+                                 response.body = "{\"method\":\"" + request.method +
+                                                 "\",\"path\":\"" + request.path +
+                                                 "\",\"query\":\"" + request.query + "\"}";
+                                 return response;
+                               })
+                  .ok());
+  Reply reply = Fetch(server_->port(), "GET", "/sd?role=worker");
+  EXPECT_EQ(reply.status, 200);
+  EXPECT_THAT(reply.headers, HasSubstr("\r\nContent-Type: application/json\r\n"));
+  EXPECT_EQ(reply.body, "{\"method\":\"GET\",\"path\":\"/sd\",\"query\":\"role=worker\"}");
+
+  auto empty = [](const HttpRequest&) { return HttpResponse(); };
+  EXPECT_EQ(server_->AddHandler("/sd", empty).code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(server_->AddHandler("/metrics", empty).code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(server_->AddHandler("sd", empty).code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(MetricsHttpServerTest, PortInUseIsAnErrorNamingHostPortAndReason) {
+  MetricsHttpOptions options;
+  options.port = server_->port();
+  StatusOr<std::unique_ptr<MetricsHttpServer>> second =
+      MetricsHttpServer::Start(options, registry_);
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), StatusCode::kUnavailable);
+  EXPECT_THAT(second.status().message(), HasSubstr("127.0.0.1:" + std::to_string(server_->port())));
+  EXPECT_THAT(second.status().message(), HasSubstr("Address already in use"));
+}
+
+TEST(MetricsHttpServerStartTest, RejectsBadOptions) {
+  MetricsRegistry registry;
+  MetricsHttpOptions options;
+  options.num_threads = 0;
+  EXPECT_THAT(MetricsHttpServer::Start(options, &registry).status().message(),
+              HasSubstr("num_threads"));
+  options = MetricsHttpOptions();
+  options.port = 70000;
+  EXPECT_THAT(MetricsHttpServer::Start(options, &registry).status().message(),
+              HasSubstr("port 70000"));
+  options = MetricsHttpOptions();
+  options.bind_host = "not-an-address";
+  StatusOr<std::unique_ptr<MetricsHttpServer>> server =
+      MetricsHttpServer::Start(options, &registry);
+  ASSERT_FALSE(server.ok());
+  EXPECT_THAT(server.status().message(), HasSubstr("not-an-address:0"));
+  EXPECT_EQ(MetricsHttpServer::Start(MetricsHttpOptions(), nullptr).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST(MetricsHttpServerStartTest, LocalhostMeansLoopback) {
+  MetricsRegistry registry;
+  MetricsHttpOptions options;
+  options.bind_host = "localhost";
+  StatusOr<std::unique_ptr<MetricsHttpServer>> server =
+      MetricsHttpServer::Start(options, &registry);
+  ASSERT_TRUE(server.ok()) << server.status();
+  EXPECT_EQ(Fetch((*server)->port(), "GET", "/metrics").status, 200);
+}
+
+}  // namespace
+}  // namespace tessera

@@ -1,0 +1,11 @@
+// ThreadSanitizer suppressions, compiled into every binary that uses ZeroMQ.
+//
+// Debian's libzmq is not built with -fsanitize=thread, so TSan cannot see the happens-before
+// edges of its lock-free pipes: a frame we hand to ZeroMQ on our I/O thread and ZeroMQ frees
+// on its own I/O thread (through our free callback) looks like a race. Only reports with a
+// libzmq frame in them are suppressed; races in our own code between our own threads still
+// fail the build. The TSan runtime calls this hook at start-up; other builds never do.
+extern "C" const char* __tsan_default_suppressions() {
+  return "race:libzmq.so\n"
+         "called_from_lib:libzmq.so\n";
+}

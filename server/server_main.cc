@@ -1,0 +1,131 @@
+// tessera-server: one parameter-server shard.
+//
+// Joins the fleet through the coordinator, serves pushes and pulls for the keys the fleet view
+// gives this rank (server/parameter_service.h), and runs until it is told to stop:
+//   - SIGTERM/SIGINT (the launcher ending the job): says goodbye to the coordinator, exit 0;
+//   - losing the coordinator (heartbeats unanswered or rejected): exit 1 with that error,
+//     since without it nobody can tell this server about the fleet any more.
+// A failure notice about a worker (or another server) is logged and serving goes on: servers
+// hold state that outlives any one worker, and a job's workers decide themselves what a peer's
+// failure means for them.
+#include <memory>
+#include <mutex>
+#include <optional>
+
+#include <CLI/CLI.hpp>
+
+#include "common/config.h"
+#include "common/deadline.h"
+#include "common/fleet_view.h"
+#include "common/logging.h"
+#include "common/process_runtime.h"
+#include "common/rendezvous_client.h"
+#include "common/status.h"
+#include "common/wire_codec.h"
+#include "server/parameter_service.h"
+#include "server/tensor_store.h"
+
+namespace tessera::server {
+namespace {
+
+// How often the serving loop wakes up to look at the stop flag; a stop request wakes it at
+// once, so this only bounds each wait.
+constexpr int64_t kServeWakeMs = 1000;
+
+// The first fatal error, set from the rendezvous client's thread, read by the serving loop.
+// Thread-safe.
+class FatalError {
+ public:
+  void Set(const Status& status) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (status_.ok()) status_ = status;
+  }
+  Status Get() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return status_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  Status status_;  // guarded by mu_
+};
+
+// A FailureNotice, in words: "worker 2 (tcp://...) failed: no heartbeat for 10000 ms".
+std::string DescribeNotice(const proto::FailureNotice& notice) {
+  StatusOr<Role> role = FromWireRole(notice.role());
+  std::string who = role.ok() ? MemberName(*role, notice.rank()) : "an unknown process";
+  std::string address = notice.address() ? notice.address()->str() : "?";
+  std::string reason = notice.reason() ? notice.reason()->str() : "no reason given";
+  return who + " (" + address + ") failed: " + reason;
+}
+
+Status Serve(ProcessRuntime& runtime) {
+  RpcEndpoint& endpoint = runtime.endpoint();
+  RendezvousOptions options = RendezvousOptionsFrom(runtime.config());
+  options.metrics_address = runtime.metrics_url();
+  ASSIGN_OR_RETURN(std::unique_ptr<RendezvousClient> client,
+                   RendezvousClient::Join(&endpoint, options, &runtime.metrics()));
+  const int rank = client->rank();
+  SetLogIdentity("server", rank);
+
+  // Failure notices replace the rendezvous client's handler (SetHandler replaces): left to the
+  // client, the first notice would become its health, end its heartbeats and fail every later
+  // call, so this server could no longer notice that the coordinator itself is gone. Handled
+  // here, a notice is only logged, and every failure the client still reports comes from its
+  // heartbeats, i.e. is about the coordinator.
+  endpoint.SetHandler(proto::Body::FailureNotice, [](Envelope envelope) {
+    TLOG(WARNING) << DescribeNotice(*envelope.header->body_as_FailureNotice())
+                  << "; this server keeps serving";
+  });
+  auto fatal = std::make_shared<FatalError>();
+  client->SetFailureCallback([&runtime, fatal, rank](const Status& status) {
+    if (status.code() == StatusCode::kAborted) {
+      // A notice that reached the client's handler before ours replaced it (Aborted is how
+      // the client words notices; its heartbeat errors never are). Not fatal, but the client
+      // has stopped heartbeating, so the coordinator will declare this server failed.
+      TLOG(WARNING) << status.message() << "; this server keeps serving, but no longer "
+                    << "heartbeats (the notice arrived during registration)";
+      return;
+    }
+    fatal->Set(status.WithContext("server " + std::to_string(rank)));
+    runtime.RequestStop();
+  });
+
+  ASSIGN_OR_RETURN(std::unique_ptr<TensorStore> store,
+                   TensorStore::Create(TensorStoreOptionsFrom(client->view(), rank),
+                                       &runtime.metrics()));
+  TLOG(INFO) << "serving keys [" << store->key_begin() << ", " << store->key_end() << ") of "
+             << client->view().key_space << " for " << client->view().num_workers << " workers";
+  InstallParameterService(&endpoint, std::shared_ptr<TensorStore>(std::move(store)));
+  runtime.AnnounceReady(rank);
+
+  // Workers begin with a barrier of the whole fleet, servers included. A failure here (a
+  // worker died while starting) is the job's problem, not this server's: log and keep serving.
+  Status start = client->Barrier("start", std::nullopt, runtime.config().rendezvous_timeout_ms);
+  if (start.ok()) {
+    TLOG(INFO) << "the fleet has started; serving until stopped";
+  } else {
+    TLOG(WARNING) << "barrier 'start': " << start << "; this server keeps serving";
+  }
+
+  while (!runtime.WaitForStop(Deadline::AfterMillis(kServeWakeMs))) {
+  }
+  Status failed = fatal->Get();
+  if (!failed.ok()) return failed;  // no goodbye: the coordinator is gone
+  TLOG(INFO) << "stopping: leaving the fleet";
+  client->Leave("stopped");
+  return OkStatus();
+}
+
+}  // namespace
+}  // namespace tessera::server
+
+int main(int argc, char** argv) {
+  CLI::App app(
+      "tessera-server: one parameter-server shard. Joins the fleet at --coordinator, serves "
+      "pushes and pulls for its key range, and runs until SIGTERM.");
+  return tessera::RunProcess(tessera::Role::kServer, argc, argv, &app,
+                             [](tessera::ProcessRuntime& runtime) {
+                               return tessera::server::Serve(runtime);
+                             });
+}

@@ -1,0 +1,77 @@
+// FleetHarness: real Tessera processes on 127.0.0.1 for integration tests.
+//
+// Starts the built binaries (from the test's runfiles) as child processes, collects their
+// output lines, waits for their TESSERA_READY lines and exits with deadlines, and signals
+// them. Every process gets OS-chosen ports (port 0), so tests never collide.
+//
+// Thread-safety: one thread owns a harness.
+#ifndef TESSERA_TESTS_FLEET_HARNESS_H_
+#define TESSERA_TESTS_FLEET_HARNESS_H_
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/deadline.h"
+#include "common/status.h"
+#include "tools/process_group.h"
+
+namespace tessera::testing {
+
+// The path of a binary built by Bazel, e.g. "server/tessera-coordinator", in the runfiles.
+std::string BinaryPath(const std::string& workspace_relative);
+
+// A minimal blocking HTTP/1.0 GET of http://127.0.0.1:PORT/PATH: the status code and body.
+struct HttpResult {
+  int status = 0;
+  std::string body;
+};
+StatusOr<HttpResult> HttpGet(const std::string& url, int64_t timeout_ms);
+
+// Runs `command` (sh -c) with `input` on stdin; returns its exit status and output.
+StatusOr<std::pair<int, std::string>> RunWithInput(const std::string& command,
+                                                   const std::string& input);
+
+class FleetHarness {
+ public:
+  struct Process {
+    std::string label;
+    bool ready = false;
+    std::string address;      // from TESSERA_READY
+    std::string metrics_url;  // from TESSERA_READY
+    int rank = -1;
+    std::vector<std::string> lines;  // stdout and stderr, in arrival order
+  };
+
+  // Starts `binary` (workspace-relative) with `args`; returns its id.
+  StatusOr<int> Start(const std::string& label, const std::string& binary,
+                      const std::vector<std::string>& args);
+  // Starts a coordinator and waits for it; returns its HOST:PORT for --coordinator.
+  StatusOr<std::string> StartCoordinator(const std::vector<std::string>& args);
+
+  Status WaitReady(int id, Deadline deadline);
+  // The exit of `id`, or DeadlineExceeded naming it.
+  StatusOr<tools::ChildExit> WaitExit(int id, Deadline deadline);
+  Status Signal(int id, int signal) { return group_.Signal(id, signal); }
+
+  const Process& process(int id) const { return processes_.at(id); }
+  // Every line `id` printed so far, joined by newlines.
+  std::string Output(int id) const;
+  // Waits until `id` printed a line containing `text`.
+  Status WaitForLine(int id, const std::string& text, Deadline deadline);
+
+  // Stops everything still running (SIGTERM, SIGKILL after 5 s).
+  void StopAll();
+
+ private:
+  void PollOnce(Deadline deadline);
+
+  tools::ProcessGroup group_;
+  std::map<int, Process> processes_;
+  std::map<int, tools::ChildExit> exits_;
+};
+
+}  // namespace tessera::testing
+
+#endif  // TESSERA_TESTS_FLEET_HARNESS_H_

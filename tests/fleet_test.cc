@@ -1,0 +1,249 @@
+// Real processes on loopback: the coordinator, servers and workers as built, talking ZeroMQ.
+#include <signal.h>
+
+#include <gtest/gtest.h>
+
+#include <zmq.hpp>
+
+#include "common/wire_codec.h"
+#include "tests/fleet_harness.h"
+
+namespace tessera::testing {
+namespace {
+
+constexpr int64_t kStartMs = 30000;
+constexpr int64_t kJobMs = 60000;
+
+// Flags that keep failure detection fast in tests: heartbeats every 100 ms, failure after 1 s.
+std::vector<std::string> FastFailureFlags() {
+  return {"--heartbeat-interval-ms", "100", "--heartbeat-timeout-ms", "1000"};
+}
+
+std::vector<std::string> Concat(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+struct FleetIds {
+  std::string coordinator;
+  std::vector<int> servers;
+  std::vector<int> workers;
+};
+
+// Starts a coordinator, `servers` servers and `workers` workers with `common` flags on all and
+// `worker_flags` on workers; waits for every process to be ready.
+FleetIds StartFleet(FleetHarness& fleet, int servers, int workers,
+                    const std::vector<std::string>& common,
+                    const std::vector<std::string>& worker_flags = {}) {
+  FleetIds ids;
+  std::vector<std::string> sizes = {"--num-servers", std::to_string(servers), "--num-workers",
+                                    std::to_string(workers)};
+  auto coordinator = fleet.StartCoordinator(Concat(sizes, common));
+  EXPECT_TRUE(coordinator.ok()) << coordinator.status();
+  if (!coordinator.ok()) return ids;
+  ids.coordinator = *coordinator;
+  std::vector<std::string> join = Concat(Concat(sizes, common), {"--coordinator", ids.coordinator});
+  for (int r = 0; r < servers; ++r) {
+    auto id = fleet.Start("server " + std::to_string(r), "server/tessera-server",
+                          Concat(join, {"--rank", std::to_string(r)}));
+    EXPECT_TRUE(id.ok()) << id.status();
+    ids.servers.push_back(*id);
+  }
+  for (int r = 0; r < workers; ++r) {
+    auto id = fleet.Start("worker " + std::to_string(r), "worker/tessera-worker",
+                          Concat(Concat(join, worker_flags), {"--rank", std::to_string(r)}));
+    EXPECT_TRUE(id.ok()) << id.status();
+    ids.workers.push_back(*id);
+  }
+  for (int id : ids.servers) EXPECT_TRUE(fleet.WaitReady(id, Deadline::AfterMillis(kStartMs)).ok());
+  for (int id : ids.workers) {
+    Status ready = fleet.WaitReady(id, Deadline::AfterMillis(kStartMs));
+    EXPECT_TRUE(ready.ok()) << ready;
+  }
+  return ids;
+}
+
+TEST(FleetTest, FleetRegistersExchangesTensorsAndFinishes) {
+  FleetHarness fleet;
+  FleetIds ids = StartFleet(fleet, 2, 3, {});
+  for (int id : ids.workers) {
+    auto exit = fleet.WaitExit(id, Deadline::AfterMillis(kJobMs));
+    ASSERT_TRUE(exit.ok()) << exit.status();
+    EXPECT_TRUE(exit->success()) << fleet.process(id).label << " " << exit->Describe() << "\n"
+                                 << fleet.Output(id);
+  }
+  EXPECT_NE(fleet.Output(0).find("fleet complete"), std::string::npos) << fleet.Output(0);
+  fleet.StopAll();
+}
+
+TEST(FleetTest, ProcessThatNeverArrivesIsNamedByEveryone) {
+  FleetHarness fleet;
+  auto coordinator = fleet.StartCoordinator(
+      {"--num-servers", "1", "--num-workers", "3", "--rendezvous-timeout-ms", "2000"});
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  std::vector<std::string> join = {"--coordinator", *coordinator, "--num-servers", "1",
+                                   "--num-workers", "3", "--rendezvous-timeout-ms", "2000"};
+  std::vector<int> started;
+  started.push_back(*fleet.Start("server 0", "server/tessera-server", Concat(join, {"--rank", "0"})));
+  for (int r : {0, 2}) {  // worker 1 never comes
+    started.push_back(*fleet.Start("worker " + std::to_string(r), "worker/tessera-worker",
+                                   Concat(join, {"--rank", std::to_string(r)})));
+  }
+  for (int id : started) {
+    auto exit = fleet.WaitExit(id, Deadline::AfterMillis(kJobMs));
+    ASSERT_TRUE(exit.ok()) << exit.status();
+    EXPECT_FALSE(exit->success()) << fleet.Output(id);
+    EXPECT_NE(fleet.Output(id).find("missing worker 1"), std::string::npos) << fleet.Output(id);
+  }
+  auto coordinator_exit = fleet.WaitExit(0, Deadline::AfterMillis(kJobMs));
+  ASSERT_TRUE(coordinator_exit.ok());
+  EXPECT_FALSE(coordinator_exit->success());
+  EXPECT_NE(fleet.Output(0).find("missing worker 1"), std::string::npos);
+}
+
+TEST(FleetTest, KilledWorkerIsReportedToEveryOtherProcessByRoleAndRank) {
+  FleetHarness fleet;
+  FleetIds ids = StartFleet(fleet, 1, 3, FastFailureFlags(), {"--linger", "60"});
+  ASSERT_EQ(ids.workers.size(), 3u);
+  // Wait until the smoke job is over everywhere, so the kill hits a lingering worker.
+  for (int id : ids.workers) {
+    ASSERT_TRUE(fleet.WaitForLine(id, "lingering", Deadline::AfterMillis(kJobMs)).ok())
+        << fleet.Output(id);
+  }
+  ASSERT_TRUE(fleet.Signal(ids.workers[1], SIGKILL).ok());
+  auto killed_at = SteadyClock::now();
+  for (int id : {ids.workers[0], ids.workers[2]}) {
+    // Survivors fail within twice the heartbeat timeout (+ scheduling slack), naming it.
+    auto exit = fleet.WaitExit(id, Deadline::AfterMillis(2 * 1000 + 3000));
+    ASSERT_TRUE(exit.ok()) << exit.status();
+    EXPECT_FALSE(exit->success());
+    EXPECT_NE(fleet.Output(id).find("worker 1"), std::string::npos) << fleet.Output(id);
+    EXPECT_NE(fleet.Output(id).find("failed"), std::string::npos) << fleet.Output(id);
+  }
+  auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(SteadyClock::now() - killed_at);
+  EXPECT_LT(waited.count(), 5000);
+  // The server stays up (it outlives jobs) but was told too.
+  ASSERT_TRUE(fleet.WaitForLine(ids.servers[0], "worker 1", Deadline::AfterMillis(5000)).ok())
+      << fleet.Output(ids.servers[0]);
+  EXPECT_NE(fleet.Output(0).find("worker 1"), std::string::npos);
+  fleet.StopAll();
+}
+
+TEST(FleetTest, KilledServerIsReportedToWorkers) {
+  FleetHarness fleet;
+  FleetIds ids = StartFleet(fleet, 2, 2, FastFailureFlags(), {"--linger", "60"});
+  for (int id : ids.workers) {
+    ASSERT_TRUE(fleet.WaitForLine(id, "lingering", Deadline::AfterMillis(kJobMs)).ok());
+  }
+  ASSERT_TRUE(fleet.Signal(ids.servers[1], SIGKILL).ok());
+  for (int id : ids.workers) {
+    auto exit = fleet.WaitExit(id, Deadline::AfterMillis(5000));
+    ASSERT_TRUE(exit.ok()) << exit.status();
+    EXPECT_FALSE(exit->success());
+    EXPECT_NE(fleet.Output(id).find("server 1"), std::string::npos) << fleet.Output(id);
+  }
+  fleet.StopAll();
+}
+
+TEST(FleetTest, EveryMetricsEndpointPassesPromtool) {
+  FleetHarness fleet;
+  FleetIds ids = StartFleet(fleet, 1, 1, {}, {"--linger", "60"});
+  ASSERT_TRUE(fleet.WaitForLine(ids.workers[0], "lingering", Deadline::AfterMillis(kJobMs)).ok());
+  for (int id : {0, ids.servers[0], ids.workers[0]}) {
+    const std::string& url = fleet.process(id).metrics_url;
+    auto response = HttpGet(url, 10000);
+    ASSERT_TRUE(response.ok()) << response.status();
+    EXPECT_EQ(response->status, 200);
+    EXPECT_NE(response->body.find("tessera_build_info"), std::string::npos);
+    auto check = RunWithInput("/usr/bin/promtool check metrics", response->body);
+    ASSERT_TRUE(check.ok()) << check.status();
+    EXPECT_EQ(check->first, 0) << url << ": " << check->second;
+    EXPECT_EQ(check->second, "") << url;
+  }
+  auto coordinator_metrics = HttpGet(fleet.process(0).metrics_url, 10000);
+  ASSERT_TRUE(coordinator_metrics.ok());
+  EXPECT_NE(coordinator_metrics->body.find("tessera_fleet_members{role=\"worker\",state=\"alive\"} 1"),
+            std::string::npos)
+      << coordinator_metrics->body;
+  fleet.StopAll();
+}
+
+// What a confused or hostile client sees from a real server process.
+TEST(FleetTest, ServerAnswersGarbageWithErrorsAndKeepsServing) {
+  FleetHarness fleet;
+  FleetIds ids = StartFleet(fleet, 1, 1, {}, {"--linger", "60"});
+  ASSERT_TRUE(fleet.WaitForLine(ids.workers[0], "lingering", Deadline::AfterMillis(kJobMs)).ok());
+  const std::string& server = fleet.process(ids.servers[0]).address;
+
+  zmq::context_t context(1);
+  zmq::socket_t socket(context, zmq::socket_type::dealer);
+  socket.set(zmq::sockopt::linger, 0);
+  socket.set(zmq::sockopt::rcvtimeo, 10000);
+  socket.connect(server);
+  auto send = [&](const std::vector<std::string>& frames) {
+    for (size_t i = 0; i < frames.size(); ++i) {
+      zmq::message_t m(frames[i].data(), frames[i].size());
+      socket.send(m, i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+    }
+  };
+  auto receive = [&]() -> StatusOr<std::pair<Message, const proto::Header*>> {
+    Message message;
+    bool more = true, first = true;
+    while (more) {
+      zmq::message_t m;
+      if (!socket.recv(m)) return DeadlineExceededError("no reply from the server in 10 s");
+      more = m.more();
+      Payload p = Payload::Copy(m.data(), m.size());
+      if (first) message.header = p; else message.payloads.push_back(p);
+      first = false;
+    }
+    VerifyResult v = VerifyMessage(message, 1 << 30);
+    if (!v.status.ok()) return v.status;
+    return std::make_pair(message, v.header);
+  };
+
+  for (std::string garbage : {std::string("GET / HTTP/1.1\r\n\r\n"), std::string(3, '\0'),
+                              std::string(1000, '\xff')}) {
+    send({garbage});
+    auto reply = receive();
+    ASSERT_TRUE(reply.ok()) << reply.status();
+    ASSERT_EQ(reply->second->body_type(), proto::Body::ErrorReply);
+    Status error = StatusFromErrorReply(*reply->second->body_as_ErrorReply());
+    EXPECT_EQ(error.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(error.message().find("not a valid tessera.proto.Header"), std::string::npos) << error;
+  }
+
+  // A correct request on the same connection: pull the probe tensor worker 0 pushed.
+  MessageBuilder builder(proto::Role::Worker, 0);
+  std::vector<int64_t> shape;
+  std::vector<flatbuffers::Offset<proto::TensorMeta>> metas = {
+      proto::CreateTensorMetaDirect(builder.fbb(), "worker0.probe", 0, proto::DType::Float32,
+                                    &shape, -1, 0, 0)};
+  Message pull = builder.Finish(proto::CreatePullRequestDirect(builder.fbb(), &metas), 77);
+  std::vector<std::string> frames = {
+      std::string(reinterpret_cast<const char*>(pull.header.data()), pull.header.size())};
+  send(frames);
+  auto reply = receive();
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  ASSERT_EQ(reply->second->body_type(), proto::Body::PullReply)
+      << (reply->second->body_type() == proto::Body::ErrorReply
+              ? StatusFromErrorReply(*reply->second->body_as_ErrorReply()).ToString()
+              : "");
+  EXPECT_EQ(reply->second->request_id(), 77u);
+  auto* tensor = reply->second->body_as_PullReply()->tensors()->Get(0);
+  ASSERT_GE(tensor->payload(), 0);
+  const float* values =
+      reinterpret_cast<const float*>(reply->first.payloads[tensor->payload()].data() + tensor->offset());
+  EXPECT_EQ(values[0], 0.0f);  // worker r's probe holds r*1000 + i
+  EXPECT_EQ(values[5], 5.0f);
+
+  auto metrics = HttpGet(fleet.process(ids.servers[0]).metrics_url, 10000);
+  ASSERT_TRUE(metrics.ok());
+  EXPECT_NE(metrics->body.find("tessera_bad_messages_total{reason=\"malformed_header\"} 3"),
+            std::string::npos)
+      << metrics->body;
+  fleet.StopAll();
+}
+
+}  // namespace
+}  // namespace tessera::testing

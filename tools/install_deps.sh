@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages Tessera needs to build, test and run, and nothing else.
+# Quiet and quick when everything is present; `apt-get update` runs only when something is
+# missing. Uses sudo when not run as root.
+#
+#   tools/install_deps.sh
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+packages=(
+  bazel-bootstrap          # Bazel 4.2.3, offline (see shared/notes/bazel-offline.md)
+  g++
+  libzmq3-dev cppzmq-dev   # transport
+  libflatbuffers-dev flatbuffers-compiler  # wire format
+  libcivetweb-dev          # /metrics over HTTP
+  libgtest-dev libgmock-dev
+  libopenblas-dev          # CPU GEMM
+  libcli11-dev             # flags
+  nlohmann-json3-dev
+  prometheus               # promtool, and the real server for tests
+  curl python3 ca-certificates  # scripts
+)
+
+is_installed() {
+  local status
+  # shellcheck disable=SC2016  # ${Status} is dpkg-query's field, not a shell variable
+  status="$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null || true)"
+  [[ "$status" == "install ok installed" ]]
+}
+
+missing=()
+for package in "${packages[@]}"; do
+  is_installed "$package" || missing+=("$package")
+done
+if ((${#missing[@]} == 0)); then
+  exit 0
+fi
+
+as_root=()
+if ((EUID != 0)); then
+  if ! command -v sudo >/dev/null 2>&1; then
+    echo "install_deps: missing ${missing[*]}; run as root or install sudo" >&2
+    exit 1
+  fi
+  as_root=(sudo)
+fi
+
+echo "install_deps: installing ${missing[*]}"
+"${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q
+"${as_root[@]}" env DEBIAN_FRONTEND=noninteractive \
+  apt-get install -y -q --no-install-recommends "${missing[@]}"
+echo "install_deps: done"

@@ -1,0 +1,651 @@
+// tessera-launch: starts a local Tessera fleet (one coordinator, S servers, W workers) as child
+// processes, forwards their output line by line with a "[role rank] " prefix, and supervises
+// it: the first process to fail stops the whole fleet, and nothing is left running on any path.
+//
+// Sequence: coordinator -> its TESSERA_READY line gives the address -> servers and workers ->
+// every worker exits -> optional linger (a last metrics scrape) -> SIGTERM to servers and
+// workers, then to the coordinator, each stage followed by SIGKILL after --grace. The exit
+// status is 0 only when every worker exited 0.
+#include <signal.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "common/deadline.h"
+#include "common/logging.h"
+#include "common/status.h"
+#include "tools/process_group.h"
+
+namespace tessera {
+namespace tools {
+namespace {
+
+constexpr std::string_view kReadyPrefix = "TESSERA_READY";
+
+// ---------------------------------------------------------------------------------------------
+// Configuration: parsed from flags in one place, validated once.
+
+struct LaunchConfig {
+  int servers = 0;
+  int workers = 1;
+  std::string mode = "local";
+  double linger_s = 0;
+  std::string bin_dir;
+  double start_timeout_s = 60;
+  std::string log_level;  // empty: children use their own default
+  double grace_s = 5;
+  std::vector<std::string> worker_args;  // forwarded unchanged to every worker
+};
+
+constexpr char kDescription[] =
+    "tessera-launch starts a local Tessera fleet on this machine -- one coordinator, --servers\n"
+    "servers and --workers workers -- as child processes, prints each child's output prefixed\n"
+    "with \"[role rank] \", and stops the whole fleet as soon as any process fails.\n";
+
+constexpr char kFooter[] = R"(Examples:
+  # 2 parameter servers and 2 workers; keep the fleet up 30 s after training for a scrape
+  tessera-launch --servers 2 --workers 2 --mode ps-sync --linger 30
+  # 4 all-reduce workers; everything after -- goes to every worker unchanged
+  tessera-launch --workers 4 --mode allreduce -- --steps 100 --batch-size 64
+  # a server fleet only, running until Ctrl-C; connect workers to the printed address
+  tessera-launch --servers 4 --workers 0
+
+How it works:
+  The coordinator starts first, on an OS-picked port (--coordinator 127.0.0.1:0). Every
+  child prints one line when it is ready:
+    TESSERA_READY role=R rank=N address=tcp://HOST:PORT metrics=http://HOST:PORT/metrics pid=P
+  and the launcher then prints
+    [launch] <role> <rank> pid=<pid> metrics=<url>
+  Servers and workers get --coordinator HOST:PORT from the coordinator's line, plus --rank,
+  --num-servers, --num-workers and --log-level; workers also get --mode and the forwarded
+  flags (any flag the launcher does not know, and everything after --).
+  Binaries are looked up in --bin-dir, else in the launcher's Bazel runfiles, else next to it
+  in bazel-bin (../server/tessera-coordinator, ../server/tessera-server,
+  ../worker/tessera-worker).
+
+Exit status:
+  0    every worker exited 0 (the coordinator and servers are then stopped)
+  1    a child failed, did not become ready in time, or could not be started: the last line
+       names it, e.g. "[launch] worker 1 (pid 1234) exited with status 3; stopped the rest
+       of the fleet"
+  2    bad flags
+  130  interrupted by SIGINT (143: SIGTERM)
+
+Stopping: servers and workers get SIGTERM first, then the coordinator; each stage gets
+--grace seconds before SIGKILL (a second SIGINT/SIGTERM skips the grace). Every child also
+dies with the launcher (PR_SET_PDEATHSIG), so none is left behind.
+)";
+
+void AddFlags(CLI::App& app, LaunchConfig* config) {
+  app.description(kDescription);
+  app.footer(kFooter);
+  app.allow_extras();  // unknown flags are forwarded to workers
+  // A later flag overrides an earlier one, so wrappers can append overrides.
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app.add_option("--servers", config->servers, "Parameter servers to start")
+      ->type_name("N")
+      ->capture_default_str();
+  app.add_option("--workers", config->workers, "Workers to start (0: run until interrupted)")
+      ->type_name("N")
+      ->capture_default_str();
+  app.add_option("--mode", config->mode, "Passed to workers as --mode (ps-sync, allreduce, ...)")
+      ->type_name("MODE")
+      ->capture_default_str();
+  app.add_option("--linger", config->linger_s,
+                 "Keep coordinator and servers up this long after the workers succeed")
+      ->type_name("SECONDS")
+      ->capture_default_str();
+  app.add_option("--bin-dir", config->bin_dir, "Where tessera-{coordinator,server,worker} are")
+      ->type_name("DIR");
+  app.add_option("--start-timeout", config->start_timeout_s,
+                 "Time each child has to print TESSERA_READY")
+      ->type_name("SECONDS")
+      ->capture_default_str();
+  app.add_option("--log-level", config->log_level, "debug|info|warning|error, for every child")
+      ->type_name("LEVEL");
+  app.add_option("--grace", config->grace_s, "Time between SIGTERM and SIGKILL when stopping")
+      ->type_name("SECONDS")
+      ->capture_default_str();
+}
+
+// CLI11 keeps the "--" separator among the extras; everything else is forwarded as is.
+std::vector<std::string> ForwardedArgs(std::vector<std::string> extras) {
+  for (auto it = extras.begin(); it != extras.end(); ++it) {
+    if (*it == "--") {
+      extras.erase(it);
+      break;
+    }
+  }
+  return extras;
+}
+
+Status Validate(const LaunchConfig& config) {
+  auto reject = [](const std::string& flag, const std::string& rule, double value) {
+    std::ostringstream message;
+    message << flag << " must be " << rule << " (got " << value << ")";
+    return InvalidArgumentError(message.str());
+  };
+  if (config.servers < 0) return reject("--servers", "0 or more", config.servers);
+  if (config.workers < 0) return reject("--workers", "0 or more", config.workers);
+  if (!(config.linger_s >= 0)) return reject("--linger", "0 or more", config.linger_s);
+  if (!(config.start_timeout_s > 0)) {
+    return reject("--start-timeout", "more than 0", config.start_timeout_s);
+  }
+  if (!(config.grace_s >= 0)) return reject("--grace", "0 or more", config.grace_s);
+  if (config.mode.empty()) return InvalidArgumentError("--mode must not be empty");
+  if (!config.log_level.empty()) {
+    StatusOr<LogLevel> level = ParseLogLevel(config.log_level);
+    if (!level.ok()) return level.status().WithContext("--log-level");
+  }
+  return OkStatus();
+}
+
+std::string FormatSeconds(double seconds) {
+  std::ostringstream out;
+  out << seconds << " s";
+  return out.str();
+}
+
+std::chrono::milliseconds ToMillis(double seconds) {
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Finding the fleet's binaries.
+
+struct FleetBinaries {
+  std::string coordinator;
+  std::string server;
+  std::string worker;
+};
+
+bool IsExecutable(const std::string& path) { return access(path.c_str(), X_OK) == 0; }
+
+StatusOr<std::string> SelfExecutable() {
+  std::vector<char> buffer(4096);
+  ssize_t length = readlink("/proc/self/exe", buffer.data(), buffer.size() - 1);
+  if (length <= 0) {
+    return UnavailableError(std::string("readlink /proc/self/exe: ") + strerror(errno));
+  }
+  return std::string(buffer.data(), static_cast<size_t>(length));
+}
+
+// Where the three binaries are under `root` when it is laid out like the workspace.
+FleetBinaries WorkspaceLayout(const std::string& root) {
+  return {root + "/server/tessera-coordinator", root + "/server/tessera-server",
+          root + "/worker/tessera-worker"};
+}
+
+// Returns "" when all three exist and are executable, else the names of the missing ones.
+std::string Missing(const FleetBinaries& binaries) {
+  std::string missing;
+  for (const std::string* path : {&binaries.coordinator, &binaries.server, &binaries.worker}) {
+    if (IsExecutable(*path)) continue;
+    std::string name = path->substr(path->rfind('/') + 1);
+    missing += (missing.empty() ? "" : ", ") + name;
+  }
+  return missing;
+}
+
+StatusOr<FleetBinaries> FindBinaries(const std::string& bin_dir) {
+  if (!bin_dir.empty()) {
+    FleetBinaries binaries{bin_dir + "/tessera-coordinator", bin_dir + "/tessera-server",
+                           bin_dir + "/tessera-worker"};
+    std::string missing = Missing(binaries);
+    if (!missing.empty()) return NotFoundError("--bin-dir " + bin_dir + ": no " + missing);
+    return binaries;
+  }
+  ASSIGN_OR_RETURN(std::string self, SelfExecutable());
+  std::string self_dir = self.substr(0, self.rfind('/'));
+  std::string tried;
+  for (const std::string& root : {self + ".runfiles/tessera", self_dir + "/.."}) {
+    FleetBinaries binaries = WorkspaceLayout(root);
+    std::string missing = Missing(binaries);
+    if (missing.empty()) return binaries;
+    tried += "\n  " + root + "/{server,worker}/: no " + missing;
+  }
+  return NotFoundError(
+      "cannot find the fleet's binaries; build them with `bazel build //tools:tessera-launch` "
+      "or pass --bin-dir DIR. Looked in:" +
+      tried);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The ready line: "TESSERA_READY role=worker rank=1 address=tcp://HOST:PORT
+// metrics=http://HOST:PORT/metrics pid=123". Unknown keys are ignored.
+
+struct ReadyInfo {
+  std::string role;
+  int rank = -1;
+  std::string address;  // tcp://HOST:PORT
+  std::string metrics;  // http://HOST:PORT/metrics
+  int64_t pid = -1;
+};
+
+StatusOr<int64_t> ParseInteger(const std::string& key, const std::string& value) {
+  try {
+    size_t used = 0;
+    int64_t number = std::stoll(value, &used);
+    if (used == value.size() && number >= 0) return number;
+  } catch (const std::exception&) {
+  }
+  return InvalidArgumentError(key + "=" + value + " is not a non-negative integer");
+}
+
+StatusOr<ReadyInfo> ParseReadyLine(const std::string& line) {
+  ReadyInfo info;
+  std::istringstream tokens(line.substr(kReadyPrefix.size()));
+  std::string token;
+  while (tokens >> token) {
+    size_t equals = token.find('=');
+    if (equals == std::string::npos) continue;
+    std::string key = token.substr(0, equals), value = token.substr(equals + 1);
+    if (key == "role") info.role = value;
+    if (key == "address") info.address = value;
+    if (key == "metrics") info.metrics = value;
+    if (key == "rank") {
+      ASSIGN_OR_RETURN(int64_t rank, ParseInteger(key, value));
+      info.rank = static_cast<int>(rank);
+    }
+    if (key == "pid") {
+      ASSIGN_OR_RETURN(info.pid, ParseInteger(key, value));
+    }
+  }
+  if (info.role.empty()) return InvalidArgumentError("no role=");
+  if (info.rank < 0) return InvalidArgumentError("no rank=");
+  if (info.address.rfind("tcp://", 0) != 0 ||
+      info.address.find(':', std::string("tcp://").size()) == std::string::npos) {
+    return InvalidArgumentError("address= must be tcp://HOST:PORT, got '" + info.address + "'");
+  }
+  if (info.metrics.rfind("http://", 0) != 0) {
+    return InvalidArgumentError("metrics= must be an http:// URL, got '" + info.metrics + "'");
+  }
+  return info;
+}
+
+// "tcp://HOST:PORT" -> "HOST:PORT"; a wildcard host becomes 127.0.0.1 (the fleet is local).
+std::string ConnectAddress(const std::string& address) {
+  std::string host_port = address.substr(std::string("tcp://").size());
+  for (std::string_view wildcard : {"*:", "0.0.0.0:"}) {
+    if (host_port.rfind(wildcard, 0) == 0) {
+      return "127.0.0.1:" + host_port.substr(wildcard.size());
+    }
+  }
+  return host_port;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Output: one write(2) per line, so lines never interleave. Errors (a closed pipe) are ignored:
+// supervision goes on even when nobody reads our output.
+
+void WriteLine(int fd, std::string line) {
+  line += '\n';
+  size_t done = 0;
+  while (done < line.size()) {
+    ssize_t wrote = write(fd, line.data() + done, line.size() - done);
+    if (wrote < 0 && errno == EINTR) continue;
+    if (wrote <= 0) return;
+    done += static_cast<size_t>(wrote);
+  }
+}
+
+void Announce(const std::string& text) { WriteLine(STDOUT_FILENO, "[launch] " + text); }
+
+// ---------------------------------------------------------------------------------------------
+// Signals. The handler only records; the supervision loop (which wakes at least every 50 ms,
+// and at once when poll() is interrupted) acts on it. These two words are the launcher's only
+// global state: a signal handler has nowhere else to write.
+
+volatile sig_atomic_t g_first_signal = 0;
+volatile sig_atomic_t g_signal_count = 0;
+
+void OnSignal(int signal) {
+  if (g_first_signal == 0) g_first_signal = signal;
+  g_signal_count = g_signal_count + 1;
+}
+
+void InstallSignalHandlers() {
+  struct sigaction action = {};
+  action.sa_handler = OnSignal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = 0;  // no SA_RESTART: poll() returns EINTR and the loop looks at once
+  for (int signal : {SIGINT, SIGTERM, SIGHUP}) sigaction(signal, &action, nullptr);
+  struct sigaction ignore = {};
+  ignore.sa_handler = SIG_IGN;
+  sigaction(SIGPIPE, &ignore, nullptr);  // children get SIG_DFL back before exec
+}
+
+// ---------------------------------------------------------------------------------------------
+// The fleet.
+
+enum class Role { kCoordinator, kServer, kWorker };
+
+const char* RoleName(Role role) {
+  switch (role) {
+    case Role::kCoordinator: return "coordinator";
+    case Role::kServer: return "server";
+    case Role::kWorker: return "worker";
+  }
+  return "?";
+}
+
+struct Member {
+  Role role = Role::kWorker;
+  int rank = 0;
+  pid_t pid = -1;
+  Deadline ready_deadline = Deadline::AfterMillis(0);
+  bool ready = false;
+  bool exited = false;
+  std::string prefix;  // "[worker 1] "
+};
+
+// "worker 1 (pid 1234)", "coordinator (pid 1200)".
+std::string Describe(const Member& member) {
+  std::string name = RoleName(member.role);
+  if (member.role != Role::kCoordinator) name += " " + std::to_string(member.rank);
+  return name + " (pid " + std::to_string(member.pid) + ")";
+}
+
+// Supervises one fleet from start to stop. Single-threaded; Run() is called once.
+class Launcher {
+ public:
+  Launcher(LaunchConfig config, FleetBinaries binaries)
+      : config_(std::move(config)), binaries_(std::move(binaries)) {}
+
+  // Returns the process exit status.
+  int Run() {
+    if (StartCoordinator()) {
+      StartServersAndWorkers();
+      SuperviseUntilWorkersFinish();
+      Linger();
+    }
+    return StopFleetAndReport();
+  }
+
+ private:
+  // A failure or a signal has decided the outcome: the fleet is to be stopped.
+  bool ShouldStop() const { return failure_.has_value() || interrupted_by_ != 0; }
+
+  // --- phases -----------------------------------------------------------------------------
+
+  bool StartCoordinator() {
+    // Port 0: the OS picks a free one, and the ready line tells us which.
+    std::vector<std::string> args = {binaries_.coordinator, "--coordinator", "127.0.0.1:0"};
+    AppendFleetSize(&args);
+    AppendCommonFlags(&args);
+    if (!Spawn(Role::kCoordinator, 0, std::move(args))) return false;
+    while (!ShouldStop() && !members_[0].ready) PollOnce(Deadline::AfterMillis(1000));
+    return !ShouldStop();
+  }
+
+  void StartServersAndWorkers() {
+    for (int rank = 0; rank < config_.servers && !ShouldStop(); ++rank) {
+      std::vector<std::string> args = {binaries_.server};
+      AppendRankAndFleet(rank, &args);
+      AppendCommonFlags(&args);
+      Spawn(Role::kServer, rank, std::move(args));
+    }
+    for (int rank = 0; rank < config_.workers && !ShouldStop(); ++rank) {
+      std::vector<std::string> args = {binaries_.worker};
+      AppendRankAndFleet(rank, &args);
+      AppendCommonFlags(&args);
+      args.insert(args.end(), {"--mode", config_.mode});
+      args.insert(args.end(), config_.worker_args.begin(), config_.worker_args.end());
+      Spawn(Role::kWorker, rank, std::move(args));
+    }
+  }
+
+  void SuperviseUntilWorkersFinish() {
+    if (config_.workers == 0 && !ShouldStop()) {
+      Announce("no workers: the fleet runs until interrupted (Ctrl-C)");
+    }
+    while (!ShouldStop() && (config_.workers == 0 || workers_finished_ < config_.workers)) {
+      PollOnce(Deadline::AfterMillis(1000));
+    }
+  }
+
+  void Linger() {
+    lingering_ = true;
+    if (ShouldStop() || config_.linger_s <= 0 || group_.RunningCount() == 0) return;
+    Announce("all " + std::to_string(config_.workers) + " workers finished; lingering " +
+             FormatSeconds(config_.linger_s) + " before stopping the fleet");
+    Deadline deadline = Deadline::After(ToMillis(config_.linger_s));
+    while (!ShouldStop() && !deadline.Expired() && group_.RunningCount() > 0) PollOnce(deadline);
+  }
+
+  int StopFleetAndReport() {
+    stopping_ = true;
+    int signals_before = g_signal_count;
+    auto sink = [this](const ChildEvent& event) { HandleEvent(event); };
+    auto hurry = [signals_before] { return g_signal_count > signals_before; };
+    // The coordinator goes last: servers and workers deregister through it as they stop.
+    std::vector<int> others, coordinator;
+    for (size_t id = 0; id < members_.size(); ++id) {
+      (members_[id].role == Role::kCoordinator ? coordinator : others)
+          .push_back(static_cast<int>(id));
+    }
+    StopReport report = group_.Stop(others, ToMillis(config_.grace_s), sink, hurry);
+    StopReport last = group_.Stop(coordinator, ToMillis(config_.grace_s), sink, hurry);
+    report.killed.insert(report.killed.end(), last.killed.begin(), last.killed.end());
+    report.unreaped.insert(report.unreaped.end(), last.unreaped.begin(), last.unreaped.end());
+    bool hurried = g_signal_count > signals_before;
+    for (int id : report.killed) {
+      Announce(Describe(members_[id]) + " was still running " +
+               (hurried ? std::string("at the second signal")
+                        : FormatSeconds(config_.grace_s) + " after SIGTERM") +
+               "; sent SIGKILL");
+    }
+    for (int id : report.unreaped) {
+      Announce(Describe(members_[id]) + " did not exit even after SIGKILL");
+    }
+    NoteSignal();
+    if (interrupted_by_ != 0) {
+      Announce("received " + SignalName(interrupted_by_) + "; stopped the fleet");
+      return 128 + interrupted_by_;
+    }
+    if (failure_.has_value()) {
+      Announce(*failure_ +
+               (members_.size() > 1 ? "; stopped the rest of the fleet" : "; stopped the fleet"));
+      return 1;
+    }
+    Announce("all " + std::to_string(config_.workers) + " workers finished; fleet stopped");
+    return 0;
+  }
+
+  // --- spawning ---------------------------------------------------------------------------
+
+  void AppendFleetSize(std::vector<std::string>* args) const {
+    args->insert(args->end(), {"--num-servers", std::to_string(config_.servers), "--num-workers",
+                               std::to_string(config_.workers)});
+  }
+
+  void AppendRankAndFleet(int rank, std::vector<std::string>* args) const {
+    args->insert(args->end(),
+                 {"--coordinator", coordinator_address_, "--rank", std::to_string(rank)});
+    AppendFleetSize(args);
+  }
+
+  void AppendCommonFlags(std::vector<std::string>* args) const {
+    if (!config_.log_level.empty()) args->insert(args->end(), {"--log-level", config_.log_level});
+  }
+
+  bool Spawn(Role role, int rank, std::vector<std::string> args) {
+    std::string label = std::string(RoleName(role)) + " " + std::to_string(rank);
+    if (LogLevelEnabled(LogLevel::kDebug)) {
+      std::string command;
+      for (const std::string& arg : args) command += " " + arg;
+      TLOG(DEBUG) << "starting " << label << ":" << command;
+    }
+    StatusOr<int> id = group_.Spawn(label, args);
+    if (!id.ok()) {
+      Fail(id.status().message());
+      return false;
+    }
+    Member member;
+    member.role = role;
+    member.rank = rank;
+    member.pid = group_.Pid(*id);
+    member.ready_deadline = Deadline::After(ToMillis(config_.start_timeout_s));
+    member.prefix = "[" + label + "] ";
+    members_.push_back(std::move(member));  // ids are dense and in spawn order: index == id
+    return true;
+  }
+
+  // --- supervision ------------------------------------------------------------------------
+
+  void PollOnce(Deadline deadline) {
+    for (const ChildEvent& event : group_.Poll(deadline)) HandleEvent(event);
+    NoteSignal();
+    CheckReadyDeadlines();
+  }
+
+  void NoteSignal() {
+    if (interrupted_by_ == 0 && !failure_.has_value() && g_first_signal != 0) {
+      interrupted_by_ = g_first_signal;
+      if (stopping_) return;
+      Announce("received " + SignalName(interrupted_by_) + "; stopping the fleet (SIGKILL after " +
+               FormatSeconds(config_.grace_s) + ", or at once on a second signal)");
+    }
+  }
+
+  // Keeps the first failure only: it is the root cause, the rest are its consequences.
+  void Fail(std::string what) {
+    if (!ShouldStop()) failure_ = std::move(what);
+  }
+
+  void HandleEvent(const ChildEvent& event) {
+    Member& member = members_[event.child];
+    if (event.kind == ChildEvent::Kind::kExit) {
+      HandleExit(member, event.exit);
+      return;
+    }
+    if (event.stream == ChildStream::kStdout && !member.ready && !stopping_ &&
+        event.line.rfind(kReadyPrefix, 0) == 0) {
+      HandleReady(member, event.line);
+      return;
+    }
+    int fd = event.stream == ChildStream::kStdout ? STDOUT_FILENO : STDERR_FILENO;
+    WriteLine(fd, member.prefix + event.line);
+  }
+
+  void HandleReady(Member& member, const std::string& line) {
+    StatusOr<ReadyInfo> info = ParseReadyLine(line);
+    if (!info.ok()) {
+      Fail(Describe(member) + " printed a malformed ready line (" + info.status().message() +
+           "): " + line);
+      return;
+    }
+    if (info->role != RoleName(member.role) || info->rank != member.rank) {
+      Fail(Describe(member) + " announced itself as role=" + info->role +
+           " rank=" + std::to_string(info->rank));
+      return;
+    }
+    member.ready = true;
+    Announce(std::string(RoleName(member.role)) + " " + std::to_string(member.rank) +
+             " pid=" + std::to_string(member.pid) + " metrics=" + info->metrics);
+    if (member.role == Role::kCoordinator) {
+      coordinator_address_ = ConnectAddress(info->address);
+      Announce("coordinator address " + info->address + " (children get --coordinator " +
+               coordinator_address_ + ")");
+    }
+  }
+
+  void HandleExit(Member& member, const ChildExit& exit) {
+    member.exited = true;
+    std::string what = Describe(member) + " " + exit.Describe();
+    if (stopping_) {
+      TLOG(DEBUG) << what;
+      return;
+    }
+    if (member.role == Role::kWorker) {
+      if (!exit.success()) return Fail(what);
+      ++workers_finished_;
+      Announce(what + (member.ready ? "" : " (it never printed TESSERA_READY)"));
+      return;
+    }
+    // The coordinator and servers must outlive the workers; after that, a clean exit is fine.
+    if (!exit.success()) return Fail(what);
+    if (!lingering_) return Fail(what + " before the workers finished");
+    Announce(what);
+  }
+
+  void CheckReadyDeadlines() {
+    for (const Member& member : members_) {
+      if (member.ready || member.exited || !member.ready_deadline.Expired()) continue;
+      Fail(Describe(member) + " did not print TESSERA_READY within " +
+           FormatSeconds(config_.start_timeout_s));
+    }
+  }
+
+  const LaunchConfig config_;
+  const FleetBinaries binaries_;
+  ProcessGroup group_;
+  std::vector<Member> members_;      // indexed by ProcessGroup child id
+  std::string coordinator_address_;  // HOST:PORT, from the coordinator's ready line
+  int workers_finished_ = 0;         // workers that exited 0
+  bool lingering_ = false;           // every worker has finished
+  bool stopping_ = false;            // StopAll() is under way: exits are expected
+  std::optional<std::string> failure_;
+  int interrupted_by_ = 0;  // the signal that ended the run, if one did
+};
+
+std::string DescribeConfig(const LaunchConfig& config, const FleetBinaries& binaries) {
+  std::ostringstream out;
+  out << "servers=" << config.servers << " workers=" << config.workers << " mode=" << config.mode
+      << " linger=" << config.linger_s << "s start-timeout=" << config.start_timeout_s
+      << "s grace=" << config.grace_s
+      << "s log-level=" << (config.log_level.empty() ? "(children's default)" : config.log_level)
+      << " coordinator-binary=" << binaries.coordinator << " worker-args=[";
+  for (size_t i = 0; i < config.worker_args.size(); ++i) {
+    out << (i == 0 ? "" : " ") << config.worker_args[i];
+  }
+  out << "]";
+  return out.str();
+}
+
+int Main(int argc, char** argv) {
+  LaunchConfig config;
+  CLI::App app("", "tessera-launch");
+  AddFlags(app, &config);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    int status = app.exit(error);  // prints the help, or the error
+    return status == 0 ? 0 : 2;
+  }
+  config.worker_args = ForwardedArgs(app.remaining());
+  Status valid = Validate(config);
+  if (!valid.ok()) {
+    WriteLine(STDERR_FILENO,
+              "tessera-launch: " + valid.message() + "\nRun with --help for more information.");
+    return 2;
+  }
+  SetLogIdentity("launch", -1);
+  if (!config.log_level.empty()) SetMinLogLevel(*ParseLogLevel(config.log_level));
+
+  StatusOr<FleetBinaries> binaries = FindBinaries(config.bin_dir);
+  if (!binaries.ok()) {
+    WriteLine(STDOUT_FILENO, "[launch] " + binaries.status().message());
+    return 1;
+  }
+  TLOG(INFO) << "config: " << DescribeConfig(config, *binaries);
+  InstallSignalHandlers();
+  Launcher launcher(std::move(config), std::move(*binaries));
+  return launcher.Run();
+}
+
+}  // namespace
+}  // namespace tools
+}  // namespace tessera
+
+int main(int argc, char** argv) { return tessera::tools::Main(argc, argv); }

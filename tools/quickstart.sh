@@ -1,0 +1,164 @@
+#!/usr/bin/env bash
+# Quickstart: builds Tessera, starts a local fleet (a coordinator, 2 servers, 2 workers) with
+# tools' launcher, scrapes every process's /metrics and checks it with `promtool check metrics`.
+#
+#   tools/quickstart.sh [launcher flags...]     # e.g. tools/quickstart.sh --mode ps-sync
+#
+# Exits non-zero when the build, the launcher or any check fails. Workers are scraped as soon
+# as they are ready (they keep /metrics up for a few seconds after their work with their own
+# --linger; one that is gone after exiting 0 is noted, not failed); the coordinator and the
+# servers are scraped during the launcher's --linger window, after the workers are done.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+readonly linger_seconds=10
+# Workers finish in milliseconds; their own --linger keeps their /metrics up for the scrape.
+readonly worker_linger_seconds=3
+
+step() { echo "==> $*"; }
+
+step "checking build dependencies (tools/install_deps.sh)"
+tools/install_deps.sh
+
+step "building everything (bazel build //...)"
+bazel build //...
+launcher="$(readlink -f bazel-bin)/tools/tessera-launch"
+
+work="$(mktemp -d)"
+log="$work/launch.log"
+launch_pid=""
+cleanup() {
+  if [[ -n "$launch_pid" ]] && kill -0 "$launch_pid" 2>/dev/null; then
+    kill -TERM "$launch_pid" 2>/dev/null || true
+    wait "$launch_pid" 2>/dev/null || true
+  fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+failures=0
+fail() {
+  echo "==> FAILED: $*"
+  failures=$((failures + 1))
+}
+
+# Prints how many lines of a Prometheus text body are samples (not comments, not blank).
+count_samples() {
+  grep -cv -e '^#' -e '^[[:space:]]*$' "$1" || true
+}
+
+# True once the launcher has reported this worker's exit, whatever its status.
+worker_exited() {
+  grep -Eq "^\[launch\] worker $1 \(pid [0-9]+\) (exited|killed)" "$log"
+}
+
+# True once the launcher has reported that this worker exited 0 (waits up to 3 s for it).
+worker_finished() {
+  local rank="$1" _
+  for _ in $(seq 1 30); do
+    if grep -Eq "^\[launch\] worker ${rank} \(pid [0-9]+\) exited with status 0" "$log"; then
+      return 0
+    fi
+    sleep 0.1
+  done
+  return 1
+}
+
+# fetch URL FILE [WORKER_RANK]: a few quick tries, as a process may be just starting; for a
+# worker, no more tries once it has exited.
+fetch() {
+  local _
+  for _ in $(seq 1 10); do
+    if curl -fsS --max-time 5 -o "$2" "$1" 2>"$work/curl.err"; then
+      return 0
+    fi
+    if [[ -n "${3:-}" ]] && worker_exited "$3"; then
+      return 1
+    fi
+    sleep 0.2
+  done
+  return 1
+}
+
+# check_endpoint ROLE RANK URL: scrape and lint one process's metrics.
+check_endpoint() {
+  local role="$1" rank="$2" url="$3" body="$work/metrics-$1-$2.txt"
+  step "scraping $role $rank: $url"
+  local worker_rank=""
+  if [[ "$role" == worker ]]; then
+    worker_rank="$rank"
+  fi
+  if ! fetch "$url" "$body" "$worker_rank"; then
+    if [[ "$role" == worker ]] && worker_finished "$rank"; then
+      echo "==> note: worker $rank finished (exit 0) before its metrics could be scraped: $url"
+      return 0
+    fi
+    fail "cannot fetch $url ($role $rank): $(cat "$work/curl.err")"
+    return 0
+  fi
+  local samples
+  samples="$(count_samples "$body")"
+  if ((samples == 0)); then
+    fail "$url ($role $rank) returned no samples"
+  elif promtool check metrics <"$body" >"$work/promtool.out" 2>&1; then
+    echo "metrics OK: $url ($role $rank, $samples samples)"
+  else
+    fail "promtool check metrics rejected $url ($role $rank):"
+    sed 's/^/      /' "$work/promtool.out"
+  fi
+}
+
+# Arguments after the first -- go to every worker.
+launch_args=(--servers 2 --workers 2 --linger "$linger_seconds" "$@")
+if [[ " $* " != *" -- "* ]]; then
+  launch_args+=(--)
+fi
+launch_args+=(--linger "$worker_linger_seconds")
+step "starting the fleet: $launcher ${launch_args[*]}"
+"$launcher" "${launch_args[@]}" >"$log" 2>&1 &
+launch_pid=$!
+
+declare -A urls=()  # "server 1" -> metrics URL
+fleet_scraped=0
+ready_re='^\[launch\] (coordinator|server|worker) ([0-9]+) pid=[0-9]+ metrics=([^ ]+)$'
+linger_re='^\[launch\] all [0-9]+ workers finished; lingering'
+while IFS= read -r line; do
+  echo "$line"
+  if [[ "$line" =~ $ready_re ]]; then
+    role="${BASH_REMATCH[1]}" rank="${BASH_REMATCH[2]}" url="${BASH_REMATCH[3]}"
+    urls["$role $rank"]="$url"
+    if [[ "$role" == worker ]]; then
+      check_endpoint "$role" "$rank" "$url"
+    fi
+  elif [[ "$line" =~ $linger_re ]]; then
+    step "all workers finished; scraping the coordinator and the servers"
+    if [[ -z "${urls[coordinator 0]:-}" ]]; then
+      fail "the launcher never announced the coordinator's metrics"
+    fi
+    mapfile -t keys < <(printf '%s\n' "${!urls[@]}" | sort)
+    for key in "${keys[@]}"; do
+      if [[ "$key" != worker* ]]; then
+        check_endpoint "${key% *}" "${key#* }" "${urls[$key]}"
+      fi
+    done
+    fleet_scraped=1
+  fi
+done < <(tail -n +1 -f --pid="$launch_pid" "$log")
+
+launch_status=0
+wait "$launch_pid" || launch_status=$?
+launch_pid=""
+
+if ((launch_status != 0)); then
+  fail "the launcher exited with status $launch_status"
+elif ((!fleet_scraped)); then
+  fail "the coordinator and servers were not scraped (the launcher never lingered)"
+fi
+if ((failures > 0)); then
+  step "quickstart FAILED ($failures problems; see above)"
+  exit 1
+fi
+step "quickstart OK: the fleet ran, and all its metrics pass promtool"

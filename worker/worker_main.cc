@@ -1,0 +1,365 @@
+// tessera-worker: a training process.
+//
+// This issue has one mode, "local": the foundation smoke job, which exercises every path a
+// real job will use, checks every value, and exits:
+//   1. join the fleet through the coordinator; barrier "start" (servers and workers);
+//   2. with servers: push a probe tensor "worker<r>.probe" (values r*1000 + i) to the server
+//      that owns key r % key_space; barrier "pushed" (workers); pull every other worker's
+//      probe from its owner and check every value;
+//   3. ring all-reduce of --tensor-elements floats (values rank + 1 + i) among the workers and
+//      check it against the closed form;
+//   4. barrier "done" (workers); leave the fleet; exit 0.
+// Each phase logs a report line with its timing. Any error ends the process with that error
+// (exit 1); it does not say goodbye, so the coordinator declares it failed and tells the rest
+// of the fleet, which then fail naming it instead of waiting for it.
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <future>
+#include <iomanip>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "common/config.h"
+#include "common/deadline.h"
+#include "common/fleet_view.h"
+#include "common/logging.h"
+#include "common/payload.h"
+#include "common/process_runtime.h"
+#include "common/rendezvous_client.h"
+#include "common/rpc_endpoint.h"
+#include "common/status.h"
+#include "common/wire_codec.h"
+#include "worker/collective_mailbox.h"
+#include "worker/ring_allreduce.h"
+
+namespace tessera::worker {
+namespace {
+
+// The one collective this job runs; a job with several concurrent ones numbers them.
+constexpr uint64_t kAllReduceTag = 1;
+constexpr int64_t kMaxTensorElements = int64_t{1} << 28;  // 1 GiB of float32
+// Room left in a message for its header beside the tensor bytes.
+constexpr uint64_t kHeaderAllowance = 64 * 1024;
+
+struct WorkerFlags {
+  std::string mode = "local";
+  int64_t tensor_elements = 1024;
+};
+
+void AddWorkerFlags(CLI::App* app, WorkerFlags* flags) {
+  app->add_option("--mode", flags->mode,
+                  "What to run. local: the foundation smoke job (barrier, "
+                  "push/pull probe tensors through the servers, ring all-reduce among the "
+                  "workers, verify, report, exit)")
+      ->check(CLI::Validator(
+          [](std::string& mode) -> std::string {
+            if (mode == "local") return "";
+            return "mode " + mode + " is not implemented yet; available: local";
+          },
+          "MODE", "mode"))
+      ->capture_default_str();
+  app->add_option("--tensor-elements", flags->tensor_elements,
+                  "Float32 elements of the probe tensors and of the all-reduce")
+      ->check(CLI::Range(int64_t{0}, kMaxTensorElements))
+      ->capture_default_str();
+}
+
+std::string Millis(SteadyClock::duration elapsed) {
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(2)
+      << std::chrono::duration<double, std::milli>(elapsed).count() << " ms";
+  return out.str();
+}
+
+std::string ProbeName(int rank) { return "worker" + std::to_string(rank) + ".probe"; }
+float ProbeValue(int rank, size_t i) { return static_cast<float>(rank * 1000 + static_cast<double>(i)); }
+
+float ReadFloat(const uint8_t* bytes, size_t index) {
+  float value;  // received frames need not be aligned for float
+  std::memcpy(&value, bytes + index * sizeof(float), sizeof(float));
+  return value;
+}
+
+// The smoke job of one worker: its phases in the order Run() runs them. Used by one thread.
+class LocalJob {
+ public:
+  LocalJob(ProcessRuntime& runtime, RendezvousClient& client, CollectiveMailbox& mailbox,
+           const WorkerFlags& flags)
+      : runtime_(runtime),
+        endpoint_(runtime.endpoint()),
+        client_(client),
+        mailbox_(mailbox),
+        view_(client.view()),
+        rank_(client.rank()),
+        elements_(static_cast<size_t>(flags.tensor_elements)),
+        request_timeout_ms_(runtime.config().request_timeout_ms) {}
+
+  Status Run() {
+    RETURN_IF_ERROR(Barrier("start", std::nullopt, runtime_.config().rendezvous_timeout_ms));
+    if (!view_.OfRole(Role::kServer).empty()) {
+      RETURN_IF_ERROR(PushProbe());
+      RETURN_IF_ERROR(Barrier("pushed", Role::kWorker, request_timeout_ms_));
+      RETURN_IF_ERROR(PullProbes());
+    } else {
+      TLOG(INFO) << "no servers in the fleet: skipping the push/pull phase";
+    }
+    RETURN_IF_ERROR(AllReduce());
+    return Barrier("done", Role::kWorker, request_timeout_ms_);
+  }
+
+ private:
+  Status Barrier(const std::string& name, std::optional<Role> scope, int64_t timeout_ms) {
+    if (runtime_.StopRequested()) return CancelledError("stopped before barrier '" + name + "'");
+    auto started = SteadyClock::now();
+    RETURN_IF_ERROR(client_.Barrier(name, scope, timeout_ms));
+    TLOG(INFO) << "barrier '" << name << "' passed in " << Millis(SteadyClock::now() - started);
+    return OkStatus();
+  }
+
+  // The server whose key range holds `key`.
+  StatusOr<const MemberInfo*> OwnerOf(uint64_t key) const {
+    for (const MemberInfo* server : view_.OfRole(Role::kServer)) {
+      if (key >= server->key_begin && key < server->key_end) return server;
+    }
+    return InternalError("no server of the fleet view owns key " + std::to_string(key) +
+                         " (key space " + std::to_string(view_.key_space) + ", " +
+                         std::to_string(view_.num_servers) + " servers)");
+  }
+
+  StatusOr<uint64_t> ProbeKey(int rank) const {
+    if (view_.key_space == 0) {
+      return InternalError("the fleet view has servers but an empty key space");
+    }
+    return static_cast<uint64_t>(rank) % view_.key_space;
+  }
+
+  Status CheckMessageSize() const {
+    uint64_t bytes = elements_ * sizeof(float);
+    if (bytes + kHeaderAllowance > runtime_.config().max_message_bytes) {
+      return InvalidArgumentError(
+          "--tensor-elements=" + std::to_string(elements_) + " makes " + std::to_string(bytes) +
+          "-byte tensors, too large for --max-message-bytes=" +
+          std::to_string(runtime_.config().max_message_bytes));
+    }
+    return OkStatus();
+  }
+
+  Status PushProbe() {
+    if (runtime_.StopRequested()) return CancelledError("stopped before the push");
+    RETURN_IF_ERROR(CheckMessageSize());
+    const std::string name = ProbeName(rank_);
+    ASSIGN_OR_RETURN(uint64_t key, ProbeKey(rank_));
+    ASSIGN_OR_RETURN(const MemberInfo* server, OwnerOf(key));
+    auto values = std::make_shared<std::vector<float>>(elements_);
+    for (size_t i = 0; i < elements_; ++i) (*values)[i] = ProbeValue(rank_, i);
+    const size_t bytes = elements_ * sizeof(float);
+
+    MessageBuilder builder(proto::Role::Worker, rank_);
+    int32_t frame = builder.AddPayload(Payload::Borrow(values->data(), bytes, values));
+    std::vector<int64_t> shape = {static_cast<int64_t>(elements_)};
+    std::vector<flatbuffers::Offset<proto::TensorMeta>> metas = {proto::CreateTensorMetaDirect(
+        builder.fbb(), name.c_str(), key, proto::DType::Float32, &shape, frame, 0, bytes)};
+    uint64_t id = endpoint_.NextRequestId();
+    auto started = SteadyClock::now();
+    ASSIGN_OR_RETURN(Envelope reply,
+                     endpoint_.Call(server->address,
+                                    builder.Finish(proto::CreatePushRequestDirect(builder.fbb(), &metas), id),
+                                    id, Deadline::AfterMillis(request_timeout_ms_),
+                                    "push of " + name + " to " + server->Name()));
+    if (reply.header->body_type() != proto::Body::Ack) {
+      return InternalError("push of " + name + ": " + server->Name() + " answered with " +
+                           std::string(BodyName(reply.header->body_type())) + ", not an Ack");
+    }
+    TLOG(INFO) << "pushed " << bytes << " bytes to " << server->Name() << " in "
+               << Millis(SteadyClock::now() - started);
+    return OkStatus();
+  }
+
+  Status PullProbes() {
+    if (runtime_.StopRequested()) return CancelledError("stopped before the pulls");
+    struct Pull {
+      int worker;
+      std::string name;
+      const MemberInfo* server;
+      std::shared_future<StatusOr<Envelope>> reply;
+    };
+    std::vector<Pull> pulls;
+    auto started = SteadyClock::now();
+    // All requests first, then the answers: the servers work on them concurrently.
+    for (const MemberInfo* worker : view_.OfRole(Role::kWorker)) {
+      if (worker->rank == rank_) continue;
+      Pull pull{worker->rank, ProbeName(worker->rank), nullptr, {}};
+      ASSIGN_OR_RETURN(uint64_t key, ProbeKey(worker->rank));
+      ASSIGN_OR_RETURN(pull.server, OwnerOf(key));
+      MessageBuilder builder(proto::Role::Worker, rank_);
+      std::vector<flatbuffers::Offset<proto::TensorMeta>> metas = {proto::CreateTensorMetaDirect(
+          builder.fbb(), pull.name.c_str(), key, proto::DType::Float32, nullptr, -1, 0, 0)};
+      uint64_t id = endpoint_.NextRequestId();
+      pull.reply = endpoint_.CallAsync(
+          pull.server->address,
+          builder.Finish(proto::CreatePullRequestDirect(builder.fbb(), &metas), id), id,
+          Deadline::AfterMillis(request_timeout_ms_),
+          "pull of " + pull.name + " from " + pull.server->Name());
+      pulls.push_back(std::move(pull));
+    }
+    uint64_t bytes = 0;
+    for (const Pull& pull : pulls) {
+      const StatusOr<Envelope>& reply = pull.reply.get();
+      if (!reply.ok()) return reply.status();
+      ASSIGN_OR_RETURN(uint64_t checked, CheckProbe(pull.worker, pull.name, *pull.server, *reply));
+      bytes += checked;
+    }
+    if (pulls.empty()) {
+      TLOG(INFO) << "no other worker's probe to pull";
+      return OkStatus();
+    }
+    TLOG(INFO) << "pulled " << pulls.size() << " probe tensors (" << bytes << " bytes) in "
+               << Millis(SteadyClock::now() - started) << "; every value is correct";
+    return OkStatus();
+  }
+
+  // Checks one PullReply holding worker `worker`'s probe; returns its byte count.
+  StatusOr<uint64_t> CheckProbe(int worker, const std::string& name, const MemberInfo& server,
+                                const Envelope& reply) const {
+    const std::string where = "pulled " + name + " from " + server.Name();
+    if (reply.header->body_type() != proto::Body::PullReply) {
+      return InternalError(where + ": the answer is a " +
+                           std::string(BodyName(reply.header->body_type())) + ", not a PullReply");
+    }
+    auto* tensors = reply.header->body_as_PullReply()->tensors();
+    if (tensors == nullptr || tensors->size() != 1) {
+      return DataLossError(where + ": the reply holds " +
+                           std::to_string(tensors == nullptr ? 0 : tensors->size()) +
+                           " tensors, expected 1");
+    }
+    const proto::TensorMeta& meta = *tensors->Get(0);
+    if (meta.name() == nullptr || meta.name()->str() != name) {
+      return DataLossError(where + ": the reply holds tensor '" +
+                           (meta.name() ? meta.name()->str() : std::string()) + "'");
+    }
+    const uint64_t expected_bytes = elements_ * sizeof(float);
+    if (meta.dtype() != proto::DType::Float32 || meta.payload() < 0 ||
+        meta.byte_length() != expected_bytes) {
+      return DataLossError(where + ": " + std::to_string(meta.byte_length()) + " bytes of " +
+                           proto::EnumNameDType(meta.dtype()) + ", expected " +
+                           std::to_string(expected_bytes) + " bytes of Float32");
+    }
+    const uint8_t* bytes =
+        reply.message.payloads[static_cast<size_t>(meta.payload())].data() + meta.offset();
+    for (size_t i = 0; i < elements_; ++i) {
+      float got = ReadFloat(bytes, i);
+      if (got != ProbeValue(worker, i)) {
+        return DataLossError(where + ": element " + std::to_string(i) + " is " +
+                             std::to_string(got) + ", expected " +
+                             std::to_string(ProbeValue(worker, i)) +
+                             " (the first wrong element)");
+      }
+    }
+    return expected_bytes;
+  }
+
+  StatusOr<CollectiveContext> RingContext() const {
+    std::vector<const MemberInfo*> workers = view_.OfRole(Role::kWorker);
+    CollectiveContext context;
+    context.rank = rank_;
+    context.world_size = static_cast<int>(workers.size());
+    for (size_t i = 0; i < workers.size(); ++i) {
+      if (workers[i]->rank != static_cast<int>(i)) {
+        return InternalError("the fleet view's worker ranks are not 0.." +
+                             std::to_string(workers.size() - 1) + ": found " +
+                             workers[i]->Name() + " at position " + std::to_string(i));
+      }
+      context.peer_addresses.push_back(workers[i]->address);
+    }
+    context.transport = &endpoint_.transport();
+    context.mailbox = &mailbox_;
+    context.deadline = Deadline::AfterMillis(request_timeout_ms_);
+    context.tag = kAllReduceTag;
+    return context;
+  }
+
+  Status AllReduce() {
+    if (runtime_.StopRequested()) return CancelledError("stopped before the all-reduce");
+    ASSIGN_OR_RETURN(CollectiveContext context, RingContext());
+    const int world = context.world_size;
+    std::vector<float> buffer(elements_);
+    for (size_t i = 0; i < elements_; ++i) buffer[i] = static_cast<float>(rank_ + 1 + static_cast<double>(i));
+    auto started = SteadyClock::now();
+    RETURN_IF_ERROR(RingAllReduce({buffer.data(), buffer.size(), "probe"}, context));
+    auto elapsed = SteadyClock::now() - started;
+    // Closed form: sum over ranks r of (r + 1 + i) = W(W + 1)/2 + W i. Every input and every
+    // partial sum is rounded to float at most once, so the result is within 2W rounding steps
+    // (W * 2^-23 relative) of it; exact while the values stay below 2^24.
+    for (size_t i = 0; i < elements_; ++i) {
+      double expected = world * (world + 1) / 2.0 + static_cast<double>(world) * static_cast<double>(i);
+      double tolerance = expected * world * std::ldexp(1.0, -23);
+      if (std::fabs(buffer[i] - expected) > tolerance) {
+        return DataLossError("allreduce tag=" + std::to_string(kAllReduceTag) + " rank=" +
+                             std::to_string(rank_) + ": element " + std::to_string(i) + " is " +
+                             std::to_string(buffer[i]) + ", expected " +
+                             std::to_string(expected) + " (the first wrong element)");
+      }
+    }
+    TLOG(INFO) << "all-reduced " << elements_ * sizeof(float) << " bytes among " << world
+               << " workers in " << Millis(elapsed) << "; every value is correct";
+    return OkStatus();
+  }
+
+  ProcessRuntime& runtime_;
+  RpcEndpoint& endpoint_;
+  RendezvousClient& client_;
+  CollectiveMailbox& mailbox_;
+  const FleetView& view_;
+  const int rank_;
+  const size_t elements_;
+  const int64_t request_timeout_ms_;
+};
+
+Status RunWorker(ProcessRuntime& runtime, const WorkerFlags& flags) {
+  RpcEndpoint& endpoint = runtime.endpoint();
+  // Before joining: peers may send chunks as soon as the fleet view tells them our address,
+  // and a chunk without a handler would be dropped.
+  auto mailbox = std::make_shared<CollectiveMailbox>();
+  endpoint.SetHandler(proto::Body::CollectiveChunk, CollectiveMailbox::Handler(mailbox));
+
+  RendezvousOptions options = RendezvousOptionsFrom(runtime.config());
+  options.metrics_address = runtime.metrics_url();
+  ASSIGN_OR_RETURN(std::unique_ptr<RendezvousClient> client,
+                   RendezvousClient::Join(&endpoint, options, &runtime.metrics()));
+  // A failed peer (or a lost coordinator) wakes a collective waiting for chunks with the root
+  // cause; pending calls and barriers are failed by the client itself.
+  client->SetFailureCallback([mailbox](const Status& status) { mailbox->Fail(status); });
+  SetLogIdentity("worker", client->rank());
+  runtime.AnnounceReady(client->rank());
+
+  LocalJob job(runtime, *client, *mailbox, flags);
+  RETURN_IF_ERROR(job.Run());
+  client->Leave("finished");
+  double linger = runtime.config().linger_seconds;
+  if (linger > 0) {
+    TLOG(INFO) << "finished; lingering " << linger << " s (--linger) for a last scrape of "
+               << runtime.metrics_url();
+    runtime.WaitForStop(Deadline::AfterMillis(static_cast<int64_t>(linger * 1000)));
+  }
+  return OkStatus();
+}
+
+}  // namespace
+}  // namespace tessera::worker
+
+int main(int argc, char** argv) {
+  CLI::App app(
+      "tessera-worker: a training process. Joins the fleet at --coordinator and runs --mode.");
+  tessera::worker::WorkerFlags flags;
+  tessera::worker::AddWorkerFlags(&app, &flags);
+  return tessera::RunProcess(tessera::Role::kWorker, argc, argv, &app,
+                             [&flags](tessera::ProcessRuntime& runtime) {
+                               return tessera::worker::RunWorker(runtime, flags);
+                             });
+}
