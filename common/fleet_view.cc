@@ -39,6 +39,15 @@ std::vector<const MemberInfo*> FleetView::OfRole(Role role) const {
   return out;
 }
 
+StatusOr<const MemberInfo*> FleetView::ServerOwningKey(uint64_t key) const {
+  for (const MemberInfo& m : members) {
+    if (m.role == Role::kServer && key >= m.key_begin && key < m.key_end) return &m;
+  }
+  return NotFoundError("no server owns key " + std::to_string(key) + " (key space " +
+                       std::to_string(key_space) + ", " + std::to_string(num_servers) +
+                       " servers)");
+}
+
 std::pair<uint64_t, uint64_t> ServerKeyRange(uint64_t key_space, int num_servers, int rank) {
   if (num_servers <= 0) return {0, 0};
   uint64_t n = static_cast<uint64_t>(num_servers);

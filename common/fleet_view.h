@@ -45,6 +45,8 @@ struct FleetView {
 
   const MemberInfo* Find(Role role, int rank) const;
   std::vector<const MemberInfo*> OfRole(Role role) const;
+  // The server whose key range holds `key`; NotFound naming the key space otherwise.
+  StatusOr<const MemberInfo*> ServerOwningKey(uint64_t key) const;
 };
 
 // Server `rank` of `num_servers` owns keys [first, second): contiguous, as even as possible.

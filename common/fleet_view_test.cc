@@ -49,6 +49,10 @@ TEST(FleetViewTest, EncodeDecodeRoundTrip) {
   EXPECT_EQ(back->Find(Role::kWorker, 1)->state, MemberState::kFailed);
   EXPECT_EQ(back->Find(Role::kWorker, 1)->Name(), "worker 1");
   EXPECT_EQ(back->OfRole(Role::kWorker).size(), 1u);
+  auto owner = back->ServerOwningKey(999);
+  ASSERT_TRUE(owner.ok()) << owner.status();
+  EXPECT_EQ((*owner)->rank, 0);
+  EXPECT_EQ(back->ServerOwningKey(1000).status().code(), StatusCode::kNotFound);
 }
 
 TEST(FleetViewTest, RejectsUnknownRole) {

@@ -14,6 +14,9 @@ namespace {
 constexpr int64_t kStartMs = 30000;
 constexpr int64_t kJobMs = 60000;
 
+// A worker job that runs until killed: all-reduce rounds every 20 ms for over half an hour.
+const std::vector<std::string> kLongJob = {"--rounds", "100000", "--round-interval-ms", "20"};
+
 // Flags that keep failure detection fast in tests: heartbeats every 100 ms, failure after 1 s.
 std::vector<std::string> FastFailureFlags() {
   return {"--heartbeat-interval-ms", "100", "--heartbeat-timeout-ms", "1000"};
@@ -103,11 +106,11 @@ TEST(FleetTest, ProcessThatNeverArrivesIsNamedByEveryone) {
 
 TEST(FleetTest, KilledWorkerIsReportedToEveryOtherProcessByRoleAndRank) {
   FleetHarness fleet;
-  FleetIds ids = StartFleet(fleet, 1, 3, FastFailureFlags(), {"--linger", "60"});
+  FleetIds ids = StartFleet(fleet, 1, 3, FastFailureFlags(), kLongJob);
   ASSERT_EQ(ids.workers.size(), 3u);
-  // Wait until the smoke job is over everywhere, so the kill hits a lingering worker.
+  // Kill it in the middle of the job, between all-reduce rounds.
   for (int id : ids.workers) {
-    ASSERT_TRUE(fleet.WaitForLine(id, "lingering", Deadline::AfterMillis(kJobMs)).ok())
+    ASSERT_TRUE(fleet.WaitForLine(id, "all-reduce round 10 of", Deadline::AfterMillis(kJobMs)).ok())
         << fleet.Output(id);
   }
   ASSERT_TRUE(fleet.Signal(ids.workers[1], SIGKILL).ok());
@@ -131,13 +134,14 @@ TEST(FleetTest, KilledWorkerIsReportedToEveryOtherProcessByRoleAndRank) {
 
 TEST(FleetTest, KilledServerIsReportedToWorkers) {
   FleetHarness fleet;
-  FleetIds ids = StartFleet(fleet, 2, 2, FastFailureFlags(), {"--linger", "60"});
+  FleetIds ids = StartFleet(fleet, 2, 2, FastFailureFlags(), kLongJob);
   for (int id : ids.workers) {
-    ASSERT_TRUE(fleet.WaitForLine(id, "lingering", Deadline::AfterMillis(kJobMs)).ok());
+    ASSERT_TRUE(fleet.WaitForLine(id, "all-reduce round 10 of", Deadline::AfterMillis(kJobMs)).ok())
+        << fleet.Output(id);
   }
   ASSERT_TRUE(fleet.Signal(ids.servers[1], SIGKILL).ok());
   for (int id : ids.workers) {
-    auto exit = fleet.WaitExit(id, Deadline::AfterMillis(5000));
+    auto exit = fleet.WaitExit(id, Deadline::AfterMillis(2 * 1000 + 3000));
     ASSERT_TRUE(exit.ok()) << exit.status();
     EXPECT_FALSE(exit->success());
     EXPECT_NE(fleet.Output(id).find("server 1"), std::string::npos) << fleet.Output(id);

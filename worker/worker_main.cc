@@ -3,12 +3,13 @@
 // This issue has one mode, "local": the foundation smoke job, which exercises every path a
 // real job will use, checks every value, and exits:
 //   1. join the fleet through the coordinator; barrier "start" (servers and workers);
-//   2. with servers: push a probe tensor "worker<r>.probe" (values r*1000 + i) to the server
-//      that owns key r % key_space; barrier "pushed" (workers); pull every other worker's
+//   2. with servers: push a probe tensor "worker<r>.probe" (values r*1000 + i) to server
+//      r % S (a key in its range); barrier "pushed" (workers); pull every other worker's
 //      probe from its owner and check every value;
-//   3. ring all-reduce of --tensor-elements floats (values rank + 1 + i) among the workers and
-//      check it against the closed form;
-//   4. barrier "done" (workers); leave the fleet; exit 0.
+//   3. --rounds ring all-reduces of --tensor-elements floats (values rank + 1 + i) among the
+//      workers, --round-interval-ms apart, each checked against the closed form;
+//   4. barrier "done" (workers); with --linger, stay in the fleet (and /metrics up) that long;
+//      leave the fleet; exit 0.
 // Each phase logs a report line with its timing. Any error ends the process with that error
 // (exit 1); it does not say goodbye, so the coordinator declares it failed and tells the rest
 // of the fleet, which then fail naming it instead of waiting for it.
@@ -41,8 +42,8 @@
 namespace tessera::worker {
 namespace {
 
-// The one collective this job runs; a job with several concurrent ones numbers them.
-constexpr uint64_t kAllReduceTag = 1;
+// Tag of the first all-reduce round; round r uses kFirstAllReduceTag + r - 1.
+constexpr uint64_t kFirstAllReduceTag = 1;
 constexpr int64_t kMaxTensorElements = int64_t{1} << 28;  // 1 GiB of float32
 // Room left in a message for its header beside the tensor bytes.
 constexpr uint64_t kHeaderAllowance = 64 * 1024;
@@ -50,6 +51,8 @@ constexpr uint64_t kHeaderAllowance = 64 * 1024;
 struct WorkerFlags {
   std::string mode = "local";
   int64_t tensor_elements = 1024;
+  int64_t rounds = 1;
+  int64_t round_interval_ms = 0;
 };
 
 void AddWorkerFlags(CLI::App* app, WorkerFlags* flags) {
@@ -67,6 +70,14 @@ void AddWorkerFlags(CLI::App* app, WorkerFlags* flags) {
   app->add_option("--tensor-elements", flags->tensor_elements,
                   "Float32 elements of the probe tensors and of the all-reduce")
       ->check(CLI::Range(int64_t{0}, kMaxTensorElements))
+      ->capture_default_str();
+  app->add_option("--rounds", flags->rounds,
+                  "All-reduce rounds to run, like training steps (progress every 10)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
+      ->capture_default_str();
+  app->add_option("--round-interval-ms", flags->round_interval_ms,
+                  "Pause between two all-reduce rounds")
+      ->check(CLI::Range(int64_t{0}, int64_t{3600} * 1000))
       ->capture_default_str();
 }
 
@@ -98,6 +109,8 @@ class LocalJob {
         view_(client.view()),
         rank_(client.rank()),
         elements_(static_cast<size_t>(flags.tensor_elements)),
+        rounds_(flags.rounds),
+        round_interval_ms_(flags.round_interval_ms),
         request_timeout_ms_(runtime.config().request_timeout_ms) {}
 
   Status Run() {
@@ -109,7 +122,13 @@ class LocalJob {
     } else {
       TLOG(INFO) << "no servers in the fleet: skipping the push/pull phase";
     }
-    RETURN_IF_ERROR(AllReduce());
+    for (int64_t round = 1; round <= rounds_; ++round) {
+      RETURN_IF_ERROR(AllReduce(round));
+      if (round < rounds_ && round_interval_ms_ > 0 &&
+          runtime_.WaitForStop(Deadline::AfterMillis(round_interval_ms_))) {
+        return CancelledError("stopped after all-reduce round " + std::to_string(round));
+      }
+    }
     return Barrier("done", Role::kWorker, request_timeout_ms_);
   }
 
@@ -122,21 +141,16 @@ class LocalJob {
     return OkStatus();
   }
 
-  // The server whose key range holds `key`.
-  StatusOr<const MemberInfo*> OwnerOf(uint64_t key) const {
-    for (const MemberInfo* server : view_.OfRole(Role::kServer)) {
-      if (key >= server->key_begin && key < server->key_end) return server;
-    }
-    return InternalError("no server of the fleet view owns key " + std::to_string(key) +
-                         " (key space " + std::to_string(view_.key_space) + ", " +
-                         std::to_string(view_.num_servers) + " servers)");
-  }
-
+  // Worker r's probe goes to server r % S, at a key inside that server's range, so every
+  // server takes part when there are at least as many workers as servers.
   StatusOr<uint64_t> ProbeKey(int rank) const {
-    if (view_.key_space == 0) {
-      return InternalError("the fleet view has servers but an empty key space");
+    std::vector<const MemberInfo*> servers = view_.OfRole(Role::kServer);
+    const MemberInfo* server = servers[static_cast<size_t>(rank) % servers.size()];
+    uint64_t offset = static_cast<uint64_t>(rank) / servers.size();
+    if (server->key_end <= server->key_begin) {
+      return InternalError(server->Name() + " owns no keys in the fleet view");
     }
-    return static_cast<uint64_t>(rank) % view_.key_space;
+    return std::min(server->key_begin + offset, server->key_end - 1);
   }
 
   Status CheckMessageSize() const {
@@ -155,7 +169,7 @@ class LocalJob {
     RETURN_IF_ERROR(CheckMessageSize());
     const std::string name = ProbeName(rank_);
     ASSIGN_OR_RETURN(uint64_t key, ProbeKey(rank_));
-    ASSIGN_OR_RETURN(const MemberInfo* server, OwnerOf(key));
+    ASSIGN_OR_RETURN(const MemberInfo* server, view_.ServerOwningKey(key));
     auto values = std::make_shared<std::vector<float>>(elements_);
     for (size_t i = 0; i < elements_; ++i) (*values)[i] = ProbeValue(rank_, i);
     const size_t bytes = elements_ * sizeof(float);
@@ -196,7 +210,7 @@ class LocalJob {
       if (worker->rank == rank_) continue;
       Pull pull{worker->rank, ProbeName(worker->rank), nullptr, {}};
       ASSIGN_OR_RETURN(uint64_t key, ProbeKey(worker->rank));
-      ASSIGN_OR_RETURN(pull.server, OwnerOf(key));
+      ASSIGN_OR_RETURN(pull.server, view_.ServerOwningKey(key));
       MessageBuilder builder(proto::Role::Worker, rank_);
       std::vector<flatbuffers::Offset<proto::TensorMeta>> metas = {proto::CreateTensorMetaDirect(
           builder.fbb(), pull.name.c_str(), key, proto::DType::Float32, nullptr, -1, 0, 0)};
@@ -264,7 +278,7 @@ class LocalJob {
     return expected_bytes;
   }
 
-  StatusOr<CollectiveContext> RingContext() const {
+  StatusOr<CollectiveContext> RingContext(uint64_t tag) const {
     std::vector<const MemberInfo*> workers = view_.OfRole(Role::kWorker);
     CollectiveContext context;
     context.rank = rank_;
@@ -280,13 +294,16 @@ class LocalJob {
     context.transport = &endpoint_.transport();
     context.mailbox = &mailbox_;
     context.deadline = Deadline::AfterMillis(request_timeout_ms_);
-    context.tag = kAllReduceTag;
+    context.tag = tag;
     return context;
   }
 
-  Status AllReduce() {
+  // Round r of the all-reduce; each round has its own tag, so chunks of consecutive rounds
+  // cannot be mistaken for each other.
+  Status AllReduce(int64_t round) {
     if (runtime_.StopRequested()) return CancelledError("stopped before the all-reduce");
-    ASSIGN_OR_RETURN(CollectiveContext context, RingContext());
+    const uint64_t tag = kFirstAllReduceTag + static_cast<uint64_t>(round) - 1;
+    ASSIGN_OR_RETURN(CollectiveContext context, RingContext(tag));
     const int world = context.world_size;
     std::vector<float> buffer(elements_);
     for (size_t i = 0; i < elements_; ++i) buffer[i] = static_cast<float>(rank_ + 1 + static_cast<double>(i));
@@ -300,14 +317,17 @@ class LocalJob {
       double expected = world * (world + 1) / 2.0 + static_cast<double>(world) * static_cast<double>(i);
       double tolerance = expected * world * std::ldexp(1.0, -23);
       if (std::fabs(buffer[i] - expected) > tolerance) {
-        return DataLossError("allreduce tag=" + std::to_string(kAllReduceTag) + " rank=" +
+        return DataLossError("allreduce tag=" + std::to_string(tag) + " rank=" +
                              std::to_string(rank_) + ": element " + std::to_string(i) + " is " +
                              std::to_string(buffer[i]) + ", expected " +
                              std::to_string(expected) + " (the first wrong element)");
       }
     }
-    TLOG(INFO) << "all-reduced " << elements_ * sizeof(float) << " bytes among " << world
-               << " workers in " << Millis(elapsed) << "; every value is correct";
+    if (round == 1 || round % 10 == 0 || round == rounds_) {
+      TLOG(INFO) << "all-reduce round " << round << " of " << rounds_ << ": "
+                 << elements_ * sizeof(float) << " bytes among " << world << " workers in "
+                 << Millis(elapsed) << "; every value is correct";
+    }
     return OkStatus();
   }
 
@@ -318,6 +338,8 @@ class LocalJob {
   const FleetView& view_;
   const int rank_;
   const size_t elements_;
+  const int64_t rounds_;
+  const int64_t round_interval_ms_;
   const int64_t request_timeout_ms_;
 };
 
@@ -340,13 +362,15 @@ Status RunWorker(ProcessRuntime& runtime, const WorkerFlags& flags) {
 
   LocalJob job(runtime, *client, *mailbox, flags);
   RETURN_IF_ERROR(job.Run());
-  client->Leave("finished");
   double linger = runtime.config().linger_seconds;
   if (linger > 0) {
+    // Still a member while lingering: the coordinator shows it alive, and a failure elsewhere
+    // is logged, but the job's result stands.
     TLOG(INFO) << "finished; lingering " << linger << " s (--linger) for a last scrape of "
                << runtime.metrics_url();
     runtime.WaitForStop(Deadline::AfterMillis(static_cast<int64_t>(linger * 1000)));
   }
+  client->Leave("finished");
   return OkStatus();
 }
 

@@ -1,0 +1,87 @@
+// tessera-launch as a user runs it: real coordinator, servers and workers underneath.
+#include <signal.h>
+
+#include <gtest/gtest.h>
+
+#include <regex>
+#include <sstream>
+
+#include "tests/fleet_harness.h"
+
+namespace tessera::testing {
+namespace {
+
+constexpr int64_t kRunMs = 90000;
+
+int CountLines(const std::string& text, const std::regex& pattern) {
+  int count = 0;
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (std::regex_search(line, pattern)) ++count;
+  }
+  return count;
+}
+
+TEST(LaunchTest, StartsTheFleetAnnouncesEveryChildAndSucceeds) {
+  FleetHarness harness;
+  auto launcher = harness.Start("launcher", "tools/tessera-launch", {"--servers", "2", "--workers", "2"});
+  ASSERT_TRUE(launcher.ok()) << launcher.status();
+  auto exit = harness.WaitExit(*launcher, Deadline::AfterMillis(kRunMs));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  std::string output = harness.Output(*launcher);
+  EXPECT_TRUE(exit->success()) << exit->Describe() << "\n" << output;
+  // One line per child: coordinator, 2 servers, 2 workers.
+  std::regex announce(R"(^\[launch\] (coordinator|server|worker) \d+ pid=\d+ metrics=http://127\.0\.0\.1:\d+/metrics$)");
+  EXPECT_EQ(CountLines(output, announce), 5) << output;
+  EXPECT_EQ(CountLines(output, std::regex(R"(^\[worker 1\] )")) > 0, true) << output;
+  EXPECT_NE(output.find("all 2 workers finished"), std::string::npos) << output;
+}
+
+TEST(LaunchTest, FailingWorkerStopsTheFleetAndIsNamed) {
+  FleetHarness harness;
+  // --rounds 0 is rejected by the worker's flag parser: every worker exits with status 2.
+  auto launcher = harness.Start("launcher", "tools/tessera-launch",
+                                {"--servers", "1", "--workers", "2", "--", "--rounds", "0"});
+  ASSERT_TRUE(launcher.ok()) << launcher.status();
+  auto exit = harness.WaitExit(*launcher, Deadline::AfterMillis(kRunMs));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  std::string output = harness.Output(*launcher);
+  EXPECT_FALSE(exit->success()) << output;
+  EXPECT_TRUE(std::regex_search(output, std::regex(R"(\[launch\] worker \d \(pid \d+\) exited with status 2)")))
+      << output;
+  EXPECT_NE(output.find("--rounds"), std::string::npos) << output;  // the worker's own reason
+}
+
+TEST(LaunchTest, InterruptStopsEveryProcessWithinSeconds) {
+  FleetHarness harness;
+  auto launcher = harness.Start("launcher", "tools/tessera-launch",
+                                {"--servers", "1", "--workers", "2", "--grace", "5", "--",
+                                 "--rounds", "100000", "--round-interval-ms", "20"});
+  ASSERT_TRUE(launcher.ok()) << launcher.status();
+  ASSERT_TRUE(harness.WaitForLine(*launcher, "all-reduce round 10 of", Deadline::AfterMillis(kRunMs)).ok())
+      << harness.Output(*launcher);
+  std::string output = harness.Output(*launcher);
+  std::vector<int> pids;
+  std::smatch match;
+  std::regex pid_pattern(R"(\[launch\] \w+ \d+ pid=(\d+))");
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), pid_pattern);
+       it != std::sregex_iterator(); ++it) {
+    pids.push_back(std::stoi((*it)[1]));
+  }
+  ASSERT_EQ(pids.size(), 4u) << output;
+
+  auto interrupted_at = SteadyClock::now();
+  ASSERT_TRUE(harness.Signal(*launcher, SIGINT).ok());
+  auto exit = harness.WaitExit(*launcher, Deadline::AfterMillis(20000));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  auto took = std::chrono::duration_cast<std::chrono::milliseconds>(SteadyClock::now() - interrupted_at);
+  EXPECT_EQ(exit->status, 130) << exit->Describe() << "\n" << harness.Output(*launcher);
+  EXPECT_LT(took.count(), 15000);
+  for (int pid : pids) {
+    EXPECT_NE(kill(pid, 0), 0) << "pid " << pid << " outlived the launcher";
+  }
+}
+
+}  // namespace
+}  // namespace tessera::testing
