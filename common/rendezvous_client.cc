@@ -54,13 +54,19 @@ StatusOr<std::unique_ptr<RendezvousClient>> RendezvousClient::Join(
 
   // Failure notices may arrive as soon as we are registered.
   RendezvousClient* raw = client.get();
-  endpoint->SetHandler(proto::Body::FailureNotice, [raw](Envelope envelope) {
+  const bool fatal = options.peer_failures_are_fatal;
+  endpoint->SetHandler(proto::Body::FailureNotice, [raw, fatal](Envelope envelope) {
     const proto::FailureNotice* notice = envelope.header->body_as_FailureNotice();
     StatusOr<Role> role = FromWireRole(notice->role());
     std::string who = role.ok() ? MemberName(*role, notice->rank()) : "an unknown process";
     std::string address = notice->address() ? notice->address()->str() : "?";
     std::string reason = notice->reason() ? notice->reason()->str() : "no reason given";
-    raw->Fail(AbortedError(who + " (" + address + ") failed: " + reason));
+    std::string what = who + " (" + address + ") failed: " + reason;
+    if (!fatal) {
+      TLOG(WARNING) << what << "; carrying on";
+      return;
+    }
+    raw->Fail(AbortedError(what));
   });
 
   uint64_t request_id = endpoint->NextRequestId();

@@ -39,6 +39,10 @@ struct RendezvousOptions {
   int64_t heartbeat_interval_ms = 1000;
   int64_t heartbeat_timeout_ms = 10000;
   int64_t request_timeout_ms = 30000;
+  // When another member fails: true, that becomes this process's failure (workers: their job
+  // cannot go on); false, it is logged and this process carries on (servers outlive jobs).
+  // Losing the coordinator is always a failure.
+  bool peer_failures_are_fatal = true;
 };
 
 // Fills the options that come straight from a ProcessConfig.

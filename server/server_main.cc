@@ -21,7 +21,6 @@
 #include "common/process_runtime.h"
 #include "common/rendezvous_client.h"
 #include "common/status.h"
-#include "common/wire_codec.h"
 #include "server/parameter_service.h"
 #include "server/tensor_store.h"
 
@@ -50,43 +49,19 @@ class FatalError {
   Status status_;  // guarded by mu_
 };
 
-// A FailureNotice, in words: "worker 2 (tcp://...) failed: no heartbeat for 10000 ms".
-std::string DescribeNotice(const proto::FailureNotice& notice) {
-  StatusOr<Role> role = FromWireRole(notice.role());
-  std::string who = role.ok() ? MemberName(*role, notice.rank()) : "an unknown process";
-  std::string address = notice.address() ? notice.address()->str() : "?";
-  std::string reason = notice.reason() ? notice.reason()->str() : "no reason given";
-  return who + " (" + address + ") failed: " + reason;
-}
-
 Status Serve(ProcessRuntime& runtime) {
   RpcEndpoint& endpoint = runtime.endpoint();
   RendezvousOptions options = RendezvousOptionsFrom(runtime.config());
   options.metrics_address = runtime.metrics_url();
+  options.peer_failures_are_fatal = false;  // so every failure the client reports is fatal
   ASSIGN_OR_RETURN(std::unique_ptr<RendezvousClient> client,
                    RendezvousClient::Join(&endpoint, options, &runtime.metrics()));
   const int rank = client->rank();
   SetLogIdentity("server", rank);
 
-  // Failure notices replace the rendezvous client's handler (SetHandler replaces): left to the
-  // client, the first notice would become its health, end its heartbeats and fail every later
-  // call, so this server could no longer notice that the coordinator itself is gone. Handled
-  // here, a notice is only logged, and every failure the client still reports comes from its
-  // heartbeats, i.e. is about the coordinator.
-  endpoint.SetHandler(proto::Body::FailureNotice, [](Envelope envelope) {
-    TLOG(WARNING) << DescribeNotice(*envelope.header->body_as_FailureNotice())
-                  << "; this server keeps serving";
-  });
+  // Only losing the coordinator reaches this callback (peer failures are logged by the client).
   auto fatal = std::make_shared<FatalError>();
   client->SetFailureCallback([&runtime, fatal, rank](const Status& status) {
-    if (status.code() == StatusCode::kAborted) {
-      // A notice that reached the client's handler before ours replaced it (Aborted is how
-      // the client words notices; its heartbeat errors never are). Not fatal, but the client
-      // has stopped heartbeating, so the coordinator will declare this server failed.
-      TLOG(WARNING) << status.message() << "; this server keeps serving, but no longer "
-                    << "heartbeats (the notice arrived during registration)";
-      return;
-    }
     fatal->Set(status.WithContext("server " + std::to_string(rank)));
     runtime.RequestStop();
   });
