@@ -79,6 +79,7 @@ std::shared_future<StatusOr<Envelope>> RpcEndpoint::CallAsync(const std::string&
   call->timeout_ms = deadline.RemainingMillis();
   call->started = SteadyClock::now();
   std::shared_future<StatusOr<Envelope>> future = call->promise.get_future().share();
+  bool wake_expiry = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) {
@@ -94,8 +95,12 @@ std::shared_future<StatusOr<Envelope>> RpcEndpoint::CallAsync(const std::string&
           InternalError(call->what + ": request id " + std::to_string(request_id) + " reused"));
       return future;
     }
+    // The expiry thread sleeps until the earliest deadline; wake it only to move that earlier
+    // (one wake-up per call would cost a context switch per request).
+    wake_expiry = deadline.when() < next_expiry_;
+    if (wake_expiry) next_expiry_ = deadline.when();
   }
-  expire_cv_.notify_all();
+  if (wake_expiry) expire_cv_.notify_all();
   Status sent = transport_->Send(address, std::move(request));
   if (!sent.ok()) Complete(request_id, sent.WithContext(call->what));
   return future;
@@ -216,6 +221,7 @@ void RpcEndpoint::ExpireLoop() {
       lock.lock();
       continue;
     }
+    next_expiry_ = next;
     if (next == SteadyClock::time_point::max()) {
       expire_cv_.wait(lock);
     } else {

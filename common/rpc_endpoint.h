@@ -98,6 +98,8 @@ class RpcEndpoint {
   Status failure_;                                             // guarded by mu_
   bool stopping_ = false;                                      // guarded by mu_
   int handlers_running_ = 0;                                   // guarded by mu_
+  // When the expiry thread wakes next (max: it waits for a notify).
+  SteadyClock::time_point next_expiry_ = SteadyClock::time_point::max();  // guarded by mu_
   std::condition_variable handlers_idle_cv_;
   std::condition_variable expire_cv_;
   std::thread expire_thread_;
