@@ -63,7 +63,7 @@ void AddWorkerFlags(CLI::App* app, WorkerFlags* flags) {
       ->check(CLI::Validator(
           [](std::string& mode) -> std::string {
             if (mode == "local") return "";
-            return "mode " + mode + " is not implemented yet; available: local";
+            return "mode " + mode + " is not available in this version; available: local (the training modes come with the parameter-server, all-reduce and ZeRO work)";
           },
           "MODE", "mode"))
       ->capture_default_str();
