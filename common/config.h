@@ -188,18 +188,6 @@ StatusOr<ProcessConfig> ParseProcessConfig(Role role, int argc, const char* cons
 //   --port=0 (default)
 std::string DescribeConfig(const ProcessConfig& config);
 
-// True for addresses only this host can reach: localhost, 127.0.0.0/8, ::1 (bracketed or not).
-// Used to warn when a listening socket is reachable from the network.
-bool IsLoopbackHost(std::string_view host);
-
-// "host:port" or "[ipv6]:port" -> {host without brackets, port}; port must be 0..65535.
-// Errors quote the text and say what is wrong (missing port, non-numeric port, IPv6 without
-// brackets, a URL scheme, ...).
-StatusOr<std::pair<std::string, int>> ParseHostPort(std::string_view text);
-
-// The inverse: brackets `host` when it contains ':' (IPv6).
-std::string JoinHostPort(std::string_view host, int port);
-
 }  // namespace tessera
 
 #endif  // TESSERA_COMMON_CONFIG_H_

@@ -4,6 +4,7 @@
 
 #include <utility>
 
+#include "common/host_port.h"
 #include "common/logging.h"
 
 namespace tessera {
@@ -11,10 +12,6 @@ namespace {
 
 constexpr char kMetricsPath[] = "/metrics";
 constexpr char kMetricsContentType[] = "text/plain; version=0.0.4; charset=utf-8";
-
-bool IsLoopback(const std::string& host) {
-  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
-}
 
 HttpResponse PlainResponse(int status, std::string body) {
   HttpResponse response;
@@ -47,7 +44,7 @@ StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   std::string host = options.bind_host == "localhost" ? "127.0.0.1" : options.bind_host;
   std::string address = host.find(':') == std::string::npos ? host : "[" + host + "]";
   std::string listening = address + ":" + std::to_string(options.port);
-  if (!IsLoopback(options.bind_host)) {
+  if (!IsLoopbackHost(options.bind_host)) {
     TLOG(WARNING) << "metrics http: binding to " << listening
                   << ", which is reachable from the network (no authentication, no TLS)";
   }

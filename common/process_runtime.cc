@@ -13,6 +13,7 @@
 #include <CLI/CLI.hpp>
 
 #include "common/fleet_view.h"
+#include "common/host_port.h"
 #include "common/logging.h"
 #include "common/metric_names.h"
 

@@ -10,7 +10,7 @@
 #include <vector>
 #include <zmq.hpp>
 
-#include "common/config.h"
+#include "common/host_port.h"
 #include "common/logging.h"
 #include "common/metric_names.h"
 #include "common/wire_codec.h"
