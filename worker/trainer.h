@@ -1,0 +1,53 @@
+// Trainer: the training loop of one worker, the same for every mode.
+//
+//   for step in 1..steps:
+//     batch   <- this rank's next `batch_size` samples (DistributedSampler order, by epoch)
+//     forward + backward on the batch (gradients into the flat gradient buffer)
+//     engine.Step(step, params, grads)        <- where the mode plugs in
+//     every `log_every` steps: a progress line; every `eval_every` steps: evaluation
+// Progress goes to the log; the summary is returned for the binary to print (and as JSON).
+//
+// Thread-safety: one thread.
+#ifndef TESSERA_WORKER_TRAINER_H_
+#define TESSERA_WORKER_TRAINER_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "common/status.h"
+#include "worker/data/dataset.h"
+#include "worker/mlp.h"
+#include "worker/training_engine.h"
+
+namespace tessera::worker {
+
+struct TrainerOptions {
+  int64_t batch_size = 64;   // per worker
+  int64_t steps = 100;
+  uint64_t seed = 0;         // parameter init and data order
+  int rank = 0;
+  int world_size = 1;
+  int64_t log_every = 10;    // 0: no progress lines
+  int64_t eval_every = 0;    // 0: evaluate only at the end
+  int64_t eval_samples = 1024;  // evaluated samples of the eval set (its first ones)
+};
+
+struct TrainingSummary {
+  int64_t steps = 0;
+  int64_t samples = 0;          // trained on by this rank
+  double final_loss = 0;        // mean training loss of the last step
+  double eval_loss = 0;
+  double eval_accuracy = 0;
+  double seconds = 0;
+  double samples_per_second = 0;
+};
+
+// Trains `model` with `params` (initialised here from options.seed, then handed to the engine)
+// and `grads` (scratch), each layout().total_size() floats. `eval` may be null.
+StatusOr<TrainingSummary> Train(const TrainerOptions& options, const data::Dataset& train,
+                                const data::Dataset* eval, Mlp* model, TrainingEngine* engine,
+                                std::vector<float>* params);
+
+}  // namespace tessera::worker
+
+#endif  // TESSERA_WORKER_TRAINER_H_

@@ -1,0 +1,134 @@
+#include "worker/trainer.h"
+
+#include <gtest/gtest.h>
+
+#include "worker/cpu_backend.h"
+#include "worker/data/synthetic_classification.h"
+#include "worker/local_engine.h"
+
+namespace tessera::worker {
+namespace {
+
+std::unique_ptr<data::SyntheticClassification> Synthetic(size_t samples, uint64_t seed) {
+  data::SyntheticClassificationOptions options;
+  options.num_samples = samples;
+  options.feature_dim = 16;
+  options.num_classes = 4;
+  options.hidden_dim = 8;
+  options.seed = seed;
+  return std::move(data::SyntheticClassification::Create(options)).value();
+}
+
+std::unique_ptr<LocalEngine> Engine(OptimizerKind kind, float lr) {
+  OptimizerOptions optimizer = DefaultOptimizerOptions(kind);
+  optimizer.lr = lr;
+  return std::move(LocalEngine::Create(optimizer, LrScheduleOptions())).value();
+}
+
+TEST(TrainerTest, LocalTrainingLearnsTheTeacher) {
+  CpuBackend backend;
+  auto train = Synthetic(4096, 1);
+  auto eval = Synthetic(4096, 1);  // same teacher; the first 1024 samples
+  auto model = std::move(Mlp::Create({16, {64}, 4}, &backend)).value();
+  auto engine = Engine(OptimizerKind::kAdam, 0.01f);
+  TrainerOptions options;
+  options.batch_size = 64;
+  options.steps = 400;
+  options.log_every = 0;
+  std::vector<float> params;
+  auto summary = Train(options, *train, eval.get(), model.get(), engine.get(), &params);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  EXPECT_EQ(summary->steps, 400);
+  EXPECT_EQ(summary->samples, 400 * 64);
+  // Chance is 0.25; the teacher is a small tanh network, which an MLP learns well.
+  EXPECT_GT(summary->eval_accuracy, 0.8) << "eval loss " << summary->eval_loss;
+  EXPECT_GT(summary->samples_per_second, 0);
+}
+
+TEST(TrainerTest, SameSeedSameParametersBitwise) {
+  CpuBackend backend;
+  auto train = Synthetic(512, 2);
+  std::vector<float> first, second;
+  for (std::vector<float>* params : {&first, &second}) {
+    auto model = std::move(Mlp::Create({16, {32}, 4}, &backend)).value();
+    auto engine = Engine(OptimizerKind::kMomentum, 0.05f);
+    TrainerOptions options;
+    options.steps = 30;
+    options.log_every = 0;
+    ASSERT_TRUE(Train(options, *train, nullptr, model.get(), engine.get(), params).ok());
+  }
+  EXPECT_EQ(first, second);
+}
+
+// The engine sees every step once, after backward, with the full gradient buffer final; this is
+// the contract the distributed engines rely on.
+class RecordingEngine final : public TrainingEngine {
+ public:
+  std::string_view name() const override { return "recording"; }
+  Status Initialize(const ParameterLayout& layout, float* params) override {
+    size_ = layout.total_size();
+    return OkStatus();
+  }
+  void OnGradientsReady(uint64_t offset, uint64_t size) override { ready_ += size; }
+  Status Step(int64_t step, float* params, float* grads) override {
+    EXPECT_EQ(step, steps_ + 1);
+    EXPECT_EQ(ready_, size_) << "Step before every gradient was ready";
+    ready_ = 0;
+    ++steps_;
+    return step == fail_at_ ? UnavailableError("server 1 is gone") : OkStatus();
+  }
+  uint64_t size_ = 0, ready_ = 0;
+  int64_t steps_ = 0;
+  int64_t fail_at_ = -1;
+};
+
+TEST(TrainerTest, EngineContractAndErrorsCarryTheStep) {
+  CpuBackend backend;
+  auto train = Synthetic(100, 3);
+  auto model = std::move(Mlp::Create({16, {8}, 4}, &backend)).value();
+  RecordingEngine engine;
+  engine.fail_at_ = 7;
+  TrainerOptions options;
+  options.steps = 10;
+  options.batch_size = 30;  // 100 samples: crosses epochs
+  options.log_every = 0;
+  std::vector<float> params;
+  auto summary = Train(options, *train, nullptr, model.get(), &engine, &params);
+  EXPECT_EQ(engine.steps_, 7);
+  EXPECT_EQ(summary.status().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(summary.status().message(), "recording step 7: server 1 is gone");
+}
+
+TEST(TrainerTest, RejectsMismatchedDatasetAndBadOptions) {
+  CpuBackend backend;
+  auto train = Synthetic(100, 3);
+  auto model = std::move(Mlp::Create({8, {8}, 4}, &backend)).value();
+  auto engine = Engine(OptimizerKind::kSgd, 0.1f);
+  std::vector<float> params;
+  TrainerOptions options;
+  auto wrong_width = Train(options, *train, nullptr, model.get(), engine.get(), &params);
+  EXPECT_NE(wrong_width.status().message().find("16 features but the model's input layer takes 8"),
+            std::string::npos)
+      << wrong_width.status();
+  auto ok_model = std::move(Mlp::Create({16, {8}, 4}, &backend)).value();
+  options.batch_size = 0;
+  EXPECT_NE(Train(options, *train, nullptr, ok_model.get(), engine.get(), &params)
+                .status()
+                .message()
+                .find("--batch-size=0"),
+            std::string::npos);
+}
+
+TEST(LocalEngineTest, OneSgdStepIsParamsMinusLrTimesGrad) {
+  auto engine = Engine(OptimizerKind::kSgd, 0.5f);
+  ParameterLayout layout;
+  ASSERT_TRUE(layout.Add("w", {3}).ok());
+  std::vector<float> params = {1, 2, 3}, grads = {0.5f, -1, 2};
+  ASSERT_TRUE(engine->Initialize(layout, params.data()).ok());
+  ASSERT_TRUE(engine->Step(1, params.data(), grads.data()).ok());
+  EXPECT_EQ(params, (std::vector<float>{0.75f, 2.5f, 2.0f}));
+  EXPECT_EQ(engine->last_lr(), 0.5f);
+}
+
+}  // namespace
+}  // namespace tessera::worker

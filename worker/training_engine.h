@@ -1,0 +1,47 @@
+// TrainingEngine: where a distributed mode plugs into the training loop.
+//
+// The trainer (worker/trainer.h) runs forward and backward on this rank's batch; everything
+// that makes training distributed happens in the engine, between backward and the next step:
+//   local      applies the optimizer to the local gradients (local_engine.h);
+//   allreduce  averages gradients across ranks, then applies the optimizer (buckets can start
+//              in OnGradientsReady, overlapping backward);
+//   ps-*       pushes gradients to the servers, which apply the optimizer, and pulls the
+//              updated parameters back;
+//   zero1-3    reduce-scatters gradients, updates this rank's slice, all-gathers parameters.
+// Parameters and gradients are flat buffers in one ParameterLayout, so every engine works on
+// plain ranges.
+//
+// Thread-safety: called from the training thread only.
+#ifndef TESSERA_WORKER_TRAINING_ENGINE_H_
+#define TESSERA_WORKER_TRAINING_ENGINE_H_
+
+#include <cstdint>
+#include <string_view>
+
+#include "common/parameter_layout.h"
+#include "common/status.h"
+
+namespace tessera::worker {
+
+class TrainingEngine {
+ public:
+  virtual ~TrainingEngine() = default;
+
+  virtual std::string_view name() const = 0;
+
+  // Once, before the first step. `params` holds this rank's initial parameters; an engine may
+  // replace them (broadcast from rank 0, pull from the servers) and allocates its state.
+  virtual Status Initialize(const ParameterLayout& layout, float* params) = 0;
+
+  // During backward: grads[offset, offset + size) are final (last layer first). The default
+  // does nothing; an engine that overlaps communication with backward starts it here.
+  virtual void OnGradientsReady(uint64_t offset, uint64_t size) {}
+
+  // After backward of update number `step` (1-based): turns this rank's gradients into the
+  // parameters for the next step, in place. `grads` may be overwritten.
+  virtual Status Step(int64_t step, float* params, float* grads) = 0;
+};
+
+}  // namespace tessera::worker
+
+#endif  // TESSERA_WORKER_TRAINING_ENGINE_H_
