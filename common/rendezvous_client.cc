@@ -123,14 +123,15 @@ void RendezvousClient::SetFailureCallback(std::function<void(const Status&)> cal
   Status already;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    on_failure_ = std::move(callback);
     already = health_;
-    if (!already.ok() && on_failure_) {
-      auto run = std::move(on_failure_);
-      on_failure_ = nullptr;
-      run(already);
+    if (already.ok()) {
+      on_failure_ = std::move(callback);
+      return;
     }
   }
+  // The failure happened before the callback was set: run it now, outside the lock (it may
+  // call health()).
+  if (callback) callback(already);
 }
 
 void RendezvousClient::Fail(const Status& status) {
