@@ -14,7 +14,7 @@ StatusOr<std::unique_ptr<RpcEndpoint>> RpcEndpoint::Start(const ZmqTransportOpti
   endpoint->role_ = options.role;
   endpoint->rank_ = options.rank;
   if (metrics != nullptr) {
-    ASSIGN_OR_RETURN(endpoint->latency_,
+    ASSIGN_OR_RETURN(endpoint->latency_family_,
                      metrics->RegisterHistogram(metric_names::kRpcLatencySeconds.name,
                                                 metric_names::kRpcLatencySeconds.help, {"type"},
                                                 DefaultLatencyBuckets()));
@@ -156,10 +156,15 @@ void RpcEndpoint::OnMessage(Envelope envelope) {
                                                  call->address));
         return;
       }
-      if (latency_ != nullptr) {
-        StatusOr<Histogram*> h = latency_->WithLabels({std::string(BodyName(type))});
-        if (h.ok()) {
-          (*h)->Observe(std::chrono::duration<double>(SteadyClock::now() - call->started).count());
+      if (latency_family_ != nullptr) {
+        Histogram*& latency = latency_[static_cast<size_t>(type)];
+        if (latency == nullptr) {
+          StatusOr<Histogram*> child = latency_family_->WithLabels({std::string(BodyName(type))});
+          if (child.ok()) latency = *child;
+        }
+        if (latency != nullptr) {
+          latency->Observe(
+              std::chrono::duration<double>(SteadyClock::now() - call->started).count());
         }
       }
       call->promise.set_value(std::move(envelope));

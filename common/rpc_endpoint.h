@@ -17,6 +17,7 @@
 #ifndef TESSERA_COMMON_RPC_ENDPOINT_H_
 #define TESSERA_COMMON_RPC_ENDPOINT_H_
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <thread>
@@ -31,6 +32,7 @@
 #include "common/metrics.h"
 #include "common/status.h"
 #include "common/transport.h"
+#include "common/wire_codec.h"
 #include "common/zmq_transport.h"
 
 namespace tessera {
@@ -87,7 +89,10 @@ class RpcEndpoint {
   void ExpireLoop();
 
   std::unique_ptr<ZmqTransport> transport_;
-  HistogramFamily* latency_ = nullptr;
+  // Reply latency by body type (family null without a registry); each child is looked up on
+  // its type's first reply and cached. Both are touched on the transport's I/O thread only.
+  HistogramFamily* latency_family_ = nullptr;
+  std::array<Histogram*, kBodyTypeCount> latency_{};
   std::atomic<uint64_t> next_request_id_{1};
   std::atomic<proto::Role> role_{proto::Role::Unknown};
   std::atomic<int32_t> rank_{-1};

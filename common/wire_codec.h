@@ -53,6 +53,8 @@ VerifyResult VerifyMessage(const Message& message, uint64_t max_message_bytes);
 
 // Bytes per element of `dtype`; 0 for a value outside the enum.
 size_t DTypeSize(proto::DType dtype);
+// Number of Body union values, NONE included: the size of a table indexed by body type.
+inline constexpr size_t kBodyTypeCount = static_cast<size_t>(proto::Body::MAX) + 1;
 std::string_view RoleLabel(proto::Role role);  // "coordinator", "server", "worker", ...
 // "worker 2", "coordinator", "unknown sender".
 std::string DescribeSender(const proto::Header& header);

@@ -3,6 +3,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <array>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -44,11 +45,11 @@ Payload FromZmqFrame(zmq::message_t&& frame) {
   return Payload::Borrow(data, size, std::move(holder));
 }
 
-std::string MessageType(const Message& message) {
-  if (message.header.empty()) return "invalid";
+// The body type of an outbound message (NONE for an empty header).
+proto::Body MessageType(const Message& message) {
+  if (message.header.empty()) return proto::Body::NONE;
   // Our own outbound headers were built by MessageBuilder and need no verification.
-  const proto::Header* header = proto::GetHeader(message.header.data());
-  return std::string(BodyName(header->body_type()));
+  return proto::GetHeader(message.header.data())->body_type();
 }
 
 enum class SendOutcome { kSent, kWouldBlock, kFailed };
@@ -103,9 +104,10 @@ struct ZmqTransport::Impl {
   std::atomic<int32_t> rank;
   std::atomic<proto::Role> role;
 
-  // Metrics (null when no registry was given).
-  CounterFamily* sent_by_type = nullptr;
-  CounterFamily* received_by_type = nullptr;
+  // Metrics (null when no registry was given). The per-type counters are looked up once, at
+  // registration, so counting a message costs one atomic add and no lock.
+  std::array<Counter*, kBodyTypeCount> sent_by_type{};
+  std::array<Counter*, kBodyTypeCount> received_by_type{};
   CounterFamily* bad_by_reason = nullptr;
   Counter* bytes_sent = nullptr;
   Counter* bytes_received = nullptr;
@@ -118,12 +120,17 @@ struct ZmqTransport::Impl {
 
   Status RegisterMetrics(MetricsRegistry* metrics) {
     namespace names = metric_names;
-    ASSIGN_OR_RETURN(sent_by_type, metrics->RegisterCounter(names::kMessagesSentTotal.name,
-                                                            names::kMessagesSentTotal.help,
-                                                            {"type"}));
-    ASSIGN_OR_RETURN(received_by_type,
+    ASSIGN_OR_RETURN(CounterFamily * sent, metrics->RegisterCounter(names::kMessagesSentTotal.name,
+                                                                    names::kMessagesSentTotal.help,
+                                                                    {"type"}));
+    ASSIGN_OR_RETURN(CounterFamily * received,
                      metrics->RegisterCounter(names::kMessagesReceivedTotal.name,
                                               names::kMessagesReceivedTotal.help, {"type"}));
+    for (size_t type = 1; type < kBodyTypeCount; ++type) {  // every body but NONE
+      std::string label(BodyName(static_cast<proto::Body>(type)));
+      ASSIGN_OR_RETURN(sent_by_type[type], sent->WithLabels({label}));
+      ASSIGN_OR_RETURN(received_by_type[type], received->WithLabels({label}));
+    }
     ASSIGN_OR_RETURN(bad_by_reason, metrics->RegisterCounter(names::kBadMessagesTotal.name,
                                                              names::kBadMessagesTotal.help,
                                                              {"reason"}));
@@ -147,10 +154,9 @@ struct ZmqTransport::Impl {
     return OkStatus();
   }
 
-  static void Count(CounterFamily* family, const std::string& label) {
-    if (family == nullptr) return;
-    StatusOr<Counter*> child = family->WithLabels({label});
-    if (child.ok()) (*child)->Increment();
+  static void Count(const std::array<Counter*, kBodyTypeCount>& by_type, proto::Body type) {
+    Counter* counter = by_type[static_cast<size_t>(type)];
+    if (counter != nullptr) counter->Increment();
   }
 
   void Wake() {
@@ -338,7 +344,8 @@ struct ZmqTransport::Impl {
     } catch (const zmq::error_t& e) {
       if (send_failures) send_failures->Increment();
       const char* reason = e.num() == EHOSTUNREACH ? "the peer has disconnected" : e.what();
-      TLOG(WARNING) << "transport " << router_address << ": dropped " << MessageType(message)
+      TLOG(WARNING) << "transport " << router_address << ": dropped "
+                    << BodyName(MessageType(message))
                     << (routing_id ? " reply" : " message") << ": " << reason;
       return SendOutcome::kFailed;
     }
@@ -422,7 +429,10 @@ struct ZmqTransport::Impl {
       verified = VerifyMessage(message, options.max_message_bytes);
     }
     if (!verified.status.ok()) {
-      Count(bad_by_reason, std::string(verified.reason));
+      if (bad_by_reason != nullptr) {  // rare: a lookup here is fine
+        StatusOr<Counter*> bad = bad_by_reason->WithLabels({std::string(verified.reason)});
+        if (bad.ok()) (*bad)->Increment();
+      }
       if (bad_messages_logged++ < 20 || bad_messages_logged % 1000 == 0) {
         TLOG(WARNING) << "transport " << router_address << ": rejected a message from " << from
                       << ": " << verified.status.message();
@@ -437,7 +447,7 @@ struct ZmqTransport::Impl {
       }
       return;
     }
-    Count(received_by_type, std::string(BodyName(verified.header->body_type())));
+    Count(received_by_type, verified.header->body_type());
     Envelope envelope;
     envelope.origin = std::move(origin);
     envelope.header = verified.header;

@@ -291,24 +291,20 @@ void Coordinator::HandleBarrier(const Envelope& envelope) {
   TryReleaseBarriers();
 }
 
-std::string Coordinator::Missing(const PendingBarrier& barrier) const {
+std::vector<std::string> Coordinator::Missing(const PendingBarrier& barrier) const {
   std::vector<std::string> missing;
   for (const auto& [key, member] : members_) {
     if (IsParticipant(member, barrier.scope) && !barrier.arrived.count(key)) {
       missing.push_back(member.info.Name());
     }
   }
-  return JoinNames(missing);
+  return missing;
 }
 
 void Coordinator::TryReleaseBarriers() {
   for (auto it = barriers_.begin(); it != barriers_.end();) {
     PendingBarrier& barrier = it->second;
-    bool all_here = true;
-    for (const auto& [key, member] : members_) {
-      if (IsParticipant(member, barrier.scope) && !barrier.arrived.count(key)) all_here = false;
-    }
-    if (!all_here) {
+    if (!Missing(barrier).empty()) {
       ++it;
       continue;
     }
@@ -409,7 +405,7 @@ Status Coordinator::CheckTimers() {
     Status timeout = DeadlineExceededError(
         "barrier '" + barrier.name + "' generation " + std::to_string(barrier.generation) +
         " timed out after " + std::to_string(barrier.timeout_ms) + " ms waiting for " +
-        Missing(barrier));
+        JoinNames(Missing(barrier)));
     TLOG(WARNING) << timeout.message();
     for (auto& [key, arrival] : barrier.arrived) ReplyError(arrival.route, arrival.request_id, timeout);
     it = barriers_.erase(it);

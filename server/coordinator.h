@@ -95,7 +95,8 @@ class Coordinator {
   void DeclareFailed(Member& member, const std::string& reason);
   void TryReleaseBarriers();
   bool IsParticipant(const Member& member, const std::optional<Role>& scope) const;
-  std::string Missing(const PendingBarrier& barrier) const;
+  // The live participants of `barrier` that have not arrived, by name.
+  std::vector<std::string> Missing(const PendingBarrier& barrier) const;
 
   Member* FindLive(const proto::Header& header);
   void ReplyError(const Origin& route, uint64_t request_id, const Status& status);
