@@ -177,6 +177,10 @@ const Field kFields[kNumFields] = {
          return "Address the rendezvous socket listens on; port 0: the OS picks. "
                 "Env: MASTER_ADDR + MASTER_PORT";
        }
+       if (role == Role::kWorker) {
+         return "Address of the coordinator (required except for a standalone --mode local "
+                "worker). Env: MASTER_ADDR + MASTER_PORT";
+       }
        return "Address of the coordinator (required). Env: MASTER_ADDR + MASTER_PORT";
      }},
     {kBindHost, "--bind-host", nullptr, "HOST", kForAll, true,
@@ -512,16 +516,21 @@ Status ValidateConfig(const ProcessConfig& c) {
     return OutOfRange(c, kLocalRank, "must be < " + Named(c, kNumWorkers));
   }
 
-  if (c.coordinator.empty()) {
+  // A worker without a coordinator runs standalone (tessera-worker --mode local); the worker
+  // rejects the fleet modes without one.
+  int coordinator_port = 0;
+  if (!c.coordinator.empty()) {
+    StatusOr<std::pair<std::string, int>> coordinator = ParseHostPort(c.coordinator);
+    if (!coordinator.ok()) return coordinator.status().WithContext(Named(c, kCoordinator));
+    coordinator_port = coordinator->second;
+    if (!is_coordinator && coordinator_port == 0) {
+      return InvalidArgumentError(Named(c, kCoordinator) +
+                                  ": port 0 cannot be connected to; give the coordinator's port");
+    }
+  } else if (c.role != Role::kWorker) {
     return InvalidArgumentError(
         "--coordinator is required for a " + std::string(RoleName(c.role)) +
         ": HOST:PORT of the coordinator (or set MASTER_ADDR and MASTER_PORT)");
-  }
-  StatusOr<std::pair<std::string, int>> coordinator = ParseHostPort(c.coordinator);
-  if (!coordinator.ok()) return coordinator.status().WithContext(Named(c, kCoordinator));
-  if (!is_coordinator && coordinator->second == 0) {
-    return InvalidArgumentError(Named(c, kCoordinator) +
-                                ": port 0 cannot be connected to; give the coordinator's port");
   }
 
   if (c.bind_host.empty()) return InvalidArgumentError("--bind-host is empty");
@@ -535,7 +544,7 @@ Status ValidateConfig(const ProcessConfig& c) {
   if (c.metrics_port != 0 && c.metrics_port == c.port) {
     return InvalidArgumentError(Named(c, kMetricsPort) + " is the same port as " + Named(c, kPort));
   }
-  if (is_coordinator && c.metrics_port != 0 && c.metrics_port == coordinator->second) {
+  if (is_coordinator && c.metrics_port != 0 && c.metrics_port == coordinator_port) {
     return InvalidArgumentError(Named(c, kMetricsPort) + " is the same port as " +
                                 Named(c, kCoordinator));
   }

@@ -76,12 +76,13 @@ TEST(ProcessConfigTest, CoordinatorDefaultsToListeningOnLoopbackFreePort) {
   EXPECT_TRUE(config->sources.empty());
 }
 
-TEST(ProcessConfigTest, WorkerAndServerNeedACoordinator) {
-  for (Role role : {Role::kWorker, Role::kServer}) {
-    std::string message = ParseError(role, {});
-    EXPECT_THAT(message, HasSubstr("--coordinator is required"));
-    EXPECT_THAT(message, HasSubstr("MASTER_ADDR"));
-  }
+TEST(ProcessConfigTest, ServerNeedsACoordinatorAndAWorkerMayRunStandalone) {
+  std::string message = ParseError(Role::kServer, {});
+  EXPECT_THAT(message, HasSubstr("--coordinator is required"));
+  EXPECT_THAT(message, HasSubstr("MASTER_ADDR"));
+  StatusOr<ProcessConfig> standalone = Parse(Role::kWorker, {});
+  ASSERT_TRUE(standalone.ok()) << standalone.status();
+  EXPECT_EQ(standalone->coordinator, "");
 }
 
 TEST(ProcessConfigTest, EveryFlagIsApplied) {
@@ -471,9 +472,11 @@ TEST(ApplyEnvironmentTest, SkipsFieldsGivenAsFlags) {
 
 TEST(ValidateConfigTest, DefaultsOfEachRoleAreValidOnceACoordinatorIsKnown) {
   EXPECT_TRUE(ValidateConfig(DefaultProcessConfig(Role::kCoordinator)).ok());
+  // A worker without a coordinator is a standalone --mode local worker.
+  EXPECT_TRUE(ValidateConfig(DefaultProcessConfig(Role::kWorker)).ok());
+  EXPECT_FALSE(ValidateConfig(DefaultProcessConfig(Role::kServer)).ok());
   for (Role role : {Role::kServer, Role::kWorker}) {
     ProcessConfig config = DefaultProcessConfig(role);
-    EXPECT_FALSE(ValidateConfig(config).ok());
     config.coordinator = "localhost:1";
     EXPECT_TRUE(ValidateConfig(config).ok()) << ValidateConfig(config);
   }

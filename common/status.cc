@@ -17,6 +17,7 @@ std::string_view StatusCodeName(StatusCode code) {
     case StatusCode::kUnimplemented: return "UNIMPLEMENTED";
     case StatusCode::kInternal: return "INTERNAL";
     case StatusCode::kUnavailable: return "UNAVAILABLE";
+    case StatusCode::kResourceExhausted: return "RESOURCE_EXHAUSTED";
     case StatusCode::kDataLoss: return "DATA_LOSS";
   }
   return "UNKNOWN";
@@ -56,6 +57,9 @@ Status OutOfRangeError(std::string m) { return Status(StatusCode::kOutOfRange, s
 Status UnimplementedError(std::string m) { return Status(StatusCode::kUnimplemented, std::move(m)); }
 Status InternalError(std::string m) { return Status(StatusCode::kInternal, std::move(m)); }
 Status UnavailableError(std::string m) { return Status(StatusCode::kUnavailable, std::move(m)); }
+Status ResourceExhaustedError(std::string m) {
+  return Status(StatusCode::kResourceExhausted, std::move(m));
+}
 Status DataLossError(std::string m) { return Status(StatusCode::kDataLoss, std::move(m)); }
 Status CancelledError(std::string m) { return Status(StatusCode::kCancelled, std::move(m)); }
 

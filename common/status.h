@@ -28,6 +28,7 @@ enum class StatusCode : int {
   kDeadlineExceeded = 4,
   kNotFound = 5,
   kAlreadyExists = 6,
+  kResourceExhausted = 8,
   kFailedPrecondition = 9,
   kAborted = 10,
   kOutOfRange = 11,
@@ -74,6 +75,7 @@ Status OutOfRangeError(std::string message);
 Status UnimplementedError(std::string message);
 Status InternalError(std::string message);
 Status UnavailableError(std::string message);
+Status ResourceExhaustedError(std::string message);
 Status DataLossError(std::string message);
 Status CancelledError(std::string message);
 

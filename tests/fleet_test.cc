@@ -54,7 +54,8 @@ FleetIds StartFleet(FleetHarness& fleet, int servers, int workers,
   }
   for (int r = 0; r < workers; ++r) {
     auto id = fleet.Start("worker " + std::to_string(r), "worker/tessera-worker",
-                          Concat(Concat(join, worker_flags), {"--rank", std::to_string(r)}));
+                          Concat(Concat(join, Concat({"--mode", "smoke"}, worker_flags)),
+                                 {"--rank", std::to_string(r)}));
     EXPECT_TRUE(id.ok()) << id.status();
     ids.workers.push_back(*id);
   }
@@ -90,7 +91,7 @@ TEST(FleetTest, ProcessThatNeverArrivesIsNamedByEveryone) {
   started.push_back(*fleet.Start("server 0", "server/tessera-server", Concat(join, {"--rank", "0"})));
   for (int r : {0, 2}) {  // worker 1 never comes
     started.push_back(*fleet.Start("worker " + std::to_string(r), "worker/tessera-worker",
-                                   Concat(join, {"--rank", std::to_string(r)})));
+                                   Concat(join, {"--mode", "smoke", "--rank", std::to_string(r)})));
   }
   for (int id : started) {
     auto exit = fleet.WaitExit(id, Deadline::AfterMillis(kJobMs));

@@ -25,7 +25,7 @@ int CountLines(const std::string& text, const std::regex& pattern) {
 
 TEST(LaunchTest, StartsTheFleetAnnouncesEveryChildAndSucceeds) {
   FleetHarness harness;
-  auto launcher = harness.Start("launcher", "tools/tessera-launch", {"--servers", "2", "--workers", "2"});
+  auto launcher = harness.Start("launcher", "tools/tessera-launch", {"--servers", "2", "--workers", "2", "--mode", "smoke"});
   ASSERT_TRUE(launcher.ok()) << launcher.status();
   auto exit = harness.WaitExit(*launcher, Deadline::AfterMillis(kRunMs));
   ASSERT_TRUE(exit.ok()) << exit.status();
@@ -42,7 +42,8 @@ TEST(LaunchTest, FailingWorkerStopsTheFleetAndIsNamed) {
   FleetHarness harness;
   // --rounds 0 is rejected by the worker's flag parser: every worker exits with status 2.
   auto launcher = harness.Start("launcher", "tools/tessera-launch",
-                                {"--servers", "1", "--workers", "2", "--", "--rounds", "0"});
+                                {"--servers", "1", "--workers", "2", "--mode", "smoke", "--", "--rounds",
+                                 "0"});
   ASSERT_TRUE(launcher.ok()) << launcher.status();
   auto exit = harness.WaitExit(*launcher, Deadline::AfterMillis(kRunMs));
   ASSERT_TRUE(exit.ok()) << exit.status();
@@ -56,7 +57,7 @@ TEST(LaunchTest, FailingWorkerStopsTheFleetAndIsNamed) {
 TEST(LaunchTest, InterruptStopsEveryProcessWithinSeconds) {
   FleetHarness harness;
   auto launcher = harness.Start("launcher", "tools/tessera-launch",
-                                {"--servers", "1", "--workers", "2", "--grace", "5", "--",
+                                {"--servers", "1", "--workers", "2", "--mode", "smoke", "--grace", "5", "--",
                                  "--rounds", "100000", "--round-interval-ms", "20"});
   ASSERT_TRUE(launcher.ok()) << launcher.status();
   ASSERT_TRUE(harness.WaitForLine(*launcher, "all-reduce round 10 of", Deadline::AfterMillis(kRunMs)).ok())
@@ -81,6 +82,25 @@ TEST(LaunchTest, InterruptStopsEveryProcessWithinSeconds) {
   for (int pid : pids) {
     EXPECT_NE(kill(pid, 0), 0) << "pid " << pid << " outlived the launcher";
   }
+}
+
+// The single-process trainer under the launcher: `tessera-launch --workers 1 --mode local`
+// forwards the training flags and the worker's JSON summary reaches the launcher's output.
+TEST(LaunchTest, LocalModeTrainsOneWorkerAndReportsJson) {
+  FleetHarness harness;
+  auto launcher = harness.Start("launcher", "tools/tessera-launch",
+                                {"--workers", "1", "--mode", "local", "--", "--steps", "30",
+                                 "--hidden", "32", "--train-samples", "2000", "--input-dim", "16",
+                                 "--classes", "4", "--optimizer", "adam", "--lr", "0.01",
+                                 "--device", "cpu", "--json"});
+  ASSERT_TRUE(launcher.ok()) << launcher.status();
+  auto exit = harness.WaitExit(*launcher, Deadline::AfterMillis(kRunMs));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  std::string output = harness.Output(*launcher);
+  EXPECT_TRUE(exit->success()) << exit->Describe() << "\n" << output;
+  EXPECT_TRUE(std::regex_search(output, std::regex(R"(\[worker 0\] \{"batch_size":64,.*"mode":"local".*"steps":30)")))
+      << output;
+  EXPECT_NE(output.find("step 30/30 loss"), std::string::npos) << output;
 }
 
 }  // namespace

@@ -112,7 +112,10 @@ check_endpoint() {
 }
 
 # Arguments after the first -- go to every worker.
-launch_args=(--servers 2 --workers 2 --linger "$linger_seconds" "$@")
+launch_args=(--servers 2 --workers 2 --linger "$linger_seconds")
+# The smoke job unless the caller picked a mode.
+[[ " $* " == *" --mode"* ]] || launch_args+=(--mode smoke)
+launch_args+=("$@")
 if [[ " $* " != *" -- "* ]]; then
   launch_args+=(--)
 fi

@@ -4,7 +4,10 @@
 #ifndef TESSERA_WORKER_LOCAL_ENGINE_H_
 #define TESSERA_WORKER_LOCAL_ENGINE_H_
 
+#include <memory>
 #include <vector>
+
+#include "common/embedding_table.h"
 
 #include "common/lr_schedule.h"
 #include "common/optimizer.h"
@@ -19,8 +22,12 @@ class LocalEngine final : public TrainingEngine {
                                                        const LrScheduleOptions& schedule);
 
   std::string_view name() const override { return "local"; }
-  Status Initialize(const ParameterLayout& layout, float* params) override;
-  Status Step(int64_t step, float* params, float* grads) override;
+  // Holds every embedding table whole (rows created on first touch).
+  Status Initialize(const ParameterLayout& layout, const std::vector<EmbeddingTableSpec>& tables,
+                    float* params) override;
+  Status LookupRows(size_t table, const std::vector<int64_t>& ids, float* values) override;
+  Status Step(int64_t step, float* params, float* grads,
+              const std::vector<SparseRows>& sparse) override;
 
   // The learning rate the last Step used.
   float last_lr() const { return last_lr_; }
@@ -33,6 +40,7 @@ class LocalEngine final : public TrainingEngine {
   const LrScheduleOptions schedule_;
   uint64_t size_ = 0;
   std::vector<float> state_;
+  std::vector<std::unique_ptr<EmbeddingTable>> tables_;
   float last_lr_ = 0;
 };
 

@@ -1,89 +1,77 @@
-// Mlp: a multi-layer perceptron classifier, Linear -> ReLU -> ... -> Linear -> softmax
-// cross-entropy, with explicit forward and backward passes written on a ComputeBackend.
+// Mlp: a multi-layer perceptron classifier,
+//   Linear -> [LayerNorm] -> ReLU|GELU -> ... -> Linear -> softmax cross-entropy,
+// built from Sequential layers. Parameters are "mlp.<i>.weight" / "mlp.<i>.bias" with i the
+// layer's position (PyTorch's nn.Sequential naming: with ReLU and no LayerNorm the linear
+// layers are mlp.0, mlp.2, mlp.4, ...).
 //
-// Parameters live in one flat buffer described by layout() ("fc<i>.weight" [out, in] and
-// "fc<i>.bias" [out], in layer order), gradients in a second buffer of the same layout. The
-// model owns neither: the caller (a trainer, an engine) owns both, so distributed engines can
-// all-reduce, shard or push them as plain ranges.
+// The default, 784-1024-1024-10, has 1.86 M parameters (the size PyTorch is compared at in
+// docs/benchmarks.md).
 //
-// Thread-safety: one thread at a time (the model keeps the batch's activations between
-// forward and backward).
+// Thread-safety: as Model.
 #ifndef TESSERA_WORKER_MLP_H_
 #define TESSERA_WORKER_MLP_H_
 
 #include <cstdint>
-#include <functional>
 #include <memory>
+#include <string>
+#include <string_view>
 #include <vector>
 
-#include "common/parameter_layout.h"
 #include "common/status.h"
-#include "worker/compute_backend.h"
+#include "worker/model.h"
 
 namespace tessera::worker {
+
+enum class Activation { kRelu, kGelu };
+// "relu" / "gelu"; InvalidArgument naming the value otherwise.
+StatusOr<Activation> ParseActivation(std::string_view name);
 
 struct MlpOptions {
   int64_t input_dim = 784;
   std::vector<int64_t> hidden = {1024, 1024};
   int64_t classes = 10;
+  Activation activation = Activation::kRelu;
+  bool layer_norm = false;  // a LayerNorm after every hidden Linear, before the activation
 };
 
-struct StepStats {
-  double loss = 0;       // mean over the batch
-  int64_t correct = 0;   // argmax == label
-  int64_t samples = 0;
-};
+// Appends the hidden part of an MLP (Linear, [LayerNorm], activation per hidden width) and,
+// when output_dim > 0, a last Linear to output_dim, to `net`. Shared with CtrModel.
+Status AppendMlpLayers(int64_t input_dim, const std::vector<int64_t>& hidden, int64_t output_dim,
+                       Activation activation, bool layer_norm, ComputeBackend* backend,
+                       Sequential* net);
 
-// Called during Backward as soon as the gradients [offset, offset + size) of the flat
-// gradient buffer are final, last layer first: the hook for overlapping communication with
-// backward (DDP buckets). May be empty.
-using GradientsReady = std::function<void(uint64_t offset, uint64_t size)>;
-
-class Mlp {
+class Mlp final : public Model {
  public:
-  // InvalidArgument naming the option for non-positive sizes.
+  // InvalidArgument naming the option for non-positive sizes or fewer than 2 classes.
   static StatusOr<std::unique_ptr<Mlp>> Create(const MlpOptions& options, ComputeBackend* backend);
 
-  const ParameterLayout& layout() const { return layout_; }
-
-  // Fills `params` (layout().total_size() floats) deterministically from `seed`: weights and
-  // biases uniform in +-1/sqrt(fan_in), PyTorch nn.Linear's default.
-  void InitializeParameters(uint64_t seed, float* params) const;
-
-  // Forward and backward on `batch` samples (features: batch x input_dim, row-major; labels in
-  // [0, classes)): overwrites `grads` with the gradient of the mean loss. InvalidArgument
-  // naming the sample for an out-of-range label.
-  StatusOr<StepStats> ForwardBackward(const float* params, const float* features,
-                                      const int64_t* labels, int64_t batch, float* grads,
-                                      const GradientsReady& on_ready = nullptr);
-  // Forward only.
-  StatusOr<StepStats> Evaluate(const float* params, const float* features, const int64_t* labels,
-                               int64_t batch);
+  std::string_view name() const override { return "mlp"; }
+  const ParameterLayout& layout() const override { return layout_; }
+  const std::vector<EmbeddingTableSpec>& embedding_tables() const override { return no_tables_; }
+  int64_t input_dim() const override { return options_.input_dim; }
+  int64_t num_classes() const override { return options_.classes; }
+  // Every layer from one std::mt19937_64(seed), in layer order: weights and biases uniform in
+  // +-1/sqrt(fan_in) (nn.Linear's default), LayerNorm weight 1 and bias 0.
+  void InitializeParameters(uint64_t seed, float* params) const override;
+  StatusOr<StepStats> ForwardBackward(const float* params, const data::Batch& batch,
+                                      std::vector<SparseRows>* sparse, float* grads,
+                                      const GradientsReady& on_ready) override;
+  StatusOr<StepStats> Evaluate(const float* params, const data::Batch& batch,
+                               std::vector<SparseRows>* sparse) override;
 
  private:
-  struct Linear {
-    int64_t in = 0, out = 0;
-    const ParameterView* weight = nullptr;
-    const ParameterView* bias = nullptr;
-  };
+  Mlp(const MlpOptions& options, ComputeBackend* backend)
+      : options_(options), backend_(backend), net_(backend), inputs_(backend),
+        probabilities_(backend), dlogits_(backend) {}
+  StatusOr<StepStats> Forward(const float* params, const data::Batch& batch);
 
-  Mlp(ComputeBackend* backend, int64_t input_dim, int64_t classes)
-      : backend_(backend), input_dim_(input_dim), classes_(classes) {}
-  Status CheckLabels(const int64_t* labels, int64_t batch) const;
-  StepStats Forward(const float* params, const float* features, const int64_t* labels,
-                    int64_t batch);
-
+  const MlpOptions options_;
   ComputeBackend* const backend_;
-  const int64_t input_dim_;
-  const int64_t classes_;
+  const std::vector<EmbeddingTableSpec> no_tables_;
   ParameterLayout layout_;
-  std::vector<Linear> layers_;
-  // Per batch: pre_activations_[i] is layer i's output before ReLU (batch x out);
-  // inputs_[i] is layer i's input (inputs_[0] points at the caller's features).
-  std::vector<std::vector<float>> pre_activations_;
-  std::vector<std::vector<float>> activations_;
-  std::vector<float> probabilities_;
-  std::vector<float> delta_, next_delta_;
+  Sequential net_;
+  DeviceBatch inputs_;
+  DeviceBuffer<float> probabilities_, dlogits_;
 };
 
 }  // namespace tessera::worker

@@ -7,26 +7,78 @@
 
 #include "common/logging.h"
 #include "worker/data/distributed_sampler.h"
+#include "worker/device_buffer.h"
 
 namespace tessera::worker {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// The model's view of the parameters and gradients: the host vectors themselves on the CPU,
+// device copies on a GPU.
+class ModelBuffers {
+ public:
+  ModelBuffers(ComputeBackend* backend, std::vector<float>* params, std::vector<float>* grads)
+      : backend_(backend), host_params_(params), host_grads_(grads), params_(backend),
+        grads_(backend) {}
+
+  Status Allocate() {
+    if (backend_->host_memory()) return OkStatus();
+    RETURN_IF_ERROR(params_.Resize(host_params_->size()));
+    return grads_.Resize(host_grads_->size());
+  }
+  bool mirrored() const { return !backend_->host_memory(); }
+  const float* params() const { return mirrored() ? params_.data() : host_params_->data(); }
+  float* grads() { return mirrored() ? grads_.data() : host_grads_->data(); }
+  void UploadParams() {
+    if (mirrored()) {
+      backend_->CopyToDevice(params_.data(), host_params_->data(), bytes(*host_params_));
+    }
+  }
+  void DownloadGrads() {
+    if (mirrored()) backend_->CopyToHost(host_grads_->data(), grads_.data(), bytes(*host_grads_));
+  }
+
+ private:
+  static size_t bytes(const std::vector<float>& v) { return v.size() * sizeof(float); }
+
+  ComputeBackend* const backend_;
+  std::vector<float>* const host_params_;
+  std::vector<float>* const host_grads_;
+  DeviceBuffer<float> params_, grads_;
+};
+
+// Groups the batch's sparse ids per table and fetches the rows from the engine.
+Status FetchRows(const data::Batch& batch, const Model& model, TrainingEngine* engine,
+                 std::vector<SparseRows>* sparse) {
+  const auto& tables = model.embedding_tables();
+  if (tables.empty() && batch.sparse_fields == 0) {
+    sparse->clear();
+    return OkStatus();
+  }
+  RETURN_IF_ERROR(GroupSparseIds(batch, tables, sparse));
+  for (size_t t = 0; t < tables.size(); ++t) {
+    RETURN_IF_ERROR(engine->LookupRows(t, (*sparse)[t].ids, (*sparse)[t].values.data())
+                        .WithContext("rows of table '" + tables[t].name + "'"));
+  }
+  return OkStatus();
+}
+
 StatusOr<StepStats> EvaluateOn(const data::Dataset& eval, int64_t samples, int64_t batch_size,
-                               Mlp* model, const float* params) {
+                               Model* model, TrainingEngine* engine, const float* params) {
   StepStats total;
   const size_t count = std::min<size_t>(eval.size(), static_cast<size_t>(samples));
+  data::Batch batch;
+  std::vector<SparseRows> sparse;
+  std::vector<size_t> indices;
   for (size_t begin = 0; begin < count; begin += static_cast<size_t>(batch_size)) {
-    std::vector<size_t> indices;
+    indices.clear();
     for (size_t i = begin; i < std::min(count, begin + static_cast<size_t>(batch_size)); ++i) {
       indices.push_back(i);
     }
-    data::Batch batch;
-    RETURN_IF_ERROR(data::MakeBatch(eval, indices, &batch));
-    ASSIGN_OR_RETURN(StepStats stats,
-                     model->Evaluate(params, batch.features.data(), batch.labels.data(),
-                                     static_cast<int64_t>(batch.size)));
+    RETURN_IF_ERROR(data::MakeBatch(eval, indices, &batch).WithContext("evaluation"));
+    RETURN_IF_ERROR(FetchRows(batch, *model, engine, &sparse).WithContext("evaluation"));
+    ASSIGN_OR_RETURN(StepStats stats, model->Evaluate(params, batch, &sparse));
     total.loss += stats.loss * static_cast<double>(stats.samples);
     total.correct += stats.correct;
     total.samples += stats.samples;
@@ -35,22 +87,46 @@ StatusOr<StepStats> EvaluateOn(const data::Dataset& eval, int64_t samples, int64
   return total;
 }
 
+double Accuracy(const StepStats& stats) {
+  return static_cast<double>(stats.correct) / static_cast<double>(std::max<int64_t>(1, stats.samples));
+}
+
 }  // namespace
 
+int64_t TotalSteps(const TrainerOptions& options, size_t train_size) {
+  if (options.steps > 0 || options.epochs <= 0 || options.batch_size < 1) return options.steps;
+  const int64_t world = std::max(1, options.world_size);
+  const int64_t per_rank = (static_cast<int64_t>(train_size) + world - 1) / world;
+  return options.epochs * ((per_rank + options.batch_size - 1) / options.batch_size);
+}
+
 StatusOr<TrainingSummary> Train(const TrainerOptions& options, const data::Dataset& train,
-                                const data::Dataset* eval, Mlp* model, TrainingEngine* engine,
-                                std::vector<float>* params) {
+                                const data::Dataset* eval, Model* model, ComputeBackend* backend,
+                                TrainingEngine* engine, std::vector<float>* params) {
   if (options.batch_size < 1) {
     return InvalidArgumentError("--batch-size=" + std::to_string(options.batch_size) +
                                 " must be at least 1");
   }
-  if (options.steps < 0) {
-    return InvalidArgumentError("--steps=" + std::to_string(options.steps) + " is negative");
+  if (options.steps < 0 || options.epochs < 0) {
+    return InvalidArgumentError("--steps=" + std::to_string(options.steps) + " and --epochs=" +
+                                std::to_string(options.epochs) + " must not be negative");
   }
-  if (train.feature_dim() != static_cast<size_t>(model->layout().views()[0].shape[1])) {
-    return InvalidArgumentError(
-        "the dataset has " + std::to_string(train.feature_dim()) + " features but the model's "
-        "input layer takes " + std::to_string(model->layout().views()[0].shape[1]));
+  if (train.feature_dim() != static_cast<size_t>(model->input_dim())) {
+    return InvalidArgumentError("the dataset has " + std::to_string(train.feature_dim()) +
+                                " dense features but the " + std::string(model->name()) +
+                                " model takes " + std::to_string(model->input_dim()));
+  }
+  if (train.sparse_field_sizes().size() != model->embedding_tables().size()) {
+    return InvalidArgumentError("the dataset has " +
+                                std::to_string(train.sparse_field_sizes().size()) +
+                                " sparse fields but the " + std::string(model->name()) +
+                                " model has " + std::to_string(model->embedding_tables().size()) +
+                                " embedding tables");
+  }
+  if (train.num_classes() > static_cast<size_t>(model->num_classes())) {
+    return InvalidArgumentError("the dataset has " + std::to_string(train.num_classes()) +
+                                " classes but the model predicts " +
+                                std::to_string(model->num_classes()));
   }
   ASSIGN_OR_RETURN(data::DistributedSampler sampler,
                    data::DistributedSampler::Create({static_cast<int64_t>(train.size()),
@@ -60,22 +136,34 @@ StatusOr<TrainingSummary> Train(const TrainerOptions& options, const data::Datas
   if (sampler.per_rank_count() == 0) {
     return InvalidArgumentError("the training set is empty");
   }
+  const int64_t steps = TotalSteps(options, train.size());
   const ParameterLayout& layout = model->layout();
   params->assign(layout.total_size(), 0.0f);
   model->InitializeParameters(options.seed, params->data());
-  RETURN_IF_ERROR(engine->Initialize(layout, params->data()));
-  std::vector<float> grads(layout.total_size());
+  RETURN_IF_ERROR(engine->Initialize(layout, model->embedding_tables(), params->data())
+                      .WithContext(std::string(engine->name()) + " engine initialisation"));
+  std::vector<float> host_grads(layout.total_size());
+  ModelBuffers buffers(backend, params, &host_grads);
+  RETURN_IF_ERROR(buffers.Allocate());
+  buffers.UploadParams();
+  // Gradients are ready in host memory only after the copy on a GPU: report them then.
+  GradientsReady on_ready;
+  if (!buffers.mirrored()) {
+    on_ready = [engine](uint64_t offset, uint64_t size) { engine->OnGradientsReady(offset, size); };
+  }
 
   TrainingSummary summary;
   uint64_t epoch = 0;
   std::vector<size_t> order = sampler.Indices(epoch);
   size_t cursor = 0;
   data::Batch batch;
+  std::vector<SparseRows> sparse;
   std::vector<size_t> indices;
   auto started = Clock::now();
   auto window_started = started;
   int64_t window_samples = 0;
-  for (int64_t step = 1; step <= options.steps; ++step) {
+  for (int64_t step = 1; step <= steps; ++step) {
+    const std::string where = std::string(engine->name()) + " step " + std::to_string(step);
     indices.clear();
     while (indices.size() < static_cast<size_t>(options.batch_size)) {
       if (cursor == order.size()) {  // next epoch, reshuffled
@@ -84,38 +172,35 @@ StatusOr<TrainingSummary> Train(const TrainerOptions& options, const data::Datas
       }
       indices.push_back(order[cursor++]);
     }
-    RETURN_IF_ERROR(data::MakeBatch(train, indices, &batch));
-    ASSIGN_OR_RETURN(
-        StepStats stats,
-        model->ForwardBackward(params->data(), batch.features.data(), batch.labels.data(),
-                               static_cast<int64_t>(batch.size), grads.data(),
-                               [engine](uint64_t offset, uint64_t size) {
-                                 engine->OnGradientsReady(offset, size);
-                               }));
-    RETURN_IF_ERROR(engine->Step(step, params->data(), grads.data())
-                        .WithContext(std::string(engine->name()) + " step " + std::to_string(step)));
+    RETURN_IF_ERROR(data::MakeBatch(train, indices, &batch).WithContext(where));
+    RETURN_IF_ERROR(FetchRows(batch, *model, engine, &sparse).WithContext(where));
+    ASSIGN_OR_RETURN(StepStats stats, model->ForwardBackward(buffers.params(), batch, &sparse,
+                                                             buffers.grads(), on_ready));
+    if (buffers.mirrored()) {
+      buffers.DownloadGrads();
+      engine->OnGradientsReady(0, layout.total_size());
+    }
+    RETURN_IF_ERROR(engine->Step(step, params->data(), host_grads.data(), sparse).WithContext(where));
+    buffers.UploadParams();
     summary.steps = step;
     summary.samples += stats.samples;
     summary.final_loss = stats.loss;
     window_samples += stats.samples;
-    if (options.log_every > 0 && (step % options.log_every == 0 || step == options.steps)) {
+    if (options.log_every > 0 && (step % options.log_every == 0 || step == steps)) {
       double seconds = std::chrono::duration<double>(Clock::now() - window_started).count();
       std::ostringstream line;
-      line << std::fixed << std::setprecision(4) << "step " << step << "/" << options.steps
-           << " loss " << stats.loss << " accuracy "
-           << static_cast<double>(stats.correct) / static_cast<double>(stats.samples)
-           << std::setprecision(0) << " samples/s "
-           << (seconds > 0 ? static_cast<double>(window_samples) / seconds : 0.0);
+      line << std::fixed << std::setprecision(4) << "step " << step << "/" << steps << " loss "
+           << stats.loss << " accuracy " << Accuracy(stats) << std::setprecision(0)
+           << " samples/s " << (seconds > 0 ? static_cast<double>(window_samples) / seconds : 0.0);
       TLOG(INFO) << line.str();
       window_started = Clock::now();
       window_samples = 0;
     }
     if (eval != nullptr && options.eval_every > 0 && step % options.eval_every == 0 &&
-        step != options.steps) {
+        step != steps) {
       ASSIGN_OR_RETURN(StepStats e, EvaluateOn(*eval, options.eval_samples, options.batch_size,
-                                               model, params->data()));
-      TLOG(INFO) << "eval at step " << step << ": loss " << e.loss << " accuracy "
-                 << static_cast<double>(e.correct) / static_cast<double>(std::max<int64_t>(1, e.samples));
+                                               model, engine, buffers.params()));
+      TLOG(INFO) << "eval at step " << step << ": loss " << e.loss << " accuracy " << Accuracy(e);
     }
   }
   summary.seconds = std::chrono::duration<double>(Clock::now() - started).count();
@@ -123,10 +208,9 @@ StatusOr<TrainingSummary> Train(const TrainerOptions& options, const data::Datas
       summary.seconds > 0 ? static_cast<double>(summary.samples) / summary.seconds : 0;
   if (eval != nullptr) {
     ASSIGN_OR_RETURN(StepStats e, EvaluateOn(*eval, options.eval_samples, options.batch_size,
-                                             model, params->data()));
+                                             model, engine, buffers.params()));
     summary.eval_loss = e.loss;
-    summary.eval_accuracy =
-        static_cast<double>(e.correct) / static_cast<double>(std::max<int64_t>(1, e.samples));
+    summary.eval_accuracy = Accuracy(e);
   }
   return summary;
 }

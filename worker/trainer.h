@@ -2,10 +2,14 @@
 //
 //   for step in 1..steps:
 //     batch   <- this rank's next `batch_size` samples (DistributedSampler order, by epoch)
+//     rows    <- engine.LookupRows(...)         for a model with embedding tables
 //     forward + backward on the batch (gradients into the flat gradient buffer)
-//     engine.Step(step, params, grads)        <- where the mode plugs in
+//     engine.Step(step, params, grads, rows)   <- where the mode plugs in
 //     every `log_every` steps: a progress line; every `eval_every` steps: evaluation
 // Progress goes to the log; the summary is returned for the binary to print (and as JSON).
+// On a GPU backend the model runs on device copies of the parameters and gradients; the
+// engine always sees host memory (the trainer copies gradients down after backward and
+// parameters up after the step, and reports all gradients ready at once).
 //
 // Thread-safety: one thread.
 #ifndef TESSERA_WORKER_TRAINER_H_
@@ -16,14 +20,16 @@
 
 #include "common/status.h"
 #include "worker/data/dataset.h"
-#include "worker/mlp.h"
+#include "worker/compute_backend.h"
+#include "worker/model.h"
 #include "worker/training_engine.h"
 
 namespace tessera::worker {
 
 struct TrainerOptions {
   int64_t batch_size = 64;   // per worker
-  int64_t steps = 100;
+  int64_t steps = 100;       // 0: derive from epochs
+  int64_t epochs = 0;        // used when steps is 0: epochs * ceil(per-rank samples / batch)
   uint64_t seed = 0;         // parameter init and data order
   int rank = 0;
   int world_size = 1;
@@ -42,11 +48,17 @@ struct TrainingSummary {
   double samples_per_second = 0;
 };
 
-// Trains `model` with `params` (initialised here from options.seed, then handed to the engine)
-// and `grads` (scratch), each layout().total_size() floats. `eval` may be null.
+// The steps Train runs: options.steps, or when that is 0, options.epochs passes over this
+// rank's share of a training set of `train_size` samples (the last batch of an epoch may
+// borrow from the next).
+int64_t TotalSteps(const TrainerOptions& options, size_t train_size);
+
+// Trains `model` (whose ops run on `backend`) with `params` (host memory, initialised here
+// from options.seed, then handed to the engine; the final parameters on return). `eval` may be
+// null. Errors name the step and the engine.
 StatusOr<TrainingSummary> Train(const TrainerOptions& options, const data::Dataset& train,
-                                const data::Dataset* eval, Mlp* model, TrainingEngine* engine,
-                                std::vector<float>* params);
+                                const data::Dataset* eval, Model* model, ComputeBackend* backend,
+                                TrainingEngine* engine, std::vector<float>* params);
 
 }  // namespace tessera::worker
 

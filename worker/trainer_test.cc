@@ -5,6 +5,7 @@
 #include "worker/cpu_backend.h"
 #include "worker/data/synthetic_classification.h"
 #include "worker/local_engine.h"
+#include "worker/mlp.h"
 
 namespace tessera::worker {
 namespace {
@@ -36,7 +37,7 @@ TEST(TrainerTest, LocalTrainingLearnsTheTeacher) {
   options.steps = 400;
   options.log_every = 0;
   std::vector<float> params;
-  auto summary = Train(options, *train, eval.get(), model.get(), engine.get(), &params);
+  auto summary = Train(options, *train, eval.get(), model.get(), &backend, engine.get(), &params);
   ASSERT_TRUE(summary.ok()) << summary.status();
   EXPECT_EQ(summary->steps, 400);
   EXPECT_EQ(summary->samples, 400 * 64);
@@ -55,7 +56,7 @@ TEST(TrainerTest, SameSeedSameParametersBitwise) {
     TrainerOptions options;
     options.steps = 30;
     options.log_every = 0;
-    ASSERT_TRUE(Train(options, *train, nullptr, model.get(), engine.get(), params).ok());
+    ASSERT_TRUE(Train(options, *train, nullptr, model.get(), &backend, engine.get(), params).ok());
   }
   EXPECT_EQ(first, second);
 }
@@ -65,12 +66,14 @@ TEST(TrainerTest, SameSeedSameParametersBitwise) {
 class RecordingEngine final : public TrainingEngine {
  public:
   std::string_view name() const override { return "recording"; }
-  Status Initialize(const ParameterLayout& layout, float* params) override {
+  Status Initialize(const ParameterLayout& layout, const std::vector<EmbeddingTableSpec>& tables,
+                    float* params) override {
     size_ = layout.total_size();
     return OkStatus();
   }
   void OnGradientsReady(uint64_t offset, uint64_t size) override { ready_ += size; }
-  Status Step(int64_t step, float* params, float* grads) override {
+  Status Step(int64_t step, float* params, float* grads,
+              const std::vector<SparseRows>& sparse) override {
     EXPECT_EQ(step, steps_ + 1);
     EXPECT_EQ(ready_, size_) << "Step before every gradient was ready";
     ready_ = 0;
@@ -93,7 +96,7 @@ TEST(TrainerTest, EngineContractAndErrorsCarryTheStep) {
   options.batch_size = 30;  // 100 samples: crosses epochs
   options.log_every = 0;
   std::vector<float> params;
-  auto summary = Train(options, *train, nullptr, model.get(), &engine, &params);
+  auto summary = Train(options, *train, nullptr, model.get(), &backend, &engine, &params);
   EXPECT_EQ(engine.steps_, 7);
   EXPECT_EQ(summary.status().code(), StatusCode::kUnavailable);
   EXPECT_EQ(summary.status().message(), "recording step 7: server 1 is gone");
@@ -106,13 +109,13 @@ TEST(TrainerTest, RejectsMismatchedDatasetAndBadOptions) {
   auto engine = Engine(OptimizerKind::kSgd, 0.1f);
   std::vector<float> params;
   TrainerOptions options;
-  auto wrong_width = Train(options, *train, nullptr, model.get(), engine.get(), &params);
-  EXPECT_NE(wrong_width.status().message().find("16 features but the model's input layer takes 8"),
+  auto wrong_width = Train(options, *train, nullptr, model.get(), &backend, engine.get(), &params);
+  EXPECT_NE(wrong_width.status().message().find("16 dense features but the mlp model takes 8"),
             std::string::npos)
       << wrong_width.status();
   auto ok_model = std::move(Mlp::Create({16, {8}, 4}, &backend)).value();
   options.batch_size = 0;
-  EXPECT_NE(Train(options, *train, nullptr, ok_model.get(), engine.get(), &params)
+  EXPECT_NE(Train(options, *train, nullptr, ok_model.get(), &backend, engine.get(), &params)
                 .status()
                 .message()
                 .find("--batch-size=0"),
@@ -124,8 +127,8 @@ TEST(LocalEngineTest, OneSgdStepIsParamsMinusLrTimesGrad) {
   ParameterLayout layout;
   ASSERT_TRUE(layout.Add("w", {3}).ok());
   std::vector<float> params = {1, 2, 3}, grads = {0.5f, -1, 2};
-  ASSERT_TRUE(engine->Initialize(layout, params.data()).ok());
-  ASSERT_TRUE(engine->Step(1, params.data(), grads.data()).ok());
+  ASSERT_TRUE(engine->Initialize(layout, {}, params.data()).ok());
+  ASSERT_TRUE(engine->Step(1, params.data(), grads.data(), {}).ok());
   EXPECT_EQ(params, (std::vector<float>{0.75f, 2.5f, 2.0f}));
   EXPECT_EQ(engine->last_lr(), 0.5f);
 }

@@ -8,8 +8,11 @@
 //   ps-*       pushes gradients to the servers, which apply the optimizer, and pulls the
 //              updated parameters back;
 //   zero1-3    reduce-scatters gradients, updates this rank's slice, all-gathers parameters.
-// Parameters and gradients are flat buffers in one ParameterLayout, so every engine works on
-// plain ranges.
+// Dense parameters and gradients are flat buffers in one ParameterLayout, so every engine
+// works on plain ranges. Sparse parameters (embedding tables, common/embedding_table.h) live
+// in the engine: the trainer asks it for the rows each batch touches (LookupRows) and hands
+// their gradients to Step. Everything an engine sees is host memory (on a GPU the trainer
+// copies around it).
 //
 // Thread-safety: called from the training thread only.
 #ifndef TESSERA_WORKER_TRAINING_ENGINE_H_
@@ -18,8 +21,12 @@
 #include <cstdint>
 #include <string_view>
 
+#include <vector>
+
+#include "common/embedding_table.h"
 #include "common/parameter_layout.h"
 #include "common/status.h"
+#include "worker/model.h"
 
 namespace tessera::worker {
 
@@ -31,15 +38,27 @@ class TrainingEngine {
 
   // Once, before the first step. `params` holds this rank's initial parameters; an engine may
   // replace them (broadcast from rank 0, pull from the servers) and allocates its state.
-  virtual Status Initialize(const ParameterLayout& layout, float* params) = 0;
+  // `tables` are the model's embedding tables (empty for a dense model); an engine that cannot
+  // hold them returns InvalidArgument saying so.
+  virtual Status Initialize(const ParameterLayout& layout,
+                            const std::vector<EmbeddingTableSpec>& tables, float* params) = 0;
+
+  // The current values of rows `ids` of table `table` (an index into Initialize's `tables`),
+  // ids.size() x dim floats into `values`. Called before each forward pass that uses them.
+  virtual Status LookupRows(size_t table, const std::vector<int64_t>& ids, float* values) {
+    return FailedPreconditionError(std::string(name()) + " mode holds no embedding tables");
+  }
 
   // During backward: grads[offset, offset + size) are final (last layer first). The default
   // does nothing; an engine that overlaps communication with backward starts it here.
   virtual void OnGradientsReady(uint64_t offset, uint64_t size) {}
 
   // After backward of update number `step` (1-based): turns this rank's gradients into the
-  // parameters for the next step, in place. `grads` may be overwritten.
-  virtual Status Step(int64_t step, float* params, float* grads) = 0;
+  // parameters for the next step, in place. `grads` may be overwritten. `sparse` holds the
+  // embedding rows this batch touched and their gradients, one entry per table (empty for a
+  // dense model); their new values are read back through LookupRows.
+  virtual Status Step(int64_t step, float* params, float* grads,
+                      const std::vector<SparseRows>& sparse) = 0;
 };
 
 }  // namespace tessera::worker

@@ -1,349 +1,134 @@
 // tessera-worker: a training process.
 //
-// This issue has one mode, "local": the foundation smoke job, which exercises every path a
-// real job will use, checks every value, and exits:
-//   1. join the fleet through the coordinator; barrier "start" (servers and workers);
-//   2. with servers: push a probe tensor "worker<r>.probe" (values r*1000 + i) to server
-//      r % S (a key in its range); barrier "pushed" (workers); pull every other worker's
-//      probe from its owner and check every value;
-//   3. --rounds ring all-reduces of --tensor-elements floats (values rank + 1 + i) among the
-//      workers, --round-interval-ms apart, each checked against the closed form;
-//   4. barrier "done" (workers); with --linger, stay in the fleet (and /metrics up) that long;
-//      leave the fleet; exit 0.
-// Each phase logs a report line with its timing. Any error ends the process with that error
-// (exit 1); it does not say goodbye, so the coordinator declares it failed and tells the rest
-// of the fleet, which then fail naming it instead of waiting for it.
-#include <chrono>
-#include <cmath>
-#include <cstring>
-#include <future>
-#include <iomanip>
+// Modes (--mode):
+//   local   single-process training: this worker trains the model alone (the reference every
+//           distributed mode is compared against). Runs standalone without --coordinator, or
+//           as a fleet member (e.g. under tessera-launch --workers 1 --mode local).
+//   smoke   the foundation smoke job (smoke_job.h): barrier, probe push/pull through the
+//           servers, verified ring all-reduces among the workers, exit.
+// Any error ends the process with that error (exit 1); it does not say goodbye, so the
+// coordinator declares it failed and tells the rest of the fleet, which then fail naming it
+// instead of waiting for it.
+#include <cstdio>
 #include <memory>
-#include <optional>
 #include <sstream>
 #include <string>
-#include <vector>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include "common/config.h"
 #include "common/deadline.h"
-#include "common/fleet_view.h"
 #include "common/logging.h"
-#include "common/payload.h"
 #include "common/process_runtime.h"
 #include "common/rendezvous_client.h"
 #include "common/rpc_endpoint.h"
 #include "common/status.h"
-#include "common/wire_codec.h"
 #include "worker/collective_mailbox.h"
-#include "worker/ring_allreduce.h"
+#include "worker/local_engine.h"
+#include "worker/params_file.h"
+#include "worker/smoke_job.h"
+#include "worker/trainer.h"
+#include "worker/training_setup.h"
 
 namespace tessera::worker {
 namespace {
 
-// Tag of the first all-reduce round; round r uses kFirstAllReduceTag + r - 1.
-constexpr uint64_t kFirstAllReduceTag = 1;
-constexpr int64_t kMaxTensorElements = int64_t{1} << 28;  // 1 GiB of float32
-// Room left in a message for its header beside the tensor bytes.
-constexpr uint64_t kHeaderAllowance = 64 * 1024;
-
 struct WorkerFlags {
   std::string mode = "local";
-  int64_t tensor_elements = 1024;
-  int64_t rounds = 1;
-  int64_t round_interval_ms = 0;
+  SmokeFlags smoke;
+  TrainingFlags training;
 };
 
 void AddWorkerFlags(CLI::App* app, WorkerFlags* flags) {
   app->add_option("--mode", flags->mode,
-                  "What to run. local: the foundation smoke job (barrier, "
-                  "push/pull probe tensors through the servers, ring all-reduce among the "
-                  "workers, verify, report, exit)")
+                  "local: train alone (no --coordinator needed); smoke: the fleet smoke job "
+                  "(push/pull through the servers, verified all-reduces, exit)")
       ->check(CLI::Validator(
           [](std::string& mode) -> std::string {
-            if (mode == "local") return "";
-            return "mode " + mode + " is not available in this version; available: local (the training modes come with the parameter-server, all-reduce and ZeRO work)";
+            if (mode == "local" || mode == "smoke") return "";
+            return "mode " + mode + " is not available in this version; available: local, smoke";
           },
           "MODE", "mode"))
       ->capture_default_str();
-  app->add_option("--tensor-elements", flags->tensor_elements,
-                  "Float32 elements of the probe tensors and of the all-reduce")
-      ->check(CLI::Range(int64_t{0}, kMaxTensorElements))
-      ->capture_default_str();
-  app->add_option("--rounds", flags->rounds,
-                  "All-reduce rounds to run, like training steps (progress every 10)")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
-      ->capture_default_str();
-  app->add_option("--round-interval-ms", flags->round_interval_ms,
-                  "Pause between two all-reduce rounds")
-      ->check(CLI::Range(int64_t{0}, int64_t{3600} * 1000))
-      ->capture_default_str();
+  AddTrainingFlags(app, &flags->training);
+  AddSmokeFlags(app, &flags->smoke);
 }
 
-std::string Millis(SteadyClock::duration elapsed) {
-  std::ostringstream out;
-  out << std::fixed << std::setprecision(2)
-      << std::chrono::duration<double, std::milli>(elapsed).count() << " ms";
-  return out.str();
-}
-
-std::string ProbeName(int rank) { return "worker" + std::to_string(rank) + ".probe"; }
-float ProbeValue(int rank, size_t i) { return static_cast<float>(rank * 1000 + static_cast<double>(i)); }
-
-float ReadFloat(const uint8_t* bytes, size_t index) {
-  float value;  // received frames need not be aligned for float
-  std::memcpy(&value, bytes + index * sizeof(float), sizeof(float));
-  return value;
-}
-
-// The smoke job of one worker: its phases in the order Run() runs them. Used by one thread.
-class LocalJob {
- public:
-  LocalJob(ProcessRuntime& runtime, RendezvousClient& client, CollectiveMailbox& mailbox,
-           const WorkerFlags& flags)
-      : runtime_(runtime),
-        endpoint_(runtime.endpoint()),
-        client_(client),
-        mailbox_(mailbox),
-        view_(client.view()),
-        rank_(client.rank()),
-        elements_(static_cast<size_t>(flags.tensor_elements)),
-        rounds_(flags.rounds),
-        round_interval_ms_(flags.round_interval_ms),
-        request_timeout_ms_(runtime.config().request_timeout_ms) {}
-
-  Status Run() {
-    RETURN_IF_ERROR(Barrier("start", std::nullopt, runtime_.config().rendezvous_timeout_ms));
-    if (!view_.OfRole(Role::kServer).empty()) {
-      RETURN_IF_ERROR(PushProbe());
-      RETURN_IF_ERROR(Barrier("pushed", Role::kWorker, request_timeout_ms_));
-      RETURN_IF_ERROR(PullProbes());
-    } else {
-      TLOG(INFO) << "no servers in the fleet: skipping the push/pull phase";
-    }
-    for (int64_t round = 1; round <= rounds_; ++round) {
-      RETURN_IF_ERROR(AllReduce(round));
-      if (round < rounds_ && round_interval_ms_ > 0 &&
-          runtime_.WaitForStop(Deadline::AfterMillis(round_interval_ms_))) {
-        return CancelledError("stopped after all-reduce round " + std::to_string(round));
-      }
-    }
-    return Barrier("done", Role::kWorker, request_timeout_ms_);
-  }
-
- private:
-  Status Barrier(const std::string& name, std::optional<Role> scope, int64_t timeout_ms) {
-    if (runtime_.StopRequested()) return CancelledError("stopped before barrier '" + name + "'");
-    auto started = SteadyClock::now();
-    RETURN_IF_ERROR(client_.Barrier(name, scope, timeout_ms));
-    TLOG(INFO) << "barrier '" << name << "' passed in " << Millis(SteadyClock::now() - started);
-    return OkStatus();
-  }
-
-  // Worker r's probe goes to server r % S, at a key inside that server's range, so every
-  // server takes part when there are at least as many workers as servers.
-  StatusOr<uint64_t> ProbeKey(int rank) const {
-    std::vector<const MemberInfo*> servers = view_.OfRole(Role::kServer);
-    const MemberInfo* server = servers[static_cast<size_t>(rank) % servers.size()];
-    uint64_t offset = static_cast<uint64_t>(rank) / servers.size();
-    if (server->key_end <= server->key_begin) {
-      return InternalError(server->Name() + " owns no keys in the fleet view");
-    }
-    return std::min(server->key_begin + offset, server->key_end - 1);
-  }
-
-  Status CheckMessageSize() const {
-    uint64_t bytes = elements_ * sizeof(float);
-    if (bytes + kHeaderAllowance > runtime_.config().max_message_bytes) {
-      return InvalidArgumentError(
-          "--tensor-elements=" + std::to_string(elements_) + " makes " + std::to_string(bytes) +
-          "-byte tensors, too large for --max-message-bytes=" +
-          std::to_string(runtime_.config().max_message_bytes));
-    }
-    return OkStatus();
-  }
-
-  Status PushProbe() {
-    if (runtime_.StopRequested()) return CancelledError("stopped before the push");
-    RETURN_IF_ERROR(CheckMessageSize());
-    const std::string name = ProbeName(rank_);
-    ASSIGN_OR_RETURN(uint64_t key, ProbeKey(rank_));
-    ASSIGN_OR_RETURN(const MemberInfo* server, view_.ServerOwningKey(key));
-    auto values = std::make_shared<std::vector<float>>(elements_);
-    for (size_t i = 0; i < elements_; ++i) (*values)[i] = ProbeValue(rank_, i);
-    const size_t bytes = elements_ * sizeof(float);
-
-    MessageBuilder builder(proto::Role::Worker, rank_);
-    int32_t frame = builder.AddPayload(Payload::Borrow(values->data(), bytes, values));
-    std::vector<int64_t> shape = {static_cast<int64_t>(elements_)};
-    std::vector<flatbuffers::Offset<proto::TensorMeta>> metas = {proto::CreateTensorMetaDirect(
-        builder.fbb(), name.c_str(), key, proto::DType::Float32, &shape, frame, 0, bytes)};
-    uint64_t id = endpoint_.NextRequestId();
-    auto started = SteadyClock::now();
-    ASSIGN_OR_RETURN(Envelope reply,
-                     endpoint_.Call(server->address,
-                                    builder.Finish(proto::CreatePushRequestDirect(builder.fbb(), &metas), id),
-                                    id, Deadline::AfterMillis(request_timeout_ms_),
-                                    "push of " + name + " to " + server->Name()));
-    if (reply.header->body_type() != proto::Body::Ack) {
-      return InternalError("push of " + name + ": " + server->Name() + " answered with " +
-                           std::string(BodyName(reply.header->body_type())) + ", not an Ack");
-    }
-    TLOG(INFO) << "pushed " << bytes << " bytes to " << server->Name() << " in "
-               << Millis(SteadyClock::now() - started);
-    return OkStatus();
-  }
-
-  Status PullProbes() {
-    if (runtime_.StopRequested()) return CancelledError("stopped before the pulls");
-    struct Pull {
-      int worker;
-      std::string name;
-      const MemberInfo* server;
-      std::shared_future<StatusOr<Envelope>> reply;
+// The summary as one JSON object (--json) or one human line.
+std::string FormatSummary(const TrainingSummary& s, const TrainingFlags& flags,
+                          const std::string& mode, const Model& model,
+                          const ComputeBackend& backend, const std::string& dataset,
+                          const OptimizerOptions& optimizer) {
+  if (flags.json) {
+    nlohmann::json j = {
+        {"mode", mode},
+        {"model", std::string(model.name())},
+        {"parameters", model.layout().total_size()},
+        {"embedding_tables", model.embedding_tables().size()},
+        {"dataset", dataset},
+        {"device", std::string(backend.name())},
+        {"optimizer", optimizer.ToString()},
+        {"batch_size", flags.batch_size},
+        {"seed", flags.seed},
+        {"steps", s.steps},
+        {"samples", s.samples},
+        {"final_loss", s.final_loss},
+        {"eval_loss", s.eval_loss},
+        {"eval_accuracy", s.eval_accuracy},
+        {"seconds", s.seconds},
+        {"samples_per_second", s.samples_per_second},
     };
-    std::vector<Pull> pulls;
-    auto started = SteadyClock::now();
-    // All requests first, then the answers: the servers work on them concurrently.
-    for (const MemberInfo* worker : view_.OfRole(Role::kWorker)) {
-      if (worker->rank == rank_) continue;
-      Pull pull{worker->rank, ProbeName(worker->rank), nullptr, {}};
-      ASSIGN_OR_RETURN(uint64_t key, ProbeKey(worker->rank));
-      ASSIGN_OR_RETURN(pull.server, view_.ServerOwningKey(key));
-      MessageBuilder builder(proto::Role::Worker, rank_);
-      std::vector<flatbuffers::Offset<proto::TensorMeta>> metas = {proto::CreateTensorMetaDirect(
-          builder.fbb(), pull.name.c_str(), key, proto::DType::Float32, nullptr, -1, 0, 0)};
-      uint64_t id = endpoint_.NextRequestId();
-      pull.reply = endpoint_.CallAsync(
-          pull.server->address,
-          builder.Finish(proto::CreatePullRequestDirect(builder.fbb(), &metas), id), id,
-          Deadline::AfterMillis(request_timeout_ms_),
-          "pull of " + pull.name + " from " + pull.server->Name());
-      pulls.push_back(std::move(pull));
-    }
-    uint64_t bytes = 0;
-    for (const Pull& pull : pulls) {
-      const StatusOr<Envelope>& reply = pull.reply.get();
-      if (!reply.ok()) return reply.status();
-      ASSIGN_OR_RETURN(uint64_t checked, CheckProbe(pull.worker, pull.name, *pull.server, *reply));
-      bytes += checked;
-    }
-    if (pulls.empty()) {
-      TLOG(INFO) << "no other worker's probe to pull";
-      return OkStatus();
-    }
-    TLOG(INFO) << "pulled " << pulls.size() << " probe tensors (" << bytes << " bytes) in "
-               << Millis(SteadyClock::now() - started) << "; every value is correct";
-    return OkStatus();
+    if (!flags.save_params.empty()) j["params_path"] = flags.save_params;
+    return j.dump();
   }
+  std::ostringstream line;
+  line << "trained " << model.name() << " (" << model.layout().total_size() << " parameters) on "
+       << dataset << " with " << optimizer.ToString() << " on " << backend.name() << ": "
+       << s.steps << " steps, " << s.samples << " samples in " << s.seconds << " s ("
+       << static_cast<int64_t>(s.samples_per_second) << " samples/s); final loss " << s.final_loss
+       << ", eval loss " << s.eval_loss << ", eval accuracy " << s.eval_accuracy;
+  if (!flags.save_params.empty()) line << "; parameters in " << flags.save_params;
+  return line.str();
+}
 
-  // Checks one PullReply holding worker `worker`'s probe; returns its byte count.
-  StatusOr<uint64_t> CheckProbe(int worker, const std::string& name, const MemberInfo& server,
-                                const Envelope& reply) const {
-    const std::string where = "pulled " + name + " from " + server.Name();
-    if (reply.header->body_type() != proto::Body::PullReply) {
-      return InternalError(where + ": the answer is a " +
-                           std::string(BodyName(reply.header->body_type())) + ", not a PullReply");
-    }
-    auto* tensors = reply.header->body_as_PullReply()->tensors();
-    if (tensors == nullptr || tensors->size() != 1) {
-      return DataLossError(where + ": the reply holds " +
-                           std::to_string(tensors == nullptr ? 0 : tensors->size()) +
-                           " tensors, expected 1");
-    }
-    const proto::TensorMeta& meta = *tensors->Get(0);
-    if (meta.name() == nullptr || meta.name()->str() != name) {
-      return DataLossError(where + ": the reply holds tensor '" +
-                           (meta.name() ? meta.name()->str() : std::string()) + "'");
-    }
-    const uint64_t expected_bytes = elements_ * sizeof(float);
-    if (meta.dtype() != proto::DType::Float32 || meta.payload() < 0 ||
-        meta.byte_length() != expected_bytes) {
-      return DataLossError(where + ": " + std::to_string(meta.byte_length()) + " bytes of " +
-                           proto::EnumNameDType(meta.dtype()) + ", expected " +
-                           std::to_string(expected_bytes) + " bytes of Float32");
-    }
-    const uint8_t* bytes =
-        reply.message.payloads[static_cast<size_t>(meta.payload())].data() + meta.offset();
-    for (size_t i = 0; i < elements_; ++i) {
-      float got = ReadFloat(bytes, i);
-      if (got != ProbeValue(worker, i)) {
-        return DataLossError(where + ": element " + std::to_string(i) + " is " +
-                             std::to_string(got) + ", expected " +
-                             std::to_string(ProbeValue(worker, i)) +
-                             " (the first wrong element)");
-      }
-    }
-    return expected_bytes;
+Status RunLocalTraining(ProcessRuntime& runtime, const TrainingFlags& flags) {
+  ASSIGN_OR_RETURN(std::unique_ptr<ComputeBackend> backend,
+                   MakeBackend(flags.device, runtime.config().local_rank));
+  ASSIGN_OR_RETURN(Datasets data, MakeDatasets(flags));
+  ASSIGN_OR_RETURN(std::unique_ptr<Model> model, MakeModel(flags, *data.train, backend.get()));
+  TrainerOptions trainer = MakeTrainerOptions(flags, /*rank=*/0, /*world_size=*/1);
+  ASSIGN_OR_RETURN(OptimizerOptions optimizer, MakeOptimizerOptions(flags));
+  ASSIGN_OR_RETURN(LrScheduleOptions schedule,
+                   MakeLrSchedule(flags, TotalSteps(trainer, data.train->size())));
+  ASSIGN_OR_RETURN(std::unique_ptr<LocalEngine> engine, LocalEngine::Create(optimizer, schedule));
+  TLOG(INFO) << "training " << model->name() << " (" << model->layout().total_size()
+             << " dense parameters, " << model->embedding_tables().size()
+             << " embedding tables) on " << data.description << " with " << optimizer.ToString()
+             << ", lr schedule " << schedule.ToString() << ", on " << backend->name();
+  std::vector<float> params;
+  ASSIGN_OR_RETURN(TrainingSummary summary,
+                   Train(trainer, *data.train, data.eval.get(), model.get(), backend.get(),
+                         engine.get(), &params));
+  if (!flags.save_params.empty()) {
+    RETURN_IF_ERROR(SaveParams(flags.save_params, model->layout(), params));
   }
-
-  StatusOr<CollectiveContext> RingContext(uint64_t tag) const {
-    std::vector<const MemberInfo*> workers = view_.OfRole(Role::kWorker);
-    CollectiveContext context;
-    context.rank = rank_;
-    context.world_size = static_cast<int>(workers.size());
-    for (size_t i = 0; i < workers.size(); ++i) {
-      if (workers[i]->rank != static_cast<int>(i)) {
-        return InternalError("the fleet view's worker ranks are not 0.." +
-                             std::to_string(workers.size() - 1) + ": found " +
-                             workers[i]->Name() + " at position " + std::to_string(i));
-      }
-      context.peer_addresses.push_back(workers[i]->address);
-    }
-    context.transport = &endpoint_.transport();
-    context.mailbox = &mailbox_;
-    context.deadline = Deadline::AfterMillis(request_timeout_ms_);
-    context.tag = tag;
-    return context;
-  }
-
-  // Round r of the all-reduce; each round has its own tag, so chunks of consecutive rounds
-  // cannot be mistaken for each other.
-  Status AllReduce(int64_t round) {
-    if (runtime_.StopRequested()) return CancelledError("stopped before the all-reduce");
-    const uint64_t tag = kFirstAllReduceTag + static_cast<uint64_t>(round) - 1;
-    ASSIGN_OR_RETURN(CollectiveContext context, RingContext(tag));
-    const int world = context.world_size;
-    std::vector<float> buffer(elements_);
-    for (size_t i = 0; i < elements_; ++i) buffer[i] = static_cast<float>(rank_ + 1 + static_cast<double>(i));
-    auto started = SteadyClock::now();
-    RETURN_IF_ERROR(RingAllReduce({buffer.data(), buffer.size(), "probe"}, context));
-    auto elapsed = SteadyClock::now() - started;
-    // Closed form: sum over ranks r of (r + 1 + i) = W(W + 1)/2 + W i. Every input and every
-    // partial sum is rounded to float at most once, so the result is within 2W rounding steps
-    // (W * 2^-23 relative) of it; exact while the values stay below 2^24.
-    for (size_t i = 0; i < elements_; ++i) {
-      double expected = world * (world + 1) / 2.0 + static_cast<double>(world) * static_cast<double>(i);
-      double tolerance = expected * world * std::ldexp(1.0, -23);
-      if (std::fabs(buffer[i] - expected) > tolerance) {
-        return DataLossError("allreduce tag=" + std::to_string(tag) + " rank=" +
-                             std::to_string(rank_) + ": element " + std::to_string(i) + " is " +
-                             std::to_string(buffer[i]) + ", expected " +
-                             std::to_string(expected) + " (the first wrong element)");
-      }
-    }
-    if (round == 1 || round % 10 == 0 || round == rounds_) {
-      TLOG(INFO) << "all-reduce round " << round << " of " << rounds_ << ": "
-                 << elements_ * sizeof(float) << " bytes among " << world << " workers in "
-                 << Millis(elapsed) << "; every value is correct";
-    }
-    return OkStatus();
-  }
-
-  ProcessRuntime& runtime_;
-  RpcEndpoint& endpoint_;
-  RendezvousClient& client_;
-  CollectiveMailbox& mailbox_;
-  const FleetView& view_;
-  const int rank_;
-  const size_t elements_;
-  const int64_t rounds_;
-  const int64_t round_interval_ms_;
-  const int64_t request_timeout_ms_;
-};
+  std::printf("%s\n", FormatSummary(summary, flags, "local", *model, *backend, data.description,
+                                    optimizer)
+                          .c_str());
+  std::fflush(stdout);
+  return OkStatus();
+}
 
 Status RunWorker(ProcessRuntime& runtime, const WorkerFlags& flags) {
+  if (runtime.config().coordinator.empty()) {
+    if (flags.mode != "local") {
+      return InvalidArgumentError("--mode " + flags.mode + " needs --coordinator (or MASTER_ADDR "
+                                  "and MASTER_PORT); only --mode local runs standalone");
+    }
+    runtime.AnnounceReady(0);
+    return RunLocalTraining(runtime, flags.training);
+  }
   RpcEndpoint& endpoint = runtime.endpoint();
   // Before joining: peers may send chunks as soon as the fleet view tells them our address,
   // and a chunk without a handler would be dropped.
@@ -360,8 +145,14 @@ Status RunWorker(ProcessRuntime& runtime, const WorkerFlags& flags) {
   SetLogIdentity("worker", client->rank());
   runtime.AnnounceReady(client->rank());
 
-  LocalJob job(runtime, *client, *mailbox, flags);
-  RETURN_IF_ERROR(job.Run());
+  if (flags.mode == "smoke") {
+    RETURN_IF_ERROR(RunSmokeJob(runtime, *client, *mailbox, flags.smoke));
+  } else {
+    // The whole fleet starts together (servers wait for this barrier too).
+    RETURN_IF_ERROR(client->Barrier("start", std::nullopt,
+                                    runtime.config().rendezvous_timeout_ms));
+    RETURN_IF_ERROR(RunLocalTraining(runtime, flags.training));
+  }
   double linger = runtime.config().linger_seconds;
   if (linger > 0) {
     // Still a member while lingering: the coordinator shows it alive, and a failure elsewhere
@@ -379,7 +170,8 @@ Status RunWorker(ProcessRuntime& runtime, const WorkerFlags& flags) {
 
 int main(int argc, char** argv) {
   CLI::App app(
-      "tessera-worker: a training process. Joins the fleet at --coordinator and runs --mode.");
+      "tessera-worker: a training process. --mode local trains alone (standalone or in a "
+      "fleet); the other modes join the fleet at --coordinator.");
   tessera::worker::WorkerFlags flags;
   tessera::worker::AddWorkerFlags(&app, &flags);
   return tessera::RunProcess(tessera::Role::kWorker, argc, argv, &app,

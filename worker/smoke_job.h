@@ -1,0 +1,41 @@
+// The smoke job (`tessera-worker --mode smoke`): exercises every path a real job uses, checks
+// every value, and exits:
+//   1. barrier "start" (servers and workers);
+//   2. with servers: push a probe tensor "worker<r>.probe" (values r*1000 + i) to server
+//      r % S (a key in its range); barrier "pushed" (workers); pull every other worker's
+//      probe from its owner and check every value;
+//   3. --rounds ring all-reduces of --tensor-elements floats (values rank + 1 + i) among the
+//      workers, --round-interval-ms apart, each checked against the closed form;
+//   4. barrier "done" (workers).
+// Each phase logs a report line with its timing; the first error ends the job.
+#ifndef TESSERA_WORKER_SMOKE_JOB_H_
+#define TESSERA_WORKER_SMOKE_JOB_H_
+
+#include <cstdint>
+
+#include "common/process_runtime.h"
+#include "common/rendezvous_client.h"
+#include "common/status.h"
+#include "worker/collective_mailbox.h"
+
+namespace CLI {
+class App;
+}
+
+namespace tessera::worker {
+
+struct SmokeFlags {
+  int64_t tensor_elements = 1024;
+  int64_t rounds = 1;
+  int64_t round_interval_ms = 0;
+};
+
+void AddSmokeFlags(CLI::App* app, SmokeFlags* flags);
+
+// Runs the job for this worker (already a fleet member through `client`).
+Status RunSmokeJob(ProcessRuntime& runtime, RendezvousClient& client, CollectiveMailbox& mailbox,
+                   const SmokeFlags& flags);
+
+}  // namespace tessera::worker
+
+#endif  // TESSERA_WORKER_SMOKE_JOB_H_

@@ -1,0 +1,87 @@
+// The training flags every mode shares (--model, --dataset, --batch-size, --steps,
+// --optimizer, --lr, --seed, --device, ...) and what they build: the compute backend, the
+// datasets, the model and the optimizer / schedule options. tessera-worker registers them for
+// every mode; tessera-launch passes everything after `--` through to the workers.
+//
+// Thread-safety: plain functions over their arguments.
+#ifndef TESSERA_WORKER_TRAINING_SETUP_H_
+#define TESSERA_WORKER_TRAINING_SETUP_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/lr_schedule.h"
+#include "common/optimizer.h"
+#include "common/status.h"
+#include "worker/compute_backend.h"
+#include "worker/data/dataset.h"
+#include "worker/model.h"
+#include "worker/trainer.h"
+
+namespace CLI {
+class App;
+}
+
+namespace tessera::worker {
+
+struct TrainingFlags {
+  std::string model = "mlp";  // mlp | ctr
+  std::string hidden;         // comma-separated widths; empty: the model's default
+  std::string activation = "relu";
+  bool layer_norm = false;
+  int64_t embedding_dim = 16;
+  std::string dataset = "synthetic";  // synthetic | synthetic-ctr | mnist | file
+  std::string data_path;              // mnist: directory of the idx files; file: a TSRDATA1 file
+  std::string eval_data_path;         // file: the evaluation set (default: none)
+  int64_t train_samples = 60000;      // synthetic sets
+  int64_t input_dim = 784;            // synthetic: features per sample
+  int64_t classes = 10;               // synthetic: classes
+  int64_t batch_size = 64;
+  int64_t steps = 100;
+  int64_t epochs = 0;
+  std::string optimizer = "sgd";
+  double lr = -1;  // < 0: the optimizer's default
+  std::string optimizer_params;  // "momentum=0.9,nesterov=true"
+  double weight_decay = -1;      // < 0: the optimizer's default
+  std::string lr_schedule = "constant";
+  int64_t warmup_steps = 0;
+  int64_t lr_step_size = 0;
+  double lr_gamma = 0.1;
+  double min_lr = 0;
+  uint64_t seed = 0;
+  std::string device = "auto";  // cpu | cuda | auto
+  int64_t log_every = 10;
+  int64_t eval_every = 0;
+  int64_t eval_samples = 1024;
+  bool json = false;
+  std::string save_params;
+};
+
+// Registers the flags (with help text and defaults) on `app`.
+void AddTrainingFlags(CLI::App* app, TrainingFlags* flags);
+
+// The backend for --device: "cpu"; "cuda" (device local_rank, or 0; Unavailable with the
+// CUDA runtime's reason when there is none); "auto" (CUDA when a device is there, else CPU).
+StatusOr<std::unique_ptr<ComputeBackend>> MakeBackend(const std::string& device, int local_rank);
+
+struct Datasets {
+  std::unique_ptr<data::Dataset> train;
+  std::unique_ptr<data::Dataset> eval;  // may be null
+  std::string description;              // "synthetic (60000 x 784, 10 classes, seed 0)"
+};
+StatusOr<Datasets> MakeDatasets(const TrainingFlags& flags);
+
+// The model for --model, shaped to fit the dataset (input width, classes, sparse fields).
+StatusOr<std::unique_ptr<Model>> MakeModel(const TrainingFlags& flags, const data::Dataset& train,
+                                           ComputeBackend* backend);
+
+StatusOr<OptimizerOptions> MakeOptimizerOptions(const TrainingFlags& flags);
+// total_steps is what the trainer will run (for the cosine schedule's length).
+StatusOr<LrScheduleOptions> MakeLrSchedule(const TrainingFlags& flags, int64_t total_steps);
+TrainerOptions MakeTrainerOptions(const TrainingFlags& flags, int rank, int world_size);
+
+}  // namespace tessera::worker
+
+#endif  // TESSERA_WORKER_TRAINING_SETUP_H_
