@@ -83,6 +83,44 @@ inline constexpr MetricName kServerPushesTotal{
 inline constexpr MetricName kServerPullsTotal{
     "tessera_server_pulls_total", "Tensor values served to pulls (one per tensor pulled)."};
 
+// --- Parameter-server training (ps-* modes) ---
+
+// gauge: dense chunk floats plus embedding rows' floats held, parameters only.
+inline constexpr MetricName kPsParameterBytes{
+    "tessera_ps_parameter_bytes", "Parameter bytes this server holds for the ps-* job."};
+// gauge.
+inline constexpr MetricName kPsOptimizerStateBytes{
+    "tessera_ps_optimizer_state_bytes", "Optimizer state bytes this server holds."};
+// counter; labels: kind (dense, sparse).
+inline constexpr MetricName kPsUpdatesTotal{
+    "tessera_ps_updates_total", "Optimizer updates applied (one per chunk or table per update)."};
+// counter; labels: kind (dense, sparse).
+inline constexpr MetricName kPsGradientBytesTotal{
+    "tessera_ps_gradient_bytes_total", "Gradient bytes received by pushes."};
+// gauge.
+inline constexpr MetricName kPsStaleness{
+    "tessera_ps_staleness_steps",
+    "Current gap between the fastest and the slowest worker's last pushed step."};
+// gauge.
+inline constexpr MetricName kPsMaxReleasedStaleness{
+    "tessera_ps_max_released_staleness_steps",
+    "Largest lead over the slowest worker with which a push-pull reply was released (ps-ssp "
+    "keeps it <= --staleness)."};
+// gauge.
+inline constexpr MetricName kPsWaitingRequests{
+    "tessera_ps_waiting_requests", "Requests held back by the consistency model right now."};
+// histogram (seconds); labels: op (push_pull, sparse_push, sparse_pull, init).
+inline constexpr MetricName kPsClientLatencySeconds{
+    "tessera_ps_client_latency_seconds",
+    "Worker-side time from sending a parameter-server request to its reply."};
+// counter; labels: op.
+inline constexpr MetricName kPsClientBytesSentTotal{
+    "tessera_ps_client_bytes_sent_total", "Tensor bytes workers sent to servers, by operation."};
+// counter; labels: op.
+inline constexpr MetricName kPsClientBytesReceivedTotal{
+    "tessera_ps_client_bytes_received_total",
+    "Tensor bytes workers received from servers, by operation."};
+
 }  // namespace tessera::metric_names
 
 #endif  // TESSERA_COMMON_METRIC_NAMES_H_

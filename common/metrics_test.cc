@@ -298,6 +298,16 @@ void PopulateWithAllMetrics(MetricsRegistry* registry) {
   Histogram* barrier = histogram(names::kBarrierWaitSeconds, {})->WithLabels({}).value();
   barrier->Observe(0.0001);
   barrier->Observe(12);
+  gauge(names::kPsParameterBytes, {})->WithLabels({}).value()->Set(4e6);
+  gauge(names::kPsOptimizerStateBytes, {})->WithLabels({}).value()->Set(8e6);
+  counter(names::kPsUpdatesTotal, {"kind"})->WithLabels({"dense"}).value()->Increment(3);
+  counter(names::kPsGradientBytesTotal, {"kind"})->WithLabels({"sparse"}).value()->Increment(64);
+  gauge(names::kPsStaleness, {})->WithLabels({}).value()->Set(2);
+  gauge(names::kPsMaxReleasedStaleness, {})->WithLabels({}).value()->Set(3);
+  gauge(names::kPsWaitingRequests, {})->WithLabels({}).value()->Set(1);
+  histogram(names::kPsClientLatencySeconds, {"op"})->WithLabels({"push_pull"}).value()->Observe(0.01);
+  counter(names::kPsClientBytesSentTotal, {"op"})->WithLabels({"push_pull"}).value()->Increment(8);
+  counter(names::kPsClientBytesReceivedTotal, {"op"})->WithLabels({"sparse_pull"}).value()->Increment(8);
 }
 
 std::string ReadFile(const std::string& path) {

@@ -95,6 +95,10 @@ Status VerifyBodyTensors(const proto::Header& header, const Message& message) {
     }
     case proto::Body::CollectiveChunk:
       return VerifyTensor(header.body_as_CollectiveChunk()->data(), message, "data");
+    case proto::Body::PsInitRequest:
+      return VerifyTensorList(header.body_as_PsInitRequest()->tensors(), message, "tensors");
+    case proto::Body::PsPushPullRequest:
+      return VerifyTensorList(header.body_as_PsPushPullRequest()->tensors(), message, "tensors");
     default:
       return OkStatus();
   }

@@ -22,6 +22,7 @@
 #include "common/rendezvous_client.h"
 #include "common/status.h"
 #include "server/parameter_service.h"
+#include "server/ps_service.h"
 #include "server/tensor_store.h"
 
 namespace tessera::server {
@@ -72,6 +73,13 @@ Status Serve(ProcessRuntime& runtime) {
   TLOG(INFO) << "serving keys [" << store->key_begin() << ", " << store->key_end() << ") of "
              << client->view().key_space << " for " << client->view().num_workers << " workers";
   InstallParameterService(&endpoint, std::shared_ptr<TensorStore>(std::move(store)));
+  // The ps-* training modes; idle until a job's worker rank 0 initialises it.
+  PsServiceOptions ps_options;
+  ps_options.server_rank = rank;
+  ps_options.num_servers = client->view().num_servers;
+  ps_options.key_space = client->view().key_space;
+  ASSIGN_OR_RETURN(std::unique_ptr<PsService> ps,
+                   PsService::Start(ps_options, &endpoint, &runtime.metrics()));
   runtime.AnnounceReady(rank);
 
   // Workers begin with a barrier of the whole fleet, servers included. A failure here (a

@@ -1,11 +1,14 @@
 // tessera-worker: a training process.
 //
 // Modes (--mode):
-//   local   single-process training: this worker trains the model alone (the reference every
-//           distributed mode is compared against). Runs standalone without --coordinator, or
-//           as a fleet member (e.g. under tessera-launch --workers 1 --mode local).
-//   smoke   the foundation smoke job (smoke_job.h): barrier, probe push/pull through the
-//           servers, verified ring all-reduces among the workers, exit.
+//   local     single-process training: this worker trains the model alone (the reference
+//             every distributed mode is compared against). Runs standalone without
+//             --coordinator, or as a fleet member (tessera-launch --workers 1 --mode local).
+//   ps-sync   parameter-server training (worker/ps_engine.h, server/ps_service.h): the servers
+//   ps-async  hold the parameters and apply the optimizer; sync (BSP), async (ASP) or
+//   ps-ssp    stale-synchronous with --staleness K.
+//   smoke     the foundation smoke job (smoke_job.h): barrier, probe push/pull through the
+//             servers, verified ring all-reduces among the workers, exit.
 // Any error ends the process with that error (exit 1); it does not say goodbye, so the
 // coordinator declares it failed and tells the rest of the fleet, which then fail naming it
 // instead of waiting for it.
@@ -21,12 +24,14 @@
 #include "common/deadline.h"
 #include "common/logging.h"
 #include "common/process_runtime.h"
+#include "common/ps_job.h"
 #include "common/rendezvous_client.h"
 #include "common/rpc_endpoint.h"
 #include "common/status.h"
 #include "worker/collective_mailbox.h"
 #include "worker/local_engine.h"
 #include "worker/params_file.h"
+#include "worker/ps_engine.h"
 #include "worker/smoke_job.h"
 #include "worker/trainer.h"
 #include "worker/training_setup.h"
@@ -38,20 +43,33 @@ struct WorkerFlags {
   std::string mode = "local";
   SmokeFlags smoke;
   TrainingFlags training;
+  int64_t staleness = 2;
+  uint64_t ps_chunk_elements = 1 << 16;
 };
 
 void AddWorkerFlags(CLI::App* app, WorkerFlags* flags) {
   app->add_option("--mode", flags->mode,
-                  "local: train alone (no --coordinator needed); smoke: the fleet smoke job "
+                  "local: train alone (no --coordinator needed); ps-sync, ps-async, ps-ssp: "
+                  "train against the parameter servers; smoke: the fleet smoke job "
                   "(push/pull through the servers, verified all-reduces, exit)")
       ->check(CLI::Validator(
           [](std::string& mode) -> std::string {
-            if (mode == "local" || mode == "smoke") return "";
-            return "mode " + mode + " is not available in this version; available: local, smoke";
+            if (mode == "local" || mode == "smoke" || ParsePsMode(mode).ok()) return "";
+            return "mode " + mode + " is not available in this version; available: local, "
+                   "ps-sync, ps-async, ps-ssp, smoke";
           },
           "MODE", "mode"))
       ->capture_default_str();
   AddTrainingFlags(app, &flags->training);
+  auto* ps = app->add_option_group("Parameter server (--mode ps-*)");
+  ps->add_option("--staleness", flags->staleness,
+                 "ps-ssp: how many steps a worker may run ahead of the slowest")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
+      ->capture_default_str();
+  ps->add_option("--ps-chunk-elements", flags->ps_chunk_elements,
+                 "Dense parameters travel and are sharded in chunks of this many floats")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 28))
+      ->capture_default_str();
   AddSmokeFlags(app, &flags->smoke);
 }
 
@@ -92,29 +110,51 @@ std::string FormatSummary(const TrainingSummary& s, const TrainingFlags& flags,
   return line.str();
 }
 
-Status RunLocalTraining(ProcessRuntime& runtime, const TrainingFlags& flags) {
+// Trains in `flags.mode`: alone (local, client may be null) or as worker client->rank() of
+// the fleet (ps-*).
+Status RunTraining(ProcessRuntime& runtime, const WorkerFlags& worker_flags,
+                   RendezvousClient* client) {
+  const TrainingFlags& flags = worker_flags.training;
+  const bool local = worker_flags.mode == "local";
+  const int rank = local ? 0 : client->rank();
+  const int world = local ? 1 : client->view().num_workers;
   ASSIGN_OR_RETURN(std::unique_ptr<ComputeBackend> backend,
                    MakeBackend(flags.device, runtime.config().local_rank));
   ASSIGN_OR_RETURN(Datasets data, MakeDatasets(flags));
   ASSIGN_OR_RETURN(std::unique_ptr<Model> model, MakeModel(flags, *data.train, backend.get()));
-  TrainerOptions trainer = MakeTrainerOptions(flags, /*rank=*/0, /*world_size=*/1);
+  TrainerOptions trainer = MakeTrainerOptions(flags, rank, world);
   ASSIGN_OR_RETURN(OptimizerOptions optimizer, MakeOptimizerOptions(flags));
   ASSIGN_OR_RETURN(LrScheduleOptions schedule,
                    MakeLrSchedule(flags, TotalSteps(trainer, data.train->size())));
-  ASSIGN_OR_RETURN(std::unique_ptr<LocalEngine> engine, LocalEngine::Create(optimizer, schedule));
+  std::unique_ptr<TrainingEngine> engine;
+  if (local) {
+    ASSIGN_OR_RETURN(engine, LocalEngine::Create(optimizer, schedule));
+  } else {
+    PsEngineOptions options;
+    ASSIGN_OR_RETURN(options.consistency, ParsePsMode(worker_flags.mode));
+    options.staleness = worker_flags.staleness;
+    options.chunk_elements = worker_flags.ps_chunk_elements;
+    options.optimizer = optimizer;
+    options.schedule = schedule;
+    options.request_timeout_ms = runtime.config().request_timeout_ms;
+    ASSIGN_OR_RETURN(engine, PsEngine::Create(options, &runtime.endpoint(), client->view(), rank,
+                                              &runtime.metrics()));
+  }
   TLOG(INFO) << "training " << model->name() << " (" << model->layout().total_size()
              << " dense parameters, " << model->embedding_tables().size()
              << " embedding tables) on " << data.description << " with " << optimizer.ToString()
-             << ", lr schedule " << schedule.ToString() << ", on " << backend->name();
+             << ", lr schedule " << schedule.ToString() << ", on " << backend->name() << ", mode "
+             << worker_flags.mode << ", worker " << rank << " of " << world;
   std::vector<float> params;
   ASSIGN_OR_RETURN(TrainingSummary summary,
                    Train(trainer, *data.train, data.eval.get(), model.get(), backend.get(),
                          engine.get(), &params));
-  if (!flags.save_params.empty()) {
+  // Rank 0 writes the parameters (in ps-sync every rank has the same).
+  if (!flags.save_params.empty() && rank == 0) {
     RETURN_IF_ERROR(SaveParams(flags.save_params, model->layout(), params));
   }
-  std::printf("%s\n", FormatSummary(summary, flags, "local", *model, *backend, data.description,
-                                    optimizer)
+  std::printf("%s\n", FormatSummary(summary, flags, worker_flags.mode, *model, *backend,
+                                    data.description, optimizer)
                           .c_str());
   std::fflush(stdout);
   return OkStatus();
@@ -127,7 +167,7 @@ Status RunWorker(ProcessRuntime& runtime, const WorkerFlags& flags) {
                                   "and MASTER_PORT); only --mode local runs standalone");
     }
     runtime.AnnounceReady(0);
-    return RunLocalTraining(runtime, flags.training);
+    return RunTraining(runtime, flags, nullptr);
   }
   RpcEndpoint& endpoint = runtime.endpoint();
   // Before joining: peers may send chunks as soon as the fleet view tells them our address,
@@ -151,7 +191,7 @@ Status RunWorker(ProcessRuntime& runtime, const WorkerFlags& flags) {
     // The whole fleet starts together (servers wait for this barrier too).
     RETURN_IF_ERROR(client->Barrier("start", std::nullopt,
                                     runtime.config().rendezvous_timeout_ms));
-    RETURN_IF_ERROR(RunLocalTraining(runtime, flags.training));
+    RETURN_IF_ERROR(RunTraining(runtime, flags, client.get()));
   }
   double linger = runtime.config().linger_seconds;
   if (linger > 0) {

@@ -1,0 +1,70 @@
+// What the parameter-server modes agree on, computed identically on every process:
+//
+//   - PsJobConfig: the job's consistency model, optimizer, schedule, dense layout size and
+//     embedding tables; worker rank 0 sends it to every server (as JSON in PsInitRequest), so
+//     long-running servers need no per-job flags and apply exactly the workers' optimizer;
+//   - placement: the dense parameter buffer is cut into chunks of chunk_elements floats, dealt
+//     round-robin to the S servers (chunk c on server c % S, so a large tensor spans servers),
+//     chunk c's key is the (c / S)-th key of its server's key range; embedding row `id` of
+//     table t lives on server SparseRowOwner(t, id, S), a hash, so hot rows spread too.
+//
+// Thread-safety: plain values and pure functions.
+#ifndef TESSERA_COMMON_PS_JOB_H_
+#define TESSERA_COMMON_PS_JOB_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/embedding_table.h"
+#include "common/lr_schedule.h"
+#include "common/optimizer.h"
+#include "common/status.h"
+
+namespace tessera {
+
+enum class PsConsistency { kSync, kAsync, kSsp };
+// "ps-sync" / "ps-async" / "ps-ssp".
+std::string_view PsModeName(PsConsistency consistency);
+// Inverse of PsModeName; InvalidArgument naming the value otherwise.
+StatusOr<PsConsistency> ParsePsMode(std::string_view mode);
+
+struct PsJobConfig {
+  PsConsistency consistency = PsConsistency::kSync;
+  int64_t staleness = 0;  // kSsp: a worker may be at most this many steps ahead of the slowest
+  int num_workers = 1;
+  OptimizerOptions optimizer;
+  LrScheduleOptions schedule;
+  uint64_t dense_elements = 0;     // the flat dense parameter buffer
+  uint64_t layout_fingerprint = 0; // ParameterLayout::Fingerprint of the model
+  uint64_t chunk_elements = 1 << 16;
+  std::vector<EmbeddingTableSpec> tables;
+};
+
+std::string EncodePsJobConfig(const PsJobConfig& config);
+// InvalidArgument naming what is missing or malformed; the result is validated.
+StatusOr<PsJobConfig> DecodePsJobConfig(std::string_view json);
+// Optimizer, schedule, sizes and bounds; InvalidArgument naming the field.
+Status ValidatePsJobConfig(const PsJobConfig& config);
+
+struct DenseChunk {
+  uint64_t index = 0;   // position in the buffer, 0-based
+  uint64_t offset = 0;  // first element
+  uint64_t size = 0;    // elements
+  int server = 0;
+  uint64_t key = 0;
+};
+
+// The chunks of a dense buffer of `elements` floats over `num_servers` servers whose key ranges
+// come from ServerKeyRange(key_space, ...). InvalidArgument when a server's key range is too
+// small for its chunks (naming the server and the counts).
+StatusOr<std::vector<DenseChunk>> PlanDenseChunks(uint64_t elements, uint64_t chunk_elements,
+                                                  int num_servers, uint64_t key_space);
+
+// The server holding row `id` of embedding table `table` (its index in the job's tables).
+int SparseRowOwner(size_t table, int64_t id, int num_servers);
+
+}  // namespace tessera
+
+#endif  // TESSERA_COMMON_PS_JOB_H_

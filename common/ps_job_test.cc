@@ -1,0 +1,69 @@
+#include "common/ps_job.h"
+
+#include <gtest/gtest.h>
+
+#include "common/fleet_view.h"
+
+namespace tessera {
+namespace {
+
+TEST(PsJobTest, ConfigRoundTripsThroughJson) {
+  PsJobConfig config;
+  config.consistency = PsConsistency::kSsp;
+  config.staleness = 3;
+  config.num_workers = 4;
+  config.optimizer = DefaultOptimizerOptions(OptimizerKind::kAdamW);
+  config.optimizer.lr = 0.0123f;
+  config.schedule.kind = LrScheduleKind::kCosine;
+  config.schedule.total_steps = 100;
+  config.schedule.warmup_steps = 10;
+  config.dense_elements = 12345;
+  config.layout_fingerprint = 0xfedcba9876543210ULL;
+  config.chunk_elements = 1000;
+  config.tables = {{"emb.0", 50, 8, 17}};
+  auto decoded = DecodePsJobConfig(EncodePsJobConfig(config));
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(EncodePsJobConfig(*decoded), EncodePsJobConfig(config));
+  EXPECT_EQ(decoded->optimizer.lr, 0.0123f);
+  EXPECT_EQ(decoded->layout_fingerprint, 0xfedcba9876543210ULL);
+  EXPECT_EQ(decoded->tables[0].init_seed, 17u);
+  EXPECT_FALSE(DecodePsJobConfig("{\"mode\": \"ps-sync\"}").ok());
+  EXPECT_NE(DecodePsJobConfig("{}").status().message().find("ps job config"), std::string::npos);
+  config.staleness = -1;
+  EXPECT_FALSE(ValidatePsJobConfig(config).ok());
+  EXPECT_FALSE(ParsePsMode("ps-bsp").ok());
+}
+
+TEST(PsJobTest, ChunksCoverTheBufferRoundRobinWithKeysInTheOwnersRange) {
+  const uint64_t key_space = 1000;
+  for (int servers : {1, 2, 3, 5}) {
+    auto chunks = PlanDenseChunks(10007, 100, servers, key_space);
+    ASSERT_TRUE(chunks.ok()) << chunks.status();
+    ASSERT_EQ(chunks->size(), 101u);
+    uint64_t next = 0;
+    for (const DenseChunk& chunk : *chunks) {
+      EXPECT_EQ(chunk.offset, next);
+      next += chunk.size;
+      EXPECT_EQ(chunk.server, static_cast<int>(chunk.index % servers));
+      auto [begin, end] = ServerKeyRange(key_space, servers, chunk.server);
+      EXPECT_GE(chunk.key, begin);
+      EXPECT_LT(chunk.key, end);
+    }
+    EXPECT_EQ(next, 10007u);
+    EXPECT_EQ(chunks->back().size, 7u);
+  }
+  EXPECT_TRUE(PlanDenseChunks(0, 100, 2, key_space)->empty());
+  Status too_many = PlanDenseChunks(1000000, 1, 2, 100).status();
+  EXPECT_NE(too_many.message().find("--ps-chunk-elements"), std::string::npos) << too_many;
+  EXPECT_FALSE(PlanDenseChunks(10, 1, 0, 100).ok());
+}
+
+TEST(PsJobTest, SparseRowsSpreadOverServers) {
+  std::vector<int> counts(3);
+  for (int64_t id = 0; id < 3000; ++id) ++counts[SparseRowOwner(0, id, 3)];
+  for (int c : counts) EXPECT_NEAR(c, 1000, 150);
+  EXPECT_EQ(SparseRowOwner(1, 7, 1), 0);
+}
+
+}  // namespace
+}  // namespace tessera

@@ -1,0 +1,675 @@
+#include "server/ps_service.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "common/embedding_table.h"
+#include "common/fleet_view.h"
+#include "common/logging.h"
+#include "common/metric_names.h"
+#include "common/optimizer.h"
+#include "common/ps_job.h"
+#include "common/wire_codec.h"
+
+namespace tessera::server {
+namespace {
+
+constexpr proto::Role kRole = proto::Role::Server;
+
+// Copies the float32 bytes a TensorMeta describes (frames need not be aligned for float).
+std::vector<float> ReadFloats(const proto::TensorMeta& meta, const Message& message) {
+  std::vector<float> values(meta.byte_length() / sizeof(float));
+  if (!values.empty()) {
+    std::memcpy(values.data(), message.payloads[meta.payload()].data() + meta.offset(),
+                values.size() * sizeof(float));
+  }
+  return values;
+}
+
+std::vector<int64_t> ReadIds(const proto::TensorMeta& meta, const Message& message) {
+  std::vector<int64_t> ids(meta.byte_length() / sizeof(int64_t));
+  if (!ids.empty()) {
+    std::memcpy(ids.data(), message.payloads[meta.payload()].data() + meta.offset(),
+                ids.size() * sizeof(int64_t));
+  }
+  return ids;
+}
+
+}  // namespace
+
+// A request whose reply waits for one or more chunks (or a table) to allow it.
+struct PendingReply {
+  Origin origin;
+  uint64_t request_id = 0;
+  std::vector<std::vector<float>> values;  // per part, filled when the part is released
+  std::vector<std::string> names;          // dense: chunk names, for the reply
+  std::vector<uint64_t> keys;
+  std::atomic<int> remaining{0};
+  // Sparse pulls: the table and the rows asked for.
+  bool sparse = false;
+  std::string table;
+  std::vector<int64_t> ids;
+};
+
+// Who may be released: a part of a PendingReply, with its condition.
+struct Waiter {
+  std::shared_ptr<PendingReply> reply;
+  size_t part = 0;
+  int64_t need_version = -1;    // released once version >= need_version
+  int64_t need_min_clock = -1;  // ps-ssp: released once the slowest clock >= this
+  int64_t step = 0;             // ps-ssp: the push's step (for the staleness record)
+};
+
+struct Chunk {
+  std::mutex mu;
+  DenseChunk where;
+  std::vector<float> values;  // guarded by mu
+  std::vector<float> state;   // guarded by mu
+  int64_t version = 0;        // updates applied; guarded by mu
+  // ps-sync: gradients of a step by rank, until all arrived; guarded by mu.
+  std::map<int64_t, std::vector<std::vector<float>>> pending;
+  std::map<int64_t, int> arrived;
+  std::vector<int64_t> clocks;  // ps-ssp: last step each worker pushed; guarded by mu
+  std::vector<Waiter> waiters;  // guarded by mu
+};
+
+struct Table {
+  std::mutex mu;
+  size_t index = 0;
+  std::unique_ptr<EmbeddingTable> rows;  // guarded by mu
+  int64_t version = 0;                   // guarded by mu
+  struct RankRows {
+    std::vector<int64_t> ids;
+    std::vector<float> grads;
+  };
+  std::map<int64_t, std::vector<RankRows>> pending;  // ps-sync; guarded by mu
+  std::map<int64_t, int> arrived;                    // guarded by mu
+  std::vector<Waiter> waiters;                       // guarded by mu
+};
+
+struct Job {
+  PsJobConfig config;
+  std::map<uint64_t, std::unique_ptr<Chunk>> chunks;  // by key
+  std::map<std::string, std::unique_ptr<Table>> tables;
+};
+
+class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
+ public:
+  Impl(const PsServiceOptions& options, RpcEndpoint* endpoint) : options_(options),
+                                                                 endpoint_(endpoint) {}
+
+  Status Init(MetricsRegistry* metrics) {
+    namespace names = metric_names;
+    auto gauge = [&](const names::MetricName& m) -> StatusOr<Gauge*> {
+      ASSIGN_OR_RETURN(GaugeFamily * family, metrics->RegisterGauge(m.name, m.help));
+      return family->WithLabels({});
+    };
+    ASSIGN_OR_RETURN(parameter_bytes_, gauge(names::kPsParameterBytes));
+    ASSIGN_OR_RETURN(state_bytes_, gauge(names::kPsOptimizerStateBytes));
+    ASSIGN_OR_RETURN(staleness_, gauge(names::kPsStaleness));
+    ASSIGN_OR_RETURN(max_released_staleness_, gauge(names::kPsMaxReleasedStaleness));
+    ASSIGN_OR_RETURN(waiting_, gauge(names::kPsWaitingRequests));
+    ASSIGN_OR_RETURN(CounterFamily * updates,
+                     metrics->RegisterCounter(names::kPsUpdatesTotal.name,
+                                              names::kPsUpdatesTotal.help, {"kind"}));
+    ASSIGN_OR_RETURN(dense_updates_, updates->WithLabels({"dense"}));
+    ASSIGN_OR_RETURN(sparse_updates_, updates->WithLabels({"sparse"}));
+    ASSIGN_OR_RETURN(CounterFamily * bytes,
+                     metrics->RegisterCounter(names::kPsGradientBytesTotal.name,
+                                              names::kPsGradientBytesTotal.help, {"kind"}));
+    ASSIGN_OR_RETURN(dense_gradient_bytes_, bytes->WithLabels({"dense"}));
+    ASSIGN_OR_RETURN(sparse_gradient_bytes_, bytes->WithLabels({"sparse"}));
+    for (int i = 0; i < std::max(1, options_.threads); ++i) {
+      threads_.emplace_back([this] { WorkLoop(); });
+    }
+    return OkStatus();
+  }
+
+  void InstallHandlers() {
+    std::weak_ptr<Impl> weak = shared_from_this();
+    auto route = [weak](void (Impl::*serve)(const Envelope&)) {
+      return [weak, serve](Envelope envelope) {
+        auto self = weak.lock();
+        if (self == nullptr || !envelope.origin.IsRequest()) return;
+        self->Post([self, serve, envelope = std::move(envelope)] { (self.get()->*serve)(envelope); });
+      };
+    };
+    endpoint_->SetHandler(proto::Body::PsInitRequest, route(&Impl::ServeInit));
+    endpoint_->SetHandler(proto::Body::PsPushPullRequest, route(&Impl::ServePushPull));
+    endpoint_->SetHandler(proto::Body::SparsePushRequest, route(&Impl::ServeSparsePush));
+    endpoint_->SetHandler(proto::Body::SparsePullRequest, route(&Impl::ServeSparsePull));
+  }
+
+  void Stop() {
+    for (proto::Body type : {proto::Body::PsInitRequest, proto::Body::PsPushPullRequest,
+                             proto::Body::SparsePushRequest, proto::Body::SparsePullRequest}) {
+      endpoint_->ClearHandler(type);
+    }
+    {
+      std::lock_guard<std::mutex> lock(queue_mu_);
+      stopping_ = true;
+    }
+    queue_cv_.notify_all();
+    for (std::thread& thread : threads_) thread.join();
+    threads_.clear();
+  }
+
+ private:
+  void Post(std::function<void()> work) {
+    {
+      std::lock_guard<std::mutex> lock(queue_mu_);
+      queue_.push_back(std::move(work));
+    }
+    queue_cv_.notify_one();
+  }
+
+  void WorkLoop() {
+    while (true) {
+      std::function<void()> work;
+      {
+        std::unique_lock<std::mutex> lock(queue_mu_);
+        queue_cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+        if (stopping_) return;
+        work = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      work();
+    }
+  }
+
+  void Answer(const Envelope& request, Message reply) {
+    Status sent = endpoint_->transport().Reply(request.origin, std::move(reply));
+    if (!sent.ok()) TLOG(WARNING) << "reply to " << DescribeSender(*request.header) << ": " << sent;
+  }
+  void AnswerError(const Envelope& request, const Status& status) {
+    Answer(request, MakeErrorReply(kRole, options_.server_rank, request.header->request_id(),
+                                   status.WithContext("server " +
+                                                      std::to_string(options_.server_rank))));
+  }
+
+  std::shared_ptr<Job> CurrentJob() {
+    std::lock_guard<std::mutex> lock(job_mu_);
+    return job_;
+  }
+
+  // ---- Init --------------------------------------------------------------------------------
+  void ServeInit(const Envelope& request) {
+    const auto* init = request.header->body_as_PsInitRequest();
+    StatusOr<PsJobConfig> config =
+        DecodePsJobConfig(init->config() != nullptr ? init->config()->string_view() : "");
+    if (!config.ok()) return AnswerError(request, config.status());
+    auto plan = PlanDenseChunks(config->dense_elements, config->chunk_elements,
+                                options_.num_servers, options_.key_space);
+    if (!plan.ok()) return AnswerError(request, plan.status());
+    auto job = std::make_shared<Job>();
+    job->config = *config;
+    std::map<uint64_t, const proto::TensorMeta*> given;
+    if (init->tensors() != nullptr) {
+      for (const proto::TensorMeta* meta : *init->tensors()) given[meta->key()] = meta;
+    }
+    const size_t state_per_element = StateFloatsPerElement(config->optimizer.kind);
+    double bytes = 0;
+    for (const DenseChunk& where : *plan) {
+      if (where.server != options_.server_rank) continue;
+      auto it = given.find(where.key);
+      if (it == given.end() || it->second->byte_length() != where.size * sizeof(float)) {
+        return AnswerError(request, InvalidArgumentError(
+                                        "init: chunk " + std::to_string(where.index) + " (key " +
+                                        std::to_string(where.key) + ", " +
+                                        std::to_string(where.size) +
+                                        " floats) is missing or has the wrong size"));
+      }
+      auto chunk = std::make_unique<Chunk>();
+      chunk->where = where;
+      chunk->values = ReadFloats(*it->second, request.message);
+      chunk->state.resize(state_per_element * where.size);
+      InitOptimizerState(config->optimizer, chunk->state.data(), where.size);
+      chunk->clocks.assign(static_cast<size_t>(config->num_workers), 0);
+      bytes += static_cast<double>(where.size) * sizeof(float);
+      job->chunks[where.key] = std::move(chunk);
+    }
+    if (given.size() != job->chunks.size()) {
+      return AnswerError(request, InvalidArgumentError(
+                                      "init: " + std::to_string(given.size()) +
+                                      " chunks sent, this server owns " +
+                                      std::to_string(job->chunks.size())));
+    }
+    for (size_t t = 0; t < config->tables.size(); ++t) {
+      auto table = std::make_unique<Table>();
+      table->index = t;
+      table->rows = std::make_unique<EmbeddingTable>(config->tables[t], config->optimizer);
+      job->tables[config->tables[t].name] = std::move(table);
+    }
+    parameter_bytes_->Set(bytes);
+    state_bytes_->Set(bytes * static_cast<double>(state_per_element));
+    max_released_staleness_->Set(0);
+    std::vector<Envelope> early;
+    {
+      std::lock_guard<std::mutex> lock(job_mu_);
+      if (job_ != nullptr) TLOG(INFO) << "a new job replaces the previous one";
+      job_ = job;
+      early.swap(before_init_);
+    }
+    TLOG(INFO) << PsModeName(config->consistency) << " job for " << config->num_workers
+               << " workers: " << job->chunks.size() << " dense chunks ("
+               << static_cast<uint64_t>(bytes) << " bytes), " << config->tables.size()
+               << " embedding tables, " << config->optimizer.ToString();
+    MessageBuilder builder(kRole, options_.server_rank);
+    Answer(request, builder.Finish(proto::CreateAckDirect(builder.fbb(), ""),
+                                   request.header->request_id()));
+    for (Envelope& envelope : early) Post([self = shared_from_this(), envelope] {
+      self->Dispatch(envelope);
+    });
+  }
+
+  void Dispatch(const Envelope& envelope) {
+    switch (envelope.header->body_type()) {
+      case proto::Body::PsPushPullRequest: return ServePushPull(envelope);
+      case proto::Body::SparsePushRequest: return ServeSparsePush(envelope);
+      case proto::Body::SparsePullRequest: return ServeSparsePull(envelope);
+      default: return;
+    }
+  }
+
+  // A request before the job exists waits for the init (other workers start as fast as rank
+  // 0). Returns null after parking it.
+  std::shared_ptr<Job> JobOrPark(const Envelope& request) {
+    std::lock_guard<std::mutex> lock(job_mu_);
+    if (job_ == nullptr) {
+      before_init_.push_back(request);
+      return nullptr;
+    }
+    return job_;
+  }
+
+  Status CheckRank(const Job& job, const Envelope& request) {
+    const int rank = request.header->sender_rank();
+    if (rank < 0 || rank >= job.config.num_workers) {
+      return InvalidArgumentError("worker rank " + std::to_string(rank) + " is outside the job's " +
+                                  std::to_string(job.config.num_workers) + " workers");
+    }
+    return OkStatus();
+  }
+
+  // ---- Dense -------------------------------------------------------------------------------
+  void ServePushPull(const Envelope& request) {
+    std::shared_ptr<Job> job = JobOrPark(request);
+    if (job == nullptr) return;
+    if (Status status = CheckRank(*job, request); !status.ok()) return AnswerError(request, status);
+    const auto* body = request.header->body_as_PsPushPullRequest();
+    const int rank = request.header->sender_rank();
+    const int64_t step = request.header->step();
+    const bool push = body->has_gradients();
+    if (push && step < 1) {
+      return AnswerError(request, InvalidArgumentError("push of step " + std::to_string(step) +
+                                                       "; steps start at 1"));
+    }
+    std::vector<Chunk*> chunks;
+    std::vector<std::vector<float>> grads;
+    if (body->tensors() != nullptr) {
+      for (const proto::TensorMeta* meta : *body->tensors()) {
+        auto it = job->chunks.find(meta->key());
+        if (it == job->chunks.end()) {
+          return AnswerError(request, NotFoundError(OwnerMessage(*job, meta->key())));
+        }
+        Chunk* chunk = it->second.get();
+        if (push && meta->byte_length() != chunk->where.size * sizeof(float)) {
+          return AnswerError(request, InvalidArgumentError(
+                                          "chunk " + std::to_string(chunk->where.index) + " has " +
+                                          std::to_string(chunk->where.size) + " floats; the push "
+                                          "carries " + std::to_string(meta->byte_length()) +
+                                          " bytes"));
+        }
+        chunks.push_back(chunk);
+        if (push) grads.push_back(ReadFloats(*meta, request.message));
+      }
+    }
+    auto reply = std::make_shared<PendingReply>();
+    reply->origin = request.origin;
+    reply->request_id = request.header->request_id();
+    reply->values.resize(chunks.size());
+    for (Chunk* chunk : chunks) {
+      reply->names.push_back("chunk" + std::to_string(chunk->where.index));
+      reply->keys.push_back(chunk->where.key);
+    }
+    reply->remaining = static_cast<int>(chunks.size());
+    if (chunks.empty()) return Send(reply);
+    const PsJobConfig& config = job->config;
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      Chunk& chunk = *chunks[i];
+      std::lock_guard<std::mutex> lock(chunk.mu);
+      Waiter waiter{reply, i};
+      if (!push) {
+        waiter.need_version = config.consistency == PsConsistency::kSync ? step - 1 : 0;
+      } else {
+        dense_gradient_bytes_->Increment(static_cast<double>(grads[i].size() * sizeof(float)));
+        switch (config.consistency) {
+          case PsConsistency::kSync: {
+            auto& slots = chunk.pending[step];
+            slots.resize(static_cast<size_t>(config.num_workers));
+            if (!slots[rank].empty()) {
+              return AnswerError(request, AlreadyExistsError(
+                                              "worker " + std::to_string(rank) + " pushed step " +
+                                              std::to_string(step) + " twice"));
+            }
+            slots[rank] = std::move(grads[i]);
+            if (++chunk.arrived[step] == config.num_workers) ApplySync(config, step, &chunk);
+            waiter.need_version = step;
+            break;
+          }
+          case PsConsistency::kAsync:
+          case PsConsistency::kSsp:
+            ApplyOne(config, grads[i].data(), &chunk);
+            chunk.clocks[rank] = std::max(chunk.clocks[rank], step);
+            if (config.consistency == PsConsistency::kSsp) {
+              waiter.need_min_clock = step - config.staleness;
+              waiter.step = step;
+            }
+            break;
+        }
+      }
+      chunk.waiters.push_back(std::move(waiter));
+      waiting_count_.fetch_add(1);
+      ReleaseReady(config, &chunk);
+    }
+  }
+
+  std::string OwnerMessage(const Job& job, uint64_t key) {
+    for (int s = 0; s < options_.num_servers; ++s) {
+      auto [begin, end] = ServerKeyRange(options_.key_space, options_.num_servers, s);
+      if (key >= begin && key < end && s != options_.server_rank) {
+        return "key " + std::to_string(key) + " belongs to server " + std::to_string(s) +
+               ", not server " + std::to_string(options_.server_rank);
+      }
+    }
+    return "key " + std::to_string(key) + " is not a chunk of this job on server " +
+           std::to_string(options_.server_rank) + " (" + std::to_string(job.chunks.size()) +
+           " chunks here)";
+  }
+
+  // ps-sync: every worker's gradient of `step` is here: sum in rank order, average, apply.
+  // REQUIRES: chunk->mu held.
+  void ApplySync(const PsJobConfig& config, int64_t step, Chunk* chunk) {
+    auto& slots = chunk->pending[step];
+    std::vector<float>& sum = slots[0];
+    for (size_t r = 1; r < slots.size(); ++r) {
+      for (size_t j = 0; j < sum.size(); ++j) sum[j] += slots[r][j];
+    }
+    const float scale = 1.0f / static_cast<float>(config.num_workers);
+    for (float& g : sum) g *= scale;
+    const float lr = LearningRate(config.schedule, config.optimizer.lr, step - 1);
+    DenseUpdate(config.optimizer, lr, step, chunk->values.data(), sum.data(), sum.size(),
+                chunk->state.data());
+    chunk->version = step;
+    chunk->pending.erase(step);
+    chunk->arrived.erase(step);
+    dense_updates_->Increment();
+  }
+
+  // ps-async / ps-ssp: one worker's gradient, applied at once. REQUIRES: chunk->mu held.
+  void ApplyOne(const PsJobConfig& config, const float* grad, Chunk* chunk) {
+    const int64_t step = chunk->version + 1;
+    const float lr = LearningRate(config.schedule, config.optimizer.lr, step - 1);
+    DenseUpdate(config.optimizer, lr, step, chunk->values.data(), grad, chunk->values.size(),
+                chunk->state.data());
+    chunk->version = step;
+    dense_updates_->Increment();
+  }
+
+  // Releases every waiter of `chunk` whose condition holds. REQUIRES: chunk->mu held.
+  void ReleaseReady(const PsJobConfig& config, Chunk* chunk) {
+    const int64_t slowest = *std::min_element(chunk->clocks.begin(), chunk->clocks.end());
+    const int64_t fastest = *std::max_element(chunk->clocks.begin(), chunk->clocks.end());
+    if (config.consistency == PsConsistency::kSsp) staleness_->Set(static_cast<double>(fastest - slowest));
+    auto ready = [&](const Waiter& w) {
+      if (w.need_version >= 0 && chunk->version < w.need_version) return false;
+      if (w.need_min_clock >= 0 && slowest < w.need_min_clock) return false;
+      return true;
+    };
+    std::vector<Waiter> keep;
+    for (Waiter& waiter : chunk->waiters) {
+      if (!ready(waiter)) {
+        keep.push_back(std::move(waiter));
+        continue;
+      }
+      if (waiter.need_min_clock >= 0) {
+        const double lead = static_cast<double>(waiter.step - slowest);
+        if (lead > max_released_staleness_->Value()) max_released_staleness_->Set(lead);
+      }
+      waiter.reply->values[waiter.part] = chunk->values;
+      if (--waiter.reply->remaining == 0) Send(waiter.reply);
+    }
+    waiting_count_.fetch_sub(static_cast<int64_t>(chunk->waiters.size() - keep.size()));
+    chunk->waiters.swap(keep);
+    waiting_->Set(static_cast<double>(waiting_count_.load()));
+  }
+
+  void Send(const std::shared_ptr<PendingReply>& reply) {
+    MessageBuilder builder(kRole, options_.server_rank);
+    if (reply->sparse) {
+      const std::vector<float>& values = reply->values[0];
+      int32_t ids_frame = builder.AddPayload(
+          Payload::Copy(reply->ids.data(), reply->ids.size() * sizeof(int64_t)));
+      int32_t values_frame =
+          builder.AddPayload(Payload::Copy(values.data(), values.size() * sizeof(float)));
+      std::vector<int64_t> ids_shape = {static_cast<int64_t>(reply->ids.size())};
+      std::vector<int64_t> values_shape = {static_cast<int64_t>(values.size())};
+      auto ids = proto::CreateTensorMetaDirect(builder.fbb(), "row_ids", 0, proto::DType::Int64,
+                                               &ids_shape, ids_frame, 0,
+                                               reply->ids.size() * sizeof(int64_t));
+      auto vals = proto::CreateTensorMetaDirect(builder.fbb(), "values", 0, proto::DType::Float32,
+                                                &values_shape, values_frame, 0,
+                                                values.size() * sizeof(float));
+      Message message = builder.Finish(
+          proto::CreateSparsePullReplyDirect(builder.fbb(), reply->table.c_str(), ids, vals),
+          reply->request_id);
+      Status sent = endpoint_->transport().Reply(reply->origin, std::move(message));
+      if (!sent.ok()) TLOG(WARNING) << "sparse pull reply: " << sent;
+      return;
+    }
+    std::vector<flatbuffers::Offset<proto::TensorMeta>> metas;
+    for (size_t i = 0; i < reply->values.size(); ++i) {
+      auto owned = std::make_shared<std::vector<float>>(std::move(reply->values[i]));
+      int32_t frame = builder.AddPayload(
+          Payload::Borrow(owned->data(), owned->size() * sizeof(float), owned));
+      std::vector<int64_t> shape = {static_cast<int64_t>(owned->size())};
+      metas.push_back(proto::CreateTensorMetaDirect(builder.fbb(), reply->names[i].c_str(),
+                                                    reply->keys[i], proto::DType::Float32, &shape,
+                                                    frame, 0, owned->size() * sizeof(float)));
+    }
+    Message message =
+        builder.Finish(proto::CreatePullReplyDirect(builder.fbb(), &metas), reply->request_id);
+    Status sent = endpoint_->transport().Reply(reply->origin, std::move(message));
+    if (!sent.ok()) TLOG(WARNING) << "push-pull reply: " << sent;
+  }
+
+  // ---- Sparse ------------------------------------------------------------------------------
+  StatusOr<Table*> FindTable(const Job& job, const flatbuffers::String* name) {
+    const std::string table = name != nullptr ? name->str() : "";
+    auto it = job.tables.find(table);
+    if (it == job.tables.end()) {
+      return NotFoundError("no embedding table '" + table + "' in this job");
+    }
+    return it->second.get();
+  }
+
+  Status CheckOwnedRows(const Table& table, const std::vector<int64_t>& ids) {
+    for (int64_t id : ids) {
+      const int owner = SparseRowOwner(table.index, id, options_.num_servers);
+      if (owner != options_.server_rank) {
+        return InvalidArgumentError("row " + std::to_string(id) + " of table '" +
+                                    table.rows->spec().name + "' belongs to server " +
+                                    std::to_string(owner) + ", not server " +
+                                    std::to_string(options_.server_rank));
+      }
+    }
+    return OkStatus();
+  }
+
+  void ServeSparsePush(const Envelope& request) {
+    std::shared_ptr<Job> job = JobOrPark(request);
+    if (job == nullptr) return;
+    if (Status status = CheckRank(*job, request); !status.ok()) return AnswerError(request, status);
+    const auto* body = request.header->body_as_SparsePushRequest();
+    StatusOr<Table*> found = FindTable(*job, body->table());
+    if (!found.ok()) return AnswerError(request, found.status());
+    Table& table = **found;
+    std::vector<int64_t> ids =
+        body->row_ids() != nullptr ? ReadIds(*body->row_ids(), request.message) : std::vector<int64_t>();
+    std::vector<float> grads =
+        body->values() != nullptr ? ReadFloats(*body->values(), request.message) : std::vector<float>();
+    const size_t dim = static_cast<size_t>(table.rows->spec().dim);
+    if (grads.size() != ids.size() * dim) {
+      return AnswerError(request, InvalidArgumentError(
+                                      "sparse push to table '" + table.rows->spec().name + "': " +
+                                      std::to_string(ids.size()) + " rows but " +
+                                      std::to_string(grads.size()) + " floats (dim " +
+                                      std::to_string(dim) + ")"));
+    }
+    if (Status status = CheckOwnedRows(table, ids); !status.ok()) return AnswerError(request, status);
+    const PsJobConfig& config = job->config;
+    const int rank = request.header->sender_rank();
+    const int64_t step = request.header->step();
+    sparse_gradient_bytes_->Increment(static_cast<double>(grads.size() * sizeof(float)));
+    Status applied = OkStatus();
+    {
+      std::lock_guard<std::mutex> lock(table.mu);
+      if (config.consistency == PsConsistency::kSync) {
+        auto& slots = table.pending[step];
+        slots.resize(static_cast<size_t>(config.num_workers));
+        slots[rank] = {std::move(ids), std::move(grads)};
+        if (++table.arrived[step] == config.num_workers) {
+          std::vector<int64_t> all_ids;
+          std::vector<float> all_grads;
+          for (auto& part : slots) {  // rank order
+            all_ids.insert(all_ids.end(), part.ids.begin(), part.ids.end());
+            all_grads.insert(all_grads.end(), part.grads.begin(), part.grads.end());
+          }
+          const float scale = 1.0f / static_cast<float>(config.num_workers);
+          for (float& g : all_grads) g *= scale;
+          const float lr = LearningRate(config.schedule, config.optimizer.lr, step - 1);
+          applied = table.rows->ApplyGradients(lr, step, all_ids.data(), all_grads.data(),
+                                               all_ids.size());
+          table.version = step;
+          table.pending.erase(step);
+          table.arrived.erase(step);
+          sparse_updates_->Increment();
+        }
+      } else {
+        const int64_t update = table.version + 1;
+        const float lr = LearningRate(config.schedule, config.optimizer.lr, update - 1);
+        applied = table.rows->ApplyGradients(lr, update, ids.data(), grads.data(), ids.size());
+        table.version = update;
+        sparse_updates_->Increment();
+      }
+      ReleaseTable(&table);
+    }
+    if (!applied.ok()) return AnswerError(request, applied);
+    MessageBuilder builder(kRole, options_.server_rank);
+    Answer(request, builder.Finish(proto::CreateAckDirect(builder.fbb(), ""),
+                                   request.header->request_id()));
+  }
+
+  void ServeSparsePull(const Envelope& request) {
+    std::shared_ptr<Job> job = JobOrPark(request);
+    if (job == nullptr) return;
+    const auto* body = request.header->body_as_SparsePullRequest();
+    StatusOr<Table*> found = FindTable(*job, body->table());
+    if (!found.ok()) return AnswerError(request, found.status());
+    Table& table = **found;
+    auto reply = std::make_shared<PendingReply>();
+    reply->origin = request.origin;
+    reply->request_id = request.header->request_id();
+    reply->sparse = true;
+    reply->table = table.rows->spec().name;
+    reply->ids = body->row_ids() != nullptr ? ReadIds(*body->row_ids(), request.message)
+                                            : std::vector<int64_t>();
+    reply->values.resize(1);
+    reply->remaining = 1;
+    for (int64_t id : reply->ids) {
+      if (id < 0 || id >= table.rows->spec().rows) {
+        return AnswerError(request, InvalidArgumentError(
+                                        "row " + std::to_string(id) + " of table '" + reply->table +
+                                        "' is outside [0, " +
+                                        std::to_string(table.rows->spec().rows) + ")"));
+      }
+    }
+    if (Status status = CheckOwnedRows(table, reply->ids); !status.ok()) {
+      return AnswerError(request, status);
+    }
+    std::lock_guard<std::mutex> lock(table.mu);
+    Waiter waiter{reply, 0};
+    waiter.need_version =
+        job->config.consistency == PsConsistency::kSync ? request.header->step() - 1 : 0;
+    table.waiters.push_back(std::move(waiter));
+    ReleaseTable(&table);
+  }
+
+  // REQUIRES: table->mu held.
+  void ReleaseTable(Table* table) {
+    std::vector<Waiter> keep;
+    const size_t dim = static_cast<size_t>(table->rows->spec().dim);
+    for (Waiter& waiter : table->waiters) {
+      if (table->version < waiter.need_version) {
+        keep.push_back(std::move(waiter));
+        continue;
+      }
+      PendingReply& reply = *waiter.reply;
+      reply.values[0].resize(reply.ids.size() * dim);
+      Status looked_up = table->rows->Lookup(reply.ids.data(), reply.ids.size(),
+                                             reply.values[0].data());
+      if (!looked_up.ok()) {  // checked on arrival; kept for safety
+        TLOG(ERROR) << "sparse pull: " << looked_up;
+        continue;
+      }
+      if (--reply.remaining == 0) Send(waiter.reply);
+    }
+    table->waiters.swap(keep);
+  }
+
+  const PsServiceOptions options_;
+  RpcEndpoint* const endpoint_;
+
+  std::mutex job_mu_;
+  std::shared_ptr<Job> job_;              // guarded by job_mu_
+  std::vector<Envelope> before_init_;     // guarded by job_mu_
+
+  std::mutex queue_mu_;
+  std::condition_variable queue_cv_;
+  std::deque<std::function<void()>> queue_;  // guarded by queue_mu_
+  bool stopping_ = false;                    // guarded by queue_mu_
+  std::vector<std::thread> threads_;
+
+  Gauge* parameter_bytes_ = nullptr;
+  Gauge* state_bytes_ = nullptr;
+  Gauge* staleness_ = nullptr;
+  Gauge* max_released_staleness_ = nullptr;
+  Gauge* waiting_ = nullptr;
+  std::atomic<int64_t> waiting_count_{0};  // dense waiters over all chunks
+  Counter* dense_updates_ = nullptr;
+  Counter* sparse_updates_ = nullptr;
+  Counter* dense_gradient_bytes_ = nullptr;
+  Counter* sparse_gradient_bytes_ = nullptr;
+};
+
+StatusOr<std::unique_ptr<PsService>> PsService::Start(const PsServiceOptions& options,
+                                                      RpcEndpoint* endpoint,
+                                                      MetricsRegistry* metrics) {
+  auto impl = std::make_shared<Impl>(options, endpoint);
+  RETURN_IF_ERROR(impl->Init(metrics));
+  impl->InstallHandlers();
+  return std::unique_ptr<PsService>(new PsService(impl));
+}
+
+PsService::~PsService() { impl_->Stop(); }
+
+}  // namespace tessera::server

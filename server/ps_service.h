@@ -1,0 +1,62 @@
+// PsService: the server side of the parameter-server modes (ps-sync, ps-async, ps-ssp).
+//
+// Worker rank 0 initialises the job (PsInitRequest: the PsJobConfig as JSON and the initial
+// values of this server's dense chunks, common/ps_job.h); from then on the service holds:
+//   - its dense chunks, each with its optimizer state and its own lock (no global lock on the
+//     hot path: requests for different chunks proceed in parallel on the service's threads);
+//   - the embedding rows hashed to it (EmbeddingTable, created on first touch from the seeded
+//     initial values, so only touched rows exist and only touched rows travel).
+// Requests (see proto/wire.fbs, "Parameter-server training"):
+//   PsPushPullRequest   gradients for chunks -> PullReply with the chunks' values, released by
+//                       the consistency model:
+//                         ps-sync  the W workers' gradients of step t are summed in rank order,
+//                                  averaged and applied once (the optimizer's step t); replies
+//                                  wait until then, so every worker sees the same parameters;
+//                         ps-async each push is applied as it arrives; the reply is immediate;
+//                         ps-ssp   as async, but the reply to a push of step t waits until the
+//                                  slowest worker has pushed step t - K (--staleness K).
+//                       Without gradients: a pull of the values after step header.step - 1.
+//   SparsePushRequest   row gradients of one table -> Ack (ps-sync: applied once all W workers
+//                       pushed their rows for the step, summed in rank order and averaged).
+//   SparsePullRequest   rows -> SparsePullReply (ps-sync: after step header.step - 1 applied).
+// Every error names the key, chunk, table or row, and the owner where another server owns it.
+//
+// Thread-safety: thread-safe. Handlers run on the transport's I/O thread and only queue work.
+#ifndef TESSERA_SERVER_PS_SERVICE_H_
+#define TESSERA_SERVER_PS_SERVICE_H_
+
+#include <memory>
+
+#include "common/metrics.h"
+#include "common/rpc_endpoint.h"
+#include "common/status.h"
+
+namespace tessera::server {
+
+struct PsServiceOptions {
+  int server_rank = 0;
+  int num_servers = 1;
+  uint64_t key_space = 0;
+  int threads = 2;  // threads applying updates
+};
+
+class PsService {
+ public:
+  // Starts the threads and installs the handlers on `endpoint`.
+  static StatusOr<std::unique_ptr<PsService>> Start(const PsServiceOptions& options,
+                                                    RpcEndpoint* endpoint,
+                                                    MetricsRegistry* metrics);
+  // Removes the handlers, then stops the threads (requests still waiting are dropped: their
+  // workers time out or were told the job failed).
+  ~PsService();
+
+  class Impl;
+
+ private:
+  explicit PsService(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace tessera::server
+
+#endif  // TESSERA_SERVER_PS_SERVICE_H_

@@ -1,0 +1,202 @@
+// Parameter-server training end to end: tessera-launch with real servers and workers on
+// loopback, compared against single-process training (--mode local) on the same global batch.
+//
+// Tolerance of the ps-sync comparisons: |ps - local| <= 1e-6 + 1e-5 |local| per parameter.
+// Both runs see exactly the same samples per step, but local computes the gradient of the
+// W*B-sample batch in one GEMM while ps-sync averages W per-worker gradients in rank order, so
+// the float32 sums are rounded in a different order (~1e-7 relative per step); Adam divides by
+// sqrt(v), which turns those last bits of small gradients into relative differences of ~1e-5
+// on parameters that barely moved. Bitwise equality is not possible across that reduction.
+#include <signal.h>
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <regex>
+#include <sstream>
+
+#include "tests/fleet_harness.h"
+#include "worker/params_file.h"
+
+namespace tessera::testing {
+namespace {
+
+constexpr int64_t kRunMs = 120000;
+
+std::string TempPath(const std::string& name) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return std::string(dir != nullptr ? dir : "/tmp") + "/" + name;
+}
+
+// Small and fast, but every piece is real: 3 workers x 16 samples per step = the local batch
+// of 48; 1920 samples = 40 global batches, so 25 steps stay inside the first epoch.
+std::vector<std::string> TrainingFlags(const std::string& model, const std::string& optimizer) {
+  std::vector<std::string> flags = {"--steps", "25", "--optimizer", optimizer, "--device", "cpu",
+                                    "--log-every", "5", "--train-samples", "1920",
+                                    "--ps-chunk-elements", "100", "--seed", "3"};
+  if (model == "mlp") {
+    flags.insert(flags.end(), {"--hidden", "32,16", "--input-dim", "16", "--classes", "4"});
+  } else {
+    flags.insert(flags.end(), {"--model", "ctr", "--dataset", "synthetic-ctr", "--hidden", "16",
+                               "--embedding-dim", "4"});
+  }
+  flags.insert(flags.end(), {"--lr", optimizer == "adam" ? "0.01" : "0.1"});
+  return flags;
+}
+
+std::vector<std::string> Concat(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// Runs `binary args` to completion; fails the test unless it exits 0.
+void RunToSuccess(FleetHarness& harness, const std::string& label, const std::string& binary,
+                  const std::vector<std::string>& args) {
+  auto id = harness.Start(label, binary, args);
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto exit = harness.WaitExit(*id, Deadline::AfterMillis(kRunMs));
+  ASSERT_TRUE(exit.ok()) << exit.status() << "\n" << harness.Output(*id);
+  ASSERT_TRUE(exit->success()) << label << ": " << exit->Describe() << "\n" << harness.Output(*id);
+}
+
+void ExpectClose(const std::string& ps_path, const std::string& local_path) {
+  auto ps = worker::LoadParams(ps_path);
+  auto local = worker::LoadParams(local_path);
+  ASSERT_TRUE(ps.ok()) << ps.status();
+  ASSERT_TRUE(local.ok()) << local.status();
+  ASSERT_EQ(ps->layout.Fingerprint(), local->layout.Fingerprint());
+  size_t bad = 0;
+  double worst = 0;
+  for (size_t i = 0; i < ps->values.size(); ++i) {
+    const double a = ps->values[i], b = local->values[i];
+    const double excess = std::fabs(a - b) - (1e-6 + 1e-5 * std::fabs(b));
+    if (excess > 0) ++bad;
+    worst = std::max(worst, std::fabs(a - b));
+  }
+  EXPECT_EQ(bad, 0u) << "of " << ps->values.size() << " parameters; largest difference " << worst;
+  // And training moved them: the comparison is not between two copies of the initial values.
+  EXPECT_GT(ps->values.size(), 100u);
+}
+
+class PsSyncMatchesLocal : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
+
+TEST_P(PsSyncMatchesLocal, ThreeWorkersTwoServers) {
+  const auto& [model, optimizer] = GetParam();
+  FleetHarness harness;
+  const std::string tag = model + "_" + optimizer;
+  const std::string local_path = TempPath("local_" + tag + ".bin");
+  const std::string ps_path = TempPath("ps_" + tag + ".bin");
+  RunToSuccess(harness, "local", "worker/tessera-worker",
+               Concat(TrainingFlags(model, optimizer),
+                      {"--mode", "local", "--batch-size", "48", "--save-params", local_path}));
+  RunToSuccess(harness, "launcher", "tools/tessera-launch",
+               Concat({"--servers", "2", "--workers", "3", "--mode", "ps-sync", "--"},
+                      Concat(TrainingFlags(model, optimizer),
+                             {"--batch-size", "16", "--save-params", ps_path})));
+  ExpectClose(ps_path, local_path);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, PsSyncMatchesLocal,
+                         ::testing::Values(std::make_tuple("mlp", "sgd"),
+                                           std::make_tuple("mlp", "adam"),
+                                           std::make_tuple("ctr", "adam")),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" + std::get<1>(info.param);
+                         });
+
+// The eval accuracy in a worker's JSON summary line.
+double EvalAccuracy(const std::string& output, int worker) {
+  std::regex line("\\[worker " + std::to_string(worker) +
+                  "\\] \\{.*\"eval_accuracy\":([0-9.eE+-]+)");
+  std::smatch match;
+  if (!std::regex_search(output, match, line)) return -1;
+  return std::stod(match[1]);
+}
+
+// A metric's value in a /metrics exposition (-1 when absent).
+double MetricValue(const std::string& exposition, const std::string& name) {
+  std::smatch match;
+  if (!std::regex_search(exposition, match, std::regex("\\n" + name + " ([0-9.eE+-]+)"))) {
+    return -1;
+  }
+  return std::stod(match[1]);
+}
+
+// ps-async and ps-ssp converge; the servers' own record shows the SSP bound held.
+TEST(PsTest, AsyncAndSspConvergeAndSspNeverExceedsItsBound) {
+  for (const std::string mode : {"ps-async", "ps-ssp"}) {
+    FleetHarness harness;
+    auto launcher = harness.Start(
+        "launcher", "tools/tessera-launch",
+        Concat({"--servers", "2", "--workers", "3", "--mode", mode, "--linger", "60", "--"},
+               {"--steps", "150", "--optimizer", "adam", "--lr", "0.01", "--hidden", "32",
+                "--input-dim", "16", "--classes", "4", "--train-samples", "4000", "--batch-size",
+                "32", "--device", "cpu", "--log-every", "50", "--staleness", "1", "--json",
+                "--ps-chunk-elements", "64"}));
+    ASSERT_TRUE(launcher.ok()) << launcher.status();
+    ASSERT_TRUE(harness.WaitForLine(*launcher, "all 3 workers finished",
+                                    Deadline::AfterMillis(kRunMs))
+                    .ok())
+        << harness.Output(*launcher);
+    const std::string output = harness.Output(*launcher);
+    for (int w = 0; w < 3; ++w) {
+      // Chance is 0.25; the local reference reaches ~0.8 in as many samples.
+      EXPECT_GT(EvalAccuracy(output, w), 0.6) << mode << " worker " << w << "\n" << output;
+    }
+    std::smatch match;
+    std::string rest = output;
+    int servers = 0;
+    std::regex server_line(R"(\[launch\] server (\d+) pid=\d+ metrics=(\S+))");
+    while (std::regex_search(rest, match, server_line)) {
+      auto metrics = HttpGet(match[2], 10000);
+      ASSERT_TRUE(metrics.ok()) << metrics.status();
+      EXPECT_GT(MetricValue(metrics->body, "tessera_ps_updates_total\\{kind=\"dense\"\\}"), 0)
+          << metrics->body;
+      const double released = MetricValue(metrics->body, "tessera_ps_max_released_staleness_steps");
+      if (mode == "ps-ssp") {
+        EXPECT_GE(released, 0) << metrics->body;
+        EXPECT_LE(released, 1) << "server " << match[1] << " released a reply " << released
+                               << " steps ahead of the slowest worker with --staleness 1";
+      }
+      ++servers;
+      rest = match.suffix();
+    }
+    EXPECT_EQ(servers, 2) << output;
+    harness.StopAll();
+  }
+}
+
+// A worker that dies mid-training does not hang the others: they fail within the heartbeat
+// timeout with an error naming the lost rank.
+TEST(PsTest, KilledWorkerFailsTheOthersNamingIt) {
+  FleetHarness harness;
+  auto coordinator = harness.StartCoordinator({"--num-servers", "1", "--num-workers", "2",
+                                               "--heartbeat-interval-ms", "100",
+                                               "--heartbeat-timeout-ms", "1000"});
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  std::vector<std::string> join = {"--coordinator", *coordinator, "--num-servers", "1",
+                                   "--num-workers", "2", "--heartbeat-interval-ms", "100",
+                                   "--heartbeat-timeout-ms", "1000"};
+  auto server = harness.Start("server", "server/tessera-server", Concat(join, {"--rank", "0"}));
+  ASSERT_TRUE(server.ok());
+  std::vector<std::string> train = {"--mode", "ps-sync", "--steps", "100000", "--hidden", "32",
+                                    "--input-dim", "16", "--classes", "4", "--device", "cpu",
+                                    "--log-every", "100"};
+  auto w0 = harness.Start("worker 0", "worker/tessera-worker",
+                          Concat(Concat(join, train), {"--rank", "0"}));
+  auto w1 = harness.Start("worker 1", "worker/tessera-worker",
+                          Concat(Concat(join, train), {"--rank", "1"}));
+  ASSERT_TRUE(w0.ok() && w1.ok());
+  ASSERT_TRUE(harness.WaitForLine(*w0, "step 100/", Deadline::AfterMillis(kRunMs)).ok())
+      << harness.Output(*w0);
+  ASSERT_TRUE(harness.Signal(*w1, SIGKILL).ok());
+  auto exit = harness.WaitExit(*w0, Deadline::AfterMillis(20000));
+  ASSERT_TRUE(exit.ok()) << "worker 0 did not end after worker 1 died\n" << harness.Output(*w0);
+  EXPECT_FALSE(exit->success());
+  EXPECT_TRUE(std::regex_search(harness.Output(*w0), std::regex("worker 1.*(failed|lost)")))
+      << harness.Output(*w0);
+  harness.StopAll();
+}
+
+}  // namespace
+}  // namespace tessera::testing

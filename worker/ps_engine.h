@@ -1,0 +1,85 @@
+// PsEngine: the worker side of the parameter-server modes (ps-sync, ps-async, ps-ssp).
+//
+// Initialize: rank 0 sends each server the job (PsJobConfig) and the initial values of the
+// dense chunks it owns (common/ps_job.h); then every rank pulls the initial parameters, so all
+// start from rank 0's values. Step: the dense gradients go out chunk by chunk, zero-copy from
+// the trainer's gradient buffer, several requests in flight per server; each reply carries the
+// chunks' values after the step (the server decides when, by the consistency model: see
+// server/ps_service.h). Embedding rows: LookupRows pulls only the rows a batch touches from
+// their owners; Step pushes only those rows' gradients.
+//
+// A server or peer worker that fails makes the pending calls fail with the coordinator's
+// failure notice (RendezvousClient fails the endpoint), naming the lost process; otherwise a
+// call fails after --request-timeout-ms naming the server and the request.
+//
+// Thread-safety: the training thread only.
+#ifndef TESSERA_WORKER_PS_ENGINE_H_
+#define TESSERA_WORKER_PS_ENGINE_H_
+
+#include <future>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/fleet_view.h"
+#include "common/metrics.h"
+#include "common/ps_job.h"
+#include "common/rpc_endpoint.h"
+#include "worker/training_engine.h"
+
+namespace tessera::worker {
+
+struct PsEngineOptions {
+  PsConsistency consistency = PsConsistency::kSync;
+  int64_t staleness = 0;
+  uint64_t chunk_elements = 1 << 16;
+  int chunks_per_request = 4;  // a server's chunks travel in requests of at most this many
+  OptimizerOptions optimizer;
+  LrScheduleOptions schedule;
+  int64_t request_timeout_ms = 30000;
+};
+
+class PsEngine final : public TrainingEngine {
+ public:
+  // `view` is the fleet (servers with their addresses and key ranges); `rank` this worker's.
+  static StatusOr<std::unique_ptr<PsEngine>> Create(const PsEngineOptions& options,
+                                                    RpcEndpoint* endpoint, const FleetView& view,
+                                                    int rank, MetricsRegistry* metrics);
+
+  std::string_view name() const override { return PsModeName(options_.consistency); }
+  Status Initialize(const ParameterLayout& layout, const std::vector<EmbeddingTableSpec>& tables,
+                    float* params) override;
+  Status LookupRows(size_t table, const std::vector<int64_t>& ids, float* values) override;
+  Status Step(int64_t step, float* params, float* grads,
+              const std::vector<SparseRows>& sparse) override;
+
+ private:
+  struct Op;  // per-operation metrics
+  using Reply = std::shared_future<StatusOr<Envelope>>;
+
+  PsEngine(const PsEngineOptions& options, RpcEndpoint* endpoint, const FleetView& view, int rank)
+      : options_(options), endpoint_(endpoint), view_(view), rank_(rank) {}
+  // Sends one request per group of a server's chunks; with grads, they carry the gradients.
+  Status PushPull(int64_t step, const float* grads, float* params);
+  Reply Send(int server, Message message, uint64_t id, const std::string& what);
+  // Waits for every reply (so no request still reads caller memory), returns the first error.
+  Status WaitAll(std::vector<std::pair<Reply, std::string>>* replies,
+                 std::vector<StatusOr<Envelope>>* results);
+
+  const PsEngineOptions options_;
+  RpcEndpoint* const endpoint_;
+  const FleetView view_;
+  const int rank_;
+  std::vector<std::string> server_addresses_;  // by server rank
+  std::vector<DenseChunk> chunks_;
+  std::vector<std::vector<size_t>> chunks_of_server_;  // indices into chunks_
+  std::vector<EmbeddingTableSpec> tables_;
+  int64_t last_step_ = 0;  // the last step whose values the engine has
+  Histogram* latency_[3] = {nullptr, nullptr, nullptr};  // push_pull, sparse_push, sparse_pull
+  Counter* bytes_sent_ = nullptr;
+  Counter* bytes_received_ = nullptr;
+};
+
+}  // namespace tessera::worker
+
+#endif  // TESSERA_WORKER_PS_ENGINE_H_
