@@ -1,56 +1,13 @@
 #include "worker/params_file.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
 #include <fstream>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
+#include "common/atomic_file.h"
+
 namespace tessera::worker {
-namespace {
-
-Status Errno(const std::string& what, const std::string& path) {
-  return UnavailableError(what + " " + path + ": " + std::strerror(errno));
-}
-
-// Writes `bytes` to `path` through path.tmp + fsync + rename, so a reader never sees half a file.
-Status WriteAtomically(const std::string& path, const void* bytes, size_t size) {
-  const std::string temporary = path + ".tmp";
-  int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return Errno("cannot create", temporary);
-  const char* data = static_cast<const char*>(bytes);
-  size_t written = 0;
-  while (written < size) {
-    ssize_t n = ::write(fd, data + written, size - written);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      Status status = Errno("cannot write", temporary);
-      ::close(fd);
-      ::unlink(temporary.c_str());
-      return status;
-    }
-    written += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0) {
-    Status status = Errno("cannot fsync", temporary);
-    ::close(fd);
-    ::unlink(temporary.c_str());
-    return status;
-  }
-  ::close(fd);
-  if (::rename(temporary.c_str(), path.c_str()) != 0) {
-    Status status = Errno("cannot rename " + temporary + " to", path);
-    ::unlink(temporary.c_str());
-    return status;
-  }
-  return OkStatus();
-}
-
-}  // namespace
 
 Status SaveParams(const std::string& path, const ParameterLayout& layout,
                   const std::vector<float>& params) {
@@ -69,9 +26,9 @@ Status SaveParams(const std::string& path, const ParameterLayout& layout,
     manifest["parameters"].push_back(
         {{"name", view.name}, {"shape", view.shape}, {"offset", view.offset}});
   }
-  RETURN_IF_ERROR(WriteAtomically(path, params.data(), params.size() * sizeof(float)));
+  RETURN_IF_ERROR(WriteFileAtomically(path, params.data(), params.size() * sizeof(float)));
   const std::string text = manifest.dump(2) + "\n";
-  return WriteAtomically(path + ".json", text.data(), text.size());
+  return WriteFileAtomically(path + ".json", text.data(), text.size());
 }
 
 StatusOr<LoadedParams> LoadParams(const std::string& path) {

@@ -9,8 +9,8 @@
 //
 // Thread-safety: ReadWholeFile is thread-safe; a ByteCursor is not (it has a position), use
 // one per thread.
-#ifndef TESSERA_WORKER_DATA_BYTE_CURSOR_H_
-#define TESSERA_WORKER_DATA_BYTE_CURSOR_H_
+#ifndef TESSERA_COMMON_BYTE_CURSOR_H_
+#define TESSERA_COMMON_BYTE_CURSOR_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -20,7 +20,7 @@
 
 #include "common/status.h"
 
-namespace tessera::worker::data {
+namespace tessera {
 
 // The file's contents. Errors name the path.
 StatusOr<std::string> ReadWholeFile(const std::string& path);
@@ -57,6 +57,6 @@ class ByteCursor {
   size_t offset_ = 0;
 };
 
-}  // namespace tessera::worker::data
+}  // namespace tessera
 
-#endif  // TESSERA_WORKER_DATA_BYTE_CURSOR_H_
+#endif  // TESSERA_COMMON_BYTE_CURSOR_H_

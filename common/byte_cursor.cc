@@ -1,4 +1,4 @@
-#include "worker/data/byte_cursor.h"
+#include "common/byte_cursor.h"
 
 #include <cerrno>
 #include <cstdio>
@@ -7,7 +7,7 @@
 #include <system_error>
 #include <utility>
 
-namespace tessera::worker::data {
+namespace tessera {
 namespace {
 
 std::string ErrnoText(int error) { return std::generic_category().message(error); }
@@ -109,4 +109,4 @@ Status ByteCursor::ReadBytes(std::string_view what, size_t n, std::string_view* 
   return OkStatus();
 }
 
-}  // namespace tessera::worker::data
+}  // namespace tessera

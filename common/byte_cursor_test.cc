@@ -1,4 +1,4 @@
-#include "worker/data/byte_cursor.h"
+#include "common/byte_cursor.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-namespace tessera::worker::data {
+namespace tessera {
 namespace {
 
 using ::testing::HasSubstr;
@@ -65,4 +65,4 @@ TEST(ByteCursorTest, ReadWholeFileRoundTripAndMissingFile) {
 }
 
 }  // namespace
-}  // namespace tessera::worker::data
+}  // namespace tessera

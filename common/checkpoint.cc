@@ -1,0 +1,198 @@
+#include "common/checkpoint.h"
+
+#include <cstdio>
+#include <cstring>
+
+#include <nlohmann/json.hpp>
+
+#include "common/atomic_file.h"
+#include "common/byte_cursor.h"
+
+namespace tessera {
+namespace {
+
+constexpr char kMagic[] = "TSRCKPT1";
+constexpr uint8_t kFloatKind = 1;
+constexpr uint8_t kIntKind = 2;
+
+uint64_t Fnv1a(const std::string& bytes) {
+  uint64_t hash = 0xcbf29ce484222325ULL;
+  for (unsigned char c : bytes) {
+    hash ^= c;
+    hash *= 0x100000001b3ULL;
+  }
+  return hash;
+}
+
+template <typename T>
+void Append(std::string* out, const T& value) {
+  out->append(reinterpret_cast<const char*>(&value), sizeof(T));
+}
+
+void AppendEntry(std::string* out, uint8_t kind, const std::string& name, const void* data,
+                 uint64_t count, size_t element_size) {
+  Append(out, kind);
+  Append(out, static_cast<uint32_t>(name.size()));
+  out->append(name);
+  Append(out, count);
+  out->append(static_cast<const char*>(data), count * element_size);
+}
+
+std::string BaseName(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+}  // namespace
+
+StatusOr<ShardFileInfo> WriteCheckpointShard(const std::string& path,
+                                             const CheckpointShard& shard) {
+  static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the format is little-endian");
+  std::string bytes(kMagic, 8);
+  Append(&bytes, static_cast<uint32_t>(shard.floats.size() + shard.ints.size()));
+  for (const auto& [name, values] : shard.floats) {
+    AppendEntry(&bytes, kFloatKind, name, values.data(), values.size(), sizeof(float));
+  }
+  for (const auto& [name, values] : shard.ints) {
+    AppendEntry(&bytes, kIntKind, name, values.data(), values.size(), sizeof(int64_t));
+  }
+  RETURN_IF_ERROR(WriteFileAtomically(path, bytes.data(), bytes.size()));
+  return ShardFileInfo{BaseName(path), bytes.size(), Fnv1a(bytes)};
+}
+
+StatusOr<CheckpointShard> ReadCheckpointShard(const std::string& path,
+                                              const ShardFileInfo& expected) {
+  ASSIGN_OR_RETURN(std::string bytes, ReadWholeFile(path));
+  if (bytes.size() != expected.bytes) {
+    return DataLossError("checkpoint file " + path + " has " + std::to_string(bytes.size()) +
+                         " bytes; its manifest says " + std::to_string(expected.bytes) +
+                         " (truncated or replaced)");
+  }
+  if (Fnv1a(bytes) != expected.checksum) {
+    return DataLossError("checkpoint file " + path + " does not match its manifest's checksum "
+                         "(corrupted)");
+  }
+  ByteCursor cursor(path, bytes);
+  std::string_view magic;
+  RETURN_IF_ERROR(cursor.ReadBytes("magic", 8, &magic));
+  if (magic != std::string_view(kMagic, 8)) {
+    return DataLossError("checkpoint file " + path + ": offset 0: not a TSRCKPT1 file");
+  }
+  uint32_t entries = 0;
+  RETURN_IF_ERROR(cursor.ReadU32LittleEndian("entry count", &entries));
+  CheckpointShard shard;
+  for (uint32_t e = 0; e < entries; ++e) {
+    const std::string where = "entry " + std::to_string(e);
+    std::string_view kind_byte, name;
+    uint32_t name_length = 0;
+    uint64_t count = 0;
+    RETURN_IF_ERROR(cursor.ReadBytes(where + " kind", 1, &kind_byte));
+    RETURN_IF_ERROR(cursor.ReadU32LittleEndian(where + " name length", &name_length));
+    RETURN_IF_ERROR(cursor.ReadBytes(where + " name", name_length, &name));
+    RETURN_IF_ERROR(cursor.ReadU64LittleEndian(where + " element count", &count));
+    const uint8_t kind = static_cast<uint8_t>(kind_byte[0]);
+    const size_t element = kind == kFloatKind ? sizeof(float) : sizeof(int64_t);
+    if (kind != kFloatKind && kind != kIntKind) {
+      return DataLossError("checkpoint file " + path + ": offset " +
+                           std::to_string(cursor.offset()) + ": " + where + " has kind " +
+                           std::to_string(kind));
+    }
+    if (count > cursor.remaining() / element) {
+      return DataLossError("checkpoint file " + path + ": offset " +
+                           std::to_string(cursor.offset()) + ": " + where + " ('" +
+                           std::string(name) + "') claims " + std::to_string(count) +
+                           " elements; the file ends first");
+    }
+    std::string_view data;
+    RETURN_IF_ERROR(cursor.ReadBytes(where + " data", count * element, &data));
+    if (kind == kFloatKind) {
+      std::vector<float>& values = shard.floats[std::string(name)];
+      values.resize(count);
+      if (count > 0) std::memcpy(values.data(), data.data(), data.size());
+    } else {
+      std::vector<int64_t>& values = shard.ints[std::string(name)];
+      values.resize(count);
+      if (count > 0) std::memcpy(values.data(), data.data(), data.size());
+    }
+  }
+  return shard;
+}
+
+std::string CheckpointStepDirectory(const std::string& root, int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "step-%012lld", static_cast<long long>(step));
+  return root + "/" + name;
+}
+
+Status PrepareCheckpointStep(const std::string& root, int64_t step) {
+  return MakeDirectories(CheckpointStepDirectory(root, step));
+}
+
+Status CommitCheckpoint(const std::string& root, const CheckpointManifest& manifest) {
+  nlohmann::json files = nlohmann::json::array();
+  for (const ShardFileInfo& f : manifest.files) {
+    files.push_back({{"file", f.file}, {"bytes", f.bytes}, {"checksum", f.checksum}});
+  }
+  nlohmann::json j = {{"format", "tessera-checkpoint-v1"},
+                      {"step", manifest.step},
+                      {"mode", manifest.mode},
+                      {"layout_fingerprint", manifest.layout_fingerprint},
+                      {"dense_elements", manifest.dense_elements},
+                      {"num_servers", manifest.num_servers},
+                      {"chunk_elements", manifest.chunk_elements},
+                      {"files", files}};
+  const std::string text = j.dump(2) + "\n";
+  const std::string directory = CheckpointStepDirectory(root, manifest.step);
+  RETURN_IF_ERROR(WriteFileAtomically(directory + "/MANIFEST.json", text.data(), text.size()));
+  const std::string latest = std::to_string(manifest.step) + "\n";
+  return WriteFileAtomically(root + "/LATEST", latest.data(), latest.size());
+}
+
+StatusOr<int64_t> LatestCheckpointStep(const std::string& root) {
+  StatusOr<std::string> text = ReadWholeFile(root + "/LATEST");
+  if (!text.ok()) {
+    if (text.status().code() == StatusCode::kNotFound) {
+      return NotFoundError("no checkpoint in " + root + " (no LATEST file)");
+    }
+    return text.status();
+  }
+  try {
+    size_t used = 0;
+    long long step = std::stoll(*text, &used);
+    if (step < 0) throw std::invalid_argument("negative");
+    return static_cast<int64_t>(step);
+  } catch (const std::exception&) {
+    return DataLossError(root + "/LATEST does not hold a step number");
+  }
+}
+
+StatusOr<CheckpointManifest> ReadCheckpointManifest(const std::string& root, int64_t step) {
+  const std::string path = CheckpointStepDirectory(root, step) + "/MANIFEST.json";
+  ASSIGN_OR_RETURN(std::string text, ReadWholeFile(path));
+  CheckpointManifest m;
+  try {
+    nlohmann::json j = nlohmann::json::parse(text);
+    if (j.value("format", "") != "tessera-checkpoint-v1") {
+      return DataLossError(path + ": not a tessera-checkpoint-v1 manifest");
+    }
+    m.step = j.at("step").get<int64_t>();
+    m.mode = j.at("mode").get<std::string>();
+    m.layout_fingerprint = j.at("layout_fingerprint").get<uint64_t>();
+    m.dense_elements = j.at("dense_elements").get<uint64_t>();
+    m.num_servers = j.at("num_servers").get<int>();
+    m.chunk_elements = j.at("chunk_elements").get<uint64_t>();
+    for (const auto& f : j.at("files")) {
+      m.files.push_back({f.at("file").get<std::string>(), f.at("bytes").get<uint64_t>(),
+                         f.at("checksum").get<uint64_t>()});
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return DataLossError(path + ": " + e.what());
+  }
+  if (m.step != step) {
+    return DataLossError(path + " describes step " + std::to_string(m.step) + ", not " +
+                         std::to_string(step));
+  }
+  return m;
+}
+
+}  // namespace tessera

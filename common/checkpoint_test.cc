@@ -1,0 +1,73 @@
+#include "common/checkpoint.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+namespace tessera {
+namespace {
+
+std::string Root(const std::string& name) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return std::string(dir != nullptr ? dir : "/tmp") + "/" + name;
+}
+
+TEST(CheckpointTest, ShardsRoundTripAndLatestMovesOnlyOnCommit) {
+  const std::string root = Root("ckpt_roundtrip");
+  EXPECT_EQ(LatestCheckpointStep(root).status().code(), StatusCode::kNotFound);
+  ASSERT_TRUE(PrepareCheckpointStep(root, 7).ok());
+  CheckpointShard shard;
+  shard.floats["chunk0.values"] = {1.5f, -2, 3e-30f};
+  shard.floats["empty"] = {};
+  shard.ints["emb.0.ids"] = {5, 1LL << 40};
+  auto info = WriteCheckpointShard(CheckpointStepDirectory(root, 7) + "/server-0.ckpt", shard);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->file, "server-0.ckpt");
+  // Written but not committed: not visible.
+  EXPECT_FALSE(LatestCheckpointStep(root).ok());
+  CheckpointManifest manifest;
+  manifest.step = 7;
+  manifest.mode = "ps-sync";
+  manifest.layout_fingerprint = 99;
+  manifest.num_servers = 1;
+  manifest.files = {*info};
+  ASSERT_TRUE(CommitCheckpoint(root, manifest).ok());
+  EXPECT_EQ(*LatestCheckpointStep(root), 7);
+  auto read = ReadCheckpointManifest(root, 7);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->files[0].checksum, info->checksum);
+  auto back = ReadCheckpointShard(CheckpointStepDirectory(root, 7) + "/server-0.ckpt",
+                                  read->files[0]);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->floats, shard.floats);
+  EXPECT_EQ(back->ints, shard.ints);
+}
+
+TEST(CheckpointTest, TruncatedCorruptedAndMissingFilesAreNamed) {
+  const std::string root = Root("ckpt_bad");
+  ASSERT_TRUE(PrepareCheckpointStep(root, 1).ok());
+  const std::string path = CheckpointStepDirectory(root, 1) + "/local.ckpt";
+  CheckpointShard shard;
+  shard.floats["params"] = std::vector<float>(100, 0.5f);
+  auto info = WriteCheckpointShard(path, shard);
+  ASSERT_TRUE(info.ok());
+  {
+    std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(60);
+    file.put('\x7f');  // one flipped byte
+  }
+  auto corrupted = ReadCheckpointShard(path, *info);
+  EXPECT_EQ(corrupted.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(corrupted.status().message().find(path + " does not match"), std::string::npos)
+      << corrupted.status();
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << "TSRCKPT1";
+  auto truncated = ReadCheckpointShard(path, *info);
+  EXPECT_NE(truncated.status().message().find("truncated"), std::string::npos) << truncated.status();
+  EXPECT_EQ(ReadCheckpointShard(path + ".gone", *info).status().code(), StatusCode::kNotFound);
+  std::ofstream(root + "/LATEST", std::ios::trunc) << "soon";
+  EXPECT_EQ(LatestCheckpointStep(root).status().code(), StatusCode::kDataLoss);
+  EXPECT_FALSE(ReadCheckpointManifest(root, 3).ok());
+}
+
+}  // namespace
+}  // namespace tessera
