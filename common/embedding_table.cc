@@ -78,6 +78,40 @@ void EmbeddingTable::Read(int64_t id, float* out) const {
   }
 }
 
+void EmbeddingTable::Export(std::vector<int64_t>* ids, std::vector<float>* values,
+                            std::vector<float>* state) const {
+  const size_t dim = static_cast<size_t>(spec_.dim);
+  ids->clear();
+  for (const auto& [id, slot] : slots_) ids->push_back(id);
+  std::sort(ids->begin(), ids->end());
+  values->clear();
+  state->clear();
+  for (int64_t id : *ids) {
+    const size_t slot = slots_.at(id);
+    values->insert(values->end(), values_.begin() + slot * dim, values_.begin() + (slot + 1) * dim);
+    state->insert(state->end(), state_.begin() + slot * state_per_row_,
+                  state_.begin() + (slot + 1) * state_per_row_);
+  }
+}
+
+Status EmbeddingTable::Import(const std::vector<int64_t>& ids, const std::vector<float>& values,
+                              const std::vector<float>& state) {
+  const size_t dim = static_cast<size_t>(spec_.dim);
+  if (values.size() != ids.size() * dim || state.size() != ids.size() * state_per_row_) {
+    return InvalidArgumentError("embedding table '" + spec_.name + "': " +
+                                std::to_string(ids.size()) + " rows with " +
+                                std::to_string(values.size()) + " values and " +
+                                std::to_string(state.size()) + " state floats do not fit rows of " +
+                                std::to_string(dim));
+  }
+  RETURN_IF_ERROR(CheckIds(ids.data(), ids.size()));
+  slots_.clear();
+  values_ = values;
+  state_ = state;
+  for (size_t i = 0; i < ids.size(); ++i) slots_[ids[i]] = i;
+  return OkStatus();
+}
+
 Status EmbeddingTable::ApplyGradients(float lr, int64_t step, const int64_t* ids,
                                       const float* grads, size_t n) {
   RETURN_IF_ERROR(CheckIds(ids, n));

@@ -54,6 +54,15 @@ class EmbeddingTable {
   // gradient of row ids[i]. Errors as Lookup, before anything changes.
   Status ApplyGradients(float lr, int64_t step, const int64_t* ids, const float* grads, size_t n);
 
+  // Every row created so far, for a checkpoint: ids ascending, their values and optimizer
+  // state row-major in that order (dim and StateFloatsPerElement * dim floats per row).
+  void Export(std::vector<int64_t>* ids, std::vector<float>* values,
+              std::vector<float>* state) const;
+  // Replaces every row with the exported ones. InvalidArgument naming the table for sizes that
+  // do not fit or an id outside the table; the table is unchanged then.
+  Status Import(const std::vector<int64_t>& ids, const std::vector<float>& values,
+                const std::vector<float>& state);
+
   // Row `id`'s current values, or its initial values if it was never touched (nothing is
   // created). REQUIRES: id in [0, rows).
   void Read(int64_t id, float* out) const;

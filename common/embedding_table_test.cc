@@ -61,6 +61,32 @@ TEST(EmbeddingTableTest, ApplyGradientsMatchesADenseTableUpdateBitwise) {
   }
 }
 
+TEST(EmbeddingTableTest, ExportImportRoundTripsRowsAndState) {
+  OptimizerOptions adam = DefaultOptimizerOptions(OptimizerKind::kAdam);
+  EmbeddingTable table(Spec(), adam);
+  const int64_t ids[] = {9, 2, 9};
+  std::vector<float> grads(12, 0.25f);
+  ASSERT_TRUE(table.ApplyGradients(0.1f, 1, ids, grads.data(), 3).ok());
+  std::vector<int64_t> exported_ids;
+  std::vector<float> values, state;
+  table.Export(&exported_ids, &values, &state);
+  EXPECT_EQ(exported_ids, (std::vector<int64_t>{2, 9}));
+  EXPECT_EQ(state.size(), 2u * 2 * 4);
+  EmbeddingTable copy(Spec(), adam);
+  ASSERT_TRUE(copy.Import(exported_ids, values, state).ok());
+  // Both continue identically.
+  ASSERT_TRUE(table.ApplyGradients(0.1f, 2, ids, grads.data(), 3).ok());
+  ASSERT_TRUE(copy.ApplyGradients(0.1f, 2, ids, grads.data(), 3).ok());
+  for (int64_t id : {2, 9, 4}) {
+    std::vector<float> a(4), b(4);
+    table.Read(id, a.data());
+    copy.Read(id, b.data());
+    EXPECT_EQ(a, b) << "row " << id;
+  }
+  EXPECT_FALSE(copy.Import({1}, {1, 2}, {}).ok());
+  EXPECT_FALSE(copy.Import({50}, std::vector<float>(4), std::vector<float>(8)).ok());
+}
+
 TEST(EmbeddingTableTest, BadIdsAreRejectedBeforeAnythingChanges) {
   EmbeddingTable table(Spec(), DefaultOptimizerOptions(OptimizerKind::kSgd));
   const int64_t ids[] = {1, 50};

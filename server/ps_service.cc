@@ -12,6 +12,8 @@
 #include <thread>
 #include <vector>
 
+#include "common/checkpoint.h"
+#include "common/deadline.h"
 #include "common/embedding_table.h"
 #include "common/fleet_view.h"
 #include "common/logging.h"
@@ -24,6 +26,8 @@ namespace tessera::server {
 namespace {
 
 constexpr proto::Role kRole = proto::Role::Server;
+// How long a checkpoint request waits for the step it names to be applied everywhere.
+constexpr int64_t kCheckpointWaitMs = 60000;
 
 // Copies the float32 bytes a TensorMeta describes (frames need not be aligned for float).
 std::vector<float> ReadFloats(const proto::TensorMeta& meta, const Message& message) {
@@ -147,11 +151,13 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
     endpoint_->SetHandler(proto::Body::PsPushPullRequest, route(&Impl::ServePushPull));
     endpoint_->SetHandler(proto::Body::SparsePushRequest, route(&Impl::ServeSparsePush));
     endpoint_->SetHandler(proto::Body::SparsePullRequest, route(&Impl::ServeSparsePull));
+    endpoint_->SetHandler(proto::Body::CheckpointRequest, route(&Impl::ServeCheckpoint));
   }
 
   void Stop() {
     for (proto::Body type : {proto::Body::PsInitRequest, proto::Body::PsPushPullRequest,
-                             proto::Body::SparsePushRequest, proto::Body::SparsePullRequest}) {
+                             proto::Body::SparsePushRequest, proto::Body::SparsePullRequest,
+                             proto::Body::CheckpointRequest}) {
       endpoint_->ClearHandler(type);
     }
     {
@@ -349,7 +355,9 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
       std::lock_guard<std::mutex> lock(chunk.mu);
       Waiter waiter{reply, i};
       if (!push) {
-        waiter.need_version = config.consistency == PsConsistency::kSync ? step - 1 : 0;
+        // The values after step - 1 in every mode (after a restore, versions restart at the
+        // checkpoint's step).
+        waiter.need_version = step - 1;
       } else {
         dense_gradient_bytes_->Increment(static_cast<double>(grads[i].size() * sizeof(float)));
         switch (config.consistency) {
@@ -490,6 +498,148 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
         builder.Finish(proto::CreatePullReplyDirect(builder.fbb(), &metas), reply->request_id);
     Status sent = endpoint_->transport().Reply(reply->origin, std::move(message));
     if (!sent.ok()) TLOG(WARNING) << "push-pull reply: " << sent;
+  }
+
+  // ---- Checkpoints -------------------------------------------------------------------------
+  void ServeCheckpoint(const Envelope& request) {
+    std::shared_ptr<Job> job = CurrentJob();
+    if (job == nullptr) {
+      return AnswerError(request, FailedPreconditionError("checkpoint: no job was initialised"));
+    }
+    const auto* body = request.header->body_as_CheckpointRequest();
+    const std::string root = body->directory() != nullptr ? body->directory()->str() : "";
+    const int64_t step = body->step();
+    StatusOr<ShardFileInfo> info =
+        body->restore() ? RestoreShard(*job, root, step) : SaveShard(*job, root, step);
+    if (!info.ok()) return AnswerError(request, info.status());
+    MessageBuilder builder(kRole, options_.server_rank);
+    std::vector<flatbuffers::Offset<flatbuffers::String>> files = {
+        builder.fbb().CreateString(info->file)};
+    std::vector<uint64_t> bytes = {info->bytes}, checksums = {info->checksum};
+    Answer(request, builder.Finish(proto::CreateCheckpointReplyDirect(builder.fbb(), root.c_str(),
+                                                                      step, &files, &bytes,
+                                                                      &checksums),
+                                   request.header->request_id()));
+  }
+
+  std::string ShardName() const {
+    return "server-" + std::to_string(options_.server_rank) + ".ckpt";
+  }
+
+  // Waits (ps-sync) until every chunk and table has applied `step`, then writes the shard.
+  StatusOr<ShardFileInfo> SaveShard(Job& job, const std::string& root, int64_t step) {
+    const bool sync = job.config.consistency == PsConsistency::kSync;
+    const Deadline deadline = Deadline::AfterMillis(kCheckpointWaitMs);
+    std::string behind;
+    do {
+      behind.clear();
+      if (!sync) break;
+      for (auto& [key, chunk] : job.chunks) {
+        std::lock_guard<std::mutex> lock(chunk->mu);
+        if (chunk->version < step) behind = "chunk " + std::to_string(chunk->where.index);
+      }
+      for (auto& [name, table] : job.tables) {
+        std::lock_guard<std::mutex> lock(table->mu);
+        if (table->version < step) behind = "table '" + name + "'";
+      }
+      if (behind.empty()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    } while (!deadline.Expired());
+    if (!behind.empty()) {
+      return DeadlineExceededError("checkpoint of step " + std::to_string(step) + ": " + behind +
+                                   " has not applied that step after " +
+                                   std::to_string(kCheckpointWaitMs) + " ms");
+    }
+    CheckpointShard shard;
+    for (auto& [key, chunk] : job.chunks) {
+      std::lock_guard<std::mutex> lock(chunk->mu);
+      const std::string name = "chunk" + std::to_string(chunk->where.index);
+      shard.floats[name + ".values"] = chunk->values;
+      shard.floats[name + ".state"] = chunk->state;
+    }
+    for (auto& [name, table] : job.tables) {
+      std::lock_guard<std::mutex> lock(table->mu);
+      table->rows->Export(&shard.ints[name + ".ids"], &shard.floats[name + ".values"],
+                          &shard.floats[name + ".state"]);
+    }
+    RETURN_IF_ERROR(PrepareCheckpointStep(root, step));
+    ASSIGN_OR_RETURN(ShardFileInfo info,
+                     WriteCheckpointShard(CheckpointStepDirectory(root, step) + "/" + ShardName(),
+                                          shard));
+    TLOG(INFO) << "checkpoint of step " << step << ": " << info.file << " (" << info.bytes
+               << " bytes)";
+    return info;
+  }
+
+  StatusOr<ShardFileInfo> RestoreShard(Job& job, const std::string& root, int64_t step) {
+    ASSIGN_OR_RETURN(CheckpointManifest manifest, ReadCheckpointManifest(root, step));
+    const std::string directory = CheckpointStepDirectory(root, step);
+    const PsJobConfig& config = job.config;
+    if (manifest.num_servers != options_.num_servers ||
+        manifest.chunk_elements != config.chunk_elements ||
+        manifest.dense_elements != config.dense_elements ||
+        manifest.layout_fingerprint != config.layout_fingerprint) {
+      return FailedPreconditionError(
+          "checkpoint " + directory + " was written by " + std::to_string(manifest.num_servers) +
+          " servers with chunks of " + std::to_string(manifest.chunk_elements) + " floats for a "
+          "model of " + std::to_string(manifest.dense_elements) + " parameters; this job has " +
+          std::to_string(options_.num_servers) + " servers, chunks of " +
+          std::to_string(config.chunk_elements) + ", " + std::to_string(config.dense_elements) +
+          " parameters");
+    }
+    const ShardFileInfo* mine = nullptr;
+    for (const ShardFileInfo& file : manifest.files) {
+      if (file.file == ShardName()) mine = &file;
+    }
+    if (mine == nullptr) {
+      return DataLossError(directory + "/MANIFEST.json lists no " + ShardName());
+    }
+    const std::string path = directory + "/" + mine->file;
+    ASSIGN_OR_RETURN(CheckpointShard shard, ReadCheckpointShard(path, *mine));
+    auto take = [&](const std::string& name, size_t size) -> StatusOr<std::vector<float>> {
+      auto it = shard.floats.find(name);
+      if (it == shard.floats.end() || (size > 0 && it->second.size() != size)) {
+        return DataLossError(path + ": entry '" + name + "' is missing or has the wrong size");
+      }
+      return std::move(it->second);
+    };
+    // Everything is checked before anything changes.
+    std::map<Chunk*, std::pair<std::vector<float>, std::vector<float>>> chunks;
+    for (auto& [key, chunk] : job.chunks) {
+      const std::string name = "chunk" + std::to_string(chunk->where.index);
+      ASSIGN_OR_RETURN(std::vector<float> values, take(name + ".values", chunk->where.size));
+      ASSIGN_OR_RETURN(std::vector<float> state, take(name + ".state", chunk->state.size()));
+      chunks[chunk.get()] = {std::move(values), std::move(state)};
+    }
+    std::vector<std::unique_ptr<EmbeddingTable>> tables;
+    for (auto& [name, table] : job.tables) {
+      ASSIGN_OR_RETURN(std::vector<float> values, take(name + ".values", 0));
+      ASSIGN_OR_RETURN(std::vector<float> state, take(name + ".state", 0));
+      auto restored = std::make_unique<EmbeddingTable>(table->rows->spec(), config.optimizer);
+      RETURN_IF_ERROR(restored->Import(shard.ints[name + ".ids"], values, state).WithContext(path));
+      tables.push_back(std::move(restored));
+    }
+    for (auto& [chunk, saved] : chunks) {
+      std::lock_guard<std::mutex> lock(chunk->mu);
+      chunk->values = std::move(saved.first);
+      chunk->state = std::move(saved.second);
+      chunk->version = step;
+      chunk->pending.clear();
+      chunk->arrived.clear();
+      std::fill(chunk->clocks.begin(), chunk->clocks.end(), step);
+      ReleaseReady(config, chunk);
+    }
+    size_t t = 0;
+    for (auto& [name, table] : job.tables) {
+      std::lock_guard<std::mutex> lock(table->mu);
+      table->rows = std::move(tables[t++]);
+      table->version = step;
+      table->pending.clear();
+      table->arrived.clear();
+      ReleaseTable(table.get());
+    }
+    TLOG(INFO) << "restored the checkpoint of step " << step << " from " << path;
+    return *mine;
   }
 
   // ---- Sparse ------------------------------------------------------------------------------

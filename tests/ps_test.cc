@@ -8,6 +8,7 @@
 // sqrt(v), which turns those last bits of small gradients into relative differences of ~1e-5
 // on parameters that barely moved. Bitwise equality is not possible across that reduction.
 #include <signal.h>
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 
@@ -103,6 +104,45 @@ INSTANTIATE_TEST_SUITE_P(Models, PsSyncMatchesLocal,
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_" + std::get<1>(info.param);
                          });
+
+// ps-sync stopped after a checkpoint and resumed (new fleet, servers restored from their
+// shards) ends bitwise where an uninterrupted run ends: the servers' chunks, optimizer state and
+// embedding rows, and the workers' data order, all continue exactly.
+TEST(PsTest, SyncCheckpointResumeIsBitwiseLikeNeverStopping) {
+  FleetHarness harness;
+  const std::string dir = TempPath("ps_ckpt");
+  const std::vector<std::string> fleet = {"--servers", "2", "--workers", "2", "--mode", "ps-sync",
+                                          "--"};
+  std::vector<std::string> flags = TrainingFlags("ctr", "adam");
+  const std::string whole = TempPath("ps_whole.bin"), resumed = TempPath("ps_resumed.bin");
+  RunToSuccess(harness, "uninterrupted", "tools/tessera-launch",
+               Concat(fleet, Concat(flags, {"--batch-size", "16", "--save-params", whole})));
+  std::vector<std::string> first = flags;
+  first[1] = "13";  // --steps 13: checkpoints at 6, 12, 13
+  RunToSuccess(harness, "first half", "tools/tessera-launch",
+               Concat(fleet, Concat(first, {"--batch-size", "16", "--checkpoint-dir", dir,
+                                            "--checkpoint-every", "6"})));
+  RunToSuccess(harness, "resumed", "tools/tessera-launch",
+               Concat(fleet, Concat(flags, {"--batch-size", "16", "--checkpoint-dir", dir,
+                                            "--resume", "--save-params", resumed})));
+  auto a = worker::LoadParams(whole);
+  auto b = worker::LoadParams(resumed);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->values, b->values);
+
+  // A truncated server shard: the resume fails naming the file, on every worker.
+  const std::string shard = dir + "/step-000000000013/server-1.ckpt";
+  ASSERT_EQ(truncate(shard.c_str(), 10), 0) << shard;
+  auto broken = harness.Start("broken", "tools/tessera-launch",
+                              Concat(fleet, Concat(flags, {"--batch-size", "16", "--checkpoint-dir",
+                                                           dir, "--resume"})));
+  ASSERT_TRUE(broken.ok());
+  auto exit = harness.WaitExit(*broken, Deadline::AfterMillis(kRunMs));
+  ASSERT_TRUE(exit.ok());
+  EXPECT_FALSE(exit->success());
+  EXPECT_NE(harness.Output(*broken).find("server-1.ckpt"), std::string::npos)
+      << harness.Output(*broken);
+}
 
 // The eval accuracy in a worker's JSON summary line.
 double EvalAccuracy(const std::string& output, int worker) {

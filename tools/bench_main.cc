@@ -385,7 +385,7 @@ Status CheckTorch() {
                                    ", which is missing" + hint);
   }
   StatusOr<ChildOutput> probe =
-      RunToCompletion("python3 -c 'import torch'", {kPython, "-c", "import torch"});
+      RunToCompletion("python3 -c 'import torch.nn'", {kPython, "-c", "import torch.nn"});
   if (!probe.ok()) {
     return FailedPreconditionError(std::string(kPython) + " cannot import torch (" +
                                    probe.status().ToString() + ")" + hint);

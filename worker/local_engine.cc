@@ -1,6 +1,9 @@
 #include "worker/local_engine.h"
 
+#include <cstring>
 #include <memory>
+
+#include "common/checkpoint.h"
 
 namespace tessera::worker {
 
@@ -14,6 +17,7 @@ StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Create(const OptimizerOption
 Status LocalEngine::Initialize(const ParameterLayout& layout,
                                const std::vector<EmbeddingTableSpec>& tables, float* params) {
   size_ = layout.total_size();
+  fingerprint_ = layout.Fingerprint();
   state_.assign(StateFloatsPerElement(optimizer_.kind) * size_, 0.0f);
   InitOptimizerState(optimizer_, state_.data(), size_);
   tables_.clear();
@@ -50,6 +54,63 @@ Status LocalEngine::Step(int64_t step, float* params, float* grads,
     RETURN_IF_ERROR(tables_[t]->ApplyGradients(last_lr_, step, sparse[t].ids.data(),
                                                sparse[t].grads.data(), sparse[t].ids.size()));
   }
+  return OkStatus();
+}
+
+Status LocalEngine::SaveCheckpoint(const std::string& root, int64_t step, const float* params) {
+  RETURN_IF_ERROR(PrepareCheckpointStep(root, step));
+  CheckpointShard shard;
+  shard.floats["params"].assign(params, params + size_);
+  shard.floats["optimizer_state"] = state_;
+  for (const auto& table : tables_) {
+    const std::string& name = table->spec().name;
+    table->Export(&shard.ints[name + ".ids"], &shard.floats[name + ".values"],
+                  &shard.floats[name + ".state"]);
+  }
+  ASSIGN_OR_RETURN(ShardFileInfo info,
+                   WriteCheckpointShard(CheckpointStepDirectory(root, step) + "/local.ckpt", shard));
+  CheckpointManifest manifest;
+  manifest.step = step;
+  manifest.mode = "local";
+  manifest.layout_fingerprint = fingerprint_;
+  manifest.dense_elements = size_;
+  manifest.files = {info};
+  return CommitCheckpoint(root, manifest);
+}
+
+Status LocalEngine::RestoreCheckpoint(const std::string& root, int64_t step, float* params) {
+  ASSIGN_OR_RETURN(CheckpointManifest manifest, ReadCheckpointManifest(root, step));
+  const std::string directory = CheckpointStepDirectory(root, step);
+  if (manifest.layout_fingerprint != fingerprint_ || manifest.dense_elements != size_) {
+    return FailedPreconditionError("checkpoint " + directory + " is of another model (" +
+                                   std::to_string(manifest.dense_elements) +
+                                   " dense parameters, layout fingerprint " +
+                                   std::to_string(manifest.layout_fingerprint) + "; this one has " +
+                                   std::to_string(size_) + ")");
+  }
+  if (manifest.files.size() != 1) {
+    return DataLossError(directory + "/MANIFEST.json lists " +
+                         std::to_string(manifest.files.size()) + " files; a local checkpoint has 1");
+  }
+  const std::string path = directory + "/" + manifest.files[0].file;
+  ASSIGN_OR_RETURN(CheckpointShard shard, ReadCheckpointShard(path, manifest.files[0]));
+  auto floats = [&](const std::string& name, size_t expected) -> StatusOr<std::vector<float>*> {
+    auto it = shard.floats.find(name);
+    if (it == shard.floats.end() || (expected > 0 && it->second.size() != expected)) {
+      return DataLossError(path + ": entry '" + name + "' is missing or has the wrong size");
+    }
+    return &it->second;
+  };
+  ASSIGN_OR_RETURN(std::vector<float>* saved_params, floats("params", size_));
+  ASSIGN_OR_RETURN(std::vector<float>* saved_state, floats("optimizer_state", state_.size()));
+  for (const auto& table : tables_) {
+    const std::string& name = table->spec().name;
+    ASSIGN_OR_RETURN(std::vector<float>* values, floats(name + ".values", 0));
+    ASSIGN_OR_RETURN(std::vector<float>* state, floats(name + ".state", 0));
+    RETURN_IF_ERROR(table->Import(shard.ints[name + ".ids"], *values, *state).WithContext(path));
+  }
+  if (size_ > 0) std::memcpy(params, saved_params->data(), size_ * sizeof(float));
+  state_ = std::move(*saved_state);
   return OkStatus();
 }
 

@@ -28,6 +28,10 @@ class LocalEngine final : public TrainingEngine {
   Status LookupRows(size_t table, const std::vector<int64_t>& ids, float* values) override;
   Status Step(int64_t step, float* params, float* grads,
               const std::vector<SparseRows>& sparse) override;
+  // One shard, "local.ckpt": "params", "optimizer_state", and per table "<name>.ids",
+  // "<name>.values", "<name>.state".
+  Status SaveCheckpoint(const std::string& root, int64_t step, const float* params) override;
+  Status RestoreCheckpoint(const std::string& root, int64_t step, float* params) override;
 
   // The learning rate the last Step used.
   float last_lr() const { return last_lr_; }
@@ -39,6 +43,7 @@ class LocalEngine final : public TrainingEngine {
   const OptimizerOptions optimizer_;
   const LrScheduleOptions schedule_;
   uint64_t size_ = 0;
+  uint64_t fingerprint_ = 0;  // of the layout
   std::vector<float> state_;
   std::vector<std::unique_ptr<EmbeddingTable>> tables_;
   float last_lr_ = 0;

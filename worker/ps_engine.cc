@@ -83,6 +83,8 @@ Status PsEngine::Initialize(const ParameterLayout& layout,
   chunks_of_server_.assign(static_cast<size_t>(view_.num_servers), {});
   for (size_t i = 0; i < chunks_.size(); ++i) chunks_of_server_[chunks_[i].server].push_back(i);
   tables_ = tables;
+  fingerprint_ = layout.Fingerprint();
+  dense_elements_ = layout.total_size();
   PsJobConfig config;
   config.consistency = options_.consistency;
   config.staleness = options_.staleness;
@@ -313,6 +315,68 @@ Status PsEngine::Step(int64_t step, float* params, float* grads,
   RETURN_IF_ERROR(sparse_status);
   last_step_ = step;
   return OkStatus();
+}
+
+StatusOr<std::vector<ShardFileInfo>> PsEngine::CheckpointServers(const std::string& root,
+                                                                  int64_t step, bool restore) {
+  std::vector<std::pair<Reply, std::string>> replies;
+  for (int s = 0; s < view_.num_servers; ++s) {
+    MessageBuilder builder(kRole, rank_);
+    uint64_t id = endpoint_->NextRequestId();
+    Message message = builder.Finish(
+        proto::CreateCheckpointRequestDirect(builder.fbb(), root.c_str(), step, restore), id, step);
+    std::string what = std::string(restore ? "restore" : "checkpoint") + " of step " +
+                       std::to_string(step) + " on server " + std::to_string(s);
+    replies.emplace_back(Send(s, std::move(message), id, what), what);
+  }
+  std::vector<StatusOr<Envelope>> results;
+  RETURN_IF_ERROR(WaitAll(&replies, &results));
+  std::vector<ShardFileInfo> files;
+  for (size_t r = 0; r < results.size(); ++r) {
+    const auto* body = results[r]->header->body_as_CheckpointReply();
+    if (body == nullptr || body->files() == nullptr || body->files()->size() != 1 ||
+        body->bytes() == nullptr || body->checksums() == nullptr ||
+        body->bytes()->size() != 1 || body->checksums()->size() != 1) {
+      return DataLossError(replies[r].second + ": the reply does not describe one shard file");
+    }
+    files.push_back({body->files()->Get(0)->str(), body->bytes()->Get(0),
+                     body->checksums()->Get(0)});
+  }
+  return files;
+}
+
+Status PsEngine::SaveCheckpoint(const std::string& root, int64_t step, const float* params) {
+  if (rank_ != 0) return OkStatus();
+  RETURN_IF_ERROR(PrepareCheckpointStep(root, step));
+  ASSIGN_OR_RETURN(std::vector<ShardFileInfo> files, CheckpointServers(root, step, false));
+  CheckpointManifest manifest;
+  manifest.step = step;
+  manifest.mode = std::string(PsModeName(options_.consistency));
+  manifest.layout_fingerprint = fingerprint_;
+  manifest.dense_elements = dense_elements_;
+  manifest.num_servers = view_.num_servers;
+  manifest.chunk_elements = options_.chunk_elements;
+  manifest.files = std::move(files);
+  RETURN_IF_ERROR(CommitCheckpoint(root, manifest));
+  TLOG(INFO) << "checkpoint of step " << step << " committed in "
+             << CheckpointStepDirectory(root, step) << " (" << manifest.files.size()
+             << " server shards)";
+  return OkStatus();
+}
+
+Status PsEngine::RestoreCheckpoint(const std::string& root, int64_t step, float* params) {
+  if (rank_ == 0) {
+    ASSIGN_OR_RETURN(CheckpointManifest manifest, ReadCheckpointManifest(root, step));
+    if (manifest.mode.rfind("ps-", 0) != 0) {
+      return FailedPreconditionError("checkpoint " + CheckpointStepDirectory(root, step) +
+                                     " was written in mode " + manifest.mode +
+                                     "; a ps-* job resumes from a ps-* checkpoint");
+    }
+    RETURN_IF_ERROR(CheckpointServers(root, step, true).status());
+  }
+  // Every rank: the restored values (servers answer once their versions reached `step`).
+  last_step_ = step;
+  return PushPull(step + 1, /*grads=*/nullptr, params).WithContext("pull after restore");
 }
 
 }  // namespace tessera::worker

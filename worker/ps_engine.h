@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "common/checkpoint.h"
 #include "common/fleet_view.h"
 #include "common/metrics.h"
 #include "common/ps_job.h"
@@ -52,6 +53,13 @@ class PsEngine final : public TrainingEngine {
   Status LookupRows(size_t table, const std::vector<int64_t>& ids, float* values) override;
   Status Step(int64_t step, float* params, float* grads,
               const std::vector<SparseRows>& sparse) override;
+  // Rank 0 asks every server to write its shard (ps-sync: once the step is applied
+  // everywhere, so the checkpoint is exactly the state after `step`; ps-async/ssp: a snapshot
+  // of whatever each server holds) and commits the manifest; other ranks do nothing.
+  Status SaveCheckpoint(const std::string& root, int64_t step, const float* params) override;
+  // Rank 0 has every server load its shard (same server count, chunking and model, or a clear
+  // error); then every rank pulls the restored parameters.
+  Status RestoreCheckpoint(const std::string& root, int64_t step, float* params) override;
 
  private:
   struct Op;  // per-operation metrics
@@ -61,6 +69,9 @@ class PsEngine final : public TrainingEngine {
       : options_(options), endpoint_(endpoint), view_(view), rank_(rank) {}
   // Sends one request per group of a server's chunks; with grads, they carry the gradients.
   Status PushPull(int64_t step, const float* grads, float* params);
+  // Sends a CheckpointRequest to every server; their shards' files in server order.
+  StatusOr<std::vector<ShardFileInfo>> CheckpointServers(const std::string& root, int64_t step,
+                                                         bool restore);
   Reply Send(int server, Message message, uint64_t id, const std::string& what);
   // Waits for every reply (so no request still reads caller memory), returns the first error.
   Status WaitAll(std::vector<std::pair<Reply, std::string>>* replies,
@@ -74,6 +85,8 @@ class PsEngine final : public TrainingEngine {
   std::vector<DenseChunk> chunks_;
   std::vector<std::vector<size_t>> chunks_of_server_;  // indices into chunks_
   std::vector<EmbeddingTableSpec> tables_;
+  uint64_t fingerprint_ = 0;  // of the layout
+  uint64_t dense_elements_ = 0;
   int64_t last_step_ = 0;  // the last step whose values the engine has
   Histogram* latency_[3] = {nullptr, nullptr, nullptr};  // push_pull, sparse_push, sparse_pull
   Counter* bytes_sent_ = nullptr;

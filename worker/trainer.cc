@@ -5,6 +5,7 @@
 #include <iomanip>
 #include <sstream>
 
+#include "common/checkpoint.h"
 #include "common/logging.h"
 #include "worker/data/distributed_sampler.h"
 #include "worker/device_buffer.h"
@@ -142,6 +143,23 @@ StatusOr<TrainingSummary> Train(const TrainerOptions& options, const data::Datas
   model->InitializeParameters(options.seed, params->data());
   RETURN_IF_ERROR(engine->Initialize(layout, model->embedding_tables(), params->data())
                       .WithContext(std::string(engine->name()) + " engine initialisation"));
+  if ((options.resume || options.checkpoint_every > 0) && options.checkpoint_dir.empty()) {
+    return InvalidArgumentError("--resume and --checkpoint-every need --checkpoint-dir");
+  }
+  int64_t first_step = 1;
+  if (options.resume) {
+    StatusOr<int64_t> latest = LatestCheckpointStep(options.checkpoint_dir);
+    if (latest.ok()) {
+      RETURN_IF_ERROR(engine->RestoreCheckpoint(options.checkpoint_dir, *latest, params->data()));
+      first_step = *latest + 1;
+      TLOG(INFO) << "resumed from the checkpoint of step " << *latest << " in "
+                 << options.checkpoint_dir;
+    } else if (latest.status().code() == StatusCode::kNotFound) {
+      TLOG(INFO) << latest.status().message() << "; starting from step 1";
+    } else {
+      return latest.status();
+    }
+  }
   std::vector<float> host_grads(layout.total_size());
   ModelBuffers buffers(backend, params, &host_grads);
   RETURN_IF_ERROR(buffers.Allocate());
@@ -159,10 +177,22 @@ StatusOr<TrainingSummary> Train(const TrainerOptions& options, const data::Datas
   data::Batch batch;
   std::vector<SparseRows> sparse;
   std::vector<size_t> indices;
+  // The samples the steps before first_step consumed (resuming): same order, not loaded.
+  for (int64_t skipped = 1; skipped < first_step; ++skipped) {
+    for (int64_t i = 0; i < options.batch_size; ++i) {
+      if (cursor == order.size()) {
+        order = sampler.Indices(++epoch);
+        cursor = 0;
+      }
+      ++cursor;
+    }
+  }
+  summary.first_step = first_step;
+  summary.steps = first_step - 1;
   auto started = Clock::now();
   auto window_started = started;
   int64_t window_samples = 0;
-  for (int64_t step = 1; step <= steps; ++step) {
+  for (int64_t step = first_step; step <= steps; ++step) {
     const std::string where = std::string(engine->name()) + " step " + std::to_string(step);
     indices.clear();
     while (indices.size() < static_cast<size_t>(options.batch_size)) {
@@ -182,6 +212,10 @@ StatusOr<TrainingSummary> Train(const TrainerOptions& options, const data::Datas
     }
     RETURN_IF_ERROR(engine->Step(step, params->data(), host_grads.data(), sparse).WithContext(where));
     buffers.UploadParams();
+    if (options.checkpoint_every > 0 && (step % options.checkpoint_every == 0 || step == steps)) {
+      RETURN_IF_ERROR(engine->SaveCheckpoint(options.checkpoint_dir, step, params->data())
+                          .WithContext(where + " checkpoint"));
+    }
     summary.steps = step;
     summary.samples += stats.samples;
     summary.final_loss = stats.loss;

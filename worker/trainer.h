@@ -5,7 +5,10 @@
 //     rows    <- engine.LookupRows(...)         for a model with embedding tables
 //     forward + backward on the batch (gradients into the flat gradient buffer)
 //     engine.Step(step, params, grads, rows)   <- where the mode plugs in
-//     every `log_every` steps: a progress line; every `eval_every` steps: evaluation
+//     every `log_every` steps: a progress line; every `eval_every` steps: evaluation;
+//     every `checkpoint_every` steps: engine.SaveCheckpoint
+// With `resume`, the engine restores the newest checkpoint and the loop continues after its
+// step, with the data order exactly as if it had never stopped.
 // Progress goes to the log; the summary is returned for the binary to print (and as JSON).
 // On a GPU backend the model runs on device copies of the parameters and gradients; the
 // engine always sees host memory (the trainer copies gradients down after backward and
@@ -16,6 +19,7 @@
 #define TESSERA_WORKER_TRAINER_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "common/status.h"
@@ -36,10 +40,15 @@ struct TrainerOptions {
   int64_t log_every = 10;    // 0: no progress lines
   int64_t eval_every = 0;    // 0: evaluate only at the end
   int64_t eval_samples = 1024;  // evaluated samples of the eval set (its first ones)
+  std::string checkpoint_dir;     // common/checkpoint.h layout; empty: no checkpoints
+  int64_t checkpoint_every = 0;   // > 0: save after every N steps and after the last
+  bool resume = false;            // continue after the newest checkpoint in checkpoint_dir
+                                  // (from step 1 when there is none yet)
 };
 
 struct TrainingSummary {
-  int64_t steps = 0;
+  int64_t first_step = 1;       // > 1 after resuming from a checkpoint
+  int64_t steps = 0;            // the last step (global numbering)
   int64_t samples = 0;          // trained on by this rank
   double final_loss = 0;        // mean training loss of the last step
   double eval_loss = 0;

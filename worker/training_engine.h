@@ -19,8 +19,8 @@
 #define TESSERA_WORKER_TRAINING_ENGINE_H_
 
 #include <cstdint>
+#include <string>
 #include <string_view>
-
 #include <vector>
 
 #include "common/embedding_table.h"
@@ -59,6 +59,17 @@ class TrainingEngine {
   // dense model); their new values are read back through LookupRows.
   virtual Status Step(int64_t step, float* params, float* grads,
                       const std::vector<SparseRows>& sparse) = 0;
+
+  // Checkpoints (common/checkpoint.h) under `root`. Save: after Step(step), everything needed
+  // to continue (parameters, optimizer state, embedding rows), committed only when complete.
+  // Restore: after Initialize, replaces parameters and state with those of `step` and writes
+  // the dense parameters to `params`. Errors name the file. Unimplemented by default.
+  virtual Status SaveCheckpoint(const std::string& root, int64_t step, const float* params) {
+    return UnimplementedError(std::string(name()) + " mode cannot checkpoint");
+  }
+  virtual Status RestoreCheckpoint(const std::string& root, int64_t step, float* params) {
+    return UnimplementedError(std::string(name()) + " mode cannot restore a checkpoint");
+  }
 };
 
 }  // namespace tessera::worker

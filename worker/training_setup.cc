@@ -137,6 +137,15 @@ void AddTrainingFlags(CLI::App* app, TrainingFlags* f) {
   train->add_option("--save-params", f->save_params,
                     "Write the final dense parameters to PATH (raw float32) and PATH.json "
                     "(manifest); see docs/params-format.md");
+  train->add_option("--checkpoint-dir", f->checkpoint_dir,
+                    "Where checkpoints go (step-N/ directories, MANIFEST.json, LATEST)");
+  train->add_option("--checkpoint-every", f->checkpoint_every,
+                    "Checkpoint after every N steps and after the last (needs --checkpoint-dir)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
+      ->capture_default_str();
+  train->add_flag("--resume", f->resume,
+                  "Continue after the newest checkpoint in --checkpoint-dir (from step 1 if "
+                  "there is none yet)");
 }
 
 StatusOr<std::unique_ptr<ComputeBackend>> MakeBackend(const std::string& device, int local_rank) {
@@ -299,6 +308,9 @@ TrainerOptions MakeTrainerOptions(const TrainingFlags& flags, int rank, int worl
   options.log_every = flags.log_every;
   options.eval_every = flags.eval_every;
   options.eval_samples = flags.eval_samples;
+  options.checkpoint_dir = flags.checkpoint_dir;
+  options.checkpoint_every = flags.checkpoint_every;
+  options.resume = flags.resume;
   return options;
 }
 

@@ -57,6 +57,9 @@ struct TrainingFlags {
   int64_t eval_samples = 1024;
   bool json = false;
   std::string save_params;
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;
+  bool resume = false;
 };
 
 // Registers the flags (with help text and defaults) on `app`.

@@ -1,0 +1,155 @@
+// Collectives: the operations the workers of a job run together on a buffer each (all-reduce,
+// reduce-scatter, all-gather, broadcast, barrier), behind one interface that every backend
+// implements: RingCollectives (ring_collectives.h) over the transport for host memory; an NCCL
+// backend for device memory.
+//
+//   std::unique_ptr<Collectives> collectives = ...;  // one per worker, built at start
+//   RETURN_IF_ERROR(collectives->AllReduce(grads.data(), grads.size(), DataType::kFloat32,
+//                                          ReduceOp::kAverage, "bucket3", /*tag=*/next_tag++));
+//
+// The contract, for every backend and every operation:
+//   - Every rank of the world calls the operation with the same tag, the same operation, the
+//     same count, dtype, reduce op and root. A rank whose peers disagree fails with
+//     InvalidArgument naming the peer and what differs, and so do the others: never a hang, never
+//     a wrong result. (Backends detect what they can see on the wire; the tensor name is for
+//     messages only and is not compared.)
+//   - `tag` is unique among the operations that may run at the same time on these workers.
+//     Operations with different tags may run concurrently (from different threads) on
+//     non-overlapping buffers. A tag may be used again once the operation using it has ended on
+//     every rank, but not after that operation failed (its peers' messages may still arrive).
+//   - Every call is bounded by the backend's deadline (its options' timeout_ms, counted from the
+//     call's start). An error names the operation, tag, tensor, this rank and the peer that was
+//     waited for or that disagreed, e.g.
+//       allreduce tag=42 tensor=layer3.w rank=2: no chunk from worker 1 (step 4) within 30000 ms
+//     A failure caused by another rank's failure says so and quotes it (the root cause).
+//   - After a failure, the contents of the output buffer are unspecified.
+//   - `count` is the number of elements of the whole buffer (not bytes, not per rank). Length 0
+//     is valid; every rank still takes part. Pointers may be null only where they would address
+//     zero elements.
+//   - Memory: host memory for RingCollectives; device memory for the NCCL backend. The buffers
+//     must stay valid and (inputs) unchanged until the call returns; nothing is retained after.
+//
+// Thread-safety: implementations are thread-safe for calls with different tags.
+#ifndef TESSERA_WORKER_COLLECTIVES_H_
+#define TESSERA_WORKER_COLLECTIVES_H_
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "common/status.h"
+
+namespace tessera::worker {
+
+// How AllReduce and ReduceScatter combine the ranks' elements. kAverage is the sum divided by
+// the world size (once, at the end, in float32).
+enum class ReduceOp { kSum, kAverage, kMax, kMin };
+
+// Element types. 16-bit types travel in their 16-bit form; reductions are computed in float32
+// and rounded back (round to nearest, ties to even) wherever a partial result is stored.
+enum class DataType { kFloat32, kFloat16, kBFloat16 };
+
+// Bytes per element; 0 for a value outside the enum.
+constexpr size_t DataTypeSize(DataType dtype) {
+  switch (dtype) {
+    case DataType::kFloat32: return 4;
+    case DataType::kFloat16: return 2;
+    case DataType::kBFloat16: return 2;
+  }
+  return 0;
+}
+
+// "float32", "float16", "bfloat16" ("invalid" outside the enum).
+constexpr std::string_view DataTypeName(DataType dtype) {
+  switch (dtype) {
+    case DataType::kFloat32: return "float32";
+    case DataType::kFloat16: return "float16";
+    case DataType::kBFloat16: return "bfloat16";
+  }
+  return "invalid";
+}
+
+// "sum", "average", "max", "min" ("invalid" outside the enum).
+constexpr std::string_view ReduceOpName(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return "sum";
+    case ReduceOp::kAverage: return "average";
+    case ReduceOp::kMax: return "max";
+    case ReduceOp::kMin: return "min";
+  }
+  return "invalid";
+}
+
+// A contiguous range of elements: [offset, offset + size).
+struct Partition {
+  size_t offset = 0;
+  size_t size = 0;
+
+  size_t end() const { return offset + size; }
+  bool operator==(const Partition& other) const {
+    return offset == other.offset && size == other.size;
+  }
+};
+
+// The share of rank `rank` when `count` elements are split among `world` ranks: contiguous, in
+// rank order, as even as possible, the first (count mod world) ranks one element more than the
+// rest. With base = count / world and rem = count % world:
+//   offset = rank * base + min(rank, rem),   size = base + (rank < rem ? 1 : 0).
+// The partitions of ranks 0..world-1 tile [0, count) exactly; some are empty when count < world.
+// E.g. count 10, world 4: [0,3) [3,6) [6,8) [8,10).
+//
+// ReduceScatter and AllGather partition their buffers with it, and so does ZeRO for its
+// parameter, gradient and optimizer-state shards, so the two always agree.
+// REQUIRES: world >= 1 and 0 <= rank < world.
+constexpr Partition PartitionOf(size_t count, int world, int rank) {
+  const size_t w = static_cast<size_t>(world);
+  const size_t r = static_cast<size_t>(rank);
+  const size_t base = count / w;
+  const size_t rem = count % w;
+  return Partition{r * base + std::min(r, rem), base + (r < rem ? 1 : 0)};
+}
+
+class Collectives {
+ public:
+  virtual ~Collectives() = default;
+
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+
+  // Combines the `count` elements of `data` across all ranks with `op`, in place: afterwards
+  // every rank's data[i] = op over ranks q of (rank q's data[i]). Every rank gets bit-identical
+  // results.
+  virtual Status AllReduce(void* data, size_t count, DataType dtype, ReduceOp op,
+                           const std::string& tensor, uint64_t tag) = 0;
+
+  // `input` holds `count` elements on every rank. Afterwards `output` holds this rank's
+  // partition p = PartitionOf(count, world_size(), rank()) of the combination:
+  //   output[j] = op over ranks q of (rank q's input[p.offset + j]),  0 <= j < p.size.
+  // `output` has room for p.size elements. It may be exactly input + p.offset (in place);
+  // otherwise the buffers must not overlap. `input` is not modified (in place: only its
+  // partition p is).
+  virtual Status ReduceScatter(const void* input, void* output, size_t count, DataType dtype,
+                               ReduceOp op, const std::string& tensor, uint64_t tag) = 0;
+
+  // The inverse layout: `input` holds this rank's partition PartitionOf(count, world_size(),
+  // rank()) (its size elements); afterwards `output` holds all `count` elements, rank q's input
+  // at PartitionOf(count, world_size(), q).offset. `input` may be exactly output + that offset
+  // (in place); otherwise the buffers must not overlap.
+  virtual Status AllGather(const void* input, void* output, size_t count, DataType dtype,
+                           const std::string& tensor, uint64_t tag) = 0;
+
+  // Afterwards every rank's `data` (count elements) holds rank `root`'s. The call returns on
+  // any rank only once every rank has received the data, so a disagreement anywhere (count,
+  // root, dtype) fails every rank, the root included.
+  virtual Status Broadcast(void* data, size_t count, DataType dtype, int root,
+                           const std::string& tensor, uint64_t tag) = 0;
+
+  // Returns on any rank only after every rank has entered the barrier with this tag.
+  virtual Status Barrier(uint64_t tag) = 0;
+};
+
+}  // namespace tessera::worker
+
+#endif  // TESSERA_WORKER_COLLECTIVES_H_
