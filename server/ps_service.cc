@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -102,6 +103,7 @@ struct Table {
 
 struct Job {
   PsJobConfig config;
+  uint64_t token = 0;  // PsInitRequest.job_token
   std::map<uint64_t, std::unique_ptr<Chunk>> chunks;  // by key
   std::map<std::string, std::unique_ptr<Table>> tables;
 };
@@ -218,6 +220,7 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
     if (!plan.ok()) return AnswerError(request, plan.status());
     auto job = std::make_shared<Job>();
     job->config = *config;
+    job->token = init->job_token();
     std::map<uint64_t, const proto::TensorMeta*> given;
     if (init->tensors() != nullptr) {
       for (const proto::TensorMeta* meta : *init->tensors()) given[meta->key()] = meta;
@@ -288,9 +291,9 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
 
   // A request before the job exists waits for the init (other workers start as fast as rank
   // 0). Returns null after parking it.
-  std::shared_ptr<Job> JobOrPark(const Envelope& request) {
+  std::shared_ptr<Job> JobOrPark(const Envelope& request, std::optional<uint64_t> token = {}) {
     std::lock_guard<std::mutex> lock(job_mu_);
-    if (job_ == nullptr) {
+    if (job_ == nullptr || (token.has_value() && *token != job_->token)) {
       before_init_.push_back(request);
       return nullptr;
     }
@@ -308,7 +311,10 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
 
   // ---- Dense -------------------------------------------------------------------------------
   void ServePushPull(const Envelope& request) {
-    std::shared_ptr<Job> job = JobOrPark(request);
+    // A pull of a job the servers were not initialised for yet (a worker faster than rank 0,
+    // on servers still holding the previous job) waits for that job's init.
+    std::shared_ptr<Job> job =
+        JobOrPark(request, request.header->body_as_PsPushPullRequest()->job_token());
     if (job == nullptr) return;
     if (Status status = CheckRank(*job, request); !status.ok()) return AnswerError(request, status);
     const auto* body = request.header->body_as_PsPushPullRequest();

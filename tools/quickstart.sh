@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Quickstart: builds Tessera, starts a local fleet (a coordinator, 2 servers, 2 workers) with
-# tools' launcher, scrapes every process's /metrics and checks it with `promtool check metrics`.
+# tools' launcher, trains an MLP on the synthetic teacher set in ps-sync mode (the servers hold
+# the parameters and Adam's state), scrapes every process's /metrics and checks it with
+# `promtool check metrics`.
 #
-#   tools/quickstart.sh [launcher flags...]     # e.g. tools/quickstart.sh --mode ps-sync
+#   tools/quickstart.sh                          # the default job below
+#   tools/quickstart.sh [launcher flags...] [-- worker flags...]
+#       e.g. tools/quickstart.sh --mode ps-async -- --model ctr --dataset synthetic-ctr
 #
 # Exits non-zero when the build, the launcher or any check fails. Workers are scraped as soon
 # as they are ready (they keep /metrics up for a few seconds after their work with their own
@@ -112,9 +116,14 @@ check_endpoint() {
 }
 
 # Arguments after the first -- go to every worker.
+if [[ $# -eq 0 ]]; then  # the default job
+  set -- --mode ps-sync -- --model mlp --hidden 256,256 --steps 300 --batch-size 64 \
+    --optimizer adam --lr 0.001 --eval-every 100 --log-every 50 --save-params "$work/params.bin"
+fi
 launch_args=(--servers 2 --workers 2 --linger "$linger_seconds")
-# The smoke job unless the caller picked a mode.
-[[ " $* " == *" --mode"* ]] || launch_args+=(--mode smoke)
+if [[ " $* " != *" --mode"* ]]; then
+  launch_args+=(--mode ps-sync)
+fi
 launch_args+=("$@")
 if [[ " $* " != *" -- "* ]]; then
   launch_args+=(--)

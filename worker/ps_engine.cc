@@ -26,6 +26,15 @@ StatusOr<std::unique_ptr<PsEngine>> PsEngine::Create(const PsEngineOptions& opti
                                                      RpcEndpoint* endpoint, const FleetView& view,
                                                      int rank, MetricsRegistry* metrics) {
   std::unique_ptr<PsEngine> engine(new PsEngine(options, endpoint, view, rank));
+  // Every worker of this job sees the same members (ranks and pids) at the start; the next
+  // job's workers have other pids.
+  uint64_t token = 0xcbf29ce484222325ULL;
+  for (const MemberInfo* worker : view.OfRole(Role::kWorker)) {
+    for (uint64_t part : {static_cast<uint64_t>(worker->rank), static_cast<uint64_t>(worker->pid)}) {
+      token = (token ^ part) * 0x100000001b3ULL;
+    }
+  }
+  engine->job_token_ = token;
   for (int s = 0; s < view.num_servers; ++s) {
     const MemberInfo* server = view.Find(Role::kServer, s);
     if (server == nullptr) {
@@ -112,7 +121,8 @@ Status PsEngine::Initialize(const ParameterLayout& layout,
       }
       uint64_t id = endpoint_->NextRequestId();
       Message message = builder.Finish(
-          proto::CreatePsInitRequestDirect(builder.fbb(), json.c_str(), &metas), id, 0);
+          proto::CreatePsInitRequestDirect(builder.fbb(), json.c_str(), &metas, job_token_), id,
+          0);
       replies.emplace_back(Send(s, std::move(message), id, "init of server " + std::to_string(s)),
                            "initialising server " + std::to_string(s));
     }
@@ -156,7 +166,7 @@ Status PsEngine::PushPull(int64_t step, const float* grads, float* params) {
       }
       uint64_t id = endpoint_->NextRequestId();
       Message message = builder.Finish(
-          proto::CreatePsPushPullRequestDirect(builder.fbb(), &metas, push), id, step);
+          proto::CreatePsPushPullRequestDirect(builder.fbb(), &metas, push, job_token_), id, step);
       std::string what = std::string(push ? "push-pull" : "pull") + " of step " +
                          std::to_string(step) + " (" + std::to_string(group.size()) +
                          " chunks from chunk " + std::to_string(chunks_[group[0]].index) +

@@ -85,6 +85,7 @@ class PsEngine final : public TrainingEngine {
   std::vector<DenseChunk> chunks_;
   std::vector<std::vector<size_t>> chunks_of_server_;  // indices into chunks_
   std::vector<EmbeddingTableSpec> tables_;
+  uint64_t job_token_ = 0;    // PsInitRequest.job_token (see Create)
   uint64_t fingerprint_ = 0;  // of the layout
   uint64_t dense_elements_ = 0;
   int64_t last_step_ = 0;  // the last step whose values the engine has

@@ -153,7 +153,9 @@ Status RunTraining(ProcessRuntime& runtime, const WorkerFlags& worker_flags,
   if (!flags.save_params.empty() && rank == 0) {
     RETURN_IF_ERROR(SaveParams(flags.save_params, model->layout(), params));
   }
-  std::printf("%s\n", FormatSummary(summary, flags, worker_flags.mode, *model, *backend,
+  TrainingFlags reported = flags;
+  if (rank != 0) reported.save_params.clear();  // only rank 0 wrote them
+  std::printf("%s\n", FormatSummary(summary, reported, worker_flags.mode, *model, *backend,
                                     data.description, optimizer)
                           .c_str());
   std::fflush(stdout);
