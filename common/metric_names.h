@@ -121,6 +121,27 @@ inline constexpr MetricName kPsClientBytesReceivedTotal{
     "tessera_ps_client_bytes_received_total",
     "Tensor bytes workers received from servers, by operation."};
 
+// --- Collectives and the all-reduce (DDP) engine ---
+
+// histogram (seconds); labels: op (allreduce, broadcast, allgather, reducescatter), size_class
+// (<64KiB, <1MiB, <16MiB, >=16MiB).
+inline constexpr MetricName kCollectiveSeconds{
+    "tessera_collective_seconds", "Time of one collective operation, by operation and size."};
+// counter; labels: op.
+inline constexpr MetricName kCollectiveBytesTotal{
+    "tessera_collective_bytes_total", "Bytes of the buffers reduced or gathered, by operation."};
+// gauge.
+inline constexpr MetricName kDdpBucketsInFlight{
+    "tessera_ddp_buckets_in_flight", "Gradient buckets queued or being all-reduced right now."};
+// gauge.
+inline constexpr MetricName kDdpOverlapRatio{
+    "tessera_ddp_overlap_ratio",
+    "Share of the last step's communication time that ran while backward was still computing."};
+// histogram (seconds).
+inline constexpr MetricName kDdpWaitSeconds{
+    "tessera_ddp_wait_seconds",
+    "Time the optimizer step waited for gradient all-reduces after backward finished."};
+
 }  // namespace tessera::metric_names
 
 #endif  // TESSERA_COMMON_METRIC_NAMES_H_

@@ -308,6 +308,14 @@ void PopulateWithAllMetrics(MetricsRegistry* registry) {
   histogram(names::kPsClientLatencySeconds, {"op"})->WithLabels({"push_pull"}).value()->Observe(0.01);
   counter(names::kPsClientBytesSentTotal, {"op"})->WithLabels({"push_pull"}).value()->Increment(8);
   counter(names::kPsClientBytesReceivedTotal, {"op"})->WithLabels({"sparse_pull"}).value()->Increment(8);
+  histogram(names::kCollectiveSeconds, {"op", "size_class"})
+      ->WithLabels({"allreduce", "<1MiB"})
+      .value()
+      ->Observe(0.002);
+  counter(names::kCollectiveBytesTotal, {"op"})->WithLabels({"allreduce"}).value()->Increment(4096);
+  gauge(names::kDdpBucketsInFlight, {})->WithLabels({}).value()->Set(2);
+  gauge(names::kDdpOverlapRatio, {})->WithLabels({}).value()->Set(0.75);
+  histogram(names::kDdpWaitSeconds, {})->WithLabels({}).value()->Observe(0.001);
 }
 
 std::string ReadFile(const std::string& path) {

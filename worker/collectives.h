@@ -15,8 +15,9 @@
 //     messages only and is not compared.)
 //   - `tag` is unique among the operations that may run at the same time on these workers.
 //     Operations with different tags may run concurrently (from different threads) on
-//     non-overlapping buffers. A tag may be used again once the operation using it has ended on
-//     every rank, but not after that operation failed (its peers' messages may still arrive).
+//     non-overlapping buffers. A tag may be used again by a later call (calls under one tag are
+//     matched in the order each rank makes them), but not after a call under it failed (its
+//     peers' messages may still arrive).
 //   - Every call is bounded by the backend's deadline (its options' timeout_ms, counted from the
 //     call's start). An error names the operation, tag, tensor, this rank and the peer that was
 //     waited for or that disagreed, e.g.
@@ -87,8 +88,8 @@ struct Partition {
   size_t offset = 0;
   size_t size = 0;
 
-  size_t end() const { return offset + size; }
-  bool operator==(const Partition& other) const {
+  constexpr size_t end() const { return offset + size; }
+  constexpr bool operator==(const Partition& other) const {
     return offset == other.offset && size == other.size;
   }
 };

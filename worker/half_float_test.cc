@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <ostream>
 #include <random>
 #include <vector>
 
@@ -24,6 +25,8 @@ struct Format {
   uint16_t (*encode)(float);
   float (*decode)(uint16_t);
 };
+
+void PrintTo(const Format& format, std::ostream* out) { *out << format.name; }
 
 const Format kHalf = {"float16", 10, -14, 65520.0, FloatToHalf, HalfToFloat};
 const Format kBFloat16 = {"bfloat16", 7, -126, std::ldexp(2.0 - std::ldexp(1.0, -8), 127),

@@ -9,6 +9,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -19,7 +20,7 @@
 #include "common/payload.h"
 #include "common/rpc_endpoint.h"
 #include "common/wire_codec.h"
-#include "worker/ring_allreduce.h"
+#include "worker/ring_collectives.h"
 
 namespace tessera::worker {
 namespace {
@@ -228,24 +229,19 @@ class SmokeJob {
     return expected_bytes;
   }
 
-  StatusOr<CollectiveContext> RingContext(uint64_t tag) const {
-    std::vector<const MemberInfo*> workers = view_.OfRole(Role::kWorker);
-    CollectiveContext context;
-    context.rank = rank_;
-    context.world_size = static_cast<int>(workers.size());
-    for (size_t i = 0; i < workers.size(); ++i) {
-      if (workers[i]->rank != static_cast<int>(i)) {
-        return InternalError("the fleet view's worker ranks are not 0.." +
-                             std::to_string(workers.size() - 1) + ": found " +
-                             workers[i]->Name() + " at position " + std::to_string(i));
-      }
-      context.peer_addresses.push_back(workers[i]->address);
+  // The workers' ring, built on first use from the fleet view.
+  StatusOr<RingCollectives*> Ring() {
+    if (ring_ == nullptr) {
+      RingCollectivesOptions options;
+      options.rank = rank_;
+      ASSIGN_OR_RETURN(options.peer_addresses, RingPeerAddresses(view_));
+      options.world_size = static_cast<int>(options.peer_addresses.size());
+      options.transport = &endpoint_.transport();
+      options.mailbox = &mailbox_;
+      options.timeout_ms = request_timeout_ms_;
+      ASSIGN_OR_RETURN(ring_, RingCollectives::Create(std::move(options)));
     }
-    context.transport = &endpoint_.transport();
-    context.mailbox = &mailbox_;
-    context.deadline = Deadline::AfterMillis(request_timeout_ms_);
-    context.tag = tag;
-    return context;
+    return ring_.get();
   }
 
   // Round r of the all-reduce; each round has its own tag, so chunks of consecutive rounds
@@ -253,12 +249,13 @@ class SmokeJob {
   Status AllReduce(int64_t round) {
     if (runtime_.StopRequested()) return CancelledError("stopped before the all-reduce");
     const uint64_t tag = kFirstAllReduceTag + static_cast<uint64_t>(round) - 1;
-    ASSIGN_OR_RETURN(CollectiveContext context, RingContext(tag));
-    const int world = context.world_size;
+    ASSIGN_OR_RETURN(RingCollectives * ring, Ring());
+    const int world = ring->world_size();
     std::vector<float> buffer(elements_);
     for (size_t i = 0; i < elements_; ++i) buffer[i] = static_cast<float>(rank_ + 1 + static_cast<double>(i));
     auto started = SteadyClock::now();
-    RETURN_IF_ERROR(RingAllReduce({buffer.data(), buffer.size(), "probe"}, context));
+    RETURN_IF_ERROR(ring->AllReduce(buffer.data(), buffer.size(), DataType::kFloat32,
+                                    ReduceOp::kSum, "probe", tag));
     auto elapsed = SteadyClock::now() - started;
     // Closed form: sum over ranks r of (r + 1 + i) = W(W + 1)/2 + W i. Every input and every
     // partial sum is rounded to float at most once, so the result is within 2W rounding steps
@@ -291,6 +288,7 @@ class SmokeJob {
   const int64_t rounds_;
   const int64_t round_interval_ms_;
   const int64_t request_timeout_ms_;
+  std::unique_ptr<RingCollectives> ring_;  // see Ring()
 };
 
 }  // namespace

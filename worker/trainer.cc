@@ -98,7 +98,8 @@ int64_t TotalSteps(const TrainerOptions& options, size_t train_size) {
   if (options.steps > 0 || options.epochs <= 0 || options.batch_size < 1) return options.steps;
   const int64_t world = std::max(1, options.world_size);
   const int64_t per_rank = (static_cast<int64_t>(train_size) + world - 1) / world;
-  return options.epochs * ((per_rank + options.batch_size - 1) / options.batch_size);
+  const int64_t per_step = options.batch_size * std::max<int64_t>(1, options.accumulation_steps);
+  return options.epochs * ((per_rank + per_step - 1) / per_step);
 }
 
 StatusOr<TrainingSummary> Train(const TrainerOptions& options, const data::Dataset& train,
@@ -107,6 +108,14 @@ StatusOr<TrainingSummary> Train(const TrainerOptions& options, const data::Datas
   if (options.batch_size < 1) {
     return InvalidArgumentError("--batch-size=" + std::to_string(options.batch_size) +
                                 " must be at least 1");
+  }
+  if (options.accumulation_steps < 1) {
+    return InvalidArgumentError("--grad-accumulation=" + std::to_string(options.accumulation_steps) +
+                                " must be at least 1");
+  }
+  if (options.accumulation_steps > 1 && !model->embedding_tables().empty()) {
+    return InvalidArgumentError("--grad-accumulation does not support models with embedding "
+                                "tables yet (each micro-batch touches other rows)");
   }
   if (options.steps < 0 || options.epochs < 0) {
     return InvalidArgumentError("--steps=" + std::to_string(options.steps) + " and --epochs=" +
@@ -177,9 +186,11 @@ StatusOr<TrainingSummary> Train(const TrainerOptions& options, const data::Datas
   data::Batch batch;
   std::vector<SparseRows> sparse;
   std::vector<size_t> indices;
+  const int64_t micro = options.accumulation_steps;
+  std::vector<float> accumulated(micro > 1 ? layout.total_size() : 0);
   // The samples the steps before first_step consumed (resuming): same order, not loaded.
   for (int64_t skipped = 1; skipped < first_step; ++skipped) {
-    for (int64_t i = 0; i < options.batch_size; ++i) {
+    for (int64_t i = 0; i < options.batch_size * micro; ++i) {
       if (cursor == order.size()) {
         order = sampler.Indices(++epoch);
         cursor = 0;
@@ -194,20 +205,40 @@ StatusOr<TrainingSummary> Train(const TrainerOptions& options, const data::Datas
   int64_t window_samples = 0;
   for (int64_t step = first_step; step <= steps; ++step) {
     const std::string where = std::string(engine->name()) + " step " + std::to_string(step);
-    indices.clear();
-    while (indices.size() < static_cast<size_t>(options.batch_size)) {
-      if (cursor == order.size()) {  // next epoch, reshuffled
-        order = sampler.Indices(++epoch);
-        cursor = 0;
+    // `micro` micro-batches of batch_size samples; only the last one's backward may start
+    // communication (like DDP's no_sync), and only when there is just one.
+    StepStats stats;
+    for (int64_t m = 0; m < micro; ++m) {
+      indices.clear();
+      while (indices.size() < static_cast<size_t>(options.batch_size)) {
+        if (cursor == order.size()) {  // next epoch, reshuffled
+          order = sampler.Indices(++epoch);
+          cursor = 0;
+        }
+        indices.push_back(order[cursor++]);
       }
-      indices.push_back(order[cursor++]);
+      RETURN_IF_ERROR(data::MakeBatch(train, indices, &batch).WithContext(where));
+      RETURN_IF_ERROR(FetchRows(batch, *model, engine, &sparse).WithContext(where));
+      if (micro == 1) engine->OnBackwardStart(step, host_grads.data());
+      ASSIGN_OR_RETURN(StepStats micro_stats,
+                       model->ForwardBackward(buffers.params(), batch, &sparse, buffers.grads(),
+                                              micro == 1 ? on_ready : GradientsReady()));
+      if (buffers.mirrored()) buffers.DownloadGrads();
+      if (micro > 1) {
+        for (size_t i = 0; i < accumulated.size(); ++i) {
+          accumulated[i] = m == 0 ? host_grads[i] : accumulated[i] + host_grads[i];
+        }
+      }
+      stats.loss += micro_stats.loss / static_cast<double>(micro);
+      stats.correct += micro_stats.correct;
+      stats.samples += micro_stats.samples;
     }
-    RETURN_IF_ERROR(data::MakeBatch(train, indices, &batch).WithContext(where));
-    RETURN_IF_ERROR(FetchRows(batch, *model, engine, &sparse).WithContext(where));
-    ASSIGN_OR_RETURN(StepStats stats, model->ForwardBackward(buffers.params(), batch, &sparse,
-                                                             buffers.grads(), on_ready));
-    if (buffers.mirrored()) {
-      buffers.DownloadGrads();
+    if (micro > 1) {
+      const float scale = 1.0f / static_cast<float>(micro);
+      for (size_t i = 0; i < accumulated.size(); ++i) host_grads[i] = accumulated[i] * scale;
+      engine->OnBackwardStart(step, host_grads.data());
+      engine->OnGradientsReady(0, layout.total_size());
+    } else if (buffers.mirrored()) {
       engine->OnGradientsReady(0, layout.total_size());
     }
     RETURN_IF_ERROR(engine->Step(step, params->data(), host_grads.data(), sparse).WithContext(where));

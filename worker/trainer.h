@@ -31,7 +31,8 @@
 namespace tessera::worker {
 
 struct TrainerOptions {
-  int64_t batch_size = 64;   // per worker
+  int64_t batch_size = 64;   // per worker and micro-batch
+  int64_t accumulation_steps = 1;  // micro-batches per optimizer step (gradients averaged)
   int64_t steps = 100;       // 0: derive from epochs
   int64_t epochs = 0;        // used when steps is 0: epochs * ceil(per-rank samples / batch)
   uint64_t seed = 0;         // parameter init and data order

@@ -49,6 +49,10 @@ class TrainingEngine {
     return FailedPreconditionError(std::string(name()) + " mode holds no embedding tables");
   }
 
+  // Before the backward pass of update `step` whose gradients go to `grads` (host memory,
+  // layout size): the buffer OnGradientsReady's ranges refer to until Step returns.
+  virtual void OnBackwardStart(int64_t step, float* grads) {}
+
   // During backward: grads[offset, offset + size) are final (last layer first). The default
   // does nothing; an engine that overlaps communication with backward starts it here.
   virtual void OnGradientsReady(uint64_t offset, uint64_t size) {}

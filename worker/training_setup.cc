@@ -93,6 +93,11 @@ void AddTrainingFlags(CLI::App* app, TrainingFlags* f) {
   train->add_option("--batch-size", f->batch_size, "Samples per step, per worker")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 24))
       ->capture_default_str();
+  train->add_option("--grad-accumulation", f->grad_accumulation,
+                    "Micro-batches of --batch-size per optimizer step (gradients averaged; in "
+                    "allreduce mode only the last one communicates)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
+      ->capture_default_str();
   train->add_option("--steps", f->steps, "Optimizer steps (0: use --epochs)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
       ->capture_default_str();
@@ -300,6 +305,7 @@ StatusOr<LrScheduleOptions> MakeLrSchedule(const TrainingFlags& flags, int64_t t
 TrainerOptions MakeTrainerOptions(const TrainingFlags& flags, int rank, int world_size) {
   TrainerOptions options;
   options.batch_size = flags.batch_size;
+  options.accumulation_steps = flags.grad_accumulation;
   options.steps = flags.steps;
   options.epochs = flags.epochs;
   options.seed = flags.seed;

@@ -39,6 +39,7 @@ struct TrainingFlags {
   int64_t input_dim = 784;            // synthetic: features per sample
   int64_t classes = 10;               // synthetic: classes
   int64_t batch_size = 64;
+  int64_t grad_accumulation = 1;
   int64_t steps = 100;
   int64_t epochs = 0;
   std::string optimizer = "sgd";

@@ -7,6 +7,8 @@
 //   ps-sync   parameter-server training (worker/ps_engine.h, server/ps_service.h): the servers
 //   ps-async  hold the parameters and apply the optimizer; sync (BSP), async (ASP) or
 //   ps-ssp    stale-synchronous with --staleness K.
+//   allreduce data parallel without servers (worker/allreduce_engine.h): gradients averaged by
+//             ring all-reduce in buckets that start during backward.
 //   smoke     the foundation smoke job (smoke_job.h): barrier, probe push/pull through the
 //             servers, verified ring all-reduces among the workers, exit.
 // Any error ends the process with that error (exit 1); it does not say goodbye, so the
@@ -28,10 +30,12 @@
 #include "common/rendezvous_client.h"
 #include "common/rpc_endpoint.h"
 #include "common/status.h"
+#include "worker/allreduce_engine.h"
 #include "worker/collective_mailbox.h"
 #include "worker/local_engine.h"
 #include "worker/params_file.h"
 #include "worker/ps_engine.h"
+#include "worker/ring_collectives.h"
 #include "worker/smoke_job.h"
 #include "worker/trainer.h"
 #include "worker/training_setup.h"
@@ -45,18 +49,25 @@ struct WorkerFlags {
   TrainingFlags training;
   int64_t staleness = 2;
   uint64_t ps_chunk_elements = 1 << 16;
+  double bucket_mb = 25;
+  bool no_overlap = false;
+  uint64_t segment_kb = 256;
 };
 
 void AddWorkerFlags(CLI::App* app, WorkerFlags* flags) {
   app->add_option("--mode", flags->mode,
                   "local: train alone (no --coordinator needed); ps-sync, ps-async, ps-ssp: "
-                  "train against the parameter servers; smoke: the fleet smoke job "
+                  "train against the parameter servers; allreduce: data parallel by ring "
+                  "all-reduce (no servers); smoke: the fleet smoke job "
                   "(push/pull through the servers, verified all-reduces, exit)")
       ->check(CLI::Validator(
           [](std::string& mode) -> std::string {
-            if (mode == "local" || mode == "smoke" || ParsePsMode(mode).ok()) return "";
+            if (mode == "local" || mode == "smoke" || mode == "allreduce" ||
+                ParsePsMode(mode).ok()) {
+              return "";
+            }
             return "mode " + mode + " is not available in this version; available: local, "
-                   "ps-sync, ps-async, ps-ssp, smoke";
+                   "ps-sync, ps-async, ps-ssp, allreduce, smoke";
           },
           "MODE", "mode"))
       ->capture_default_str();
@@ -69,6 +80,17 @@ void AddWorkerFlags(CLI::App* app, WorkerFlags* flags) {
   ps->add_option("--ps-chunk-elements", flags->ps_chunk_elements,
                  "Dense parameters travel and are sharded in chunks of this many floats")
       ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 28))
+      ->capture_default_str();
+  auto* ddp = app->add_option_group("All-reduce (--mode allreduce)");
+  ddp->add_option("--bucket-mb", flags->bucket_mb,
+                  "Gradient bucket size in MiB (PyTorch DDP's bucket_cap_mb)")
+      ->check(CLI::Range(0.0, 4096.0))
+      ->capture_default_str();
+  ddp->add_flag("--no-overlap", flags->no_overlap,
+                "Start all buckets after backward instead of during it");
+  ddp->add_option("--segment-kb", flags->segment_kb,
+                  "Pipelining unit of the ring: the largest piece one message carries")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{64} << 10))
       ->capture_default_str();
   AddSmokeFlags(app, &flags->smoke);
 }
@@ -113,7 +135,7 @@ std::string FormatSummary(const TrainingSummary& s, const TrainingFlags& flags,
 // Trains in `flags.mode`: alone (local, client may be null) or as worker client->rank() of
 // the fleet (ps-*).
 Status RunTraining(ProcessRuntime& runtime, const WorkerFlags& worker_flags,
-                   RendezvousClient* client) {
+                   RendezvousClient* client, CollectiveMailbox* mailbox) {
   const TrainingFlags& flags = worker_flags.training;
   const bool local = worker_flags.mode == "local";
   const int rank = local ? 0 : client->rank();
@@ -126,9 +148,27 @@ Status RunTraining(ProcessRuntime& runtime, const WorkerFlags& worker_flags,
   ASSIGN_OR_RETURN(OptimizerOptions optimizer, MakeOptimizerOptions(flags));
   ASSIGN_OR_RETURN(LrScheduleOptions schedule,
                    MakeLrSchedule(flags, TotalSteps(trainer, data.train->size())));
+  std::unique_ptr<Collectives> collectives;  // outlives the engine (declared first)
   std::unique_ptr<TrainingEngine> engine;
   if (local) {
     ASSIGN_OR_RETURN(engine, LocalEngine::Create(optimizer, schedule));
+  } else if (worker_flags.mode == "allreduce") {
+    RingCollectivesOptions ring;
+    ring.rank = rank;
+    ring.world_size = world;
+    ASSIGN_OR_RETURN(ring.peer_addresses, RingPeerAddresses(client->view()));
+    ring.transport = &runtime.endpoint().transport();
+    ring.mailbox = mailbox;
+    ring.timeout_ms = runtime.config().request_timeout_ms;
+    ring.segment_bytes = static_cast<size_t>(worker_flags.segment_kb) * 1024;
+    ASSIGN_OR_RETURN(collectives, RingCollectives::Create(ring));
+    AllReduceEngineOptions options;
+    options.optimizer = optimizer;
+    options.schedule = schedule;
+    options.bucket_bytes = static_cast<uint64_t>(worker_flags.bucket_mb * (1 << 20));
+    options.overlap = !worker_flags.no_overlap;
+    ASSIGN_OR_RETURN(engine, AllReduceEngine::Create(options, collectives.get(),
+                                                     &runtime.metrics()));
   } else {
     PsEngineOptions options;
     ASSIGN_OR_RETURN(options.consistency, ParsePsMode(worker_flags.mode));
@@ -149,7 +189,7 @@ Status RunTraining(ProcessRuntime& runtime, const WorkerFlags& worker_flags,
   ASSIGN_OR_RETURN(TrainingSummary summary,
                    Train(trainer, *data.train, data.eval.get(), model.get(), backend.get(),
                          engine.get(), &params));
-  // Rank 0 writes the parameters (in ps-sync every rank has the same).
+  // Rank 0 writes the parameters (in ps-sync and allreduce every rank has the same).
   if (!flags.save_params.empty() && rank == 0) {
     RETURN_IF_ERROR(SaveParams(flags.save_params, model->layout(), params));
   }
@@ -169,7 +209,7 @@ Status RunWorker(ProcessRuntime& runtime, const WorkerFlags& flags) {
                                   "and MASTER_PORT); only --mode local runs standalone");
     }
     runtime.AnnounceReady(0);
-    return RunTraining(runtime, flags, nullptr);
+    return RunTraining(runtime, flags, nullptr, nullptr);
   }
   RpcEndpoint& endpoint = runtime.endpoint();
   // Before joining: peers may send chunks as soon as the fleet view tells them our address,
@@ -193,7 +233,7 @@ Status RunWorker(ProcessRuntime& runtime, const WorkerFlags& flags) {
     // The whole fleet starts together (servers wait for this barrier too).
     RETURN_IF_ERROR(client->Barrier("start", std::nullopt,
                                     runtime.config().rendezvous_timeout_ms));
-    RETURN_IF_ERROR(RunTraining(runtime, flags, client.get()));
+    RETURN_IF_ERROR(RunTraining(runtime, flags, client.get(), mailbox.get()));
   }
   double linger = runtime.config().linger_seconds;
   if (linger > 0) {

@@ -1,0 +1,173 @@
+// --mode allreduce end to end: real workers on loopback under tessera-launch (or started one
+// by one where a test needs different flags per rank), compared against --mode local.
+//
+// Tolerance of the comparisons with --mode local: |allreduce - local| <= 1e-6 + 1e-5 |local|
+// per parameter, for the same reason as in ps_test.cc: the same samples and optimizer, but the
+// mean gradient is summed in another order (W per-rank means averaged by the ring vs one GEMM
+// over the global batch), and Adam magnifies the last bits of small gradients.
+#include <signal.h>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <regex>
+
+#include "tests/fleet_harness.h"
+#include "worker/params_file.h"
+
+namespace tessera::testing {
+namespace {
+
+constexpr int64_t kRunMs = 120000;
+
+std::string TempPath(const std::string& name) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return std::string(dir != nullptr ? dir : "/tmp") + "/" + name;
+}
+
+std::vector<std::string> Concat(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// 3 workers x 16 = the local batch of 48; 25 steps stay inside the first epoch of 1920.
+std::vector<std::string> Flags(const std::string& optimizer) {
+  return {"--steps", "25", "--optimizer", optimizer, "--lr", optimizer == "adam" ? "0.01" : "0.1",
+          "--device", "cpu", "--log-every", "5", "--train-samples", "1920", "--hidden", "64,32",
+          "--input-dim", "16", "--classes", "4", "--seed", "5"};
+}
+
+void RunToSuccess(FleetHarness& harness, const std::string& label, const std::string& binary,
+                  const std::vector<std::string>& args) {
+  auto id = harness.Start(label, binary, args);
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto exit = harness.WaitExit(*id, Deadline::AfterMillis(kRunMs));
+  ASSERT_TRUE(exit.ok()) << exit.status() << "\n" << harness.Output(*id);
+  ASSERT_TRUE(exit->success()) << label << ": " << exit->Describe() << "\n" << harness.Output(*id);
+}
+
+std::vector<float> Load(const std::string& path) {
+  auto loaded = worker::LoadParams(path);
+  EXPECT_TRUE(loaded.ok()) << loaded.status();
+  return loaded.ok() ? loaded->values : std::vector<float>();
+}
+
+void ExpectClose(const std::vector<float>& a, const std::vector<float>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  size_t bad = 0;
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double d = std::fabs(static_cast<double>(a[i]) - b[i]);
+    if (d > 1e-6 + 1e-5 * std::fabs(b[i])) ++bad;
+    worst = std::max(worst, d);
+  }
+  EXPECT_EQ(bad, 0u) << "of " << a.size() << "; largest difference " << worst;
+}
+
+class AllReduceMatchesLocal : public ::testing::TestWithParam<std::string> {};
+
+// Small buckets (many all-reduces per step), overlapped with backward and not: both equal
+// local training within the tolerance, and each other bitwise (the same reductions, only
+// started at other times).
+TEST_P(AllReduceMatchesLocal, ThreeWorkersWithAndWithoutOverlap) {
+  const std::string optimizer = GetParam();
+  FleetHarness harness;
+  const std::string local = TempPath("local_" + optimizer + ".bin");
+  const std::string overlapped = TempPath("overlap_" + optimizer + ".bin");
+  const std::string sequential = TempPath("sequential_" + optimizer + ".bin");
+  RunToSuccess(harness, "local", "worker/tessera-worker",
+               Concat(Flags(optimizer), {"--mode", "local", "--batch-size", "48",
+                                         "--save-params", local}));
+  const std::vector<std::string> fleet = {"--workers", "3", "--mode", "allreduce", "--"};
+  // 2 KiB buckets: the 64x16, 64, 32x64, 32, 4x32, 4 parameters make several buckets.
+  RunToSuccess(harness, "overlap", "tools/tessera-launch",
+               Concat(fleet, Concat(Flags(optimizer), {"--batch-size", "16", "--bucket-mb",
+                                                       "0.002", "--save-params", overlapped})));
+  RunToSuccess(harness, "no overlap", "tools/tessera-launch",
+               Concat(fleet, Concat(Flags(optimizer),
+                                    {"--batch-size", "16", "--bucket-mb", "0.002", "--no-overlap",
+                                     "--save-params", sequential})));
+  ExpectClose(Load(overlapped), Load(local));
+  EXPECT_EQ(Load(overlapped), Load(sequential));
+}
+
+INSTANTIATE_TEST_SUITE_P(Optimizers, AllReduceMatchesLocal, ::testing::Values("sgd", "adam"));
+
+// Two workers, two micro-batches of 12 each per step = the local batch of 48.
+TEST(AllReduceTest, GradientAccumulationMatchesTheLargerLocalBatch) {
+  FleetHarness harness;
+  const std::string local = TempPath("accumulate_local.bin");
+  const std::string accumulated = TempPath("accumulate_allreduce.bin");
+  RunToSuccess(harness, "local", "worker/tessera-worker",
+               Concat(Flags("adam"), {"--mode", "local", "--batch-size", "48",
+                                      "--save-params", local}));
+  RunToSuccess(harness, "allreduce", "tools/tessera-launch",
+               Concat({"--workers", "2", "--mode", "allreduce", "--"},
+                      Concat(Flags("adam"), {"--batch-size", "12", "--grad-accumulation", "2",
+                                             "--save-params", accumulated})));
+  ExpectClose(Load(accumulated), Load(local));
+}
+
+std::vector<std::string> Join(const std::string& coordinator, int workers) {
+  return {"--coordinator", coordinator, "--num-workers", std::to_string(workers),
+          "--heartbeat-interval-ms", "100", "--heartbeat-timeout-ms", "1000",
+          "--request-timeout-ms", "10000"};
+}
+
+// Rank 1 builds another model: every rank fails before the first all-reduce, naming rank 1 and
+// the tensor, instead of hanging or summing mismatched buffers.
+TEST(AllReduceTest, ShapeMismatchFailsEveryRankNamingRankAndTensor) {
+  FleetHarness harness;
+  auto coordinator = harness.StartCoordinator({"--num-workers", "3"});
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  std::vector<int> workers;
+  for (int r = 0; r < 3; ++r) {
+    std::vector<std::string> flags = Concat(Join(*coordinator, 3), Flags("sgd"));
+    if (r == 1) std::replace(flags.begin(), flags.end(), std::string("64,32"), std::string("64,33"));
+    auto id = harness.Start("worker " + std::to_string(r), "worker/tessera-worker",
+                            Concat(flags, {"--mode", "allreduce", "--rank", std::to_string(r)}));
+    ASSERT_TRUE(id.ok());
+    workers.push_back(*id);
+  }
+  for (int r = 0; r < 3; ++r) {
+    auto exit = harness.WaitExit(workers[r], Deadline::AfterMillis(kRunMs));
+    ASSERT_TRUE(exit.ok()) << "worker " << r << " hangs\n" << harness.Output(workers[r]);
+    EXPECT_FALSE(exit->success()) << harness.Output(workers[r]);
+    const std::string output = harness.Output(workers[r]);
+    EXPECT_TRUE(std::regex_search(output, std::regex("rank [0-9]'s tensor #[0-9]+ differs from "
+                                                     "rank [0-9]'s 'mlp\\.[0-9]\\.(weight|bias)'")))
+        << "worker " << r << ":\n" << output;
+  }
+}
+
+// A rank killed mid-training: the others fail within the heartbeat timeout, naming it.
+TEST(AllReduceTest, KilledRankFailsTheOthersNamingIt) {
+  FleetHarness harness;
+  auto coordinator = harness.StartCoordinator({"--num-workers", "3", "--heartbeat-interval-ms",
+                                               "100", "--heartbeat-timeout-ms", "1000"});
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  std::vector<int> workers;
+  for (int r = 0; r < 3; ++r) {
+    std::vector<std::string> flags = Concat(Join(*coordinator, 3), Flags("sgd"));
+    flags[std::find(flags.begin(), flags.end(), "--steps") - flags.begin() + 1] = "1000000";
+    flags = Concat(flags, {"--mode", "allreduce", "--rank", std::to_string(r)});
+    auto id = harness.Start("worker " + std::to_string(r), "worker/tessera-worker", flags);
+    ASSERT_TRUE(id.ok());
+    workers.push_back(*id);
+  }
+  ASSERT_TRUE(harness.WaitForLine(workers[0], "step 50/", Deadline::AfterMillis(kRunMs)).ok())
+      << harness.Output(workers[0]);
+  ASSERT_TRUE(harness.Signal(workers[2], SIGKILL).ok());
+  for (int r : {0, 1}) {
+    auto exit = harness.WaitExit(workers[r], Deadline::AfterMillis(20000));
+    ASSERT_TRUE(exit.ok()) << "worker " << r << " did not end\n" << harness.Output(workers[r]);
+    EXPECT_FALSE(exit->success());
+    EXPECT_TRUE(std::regex_search(harness.Output(workers[r]), std::regex("worker 2")))
+        << harness.Output(workers[r]);
+  }
+  harness.StopAll();
+}
+
+}  // namespace
+}  // namespace tessera::testing

@@ -1,0 +1,274 @@
+#include "worker/allreduce_engine.h"
+
+#include <chrono>
+#include <cstring>
+
+#include "common/deadline.h"
+#include "common/logging.h"
+#include "common/metric_names.h"
+
+namespace tessera::worker {
+namespace {
+
+// Tags: the setup's collectives, then one per (step, bucket), never reused within a job.
+constexpr uint64_t kFingerprintTag = 1ull << 40;
+constexpr uint64_t kTensorFingerprintTag = kFingerprintTag + 1;
+constexpr uint64_t kBroadcastTag = kFingerprintTag + 2;
+constexpr uint64_t kBucketTagBase = 1ull << 41;
+constexpr uint64_t kMaxBuckets = 1 << 16;
+
+// A 64-bit value as 4 floats of 16 bits each (exact in float32), so it can travel through a
+// float32 all-gather.
+void Put64(uint64_t value, float* out) {
+  for (int i = 0; i < 4; ++i) out[i] = static_cast<float>((value >> (16 * i)) & 0xffff);
+}
+uint64_t Get64(const float* in) {
+  uint64_t value = 0;
+  for (int i = 0; i < 4; ++i) value |= static_cast<uint64_t>(in[i]) << (16 * i);
+  return value;
+}
+
+uint64_t TensorHash(const ParameterView& view) {
+  uint64_t hash = 0xcbf29ce484222325ULL;
+  auto mix = [&hash](uint64_t part) { hash = (hash ^ part) * 0x100000001b3ULL; };
+  for (unsigned char c : view.name) mix(c);
+  for (int64_t d : view.shape) mix(static_cast<uint64_t>(d));
+  return hash;
+}
+
+std::string Shape(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
+int SizeClass(uint64_t bytes) {
+  if (bytes < (64u << 10)) return 0;
+  if (bytes < (1u << 20)) return 1;
+  if (bytes < (16u << 20)) return 2;
+  return 3;
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<AllReduceEngine>> AllReduceEngine::Create(
+    const AllReduceEngineOptions& options, Collectives* collectives, MetricsRegistry* metrics) {
+  RETURN_IF_ERROR(ValidateOptimizerOptions(options.optimizer));
+  RETURN_IF_ERROR(ValidateLrSchedule(options.schedule, options.optimizer.lr));
+  std::unique_ptr<AllReduceEngine> engine(new AllReduceEngine(options, collectives));
+  namespace names = metric_names;
+  ASSIGN_OR_RETURN(HistogramFamily * seconds,
+                   metrics->RegisterHistogram(names::kCollectiveSeconds.name,
+                                              names::kCollectiveSeconds.help,
+                                              {"op", "size_class"}, DefaultLatencyBuckets()));
+  const char* classes[] = {"<64KiB", "<1MiB", "<16MiB", ">=16MiB"};
+  for (int i = 0; i < 4; ++i) {
+    ASSIGN_OR_RETURN(engine->allreduce_seconds_[i], seconds->WithLabels({"allreduce", classes[i]}));
+  }
+  ASSIGN_OR_RETURN(CounterFamily * bytes,
+                   metrics->RegisterCounter(names::kCollectiveBytesTotal.name,
+                                            names::kCollectiveBytesTotal.help, {"op"}));
+  ASSIGN_OR_RETURN(engine->allreduce_bytes_, bytes->WithLabels({"allreduce"}));
+  ASSIGN_OR_RETURN(GaugeFamily * in_flight, metrics->RegisterGauge(
+                                                names::kDdpBucketsInFlight.name,
+                                                names::kDdpBucketsInFlight.help));
+  ASSIGN_OR_RETURN(engine->in_flight_, in_flight->WithLabels({}));
+  ASSIGN_OR_RETURN(GaugeFamily * overlap, metrics->RegisterGauge(names::kDdpOverlapRatio.name,
+                                                                 names::kDdpOverlapRatio.help));
+  ASSIGN_OR_RETURN(engine->overlap_ratio_, overlap->WithLabels({}));
+  ASSIGN_OR_RETURN(HistogramFamily * wait,
+                   metrics->RegisterHistogram(names::kDdpWaitSeconds.name,
+                                              names::kDdpWaitSeconds.help, {},
+                                              DefaultLatencyBuckets()));
+  ASSIGN_OR_RETURN(engine->wait_seconds_, wait->WithLabels({}));
+  return engine;
+}
+
+AllReduceEngine::~AllReduceEngine() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (comm_thread_.joinable()) comm_thread_.join();
+}
+
+Status AllReduceEngine::CheckFingerprints(const ParameterLayout& layout) {
+  const int world = collectives_->world_size();
+  const int rank = collectives_->rank();
+  // Phase 1: [tensor count, total size (4), layout fingerprint (4)] from every rank.
+  constexpr size_t kSummary = 9;
+  std::vector<float> mine(kSummary), all(kSummary * static_cast<size_t>(world));
+  const auto& views = layout.views();
+  mine[0] = static_cast<float>(views.size());
+  Put64(layout.total_size(), &mine[1]);
+  Put64(layout.Fingerprint(), &mine[5]);
+  std::memcpy(all.data() + kSummary * static_cast<size_t>(rank), mine.data(),
+              kSummary * sizeof(float));
+  RETURN_IF_ERROR(collectives_->AllGather(all.data() + kSummary * static_cast<size_t>(rank),
+                                          all.data(), all.size(), DataType::kFloat32,
+                                          "parameter fingerprint", kFingerprintTag)
+                      .WithContext("comparing the ranks' parameters"));
+  bool differ = false;
+  for (int q = 0; q < world; ++q) {
+    const float* theirs = all.data() + kSummary * static_cast<size_t>(q);
+    if (theirs[0] != mine[0]) {
+      return FailedPreconditionError(
+          "rank " + std::to_string(q) + " has " + std::to_string(static_cast<int64_t>(theirs[0])) +
+          " parameter tensors to all-reduce; rank " + std::to_string(rank) + " has " +
+          std::to_string(views.size()) + " (the ranks must build the same model)");
+    }
+    if (Get64(theirs + 5) != Get64(&mine[5]) || Get64(theirs + 1) != Get64(&mine[1])) differ = true;
+  }
+  if (!differ) return OkStatus();
+  // Phase 2 (every rank saw the same gathered data, so all get here): per-tensor hashes.
+  const size_t per = 4 * views.size();
+  std::vector<float> tensors(per * static_cast<size_t>(world));
+  for (size_t i = 0; i < views.size(); ++i) {
+    Put64(TensorHash(views[i]), tensors.data() + per * static_cast<size_t>(rank) + 4 * i);
+  }
+  RETURN_IF_ERROR(collectives_->AllGather(tensors.data() + per * static_cast<size_t>(rank),
+                                          tensors.data(), tensors.size(), DataType::kFloat32,
+                                          "tensor fingerprints", kTensorFingerprintTag));
+  for (int q = 0; q < world; ++q) {
+    for (size_t i = 0; i < views.size(); ++i) {
+      if (Get64(tensors.data() + per * static_cast<size_t>(q) + 4 * i) != TensorHash(views[i])) {
+        return FailedPreconditionError(
+            "rank " + std::to_string(q) + "'s tensor #" + std::to_string(i) +
+            " differs from rank " + std::to_string(rank) + "'s '" + views[i].name + "' " +
+            Shape(views[i].shape) + " (name or shape): the ranks must build the same model");
+      }
+    }
+  }
+  return FailedPreconditionError("the ranks' parameter layouts differ in order or size");
+}
+
+Status AllReduceEngine::Initialize(const ParameterLayout& layout,
+                                   const std::vector<EmbeddingTableSpec>& tables, float* params) {
+  if (!tables.empty()) {
+    return InvalidArgumentError("allreduce mode does not hold embedding tables yet (the " +
+                                std::to_string(tables.size()) +
+                                " of this model): use a ps-* mode for the ctr model");
+  }
+  RETURN_IF_ERROR(CheckFingerprints(layout));
+  size_ = layout.total_size();
+  RETURN_IF_ERROR(collectives_->Broadcast(params, size_, DataType::kFloat32, /*root=*/0,
+                                          "initial parameters", kBroadcastTag)
+                      .WithContext("broadcasting rank 0's parameters"));
+  buckets_ = PlanGradientBuckets(layout, options_.bucket_bytes);
+  if (buckets_.size() > kMaxBuckets) {
+    return InvalidArgumentError(std::to_string(buckets_.size()) + " gradient buckets; raise "
+                                "--bucket-mb (at most " + std::to_string(kMaxBuckets) + ")");
+  }
+  tracker_.Reset();
+  state_.assign(StateFloatsPerElement(options_.optimizer.kind) * size_, 0.0f);
+  InitOptimizerState(options_.optimizer, state_.data(), size_);
+  comm_thread_ = std::thread([this] { CommLoop(); });
+  TLOG(INFO) << "allreduce among " << collectives_->world_size() << " workers: " << size_
+             << " parameters in " << buckets_.size() << " buckets of up to "
+             << options_.bucket_bytes << " bytes, overlap " << (options_.overlap ? "on" : "off");
+  return OkStatus();
+}
+
+void AllReduceEngine::OnBackwardStart(int64_t step, float* grads) {
+  std::lock_guard<std::mutex> lock(mu_);
+  grads_ = grads;
+  step_ = step;
+  done_ = 0;
+  comm_seconds_ = 0;
+  tracker_.Reset();
+}
+
+void AllReduceEngine::OnGradientsReady(uint64_t offset, uint64_t size) {
+  if (!options_.overlap) return;
+  for (size_t bucket : tracker_.MarkReady(offset, size)) Enqueue(bucket);
+}
+
+void AllReduceEngine::Enqueue(size_t bucket) {
+  tracker_.set_started(bucket);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(bucket);
+    in_flight_->Add(1);
+  }
+  cv_.notify_all();
+}
+
+void AllReduceEngine::CommLoop() {
+  while (true) {
+    size_t bucket;
+    float* grads;
+    int64_t step;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      if (stopping_) return;
+      bucket = queue_.front();
+      queue_.pop_front();
+      grads = grads_;
+      step = step_;
+    }
+    const GradientBucket& b = buckets_[bucket];
+    const uint64_t tag = kBucketTagBase + static_cast<uint64_t>(step) * kMaxBuckets + bucket;
+    const auto started = SteadyClock::now();
+    Status status = collectives_->AllReduce(grads + b.offset, b.size, DataType::kFloat32,
+                                            ReduceOp::kAverage,
+                                            "bucket " + std::to_string(bucket) + " (" + b.first +
+                                                " .. " + b.last + ")",
+                                            tag);
+    const double seconds = std::chrono::duration<double>(SteadyClock::now() - started).count();
+    allreduce_seconds_[SizeClass(b.size * sizeof(float))]->Observe(seconds);
+    allreduce_bytes_->Increment(static_cast<double>(b.size * sizeof(float)));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++done_;
+      comm_seconds_ += seconds;
+      if (!status.ok() && first_error_.ok()) first_error_ = status;
+      in_flight_->Add(-1);
+    }
+    cv_.notify_all();
+  }
+}
+
+Status AllReduceEngine::Step(int64_t step, float* params, float* grads,
+                             const std::vector<SparseRows>& sparse) {
+  if (!sparse.empty()) {
+    return InvalidArgumentError("allreduce mode got embedding rows; it holds no tables");
+  }
+  const auto backward_done = SteadyClock::now();
+  double hidden_seconds = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (grads_ != grads || step_ != step) {
+      // The trainer did not announce this backward (or another buffer): nothing was started.
+      grads_ = grads;
+      step_ = step;
+      done_ = 0;
+      comm_seconds_ = 0;
+      tracker_.Reset();
+    }
+    hidden_seconds = comm_seconds_;  // finished before backward ended
+  }
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    if (!tracker_.started(b)) Enqueue(b);
+  }
+  Status error;
+  double comm_seconds = 0;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return done_ == buckets_.size(); });
+    error = first_error_;
+    comm_seconds = comm_seconds_;
+    grads_ = nullptr;
+  }
+  const double waited =
+      std::chrono::duration<double>(SteadyClock::now() - backward_done).count();
+  wait_seconds_->Observe(waited);
+  if (comm_seconds > 0) overlap_ratio_->Set(std::min(1.0, hidden_seconds / comm_seconds));
+  if (!error.ok()) return error;
+  const float lr = LearningRate(options_.schedule, options_.optimizer.lr, step - 1);
+  DenseUpdate(options_.optimizer, lr, step, params, grads, size_, state_.data());
+  return OkStatus();
+}
+
+}  // namespace tessera::worker

@@ -1,0 +1,99 @@
+// AllReduceEngine: data-parallel training without servers (`--mode allreduce`, PyTorch DDP /
+// Horovod style). Every rank holds a replica; gradients are averaged across ranks by
+// all-reduce, then every rank applies the same optimizer step (common/optimizer.h, the math of
+// --mode local), so the replicas stay identical.
+//
+//   Initialize  ranks compare a fingerprint of what they will reduce (parameter names, shapes,
+//               order): a mismatch fails every rank naming the rank and the tensor that differ;
+//               then rank 0's parameters are broadcast;
+//   backward    gradients are grouped into buckets (gradient_buckets.h: reverse layer order,
+//               --bucket-mb); a bucket's all-reduce starts on the communication thread as soon
+//               as backward produced its last gradient, while backward goes on;
+//   Step        waits for the remaining buckets, then the optimizer step.
+// With overlap off, every bucket starts in Step (the same results, bitwise).
+//
+// Errors: a peer that fails or hangs makes the collective fail within its deadline naming it
+// (collectives.h); the step returns that error with the bucket.
+//
+// Thread-safety: the training thread calls the TrainingEngine methods; the engine's
+// communication thread runs the all-reduces.
+#ifndef TESSERA_WORKER_ALLREDUCE_ENGINE_H_
+#define TESSERA_WORKER_ALLREDUCE_ENGINE_H_
+
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "common/lr_schedule.h"
+#include "common/metrics.h"
+#include "common/optimizer.h"
+#include "worker/collectives.h"
+#include "worker/gradient_buckets.h"
+#include "worker/training_engine.h"
+
+namespace tessera::worker {
+
+struct AllReduceEngineOptions {
+  OptimizerOptions optimizer;
+  LrScheduleOptions schedule;
+  uint64_t bucket_bytes = 25ull << 20;  // PyTorch DDP's default bucket_cap_mb = 25
+  bool overlap = true;                  // start buckets during backward
+};
+
+class AllReduceEngine final : public TrainingEngine {
+ public:
+  // `collectives` (not owned) must outlive the engine.
+  static StatusOr<std::unique_ptr<AllReduceEngine>> Create(const AllReduceEngineOptions& options,
+                                                           Collectives* collectives,
+                                                           MetricsRegistry* metrics);
+  ~AllReduceEngine() override;
+
+  std::string_view name() const override { return "allreduce"; }
+  Status Initialize(const ParameterLayout& layout, const std::vector<EmbeddingTableSpec>& tables,
+                    float* params) override;
+  void OnBackwardStart(int64_t step, float* grads) override;
+  void OnGradientsReady(uint64_t offset, uint64_t size) override;
+  Status Step(int64_t step, float* params, float* grads,
+              const std::vector<SparseRows>& sparse) override;
+
+  const std::vector<GradientBucket>& buckets() const { return buckets_; }
+
+ private:
+  AllReduceEngine(const AllReduceEngineOptions& options, Collectives* collectives)
+      : options_(options), collectives_(collectives), tracker_(&buckets_) {}
+  Status CheckFingerprints(const ParameterLayout& layout);
+  void Enqueue(size_t bucket);
+  void CommLoop();
+
+  const AllReduceEngineOptions options_;
+  Collectives* const collectives_;
+  std::vector<GradientBucket> buckets_;
+  BucketTracker tracker_;
+  uint64_t size_ = 0;
+  std::vector<float> state_;  // optimizer state, interleaved per element
+
+  // The current step's work, shared with the communication thread.
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<size_t> queue_;     // guarded by mu_
+  size_t done_ = 0;              // buckets finished this step; guarded by mu_
+  Status first_error_;           // guarded by mu_
+  bool stopping_ = false;        // guarded by mu_
+  float* grads_ = nullptr;       // guarded by mu_ (set in OnBackwardStart)
+  int64_t step_ = 0;             // guarded by mu_
+  double comm_seconds_ = 0;      // this step's all-reduce time; guarded by mu_
+  std::thread comm_thread_;
+
+  Histogram* allreduce_seconds_[4] = {};
+  Counter* allreduce_bytes_ = nullptr;
+  Gauge* in_flight_ = nullptr;
+  Gauge* overlap_ratio_ = nullptr;
+  Histogram* wait_seconds_ = nullptr;
+};
+
+}  // namespace tessera::worker
+
+#endif  // TESSERA_WORKER_ALLREDUCE_ENGINE_H_
