@@ -142,6 +142,25 @@ inline constexpr MetricName kDdpWaitSeconds{
     "tessera_ddp_wait_seconds",
     "Time the optimizer step waited for gradient all-reduces after backward finished."};
 
+// --- Training (every mode, on workers) ---
+
+// gauge: the last finished optimizer step.
+inline constexpr MetricName kTrainStep{"tessera_train_step", "The last finished training step."};
+// gauge.
+inline constexpr MetricName kTrainLoss{"tessera_train_loss",
+                                       "Mean training loss of the last step's batch."};
+// counter.
+inline constexpr MetricName kTrainSamplesTotal{"tessera_train_samples_total",
+                                               "Training samples this worker has processed."};
+// histogram (seconds); labels: phase (data, compute, engine).
+inline constexpr MetricName kTrainStepPhaseSeconds{
+    "tessera_train_step_phase_seconds",
+    "Time per training step by phase: data (batch assembly, embedding rows), compute (forward "
+    "and backward), engine (communication, waiting and the optimizer step)."};
+// gauge.
+inline constexpr MetricName kTrainEvalAccuracy{"tessera_train_eval_accuracy",
+                                               "Accuracy of the last evaluation."};
+
 }  // namespace tessera::metric_names
 
 #endif  // TESSERA_COMMON_METRIC_NAMES_H_

@@ -7,6 +7,7 @@
 
 #include "common/checkpoint.h"
 #include "common/logging.h"
+#include "common/metric_names.h"
 #include "worker/data/distributed_sampler.h"
 #include "worker/device_buffer.h"
 
@@ -86,6 +87,46 @@ StatusOr<StepStats> EvaluateOn(const data::Dataset& eval, int64_t samples, int64
   }
   if (total.samples > 0) total.loss /= static_cast<double>(total.samples);
   return total;
+}
+
+// The training metrics, or nothing when the trainer has no registry.
+struct TrainingMetrics {
+  Gauge* step = nullptr;
+  Gauge* loss = nullptr;
+  Counter* samples = nullptr;
+  Histogram* data = nullptr;
+  Histogram* compute = nullptr;
+  Histogram* engine = nullptr;
+  Gauge* eval_accuracy = nullptr;
+
+  static StatusOr<TrainingMetrics> Register(MetricsRegistry* registry) {
+    TrainingMetrics m;
+    if (registry == nullptr) return m;
+    namespace names = metric_names;
+    auto gauge = [&](const names::MetricName& name) -> StatusOr<Gauge*> {
+      ASSIGN_OR_RETURN(GaugeFamily * family, registry->RegisterGauge(name.name, name.help));
+      return family->WithLabels({});
+    };
+    ASSIGN_OR_RETURN(m.step, gauge(names::kTrainStep));
+    ASSIGN_OR_RETURN(m.loss, gauge(names::kTrainLoss));
+    ASSIGN_OR_RETURN(m.eval_accuracy, gauge(names::kTrainEvalAccuracy));
+    ASSIGN_OR_RETURN(CounterFamily * samples,
+                     registry->RegisterCounter(names::kTrainSamplesTotal.name,
+                                               names::kTrainSamplesTotal.help));
+    ASSIGN_OR_RETURN(m.samples, samples->WithLabels({}));
+    ASSIGN_OR_RETURN(HistogramFamily * phases,
+                     registry->RegisterHistogram(names::kTrainStepPhaseSeconds.name,
+                                                 names::kTrainStepPhaseSeconds.help, {"phase"},
+                                                 DefaultLatencyBuckets()));
+    ASSIGN_OR_RETURN(m.data, phases->WithLabels({"data"}));
+    ASSIGN_OR_RETURN(m.compute, phases->WithLabels({"compute"}));
+    ASSIGN_OR_RETURN(m.engine, phases->WithLabels({"engine"}));
+    return m;
+  }
+};
+
+double Seconds(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration<double>(to - from).count();
 }
 
 double Accuracy(const StepStats& stats) {
@@ -179,6 +220,7 @@ StatusOr<TrainingSummary> Train(const TrainerOptions& options, const data::Datas
     on_ready = [engine](uint64_t offset, uint64_t size) { engine->OnGradientsReady(offset, size); };
   }
 
+  ASSIGN_OR_RETURN(TrainingMetrics metrics, TrainingMetrics::Register(options.metrics));
   TrainingSummary summary;
   uint64_t epoch = 0;
   std::vector<size_t> order = sampler.Indices(epoch);
@@ -208,6 +250,8 @@ StatusOr<TrainingSummary> Train(const TrainerOptions& options, const data::Datas
     // `micro` micro-batches of batch_size samples; only the last one's backward may start
     // communication (like DDP's no_sync), and only when there is just one.
     StepStats stats;
+    double data_seconds = 0, compute_seconds = 0;  // this step's, over its micro-batches
+    Clock::time_point compute_mark;
     for (int64_t m = 0; m < micro; ++m) {
       indices.clear();
       while (indices.size() < static_cast<size_t>(options.batch_size)) {
@@ -217,9 +261,13 @@ StatusOr<TrainingSummary> Train(const TrainerOptions& options, const data::Datas
         }
         indices.push_back(order[cursor++]);
       }
+      const auto data_started = Clock::now();
       RETURN_IF_ERROR(data::MakeBatch(train, indices, &batch).WithContext(where));
       RETURN_IF_ERROR(FetchRows(batch, *model, engine, &sparse).WithContext(where));
+      const auto compute_started = Clock::now();
+      data_seconds += Seconds(data_started, compute_started);
       if (micro == 1) engine->OnBackwardStart(step, host_grads.data());
+      compute_mark = compute_started;
       ASSIGN_OR_RETURN(StepStats micro_stats,
                        model->ForwardBackward(buffers.params(), batch, &sparse, buffers.grads(),
                                               micro == 1 ? on_ready : GradientsReady()));
@@ -229,6 +277,7 @@ StatusOr<TrainingSummary> Train(const TrainerOptions& options, const data::Datas
           accumulated[i] = m == 0 ? host_grads[i] : accumulated[i] + host_grads[i];
         }
       }
+      if (m + 1 < micro) compute_seconds += Seconds(compute_mark, Clock::now());
       stats.loss += micro_stats.loss / static_cast<double>(micro);
       stats.correct += micro_stats.correct;
       stats.samples += micro_stats.samples;
@@ -241,7 +290,17 @@ StatusOr<TrainingSummary> Train(const TrainerOptions& options, const data::Datas
     } else if (buffers.mirrored()) {
       engine->OnGradientsReady(0, layout.total_size());
     }
+    const auto engine_started = Clock::now();
+    compute_seconds += Seconds(compute_mark, engine_started);
     RETURN_IF_ERROR(engine->Step(step, params->data(), host_grads.data(), sparse).WithContext(where));
+    if (metrics.step != nullptr) {
+      metrics.data->Observe(data_seconds);
+      metrics.compute->Observe(compute_seconds);
+      metrics.engine->Observe(Seconds(engine_started, Clock::now()));
+      metrics.step->Set(static_cast<double>(step));
+      metrics.loss->Set(stats.loss);
+      metrics.samples->Increment(static_cast<double>(stats.samples));
+    }
     buffers.UploadParams();
     if (options.checkpoint_every > 0 && (step % options.checkpoint_every == 0 || step == steps)) {
       RETURN_IF_ERROR(engine->SaveCheckpoint(options.checkpoint_dir, step, params->data())
@@ -266,6 +325,7 @@ StatusOr<TrainingSummary> Train(const TrainerOptions& options, const data::Datas
       ASSIGN_OR_RETURN(StepStats e, EvaluateOn(*eval, options.eval_samples, options.batch_size,
                                                model, engine, buffers.params()));
       TLOG(INFO) << "eval at step " << step << ": loss " << e.loss << " accuracy " << Accuracy(e);
+      if (metrics.eval_accuracy != nullptr) metrics.eval_accuracy->Set(Accuracy(e));
     }
   }
   summary.seconds = std::chrono::duration<double>(Clock::now() - started).count();
@@ -276,6 +336,7 @@ StatusOr<TrainingSummary> Train(const TrainerOptions& options, const data::Datas
                                              model, engine, buffers.params()));
     summary.eval_loss = e.loss;
     summary.eval_accuracy = Accuracy(e);
+    if (metrics.eval_accuracy != nullptr) metrics.eval_accuracy->Set(summary.eval_accuracy);
   }
   return summary;
 }

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "common/metrics.h"
 #include "common/status.h"
 #include "worker/data/dataset.h"
 #include "worker/compute_backend.h"
@@ -45,6 +46,7 @@ struct TrainerOptions {
   int64_t checkpoint_every = 0;   // > 0: save after every N steps and after the last
   bool resume = false;            // continue after the newest checkpoint in checkpoint_dir
                                   // (from step 1 when there is none yet)
+  MetricsRegistry* metrics = nullptr;  // training metrics (metric_names.h) when set
 };
 
 struct TrainingSummary {

@@ -145,6 +145,7 @@ Status RunTraining(ProcessRuntime& runtime, const WorkerFlags& worker_flags,
   ASSIGN_OR_RETURN(Datasets data, MakeDatasets(flags));
   ASSIGN_OR_RETURN(std::unique_ptr<Model> model, MakeModel(flags, *data.train, backend.get()));
   TrainerOptions trainer = MakeTrainerOptions(flags, rank, world);
+  trainer.metrics = &runtime.metrics();
   ASSIGN_OR_RETURN(OptimizerOptions optimizer, MakeOptimizerOptions(flags));
   ASSIGN_OR_RETURN(LrScheduleOptions schedule,
                    MakeLrSchedule(flags, TotalSteps(trainer, data.train->size())));
