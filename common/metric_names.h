@@ -137,6 +137,10 @@ inline constexpr MetricName kDdpBucketsInFlight{
 inline constexpr MetricName kDdpOverlapRatio{
     "tessera_ddp_overlap_ratio",
     "Share of the last step's communication time that ran while backward was still computing."};
+// gauge; labels: kind (parameters, gradients, optimizer_state).
+inline constexpr MetricName kModelStateBytes{
+    "tessera_model_state_bytes",
+    "Bytes of model state this rank holds, by kind (ZeRO partitions the optimizer state)."};
 // histogram (seconds).
 inline constexpr MetricName kDdpWaitSeconds{
     "tessera_ddp_wait_seconds",

@@ -439,6 +439,7 @@ FleetView Coordinator::BuildView() const {
 
 void Coordinator::PublishSnapshot() {
   FleetView view = BuildView();
+  if (options_.on_fleet_change) options_.on_fleet_change(view);
   std::lock_guard<std::mutex> lock(snapshot_mu_);
   snapshot_ = std::move(view);
 }

@@ -41,6 +41,10 @@ struct CoordinatorOptions {
   uint64_t key_space = uint64_t{1} << 20;  // keys [0, key_space), split over the servers
   int64_t rendezvous_timeout_ms = 60000;
   int64_t heartbeat_timeout_ms = 10000;
+  // Called with the new membership whenever it changes (a process registers, the fleet
+  // completes, a member fails or leaves), and once from Create(). Runs on the Run() thread (or
+  // Create()'s), so it must be quick and must not call back into the Coordinator. May be empty.
+  std::function<void(const FleetView&)> on_fleet_change;
 };
 
 class Coordinator {
@@ -102,6 +106,7 @@ class Coordinator {
   void ReplyError(const Origin& route, uint64_t request_id, const Status& status);
   void ReplyAck(const Origin& route, uint64_t request_id, const std::string& detail);
   FleetView BuildView() const;  // REQUIRES: called on the Run thread
+  // After every membership change: updates Snapshot() and calls options_.on_fleet_change.
   void PublishSnapshot();
   void UpdateMemberGauges();
 

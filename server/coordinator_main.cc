@@ -1,8 +1,10 @@
 // tessera-coordinator: the rendezvous point of one job (see server/coordinator.h).
 #include <CLI/CLI.hpp>
 
+#include "common/logging.h"
 #include "common/process_runtime.h"
 #include "server/coordinator.h"
+#include "server/service_discovery.h"
 
 int main(int argc, char** argv) {
   using namespace tessera;
@@ -17,6 +19,11 @@ int main(int argc, char** argv) {
                  "Number of parameter keys [0, N), split into contiguous ranges over the "
                  "servers (default 1048576)")
       ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 62));
+  std::string file_sd;
+  app.add_option("--file-sd", file_sd,
+                 "Keep a Prometheus file_sd targets file (JSON) here listing every live "
+                 "process's /metrics, rewritten atomically whenever the fleet changes; the same "
+                 "list is always served at GET /sd on the metrics port (http_sd)");
   return RunProcess(Role::kCoordinator, argc, argv, &app, [&](ProcessRuntime& runtime) -> Status {
     const ProcessConfig& config = runtime.config();
     server::CoordinatorOptions options;
@@ -26,6 +33,22 @@ int main(int argc, char** argv) {
     options.key_space = key_space;
     options.rendezvous_timeout_ms = config.rendezvous_timeout_ms;
     options.heartbeat_timeout_ms = config.heartbeat_timeout_ms;
+    // Service discovery: shared with the /sd handler, which may outlive this function.
+    server::ServiceDiscoveryOptions sd_options;
+    sd_options.job = config.job;
+    sd_options.coordinator_metrics_url = runtime.metrics_url();
+    sd_options.file_sd_path = file_sd;
+    ASSIGN_OR_RETURN(std::shared_ptr<server::ServiceDiscovery> discovery,
+                     server::ServiceDiscovery::Create(sd_options));
+    FleetView empty;
+    empty.job = config.job;
+    RETURN_IF_ERROR(discovery->Update(empty));  // a bad --file-sd fails here, at start
+    RETURN_IF_ERROR(runtime.http().AddHandler(
+        "/sd", [discovery](const HttpRequest& request) { return discovery->Serve(request); }));
+    options.on_fleet_change = [discovery](const FleetView& view) {
+      Status updated = discovery->Update(view);
+      if (!updated.ok()) TLOG(WARNING) << "service discovery: " << updated;
+    };
     ASSIGN_OR_RETURN(auto coordinator, server::Coordinator::Create(&runtime.endpoint(), options,
                                                                    &runtime.metrics()));
     runtime.AnnounceReady(0);

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <regex>
 
 #include "tests/fleet_harness.h"
@@ -107,6 +108,75 @@ TEST(AllReduceTest, GradientAccumulationMatchesTheLargerLocalBatch) {
                       Concat(Flags("adam"), {"--batch-size", "12", "--grad-accumulation", "2",
                                              "--save-params", accumulated})));
   ExpectClose(Load(accumulated), Load(local));
+}
+
+class ZeroMatchesAllReduce : public ::testing::TestWithParam<std::tuple<int, std::string>> {};
+
+// ZeRO stages 1 and 2 reduce the same gradients with the same ring and apply the same
+// per-element optimizer math to the owned slices: bitwise the parameters of --mode allreduce,
+// for any world size (the slices of 2 KiB buckets are rarely divisible by it).
+TEST_P(ZeroMatchesAllReduce, Bitwise) {
+  const auto& [workers, optimizer] = GetParam();
+  FleetHarness harness;
+  std::map<std::string, std::vector<float>> params;
+  for (const std::string mode : {"allreduce", "zero1", "zero2"}) {
+    const std::string path = TempPath(mode + "_" + std::to_string(workers) + optimizer + ".bin");
+    RunToSuccess(harness, mode, "tools/tessera-launch",
+                 Concat({"--workers", std::to_string(workers), "--mode", mode, "--"},
+                        Concat(Flags(optimizer), {"--batch-size", "16", "--bucket-mb", "0.002",
+                                                  "--save-params", path})));
+    params[mode] = Load(path);
+  }
+  EXPECT_EQ(params["zero1"], params["allreduce"]);
+  EXPECT_EQ(params["zero2"], params["allreduce"]);
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, ZeroMatchesAllReduce,
+                         ::testing::Values(std::make_tuple(2, "adam"), std::make_tuple(3, "sgd"),
+                                           std::make_tuple(4, "adam")));
+
+// A metric's value in a /metrics exposition (-1 when absent).
+double MetricValue(const std::string& exposition, const std::string& name) {
+  std::smatch match;
+  if (!std::regex_search(exposition, match, std::regex("\\n" + name + " ([0-9.eE+-]+)"))) {
+    return -1;
+  }
+  return std::stod(match[1]);
+}
+
+// The memory gauges: with Adam, each of N ranks holds 8 bytes of optimizer state for its 1/N of
+// the parameters (8Ψ/N, within 10%: the slices of each bucket differ by at most one element),
+// and the full parameters and gradients (4Ψ each).
+TEST(AllReduceTest, ZeroGaugesShowThePartitionedOptimizerState) {
+  FleetHarness harness;
+  auto launcher = harness.Start(
+      "launcher", "tools/tessera-launch",
+      Concat({"--workers", "2", "--mode", "zero2", "--"},
+             Concat(Flags("adam"), {"--batch-size", "16", "--bucket-mb", "0.002", "--linger",
+                                    "60"})));
+  ASSERT_TRUE(launcher.ok());
+  ASSERT_TRUE(harness.WaitForLine(*launcher, "[worker 1] ", Deadline::AfterMillis(kRunMs)).ok());
+  for (int w = 0; w < 2; ++w) {
+    ASSERT_TRUE(harness.WaitForLine(*launcher, "worker " + std::to_string(w) + " | finished; "
+                                    "lingering", Deadline::AfterMillis(kRunMs))
+                    .ok())
+        << harness.Output(*launcher);
+  }
+  const double psi = 16 * 64 + 64 + 64 * 32 + 32 + 32 * 4 + 4;  // the model's parameters
+  std::smatch match;
+  std::string rest = harness.Output(*launcher);
+  int workers = 0;
+  while (std::regex_search(rest, match, std::regex(R"(\[launch\] worker \d+ pid=\d+ metrics=(\S+))"))) {
+    auto metrics = HttpGet(match[1], 10000);
+    ASSERT_TRUE(metrics.ok()) << metrics.status();
+    const double state = MetricValue(metrics->body, "tessera_model_state_bytes\\{kind=\"optimizer_state\"\\}");
+    EXPECT_NEAR(state, 8 * psi / 2, 0.1 * 8 * psi / 2) << metrics->body;
+    EXPECT_EQ(MetricValue(metrics->body, "tessera_model_state_bytes\\{kind=\"parameters\"\\}"), 4 * psi);
+    ++workers;
+    rest = match.suffix();
+  }
+  EXPECT_EQ(workers, 2);
+  harness.StopAll();
 }
 
 std::vector<std::string> Join(const std::string& coordinator, int workers) {

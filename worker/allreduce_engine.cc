@@ -15,6 +15,7 @@ constexpr uint64_t kFingerprintTag = 1ull << 40;
 constexpr uint64_t kTensorFingerprintTag = kFingerprintTag + 1;
 constexpr uint64_t kBroadcastTag = kFingerprintTag + 2;
 constexpr uint64_t kBucketTagBase = 1ull << 41;
+constexpr uint64_t kGatherTagBase = 1ull << 42;
 constexpr uint64_t kMaxBuckets = 1 << 16;
 
 // A 64-bit value as 4 floats of 16 bits each (exact in float32), so it can travel through a
@@ -53,6 +54,10 @@ int SizeClass(uint64_t bytes) {
 
 StatusOr<std::unique_ptr<AllReduceEngine>> AllReduceEngine::Create(
     const AllReduceEngineOptions& options, Collectives* collectives, MetricsRegistry* metrics) {
+  if (options.zero_stage < 0 || options.zero_stage > 2) {
+    return InvalidArgumentError("ZeRO stage " + std::to_string(options.zero_stage) +
+                                " is not available (0, 1 and 2 are)");
+  }
   RETURN_IF_ERROR(ValidateOptimizerOptions(options.optimizer));
   RETURN_IF_ERROR(ValidateLrSchedule(options.schedule, options.optimizer.lr));
   std::unique_ptr<AllReduceEngine> engine(new AllReduceEngine(options, collectives));
@@ -81,6 +86,13 @@ StatusOr<std::unique_ptr<AllReduceEngine>> AllReduceEngine::Create(
                                               names::kDdpWaitSeconds.help, {},
                                               DefaultLatencyBuckets()));
   ASSIGN_OR_RETURN(engine->wait_seconds_, wait->WithLabels({}));
+  ASSIGN_OR_RETURN(GaugeFamily * state, metrics->RegisterGauge(names::kModelStateBytes.name,
+                                                               names::kModelStateBytes.help,
+                                                               {"kind"}));
+  const char* kinds[] = {"parameters", "gradients", "optimizer_state"};
+  for (int i = 0; i < 3; ++i) {
+    ASSIGN_OR_RETURN(engine->state_bytes_[i], state->WithLabels({kinds[i]}));
+  }
   return engine;
 }
 
@@ -161,8 +173,21 @@ Status AllReduceEngine::Initialize(const ParameterLayout& layout,
                                 "--bucket-mb (at most " + std::to_string(kMaxBuckets) + ")");
   }
   tracker_.Reset();
-  state_.assign(StateFloatsPerElement(options_.optimizer.kind) * size_, 0.0f);
-  InitOptimizerState(options_.optimizer, state_.data(), size_);
+  uint64_t owned = size_;
+  owned_.clear();
+  if (options_.zero_stage > 0) {
+    owned = 0;
+    for (const GradientBucket& b : buckets_) {
+      Partition slice = PartitionOf(b.size, collectives_->world_size(), collectives_->rank());
+      owned_.push_back({b.offset + slice.offset, slice.size});
+      owned += slice.size;
+    }
+  }
+  state_.assign(StateFloatsPerElement(options_.optimizer.kind) * owned, 0.0f);
+  InitOptimizerState(options_.optimizer, state_.data(), owned);
+  state_bytes_[0]->Set(static_cast<double>(size_ * sizeof(float)));
+  state_bytes_[1]->Set(static_cast<double>(size_ * sizeof(float)));
+  state_bytes_[2]->Set(static_cast<double>(state_.size() * sizeof(float)));
   comm_thread_ = std::thread([this] { CommLoop(); });
   TLOG(INFO) << "allreduce among " << collectives_->world_size() << " workers: " << size_
              << " parameters in " << buckets_.size() << " buckets of up to "
@@ -211,11 +236,15 @@ void AllReduceEngine::CommLoop() {
     const GradientBucket& b = buckets_[bucket];
     const uint64_t tag = kBucketTagBase + static_cast<uint64_t>(step) * kMaxBuckets + bucket;
     const auto started = SteadyClock::now();
-    Status status = collectives_->AllReduce(grads + b.offset, b.size, DataType::kFloat32,
-                                            ReduceOp::kAverage,
-                                            "bucket " + std::to_string(bucket) + " (" + b.first +
-                                                " .. " + b.last + ")",
-                                            tag);
+    const std::string tensor =
+        "bucket " + std::to_string(bucket) + " (" + b.first + " .. " + b.last + ")";
+    // Stage 2 only needs its own slice of the reduced gradients.
+    Status status =
+        options_.zero_stage == 2
+            ? collectives_->ReduceScatter(grads + b.offset, grads + owned_[bucket].offset, b.size,
+                                          DataType::kFloat32, ReduceOp::kAverage, tensor, tag)
+            : collectives_->AllReduce(grads + b.offset, b.size, DataType::kFloat32,
+                                      ReduceOp::kAverage, tensor, tag);
     const double seconds = std::chrono::duration<double>(SteadyClock::now() - started).count();
     allreduce_seconds_[SizeClass(b.size * sizeof(float))]->Observe(seconds);
     allreduce_bytes_->Increment(static_cast<double>(b.size * sizeof(float)));
@@ -267,7 +296,28 @@ Status AllReduceEngine::Step(int64_t step, float* params, float* grads,
   if (comm_seconds > 0) overlap_ratio_->Set(std::min(1.0, hidden_seconds / comm_seconds));
   if (!error.ok()) return error;
   const float lr = LearningRate(options_.schedule, options_.optimizer.lr, step - 1);
-  DenseUpdate(options_.optimizer, lr, step, params, grads, size_, state_.data());
+  if (options_.zero_stage == 0) {
+    DenseUpdate(options_.optimizer, lr, step, params, grads, size_, state_.data());
+    return OkStatus();
+  }
+  // ZeRO: update the owned slices (their state is contiguous, bucket after bucket), then every
+  // rank's slices travel to every rank. The all-gathers run here, not overlapped with anything.
+  const size_t k = StateFloatsPerElement(options_.optimizer.kind);
+  size_t state_offset = 0;
+  for (const Partition& slice : owned_) {
+    DenseUpdate(options_.optimizer, lr, step, params + slice.offset, grads + slice.offset,
+                slice.size, state_.data() + state_offset);
+    state_offset += k * slice.size;
+  }
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    const GradientBucket& bucket = buckets_[b];
+    const uint64_t tag =
+        kGatherTagBase + static_cast<uint64_t>(step) * kMaxBuckets + static_cast<uint64_t>(b);
+    RETURN_IF_ERROR(collectives_->AllGather(params + owned_[b].offset, params + bucket.offset,
+                                            bucket.size, DataType::kFloat32,
+                                            "parameters of bucket " + std::to_string(b), tag)
+                        .WithContext("gathering the updated parameters"));
+  }
   return OkStatus();
 }
 

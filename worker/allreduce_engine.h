@@ -12,6 +12,18 @@
 //   Step        waits for the remaining buckets, then the optimizer step.
 // With overlap off, every bucket starts in Step (the same results, bitwise).
 //
+// ZeRO (`--mode zero1 | zero2`, DeepSpeed's stages 1 and 2): the optimizer state is partitioned.
+// Rank r owns, in every bucket b, the slice PartitionOf(b.size, N, r) (collectives.h), so each
+// rank keeps the optimizer state of about 1/N of the parameters and updates only those; then
+// every bucket's parameters are all-gathered in place. Stage 1 all-reduces the gradient
+// buckets; stage 2 reduce-scatters them, so each rank receives only the reduced gradients of
+// its slices (half the traffic of an all-reduce). Both give bitwise the parameters of stage 0
+// (the same reduction, the same per-element optimizer math).
+//
+// Memory, reported by tessera_model_state_bytes{kind}: parameters 4Ψ, gradients 4Ψ (the
+// trainer's gradient buffer, which backward writes whole; stage 2 does not shrink it yet),
+// optimizer state 8Ψ/N for Adam (stages 1 and 2) instead of 8Ψ.
+//
 // Errors: a peer that fails or hangs makes the collective fail within its deadline naming it
 // (collectives.h); the step returns that error with the bucket.
 //
@@ -37,6 +49,7 @@
 namespace tessera::worker {
 
 struct AllReduceEngineOptions {
+  int zero_stage = 0;  // 0: plain data parallel (DDP); 1, 2: ZeRO stages (see above)
   OptimizerOptions optimizer;
   LrScheduleOptions schedule;
   uint64_t bucket_bytes = 25ull << 20;  // PyTorch DDP's default bucket_cap_mb = 25
@@ -51,7 +64,9 @@ class AllReduceEngine final : public TrainingEngine {
                                                            MetricsRegistry* metrics);
   ~AllReduceEngine() override;
 
-  std::string_view name() const override { return "allreduce"; }
+  std::string_view name() const override {
+    return options_.zero_stage == 0 ? "allreduce" : options_.zero_stage == 1 ? "zero1" : "zero2";
+  }
   Status Initialize(const ParameterLayout& layout, const std::vector<EmbeddingTableSpec>& tables,
                     float* params) override;
   void OnBackwardStart(int64_t step, float* grads) override;
@@ -73,7 +88,9 @@ class AllReduceEngine final : public TrainingEngine {
   std::vector<GradientBucket> buckets_;
   BucketTracker tracker_;
   uint64_t size_ = 0;
-  std::vector<float> state_;  // optimizer state, interleaved per element
+  std::vector<float> state_;  // optimizer state, interleaved per element (of the owned slices)
+  // ZeRO: the slice of each bucket this rank owns (absolute offsets into the flat buffer).
+  std::vector<Partition> owned_;
 
   // The current step's work, shared with the communication thread.
   std::mutex mu_;
@@ -92,6 +109,7 @@ class AllReduceEngine final : public TrainingEngine {
   Gauge* in_flight_ = nullptr;
   Gauge* overlap_ratio_ = nullptr;
   Histogram* wait_seconds_ = nullptr;
+  Gauge* state_bytes_[3] = {};  // parameters, gradients, optimizer_state
 };
 
 }  // namespace tessera::worker

@@ -9,6 +9,8 @@
 //   ps-ssp    stale-synchronous with --staleness K.
 //   allreduce data parallel without servers (worker/allreduce_engine.h): gradients averaged by
 //             ring all-reduce in buckets that start during backward.
+//   zero1     the same with the optimizer state partitioned across the workers (ZeRO stage 1;
+//   zero2     stage 2 reduce-scatters the gradients).
 //   smoke     the foundation smoke job (smoke_job.h): barrier, probe push/pull through the
 //             servers, verified ring all-reduces among the workers, exit.
 // Any error ends the process with that error (exit 1); it does not say goodbye, so the
@@ -58,16 +60,17 @@ void AddWorkerFlags(CLI::App* app, WorkerFlags* flags) {
   app->add_option("--mode", flags->mode,
                   "local: train alone (no --coordinator needed); ps-sync, ps-async, ps-ssp: "
                   "train against the parameter servers; allreduce: data parallel by ring "
-                  "all-reduce (no servers); smoke: the fleet smoke job "
+                  "all-reduce (no servers); zero1, zero2: the same with the optimizer state "
+                  "partitioned (ZeRO stages 1, 2); smoke: the fleet smoke job "
                   "(push/pull through the servers, verified all-reduces, exit)")
       ->check(CLI::Validator(
           [](std::string& mode) -> std::string {
-            if (mode == "local" || mode == "smoke" || mode == "allreduce" ||
-                ParsePsMode(mode).ok()) {
+            if (mode == "local" || mode == "smoke" || mode == "allreduce" || mode == "zero1" ||
+                mode == "zero2" || ParsePsMode(mode).ok()) {
               return "";
             }
             return "mode " + mode + " is not available in this version; available: local, "
-                   "ps-sync, ps-async, ps-ssp, allreduce, smoke";
+                   "ps-sync, ps-async, ps-ssp, allreduce, zero1, zero2, smoke";
           },
           "MODE", "mode"))
       ->capture_default_str();
@@ -153,7 +156,8 @@ Status RunTraining(ProcessRuntime& runtime, const WorkerFlags& worker_flags,
   std::unique_ptr<TrainingEngine> engine;
   if (local) {
     ASSIGN_OR_RETURN(engine, LocalEngine::Create(optimizer, schedule));
-  } else if (worker_flags.mode == "allreduce") {
+  } else if (worker_flags.mode == "allreduce" || worker_flags.mode == "zero1" ||
+             worker_flags.mode == "zero2") {
     RingCollectivesOptions ring;
     ring.rank = rank;
     ring.world_size = world;
@@ -164,6 +168,7 @@ Status RunTraining(ProcessRuntime& runtime, const WorkerFlags& worker_flags,
     ring.segment_bytes = static_cast<size_t>(worker_flags.segment_kb) * 1024;
     ASSIGN_OR_RETURN(collectives, RingCollectives::Create(ring));
     AllReduceEngineOptions options;
+    options.zero_stage = worker_flags.mode == "zero1" ? 1 : worker_flags.mode == "zero2" ? 2 : 0;
     options.optimizer = optimizer;
     options.schedule = schedule;
     options.bucket_bytes = static_cast<uint64_t>(worker_flags.bucket_mb * (1 << 20));
