@@ -45,6 +45,9 @@ int main(int argc, char** argv) {
     RETURN_IF_ERROR(discovery->Update(empty));  // a bad --file-sd fails here, at start
     RETURN_IF_ERROR(runtime.http().AddHandler(
         "/sd", [discovery](const HttpRequest& request) { return discovery->Serve(request); }));
+    TLOG(INFO) << "service discovery: http_sd at "
+               << runtime.metrics_url().substr(0, runtime.metrics_url().rfind('/')) << "/sd"
+               << (file_sd.empty() ? std::string() : ", file_sd targets in " + file_sd);
     options.on_fleet_change = [discovery](const FleetView& view) {
       Status updated = discovery->Update(view);
       if (!updated.ok()) TLOG(WARNING) << "service discovery: " << updated;
