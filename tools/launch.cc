@@ -55,8 +55,10 @@ constexpr char kDescription[] =
 constexpr char kFooter[] = R"(Examples:
   # single-process training; everything after -- goes to every worker unchanged
   tessera-launch --workers 1 --mode local -- --model mlp --steps 500 --optimizer adam --lr 1e-3
-  # 2 servers and 2 workers running the smoke job; keep the fleet up 30 s for a scrape
-  tessera-launch --servers 2 --workers 2 --mode smoke --linger 30
+  # 2 parameter servers and 3 workers; keep the fleet up 30 s after training for a scrape
+  tessera-launch --servers 2 --workers 3 --mode ps-sync --linger 30 -- --steps 500
+  # 4 data-parallel workers, optimizer state partitioned (ZeRO stage 2)
+  tessera-launch --workers 4 --mode zero2 -- --optimizer adam --lr 1e-3 --steps 500
   # a server fleet only, running until Ctrl-C; connect workers to the printed address
   tessera-launch --servers 4 --workers 0
 
@@ -98,8 +100,10 @@ void AddFlags(CLI::App& app, LaunchConfig* config) {
   app.add_option("--workers", config->workers, "Workers to start (0: run until interrupted)")
       ->type_name("N")
       ->capture_default_str();
-  app.add_option("--mode", config->mode, "Passed to workers as --mode: local (train alone; use --workers 1) or smoke (the fleet "
-                 "smoke job)")
+  app.add_option("--mode", config->mode,
+                 "Passed to workers as --mode: local (train alone; use --workers 1), ps-sync, "
+                 "ps-async, ps-ssp (need --servers), allreduce, zero1, zero2, or smoke (the "
+                 "fleet smoke job)")
       ->type_name("MODE")
       ->capture_default_str();
   app.add_option("--linger", config->linger_s,
