@@ -220,6 +220,10 @@ void Coordinator::HandleHeartbeat(const Envelope& envelope) {
   }
   member->last_seen = SteadyClock::now();
   member->route = envelope.origin;  // a reconnect gives a new route
+  {
+    std::lock_guard<std::mutex> lock(snapshot_mu_);
+    last_heard_[{member->info.role, member->info.rank}] = member->last_seen;
+  }
   MessageBuilder builder(proto::Role::Coordinator, 0);
   Message ack = builder.Finish(proto::CreateHeartbeatAck(builder.fbb(), epoch_),
                                envelope.header->request_id());
@@ -442,11 +446,19 @@ void Coordinator::PublishSnapshot() {
   if (options_.on_fleet_change) options_.on_fleet_change(view);
   std::lock_guard<std::mutex> lock(snapshot_mu_);
   snapshot_ = std::move(view);
+  for (const auto& [key, member] : members_) last_heard_[key] = member.last_seen;
 }
 
 FleetView Coordinator::Snapshot() const {
   std::lock_guard<std::mutex> lock(snapshot_mu_);
   return snapshot_;
+}
+
+std::map<std::pair<Role, int>, int64_t> Coordinator::MillisSinceHeard() const {
+  std::map<std::pair<Role, int>, int64_t> ages;
+  std::lock_guard<std::mutex> lock(snapshot_mu_);
+  for (const auto& [key, heard] : last_heard_) ages[key] = MillisSince(heard);
+  return ages;
 }
 
 void Coordinator::UpdateMemberGauges() {

@@ -63,6 +63,10 @@ class Coordinator {
   // The current membership, from any thread.
   FleetView Snapshot() const;
 
+  // Milliseconds since each member, by (role, rank), was last heard from: its registration,
+  // the fleet's completion (when heartbeats start), or its latest heartbeat. From any thread.
+  std::map<std::pair<Role, int>, int64_t> MillisSinceHeard() const;
+
  private:
   using MemberKey = std::pair<Role, int>;
   struct Member {
@@ -127,6 +131,7 @@ class Coordinator {
 
   mutable std::mutex snapshot_mu_;
   FleetView snapshot_;  // guarded by snapshot_mu_
+  std::map<MemberKey, SteadyClock::time_point> last_heard_;  // guarded by snapshot_mu_
 };
 
 }  // namespace tessera::server

@@ -1,9 +1,12 @@
 // tessera-coordinator: the rendezvous point of one job (see server/coordinator.h).
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 
 #include "common/logging.h"
 #include "common/process_runtime.h"
 #include "server/coordinator.h"
+#include "server/dashboard.h"
 #include "server/service_discovery.h"
 
 int main(int argc, char** argv) {
@@ -24,6 +27,11 @@ int main(int argc, char** argv) {
                  "Keep a Prometheus file_sd targets file (JSON) here listing every live "
                  "process's /metrics, rewritten atomically whenever the fleet changes; the same "
                  "list is always served at GET /sd on the metrics port (http_sd)");
+  bool dashboard_enabled = true;
+  app.add_flag("--dashboard,!--no-dashboard", dashboard_enabled,
+               "Serve the live dashboard at /dashboard on the metrics port (default on): fleet "
+               "health, loss and throughput, communication, stragglers, memory; the coordinator "
+               "scrapes every member's /metrics once a second for it");
   return RunProcess(Role::kCoordinator, argc, argv, &app, [&](ProcessRuntime& runtime) -> Status {
     const ProcessConfig& config = runtime.config();
     server::CoordinatorOptions options;
@@ -48,12 +56,38 @@ int main(int argc, char** argv) {
     TLOG(INFO) << "service discovery: http_sd at "
                << runtime.metrics_url().substr(0, runtime.metrics_url().rfind('/')) << "/sd"
                << (file_sd.empty() ? std::string() : ", file_sd targets in " + file_sd);
-    options.on_fleet_change = [discovery](const FleetView& view) {
+    // The dashboard: shared with its handlers too; its scraping thread reads the coordinator's
+    // heartbeat times and is stopped below before the coordinator goes away.
+    std::shared_ptr<server::Dashboard> dashboard;
+    if (dashboard_enabled) {
+      server::DashboardOptions dashboard_options;
+      dashboard_options.job = config.job;
+      dashboard_options.coordinator_address = runtime.endpoint().address();
+      dashboard_options.coordinator_metrics_url = runtime.metrics_url();
+      dashboard_options.coordinator_pid = getpid();
+      dashboard_options.heartbeat_timeout_ms = config.heartbeat_timeout_ms;
+      ASSIGN_OR_RETURN(dashboard, server::Dashboard::Create(dashboard_options));
+      RETURN_IF_ERROR(server::AddDashboardHandlers(dashboard, &runtime.http()));
+      TLOG(INFO) << "dashboard at "
+                 << runtime.metrics_url().substr(0, runtime.metrics_url().rfind('/'))
+                 << "/dashboard";
+    }
+    options.on_fleet_change = [discovery, dashboard](const FleetView& view) {
       Status updated = discovery->Update(view);
       if (!updated.ok()) TLOG(WARNING) << "service discovery: " << updated;
+      if (dashboard) dashboard->UpdateFleet(view);
     };
     ASSIGN_OR_RETURN(auto coordinator, server::Coordinator::Create(&runtime.endpoint(), options,
                                                                    &runtime.metrics()));
+    struct StopDashboard {  // on every return: the thread must not outlive `coordinator`
+      server::Dashboard* dashboard;
+      ~StopDashboard() {
+        if (dashboard != nullptr) dashboard->Stop();
+      }
+    } stop_dashboard{dashboard.get()};
+    if (dashboard) {
+      dashboard->Start([c = coordinator.get()] { return c->MillisSinceHeard(); });
+    }
     runtime.AnnounceReady(0);
     return coordinator->Run([&] { return runtime.StopRequested(); });
   });

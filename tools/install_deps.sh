@@ -19,6 +19,7 @@ packages=(
   libcli11-dev             # flags
   nlohmann-json3-dev
   prometheus               # promtool, and the real server for tests
+  chromium                 # headless browser for the dashboard's test
   curl python3 ca-certificates  # scripts
 )
 
