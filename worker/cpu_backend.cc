@@ -1,9 +1,11 @@
 #include "worker/cpu_backend.h"
 
 #include <cblas.h>
+#include <dlfcn.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -17,9 +19,29 @@ namespace {
 constexpr float kInvSqrt2 = 0.707106781186547524f;    // 1 / sqrt(2), for GELU
 constexpr float kInvSqrt2Pi = 0.398942280401432678f;  // 1 / sqrt(2 pi), for GELU
 
-// common/status.h has no RESOURCE_EXHAUSTED code yet; UNAVAILABLE is the nearest canonical code
-// it has (the memory may be had later, once other buffers are freed). The message carries the
-// size, which is what a user needs to act on.
+// The message carries the size, which is what a user needs to act on.
+// OpenBLAS is dlopen'ed on first use rather than linked: a linked library's static TLS is
+// reserved on every thread's stack, libopenblas has 60 KiB of it, and threads created with
+// fixed small stacks (civetweb's 100 KiB /metrics threads) then overflow; under AddressSanitizer
+// they did on every scrape. A dlopen'ed library's TLS is allocated on demand instead. <cblas.h>
+// is included for the prototype and the enum values only.
+decltype(&cblas_sgemm) Sgemm() {
+  static decltype(&cblas_sgemm) const sgemm = [] {
+    void* library = dlopen("libopenblas.so.0", RTLD_NOW | RTLD_LOCAL);
+    void* symbol = library != nullptr ? dlsym(library, "cblas_sgemm") : nullptr;
+    if (symbol == nullptr) {
+      const char* why = dlerror();
+      std::fprintf(stderr,
+                   "tessera: cannot use OpenBLAS (libopenblas.so.0, cblas_sgemm): %s. Install "
+                   "Debian's libopenblas0 (tools/install_deps.sh does).\n",
+                   why != nullptr ? why : "unknown error");
+      std::abort();
+    }
+    return reinterpret_cast<decltype(&cblas_sgemm)>(symbol);
+  }();
+  return sgemm;
+}
+
 Status HostMemoryExhausted(size_t bytes, std::string_view why) {
   return ResourceExhaustedError("cpu: cannot allocate " + std::to_string(bytes) +
                                 " bytes of host memory: " + std::string(why));
@@ -70,7 +92,7 @@ void CpuBackend::Gemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, 
   if (m == 0 || n == 0) return;
   const int lda = static_cast<int>(transpose_a ? m : k);
   const int ldb = static_cast<int>(transpose_b ? k : n);
-  cblas_sgemm(CblasRowMajor, transpose_a ? CblasTrans : CblasNoTrans,
+  Sgemm()(CblasRowMajor, transpose_a ? CblasTrans : CblasNoTrans,
               transpose_b ? CblasTrans : CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
               static_cast<int>(k), alpha, a, lda, b, ldb, beta, c, static_cast<int>(n));
 }
