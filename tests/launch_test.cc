@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <regex>
 #include <sstream>
 
@@ -101,6 +102,59 @@ TEST(LaunchTest, LocalModeTrainsOneWorkerAndReportsJson) {
   EXPECT_TRUE(std::regex_search(output, std::regex(R"(\[worker 0\] \{"batch_size":64,.*"mode":"local".*"steps":30)")))
       << output;
   EXPECT_NE(output.find("step 30/30 loss"), std::string::npos) << output;
+}
+
+std::string TempPath(const std::string& name) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return std::string(dir != nullptr ? dir : "/tmp") + "/" + name;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// torchrun-style recovery: a worker killed mid-training makes the launcher stop the fleet and
+// start it again (--max-restarts 1); the workers resume from the last checkpoint and end with
+// bitwise the parameters of a run that was never interrupted.
+TEST(LaunchTest, KilledWorkerIsRestartedFromTheCheckpointAndEndsLikeAnUninterruptedRun) {
+  FleetHarness harness;
+  const std::vector<std::string> training = {
+      "--hidden", "256,256", "--steps", "300", "--batch-size", "32", "--optimizer", "adam",
+      "--lr", "0.001", "--device", "cpu", "--log-every", "100", "--train-samples", "20000"};
+  const std::string whole = TempPath("uninterrupted.bin"), restarted = TempPath("restarted.bin");
+  std::vector<std::string> args = {"--servers", "1", "--workers", "2", "--mode", "ps-sync", "--"};
+  args.insert(args.end(), training.begin(), training.end());
+  std::vector<std::string> first = args;
+  first.insert(first.end(), {"--save-params", whole});
+  auto reference = harness.Start("uninterrupted", "tools/tessera-launch", first);
+  ASSERT_TRUE(reference.ok());
+  auto reference_exit = harness.WaitExit(*reference, Deadline::AfterMillis(kRunMs));
+  ASSERT_TRUE(reference_exit.ok() && reference_exit->success()) << harness.Output(*reference);
+
+  std::vector<std::string> second = args;
+  second.insert(second.begin(), {"--max-restarts", "1"});
+  second.insert(second.end(), {"--checkpoint-dir", TempPath("restart_ckpt"), "--checkpoint-every",
+                               "50", "--save-params", restarted});
+  auto launcher = harness.Start("restarted", "tools/tessera-launch", second);
+  ASSERT_TRUE(launcher.ok());
+  ASSERT_TRUE(harness.WaitForLine(*launcher, "checkpoint of step 100 committed",
+                                  Deadline::AfterMillis(kRunMs))
+                  .ok())
+      << harness.Output(*launcher);
+  std::smatch match;
+  const std::string output = harness.Output(*launcher);
+  ASSERT_TRUE(std::regex_search(output, match, std::regex(R"(\[launch\] worker 1 pid=(\d+))")));
+  ASSERT_EQ(kill(static_cast<pid_t>(std::stol(match[1])), SIGKILL), 0);
+  auto exit = harness.WaitExit(*launcher, Deadline::AfterMillis(kRunMs));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  const std::string all = harness.Output(*launcher);
+  EXPECT_TRUE(exit->success()) << all;
+  EXPECT_NE(all.find("restart 1 of 1"), std::string::npos) << all;
+  EXPECT_NE(all.find("resumed from the checkpoint of step"), std::string::npos) << all;
+  const std::string a = ReadFile(whole), b = ReadFile(restarted);
+  EXPECT_FALSE(a.empty());
+  EXPECT_TRUE(a == b) << "the restarted run's parameters differ from the uninterrupted run's";
 }
 
 }  // namespace

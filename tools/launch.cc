@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -44,6 +45,7 @@ struct LaunchConfig {
   double start_timeout_s = 60;
   std::string log_level;  // empty: children use their own default
   double grace_s = 5;
+  int max_restarts = 0;
   std::vector<std::string> worker_args;  // forwarded unchanged to every worker
 };
 
@@ -121,6 +123,12 @@ void AddFlags(CLI::App& app, LaunchConfig* config) {
   app.add_option("--grace", config->grace_s, "Time between SIGTERM and SIGKILL when stopping")
       ->type_name("SECONDS")
       ->capture_default_str();
+  app.add_option("--max-restarts", config->max_restarts,
+                 "When a process fails, stop the fleet and start it again, up to N times; the "
+                 "workers get --resume, so with --checkpoint-dir they continue from the last "
+                 "checkpoint (as torchrun's --max-restarts)")
+      ->type_name("N")
+      ->capture_default_str();
 }
 
 // CLI11 keeps the "--" separator among the extras; everything else is forwarded as is.
@@ -143,6 +151,7 @@ Status Validate(const LaunchConfig& config) {
   if (config.servers < 0) return reject("--servers", "0 or more", config.servers);
   if (config.workers < 0) return reject("--workers", "0 or more", config.workers);
   if (!(config.linger_s >= 0)) return reject("--linger", "0 or more", config.linger_s);
+  if (config.max_restarts < 0) return reject("--max-restarts", "0 or more", config.max_restarts);
   if (!(config.start_timeout_s > 0)) {
     return reject("--start-timeout", "more than 0", config.start_timeout_s);
   }
@@ -645,8 +654,23 @@ int Main(int argc, char** argv) {
   }
   TLOG(INFO) << "config: " << DescribeConfig(config, *binaries);
   InstallSignalHandlers();
-  Launcher launcher(std::move(config), std::move(*binaries));
-  return launcher.Run();
+  const bool checkpoints =
+      std::find(config.worker_args.begin(), config.worker_args.end(), "--checkpoint-dir") !=
+      config.worker_args.end();
+  for (int attempt = 0;; ++attempt) {
+    Launcher launcher(config, *binaries);
+    const int status = launcher.Run();
+    // Success, bad usage and a signal (128 + N) end the job; a failure may be retried.
+    if (status != 1 || attempt >= config.max_restarts || g_signal_count > 0) return status;
+    Announce("restart " + std::to_string(attempt + 1) + " of " +
+             std::to_string(config.max_restarts) + ": starting the fleet again" +
+             (checkpoints ? ", workers resuming from their last checkpoint"
+                          : " (no --checkpoint-dir in the worker flags: from step 1)"));
+    if (std::find(config.worker_args.begin(), config.worker_args.end(), "--resume") ==
+        config.worker_args.end()) {
+      config.worker_args.push_back("--resume");
+    }
+  }
 }
 
 }  // namespace
