@@ -302,9 +302,18 @@ StatusOr<TrainingSummary> Train(const TrainerOptions& options, const data::Datas
       metrics.samples->Increment(static_cast<double>(stats.samples));
     }
     buffers.UploadParams();
-    if (options.checkpoint_every > 0 && (step % options.checkpoint_every == 0 || step == steps)) {
+    const bool stop = options.should_stop && options.should_stop();
+    const bool scheduled =
+        options.checkpoint_every > 0 && (step % options.checkpoint_every == 0 || step == steps);
+    if (scheduled || (stop && options.checkpoint_on_stop && !options.checkpoint_dir.empty())) {
       RETURN_IF_ERROR(engine->SaveCheckpoint(options.checkpoint_dir, step, params->data())
                           .WithContext(where + " checkpoint"));
+    }
+    if (stop) {
+      return CancelledError("stopped after step " + std::to_string(step) +
+                            (options.checkpoint_on_stop && !options.checkpoint_dir.empty()
+                                 ? " (checkpointed in " + options.checkpoint_dir + ")"
+                                 : ""));
     }
     summary.steps = step;
     summary.samples += stats.samples;

@@ -19,6 +19,7 @@
 #define TESSERA_WORKER_TRAINER_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,10 @@ struct TrainerOptions {
   bool resume = false;            // continue after the newest checkpoint in checkpoint_dir
                                   // (from step 1 when there is none yet)
   MetricsRegistry* metrics = nullptr;  // training metrics (metric_names.h) when set
+  // Polled after every step: true ends training with Cancelled (a signal, preemption). With
+  // checkpoint_on_stop (and checkpoint_dir), the finished step is checkpointed first.
+  std::function<bool()> should_stop;
+  bool checkpoint_on_stop = false;
 };
 
 struct TrainingSummary {

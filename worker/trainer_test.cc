@@ -171,6 +171,36 @@ TEST(TrainerTest, ResumingFromACheckpointIsBitwiseLikeNeverStopping) {
             std::string::npos);
 }
 
+// Preemption: a stop request after step 7 checkpoints that step and ends with Cancelled; the
+// resumed run ends like one that was never stopped.
+TEST(TrainerTest, StopRequestCheckpointsTheFinishedStepAndResumeContinues) {
+  CpuBackend backend;
+  auto train = Synthetic(300, 6);
+  auto run = [&](const std::string& dir, bool resume, std::function<bool()> stop,
+                 std::vector<float>* params) {
+    auto model = std::move(Mlp::Create({16, {16}, 4}, &backend)).value();
+    auto engine = Engine(OptimizerKind::kMomentum, 0.05f);
+    TrainerOptions options;
+    options.steps = 20;
+    options.log_every = 0;
+    options.checkpoint_dir = dir;
+    options.resume = resume;
+    options.should_stop = std::move(stop);
+    options.checkpoint_on_stop = true;
+    return Train(options, *train, nullptr, model.get(), &backend, engine.get(), params);
+  };
+  std::vector<float> uninterrupted, resumed;
+  ASSERT_TRUE(run("", false, nullptr, &uninterrupted).ok());
+  const std::string dir = TempDir("preempted");
+  int polls = 0;
+  auto stopped = run(dir, false, [&polls] { return ++polls == 7; }, &resumed);
+  EXPECT_EQ(stopped.status().code(), StatusCode::kCancelled);
+  EXPECT_NE(stopped.status().message().find("stopped after step 7"), std::string::npos)
+      << stopped.status();
+  ASSERT_TRUE(run(dir, true, nullptr, &resumed).ok());
+  EXPECT_EQ(resumed, uninterrupted);
+}
+
 TEST(LocalEngineTest, OneSgdStepIsParamsMinusLrTimesGrad) {
   auto engine = Engine(OptimizerKind::kSgd, 0.5f);
   ParameterLayout layout;

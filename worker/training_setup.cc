@@ -148,6 +148,9 @@ void AddTrainingFlags(CLI::App* app, TrainingFlags* f) {
                     "Checkpoint after every N steps and after the last (needs --checkpoint-dir)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
       ->capture_default_str();
+  train->add_flag("--checkpoint-on-sigterm", f->checkpoint_on_sigterm,
+                  "On SIGTERM or SIGINT (preemption), checkpoint the step just finished into "
+                  "--checkpoint-dir before exiting");
   train->add_flag("--resume", f->resume,
                   "Continue after the newest checkpoint in --checkpoint-dir (from step 1 if "
                   "there is none yet)");
@@ -317,6 +320,7 @@ TrainerOptions MakeTrainerOptions(const TrainingFlags& flags, int rank, int worl
   options.checkpoint_dir = flags.checkpoint_dir;
   options.checkpoint_every = flags.checkpoint_every;
   options.resume = flags.resume;
+  options.checkpoint_on_stop = flags.checkpoint_on_sigterm;
   return options;
 }
 

@@ -61,6 +61,7 @@ struct TrainingFlags {
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;
   bool resume = false;
+  bool checkpoint_on_sigterm = false;
 };
 
 // Registers the flags (with help text and defaults) on `app`.

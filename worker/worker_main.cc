@@ -149,6 +149,7 @@ Status RunTraining(ProcessRuntime& runtime, const WorkerFlags& worker_flags,
   ASSIGN_OR_RETURN(std::unique_ptr<Model> model, MakeModel(flags, *data.train, backend.get()));
   TrainerOptions trainer = MakeTrainerOptions(flags, rank, world);
   trainer.metrics = &runtime.metrics();
+  trainer.should_stop = [&runtime] { return runtime.StopRequested(); };
   ASSIGN_OR_RETURN(OptimizerOptions optimizer, MakeOptimizerOptions(flags));
   ASSIGN_OR_RETURN(LrScheduleOptions schedule,
                    MakeLrSchedule(flags, TotalSteps(trainer, data.train->size())));
