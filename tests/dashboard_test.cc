@@ -165,8 +165,9 @@ StatusOr<BrowserRun> RunChromium(const std::vector<std::string>& args, const std
   return run;
 }
 
-// Reads /dashboard/data until every process is alive and both workers have kMinPoints points
-// of loss and throughput; the last document, or an error saying what was missing.
+// Reads /dashboard/data until every process is alive, both workers have kMinPoints points of
+// loss and throughput and both are in the straggler table; the last document, or an error
+// saying what was missing.
 StatusOr<nlohmann::json> WaitForData(const std::string& data_url) {
   std::string missing = "no answer yet";
   for (Deadline deadline = Deadline::AfterMillis(kScrapeMs); !deadline.Expired();
@@ -197,6 +198,9 @@ StatusOr<nlohmann::json> WaitForData(const std::string& data_url) {
         }
       }
     }
+    // The straggler table needs two scrapes of each worker's step-phase histogram.
+    const size_t stragglers = doc["straggler"].value("workers", nlohmann::json::array()).size();
+    if (stragglers != 2) missing += std::to_string(stragglers) + " workers in the straggler table; ";
     if (missing.empty()) return doc;
   }
   return DeadlineExceededError(data_url + " was not complete within " +
