@@ -5,7 +5,14 @@
 // on its own I/O thread (through our free callback) looks like a race. Only reports with a
 // libzmq frame in them are suppressed; races in our own code between our own threads still
 // fail the build. The TSan runtime calls this hook at start-up; other builds never do.
+//
+// Debian's OpenBLAS is not instrumented either: its thread pool writes GEMM outputs (e.g. the
+// gradient buffer) and hands them back to the caller through spin-waits TSan cannot see, so a
+// later, properly ordered read on another thread (the transport sending the gradients) looked
+// like a race with an OpenBLAS worker thread.
 extern "C" const char* __tsan_default_suppressions() {
   return "race:libzmq.so\n"
-         "called_from_lib:libzmq.so\n";
+         "called_from_lib:libzmq.so\n"
+         "race:libopenblas.so\n"
+         "called_from_lib:libopenblas.so\n";
 }
