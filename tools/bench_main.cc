@@ -430,7 +430,8 @@ StatusOr<TrainRun> RunTessera(const std::string& worker, const std::string& data
         std::string("--json")}) {
     argv.push_back(arg);
   }
-  const std::string label = "tessera-worker (batch " + std::to_string(batch) + ", " + optimizer + ")";
+  const std::string label =
+      "tessera-worker (batch " + std::to_string(batch) + ", " + optimizer + ")";
   ASSIGN_OR_RETURN(ChildOutput output, RunToCompletion(label, argv));
   // "... I worker | step 21/220 loss 2.29 accuracy 0.11 samples/s 7578": the rate of one step,
   // timed by the trainer around data, forward/backward and the optimizer step.
@@ -472,7 +473,8 @@ StatusOr<TrainRun> RunTorch(const std::string& script, const TrainBenchOptions& 
         "--threads=" + std::to_string(o.threads), "--pool=" + std::to_string(kBatchPool)}) {
     argv.push_back(arg);
   }
-  const std::string label = "torch_mlp.py (batch " + std::to_string(batch) + ", " + optimizer + ")";
+  const std::string label =
+      "torch_mlp.py (batch " + std::to_string(batch) + ", " + optimizer + ")";
   ASSIGN_OR_RETURN(ChildOutput output, RunToCompletion(label, argv));
   ASSIGN_OR_RETURN(nlohmann::json summary, LastJsonLine(label, output));
   TrainRun run;
@@ -524,7 +526,8 @@ Status MeasureRow(const std::string& worker, const std::string& script,
                   << o.repeats << "\n";
       }
       if (tessera_turn) {
-        ASSIGN_OR_RETURN(TrainRun run, RunTessera(worker, data_path, o, row->batch, row->optimizer));
+        ASSIGN_OR_RETURN(TrainRun run,
+                         RunTessera(worker, data_path, o, row->batch, row->optimizer));
         row->tessera.push_back(std::move(run));
       } else {
         ASSIGN_OR_RETURN(TrainRun run, RunTorch(script, o, row->batch, row->optimizer));
@@ -695,7 +698,9 @@ StatusOr<std::vector<T>> ParseList(const std::string& flag, const std::string& t
   std::string item;
   while (std::getline(in, item, ',')) {
     StatusOr<T> value = parse(item);
-    if (!value.ok()) return InvalidArgumentError(flag + "=\"" + text + "\": " + value.status().message());
+    if (!value.ok()) {
+      return InvalidArgumentError(flag + "=\"" + text + "\": " + value.status().message());
+    }
     values.push_back(*value);
   }
   if (values.empty()) return InvalidArgumentError(flag + " is empty");
@@ -779,7 +784,8 @@ int main(int argc, char** argv) {
 
   using tessera::tools::ParseList;
   auto batches = ParseList<int64_t>("--batch-size", batch_sizes, tessera::tools::ParsePositive);
-  auto kinds = ParseList<std::string>("--optimizer", optimizers, tessera::tools::ParseOptimizerName);
+  auto kinds =
+      ParseList<std::string>("--optimizer", optimizers, tessera::tools::ParseOptimizerName);
   auto widths = ParseList<int64_t>("--hidden", hidden, tessera::tools::ParsePositive);
   for (const tessera::Status& status : {batches.status(), kinds.status(), widths.status()}) {
     if (!status.ok()) {

@@ -10,7 +10,8 @@ and prints one JSON line:
 Only the step loop after the warm-up steps is timed: zero_grad, forward, loss, backward,
 optimizer.step, and a read of the loss every step (as Tessera's trainer returns the loss every
 step). Run it with Debian's /usr/bin/python3 and python3-torch; tessera-bench sets
-OPENBLAS_NUM_THREADS and OMP_NUM_THREADS, and LD_LIBRARY_PATH so that libblas.so.3 is OpenBLAS
+OPENBLAS_NUM_THREADS, OMP_NUM_THREADS, OMP_WAIT_POLICY=PASSIVE (spinning OpenMP workers would
+take the cores OpenBLAS's threads need), and LD_LIBRARY_PATH so that libblas.so.3 is OpenBLAS
 (see shared/notes/peers.md), and passes --threads for torch.set_num_threads.
 
 Exit status 3 with a message on stderr when torch cannot be imported.
