@@ -1,7 +1,6 @@
 #include "worker/cpu_backend.h"
 
 #include <cblas.h>
-#include <dlfcn.h>
 
 #include <algorithm>
 #include <cmath>
@@ -12,6 +11,8 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "common/shared_library.h"
 
 namespace tessera::worker {
 namespace {
@@ -27,17 +28,15 @@ constexpr float kInvSqrt2Pi = 0.398942280401432678f;  // 1 / sqrt(2 pi), for GEL
 // is included for the prototype and the enum values only.
 decltype(&cblas_sgemm) Sgemm() {
   static decltype(&cblas_sgemm) const sgemm = [] {
-    void* library = dlopen("libopenblas.so.0", RTLD_NOW | RTLD_LOCAL);
-    void* symbol = library != nullptr ? dlsym(library, "cblas_sgemm") : nullptr;
-    if (symbol == nullptr) {
-      const char* why = dlerror();
-      std::fprintf(stderr,
-                   "tessera: cannot use OpenBLAS (libopenblas.so.0, cblas_sgemm): %s. Install "
-                   "Debian's libopenblas0 (tools/install_deps.sh does).\n",
-                   why != nullptr ? why : "unknown error");
+    decltype(&cblas_sgemm) function = nullptr;
+    auto library = SharedLibrary::Open("libopenblas.so.0", "OpenBLAS");
+    Status bound = library.ok() ? library->Bind(&function, "cblas_sgemm") : library.status();
+    if (!bound.ok()) {
+      std::fprintf(stderr, "tessera: %s. Install Debian's libopenblas0 (tools/install_deps.sh "
+                   "does).\n", bound.message().c_str());
       std::abort();
     }
-    return reinterpret_cast<decltype(&cblas_sgemm)>(symbol);
+    return function;
   }();
   return sgemm;
 }

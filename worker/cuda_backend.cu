@@ -14,7 +14,6 @@
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
-#include <dlfcn.h>
 
 #include <algorithm>
 #include <climits>
@@ -26,6 +25,7 @@
 #include <utility>
 
 #include "common/logging.h"
+#include "common/shared_library.h"
 
 namespace tessera::worker {
 namespace {
@@ -49,27 +49,17 @@ struct CublasApi {
 
 StatusOr<const CublasApi*> LoadCublas() {
   static const StatusOr<CublasApi> api = []() -> StatusOr<CublasApi> {
-    const std::string library = "libcublas.so." + std::to_string(CUBLAS_VER_MAJOR);
-    void* handle = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (handle == nullptr) {
-      return UnavailableError("cannot load " + library + " (cuBLAS): " + dlerror());
-    }
+    ASSIGN_OR_RETURN(SharedLibrary library,
+                     SharedLibrary::Open("libcublas.so." + std::to_string(CUBLAS_VER_MAJOR),
+                                         "cuBLAS"));
     CublasApi loaded;
-    Status missing = OkStatus();
-    auto bind = [&](auto* slot, const char* symbol) {
-      *slot = reinterpret_cast<std::remove_pointer_t<decltype(slot)>>(dlsym(handle, symbol));
-      if (*slot == nullptr && missing.ok()) {
-        missing = UnavailableError(library + " has no symbol " + symbol);
-      }
-    };
-    bind(&loaded.create, "cublasCreate_v2");
-    bind(&loaded.destroy, "cublasDestroy_v2");
-    bind(&loaded.set_stream, "cublasSetStream_v2");
-    bind(&loaded.set_math_mode, "cublasSetMathMode");
-    bind(&loaded.sgemm, "cublasSgemm_v2");
-    bind(&loaded.status_name, "cublasGetStatusName");
-    bind(&loaded.status_string, "cublasGetStatusString");
-    if (!missing.ok()) return missing;
+    RETURN_IF_ERROR(library.Bind(&loaded.create, "cublasCreate_v2"));
+    RETURN_IF_ERROR(library.Bind(&loaded.destroy, "cublasDestroy_v2"));
+    RETURN_IF_ERROR(library.Bind(&loaded.set_stream, "cublasSetStream_v2"));
+    RETURN_IF_ERROR(library.Bind(&loaded.set_math_mode, "cublasSetMathMode"));
+    RETURN_IF_ERROR(library.Bind(&loaded.sgemm, "cublasSgemm_v2"));
+    RETURN_IF_ERROR(library.Bind(&loaded.status_name, "cublasGetStatusName"));
+    RETURN_IF_ERROR(library.Bind(&loaded.status_string, "cublasGetStatusString"));
     return loaded;
   }();
   if (!api.ok()) return api.status();

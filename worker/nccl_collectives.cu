@@ -11,7 +11,6 @@
 #include "worker/nccl_collectives.h"
 
 #include <cuda_runtime.h>
-#include <dlfcn.h>
 #include <nccl.h>
 
 #include <algorithm>
@@ -31,6 +30,7 @@
 
 #include "common/deadline.h"
 #include "common/logging.h"
+#include "common/shared_library.h"
 
 namespace tessera::worker {
 namespace {
@@ -74,33 +74,23 @@ std::string NcclVersionName(int code) {
 
 StatusOr<const NcclApi*> LoadNccl() {
   static const StatusOr<NcclApi> api = []() -> StatusOr<NcclApi> {
-    const std::string library = "libnccl.so." + std::to_string(NCCL_MAJOR);
-    void* handle = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (handle == nullptr) {
-      return UnavailableError("cannot load " + library + " (NCCL): " + dlerror());
-    }
+    ASSIGN_OR_RETURN(SharedLibrary shared,
+                     SharedLibrary::Open("libnccl.so." + std::to_string(NCCL_MAJOR), "NCCL"));
+    const std::string& library = shared.file();
     NcclApi loaded;
-    Status missing = OkStatus();
-    auto bind = [&](auto* slot, const char* symbol) {
-      *slot = reinterpret_cast<std::remove_pointer_t<decltype(slot)>>(dlsym(handle, symbol));
-      if (*slot == nullptr && missing.ok()) {
-        missing = UnavailableError(library + " has no symbol " + symbol);
-      }
-    };
-    bind(&loaded.get_version, "ncclGetVersion");
-    bind(&loaded.get_unique_id, "ncclGetUniqueId");
-    bind(&loaded.comm_init_rank_config, "ncclCommInitRankConfig");
-    bind(&loaded.comm_get_async_error, "ncclCommGetAsyncError");
-    bind(&loaded.comm_finalize, "ncclCommFinalize");
-    bind(&loaded.comm_destroy, "ncclCommDestroy");
-    bind(&loaded.comm_abort, "ncclCommAbort");
-    bind(&loaded.get_error_string, "ncclGetErrorString");
-    bind(&loaded.get_last_error, "ncclGetLastError");
-    bind(&loaded.all_reduce, "ncclAllReduce");
-    bind(&loaded.reduce_scatter, "ncclReduceScatter");
-    bind(&loaded.all_gather, "ncclAllGather");
-    bind(&loaded.broadcast, "ncclBroadcast");
-    if (!missing.ok()) return missing;
+    RETURN_IF_ERROR(shared.Bind(&loaded.get_version, "ncclGetVersion"));
+    RETURN_IF_ERROR(shared.Bind(&loaded.get_unique_id, "ncclGetUniqueId"));
+    RETURN_IF_ERROR(shared.Bind(&loaded.comm_init_rank_config, "ncclCommInitRankConfig"));
+    RETURN_IF_ERROR(shared.Bind(&loaded.comm_get_async_error, "ncclCommGetAsyncError"));
+    RETURN_IF_ERROR(shared.Bind(&loaded.comm_finalize, "ncclCommFinalize"));
+    RETURN_IF_ERROR(shared.Bind(&loaded.comm_destroy, "ncclCommDestroy"));
+    RETURN_IF_ERROR(shared.Bind(&loaded.comm_abort, "ncclCommAbort"));
+    RETURN_IF_ERROR(shared.Bind(&loaded.get_error_string, "ncclGetErrorString"));
+    RETURN_IF_ERROR(shared.Bind(&loaded.get_last_error, "ncclGetLastError"));
+    RETURN_IF_ERROR(shared.Bind(&loaded.all_reduce, "ncclAllReduce"));
+    RETURN_IF_ERROR(shared.Bind(&loaded.reduce_scatter, "ncclReduceScatter"));
+    RETURN_IF_ERROR(shared.Bind(&loaded.all_gather, "ncclAllGather"));
+    RETURN_IF_ERROR(shared.Bind(&loaded.broadcast, "ncclBroadcast"));
     if (loaded.get_version(&loaded.version) != ncclSuccess) {
       return UnavailableError(library + ": ncclGetVersion failed");
     }
