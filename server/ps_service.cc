@@ -90,7 +90,8 @@ struct Chunk {
 struct Table {
   std::mutex mu;
   size_t index = 0;
-  std::unique_ptr<EmbeddingTable> rows;  // guarded by mu
+  EmbeddingTableSpec spec;               // fixed at init: read without mu
+  std::unique_ptr<EmbeddingTable> rows;  // guarded by mu (a restore replaces it)
   int64_t version = 0;                   // guarded by mu
   struct RankRows {
     std::vector<int64_t> ids;
@@ -255,6 +256,7 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
     for (size_t t = 0; t < config->tables.size(); ++t) {
       auto table = std::make_unique<Table>();
       table->index = t;
+      table->spec = config->tables[t];
       table->rows = std::make_unique<EmbeddingTable>(config->tables[t], config->optimizer);
       job->tables[config->tables[t].name] = std::move(table);
     }
@@ -621,7 +623,7 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
     for (auto& [name, table] : job.tables) {
       ASSIGN_OR_RETURN(std::vector<float> values, take(name + ".values", 0));
       ASSIGN_OR_RETURN(std::vector<float> state, take(name + ".state", 0));
-      auto restored = std::make_unique<EmbeddingTable>(table->rows->spec(), config.optimizer);
+      auto restored = std::make_unique<EmbeddingTable>(table->spec, config.optimizer);
       RETURN_IF_ERROR(restored->Import(shard.ints[name + ".ids"], values, state).WithContext(path));
       tables.push_back(std::move(restored));
     }
@@ -663,7 +665,7 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
       const int owner = SparseRowOwner(table.index, id, options_.num_servers);
       if (owner != options_.server_rank) {
         return InvalidArgumentError("row " + std::to_string(id) + " of table '" +
-                                    table.rows->spec().name + "' belongs to server " +
+                                    table.spec.name + "' belongs to server " +
                                     std::to_string(owner) + ", not server " +
                                     std::to_string(options_.server_rank));
       }
@@ -683,10 +685,10 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
         body->row_ids() != nullptr ? ReadIds(*body->row_ids(), request.message) : std::vector<int64_t>();
     std::vector<float> grads =
         body->values() != nullptr ? ReadFloats(*body->values(), request.message) : std::vector<float>();
-    const size_t dim = static_cast<size_t>(table.rows->spec().dim);
+    const size_t dim = static_cast<size_t>(table.spec.dim);
     if (grads.size() != ids.size() * dim) {
       return AnswerError(request, InvalidArgumentError(
-                                      "sparse push to table '" + table.rows->spec().name + "': " +
+                                      "sparse push to table '" + table.spec.name + "': " +
                                       std::to_string(ids.size()) + " rows but " +
                                       std::to_string(grads.size()) + " floats (dim " +
                                       std::to_string(dim) + ")"));
@@ -746,17 +748,17 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
     reply->origin = request.origin;
     reply->request_id = request.header->request_id();
     reply->sparse = true;
-    reply->table = table.rows->spec().name;
+    reply->table = table.spec.name;
     reply->ids = body->row_ids() != nullptr ? ReadIds(*body->row_ids(), request.message)
                                             : std::vector<int64_t>();
     reply->values.resize(1);
     reply->remaining = 1;
     for (int64_t id : reply->ids) {
-      if (id < 0 || id >= table.rows->spec().rows) {
+      if (id < 0 || id >= table.spec.rows) {
         return AnswerError(request, InvalidArgumentError(
                                         "row " + std::to_string(id) + " of table '" + reply->table +
                                         "' is outside [0, " +
-                                        std::to_string(table.rows->spec().rows) + ")"));
+                                        std::to_string(table.spec.rows) + ")"));
       }
     }
     if (Status status = CheckOwnedRows(table, reply->ids); !status.ok()) {
@@ -773,7 +775,7 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
   // REQUIRES: table->mu held.
   void ReleaseTable(Table* table) {
     std::vector<Waiter> keep;
-    const size_t dim = static_cast<size_t>(table->rows->spec().dim);
+    const size_t dim = static_cast<size_t>(table->spec.dim);
     for (Waiter& waiter : table->waiters) {
       if (table->version < waiter.need_version) {
         keep.push_back(std::move(waiter));
