@@ -20,6 +20,7 @@ packages=(
   nlohmann-json3-dev
   prometheus               # promtool, and the real server for tests
   chromium                 # headless browser for the dashboard's test
+  openmpi-bin libopenmpi-dev  # mpirun-started jobs (tests); MPI_Allreduce peer (tessera-bench)
   curl python3 ca-certificates  # scripts
 )
 
