@@ -47,7 +47,7 @@ void CtrModel::InitializeParameters(uint64_t seed, float* params) const {
   net_.InitializeParameters(&rng, params);
 }
 
-StatusOr<StepStats> CtrModel::Forward(const float* params, const data::Batch& batch,
+StatusOr<StepStats> CtrModel::Forward(ParameterStorage* storage, const data::Batch& batch,
                                       std::vector<SparseRows>* sparse) {
   RETURN_IF_ERROR(inputs_.Load(batch, options_.dense_dim, 2).WithContext("ctr"));
   if (sparse->size() != tables_.size()) {
@@ -89,29 +89,27 @@ StatusOr<StepStats> CtrModel::Forward(const float* params, const data::Batch& ba
                          concat_.data() + options_.dense_dim + static_cast<int64_t>(t) * dim,
                          width());
   }
-  ASSIGN_OR_RETURN(const float* logits, net_.Forward(params, rows, concat_.data()));
+  ASSIGN_OR_RETURN(const float* logits, net_.Forward(storage, rows, concat_.data()));
   RETURN_IF_ERROR(probabilities_.Resize(batch.size));
   auto loss = backend_->BinaryCrossEntropy(rows, logits, inputs_.labels(), probabilities_.data());
   return StepStats{loss.loss, loss.correct, rows};
 }
 
-StatusOr<StepStats> CtrModel::Evaluate(const float* params, const data::Batch& batch,
+StatusOr<StepStats> CtrModel::Evaluate(ParameterStorage* storage, const data::Batch& batch,
                                        std::vector<SparseRows>* sparse) {
-  return Forward(params, batch, sparse);
+  return Forward(storage, batch, sparse);
 }
 
-StatusOr<StepStats> CtrModel::ForwardBackward(const float* params, const data::Batch& batch,
-                                              std::vector<SparseRows>* sparse, float* grads,
-                                              const GradientsReady& on_ready) {
-  ASSIGN_OR_RETURN(StepStats stats, Forward(params, batch, sparse));
+StatusOr<StepStats> CtrModel::ForwardBackward(ParameterStorage* storage, const data::Batch& batch,
+                                              std::vector<SparseRows>* sparse) {
+  ASSIGN_OR_RETURN(StepStats stats, Forward(storage, batch, sparse));
   const int64_t rows = static_cast<int64_t>(batch.size);
   const int64_t dim = options_.embedding_dim;
   RETURN_IF_ERROR(dlogits_.Resize(batch.size));
   backend_->BinaryCrossEntropyBackward(rows, probabilities_.data(), inputs_.labels(),
                                        dlogits_.data());
   RETURN_IF_ERROR(dconcat_.Resize(concat_.size()));
-  RETURN_IF_ERROR(net_.Backward(params, rows, concat_.data(), dlogits_.data(), dconcat_.data(),
-                                grads, on_ready));
+  RETURN_IF_ERROR(net_.Backward(storage, rows, concat_.data(), dlogits_.data(), dconcat_.data()));
   for (size_t t = 0; t < tables_.size(); ++t) {
     SparseRows& table = (*sparse)[t];
     table.grads.resize(table.values.size());

@@ -47,10 +47,11 @@ class CtrModel final : public Model {
   int64_t input_dim() const override { return options_.dense_dim; }
   int64_t num_classes() const override { return 2; }
   void InitializeParameters(uint64_t seed, float* params) const override;
-  StatusOr<StepStats> ForwardBackward(const float* params, const data::Batch& batch,
-                                      std::vector<SparseRows>* sparse, float* grads,
-                                      const GradientsReady& on_ready) override;
-  StatusOr<StepStats> Evaluate(const float* params, const data::Batch& batch,
+  using Model::Evaluate;
+  using Model::ForwardBackward;
+  StatusOr<StepStats> ForwardBackward(ParameterStorage* storage, const data::Batch& batch,
+                                      std::vector<SparseRows>* sparse) override;
+  StatusOr<StepStats> Evaluate(ParameterStorage* storage, const data::Batch& batch,
                                std::vector<SparseRows>* sparse) override;
 
  private:
@@ -64,7 +65,7 @@ class CtrModel final : public Model {
   int64_t width() const {
     return options_.dense_dim + static_cast<int64_t>(tables_.size()) * options_.embedding_dim;
   }
-  StatusOr<StepStats> Forward(const float* params, const data::Batch& batch,
+  StatusOr<StepStats> Forward(ParameterStorage* storage, const data::Batch& batch,
                               std::vector<SparseRows>* sparse);
 
   const CtrModelOptions options_;

@@ -28,8 +28,8 @@ void Linear::InitializeParameters(std::mt19937_64* rng, float* params) const {
 
 Status Linear::Forward(ComputeBackend* backend, const float* params, int64_t batch,
                        const float* x, float* y) {
-  backend->Gemm(false, true, batch, out_, in_, 1.0f, x, params + weight_.offset, 0.0f, y);
-  backend->AddRowVector(batch, out_, params + bias_.offset, y);
+  backend->Gemm(false, true, batch, out_, in_, 1.0f, x, params, 0.0f, y);
+  backend->AddRowVector(batch, out_, params + BiasAt(), y);
   return OkStatus();
 }
 
@@ -37,10 +37,10 @@ Status Linear::Backward(ComputeBackend* backend, const float* params, int64_t ba
                         const float* x, const float* y, const float* dy, float* dx,
                         float* grads) {
   // dW = dy^T x [out x in]; db = column sums of dy; dx = dy W [batch x in].
-  backend->Gemm(true, false, out_, in_, batch, 1.0f, dy, x, 0.0f, grads + weight_.offset);
-  backend->SumRows(batch, out_, dy, grads + bias_.offset, /*accumulate=*/false);
+  backend->Gemm(true, false, out_, in_, batch, 1.0f, dy, x, 0.0f, grads);
+  backend->SumRows(batch, out_, dy, grads + BiasAt(), /*accumulate=*/false);
   if (dx != nullptr) {
-    backend->Gemm(false, false, batch, in_, out_, 1.0f, dy, params + weight_.offset, 0.0f, dx);
+    backend->Gemm(false, false, batch, in_, out_, 1.0f, dy, params, 0.0f, dx);
   }
   return OkStatus();
 }
@@ -84,7 +84,7 @@ Status LayerNorm::Forward(ComputeBackend* backend, const float* params, int64_t 
                           const float* x, float* y) {
   RETURN_IF_ERROR(mean_.Resize(static_cast<size_t>(batch)));
   RETURN_IF_ERROR(rstd_.Resize(static_cast<size_t>(batch)));
-  backend->LayerNormForward(batch, dim_, eps_, x, params + weight_.offset, params + bias_.offset,
+  backend->LayerNormForward(batch, dim_, eps_, x, params, params + BiasAt(),
                             y, mean_.data(), rstd_.data());
   return OkStatus();
 }
@@ -92,8 +92,8 @@ Status LayerNorm::Forward(ComputeBackend* backend, const float* params, int64_t 
 Status LayerNorm::Backward(ComputeBackend* backend, const float* params, int64_t batch,
                            const float* x, const float* y, const float* dy, float* dx,
                            float* grads) {
-  backend->LayerNormBackward(batch, dim_, x, params + weight_.offset, mean_.data(), rstd_.data(),
-                             dy, dx, grads + weight_.offset, grads + bias_.offset);
+  backend->LayerNormBackward(batch, dim_, x, params, mean_.data(), rstd_.data(),
+                             dy, dx, grads, grads + BiasAt());
   return OkStatus();
 }
 

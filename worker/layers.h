@@ -33,6 +33,9 @@ class Linear final : public Layer {
                   const float* y, const float* dy, float* dx, float* grads) override;
 
  private:
+  // Where the bias starts in this layer's block (the weight comes first).
+  uint64_t BiasAt() const { return bias_.offset - weight_.offset; }
+
   const int64_t in_, out_;
   ParameterView weight_, bias_;
 };
@@ -84,6 +87,8 @@ class LayerNorm final : public Layer {
                   const float* y, const float* dy, float* dx, float* grads) override;
 
  private:
+  uint64_t BiasAt() const { return bias_.offset - weight_.offset; }  // in the block
+
   const int64_t dim_;
   const float eps_;
   ParameterView weight_, bias_;

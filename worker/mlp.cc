@@ -57,35 +57,34 @@ void Mlp::InitializeParameters(uint64_t seed, float* params) const {
   net_.InitializeParameters(&rng, params);
 }
 
-StatusOr<StepStats> Mlp::Forward(const float* params, const data::Batch& batch) {
+StatusOr<StepStats> Mlp::Forward(ParameterStorage* storage, const data::Batch& batch) {
   if (batch.sparse_fields != 0) {
     return InvalidArgumentError("mlp: the batch has " + std::to_string(batch.sparse_fields) +
                                 " sparse fields; an MLP takes dense features only");
   }
   RETURN_IF_ERROR(inputs_.Load(batch, options_.input_dim, options_.classes).WithContext("mlp"));
   const int64_t rows = static_cast<int64_t>(batch.size);
-  ASSIGN_OR_RETURN(const float* logits, net_.Forward(params, rows, inputs_.features()));
+  ASSIGN_OR_RETURN(const float* logits, net_.Forward(storage, rows, inputs_.features()));
   RETURN_IF_ERROR(probabilities_.Resize(batch.size * static_cast<size_t>(options_.classes)));
   auto loss = backend_->SoftmaxCrossEntropy(rows, options_.classes, logits, inputs_.labels(),
                                             probabilities_.data());
   return StepStats{loss.loss, loss.correct, rows};
 }
 
-StatusOr<StepStats> Mlp::Evaluate(const float* params, const data::Batch& batch,
+StatusOr<StepStats> Mlp::Evaluate(ParameterStorage* storage, const data::Batch& batch,
                                   std::vector<SparseRows>* sparse) {
-  return Forward(params, batch);
+  return Forward(storage, batch);
 }
 
-StatusOr<StepStats> Mlp::ForwardBackward(const float* params, const data::Batch& batch,
-                                         std::vector<SparseRows>* sparse, float* grads,
-                                         const GradientsReady& on_ready) {
-  ASSIGN_OR_RETURN(StepStats stats, Forward(params, batch));
+StatusOr<StepStats> Mlp::ForwardBackward(ParameterStorage* storage, const data::Batch& batch,
+                                         std::vector<SparseRows>* sparse) {
+  ASSIGN_OR_RETURN(StepStats stats, Forward(storage, batch));
   const int64_t rows = static_cast<int64_t>(batch.size);
   RETURN_IF_ERROR(dlogits_.Resize(probabilities_.size()));
   backend_->SoftmaxCrossEntropyBackward(rows, options_.classes, probabilities_.data(),
                                         inputs_.labels(), dlogits_.data());
-  RETURN_IF_ERROR(net_.Backward(params, rows, inputs_.features(), dlogits_.data(),
-                                /*dx=*/nullptr, grads, on_ready));
+  RETURN_IF_ERROR(net_.Backward(storage, rows, inputs_.features(), dlogits_.data(),
+                                /*dx=*/nullptr));
   return stats;
 }
 

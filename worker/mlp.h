@@ -53,17 +53,18 @@ class Mlp final : public Model {
   // Every layer from one std::mt19937_64(seed), in layer order: weights and biases uniform in
   // +-1/sqrt(fan_in) (nn.Linear's default), LayerNorm weight 1 and bias 0.
   void InitializeParameters(uint64_t seed, float* params) const override;
-  StatusOr<StepStats> ForwardBackward(const float* params, const data::Batch& batch,
-                                      std::vector<SparseRows>* sparse, float* grads,
-                                      const GradientsReady& on_ready) override;
-  StatusOr<StepStats> Evaluate(const float* params, const data::Batch& batch,
+  using Model::Evaluate;
+  using Model::ForwardBackward;
+  StatusOr<StepStats> ForwardBackward(ParameterStorage* storage, const data::Batch& batch,
+                                      std::vector<SparseRows>* sparse) override;
+  StatusOr<StepStats> Evaluate(ParameterStorage* storage, const data::Batch& batch,
                                std::vector<SparseRows>* sparse) override;
 
  private:
   Mlp(const MlpOptions& options, ComputeBackend* backend)
       : options_(options), backend_(backend), net_(backend), inputs_(backend),
         probabilities_(backend), dlogits_(backend) {}
-  StatusOr<StepStats> Forward(const float* params, const data::Batch& batch);
+  StatusOr<StepStats> Forward(ParameterStorage* storage, const data::Batch& batch);
 
   const MlpOptions options_;
   ComputeBackend* const backend_;

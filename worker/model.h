@@ -23,6 +23,7 @@
 #include "worker/compute_backend.h"
 #include "worker/data/dataset.h"
 #include "worker/device_buffer.h"
+#include "worker/parameter_storage.h"
 #include "worker/sequential.h"
 
 namespace tessera::worker {
@@ -60,17 +61,30 @@ class Model {
   // Fills `params` (host memory, layout().total_size() floats) deterministically from `seed`.
   virtual void InitializeParameters(uint64_t seed, float* params) const = 0;
 
-  // Forward and backward on `batch` (host memory): overwrites `grads` with the gradient of the
-  // mean loss and each sparse[t].grads with its rows' gradients. `params` and `grads` are in
-  // the backend's memory; `sparse` comes from GroupSparseIds with values filled in (empty for a
-  // model without tables). InvalidArgument naming the sample for a bad label or a batch that
-  // does not fit the model.
-  virtual StatusOr<StepStats> ForwardBackward(const float* params, const data::Batch& batch,
-                                              std::vector<SparseRows>* sparse, float* grads,
-                                              const GradientsReady& on_ready) = 0;
+  // Forward and backward on `batch` (host memory): each layer's parameters come from
+  // `storage` and its gradients (of the mean loss) go back to it (parameter_storage.h); each
+  // sparse[t].grads gets its rows' gradients. `sparse` comes from GroupSparseIds with values
+  // filled in (empty for a model without tables). InvalidArgument naming the sample for a bad
+  // label or a batch that does not fit the model.
+  virtual StatusOr<StepStats> ForwardBackward(ParameterStorage* storage, const data::Batch& batch,
+                                              std::vector<SparseRows>* sparse) = 0;
   // Forward only.
-  virtual StatusOr<StepStats> Evaluate(const float* params, const data::Batch& batch,
+  virtual StatusOr<StepStats> Evaluate(ParameterStorage* storage, const data::Batch& batch,
                                        std::vector<SparseRows>* sparse) = 0;
+
+  // The same on the flat buffers (the backend's memory, layout size): overwrites `grads` and
+  // reports each layer's gradients to on_ready (may be empty) as they become final.
+  StatusOr<StepStats> ForwardBackward(const float* params, const data::Batch& batch,
+                                      std::vector<SparseRows>* sparse, float* grads,
+                                      const GradientsReady& on_ready) {
+    FlatParameterStorage flat(params, grads, on_ready);
+    return ForwardBackward(&flat, batch, sparse);
+  }
+  StatusOr<StepStats> Evaluate(const float* params, const data::Batch& batch,
+                               std::vector<SparseRows>* sparse) {
+    FlatParameterStorage flat(params, nullptr);
+    return Evaluate(&flat, batch, sparse);
+  }
 };
 
 // A batch's features and labels in a backend's memory: on the CPU the batch's own vectors, on

@@ -7,6 +7,7 @@
 //   RETURN_IF_ERROR(net.DeclareParameters("mlp.", &layout));    // "mlp.0.weight", ...
 //   ASSIGN_OR_RETURN(const float* out, net.Forward(params, batch, x));
 //   RETURN_IF_ERROR(net.Backward(params, batch, x, dout, /*dx=*/nullptr, grads, on_ready));
+// Or with each layer's parameters from a ParameterStorage (parameter_storage.h).
 //
 // Thread-safety: one thread at a time.
 #ifndef TESSERA_WORKER_SEQUENTIAL_H_
@@ -19,13 +20,9 @@
 
 #include "worker/device_buffer.h"
 #include "worker/layer.h"
+#include "worker/parameter_storage.h"
 
 namespace tessera::worker {
-
-// Called during backward as soon as the gradients [offset, offset + size) of the flat gradient
-// buffer are final, last layer first: the hook for overlapping communication with backward
-// (DDP buckets). May be empty.
-using GradientsReady = std::function<void(uint64_t offset, uint64_t size)>;
 
 class Sequential {
  public:
@@ -45,18 +42,35 @@ class Sequential {
   int64_t output_dim() const;  // REQUIRES: at least one layer
   const std::vector<std::unique_ptr<Layer>>& layers() const { return layers_; }
 
-  // Runs every layer on x (batch x input_dim, backend memory). Returns the output (batch x
-  // output_dim), owned here and valid until the next Forward.
-  StatusOr<const float*> Forward(const float* params, int64_t batch, const float* x);
-  // Backward through every layer from dy = dLoss/doutput, for the x of the last Forward:
-  // overwrites every layer's gradients in `grads`, calls on_ready for each layer with
-  // parameters once its gradients are final, and writes dx = dLoss/dx unless dx is null.
+  // Each layer's parameter block, in layer order (size 0 for a layer without parameters).
+  // Valid after DeclareParameters.
+  const std::vector<ParameterBlock>& blocks() const { return blocks_; }
+
+  // Runs every layer on x (batch x input_dim, backend memory), each with its parameter block
+  // from `storage`. Returns the output (batch x output_dim), owned here and valid until the
+  // next Forward.
+  StatusOr<const float*> Forward(ParameterStorage* storage, int64_t batch, const float* x);
+  // Backward through every layer from dy = dLoss/doutput, for the x of the last Forward, last
+  // layer first: each layer with parameters overwrites its gradient block from `storage` and
+  // reports it done. Writes dx = dLoss/dx unless dx is null.
+  Status Backward(ParameterStorage* storage, int64_t batch, const float* x, const float* dy,
+                  float* dx);
+
+  // The same on the flat buffers (FlatParameterStorage).
+  StatusOr<const float*> Forward(const float* params, int64_t batch, const float* x) {
+    FlatParameterStorage flat(params, nullptr);
+    return Forward(&flat, batch, x);
+  }
   Status Backward(const float* params, int64_t batch, const float* x, const float* dy, float* dx,
-                  float* grads, const GradientsReady& on_ready);
+                  float* grads, const GradientsReady& on_ready) {
+    FlatParameterStorage flat(params, grads, on_ready);
+    return Backward(&flat, batch, x, dy, dx);
+  }
 
  private:
   ComputeBackend* const backend_;
   std::vector<std::unique_ptr<Layer>> layers_;
+  std::vector<ParameterBlock> blocks_;        // blocks_[i]: layer i's parameters
   std::vector<DeviceBuffer<float>> outputs_;  // outputs_[i]: layer i's output
   DeviceBuffer<float> delta_[2];              // ping-pong dLoss/d(activation) during backward
 };
