@@ -140,7 +140,12 @@ inline constexpr MetricName kDdpOverlapRatio{
 // gauge; labels: kind (parameters, gradients, optimizer_state).
 inline constexpr MetricName kModelStateBytes{
     "tessera_model_state_bytes",
-    "Bytes of model state this rank holds, by kind (ZeRO partitions the optimizer state)."};
+    "Bytes of model state this rank holds between steps, by kind (ZeRO partitions them)."};
+// gauge{kind}: parameters, gradients, optimizer_state.
+inline constexpr MetricName kModelStatePeakBytes{
+    "tessera_model_state_peak_bytes",
+    "Most bytes of model state this rank held at once during the last step, by kind (with "
+    "ZeRO stage 3's gathered layers and the gradient blocks awaiting reduce-scatter)."};
 // histogram (seconds).
 inline constexpr MetricName kDdpWaitSeconds{
     "tessera_ddp_wait_seconds",

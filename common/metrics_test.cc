@@ -317,6 +317,7 @@ void PopulateWithAllMetrics(MetricsRegistry* registry) {
   gauge(names::kDdpOverlapRatio, {})->WithLabels({}).value()->Set(0.75);
   histogram(names::kDdpWaitSeconds, {})->WithLabels({}).value()->Observe(0.001);
   gauge(names::kModelStateBytes, {"kind"})->WithLabels({"optimizer_state"}).value()->Set(8e6);
+  gauge(names::kModelStatePeakBytes, {"kind"})->WithLabels({"parameters"}).value()->Set(9e6);
   gauge(names::kTrainStep, {})->WithLabels({}).value()->Set(10);
   gauge(names::kTrainLoss, {})->WithLabels({}).value()->Set(0.5);
   counter(names::kTrainSamplesTotal, {})->WithLabels({}).value()->Increment(640);

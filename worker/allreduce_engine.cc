@@ -1,47 +1,21 @@
 #include "worker/allreduce_engine.h"
 
 #include <chrono>
-#include <cstring>
 
 #include "common/deadline.h"
 #include "common/logging.h"
 #include "common/metric_names.h"
+#include "worker/layout_check.h"
 
 namespace tessera::worker {
 namespace {
 
 // Tags: the setup's collectives, then one per (step, bucket), never reused within a job.
-constexpr uint64_t kFingerprintTag = 1ull << 40;
-constexpr uint64_t kTensorFingerprintTag = kFingerprintTag + 1;
+constexpr uint64_t kFingerprintTag = 1ull << 40;  // and + 1 (layout_check.h)
 constexpr uint64_t kBroadcastTag = kFingerprintTag + 2;
 constexpr uint64_t kBucketTagBase = 1ull << 41;
 constexpr uint64_t kGatherTagBase = 1ull << 42;
 constexpr uint64_t kMaxBuckets = 1 << 16;
-
-// A 64-bit value as 4 floats of 16 bits each (exact in float32), so it can travel through a
-// float32 all-gather.
-void Put64(uint64_t value, float* out) {
-  for (int i = 0; i < 4; ++i) out[i] = static_cast<float>((value >> (16 * i)) & 0xffff);
-}
-uint64_t Get64(const float* in) {
-  uint64_t value = 0;
-  for (int i = 0; i < 4; ++i) value |= static_cast<uint64_t>(in[i]) << (16 * i);
-  return value;
-}
-
-uint64_t TensorHash(const ParameterView& view) {
-  uint64_t hash = 0xcbf29ce484222325ULL;
-  auto mix = [&hash](uint64_t part) { hash = (hash ^ part) * 0x100000001b3ULL; };
-  for (unsigned char c : view.name) mix(c);
-  for (int64_t d : view.shape) mix(static_cast<uint64_t>(d));
-  return hash;
-}
-
-std::string Shape(const std::vector<int64_t>& shape) {
-  std::string text = "[";
-  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
-  return text + "]";
-}
 
 int SizeClass(uint64_t bytes) {
   if (bytes < (64u << 10)) return 0;
@@ -89,9 +63,13 @@ StatusOr<std::unique_ptr<AllReduceEngine>> AllReduceEngine::Create(
   ASSIGN_OR_RETURN(GaugeFamily * state, metrics->RegisterGauge(names::kModelStateBytes.name,
                                                                names::kModelStateBytes.help,
                                                                {"kind"}));
+  ASSIGN_OR_RETURN(GaugeFamily * peak, metrics->RegisterGauge(names::kModelStatePeakBytes.name,
+                                                              names::kModelStatePeakBytes.help,
+                                                              {"kind"}));
   const char* kinds[] = {"parameters", "gradients", "optimizer_state"};
   for (int i = 0; i < 3; ++i) {
     ASSIGN_OR_RETURN(engine->state_bytes_[i], state->WithLabels({kinds[i]}));
+    ASSIGN_OR_RETURN(engine->peak_bytes_[i], peak->WithLabels({kinds[i]}));
   }
   return engine;
 }
@@ -105,56 +83,6 @@ AllReduceEngine::~AllReduceEngine() {
   if (comm_thread_.joinable()) comm_thread_.join();
 }
 
-Status AllReduceEngine::CheckFingerprints(const ParameterLayout& layout) {
-  const int world = collectives_->world_size();
-  const int rank = collectives_->rank();
-  // Phase 1: [tensor count, total size (4), layout fingerprint (4)] from every rank.
-  constexpr size_t kSummary = 9;
-  std::vector<float> mine(kSummary), all(kSummary * static_cast<size_t>(world));
-  const auto& views = layout.views();
-  mine[0] = static_cast<float>(views.size());
-  Put64(layout.total_size(), &mine[1]);
-  Put64(layout.Fingerprint(), &mine[5]);
-  std::memcpy(all.data() + kSummary * static_cast<size_t>(rank), mine.data(),
-              kSummary * sizeof(float));
-  RETURN_IF_ERROR(collectives_->AllGather(all.data() + kSummary * static_cast<size_t>(rank),
-                                          all.data(), all.size(), DataType::kFloat32,
-                                          "parameter fingerprint", kFingerprintTag)
-                      .WithContext("comparing the ranks' parameters"));
-  bool differ = false;
-  for (int q = 0; q < world; ++q) {
-    const float* theirs = all.data() + kSummary * static_cast<size_t>(q);
-    if (theirs[0] != mine[0]) {
-      return FailedPreconditionError(
-          "rank " + std::to_string(q) + " has " + std::to_string(static_cast<int64_t>(theirs[0])) +
-          " parameter tensors to all-reduce; rank " + std::to_string(rank) + " has " +
-          std::to_string(views.size()) + " (the ranks must build the same model)");
-    }
-    if (Get64(theirs + 5) != Get64(&mine[5]) || Get64(theirs + 1) != Get64(&mine[1])) differ = true;
-  }
-  if (!differ) return OkStatus();
-  // Phase 2 (every rank saw the same gathered data, so all get here): per-tensor hashes.
-  const size_t per = 4 * views.size();
-  std::vector<float> tensors(per * static_cast<size_t>(world));
-  for (size_t i = 0; i < views.size(); ++i) {
-    Put64(TensorHash(views[i]), tensors.data() + per * static_cast<size_t>(rank) + 4 * i);
-  }
-  RETURN_IF_ERROR(collectives_->AllGather(tensors.data() + per * static_cast<size_t>(rank),
-                                          tensors.data(), tensors.size(), DataType::kFloat32,
-                                          "tensor fingerprints", kTensorFingerprintTag));
-  for (int q = 0; q < world; ++q) {
-    for (size_t i = 0; i < views.size(); ++i) {
-      if (Get64(tensors.data() + per * static_cast<size_t>(q) + 4 * i) != TensorHash(views[i])) {
-        return FailedPreconditionError(
-            "rank " + std::to_string(q) + "'s tensor #" + std::to_string(i) +
-            " differs from rank " + std::to_string(rank) + "'s '" + views[i].name + "' " +
-            Shape(views[i].shape) + " (name or shape): the ranks must build the same model");
-      }
-    }
-  }
-  return FailedPreconditionError("the ranks' parameter layouts differ in order or size");
-}
-
 Status AllReduceEngine::Initialize(const ParameterLayout& layout,
                                    const std::vector<EmbeddingTableSpec>& tables, float* params) {
   if (!tables.empty()) {
@@ -162,7 +90,7 @@ Status AllReduceEngine::Initialize(const ParameterLayout& layout,
                                 std::to_string(tables.size()) +
                                 " of this model): use a ps-* mode for the ctr model");
   }
-  RETURN_IF_ERROR(CheckFingerprints(layout));
+  RETURN_IF_ERROR(CheckLayoutsMatch(collectives_, layout, kFingerprintTag));
   size_ = layout.total_size();
   RETURN_IF_ERROR(collectives_->Broadcast(params, size_, DataType::kFloat32, /*root=*/0,
                                           "initial parameters", kBroadcastTag)
@@ -185,9 +113,14 @@ Status AllReduceEngine::Initialize(const ParameterLayout& layout,
   }
   state_.assign(StateFloatsPerElement(options_.optimizer.kind) * owned, 0.0f);
   InitOptimizerState(options_.optimizer, state_.data(), owned);
-  state_bytes_[0]->Set(static_cast<double>(size_ * sizeof(float)));
-  state_bytes_[1]->Set(static_cast<double>(size_ * sizeof(float)));
-  state_bytes_[2]->Set(static_cast<double>(state_.size() * sizeof(float)));
+  // Nothing transient: the peak during a step is what is held between steps.
+  const double bytes[3] = {static_cast<double>(size_ * sizeof(float)),
+                           static_cast<double>(size_ * sizeof(float)),
+                           static_cast<double>(state_.size() * sizeof(float))};
+  for (int i = 0; i < 3; ++i) {
+    state_bytes_[i]->Set(bytes[i]);
+    peak_bytes_[i]->Set(bytes[i]);
+  }
   comm_thread_ = std::thread([this] { CommLoop(); });
   TLOG(INFO) << "allreduce among " << collectives_->world_size() << " workers: " << size_
              << " parameters in " << buckets_.size() << " buckets of up to "

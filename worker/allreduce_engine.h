@@ -79,7 +79,6 @@ class AllReduceEngine final : public TrainingEngine {
  private:
   AllReduceEngine(const AllReduceEngineOptions& options, Collectives* collectives)
       : options_(options), collectives_(collectives), tracker_(&buckets_) {}
-  Status CheckFingerprints(const ParameterLayout& layout);
   void Enqueue(size_t bucket);
   void CommLoop();
 
@@ -110,6 +109,7 @@ class AllReduceEngine final : public TrainingEngine {
   Gauge* overlap_ratio_ = nullptr;
   Histogram* wait_seconds_ = nullptr;
   Gauge* state_bytes_[3] = {};  // parameters, gradients, optimizer_state
+  Gauge* peak_bytes_[3] = {};
 };
 
 }  // namespace tessera::worker

@@ -67,7 +67,7 @@ Status FetchRows(const data::Batch& batch, const Model& model, TrainingEngine* e
 }
 
 StatusOr<StepStats> EvaluateOn(const data::Dataset& eval, int64_t samples, int64_t batch_size,
-                               Model* model, TrainingEngine* engine, const float* params) {
+                               Model* model, TrainingEngine* engine, ParameterStorage* storage) {
   StepStats total;
   const size_t count = std::min<size_t>(eval.size(), static_cast<size_t>(samples));
   data::Batch batch;
@@ -80,7 +80,7 @@ StatusOr<StepStats> EvaluateOn(const data::Dataset& eval, int64_t samples, int64
     }
     RETURN_IF_ERROR(data::MakeBatch(eval, indices, &batch).WithContext("evaluation"));
     RETURN_IF_ERROR(FetchRows(batch, *model, engine, &sparse).WithContext("evaluation"));
-    ASSIGN_OR_RETURN(StepStats stats, model->Evaluate(params, batch, &sparse));
+    ASSIGN_OR_RETURN(StepStats stats, model->Evaluate(storage, batch, &sparse));
     total.loss += stats.loss * static_cast<double>(stats.samples);
     total.correct += stats.correct;
     total.samples += stats.samples;
@@ -210,15 +210,36 @@ StatusOr<TrainingSummary> Train(const TrainerOptions& options, const data::Datas
       return latest.status();
     }
   }
-  std::vector<float> host_grads(layout.total_size());
+  const int64_t micro = options.accumulation_steps;
+  // An engine that holds the parameters (ZeRO stage 2 and 3) runs the model on its storage;
+  // the full buffers go.
+  ParameterStorage* const engine_storage = engine->parameter_storage();
+  if (engine_storage != nullptr) {
+    if (!backend->host_memory()) {
+      return UnimplementedError(std::string(engine->name()) + " mode runs on the CPU only so far "
+                                "(--device cpu)");
+    }
+    if (micro > 1) {
+      return UnimplementedError("--grad-accumulation is not available in " +
+                                std::string(engine->name()) + " mode yet");
+    }
+    params->clear();
+    params->shrink_to_fit();
+  }
+  std::vector<float> host_grads(engine_storage != nullptr ? 0 : layout.total_size());
   ModelBuffers buffers(backend, params, &host_grads);
   RETURN_IF_ERROR(buffers.Allocate());
   buffers.UploadParams();
   // Gradients are ready in host memory only after the copy on a GPU: report them then.
   GradientsReady on_ready;
-  if (!buffers.mirrored()) {
+  if (!buffers.mirrored() && micro == 1) {
     on_ready = [engine](uint64_t offset, uint64_t size) { engine->OnGradientsReady(offset, size); };
   }
+  FlatParameterStorage flat_storage(buffers.params(), buffers.grads(), on_ready);
+  FlatParameterStorage flat_eval_storage(buffers.params(), nullptr);
+  ParameterStorage* const storage = engine_storage != nullptr ? engine_storage : &flat_storage;
+  ParameterStorage* const eval_storage =
+      engine_storage != nullptr ? engine_storage : &flat_eval_storage;
 
   ASSIGN_OR_RETURN(TrainingMetrics metrics, TrainingMetrics::Register(options.metrics));
   TrainingSummary summary;
@@ -228,7 +249,6 @@ StatusOr<TrainingSummary> Train(const TrainerOptions& options, const data::Datas
   data::Batch batch;
   std::vector<SparseRows> sparse;
   std::vector<size_t> indices;
-  const int64_t micro = options.accumulation_steps;
   std::vector<float> accumulated(micro > 1 ? layout.total_size() : 0);
   // The samples the steps before first_step consumed (resuming): same order, not loaded.
   for (int64_t skipped = 1; skipped < first_step; ++skipped) {
@@ -269,8 +289,7 @@ StatusOr<TrainingSummary> Train(const TrainerOptions& options, const data::Datas
       if (micro == 1) engine->OnBackwardStart(step, host_grads.data());
       compute_mark = compute_started;
       ASSIGN_OR_RETURN(StepStats micro_stats,
-                       model->ForwardBackward(buffers.params(), batch, &sparse, buffers.grads(),
-                                              micro == 1 ? on_ready : GradientsReady()));
+                       model->ForwardBackward(storage, batch, &sparse));
       if (buffers.mirrored()) buffers.DownloadGrads();
       if (micro > 1) {
         for (size_t i = 0; i < accumulated.size(); ++i) {
@@ -332,17 +351,22 @@ StatusOr<TrainingSummary> Train(const TrainerOptions& options, const data::Datas
     if (eval != nullptr && options.eval_every > 0 && step % options.eval_every == 0 &&
         step != steps) {
       ASSIGN_OR_RETURN(StepStats e, EvaluateOn(*eval, options.eval_samples, options.batch_size,
-                                               model, engine, buffers.params()));
+                                               model, engine, eval_storage));
       TLOG(INFO) << "eval at step " << step << ": loss " << e.loss << " accuracy " << Accuracy(e);
       if (metrics.eval_accuracy != nullptr) metrics.eval_accuracy->Set(Accuracy(e));
     }
+  }
+  if (engine_storage != nullptr) {  // the full parameters, for the caller (--save-params)
+    params->assign(layout.total_size(), 0.0f);
+    RETURN_IF_ERROR(engine->GatherParameters(params->data())
+                        .WithContext("gathering the parameters after training"));
   }
   summary.seconds = std::chrono::duration<double>(Clock::now() - started).count();
   summary.samples_per_second =
       summary.seconds > 0 ? static_cast<double>(summary.samples) / summary.seconds : 0;
   if (eval != nullptr) {
     ASSIGN_OR_RETURN(StepStats e, EvaluateOn(*eval, options.eval_samples, options.batch_size,
-                                             model, engine, buffers.params()));
+                                             model, engine, eval_storage));
     summary.eval_loss = e.loss;
     summary.eval_accuracy = Accuracy(e);
     if (metrics.eval_accuracy != nullptr) metrics.eval_accuracy->Set(summary.eval_accuracy);

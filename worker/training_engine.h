@@ -27,6 +27,7 @@
 #include "common/parameter_layout.h"
 #include "common/status.h"
 #include "worker/model.h"
+#include "worker/parameter_storage.h"
 
 namespace tessera::worker {
 
@@ -63,6 +64,20 @@ class TrainingEngine {
   // dense model); their new values are read back through LookupRows.
   virtual Status Step(int64_t step, float* params, float* grads,
                       const std::vector<SparseRows>& sparse) = 0;
+
+  // An engine that holds the dense parameters itself, partitioned across ranks (ZeRO stages 2
+  // and 3, zero_engine.h), returns the storage the model runs on: it supplies each layer's
+  // parameters and takes each layer's gradients during the pass (parameter_storage.h). The
+  // trainer then keeps no full parameter or gradient buffer after Initialize and
+  // RestoreCheckpoint, passes null buffers to OnBackwardStart, Step and SaveCheckpoint, and
+  // asks for the full parameters only at the end (GatherParameters). Null, the default: the
+  // model runs on the trainer's flat buffers.
+  virtual ParameterStorage* parameter_storage() { return nullptr; }
+  // With parameter_storage(): writes the full dense parameters into `params` (layout size,
+  // host memory). A collective: every rank calls it.
+  virtual Status GatherParameters(float* params) {
+    return UnimplementedError(std::string(name()) + " mode does not hold the parameters");
+  }
 
   // Checkpoints (common/checkpoint.h) under `root`. Save: after Step(step), everything needed
   // to continue (parameters, optimizer state, embedding rows), committed only when complete.

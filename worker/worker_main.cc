@@ -9,8 +9,10 @@
 //   ps-ssp    stale-synchronous with --staleness K.
 //   allreduce data parallel without servers (worker/allreduce_engine.h): gradients averaged by
 //             ring all-reduce in buckets that start during backward.
-//   zero1     the same with the optimizer state partitioned across the workers (ZeRO stage 1;
-//   zero2     stage 2 reduce-scatters the gradients).
+//   zero1     the same with the optimizer state partitioned across the workers (ZeRO stage 1);
+//   zero2     + the gradients partitioned: reduce-scattered layer by layer during backward
+//   zero3     + the parameters partitioned: each layer gathered just before it runs
+//             (worker/zero_engine.h; stages 2 and 3 run on the CPU).
 //   smoke     the foundation smoke job (smoke_job.h): barrier, probe push/pull through the
 //             servers, verified ring all-reduces among the workers, exit.
 // Any error ends the process with that error (exit 1); it does not say goodbye, so the
@@ -33,6 +35,7 @@
 #include "common/rpc_endpoint.h"
 #include "common/status.h"
 #include "worker/allreduce_engine.h"
+#include "worker/zero_engine.h"
 #include "worker/collective_mailbox.h"
 #include "worker/local_engine.h"
 #include "worker/params_file.h"
@@ -60,17 +63,17 @@ void AddWorkerFlags(CLI::App* app, WorkerFlags* flags) {
   app->add_option("--mode", flags->mode,
                   "local: train alone (no --coordinator needed); ps-sync, ps-async, ps-ssp: "
                   "train against the parameter servers; allreduce: data parallel by ring "
-                  "all-reduce (no servers); zero1, zero2: the same with the optimizer state "
-                  "partitioned (ZeRO stages 1, 2); smoke: the fleet smoke job "
+                  "all-reduce (no servers); zero1, zero2, zero3: the same with the optimizer "
+                  "state, + gradients, + parameters partitioned (ZeRO stages 1-3); smoke: the fleet smoke job "
                   "(push/pull through the servers, verified all-reduces, exit)")
       ->check(CLI::Validator(
           [](std::string& mode) -> std::string {
             if (mode == "local" || mode == "smoke" || mode == "allreduce" || mode == "zero1" ||
-                mode == "zero2" || ParsePsMode(mode).ok()) {
+                mode == "zero2" || mode == "zero3" || ParsePsMode(mode).ok()) {
               return "";
             }
             return "mode " + mode + " is not available in this version; available: local, "
-                   "ps-sync, ps-async, ps-ssp, allreduce, zero1, zero2, smoke";
+                   "ps-sync, ps-async, ps-ssp, allreduce, zero1, zero2, zero3, smoke";
           },
           "MODE", "mode"))
       ->capture_default_str();
@@ -158,7 +161,7 @@ Status RunTraining(ProcessRuntime& runtime, const WorkerFlags& worker_flags,
   if (local) {
     ASSIGN_OR_RETURN(engine, LocalEngine::Create(optimizer, schedule));
   } else if (worker_flags.mode == "allreduce" || worker_flags.mode == "zero1" ||
-             worker_flags.mode == "zero2") {
+             worker_flags.mode == "zero2" || worker_flags.mode == "zero3") {
     RingCollectivesOptions ring;
     ring.rank = rank;
     ring.world_size = world;
@@ -168,14 +171,25 @@ Status RunTraining(ProcessRuntime& runtime, const WorkerFlags& worker_flags,
     ring.timeout_ms = runtime.config().request_timeout_ms;
     ring.segment_bytes = static_cast<size_t>(worker_flags.segment_kb) * 1024;
     ASSIGN_OR_RETURN(collectives, RingCollectives::Create(ring));
-    AllReduceEngineOptions options;
-    options.zero_stage = worker_flags.mode == "zero1" ? 1 : worker_flags.mode == "zero2" ? 2 : 0;
-    options.optimizer = optimizer;
-    options.schedule = schedule;
-    options.bucket_bytes = static_cast<uint64_t>(worker_flags.bucket_mb * (1 << 20));
-    options.overlap = !worker_flags.no_overlap;
-    ASSIGN_OR_RETURN(engine, AllReduceEngine::Create(options, collectives.get(),
-                                                     &runtime.metrics()));
+    if (worker_flags.mode == "zero2" || worker_flags.mode == "zero3") {
+      ZeroEngineOptions options;
+      options.stage = worker_flags.mode == "zero2" ? 2 : 3;
+      options.optimizer = optimizer;
+      options.schedule = schedule;
+      options.prefetch = !worker_flags.no_overlap;
+      // A wait covers one block's collectives, each bounded by the request timeout.
+      options.wait_timeout_ms = 4 * runtime.config().request_timeout_ms;
+      ASSIGN_OR_RETURN(engine, ZeroEngine::Create(options, collectives.get(), &runtime.metrics()));
+    } else {
+      AllReduceEngineOptions options;
+      options.zero_stage = worker_flags.mode == "zero1" ? 1 : 0;
+      options.optimizer = optimizer;
+      options.schedule = schedule;
+      options.bucket_bytes = static_cast<uint64_t>(worker_flags.bucket_mb * (1 << 20));
+      options.overlap = !worker_flags.no_overlap;
+      ASSIGN_OR_RETURN(engine, AllReduceEngine::Create(options, collectives.get(),
+                                                       &runtime.metrics()));
+    }
   } else {
     PsEngineOptions options;
     ASSIGN_OR_RETURN(options.consistency, ParsePsMode(worker_flags.mode));

@@ -1,0 +1,47 @@
+// CommThread: one thread that runs communication work (collectives) in submission order, so
+// that the training thread can compute while it runs and every rank issues its collectives in
+// the same order (the ring matches them by tag, but one thread per rank does one at a time).
+//
+//   CommThread comm;
+//   std::shared_future<Status> done = comm.Submit([&] { return collectives->AllGather(...); });
+//   ... compute ...
+//   Status status = done.get();  // or wait_for with a deadline
+//
+// Thread-safety: Submit from any thread; the work runs on the comm thread.
+#ifndef TESSERA_WORKER_COMM_THREAD_H_
+#define TESSERA_WORKER_COMM_THREAD_H_
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <future>
+#include <mutex>
+#include <thread>
+
+#include "common/status.h"
+
+namespace tessera::worker {
+
+class CommThread {
+ public:
+  CommThread();
+  // Runs the work already submitted, then joins.
+  ~CommThread();
+  CommThread(const CommThread&) = delete;
+  CommThread& operator=(const CommThread&) = delete;
+
+  std::shared_future<Status> Submit(std::function<Status()> work);
+
+ private:
+  void Loop();
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::packaged_task<Status()>> queue_;  // guarded by mu_
+  bool stopping_ = false;                           // guarded by mu_
+  std::thread thread_;
+};
+
+}  // namespace tessera::worker
+
+#endif  // TESSERA_WORKER_COMM_THREAD_H_

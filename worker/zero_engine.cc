@@ -1,0 +1,350 @@
+#include "worker/zero_engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "common/logging.h"
+#include "common/metric_names.h"
+#include "worker/layout_check.h"
+
+namespace tessera::worker {
+namespace {
+
+// Tags: the setup's, then one per collective in issue order (the same on every rank), in a
+// range of their own (allreduce_engine.cc uses 1 << 40 .. 1 << 43).
+constexpr uint64_t kFingerprintTag = 1ull << 44;  // and + 1 (layout_check.h)
+constexpr uint64_t kBroadcastTag = kFingerprintTag + 2;
+constexpr uint64_t kOpTagBase = kFingerprintTag + 16;
+
+constexpr uint64_t kFloat = sizeof(float);
+
+}  // namespace
+
+StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(const ZeroEngineOptions& options,
+                                                         Collectives* collectives,
+                                                         MetricsRegistry* metrics) {
+  if (options.stage != 2 && options.stage != 3) {
+    return InvalidArgumentError("ZeroEngine runs ZeRO stages 2 and 3, not " +
+                                std::to_string(options.stage) + " (stage 1: AllReduceEngine)");
+  }
+  if (options.wait_timeout_ms <= 0) {
+    return InvalidArgumentError("wait_timeout_ms=" + std::to_string(options.wait_timeout_ms) +
+                                " must be positive");
+  }
+  RETURN_IF_ERROR(ValidateOptimizerOptions(options.optimizer));
+  RETURN_IF_ERROR(ValidateLrSchedule(options.schedule, options.optimizer.lr));
+  std::unique_ptr<ZeroEngine> engine(new ZeroEngine(options, collectives));
+  namespace names = metric_names;
+  const char* kinds[] = {"parameters", "gradients", "optimizer_state"};
+  ASSIGN_OR_RETURN(GaugeFamily * held, metrics->RegisterGauge(names::kModelStateBytes.name,
+                                                              names::kModelStateBytes.help,
+                                                              {"kind"}));
+  ASSIGN_OR_RETURN(GaugeFamily * peak, metrics->RegisterGauge(names::kModelStatePeakBytes.name,
+                                                              names::kModelStatePeakBytes.help,
+                                                              {"kind"}));
+  for (int i = 0; i < 3; ++i) {
+    ASSIGN_OR_RETURN(engine->held_bytes_[i], held->WithLabels({kinds[i]}));
+    ASSIGN_OR_RETURN(engine->peak_bytes_[i], peak->WithLabels({kinds[i]}));
+  }
+  ASSIGN_OR_RETURN(CounterFamily * bytes,
+                   metrics->RegisterCounter(names::kCollectiveBytesTotal.name,
+                                            names::kCollectiveBytesTotal.help, {"op"}));
+  ASSIGN_OR_RETURN(engine->gathered_total_, bytes->WithLabels({"allgather"}));
+  ASSIGN_OR_RETURN(engine->reduced_total_, bytes->WithLabels({"reduce_scatter"}));
+  return engine;
+}
+
+ZeroEngine::~ZeroEngine() {
+  comm_.reset();  // finishes the submitted collectives (each bounded by its deadline) first
+}
+
+Status ZeroEngine::Initialize(const ParameterLayout& layout,
+                              const std::vector<EmbeddingTableSpec>& tables, float* params) {
+  if (!tables.empty()) {
+    return InvalidArgumentError(std::string(name()) + " mode does not hold embedding tables (the " +
+                                std::to_string(tables.size()) +
+                                " of this model): use a ps-* mode for the ctr model");
+  }
+  RETURN_IF_ERROR(CheckLayoutsMatch(collectives_, layout, kFingerprintTag));
+  size_ = layout.total_size();
+  RETURN_IF_ERROR(collectives_->Broadcast(params, size_, DataType::kFloat32, /*root=*/0,
+                                          "initial parameters", kBroadcastTag)
+                      .WithContext("broadcasting rank 0's parameters"));
+  const int world = collectives_->world_size();
+  const int rank = collectives_->rank();
+  tensors_.clear();
+  owned_ = 0;
+  for (const ParameterView& view : layout.views()) {
+    Tensor t{view.name, view.offset, view.size, PartitionOf(view.size, world, rank), owned_};
+    owned_ += t.slice.size;
+    tensors_.push_back(std::move(t));
+  }
+  if (options_.stage == 2) {
+    full_.assign(params, params + size_);
+  } else {
+    shard_.resize(owned_);
+    for (const Tensor& t : tensors_) {
+      std::memcpy(shard_.data() + t.owned_at, params + t.offset + t.slice.offset,
+                  t.slice.size * kFloat);
+    }
+  }
+  grads_.assign(owned_, 0.0f);
+  state_.assign(StateFloatsPerElement(options_.optimizer.kind) * owned_, 0.0f);
+  InitOptimizerState(options_.optimizer, state_.data(), owned_);
+  comm_ = std::make_unique<CommThread>();
+  PublishBytes();
+  TLOG(INFO) << name() << " among " << world << " workers: " << size_ << " parameters in "
+             << tensors_.size() << " tensors, " << owned_ << " owned here";
+  return OkStatus();
+}
+
+void ZeroEngine::OnBackwardStart(int64_t step, float* grads) {
+  // Called before the step's forward: the passes from here on are the step's (not an
+  // evaluation's) and give the order to prefetch in next time.
+  step_ = step;
+  recording_[0].clear();
+  recording_[1].clear();
+}
+
+StatusOr<const std::vector<size_t>*> ZeroEngine::TensorsOf(const ParameterBlock& block) {
+  auto it = block_tensors_.find(block.offset);
+  if (it != block_tensors_.end()) return &it->second;
+  std::vector<size_t> inside;
+  uint64_t covered = 0;
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    const Tensor& t = tensors_[i];
+    if (t.offset >= block.offset && t.offset + t.size <= block.offset + block.size) {
+      inside.push_back(i);
+      covered += t.size;
+    }
+  }
+  if (covered != block.size) {
+    return InternalError("parameter block [" + std::to_string(block.offset) + ", " +
+                         std::to_string(block.offset + block.size) +
+                         ") is not made of whole tensors of the layout");
+  }
+  return &block_tensors_.emplace(block.offset, std::move(inside)).first->second;
+}
+
+void ZeroEngine::AddTransient(std::atomic<uint64_t>* bytes, std::atomic<uint64_t>* peak,
+                              int64_t delta) {
+  const uint64_t now = bytes->fetch_add(static_cast<uint64_t>(delta)) + static_cast<uint64_t>(delta);
+  uint64_t seen = peak->load();
+  while (now > seen && !peak->compare_exchange_weak(seen, now)) {
+  }
+}
+
+Status ZeroEngine::Wait(const std::shared_future<Status>& done, const std::string& what) {
+  if (done.wait_for(std::chrono::milliseconds(options_.wait_timeout_ms)) !=
+      std::future_status::ready) {
+    return DeadlineExceededError(std::string(name()) + ": " + what + " did not finish within " +
+                                 std::to_string(options_.wait_timeout_ms) + " ms");
+  }
+  return done.get();
+}
+
+Status ZeroEngine::StartGather(const ParameterBlock& block) {
+  ASSIGN_OR_RETURN(const std::vector<size_t>* inside, TensorsOf(block));
+  auto values = std::make_shared<std::vector<float>>(block.size);
+  AddTransient(&gathered_bytes_, &gathered_peak_, static_cast<int64_t>(block.size * kFloat));
+  std::vector<std::pair<size_t, uint64_t>> work;  // (tensor, tag)
+  for (size_t i : *inside) work.emplace_back(i, NextTag());
+  std::shared_future<Status> done = comm_->Submit([this, values, block, work] {
+    for (const auto& [i, tag] : work) {
+      const Tensor& t = tensors_[i];
+      RETURN_IF_ERROR(collectives_->AllGather(shard_.data() + t.owned_at,
+                                              values->data() + (t.offset - block.offset), t.size,
+                                              DataType::kFloat32, t.name, kOpTagBase + tag)
+                          .WithContext("gathering the parameters of '" + t.name + "'"));
+      gathered_total_->Increment(static_cast<double>(t.size * kFloat));
+    }
+    return OkStatus();
+  });
+  gathered_[block.offset] = Gathered{std::move(values), std::move(done)};
+  return OkStatus();
+}
+
+StatusOr<const float*> ZeroEngine::Acquire(const ParameterBlock& block, Pass pass) {
+  if (options_.stage == 2) return full_.data() + block.offset;
+  const int p = pass == Pass::kForward ? 0 : 1;
+  if (gathered_.count(block.offset) == 0) RETURN_IF_ERROR(StartGather(block));
+  recording_[p].push_back(block);
+  // Prefetch the block that followed this one in the previous step's pass.
+  if (options_.prefetch) {
+    const std::vector<ParameterBlock>& order = order_[p];
+    auto at = std::find_if(order.begin(), order.end(), [&](const ParameterBlock& b) {
+      return b.offset == block.offset;
+    });
+    if (at != order.end() && at + 1 != order.end() && gathered_.count((at + 1)->offset) == 0) {
+      RETURN_IF_ERROR(StartGather(*(at + 1)));
+    }
+  }
+  const Gathered& gathered = gathered_.at(block.offset);
+  RETURN_IF_ERROR(Wait(gathered.done, "the all-gather of the block at offset " +
+                                          std::to_string(block.offset)));
+  return gathered.values->data();
+}
+
+void ZeroEngine::Release(const ParameterBlock& block) {
+  if (options_.stage == 2) return;
+  auto it = gathered_.find(block.offset);
+  if (it == gathered_.end()) return;
+  // Acquire waited for it, so the communication thread no longer touches the buffer.
+  AddTransient(&gathered_bytes_, &gathered_peak_, -static_cast<int64_t>(block.size * kFloat));
+  gathered_.erase(it);
+}
+
+StatusOr<float*> ZeroEngine::GradientBlock(const ParameterBlock& block) {
+  auto buffer = std::make_shared<std::vector<float>>(block.size);
+  AddTransient(&gradient_block_bytes_, &gradient_block_peak_,
+               static_cast<int64_t>(block.size * kFloat));
+  gradient_blocks_[block.offset] = buffer;
+  return buffer->data();
+}
+
+Status ZeroEngine::GradientsDone(const ParameterBlock& block) {
+  ASSIGN_OR_RETURN(const std::vector<size_t>* inside, TensorsOf(block));
+  auto it = gradient_blocks_.find(block.offset);
+  if (it == gradient_blocks_.end()) {
+    return InternalError("gradients of the block at offset " + std::to_string(block.offset) +
+                         " reported done without a gradient block");
+  }
+  std::shared_ptr<std::vector<float>> buffer = std::move(it->second);
+  gradient_blocks_.erase(it);
+  std::vector<std::pair<size_t, uint64_t>> work;
+  for (size_t i : *inside) work.emplace_back(i, NextTag());
+  std::shared_future<Status> done = comm_->Submit([this, buffer, block, work]() mutable {
+    Status status;
+    for (const auto& [i, tag] : work) {
+      const Tensor& t = tensors_[i];
+      status = collectives_->ReduceScatter(buffer->data() + (t.offset - block.offset),
+                                           grads_.data() + t.owned_at, t.size, DataType::kFloat32,
+                                           ReduceOp::kAverage, t.name, kOpTagBase + tag)
+                   .WithContext("reduce-scattering the gradients of '" + t.name + "'");
+      if (!status.ok()) break;
+      reduced_total_->Increment(static_cast<double>(t.size * kFloat));
+    }
+    buffer.reset();
+    AddTransient(&gradient_block_bytes_, &gradient_block_peak_,
+                 -static_cast<int64_t>(block.size * kFloat));
+    return status;
+  });
+  reductions_.emplace_back(std::move(done), "the reduce-scatter of the gradient block at offset " +
+                                                std::to_string(block.offset));
+  return OkStatus();
+}
+
+Status ZeroEngine::WaitForReductions() {
+  Status first;
+  for (auto& [done, what] : reductions_) {
+    Status status = Wait(done, what);
+    if (!status.ok() && first.ok()) first = status;
+  }
+  reductions_.clear();
+  return first;
+}
+
+Status ZeroEngine::Step(int64_t step, float* params, float* grads,
+                        const std::vector<SparseRows>& sparse) {
+  if (!sparse.empty()) {
+    return InvalidArgumentError(std::string(name()) + " mode got embedding rows; it holds no tables");
+  }
+  RETURN_IF_ERROR(WaitForReductions());
+  if (!gradient_blocks_.empty()) {
+    return InternalError(std::to_string(gradient_blocks_.size()) +
+                         " gradient blocks were written but never reported done");
+  }
+  // Gathered blocks not yet released (a prefetch nobody used) hold this step's values and may
+  // still be read by the communication thread's gather of shard_: finish and drop them before
+  // the update.
+  while (!gathered_.empty()) {
+    auto it = gathered_.begin();
+    const uint64_t offset = it->first;
+    Status status = Wait(it->second.done, "the all-gather of the block at offset " +
+                                              std::to_string(offset));
+    Release(ParameterBlock{offset, it->second.values->size()});
+    RETURN_IF_ERROR(status);
+  }
+  for (int p = 0; p < 2; ++p) {
+    if (!recording_[p].empty()) order_[p] = std::move(recording_[p]);
+    recording_[p].clear();
+  }
+  const float lr = LearningRate(options_.schedule, options_.optimizer.lr, step - 1);
+  const size_t k = StateFloatsPerElement(options_.optimizer.kind);
+  for (const Tensor& t : tensors_) {
+    float* values = options_.stage == 2 ? full_.data() + t.offset + t.slice.offset
+                                        : shard_.data() + t.owned_at;
+    DenseUpdate(options_.optimizer, lr, step, values, grads_.data() + t.owned_at, t.slice.size,
+                state_.data() + k * t.owned_at);
+  }
+  if (options_.stage == 2) {  // every rank's slices to every rank
+    std::vector<std::pair<size_t, uint64_t>> work;
+    for (size_t i = 0; i < tensors_.size(); ++i) work.emplace_back(i, NextTag());
+    std::shared_future<Status> done = comm_->Submit([this, work] {
+      for (const auto& [i, tag] : work) {
+        const Tensor& t = tensors_[i];
+        float* values = full_.data() + t.offset;
+        RETURN_IF_ERROR(collectives_->AllGather(values + t.slice.offset, values, t.size,
+                                                DataType::kFloat32, t.name, kOpTagBase + tag)
+                            .WithContext("gathering the updated parameters of '" + t.name + "'"));
+        gathered_total_->Increment(static_cast<double>(t.size * kFloat));
+      }
+      return OkStatus();
+    });
+    RETURN_IF_ERROR(Wait(done, "gathering the updated parameters"));
+  }
+  PublishBytes();
+  return OkStatus();
+}
+
+Status ZeroEngine::GatherParameters(float* params) {
+  if (options_.stage == 2) {
+    std::memcpy(params, full_.data(), size_ * kFloat);
+    return OkStatus();
+  }
+  std::vector<std::pair<size_t, uint64_t>> work;
+  for (size_t i = 0; i < tensors_.size(); ++i) work.emplace_back(i, NextTag());
+  std::shared_future<Status> done = comm_->Submit([this, params, work] {
+    for (const auto& [i, tag] : work) {
+      const Tensor& t = tensors_[i];
+      RETURN_IF_ERROR(collectives_->AllGather(shard_.data() + t.owned_at, params + t.offset,
+                                              t.size, DataType::kFloat32, t.name,
+                                              kOpTagBase + tag)
+                          .WithContext("gathering the parameters of '" + t.name + "'"));
+    }
+    return OkStatus();
+  });
+  return Wait(done, "gathering all parameters");
+}
+
+ZeroEngine::Bytes ZeroEngine::held() const {
+  Bytes b;
+  b.parameters = (options_.stage == 2 ? size_ : owned_) * kFloat;
+  b.gradients = owned_ * kFloat;
+  b.optimizer_state = state_.size() * kFloat;
+  return b;
+}
+
+ZeroEngine::Bytes ZeroEngine::peak() const {
+  Bytes b = held();
+  b.parameters += gathered_peak_.load();
+  b.gradients += gradient_block_peak_.load();
+  return b;
+}
+
+void ZeroEngine::PublishBytes() {
+  const Bytes h = held(), p = peak();
+  held_bytes_[0]->Set(static_cast<double>(h.parameters));
+  held_bytes_[1]->Set(static_cast<double>(h.gradients));
+  held_bytes_[2]->Set(static_cast<double>(h.optimizer_state));
+  peak_bytes_[0]->Set(static_cast<double>(p.parameters));
+  peak_bytes_[1]->Set(static_cast<double>(p.gradients));
+  peak_bytes_[2]->Set(static_cast<double>(p.optimizer_state));
+  // The next step's peaks start from what is held now (nothing transient between steps,
+  // except a prefetch issued during evaluation).
+  gathered_peak_.store(gathered_bytes_.load());
+  gradient_block_peak_.store(gradient_block_bytes_.load());
+}
+
+}  // namespace tessera::worker

@@ -1,0 +1,151 @@
+// ZeroEngine: ZeRO stages 2 and 3 (`--mode zero2 | zero3`, DeepSpeed ZeRO / PyTorch FSDP):
+// data parallelism whose gradients (stage 2) and also parameters (stage 3) are partitioned
+// across the ranks, not only the optimizer state (stage 1, allreduce_engine.h).
+//
+// Partitioning: every parameter tensor t of the layout is cut with PartitionOf(t.size, N, r)
+// (collectives.h), so rank r owns about 1/N of every tensor, whatever N and the sizes.
+//
+// The model runs on this engine's ParameterStorage (parameter_storage.h), one layer block at a
+// time:
+//   forward   stage 3: Acquire all-gathers the block's tensors into a buffer freed by Release;
+//             the next block (in the order recorded in the previous step) is gathered on the
+//             communication thread while the current one computes. Stage 2 holds the full
+//             parameters, so Acquire only points into them.
+//   backward  the same gathers in reverse order; the layer writes its gradients into a block
+//             buffer, and GradientsDone reduce-scatters (averages) it on the communication
+//             thread into this rank's gradient slices, then frees it, while backward goes on.
+//   Step      waits for the reduce-scatters, updates the owned slices (common/optimizer.h, the
+//             same per-element math as every mode); stage 2 then all-gathers the parameters.
+//
+// Memory between steps (tessera_model_state_bytes), with Ψ parameters and Adam in float32:
+//   stage 2: parameters 4Ψ, gradients 4Ψ/N, optimizer state 8Ψ/N;
+//   stage 3: parameters 4Ψ/N, gradients 4Ψ/N, optimizer state 8Ψ/N;
+// during a step (tessera_model_state_peak_bytes) also the gathered blocks (the current and the
+// prefetched one) and the gradient blocks still being reduce-scattered.
+//
+// Results equal --mode allreduce up to float rounding (the ring reduces per tensor here, per
+// bucket there, so the summation order differs).
+//
+// Errors: a collective that fails or times out fails the step naming the tensor and peer.
+// Thread-safety: the training thread calls everything; the communication thread runs the
+// collectives it is handed.
+#ifndef TESSERA_WORKER_ZERO_ENGINE_H_
+#define TESSERA_WORKER_ZERO_ENGINE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <future>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "common/lr_schedule.h"
+#include "common/metrics.h"
+#include "common/optimizer.h"
+#include "worker/collectives.h"
+#include "worker/comm_thread.h"
+#include "worker/parameter_storage.h"
+#include "worker/training_engine.h"
+
+namespace tessera::worker {
+
+struct ZeroEngineOptions {
+  int stage = 3;  // 2 or 3
+  OptimizerOptions optimizer;
+  LrScheduleOptions schedule;
+  bool prefetch = true;            // stage 3: gather the next block during the current one
+  int64_t wait_timeout_ms = 60000;  // longest wait for one collective (each also has its own)
+};
+
+class ZeroEngine final : public TrainingEngine, private ParameterStorage {
+ public:
+  // `collectives` (not owned) must outlive the engine.
+  static StatusOr<std::unique_ptr<ZeroEngine>> Create(const ZeroEngineOptions& options,
+                                                      Collectives* collectives,
+                                                      MetricsRegistry* metrics);
+  ~ZeroEngine() override;
+
+  std::string_view name() const override { return options_.stage == 2 ? "zero2" : "zero3"; }
+  Status Initialize(const ParameterLayout& layout, const std::vector<EmbeddingTableSpec>& tables,
+                    float* params) override;
+  void OnBackwardStart(int64_t step, float* grads) override;
+  Status Step(int64_t step, float* params, float* grads,
+              const std::vector<SparseRows>& sparse) override;
+  ParameterStorage* parameter_storage() override { return this; }
+  Status GatherParameters(float* params) override;
+
+  // Model-state bytes held between steps and at most during the last step, by kind.
+  struct Bytes {
+    uint64_t parameters = 0, gradients = 0, optimizer_state = 0;
+  };
+  Bytes held() const;
+  Bytes peak() const;
+
+ private:
+  // One parameter tensor and this rank's slice of it.
+  struct Tensor {
+    std::string name;
+    uint64_t offset = 0;   // in the flat layout
+    uint64_t size = 0;
+    Partition slice;       // PartitionOf(size, N, rank), relative to offset
+    uint64_t owned_at = 0;  // where the slice starts in the owned buffers (grads_, shard_)
+  };
+  struct Gathered {  // a stage-3 block being or having been all-gathered
+    std::shared_ptr<std::vector<float>> values;
+    std::shared_future<Status> done;
+  };
+
+  ZeroEngine(const ZeroEngineOptions& options, Collectives* collectives)
+      : options_(options), collectives_(collectives) {}
+
+  // ParameterStorage.
+  StatusOr<const float*> Acquire(const ParameterBlock& block, Pass pass) override;
+  void Release(const ParameterBlock& block) override;
+  StatusOr<float*> GradientBlock(const ParameterBlock& block) override;
+  Status GradientsDone(const ParameterBlock& block) override;
+
+  StatusOr<const std::vector<size_t>*> TensorsOf(const ParameterBlock& block);
+  Status StartGather(const ParameterBlock& block);
+  Status Wait(const std::shared_future<Status>& done, const std::string& what);
+  Status WaitForReductions();
+  uint64_t NextTag() { return next_tag_++; }
+  void AddTransient(std::atomic<uint64_t>* bytes, std::atomic<uint64_t>* peak, int64_t delta);
+  void PublishBytes();
+
+  const ZeroEngineOptions options_;
+  Collectives* const collectives_;
+  std::unique_ptr<CommThread> comm_;
+  std::vector<Tensor> tensors_;
+  std::map<uint64_t, std::vector<size_t>> block_tensors_;  // by block offset
+  uint64_t size_ = 0;         // Ψ
+  uint64_t owned_ = 0;        // elements of all owned slices
+  std::vector<float> full_;   // stage 2: all parameters
+  std::vector<float> shard_;  // stage 3: the owned slices of the parameters
+  std::vector<float> grads_;  // the owned slices of the averaged gradients
+  std::vector<float> state_;  // optimizer state of the owned slices
+  uint64_t next_tag_ = 0;
+  int64_t step_ = 0;
+
+  // Stage 3: gathered blocks by offset; the block order of the previous step's passes (for
+  // prefetching) and of this one.
+  std::map<uint64_t, Gathered> gathered_;
+  std::vector<ParameterBlock> order_[2], recording_[2];
+  // Reduce-scatters handed to the communication thread this step.
+  std::vector<std::pair<std::shared_future<Status>, std::string>> reductions_;
+  // Block buffers awaiting their reduce-scatter.
+  std::map<uint64_t, std::shared_ptr<std::vector<float>>> gradient_blocks_;
+
+  // Transient bytes (gathered parameter blocks, gradient blocks) now and at most this step;
+  // the communication thread frees gradient blocks, hence atomics.
+  std::atomic<uint64_t> gathered_bytes_{0}, gathered_peak_{0};
+  std::atomic<uint64_t> gradient_block_bytes_{0}, gradient_block_peak_{0};
+
+  Gauge* held_bytes_[3] = {};
+  Gauge* peak_bytes_[3] = {};
+  Counter* gathered_total_ = nullptr;      // bytes all-gathered
+  Counter* reduced_total_ = nullptr;       // bytes reduce-scattered
+};
+
+}  // namespace tessera::worker
+
+#endif  // TESSERA_WORKER_ZERO_ENGINE_H_
