@@ -15,38 +15,59 @@ namespace tessera::tools {
 
 StatusOr<ChildOutput> RunToCompletion(const std::string& label,
                                       const std::vector<std::string>& argv, int64_t timeout_ms) {
+  ASSIGN_OR_RETURN(std::vector<ChildOutput> outputs,
+                   RunAllToCompletion({ChildSpec{label, argv}}, timeout_ms));
+  return std::move(outputs[0]);
+}
+
+StatusOr<std::vector<ChildOutput>> RunAllToCompletion(const std::vector<ChildSpec>& children,
+                                                      int64_t timeout_ms) {
   ProcessGroup group;
-  ASSIGN_OR_RETURN(int id, group.Spawn(label, argv));
+  std::vector<int> ids;
+  for (const ChildSpec& child : children) {
+    ASSIGN_OR_RETURN(int id, group.Spawn(child.label, child.argv));
+    ids.push_back(id);
+  }
   const Deadline deadline = Deadline::AfterMillis(timeout_ms);
-  ChildOutput output;
-  auto collect = [&output](const ChildEvent& event) {
+  std::vector<ChildOutput> outputs(children.size());
+  auto collect = [&outputs, &ids](const ChildEvent& event) {
     if (event.kind != ChildEvent::Kind::kLine) return;
+    const size_t index = static_cast<size_t>(
+        std::find(ids.begin(), ids.end(), event.child) - ids.begin());
+    if (index >= outputs.size()) return;
+    ChildOutput& output = outputs[index];
     (event.stream == ChildStream::kStdout ? output.stdout_lines : output.stderr_lines)
         .push_back(event.line);
   };
-  bool exited = false;
-  while (!exited) {
+  auto failure = [&](size_t index, const std::string& how) {
+    std::string tail;
+    const std::vector<std::string>& lines = outputs[index].stderr_lines;
+    const size_t n = lines.size();
+    for (size_t i = n > 5 ? n - 5 : 0; i < n; ++i) tail += "\n  " + lines[i];
+    return children[index].label + " " + how + (tail.empty() ? "" : ":" + tail);
+  };
+  while (group.RunningCount() > 0) {
     if (deadline.Expired()) {
+      std::string running;
+      for (size_t i = 0; i < ids.size(); ++i) {
+        if (group.Running(ids[i])) running += (running.empty() ? "" : ", ") + children[i].label;
+      }
       group.StopAll(std::chrono::seconds(2), collect);
-      return DeadlineExceededError(label + ": still running after " +
+      return DeadlineExceededError(running + ": still running after " +
                                    std::to_string(timeout_ms / 1000) + " s; stopped");
     }
     std::vector<ChildEvent> events =
         group.Poll(Deadline::AfterMillis(std::min<int64_t>(1000, deadline.RemainingMillis())));
-    for (const ChildEvent& event : events) {
-      if (event.kind == ChildEvent::Kind::kExit) exited = true;
-      collect(event);
+    for (const ChildEvent& event : events) collect(event);
+    // The first child to fail ends the run: the others may be waiting for it.
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (group.Running(ids[i]) || group.ExitOf(ids[i]).success()) continue;
+      const std::string how = group.ExitOf(ids[i]).Describe();
+      group.StopAll(std::chrono::seconds(2), collect);
+      return UnavailableError(failure(i, how));
     }
-    if (events.empty() && !group.Running(id)) exited = true;
   }
-  const ChildExit& exit = group.ExitOf(id);
-  if (!exit.success()) {
-    std::string tail;
-    const size_t n = output.stderr_lines.size();
-    for (size_t i = n > 5 ? n - 5 : 0; i < n; ++i) tail += "\n  " + output.stderr_lines[i];
-    return UnavailableError(label + " " + exit.Describe() + (tail.empty() ? "" : ":" + tail));
-  }
-  return output;
+  return outputs;
 }
 
 StatusOr<nlohmann::json> LastJsonLine(const std::string& label, const ChildOutput& output) {

@@ -49,6 +49,17 @@ StatusOr<ChildOutput> RunToCompletion(const std::string& label,
                                       const std::vector<std::string>& argv,
                                       int64_t timeout_ms = kChildTimeoutMillis);
 
+// Runs the children together until all have exited (at most timeout_ms, then every one still
+// running is stopped, and the error names them). The first child to fail stops the others,
+// and the error names it, how it ended and the last lines of its stderr. The outputs are in
+// the order of `children`.
+struct ChildSpec {
+  std::string label;
+  std::vector<std::string> argv;
+};
+StatusOr<std::vector<ChildOutput>> RunAllToCompletion(const std::vector<ChildSpec>& children,
+                                                      int64_t timeout_ms);
+
 // The last stdout line that parses as a JSON object.
 StatusOr<nlohmann::json> LastJsonLine(const std::string& label, const ChildOutput& output);
 
