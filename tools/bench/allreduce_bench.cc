@@ -1,8 +1,5 @@
 #include "tools/bench/allreduce_bench.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -95,25 +92,6 @@ std::optional<std::string> FindInPath(const std::string& name) {
     if (access(candidate.c_str(), X_OK) == 0) return candidate;
   }
   return std::nullopt;
-}
-
-// A TCP port on 127.0.0.1 that was free a moment ago (the OS picked it).
-StatusOr<int> FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return UnavailableError(std::string("socket: ") + std::strerror(errno));
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  address.sin_port = 0;
-  socklen_t length = sizeof(address);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-    const std::string error = std::strerror(errno);
-    close(fd);
-    return UnavailableError("binding a free port on 127.0.0.1: " + error);
-  }
-  close(fd);
-  return static_cast<int>(ntohs(address.sin_port));
 }
 
 // Collects the {"bench":"allreduce",...} lines (after any "[worker 0] " prefix) of `outputs`

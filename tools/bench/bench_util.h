@@ -67,6 +67,9 @@ StatusOr<nlohmann::json> LastJsonLine(const std::string& label, const ChildOutpu
 // out of bazel-bin with its tree) relative to it.
 StatusOr<std::string> FindRunfile(const std::string& workspace_path);
 
+// A TCP port on 127.0.0.1 that was free a moment ago (the OS picked it, and it was closed).
+StatusOr<int> FreePort();
+
 // "1-2-3" for ({1, 2, 3}, "-").
 std::string JoinInts(const std::vector<int64_t>& values, const char* separator);
 

@@ -45,6 +45,11 @@ struct TrainBenchOptions {
   int repeats = 3;
   bool json = false;
   bool no_torch = false;
+  // "allreduce": also data parallel with np processes on each side (tessera-launch --mode
+  // allreduce vs PyTorch DDP over gloo), batch_size per rank, beside the single-process runs.
+  std::string mode = "local";
+  int np = 2;
+  bool distributed() const { return mode == "allreduce"; }
 };
 
 // One timed run of one side.
@@ -93,7 +98,8 @@ Status CheckTorch() {
 StatusOr<double> WriteBatchPool(const TrainBenchOptions& o, int64_t batch,
                                 const std::string& path) {
   worker::data::SyntheticClassificationOptions options;
-  options.num_samples = static_cast<size_t>(kBatchPool * batch);
+  // Each of np ranks reads its 1/np of the file: kBatchPool batches each.
+  options.num_samples = static_cast<size_t>(kBatchPool * batch * (o.distributed() ? o.np : 1));
   options.feature_dim = static_cast<size_t>(o.input_dim);
   options.num_classes = static_cast<size_t>(o.classes);
   ASSIGN_OR_RETURN(auto dataset, worker::data::SyntheticClassification::Create(options));
@@ -105,18 +111,29 @@ StatusOr<double> WriteBatchPool(const TrainBenchOptions& o, int64_t batch,
   }
   const double seconds = Seconds(Clock::now() - start);
   RETURN_IF_ERROR(worker::data::WriteBinaryDataset(*dataset, path));
-  return 1000.0 * seconds / static_cast<double>(kBatchPool);
+  return 1000.0 * seconds * static_cast<double>(batch) / static_cast<double>(options.num_samples);
 }
 
 // tessera-worker --mode local on the batch pool, a progress line per step; the timed steps'
-// rates are read back from those lines.
-StatusOr<TrainRun> RunTessera(const std::string& worker, const std::string& data_path,
-                              const TrainBenchOptions& o, int64_t batch,
-                              const std::string& optimizer) {
+// rates are read back from those lines. With np > 1: tessera-launch --workers np --mode
+// allreduce, the rates read from worker 0's lines (every step is synchronous) times np.
+StatusOr<TrainRun> RunTessera(const std::string& worker, const std::string& launch,
+                              const std::string& data_path, const TrainBenchOptions& o,
+                              int64_t batch, const std::string& optimizer, int np) {
   const int64_t total = o.warmup_steps + o.steps;
   std::vector<std::string> argv = ChildEnvironment(o.threads);
+  if (np > 1) {
+    for (const std::string& arg : {launch, std::string("--workers"), std::to_string(np),
+                                   std::string("--mode"), std::string("allreduce"),
+                                   std::string("--")}) {
+      argv.push_back(arg);
+    }
+  } else {
+    argv.push_back(worker);
+    argv.push_back("--mode=local");
+  }
   for (const std::string& arg :
-       {worker, std::string("--mode=local"), std::string("--model=mlp"),
+       {std::string("--model=mlp"),
         std::string("--dataset=file"), "--data-path=" + data_path,
         "--hidden=" + JoinInts(o.hidden, ","), "--batch-size=" + std::to_string(batch),
         "--steps=" + std::to_string(total), "--optimizer=" + optimizer,
@@ -126,8 +143,20 @@ StatusOr<TrainRun> RunTessera(const std::string& worker, const std::string& data
     argv.push_back(arg);
   }
   const std::string label =
-      "tessera-worker (batch " + std::to_string(batch) + ", " + optimizer + ")";
+      (np > 1 ? "tessera-launch --workers " + std::to_string(np) + " --mode allreduce"
+              : std::string("tessera-worker")) +
+      " (batch " + std::to_string(batch) + ", " + optimizer + ")";
   ASSIGN_OR_RETURN(ChildOutput output, RunToCompletion(label, argv));
+  if (np > 1) {  // worker 0's lines only, without the launcher's prefix
+    const std::string prefix = "[worker 0] ";
+    for (std::vector<std::string>* lines : {&output.stdout_lines, &output.stderr_lines}) {
+      std::vector<std::string> kept;
+      for (const std::string& line : *lines) {
+        if (line.rfind(prefix, 0) == 0) kept.push_back(line.substr(prefix.size()));
+      }
+      *lines = std::move(kept);
+    }
+  }
   // "... I worker | step 21/220 loss 2.29 accuracy 0.11 samples/s 7578": the rate of one step,
   // timed by the trainer around data, forward/backward and the optimizer step.
   double seconds = 0;
@@ -149,28 +178,50 @@ StatusOr<TrainRun> RunTessera(const std::string& worker, const std::string& data
   }
   ASSIGN_OR_RETURN(nlohmann::json summary, LastJsonLine(label, output));
   TrainRun run;
-  run.samples_per_second = static_cast<double>(batch * o.steps) / seconds;
+  run.samples_per_second = static_cast<double>(batch * o.steps * np) / seconds;
   run.ms_per_step = 1000.0 * seconds / static_cast<double>(o.steps);
   run.parameters = summary.value("parameters", int64_t{0});
   run.report = std::move(summary);
   return run;
 }
 
+// torch_mlp.py; with np > 1, np of them (ranks of a gloo process group on a free port,
+// DistributedDataParallel), rank 0's report counting the samples of all ranks.
 StatusOr<TrainRun> RunTorch(const std::string& script, const TrainBenchOptions& o, int64_t batch,
-                            const std::string& optimizer) {
-  std::vector<std::string> argv = ChildEnvironment(o.threads);
-  for (const std::string& arg :
-       {std::string(kPython), script, "--batch-size=" + std::to_string(batch),
-        "--hidden=" + JoinInts(o.hidden, ","), "--input-dim=" + std::to_string(o.input_dim),
-        "--classes=" + std::to_string(o.classes), "--optimizer=" + optimizer,
-        "--lr=" + std::to_string(DefaultLr(optimizer)), "--steps=" + std::to_string(o.steps),
-        "--warmup-steps=" + std::to_string(o.warmup_steps),
-        "--threads=" + std::to_string(o.threads), "--pool=" + std::to_string(kBatchPool)}) {
-    argv.push_back(arg);
+                            const std::string& optimizer, int np) {
+  int port = 0;
+  if (np > 1) {
+    ASSIGN_OR_RETURN(port, FreePort());
   }
-  const std::string label =
-      "torch_mlp.py (batch " + std::to_string(batch) + ", " + optimizer + ")";
-  ASSIGN_OR_RETURN(ChildOutput output, RunToCompletion(label, argv));
+  std::vector<ChildSpec> children;
+  for (int rank = 0; rank < np; ++rank) {
+    std::vector<std::string> argv = ChildEnvironment(o.threads);
+    for (const std::string& arg :
+         {std::string(kPython), script, "--batch-size=" + std::to_string(batch),
+          "--hidden=" + JoinInts(o.hidden, ","), "--input-dim=" + std::to_string(o.input_dim),
+          "--classes=" + std::to_string(o.classes), "--optimizer=" + optimizer,
+          "--lr=" + std::to_string(DefaultLr(optimizer)), "--steps=" + std::to_string(o.steps),
+          "--warmup-steps=" + std::to_string(o.warmup_steps),
+          "--threads=" + std::to_string(o.threads), "--pool=" + std::to_string(kBatchPool)}) {
+      argv.push_back(arg);
+    }
+    if (np > 1) {
+      for (const std::string& arg : {"--world=" + std::to_string(np),
+                                     "--rank=" + std::to_string(rank),
+                                     "--port=" + std::to_string(port)}) {
+        argv.push_back(arg);
+      }
+    }
+    children.push_back(
+        {"torch_mlp.py (batch " + std::to_string(batch) + ", " + optimizer +
+             (np > 1 ? ", DDP rank " + std::to_string(rank) + " of " + std::to_string(np) : "") +
+             ")",
+         std::move(argv)});
+  }
+  const std::string label = children[0].label;
+  ASSIGN_OR_RETURN(std::vector<ChildOutput> outputs,
+                   RunAllToCompletion(children, kChildTimeoutMillis));
+  const ChildOutput& output = outputs[0];
   ASSIGN_OR_RETURN(nlohmann::json summary, LastJsonLine(label, output));
   TrainRun run;
   run.samples_per_second = summary.value("samples_per_second", 0.0);
@@ -205,28 +256,34 @@ struct TrainRow {
   int64_t batch = 0;
   std::string optimizer;
   std::vector<TrainRun> tessera, torch;
+  std::vector<TrainRun> tessera_np, torch_np;  // --mode allreduce: np processes each
   double synthetic_ms_per_batch = 0;
 };
 
-Status MeasureRow(const std::string& worker, const std::string& script,
-                  const std::string& data_path, const TrainBenchOptions& o, TrainRow* row) {
+Status MeasureRow(const std::string& worker, const std::string& launch,
+                  const std::string& script, const std::string& data_path,
+                  const TrainBenchOptions& o, TrainRow* row) {
   for (int r = 0; r < o.repeats; ++r) {
-    // Alternate which side goes first, so drift in the machine's load hits both alike.
-    for (int side = 0; side < 2; ++side) {
-      const bool tessera_turn = (side == 0) == (r % 2 == 0);
-      if (!tessera_turn && o.no_torch) continue;
-      if (!o.json) {
-        std::cerr << "batch " << row->batch << " " << row->optimizer << ": "
-                  << (tessera_turn ? "tessera" : "torch") << " run " << r + 1 << "/"
-                  << o.repeats << "\n";
-      }
-      if (tessera_turn) {
-        ASSIGN_OR_RETURN(TrainRun run,
-                         RunTessera(worker, data_path, o, row->batch, row->optimizer));
-        row->tessera.push_back(std::move(run));
-      } else {
-        ASSIGN_OR_RETURN(TrainRun run, RunTorch(script, o, row->batch, row->optimizer));
-        row->torch.push_back(std::move(run));
+    for (int np : {1, o.distributed() ? o.np : 0}) {
+      if (np == 0) continue;
+      // Alternate which side goes first, so drift in the machine's load hits both alike.
+      for (int side = 0; side < 2; ++side) {
+        const bool tessera_turn = (side == 0) == (r % 2 == 0);
+        if (!tessera_turn && o.no_torch) continue;
+        if (!o.json) {
+          std::cerr << "batch " << row->batch << " " << row->optimizer << ": "
+                    << (tessera_turn ? "tessera" : "torch")
+                    << (np > 1 ? " x" + std::to_string(np) : std::string()) << " run " << r + 1
+                    << "/" << o.repeats << "\n";
+        }
+        if (tessera_turn) {
+          ASSIGN_OR_RETURN(TrainRun run, RunTessera(worker, launch, data_path, o, row->batch,
+                                                    row->optimizer, np));
+          (np > 1 ? row->tessera_np : row->tessera).push_back(std::move(run));
+        } else {
+          ASSIGN_OR_RETURN(TrainRun run, RunTorch(script, o, row->batch, row->optimizer, np));
+          (np > 1 ? row->torch_np : row->torch).push_back(std::move(run));
+        }
       }
     }
   }
@@ -246,6 +303,10 @@ double MedianOf(const std::vector<TrainRun>& runs, double TrainRun::*field) {
 
 Status RunTrainBench(const TrainBenchOptions& o) {
   ASSIGN_OR_RETURN(std::string worker, FindRunfile("worker/tessera-worker"));
+  std::string launch;
+  if (o.distributed()) {
+    ASSIGN_OR_RETURN(launch, FindRunfile("tools/tessera-launch"));
+  }
   std::string script;
   if (!o.no_torch) {
     RETURN_IF_ERROR(CheckTorch());
@@ -265,7 +326,7 @@ Status RunTrainBench(const TrainBenchOptions& o) {
       row.batch = batch;
       row.optimizer = optimizer;
       row.synthetic_ms_per_batch = synthetic_ms;
-      RETURN_IF_ERROR(MeasureRow(worker, script, data_path, o, &row));
+      RETURN_IF_ERROR(MeasureRow(worker, launch, script, data_path, o, &row));
       rows.push_back(std::move(row));
     }
   }
@@ -315,6 +376,19 @@ Status RunTrainBench(const TrainBenchOptions& o) {
       j["torch_runs_samples_per_second"] = torch_runs;
       j["tessera_over_torch"] = tessera_rate / torch_rate;
     }
+    if (o.distributed()) {
+      j["np"] = o.np;
+      j["tessera_allreduce_samples_per_second"] =
+          MedianOf(row.tessera_np, &TrainRun::samples_per_second);
+      j["tessera_allreduce_ms_per_step"] = MedianOf(row.tessera_np, &TrainRun::ms_per_step);
+      if (!row.torch_np.empty()) {
+        j["torch_ddp_samples_per_second"] = MedianOf(row.torch_np, &TrainRun::samples_per_second);
+        j["torch_ddp_ms_per_step"] = MedianOf(row.torch_np, &TrainRun::ms_per_step);
+        j["tessera_allreduce_over_torch_ddp"] =
+            MedianOf(row.tessera_np, &TrainRun::samples_per_second) /
+            MedianOf(row.torch_np, &TrainRun::samples_per_second);
+      }
+    }
     json_rows.push_back(std::move(j));
     if (!o.json) {
       std::cout << std::left << std::setw(7) << row.batch << std::setw(11) << row.optimizer
@@ -328,6 +402,43 @@ Status RunTrainBench(const TrainBenchOptions& o) {
                   << tessera_rate / torch_rate << std::setw(17) << tessera_ms << std::setw(15)
                   << torch_ms << "\n";
       }
+    }
+  }
+  if (o.distributed() && !o.json) {
+    std::cout << "\ndata parallel: " << o.np << " processes on each side, the batch per rank "
+              << "(global batch np x batch), samples/s global; tessera-launch --mode allreduce "
+              << "vs PyTorch DistributedDataParallel (gloo); x1: the single-process figures "
+              << "above\n\n"
+              << std::left << std::setw(7) << "batch" << std::setw(11) << "optimizer"
+              << std::right << std::setw(14) << "tessera x" + std::to_string(o.np)
+              << std::setw(14) << "torch DDP x" + std::to_string(o.np) << std::setw(11)
+              << "ratio" << std::setw(13) << "tessera x1" << std::setw(11) << "torch x1"
+              << std::setw(17) << "tessera ms/step" << std::setw(13) << "DDP ms/step" << "\n";
+    for (const TrainRow& row : rows) {
+      const double t = MedianOf(row.tessera_np, &TrainRun::samples_per_second);
+      std::cout << std::left << std::setw(7) << row.batch << std::setw(11) << row.optimizer
+                << std::right << std::fixed << std::setprecision(0) << std::setw(14) << t;
+      if (row.torch_np.empty()) {
+        std::cout << std::setw(14) << "-" << std::setw(11) << "-";
+      } else {
+        const double d = MedianOf(row.torch_np, &TrainRun::samples_per_second);
+        std::cout << std::setw(14) << d << std::setprecision(2) << std::setw(11) << t / d;
+      }
+      std::cout << std::setprecision(0) << std::setw(13)
+                << MedianOf(row.tessera, &TrainRun::samples_per_second) << std::setw(11);
+      if (row.torch.empty()) {
+        std::cout << "-";
+      } else {
+        std::cout << MedianOf(row.torch, &TrainRun::samples_per_second);
+      }
+      std::cout << std::setprecision(2) << std::setw(17)
+                << MedianOf(row.tessera_np, &TrainRun::ms_per_step) << std::setw(13);
+      if (row.torch_np.empty()) {
+        std::cout << "-";
+      } else {
+        std::cout << MedianOf(row.torch_np, &TrainRun::ms_per_step);
+      }
+      std::cout << "\n";
     }
   }
   if (o.json) {
@@ -404,6 +515,14 @@ BenchCommand AddTrainBench(CLI::App* parent) {
       ->capture_default_str();
   train->add_flag("--json", train_options.json, "Print one JSON object instead of the table");
   train->add_flag("--no-torch", train_options.no_torch, "Measure Tessera alone");
+  train->add_option("--mode", train_options.mode,
+                    "local: single process; allreduce: also --np processes on each side "
+                    "(tessera-launch --mode allreduce vs PyTorch DDP over gloo)")
+      ->check(CLI::IsMember({"local", "allreduce"}))
+      ->capture_default_str();
+  train->add_option("--np", train_options.np, "Processes per side with --mode allreduce")
+      ->check(CLI::Range(2, 64))
+      ->capture_default_str();
   return {train, [flags]() -> int {
     TrainBenchOptions train_options = flags->options;
     auto batches = ParseList<int64_t>("--batch-size", flags->batch_sizes, ParsePositive);
