@@ -15,6 +15,8 @@
 //             (worker/zero_engine.h; stages 2 and 3 run on the CPU).
 //   smoke     the foundation smoke job (smoke_job.h): barrier, probe push/pull through the
 //             servers, verified ring all-reduces among the workers, exit.
+//   bench-allreduce
+//             timed ring all-reduces for `tessera-bench allreduce` (allreduce_bench_job.h).
 // Any error ends the process with that error (exit 1); it does not say goodbye, so the
 // coordinator declares it failed and tells the rest of the fleet, which then fail naming it
 // instead of waiting for it.
@@ -34,6 +36,7 @@
 #include "common/rendezvous_client.h"
 #include "common/rpc_endpoint.h"
 #include "common/status.h"
+#include "worker/allreduce_bench_job.h"
 #include "worker/allreduce_engine.h"
 #include "worker/zero_engine.h"
 #include "worker/collective_mailbox.h"
@@ -51,6 +54,7 @@ namespace {
 struct WorkerFlags {
   std::string mode = "local";
   SmokeFlags smoke;
+  AllReduceBenchFlags bench;
   TrainingFlags training;
   int64_t staleness = 2;
   uint64_t ps_chunk_elements = 1 << 16;
@@ -64,16 +68,19 @@ void AddWorkerFlags(CLI::App* app, WorkerFlags* flags) {
                   "local: train alone (no --coordinator needed); ps-sync, ps-async, ps-ssp: "
                   "train against the parameter servers; allreduce: data parallel by ring "
                   "all-reduce (no servers); zero1, zero2, zero3: the same with the optimizer "
-                  "state, + gradients, + parameters partitioned (ZeRO stages 1-3); smoke: the fleet smoke job "
-                  "(push/pull through the servers, verified all-reduces, exit)")
+                  "state, + gradients, + parameters partitioned (ZeRO stages 1-3); smoke: the "
+                  "fleet smoke job (push/pull through the servers, verified all-reduces, exit); "
+                  "bench-allreduce: timed all-reduces for tessera-bench allreduce")
       ->check(CLI::Validator(
           [](std::string& mode) -> std::string {
             if (mode == "local" || mode == "smoke" || mode == "allreduce" || mode == "zero1" ||
-                mode == "zero2" || mode == "zero3" || ParsePsMode(mode).ok()) {
+                mode == "zero2" || mode == "zero3" || mode == "bench-allreduce" ||
+                ParsePsMode(mode).ok()) {
               return "";
             }
             return "mode " + mode + " is not available in this version; available: local, "
-                   "ps-sync, ps-async, ps-ssp, allreduce, zero1, zero2, zero3, smoke";
+                   "ps-sync, ps-async, ps-ssp, allreduce, zero1, zero2, zero3, smoke, "
+                   "bench-allreduce";
           },
           "MODE", "mode"))
       ->capture_default_str();
@@ -99,6 +106,23 @@ void AddWorkerFlags(CLI::App* app, WorkerFlags* flags) {
       ->check(CLI::Range(uint64_t{1}, uint64_t{64} << 10))
       ->capture_default_str();
   AddSmokeFlags(app, &flags->smoke);
+  AddAllReduceBenchFlags(app, &flags->bench);
+}
+
+// The workers' ring, from the fleet view, as every collective mode builds it.
+StatusOr<std::unique_ptr<RingCollectives>> MakeRing(ProcessRuntime& runtime,
+                                                    const WorkerFlags& worker_flags,
+                                                    RendezvousClient& client,
+                                                    CollectiveMailbox* mailbox) {
+  RingCollectivesOptions ring;
+  ring.rank = client.rank();
+  ring.world_size = client.view().num_workers;
+  ASSIGN_OR_RETURN(ring.peer_addresses, RingPeerAddresses(client.view()));
+  ring.transport = &runtime.endpoint().transport();
+  ring.mailbox = mailbox;
+  ring.timeout_ms = runtime.config().request_timeout_ms;
+  ring.segment_bytes = static_cast<size_t>(worker_flags.segment_kb) * 1024;
+  return RingCollectives::Create(ring);
 }
 
 // The summary as one JSON object (--json) or one human line.
@@ -162,15 +186,7 @@ Status RunTraining(ProcessRuntime& runtime, const WorkerFlags& worker_flags,
     ASSIGN_OR_RETURN(engine, LocalEngine::Create(optimizer, schedule));
   } else if (worker_flags.mode == "allreduce" || worker_flags.mode == "zero1" ||
              worker_flags.mode == "zero2" || worker_flags.mode == "zero3") {
-    RingCollectivesOptions ring;
-    ring.rank = rank;
-    ring.world_size = world;
-    ASSIGN_OR_RETURN(ring.peer_addresses, RingPeerAddresses(client->view()));
-    ring.transport = &runtime.endpoint().transport();
-    ring.mailbox = mailbox;
-    ring.timeout_ms = runtime.config().request_timeout_ms;
-    ring.segment_bytes = static_cast<size_t>(worker_flags.segment_kb) * 1024;
-    ASSIGN_OR_RETURN(collectives, RingCollectives::Create(ring));
+    ASSIGN_OR_RETURN(collectives, MakeRing(runtime, worker_flags, *client, mailbox));
     if (worker_flags.mode == "zero2" || worker_flags.mode == "zero3") {
       ZeroEngineOptions options;
       options.stage = worker_flags.mode == "zero2" ? 2 : 3;
@@ -254,7 +270,16 @@ Status RunWorker(ProcessRuntime& runtime, const WorkerFlags& flags) {
     // The whole fleet starts together (servers wait for this barrier too).
     RETURN_IF_ERROR(client->Barrier("start", std::nullopt,
                                     runtime.config().rendezvous_timeout_ms));
-    RETURN_IF_ERROR(RunTraining(runtime, flags, client.get(), mailbox.get()));
+    if (flags.mode == "bench-allreduce") {
+      ASSIGN_OR_RETURN(std::unique_ptr<RingCollectives> ring,
+                       MakeRing(runtime, flags, *client, mailbox.get()));
+      RETURN_IF_ERROR(RunAllReduceBench(*ring, flags.bench, [](const std::string& line) {
+        std::printf("%s\n", line.c_str());
+        std::fflush(stdout);
+      }));
+    } else {
+      RETURN_IF_ERROR(RunTraining(runtime, flags, client.get(), mailbox.get()));
+    }
   }
   double linger = runtime.config().linger_seconds;
   if (linger > 0) {

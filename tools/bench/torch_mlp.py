@@ -14,6 +14,12 @@ OPENBLAS_NUM_THREADS, OMP_NUM_THREADS, OMP_WAIT_POLICY=PASSIVE (spinning OpenMP 
 take the cores OpenBLAS's threads need), and LD_LIBRARY_PATH so that libblas.so.3 is OpenBLAS
 (see shared/notes/peers.md), and passes --threads for torch.set_num_threads.
 
+With --world N > 1 this is rank --rank of N processes (tessera-bench starts them): a gloo
+process group over a TCP store on 127.0.0.1:--port and the model wrapped in
+torch.nn.parallel.DistributedDataParallel (gradients averaged by all-reduce in buckets during
+backward); each rank has its own pool of batches, the ranks start the clock together after a
+barrier, and rank 0 reports the samples of all ranks over the slowest rank's time.
+
 Exit status 3 with a message on stderr when torch cannot be imported.
 """
 
@@ -37,6 +43,9 @@ def parse_args():
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--pool", type=int, default=8, help="distinct pre-generated batches")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--world", type=int, default=1, help="> 1: DistributedDataParallel")
+    parser.add_argument("--rank", type=int, default=0)
+    parser.add_argument("--port", type=int, default=0, help="rank 0's TCP store (--world > 1)")
     return parser.parse_args()
 
 
@@ -83,6 +92,13 @@ def main():
         width = h
     layers.append(torch.nn.Linear(width, args.classes))
     model = torch.nn.Sequential(*layers)
+    parameters = sum(p.numel() for p in model.parameters())
+    if args.world > 1:
+        import torch.distributed as dist
+        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % args.port,
+                                rank=args.rank, world_size=args.world)
+        model = torch.nn.parallel.DistributedDataParallel(model)
+        torch.manual_seed(args.seed + 1 + args.rank)  # each rank its own batches
     if args.optimizer == "sgd":
         optimizer = torch.optim.SGD(model.parameters(), lr=args.lr if args.lr >= 0 else 0.01)
     else:
@@ -103,21 +119,32 @@ def main():
     for i in range(args.warmup_steps):
         step(i)
     loss = float("nan")
+    if args.world > 1:
+        dist.barrier()
     start = time.perf_counter()
     for i in range(args.steps):
         loss = step(args.warmup_steps + i)
     seconds = time.perf_counter() - start
+    if args.world > 1:
+        slowest = torch.tensor([seconds], dtype=torch.float64)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        seconds = slowest.item()
+        dist.destroy_process_group()
+        if args.rank != 0:
+            return 0
 
     blas, corename = blas_library()
     print(json.dumps({
-        "samples_per_second": args.batch_size * args.steps / seconds if seconds > 0 else 0.0,
+        "samples_per_second":
+            args.world * args.batch_size * args.steps / seconds if seconds > 0 else 0.0,
+        "world": args.world,
         "ms_per_step": 1000.0 * seconds / args.steps if args.steps > 0 else 0.0,
         "seconds": seconds,
         "steps": args.steps,
         "warmup_steps": args.warmup_steps,
         "batch_size": args.batch_size,
         "optimizer": args.optimizer,
-        "parameters": sum(p.numel() for p in model.parameters()),
+        "parameters": parameters,
         "final_loss": loss,
         "threads": torch.get_num_threads(),
         "torch_version": torch.__version__,

@@ -1,0 +1,398 @@
+#include "tools/bench/allreduce_bench.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <iomanip>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+
+namespace tessera::tools {
+namespace {
+
+constexpr char kDefaultSizes[] = "4K,16K,64K,256K,1M,4M,16M,64M,256M";
+
+struct AllReduceBenchOptions {
+  int np = 2;
+  std::string sizes_text = kDefaultSizes;
+  std::vector<size_t> sizes;
+  int warmup = 3;
+  int iters = 0;  // 0: from seconds
+  double seconds = 0.5;
+  int segment_kb = 256;
+  int timeout_s = 600;
+  bool json = false;
+  bool no_mpi = false;
+  bool no_gloo = false;
+};
+
+// One system's figures: the child's JSON line per size, or why it was not measured.
+struct SystemResult {
+  std::string name;
+  std::string skipped;  // non-empty: not measured, and why
+  std::map<size_t, nlohmann::json> by_size;
+};
+
+// "4096", "4K", "16M" (binary units), comma-separated.
+StatusOr<std::vector<size_t>> ParseSizes(const std::string& text) {
+  std::vector<size_t> sizes;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    char* end = nullptr;
+    errno = 0;
+    unsigned long long value = std::strtoull(item.c_str(), &end, 10);
+    std::string unit(end);
+    if (unit == "K" || unit == "KiB") value <<= 10;
+    else if (unit == "M" || unit == "MiB") value <<= 20;
+    else if (unit == "G" || unit == "GiB") value <<= 30;
+    else if (!unit.empty()) value = 0;
+    if (item.empty() || errno == ERANGE || value < 4 || value % 4 != 0 || value > (1ull << 30)) {
+      return InvalidArgumentError("--sizes=\"" + text + "\": \"" + item +
+                                  "\" is not a multiple of 4 bytes between 4 and 1G");
+    }
+    sizes.push_back(static_cast<size_t>(value));
+  }
+  if (sizes.empty()) return InvalidArgumentError("--sizes is empty");
+  return sizes;
+}
+
+std::string JoinSizes(const std::vector<size_t>& sizes) {
+  std::string text;
+  for (size_t s : sizes) text += (text.empty() ? "" : ",") + std::to_string(s);
+  return text;
+}
+
+std::string HumanBytes(size_t bytes) {
+  if (bytes >= (1u << 20) && bytes % (1u << 20) == 0) return std::to_string(bytes >> 20) + " MiB";
+  if (bytes >= (1u << 10) && bytes % (1u << 10) == 0) return std::to_string(bytes >> 10) + " KiB";
+  return std::to_string(bytes) + " B";
+}
+
+// An executable named `name` on PATH, or nothing.
+std::optional<std::string> FindInPath(const std::string& name) {
+  const char* path = std::getenv("PATH");
+  std::stringstream in(path != nullptr ? path : "/usr/local/bin:/usr/bin:/bin");
+  std::string dir;
+  while (std::getline(in, dir, ':')) {
+    const std::string candidate = (dir.empty() ? "." : dir) + "/" + name;
+    if (access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return std::nullopt;
+}
+
+// Collects the {"bench":"allreduce",...} lines (after any "[worker 0] " prefix) of `outputs`
+// and checks that every size was reported.
+Status CollectLines(const std::vector<ChildOutput>& outputs, const AllReduceBenchOptions& o,
+                    SystemResult* result) {
+  for (const ChildOutput& output : outputs) {
+    for (const std::vector<std::string>* lines : {&output.stdout_lines, &output.stderr_lines}) {
+      for (const std::string& line : *lines) {
+        const size_t at = line.find("{\"bench\"");
+        const size_t spaced = line.find("{\"bench\": ");
+        const size_t start = std::min(at, spaced);
+        if (start == std::string::npos) continue;
+        nlohmann::json j = nlohmann::json::parse(line.substr(start), nullptr, false);
+        if (!j.is_object() || j.value("bench", "") != "allreduce") continue;
+        result->by_size[j.value("bytes", size_t{0})] = j;
+      }
+    }
+  }
+  for (size_t size : o.sizes) {
+    const auto row = result->by_size.find(size);
+    if (row == result->by_size.end() || !(row->second.value("median_s", 0.0) > 0)) {
+      return DataLossError(result->name + ": reported no time for " + std::to_string(size) +
+                           " bytes");
+    }
+  }
+  return OkStatus();
+}
+
+Status MeasureTessera(const AllReduceBenchOptions& o, SystemResult* result) {
+  ASSIGN_OR_RETURN(std::string launch, FindRunfile("tools/tessera-launch"));
+  std::vector<std::string> argv = {launch,
+                                   "--workers", std::to_string(o.np),
+                                   "--mode", "bench-allreduce",
+                                   "--log-level", "warning",
+                                   "--",
+                                   "--bench-sizes=" + JoinSizes(o.sizes),
+                                   "--bench-warmup=" + std::to_string(o.warmup),
+                                   "--bench-iters=" + std::to_string(o.iters),
+                                   "--bench-seconds=" + std::to_string(o.seconds),
+                                   "--segment-kb=" + std::to_string(o.segment_kb)};
+  ASSIGN_OR_RETURN(std::vector<ChildOutput> outputs,
+                   RunAllToCompletion({{"tessera-launch --workers " + std::to_string(o.np) +
+                                            " --mode bench-allreduce",
+                                        argv}},
+                                      int64_t{o.timeout_s} * 1000));
+  return CollectLines(outputs, o, result);
+}
+
+Status MeasureMpi(const AllReduceBenchOptions& o, const std::string& scratch,
+                  SystemResult* result) {
+  std::optional<std::string> mpicc = FindInPath("mpicc"), mpirun = FindInPath("mpirun");
+  if (!mpicc || !mpirun) {
+    result->skipped = std::string("no ") + (!mpicc ? "mpicc" : "mpirun") +
+                      " on PATH (apt-get install openmpi-bin libopenmpi-dev)";
+    return OkStatus();
+  }
+  ASSIGN_OR_RETURN(std::string source, FindRunfile("tools/bench/mpi_allreduce.c"));
+  const std::string binary = scratch + "/mpi_allreduce";
+  RETURN_IF_ERROR(RunToCompletion("mpicc mpi_allreduce.c", {*mpicc, "-O2", "-o", binary, source},
+                                  int64_t{o.timeout_s} * 1000)
+                      .status());
+  std::vector<std::string> argv = {*mpirun};
+  if (geteuid() == 0) argv.push_back("--allow-run-as-root");
+  for (const std::string& arg :
+       {std::string("--oversubscribe"), std::string("--bind-to"), std::string("none"),
+        std::string("--mca"), std::string("pml"), std::string("ob1"), std::string("--mca"),
+        std::string("btl"), std::string("self,tcp"), std::string("-np"), std::to_string(o.np),
+        binary, JoinSizes(o.sizes), std::to_string(o.warmup), std::to_string(o.iters),
+        std::to_string(o.seconds)}) {
+    argv.push_back(arg);
+  }
+  ASSIGN_OR_RETURN(std::vector<ChildOutput> outputs,
+                   RunAllToCompletion({{"mpirun -np " + std::to_string(o.np) + " mpi_allreduce",
+                                        argv}},
+                                      int64_t{o.timeout_s} * 1000));
+  return CollectLines(outputs, o, result);
+}
+
+Status MeasureGloo(const AllReduceBenchOptions& o, SystemResult* result) {
+  if (access(kPython, X_OK) != 0) {
+    result->skipped = std::string(kPython) + " is missing (apt-get install python3-torch)";
+    return OkStatus();
+  }
+  if (!RunToCompletion("python3 -c 'import torch.distributed'",
+                       {kPython, "-c", "import torch.distributed"}, 120'000)
+           .ok()) {
+    result->skipped = std::string(kPython) +
+                      " cannot import torch.distributed (apt-get install python3-torch)";
+    return OkStatus();
+  }
+  ASSIGN_OR_RETURN(std::string script, FindRunfile("tools/bench/gloo_allreduce.py"));
+  ASSIGN_OR_RETURN(int port, FreePort());
+  std::vector<ChildSpec> children;
+  for (int rank = 0; rank < o.np; ++rank) {
+    children.push_back(
+        {"gloo_allreduce.py rank " + std::to_string(rank) + " of " + std::to_string(o.np),
+         {"/usr/bin/env", "OMP_NUM_THREADS=1", kPython, script, "--rank=" + std::to_string(rank),
+          "--world=" + std::to_string(o.np), "--port=" + std::to_string(port),
+          "--sizes=" + JoinSizes(o.sizes), "--warmup=" + std::to_string(o.warmup),
+          "--iters=" + std::to_string(o.iters), "--seconds=" + std::to_string(o.seconds)}});
+  }
+  ASSIGN_OR_RETURN(std::vector<ChildOutput> outputs,
+                   RunAllToCompletion(children, int64_t{o.timeout_s} * 1000));
+  return CollectLines(outputs, o, result);
+}
+
+double TimeOf(const SystemResult& r, size_t size) { return r.by_size.at(size).at("median_s"); }
+
+// The issue's goals, from the measured ratios: {name, met, detail}.
+nlohmann::json CheckGoals(const AllReduceBenchOptions& o, const SystemResult& tessera,
+                          const SystemResult& mpi, const SystemResult& gloo) {
+  nlohmann::json goals = nlohmann::json::array();
+  // The lowest ratio peer_time / tessera_time over sizes >= min_bytes, against `minimum`.
+  auto check = [&](const std::string& name, const SystemResult& peer, size_t min_bytes,
+                   double minimum) {
+    if (!peer.skipped.empty()) return;
+    std::optional<std::pair<double, size_t>> worst;
+    for (size_t size : o.sizes) {
+      if (size < min_bytes) continue;
+      const double ratio = TimeOf(peer, size) / TimeOf(tessera, size);
+      if (!worst || ratio < worst->first) worst = {ratio, size};
+    }
+    if (!worst) return;
+    std::ostringstream detail;
+    detail << "lowest " << std::fixed << std::setprecision(2) << worst->first << "x at "
+           << HumanBytes(worst->second);
+    goals.push_back({{"goal", name}, {"met", worst->first >= minimum}, {"detail", detail.str()}});
+  };
+  check("busbw >= 1.0x OpenMPI at >= 64 KiB", mpi, 64 << 10, 1.0);
+  check("busbw >= 1.5x OpenMPI at >= 16 MiB", mpi, 16 << 20, 1.5);
+  check("busbw >= 2x Gloo at every size", gloo, 0, 2.0);
+  const size_t kLatencySize = 4096;
+  if (mpi.skipped.empty() && std::count(o.sizes.begin(), o.sizes.end(), kLatencySize) > 0) {
+    const double ratio = TimeOf(tessera, kLatencySize) / TimeOf(mpi, kLatencySize);
+    std::ostringstream detail;
+    detail << std::fixed << std::setprecision(1) << TimeOf(tessera, kLatencySize) * 1e6
+           << " us vs " << TimeOf(mpi, kLatencySize) * 1e6 << " us (" << std::setprecision(2)
+           << ratio << "x)";
+    goals.push_back({{"goal", "4 KiB latency <= 2x OpenMPI's"},
+                     {"met", ratio <= 2.0},
+                     {"detail", detail.str()}});
+  }
+  return goals;
+}
+
+int RunAllReduceBench(const AllReduceBenchOptions& o) {
+  const double bus_factor = 2.0 * (o.np - 1) / o.np;
+  auto scratch = ScratchDirectory::Create();
+  if (!scratch.ok()) {
+    std::cerr << "tessera-bench allreduce: " << scratch.status() << "\n";
+    return 1;
+  }
+  SystemResult tessera{"tessera", "", {}}, mpi{"mpi", "", {}}, gloo{"gloo", "", {}};
+  if (o.no_mpi) mpi.skipped = "--no-mpi";
+  if (o.no_gloo) gloo.skipped = "--no-gloo";
+  // One system at a time: the machine's cores are shared by the N processes of each.
+  struct Step {
+    SystemResult* result;
+    std::function<Status()> measure;
+  };
+  const std::vector<Step> steps = {
+      {&tessera, [&] { return MeasureTessera(o, &tessera); }},
+      {&mpi, [&] { return MeasureMpi(o, (*scratch)->path(), &mpi); }},
+      {&gloo, [&] { return MeasureGloo(o, &gloo); }},
+  };
+  for (const Step& step : steps) {
+    if (!step.result->skipped.empty()) continue;
+    if (!o.json) std::cerr << "measuring " << step.result->name << " (np " << o.np << ")...\n";
+    Status status = step.measure();
+    if (!status.ok()) {
+      std::cerr << "tessera-bench allreduce: " << step.result->name << ": " << status << "\n";
+      return 1;
+    }
+    if (!step.result->skipped.empty()) {
+      std::cerr << "tessera-bench allreduce: skipping " << step.result->name << ": "
+                << step.result->skipped << "\n";
+    }
+  }
+
+  nlohmann::json rows = nlohmann::json::array();
+  for (size_t size : o.sizes) {
+    nlohmann::json row = {{"bytes", size}};
+    const double t = TimeOf(tessera, size);
+    for (const SystemResult* r : {&tessera, &mpi, &gloo}) {
+      if (!r->skipped.empty()) continue;
+      const double time = TimeOf(*r, size);
+      row[r->name] = {{"time_s", time},
+                      {"algbw_bytes_per_second", static_cast<double>(size) / time},
+                      {"busbw_bytes_per_second", bus_factor * static_cast<double>(size) / time},
+                      {"iters", r->by_size.at(size).value("iters", 0)}};
+      if (r != &tessera) row["tessera_over_" + r->name] = time / t;
+    }
+    rows.push_back(std::move(row));
+  }
+  const nlohmann::json goals = CheckGoals(o, tessera, mpi, gloo);
+  if (o.json) {
+    nlohmann::json skipped = nlohmann::json::object();
+    for (const SystemResult* r : {&mpi, &gloo}) {
+      if (!r->skipped.empty()) skipped[r->name] = r->skipped;
+    }
+    std::cout << nlohmann::json({{"benchmark", "allreduce"},
+                                 {"np", o.np},
+                                 {"dtype", "float32"},
+                                 {"op", "sum"},
+                                 {"segment_kb", o.segment_kb},
+                                 {"busbw_factor", bus_factor},
+                                 {"skipped", skipped},
+                                 {"rows", rows},
+                                 {"goals", goals}})
+                     .dump(2)
+              << "\n";
+    return 0;
+  }
+  std::cout << "allreduce: float32 sum among " << o.np << " processes on loopback TCP; time = "
+            << "median over iterations of the slowest rank; busbw = algbw x 2(n-1)/n = "
+            << std::setprecision(3) << bus_factor << " x algbw\n";
+  for (const SystemResult* r : {&mpi, &gloo}) {
+    if (!r->skipped.empty()) std::cout << r->name << ": skipped (" << r->skipped << ")\n";
+  }
+  std::cout << "\n" << std::left << std::setw(9) << "size" << std::right << std::setw(11)
+            << "tessera us" << std::setw(9) << "algbw" << std::setw(9) << "busbw";
+  for (const SystemResult* r : {&mpi, &gloo}) {
+    if (!r->skipped.empty()) continue;
+    std::cout << std::setw(10) << (r->name + " us") << std::setw(9) << "busbw";
+  }
+  for (const SystemResult* r : {&mpi, &gloo}) {
+    if (r->skipped.empty()) std::cout << std::setw(12) << ("vs " + r->name);
+  }
+  std::cout << "\n" << std::left << std::setw(9) << "" << std::right << std::setw(11) << ""
+            << std::setw(9) << "GB/s" << std::setw(9) << "GB/s";
+  for (const SystemResult* r : {&mpi, &gloo}) {
+    if (r->skipped.empty()) std::cout << std::setw(10) << "" << std::setw(9) << "GB/s";
+  }
+  std::cout << "\n";
+  for (size_t size : o.sizes) {
+    const double t = TimeOf(tessera, size);
+    std::cout << std::left << std::setw(9) << HumanBytes(size) << std::right << std::fixed
+              << std::setprecision(1) << std::setw(11) << t * 1e6 << std::setprecision(3)
+              << std::setw(9) << size / t / 1e9 << std::setw(9) << bus_factor * size / t / 1e9;
+    for (const SystemResult* r : {&mpi, &gloo}) {
+      if (!r->skipped.empty()) continue;
+      const double time = TimeOf(*r, size);
+      std::cout << std::setprecision(1) << std::setw(10) << time * 1e6 << std::setprecision(3)
+                << std::setw(9) << bus_factor * size / time / 1e9;
+    }
+    for (const SystemResult* r : {&mpi, &gloo}) {
+      if (r->skipped.empty()) {
+        std::cout << std::setprecision(2) << std::setw(11) << TimeOf(*r, size) / t << "x";
+      }
+    }
+    std::cout << "\n";
+  }
+  if (!goals.empty()) std::cout << "\ngoals (issue 5):\n";
+  for (const nlohmann::json& goal : goals) {
+    std::cout << "  " << (goal.at("met").get<bool>() ? "met    " : "MISSED ")
+              << goal.at("goal").get<std::string>() << ": " << goal.at("detail").get<std::string>()
+              << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+BenchCommand AddAllReduceBench(CLI::App* parent) {
+  auto o = std::make_shared<AllReduceBenchOptions>();
+  CLI::App* app = parent->add_subcommand(
+      "allreduce",
+      "Ring all-reduce of N processes (busbw per size, nccl-tests style) vs OpenMPI and Gloo");
+  app->add_option("--np", o->np, "Processes (ranks)")->required()->check(CLI::Range(2, 64));
+  app->add_option("--sizes", o->sizes_text,
+                  "Buffer sizes in bytes, comma-separated; K, M, G suffixes (binary)")
+      ->capture_default_str();
+  app->add_option("--warmup", o->warmup, "Untimed all-reduces per size")
+      ->check(CLI::Range(0, 1000))
+      ->capture_default_str();
+  app->add_option("--iters", o->iters, "Timed all-reduces per size; 0: as fit in --seconds")
+      ->check(CLI::Range(0, 10000))
+      ->capture_default_str();
+  app->add_option("--seconds", o->seconds,
+                  "Time per size and system when --iters is 0 (at least 5 iterations)")
+      ->check(CLI::Range(0.0, 600.0))
+      ->capture_default_str();
+  app->add_option("--segment-kb", o->segment_kb, "Tessera's ring segment (tessera-worker flag)")
+      ->check(CLI::Range(1, 64 << 10))
+      ->capture_default_str();
+  app->add_option("--timeout-s", o->timeout_s, "Deadline of each system's run")
+      ->check(CLI::Range(1, 86400))
+      ->capture_default_str();
+  app->add_flag("--json", o->json, "Print one JSON object instead of the table");
+  app->add_flag("--no-mpi", o->no_mpi, "Do not measure OpenMPI");
+  app->add_flag("--no-gloo", o->no_gloo, "Do not measure Gloo");
+  return {app, [o]() -> int {
+            StatusOr<std::vector<size_t>> sizes = ParseSizes(o->sizes_text);
+            if (!sizes.ok()) {
+              std::cerr << "tessera-bench allreduce: " << sizes.status().message() << "\n";
+              return 2;
+            }
+            o->sizes = *sizes;
+            return RunAllReduceBench(*o);
+          }};
+}
+
+}  // namespace tessera::tools
