@@ -1,5 +1,5 @@
 // Checkpoints of --mode allreduce, zero1 and zero2 end to end (worker/sharded_state.h): real
-// workers under tessera-launch on loopback.
+// workers under tessera-launch on loopback, and tessera-export-params.
 //
 // Same world size: stopping after a checkpoint and resuming ends bitwise where an
 // uninterrupted run ends (the parameters, the optimizer state and the data order all continue
@@ -91,7 +91,9 @@ bool Exists(const std::string& path) { return std::ifstream(path).good(); }
 
 class SameWorldSize : public ::testing::TestWithParam<std::string> {};
 
-// Checkpoints at 6, 12 and 13 (the last step), then a new fleet resumes from 13 and finishes.
+// Checkpoints at 6, 12 and 13 (the last step), then a new fleet resumes from 13 and finishes
+// (checkpointing at 14 and 20); tessera-export-params turns the checkpoint of 20 into the same
+// file as --save-params.
 TEST_P(SameWorldSize, ResumeIsBitwiseLikeNeverStopping) {
   const std::string mode = GetParam();
   FleetHarness harness;
@@ -111,10 +113,24 @@ TEST_P(SameWorldSize, ResumeIsBitwiseLikeNeverStopping) {
   RunToSuccess(harness, "resumed",
                Concat(Fleet(2, mode), Concat(Flags("20"), {"--batch-size", "32", "--checkpoint-dir",
                                                            dir, "--resume", "--save-params",
-                                                           resumed})));
+                                                           resumed, "--checkpoint-every", "7"})));
   const std::vector<float> a = Load(whole), b = Load(resumed);
   ASSERT_EQ(a.size(), 3300u);
   EXPECT_TRUE(a == b) << "the resumed run ends elsewhere than the uninterrupted one";
+
+  // The consolidated export of the last checkpoint (step 20) is the --save-params file, bitwise.
+  const std::string exported = TempPath(mode + "_exported.bin");
+  auto id = harness.Start("export", "tools/tessera-export-params",
+                          {"--checkpoint-dir", dir, "--out", exported});
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto exit = harness.WaitExit(*id, Deadline::AfterMillis(kRunMs));
+  ASSERT_TRUE(exit.ok() && exit->success()) << harness.Output(*id);
+  EXPECT_NE(harness.Output(*id).find("step 20 of"), std::string::npos) << harness.Output(*id);
+  auto original = worker::LoadParams(resumed);
+  auto consolidated = worker::LoadParams(exported);
+  ASSERT_TRUE(original.ok() && consolidated.ok()) << harness.Output(*id);
+  EXPECT_EQ(consolidated->layout.Fingerprint(), original->layout.Fingerprint());
+  EXPECT_TRUE(consolidated->values == original->values);
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, SameWorldSize, ::testing::Values("allreduce", "zero1", "zero2"));
