@@ -141,6 +141,15 @@ Status CommitCheckpoint(const std::string& root, const CheckpointManifest& manif
                       {"num_servers", manifest.num_servers},
                       {"chunk_elements", manifest.chunk_elements},
                       {"files", files}};
+  if (manifest.world_size > 0) j["world_size"] = manifest.world_size;
+  if (!manifest.optimizer.empty()) j["optimizer"] = manifest.optimizer;
+  if (!manifest.tensors.empty()) {
+    nlohmann::json tensors = nlohmann::json::array();
+    for (const ManifestTensor& t : manifest.tensors) {
+      tensors.push_back({{"name", t.name}, {"shape", t.shape}});
+    }
+    j["tensors"] = tensors;
+  }
   const std::string text = j.dump(2) + "\n";
   const std::string directory = CheckpointStepDirectory(root, manifest.step);
   RETURN_IF_ERROR(WriteFileAtomically(directory + "/MANIFEST.json", text.data(), text.size()));
@@ -181,6 +190,14 @@ StatusOr<CheckpointManifest> ReadCheckpointManifest(const std::string& root, int
     m.dense_elements = j.at("dense_elements").get<uint64_t>();
     m.num_servers = j.at("num_servers").get<int>();
     m.chunk_elements = j.at("chunk_elements").get<uint64_t>();
+    m.world_size = j.value("world_size", 0);
+    m.optimizer = j.value("optimizer", "");
+    if (j.contains("tensors")) {
+      for (const auto& t : j.at("tensors")) {
+        m.tensors.push_back({t.at("name").get<std::string>(),
+                             t.at("shape").get<std::vector<int64_t>>()});
+      }
+    }
     for (const auto& f : j.at("files")) {
       m.files.push_back({f.at("file").get<std::string>(), f.at("bytes").get<uint64_t>(),
                          f.at("checksum").get<uint64_t>()});

@@ -44,6 +44,16 @@ StatusOr<ShardFileInfo> WriteCheckpointShard(const std::string& path, const Chec
 // or checksum that differs from `expected`, or a malformed file (with the offset).
 StatusOr<CheckpointShard> ReadCheckpointShard(const std::string& path, const ShardFileInfo& expected);
 
+// A dense parameter as the manifest records it (so a reader can name what differs, or rebuild
+// the layout without the model).
+struct ManifestTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  bool operator==(const ManifestTensor& other) const {
+    return name == other.name && shape == other.shape;
+  }
+};
+
 struct CheckpointManifest {
   int64_t step = 0;
   std::string mode;                 // "local", "ps-sync", ...
@@ -51,6 +61,11 @@ struct CheckpointManifest {
   uint64_t dense_elements = 0;
   int num_servers = 0;              // ps-*: the placement the shards follow
   uint64_t chunk_elements = 0;
+  // Optional (written when set; older manifests lack them): the writers' world size, the
+  // optimizer whose state the shards hold (OptimizerKindName), the dense tensors in layout order.
+  int world_size = 0;
+  std::string optimizer;
+  std::vector<ManifestTensor> tensors;
   std::vector<ShardFileInfo> files;
 };
 

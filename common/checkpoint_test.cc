@@ -36,6 +36,9 @@ TEST(CheckpointTest, ShardsRoundTripAndLatestMovesOnlyOnCommit) {
   auto read = ReadCheckpointManifest(root, 7);
   ASSERT_TRUE(read.ok()) << read.status();
   EXPECT_EQ(read->files[0].checksum, info->checksum);
+  EXPECT_EQ(read->world_size, 0);  // optional fields, absent
+  EXPECT_TRUE(read->optimizer.empty());
+  EXPECT_TRUE(read->tensors.empty());
   auto back = ReadCheckpointShard(CheckpointStepDirectory(root, 7) + "/server-0.ckpt",
                                   read->files[0]);
   ASSERT_TRUE(back.ok()) << back.status();
@@ -67,6 +70,23 @@ TEST(CheckpointTest, TruncatedCorruptedAndMissingFilesAreNamed) {
   std::ofstream(root + "/LATEST", std::ios::trunc) << "soon";
   EXPECT_EQ(LatestCheckpointStep(root).status().code(), StatusCode::kDataLoss);
   EXPECT_FALSE(ReadCheckpointManifest(root, 3).ok());
+}
+
+TEST(CheckpointTest, OptionalManifestFieldsRoundTrip) {
+  const std::string root = Root("ckpt_optional");
+  ASSERT_TRUE(PrepareCheckpointStep(root, 3).ok());
+  CheckpointManifest manifest;
+  manifest.step = 3;
+  manifest.mode = "zero2";
+  manifest.world_size = 4;
+  manifest.optimizer = "adam";
+  manifest.tensors = {{"mlp.0.weight", {64, 16}}, {"mlp.0.bias", {64}}};
+  ASSERT_TRUE(CommitCheckpoint(root, manifest).ok());
+  auto read = ReadCheckpointManifest(root, 3);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->world_size, 4);
+  EXPECT_EQ(read->optimizer, "adam");
+  EXPECT_EQ(read->tensors, manifest.tensors);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include "common/logging.h"
 #include "common/metric_names.h"
 #include "worker/layout_check.h"
+#include "worker/sharded_state.h"
 
 namespace tessera::worker {
 namespace {
@@ -16,6 +17,9 @@ constexpr uint64_t kBroadcastTag = kFingerprintTag + 2;
 constexpr uint64_t kBucketTagBase = 1ull << 41;
 constexpr uint64_t kGatherTagBase = 1ull << 42;
 constexpr uint64_t kMaxBuckets = 1 << 16;
+// Checkpoints: four tags per step (save: gather, commit; restore: agree), far above the
+// per-(step, bucket) ranges.
+constexpr uint64_t kCheckpointTagBase = 1ull << 60;
 
 int SizeClass(uint64_t bytes) {
   if (bytes < (64u << 10)) return 0;
@@ -92,6 +96,7 @@ Status AllReduceEngine::Initialize(const ParameterLayout& layout,
   }
   RETURN_IF_ERROR(CheckLayoutsMatch(collectives_, layout, kFingerprintTag));
   size_ = layout.total_size();
+  layout_ = layout;
   RETURN_IF_ERROR(collectives_->Broadcast(params, size_, DataType::kFloat32, /*root=*/0,
                                           "initial parameters", kBroadcastTag)
                       .WithContext("broadcasting rank 0's parameters"));
@@ -251,6 +256,38 @@ Status AllReduceEngine::Step(int64_t step, float* params, float* grads,
                                             "parameters of bucket " + std::to_string(b), tag)
                         .WithContext("gathering the updated parameters"));
   }
+  return OkStatus();
+}
+
+Status AllReduceEngine::SaveCheckpoint(const std::string& root, int64_t step,
+                                       const float* params) {
+  const ShardedCheckpointSpec spec{std::string(name()), &layout_, options_.optimizer.kind};
+  const uint64_t tag = kCheckpointTagBase + 4 * static_cast<uint64_t>(step);
+  if (options_.zero_stage == 0) {
+    // The replicas are identical: rank 0 writes all of it, the others nothing.
+    std::vector<Partition> slices;
+    if (collectives_->rank() == 0) slices.push_back({0, size_});
+    return SaveShardedCheckpoint(root, step, spec, slices, params, state_.data(), collectives_,
+                                 tag);
+  }
+  std::vector<float> owned_params;
+  for (const Partition& slice : owned_) {
+    owned_params.insert(owned_params.end(), params + slice.offset, params + slice.end());
+  }
+  return SaveShardedCheckpoint(root, step, spec, owned_, owned_params.data(), state_.data(),
+                               collectives_, tag);
+}
+
+Status AllReduceEngine::RestoreCheckpoint(const std::string& root, int64_t step, float* params) {
+  const ShardedCheckpointSpec spec{std::string(name()), &layout_, options_.optimizer.kind};
+  const uint64_t tag = kCheckpointTagBase + 4 * static_cast<uint64_t>(step) + 2;
+  const std::vector<Partition> everything = {{0, size_}};
+  RETURN_IF_ERROR(RestoreShardedCheckpoint(root, step, spec,
+                                           options_.zero_stage == 0 ? everything : owned_,
+                                           /*slice_params=*/nullptr, state_.data(), params,
+                                           collectives_, tag));
+  TLOG(INFO) << "restored the checkpoint of step " << step << " from "
+             << CheckpointStepDirectory(root, step);
   return OkStatus();
 }
 

@@ -24,6 +24,12 @@
 // trainer's gradient buffer, which backward writes whole; stage 2 does not shrink it yet),
 // optimizer state 8Ψ/N for Adam (stages 1 and 2) instead of 8Ψ.
 //
+// Checkpoints (worker/sharded_state.h): each rank writes its owned slices of the parameters
+// and their optimizer state (data parallel: rank 0 writes everything, the others nothing) and
+// rank 0 commits once all are written. The format depends on neither the world size nor the
+// bucket plan, so a checkpoint of allreduce, zero1 or zero2 restores into any of them at any
+// world size and --bucket-mb.
+//
 // Errors: a peer that fails or hangs makes the collective fail within its deadline naming it
 // (collectives.h); the step returns that error with the bucket.
 //
@@ -42,6 +48,7 @@
 #include "common/lr_schedule.h"
 #include "common/metrics.h"
 #include "common/optimizer.h"
+#include "common/parameter_layout.h"
 #include "worker/collectives.h"
 #include "worker/gradient_buckets.h"
 #include "worker/training_engine.h"
@@ -73,6 +80,8 @@ class AllReduceEngine final : public TrainingEngine {
   void OnGradientsReady(uint64_t offset, uint64_t size) override;
   Status Step(int64_t step, float* params, float* grads,
               const std::vector<SparseRows>& sparse) override;
+  Status SaveCheckpoint(const std::string& root, int64_t step, const float* params) override;
+  Status RestoreCheckpoint(const std::string& root, int64_t step, float* params) override;
 
   const std::vector<GradientBucket>& buckets() const { return buckets_; }
 
@@ -87,6 +96,7 @@ class AllReduceEngine final : public TrainingEngine {
   std::vector<GradientBucket> buckets_;
   BucketTracker tracker_;
   uint64_t size_ = 0;
+  ParameterLayout layout_;  // a copy of Initialize's, for checkpoints
   std::vector<float> state_;  // optimizer state, interleaved per element (of the owned slices)
   // ZeRO: the slice of each bucket this rank owns (absolute offsets into the flat buffer).
   std::vector<Partition> owned_;
