@@ -72,7 +72,9 @@ struct LaunchConfig {
 constexpr char kDescription[] =
     "tessera-launch starts a local Tessera fleet on this machine -- one coordinator, --servers\n"
     "servers and --workers workers -- as child processes, prints each child's output prefixed\n"
-    "with \"[role rank] \", and stops the whole fleet as soon as any process fails.\n";
+    "with \"[role rank] \", and stops the whole fleet as soon as any process fails. With\n"
+    "--nnodes it starts this node's part of a multi-node job; with --attach, a job of a\n"
+    "long-running fleet.\n";
 
 constexpr char kFooter[] = R"(Examples:
   # single-process training; everything after -- goes to every worker unchanged
