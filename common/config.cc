@@ -155,8 +155,14 @@ const Field kFields[kNumFields] = {
        return ParseInteger(n, t, &c->num_workers);
      },
      [](const ProcessConfig& c) { return std::to_string(c.num_workers); },
-     [](Role) -> const char* {
-       return "Number of workers in the job. Env: WORLD_SIZE | OMPI_COMM_WORLD_SIZE | SLURM_NTASKS";
+     [](Role role) -> const char* {
+       if (role == Role::kWorker) {
+         return "Number of workers in the job. Env: WORLD_SIZE | OMPI_COMM_WORLD_SIZE | "
+                "SLURM_NTASKS";
+       }
+       return "Number of workers in the job; 0: a long-running fleet that successive jobs' "
+              "workers attach to (each job's size comes from its workers). Env: WORLD_SIZE | "
+              "OMPI_COMM_WORLD_SIZE | SLURM_NTASKS";
      }},
     {kNumServers, "--num-servers", nullptr, "INT", kForAll, false,
      [](std::string_view n, std::string_view t, ProcessConfig* c) {
@@ -500,7 +506,13 @@ Status ValidateConfig(const ProcessConfig& c) {
     }
   }
 
-  if (c.num_workers < 1) return OutOfRange(c, kNumWorkers, "must be >= 1");
+  if (c.role == Role::kWorker && c.num_workers < 1) {
+    return OutOfRange(c, kNumWorkers, "must be >= 1");
+  }
+  if (c.num_workers < 0) {
+    return OutOfRange(c, kNumWorkers,
+                      "must be >= 0 (0: a long-running fleet that jobs' workers attach to)");
+  }
   if (c.num_servers < 0) return OutOfRange(c, kNumServers, "must be >= 0");
   if (c.rank < -1) {
     return OutOfRange(c, kRank, "must be >= 0, or -1 to let the coordinator assign one");

@@ -27,6 +27,7 @@ RendezvousOptions RendezvousOptionsFrom(const ProcessConfig& config) {
   options.coordinator_address = "tcp://" + config.coordinator;
   options.role = config.role;
   options.requested_rank = config.rank;
+  options.num_workers = config.role == Role::kWorker ? config.num_workers : 0;
   options.rendezvous_timeout_ms = config.rendezvous_timeout_ms;
   options.heartbeat_interval_ms = config.heartbeat_interval_ms;
   options.heartbeat_timeout_ms = config.heartbeat_timeout_ms;
@@ -73,7 +74,8 @@ StatusOr<std::unique_ptr<RendezvousClient>> RendezvousClient::Join(
   MessageBuilder builder(ToWireRole(options.role), options.requested_rank);
   auto body = proto::CreateRegisterRequestDirect(
       builder.fbb(), ToWireRole(options.role), options.requested_rank, endpoint->address().c_str(),
-      options.metrics_address.c_str(), options.host.c_str(), static_cast<int64_t>(getpid()));
+      options.metrics_address.c_str(), options.host.c_str(), static_cast<int64_t>(getpid()),
+      options.num_workers);
   TLOG(INFO) << "registering as " << me << " with the coordinator at "
              << options.coordinator_address << " (waiting up to " << options.rendezvous_timeout_ms
              << " ms for the whole fleet)";

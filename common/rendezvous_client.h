@@ -33,6 +33,9 @@ struct RendezvousOptions {
   std::string coordinator_address;  // tcp://HOST:PORT
   Role role = Role::kWorker;
   int requested_rank = -1;          // -1: the coordinator assigns one
+  // Workers: the job's number of workers, which a long-running fleet's coordinator learns
+  // from the registrations; 0 for servers.
+  int num_workers = 0;
   std::string metrics_address;      // http://HOST:PORT/metrics
   std::string host;
   int64_t rendezvous_timeout_ms = 60000;

@@ -1,6 +1,8 @@
 #include "server/coordinator.h"
 
 #include <algorithm>
+#include <iterator>
+#include <thread>
 
 #include "common/logging.h"
 #include "common/metric_names.h"
@@ -36,7 +38,13 @@ int64_t MillisSince(SteadyClock::time_point since) {
 StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(RpcEndpoint* endpoint,
                                                            const CoordinatorOptions& options,
                                                            MetricsRegistry* metrics) {
-  if (options.num_workers < 1) return InvalidArgumentError("a job needs at least one worker");
+  if (options.num_workers < 0) {
+    return InvalidArgumentError("negative number of workers (0: a long-running fleet)");
+  }
+  if (options.num_workers == 0 && options.exit_when_workers_leave) {
+    return InvalidArgumentError(
+        "a long-running fleet (--num-workers 0) does not exit when a job's workers leave");
+  }
   if (options.num_servers < 0) return InvalidArgumentError("negative number of servers");
   if (options.num_servers > 0 && options.key_space < static_cast<uint64_t>(options.num_servers)) {
     return InvalidArgumentError("--key-space=" + std::to_string(options.key_space) +
@@ -44,6 +52,10 @@ StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(RpcEndpoint* endpoint
                                 std::to_string(options.num_servers));
   }
   std::unique_ptr<Coordinator> coordinator(new Coordinator(endpoint, options));
+  if (coordinator->IsFleet() && options.num_servers == 0) {
+    coordinator->complete_ = true;  // nothing to wait for: jobs may attach at once
+    coordinator->epoch_ = 1;
+  }
   if (metrics != nullptr) RETURN_IF_ERROR(coordinator->RegisterMetrics(metrics));
   for (proto::Body type : kHandledTypes) {
     endpoint->SetHandler(type, coordinator->inbox_.Handler());
@@ -76,13 +88,40 @@ Status Coordinator::RegisterMetrics(MetricsRegistry* metrics) {
 }
 
 Status Coordinator::Run(const std::function<bool()>& stop_requested) {
-  TLOG(INFO) << "waiting for " << options_.num_servers << " servers and " << options_.num_workers
-             << " workers to register at " << endpoint_->address() << " (rendezvous timeout "
-             << options_.rendezvous_timeout_ms << " ms)";
+  if (IsFleet()) {
+    TLOG(INFO) << "long-running fleet: waiting for " << options_.num_servers
+               << " servers to register at " << endpoint_->address()
+               << "; then jobs' workers attach one job at a time (rendezvous timeout "
+               << options_.rendezvous_timeout_ms << " ms)";
+  } else {
+    TLOG(INFO) << "waiting for " << options_.num_servers << " servers and "
+               << options_.num_workers << " workers to register at " << endpoint_->address()
+               << " (rendezvous timeout " << options_.rendezvous_timeout_ms << " ms)";
+  }
   while (!stop_requested()) {
     StatusOr<Envelope> next = inbox_.Pop(Deadline::AfterMillis(kTickMs), "message");
     if (next.ok()) Handle(*next);
     RETURN_IF_ERROR(CheckTimers());
+    if (options_.exit_when_workers_leave && complete_) {
+      std::vector<std::string> failed;
+      bool alive = false;
+      for (const auto& [key, member] : members_) {
+        if (member.info.role != Role::kWorker) continue;
+        alive |= member.info.state == MemberState::kAlive;
+        if (member.info.state == MemberState::kFailed) failed.push_back(member.info.Name());
+      }
+      if (!alive) {
+        // Let the goodbye acks leave before the caller tears the endpoint down.
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        inbox_.Close();
+        if (!failed.empty()) {
+          return AbortedError("job '" + options_.job + "' is over, but " + JoinNames(failed) +
+                              " failed (--exit-when-workers-leave)");
+        }
+        TLOG(INFO) << "every worker has left; exiting (--exit-when-workers-leave)";
+        return OkStatus();
+      }
+    }
   }
   inbox_.Close();
   return OkStatus();
@@ -108,7 +147,6 @@ void Coordinator::HandleRegister(const Envelope& envelope) {
                                            "coordinator, not role " +
                                            std::string(RoleLabel(request->role()))));
   }
-  int expected = *role == Role::kServer ? options_.num_servers : options_.num_workers;
   std::string role_name(RoleName(*role));
   std::string address = Str(request->address());
   if (!IsValidTcpAddress(address)) {
@@ -116,7 +154,39 @@ void Coordinator::HandleRegister(const Envelope& envelope) {
                       InvalidArgumentError(role_name + " registered with listen address '" +
                                            address + "', expected tcp://HOST:PORT"));
   }
-  if (complete_) {
+  const bool job_worker = IsFleet() && *role == Role::kWorker;
+  if (job_worker) {
+    const int size = request->num_workers();
+    if (size < 1) {
+      return ReplyError(envelope.origin, request_id,
+                        InvalidArgumentError(
+                            "a worker at " + address + " registered without its job's size; "
+                            "fleet '" + options_.job + "' is long-running and takes each job's "
+                            "size from its workers' --num-workers (or WORLD_SIZE etc.)"));
+    }
+    if (job_complete_) {
+      return ReplyError(envelope.origin, request_id,
+                        FailedPreconditionError(
+                            "fleet '" + options_.job + "' is running a job of " +
+                            std::to_string(job_workers_) + " workers (job " +
+                            std::to_string(jobs_done_ + 1) + "); a worker at " + address +
+                            " can attach only after that job's workers have left"));
+    }
+    if (job_workers_ == 0) {
+      job_workers_ = size;
+      job_started_ = SteadyClock::now();
+      TLOG(INFO) << "job " << jobs_done_ + 1 << " of fleet '" << options_.job << "': waiting for "
+                 << size << " workers";
+    } else if (size != job_workers_) {
+      return ReplyError(envelope.origin, request_id,
+                        InvalidArgumentError(
+                            "a worker at " + address + " says its job has --num-workers=" +
+                            std::to_string(size) + ", but the job assembling on fleet '" +
+                            options_.job + "' has " + std::to_string(job_workers_)));
+    }
+  }
+  int expected = *role == Role::kServer ? options_.num_servers : ExpectedWorkers();
+  if (complete_ && !job_worker) {
     return ReplyError(envelope.origin, request_id,
                       FailedPreconditionError(
                           "the rendezvous of job '" + options_.job +
@@ -167,9 +237,14 @@ void Coordinator::HandleRegister(const Envelope& envelope) {
   member.last_seen = SteadyClock::now();
   TLOG(INFO) << member.info.Name() << " registered from " << address << " (pid "
              << member.info.pid << "); " << members_.size() << " of "
-             << options_.num_servers + options_.num_workers << " processes are here";
+             << options_.num_servers + ExpectedWorkers() << " processes are here";
   UpdateMemberGauges();
-  if (static_cast<int>(members_.size()) == options_.num_servers + options_.num_workers) {
+  if (IsFleet()) {
+    if (!complete_ && CountRegistered(Role::kServer) == options_.num_servers) {
+      CompleteRendezvous();
+    }
+    MaybeCompleteJob();
+  } else if (static_cast<int>(members_.size()) == options_.num_servers + options_.num_workers) {
     CompleteRendezvous();
   }
   PublishSnapshot();
@@ -180,6 +255,7 @@ void Coordinator::CompleteRendezvous() {
   epoch_ = 1;
   auto now = SteadyClock::now();
   for (auto& [key, member] : members_) {
+    if (IsFleet() && member.info.role == Role::kWorker) continue;  // MaybeCompleteJob's
     member.info.state = MemberState::kAlive;
     member.last_seen = now;  // heartbeats start now
     if (member.info.role == Role::kServer) {
@@ -190,14 +266,102 @@ void Coordinator::CompleteRendezvous() {
   }
   FleetView view = BuildView();
   for (auto& [key, member] : members_) {
+    if (IsFleet() && member.info.role == Role::kWorker) continue;
     MessageBuilder builder(proto::Role::Coordinator, 0);
     Message reply = builder.Finish(EncodeFleetView(&builder.fbb(), view), member.register_request_id);
     Status sent = endpoint_->transport().Reply(member.route, std::move(reply));
     if (!sent.ok()) TLOG(WARNING) << "fleet view for " << member.info.Name() << ": " << sent;
   }
-  TLOG(INFO) << "fleet complete after " << MillisSince(started_) << " ms: "
-             << options_.num_servers << " servers, " << options_.num_workers << " workers";
+  if (IsFleet()) {
+    TLOG(INFO) << "fleet of " << options_.num_servers << " servers complete after "
+               << MillisSince(started_) << " ms; jobs' workers may attach";
+  } else {
+    TLOG(INFO) << "fleet complete after " << MillisSince(started_) << " ms: "
+               << options_.num_servers << " servers, " << options_.num_workers << " workers";
+  }
   UpdateMemberGauges();
+}
+
+int Coordinator::CountRegistered(Role role) const {
+  int count = 0;
+  for (const auto& [key, member] : members_) count += member.info.role == role;
+  return count;
+}
+
+void Coordinator::MaybeCompleteJob() {
+  if (!IsFleet() || !complete_ || job_workers_ == 0 || job_complete_) return;
+  if (CountRegistered(Role::kWorker) < job_workers_) return;
+  job_complete_ = true;
+  ++epoch_;
+  auto now = SteadyClock::now();
+  for (auto& [key, member] : members_) {
+    if (member.info.role != Role::kWorker) continue;
+    member.info.state = MemberState::kAlive;
+    member.last_seen = now;
+  }
+  FleetView view = BuildView();
+  for (auto& [key, member] : members_) {
+    if (member.info.role != Role::kWorker) continue;
+    MessageBuilder builder(proto::Role::Coordinator, 0);
+    Message reply = builder.Finish(EncodeFleetView(&builder.fbb(), view), member.register_request_id);
+    Status sent = endpoint_->transport().Reply(member.route, std::move(reply));
+    if (!sent.ok()) TLOG(WARNING) << "fleet view for " << member.info.Name() << ": " << sent;
+  }
+  TLOG(INFO) << "job " << jobs_done_ + 1 << ": all " << job_workers_ << " workers attached after "
+             << MillisSince(job_started_) << " ms (" << options_.num_servers << " servers)";
+  UpdateMemberGauges();
+}
+
+void Coordinator::MaybeEndJob() {
+  if (!IsFleet() || !job_complete_) return;
+  int left = 0, failed = 0;
+  for (const auto& [key, member] : members_) {
+    if (member.info.role != Role::kWorker) continue;
+    if (member.info.state == MemberState::kAlive) return;
+    (member.info.state == MemberState::kFailed ? failed : left) += 1;
+  }
+  for (auto it = members_.begin(); it != members_.end();) {
+    it = it->second.info.role == Role::kWorker ? members_.erase(it) : std::next(it);
+  }
+  for (auto it = barriers_.begin(); it != barriers_.end();) {  // the job's; none should remain
+    it = it->second.scope == Role::kServer ? std::next(it) : barriers_.erase(it);
+  }
+  {
+    std::lock_guard<std::mutex> lock(snapshot_mu_);
+    for (auto it = last_heard_.begin(); it != last_heard_.end();) {
+      it = it->first.first == Role::kWorker ? last_heard_.erase(it) : std::next(it);
+    }
+  }
+  ++jobs_done_;
+  ++epoch_;
+  job_workers_ = 0;
+  job_complete_ = false;
+  TLOG(INFO) << "job " << jobs_done_ << " is over (" << left << " workers left, " << failed
+             << " failed); fleet '" << options_.job << "' waits for the next job";
+  UpdateMemberGauges();
+  PublishSnapshot();
+}
+
+void Coordinator::AbandonJob(const Status& status) {
+  for (auto it = members_.begin(); it != members_.end();) {
+    if (it->second.info.role != Role::kWorker) {
+      ++it;
+      continue;
+    }
+    ReplyError(it->second.route, it->second.register_request_id, status);
+    it = members_.erase(it);
+  }
+  {
+    std::lock_guard<std::mutex> lock(snapshot_mu_);
+    for (auto it = last_heard_.begin(); it != last_heard_.end();) {
+      it = it->first.first == Role::kWorker ? last_heard_.erase(it) : std::next(it);
+    }
+  }
+  job_workers_ = 0;
+  job_complete_ = false;
+  TLOG(ERROR) << status.message() << "; fleet '" << options_.job << "' waits for the next job";
+  UpdateMemberGauges();
+  PublishSnapshot();
 }
 
 Coordinator::Member* Coordinator::FindLive(const proto::Header& header) {
@@ -244,10 +408,14 @@ void Coordinator::HandleGoodbye(const Envelope& envelope) {
   UpdateMemberGauges();
   PublishSnapshot();
   TryReleaseBarriers();  // it no longer holds anyone up
+  MaybeEndJob();
 }
 
 bool Coordinator::IsParticipant(const Member& member, const std::optional<Role>& scope) const {
   if (member.info.state != MemberState::kAlive) return false;
+  // A long-running fleet's servers belong to no one job: a job's unscoped barrier is its
+  // workers'.
+  if (IsFleet() && !scope.has_value()) return member.info.role == Role::kWorker;
   return !scope.has_value() || member.info.role == *scope;
 }
 
@@ -371,11 +539,24 @@ void Coordinator::DeclareFailed(Member& member, const std::string& reason) {
 
 Status Coordinator::CheckTimers() {
   auto now = SteadyClock::now();
+  if (IsFleet() && complete_ && job_workers_ > 0 && !job_complete_ &&
+      MillisSince(job_started_) >= options_.rendezvous_timeout_ms) {
+    std::vector<std::string> missing, present;
+    for (int rank = 0; rank < job_workers_; ++rank) {
+      (members_.count({Role::kWorker, rank}) ? present : missing)
+          .push_back(MemberName(Role::kWorker, rank));
+    }
+    AbandonJob(DeadlineExceededError(
+        "job " + std::to_string(jobs_done_ + 1) + " of fleet '" + options_.job + "' (" +
+        std::to_string(job_workers_) + " workers) did not assemble within " +
+        std::to_string(options_.rendezvous_timeout_ms) + " ms: missing " + JoinNames(missing) +
+        " (registered: " + JoinNames(present) + ")"));
+  }
   if (!complete_) {
     if (MillisSince(started_) < options_.rendezvous_timeout_ms) return OkStatus();
     std::vector<std::string> missing, present;
     for (Role role : {Role::kServer, Role::kWorker}) {
-      int expected = role == Role::kServer ? options_.num_servers : options_.num_workers;
+      int expected = role == Role::kServer ? options_.num_servers : ExpectedWorkers();
       for (int rank = 0; rank < expected; ++rank) {
         (members_.count({role, rank}) ? present : missing).push_back(MemberName(role, rank));
       }
@@ -400,6 +581,7 @@ Status Coordinator::CheckTimers() {
                                 std::to_string(options_.heartbeat_timeout_ms) + " ms)");
     }
   }
+  MaybeEndJob();  // not inside the loop: it erases members
   for (auto it = barriers_.begin(); it != barriers_.end();) {
     PendingBarrier& barrier = it->second;
     if (now < barrier.deadline) {
@@ -435,7 +617,7 @@ FleetView Coordinator::BuildView() const {
   view.job = options_.job;
   view.epoch = epoch_;
   view.num_servers = options_.num_servers;
-  view.num_workers = options_.num_workers;
+  view.num_workers = ExpectedWorkers();
   view.key_space = options_.key_space;
   for (const auto& [key, member] : members_) view.members.push_back(member.info);
   return view;

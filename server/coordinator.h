@@ -11,6 +11,17 @@
 // If the fleet is not complete within rendezvous_timeout, every registered process gets an
 // error naming the roles and ranks that never arrived, and Run() returns that error.
 //
+// A long-running fleet (num_workers == 0): the servers (if any) rendezvous once and stay; jobs'
+// workers then attach one job at a time. A job's size is the num_workers its workers register
+// with (their --num-workers / WORLD_SIZE); its workers get the FleetView (the servers plus that
+// job's workers) once all of them have registered, and an unscoped barrier is a barrier of the
+// job's workers only (servers are not part of any one job). When every worker of the job has
+// left or failed, the job is over: its workers are forgotten, its ranks free, and the next
+// job's workers may register. A job that does not assemble within rendezvous_timeout is turned
+// away (its workers get the error naming the missing ranks) and the fleet keeps running. A
+// worker's departure is never a failure for the servers; a worker's failure is reported to
+// everyone as usual (servers log it and keep serving).
+//
 // Thread-safety: Run() owns all state on the calling thread; message handlers only queue.
 // Snapshot() may be called from any thread.
 #ifndef TESSERA_SERVER_COORDINATOR_H_
@@ -37,7 +48,11 @@ namespace tessera::server {
 struct CoordinatorOptions {
   std::string job = "tessera";
   int num_servers = 0;
-  int num_workers = 1;
+  int num_workers = 1;  // 0: a long-running fleet (see above)
+  // Run() returns once no worker is alive after a complete rendezvous: OK when every worker
+  // said goodbye, else ABORTED naming the ones that failed. Node 0 of a multi-node launch keeps
+  // the coordinator until the other nodes' workers are done. Not with num_workers == 0.
+  bool exit_when_workers_leave = false;
   uint64_t key_space = uint64_t{1} << 20;  // keys [0, key_space), split over the servers
   int64_t rendezvous_timeout_ms = 60000;
   int64_t heartbeat_timeout_ms = 10000;
@@ -100,6 +115,16 @@ class Coordinator {
   Status CheckTimers();
 
   void CompleteRendezvous();
+  bool IsFleet() const { return options_.num_workers == 0; }
+  // Workers expected now: num_workers, or in a fleet the current job's size (0: no job).
+  int ExpectedWorkers() const { return IsFleet() ? job_workers_ : options_.num_workers; }
+  int CountRegistered(Role role) const;
+  // Fleet only: sends the view to the current job's workers once they are all here.
+  void MaybeCompleteJob();
+  // Fleet only: ends the job when none of its workers is alive or joining any more.
+  void MaybeEndJob();
+  // Fleet only: turns away the job's registered workers with `status` and forgets the job.
+  void AbandonJob(const Status& status);
   void DeclareFailed(Member& member, const std::string& reason);
   void TryReleaseBarriers();
   bool IsParticipant(const Member& member, const std::optional<Role>& scope) const;
@@ -121,8 +146,13 @@ class Coordinator {
   // Run-thread state.
   std::map<MemberKey, Member> members_;
   std::map<std::pair<std::string, uint64_t>, PendingBarrier> barriers_;
-  bool complete_ = false;
+  bool complete_ = false;  // every server (and, outside a fleet, worker) has registered
   uint64_t epoch_ = 0;
+  // Fleet only: the current job. job_workers_ == 0: none.
+  int job_workers_ = 0;
+  bool job_complete_ = false;
+  int jobs_done_ = 0;
+  SteadyClock::time_point job_started_;
   SteadyClock::time_point started_ = SteadyClock::now();
 
   GaugeFamily* members_gauge_ = nullptr;

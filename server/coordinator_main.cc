@@ -15,7 +15,10 @@ int main(int argc, char** argv) {
       "tessera-coordinator: the rendezvous point of a Tessera job. Servers and workers register "
       "here, get their ranks and the fleet view, heartbeat, and run barriers; when one stops "
       "heartbeating every other process is told which one failed.\n\n"
-      "Example: tessera-coordinator --coordinator 127.0.0.1:29500 --num-servers 2 --num-workers 4",
+      "Example: tessera-coordinator --coordinator 127.0.0.1:29500 --num-servers 2 --num-workers 4\n"
+      "A long-running fleet (--num-workers 0): the servers register once and stay; jobs' "
+      "workers (each job's size from their --num-workers) then attach, train and leave, one "
+      "job at a time, and the next job reuses the ranks.",
       "tessera-coordinator");
   uint64_t key_space = uint64_t{1} << 20;
   app.add_option("--key-space", key_space,
@@ -27,6 +30,11 @@ int main(int argc, char** argv) {
                  "Keep a Prometheus file_sd targets file (JSON) here listing every live "
                  "process's /metrics, rewritten atomically whenever the fleet changes; the same "
                  "list is always served at GET /sd on the metrics port (http_sd)");
+  bool exit_when_workers_leave = false;
+  app.add_flag("--exit-when-workers-leave", exit_when_workers_leave,
+               "Exit 0 once every worker has said goodbye after a complete rendezvous (node 0 "
+               "of a multi-node tessera-launch uses it to outlive the other nodes' workers). "
+               "Not with --num-workers 0, the long-running fleet that successive jobs attach to");
   bool dashboard_enabled = true;
   app.add_flag("--dashboard,!--no-dashboard", dashboard_enabled,
                "Serve the live dashboard at /dashboard on the metrics port (default on): fleet "
@@ -38,6 +46,7 @@ int main(int argc, char** argv) {
     options.job = config.job;
     options.num_servers = config.num_servers;
     options.num_workers = config.num_workers;
+    options.exit_when_workers_leave = exit_when_workers_leave;
     options.key_space = key_space;
     options.rendezvous_timeout_ms = config.rendezvous_timeout_ms;
     options.heartbeat_timeout_ms = config.heartbeat_timeout_ms;

@@ -47,9 +47,11 @@ struct Fleet {
     options.heartbeat_interval_ms = 100;
     options.heartbeat_timeout_ms = heartbeat_timeout_ms;
     options.request_timeout_ms = 5000;
+    if (role == Role::kWorker) options.num_workers = job_workers;
     return options;
   }
   MetricsRegistry metrics;
+  int job_workers = 0;  // what workers register as their job's size
 };
 
 struct Process {
@@ -207,6 +209,65 @@ TEST(CoordinatorTest, LostCoordinatorIsDetectedByClients) {
   ASSERT_EQ(future.wait_for(std::chrono::seconds(5)), std::future_status::ready);
   Status s = future.get();
   EXPECT_NE(s.message().find("lost contact with the coordinator"), std::string::npos) << s;
+}
+
+// A long-running fleet (num_workers 0): the server rendezvouses alone; two jobs attach one
+// after the other with the same ranks; a job's unscoped barrier is its workers'; a worker of
+// another job is refused while one runs; the server stays healthy throughout.
+TEST(CoordinatorTest, LongRunningFleetServesJobsOneAfterAnother) {
+  Fleet fleet(1, 0);
+  auto servers = JoinAll(fleet, {{Role::kServer, 0}});
+  ASSERT_NE(servers[0].client, nullptr);
+  EXPECT_EQ(servers[0].client->view().num_workers, 0);
+  for (int job = 1; job <= 2; ++job) {
+    fleet.job_workers = 2;
+    auto workers = JoinAll(fleet, {{Role::kWorker, 1}, {Role::kWorker, 0}});
+    for (auto& w : workers) {
+      ASSERT_NE(w.client, nullptr);
+      EXPECT_EQ(w.client->view().num_workers, 2);
+      EXPECT_EQ(w.client->view().members.size(), 3u);  // the server and this job's 2 workers
+      ASSERT_NE(w.client->view().Find(Role::kServer, 0), nullptr);
+    }
+    std::thread other([&] {
+      EXPECT_TRUE(workers[0].client->Barrier("start", std::nullopt, 5000).ok());
+    });
+    EXPECT_TRUE(workers[1].client->Barrier("start", std::nullopt, 5000).ok());
+    other.join();
+
+    auto endpoint = NewEndpoint();
+    auto late = RendezvousClient::Join(endpoint.get(), fleet.Options(Role::kWorker, -1), nullptr);
+    ASSERT_FALSE(late.ok());
+    EXPECT_NE(late.status().message().find("can attach only after that job's workers have left"),
+              std::string::npos)
+        << late.status();
+    for (auto& w : workers) w.client->Leave("job " + std::to_string(job) + " done");
+    // The job ends on the coordinator's thread; wait until its workers are gone.
+    Deadline deadline = Deadline::AfterMillis(5000);
+    while (!deadline.Expired() && fleet.coordinator->Snapshot().members.size() != 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_EQ(fleet.coordinator->Snapshot().members.size(), 1u) << "job " << job;
+  }
+  EXPECT_TRUE(servers[0].client->health().ok()) << servers[0].client->health();
+  servers[0].client->Leave("test done");
+}
+
+// A job that does not assemble within the rendezvous timeout is turned away naming the missing
+// rank; the fleet keeps running and the next job attaches.
+TEST(CoordinatorTest, LongRunningFleetTurnsAwayAnIncompleteJobAndGoesOn) {
+  Fleet fleet(0, 0, /*rendezvous_ms=*/500);
+  fleet.job_workers = 2;
+  auto endpoint = NewEndpoint();
+  auto alone = RendezvousClient::Join(endpoint.get(), fleet.Options(Role::kWorker, 0), nullptr);
+  ASSERT_FALSE(alone.ok());
+  EXPECT_NE(alone.status().message().find("did not assemble within 500 ms: missing worker 1"),
+            std::string::npos)
+      << alone.status();
+  fleet.job_workers = 1;
+  auto workers = JoinAll(fleet, {{Role::kWorker, 0}});
+  ASSERT_NE(workers[0].client, nullptr);
+  EXPECT_EQ(workers[0].client->view().num_workers, 1);
+  workers[0].client->Leave("done");
 }
 
 }  // namespace

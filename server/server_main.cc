@@ -84,8 +84,14 @@ Status Serve(ProcessRuntime& runtime) {
 
   // Workers begin with a barrier of the whole fleet, servers included. A failure here (a
   // worker died while starting) is the job's problem, not this server's: log and keep serving.
-  Status start = client->Barrier("start", std::nullopt, runtime.config().rendezvous_timeout_ms);
-  if (start.ok()) {
+  // In a long-running fleet (no workers in the view) jobs come and go and their barriers are
+  // their workers' alone.
+  if (client->view().num_workers == 0) {
+    TLOG(INFO) << "long-running fleet: jobs' workers attach, train and leave; serving until "
+                  "stopped";
+  } else if (Status start = client->Barrier("start", std::nullopt,
+                                            runtime.config().rendezvous_timeout_ms);
+             start.ok()) {
     TLOG(INFO) << "the fleet has started; serving until stopped";
   } else {
     TLOG(WARNING) << "barrier 'start': " << start << "; this server keeps serving";

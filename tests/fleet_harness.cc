@@ -93,6 +93,11 @@ StatusOr<int> FleetHarness::Start(const std::string& label, const std::string& b
                                   const std::vector<std::string>& args) {
   std::vector<std::string> argv = {BinaryPath(binary)};
   argv.insert(argv.end(), args.begin(), args.end());
+  return StartCommand(label, argv);
+}
+
+StatusOr<int> FleetHarness::StartCommand(const std::string& label,
+                                         const std::vector<std::string>& argv) {
   ASSIGN_OR_RETURN(int id, group_.Spawn(label, argv));
   processes_[id].label = label;
   return id;

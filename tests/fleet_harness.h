@@ -47,6 +47,9 @@ class FleetHarness {
   // Starts `binary` (workspace-relative) with `args`; returns its id.
   StatusOr<int> Start(const std::string& label, const std::string& binary,
                       const std::vector<std::string>& args);
+  // Starts `argv` as given (argv[0] an absolute path or a name looked up in PATH, e.g.
+  // {"/usr/bin/env", "RANK=1", BinaryPath("worker/tessera-worker"), ...}); returns its id.
+  StatusOr<int> StartCommand(const std::string& label, const std::vector<std::string>& argv);
   // Starts a coordinator and waits for it; returns its HOST:PORT for --coordinator.
   StatusOr<std::string> StartCoordinator(const std::vector<std::string>& args);
 

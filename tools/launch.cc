@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "common/deadline.h"
+#include "common/host_port.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "tools/process_group.h"
@@ -46,13 +47,34 @@ struct LaunchConfig {
   std::string log_level;  // empty: children use their own default
   double grace_s = 5;
   int max_restarts = 0;
+  // Multi-node (torchrun's --nnodes/--node-rank/--nproc-per-node/--rdzv-endpoint).
+  int nnodes = 1;
+  int node_rank = 0;
+  int nproc_per_node = -1;   // -1: not given; then --workers is this node's count
+  std::string coordinator;   // HOST:PORT; empty: 127.0.0.1:0 on a single node
+  std::string attach;        // HOST:PORT of a running fleet's coordinator
+  std::string bind_host;     // empty: the children's default (127.0.0.1)
   std::vector<std::string> worker_args;  // forwarded unchanged to every worker
+
+  // Workers this launcher starts.
+  int LocalWorkers() const { return nproc_per_node >= 0 ? nproc_per_node : workers; }
+  // Workers in the job, over all nodes (0: a long-running fleet with no job of its own).
+  int WorldSize() const { return attach.empty() ? nnodes * LocalWorkers() : LocalWorkers(); }
+  int FirstRank() const { return node_rank * LocalWorkers(); }
+  // Whether this launcher starts the coordinator (and the servers): node 0, unless attaching.
+  bool HostsCoordinator() const { return attach.empty() && node_rank == 0; }
+  std::string CoordinatorAddress() const {
+    if (!attach.empty()) return attach;
+    return coordinator.empty() ? "127.0.0.1:0" : coordinator;
+  }
 };
 
 constexpr char kDescription[] =
     "tessera-launch starts a local Tessera fleet on this machine -- one coordinator, --servers\n"
     "servers and --workers workers -- as child processes, prints each child's output prefixed\n"
-    "with \"[role rank] \", and stops the whole fleet as soon as any process fails.\n";
+    "with \"[role rank] \", and stops the whole fleet as soon as any process fails. With\n"
+    "--nnodes it starts this node's part of a multi-node job; with --attach, a job of a\n"
+    "long-running fleet.\n";
 
 constexpr char kFooter[] = R"(Examples:
   # single-process training; everything after -- goes to every worker unchanged
@@ -61,8 +83,35 @@ constexpr char kFooter[] = R"(Examples:
   tessera-launch --servers 2 --workers 3 --mode ps-sync --linger 30 -- --steps 500
   # 4 data-parallel workers, optimizer state partitioned (ZeRO stage 2)
   tessera-launch --workers 4 --mode zero2 -- --optimizer adam --lr 1e-3 --steps 500
-  # a server fleet only, running until Ctrl-C; connect workers to the printed address
-  tessera-launch --servers 4 --workers 0
+  # a long-running server fleet, until Ctrl-C; then jobs attach to it one after another
+  tessera-launch --servers 4 --workers 0 --coordinator 127.0.0.1:29500
+  tessera-launch --attach 127.0.0.1:29500 --workers 2 --mode ps-sync -- --steps 500
+  # two nodes x 4 workers; node 0 (10.0.0.1) hosts the coordinator and the servers
+  node0$ tessera-launch --nnodes 2 --node-rank 0 --nproc-per-node 4 --coordinator 10.0.0.1:29500 \
+           --bind-host 10.0.0.1 --servers 2 --mode ps-sync -- --steps 500
+  node1$ tessera-launch --nnodes 2 --node-rank 1 --nproc-per-node 4 --coordinator 10.0.0.1:29500 \
+           --bind-host 10.0.0.2 --mode ps-sync -- --steps 500
+
+Multi-node (as torchrun --nnodes/--node-rank/--nproc-per-node/--rdzv-endpoint):
+  Run one launcher per node with the same --nnodes, --nproc-per-node, --mode and training
+  flags. Node 0 starts the coordinator, listening at --coordinator HOST:PORT (port 0: the OS
+  picks one, printed as "[launch] coordinator address tcp://HOST:PORT" for the other nodes),
+  and all --servers servers; the other nodes start only workers, which connect there. Node R
+  starts the workers with global ranks R*P .. R*P+P-1 (--rank) and local ranks 0 .. P-1
+  (--local-rank, which picks the GPU), all with --num-workers NNODES*P. Node 0 keeps the
+  coordinator and servers until every worker of every node has left (the coordinator's
+  --exit-when-workers-leave). A worker failing anywhere fails the job: its own launcher exits 1
+  naming it, the coordinator tells every other worker which rank failed, they exit with that
+  error, and so do their launchers. --bind-host must be this node's address that the other
+  nodes can reach.
+
+Long-running fleet:
+  --workers 0 starts a coordinator (with --num-workers 0) and the servers and runs until
+  interrupted. Jobs then attach one at a time with --attach HOST:PORT (or plain tessera-worker
+  --coordinator HOST:PORT --rank R --num-workers W, or mpirun/Slurm/torchrun variables): the
+  coordinator takes the job's size from its workers, gives them the servers, and when all of
+  them have left frees the ranks for the next job. The servers start each job afresh from its
+  rank 0's initial parameters (a new job token) and never treat a worker leaving as a failure.
 
 How it works:
   The coordinator starts first, on an OS-picked port (--coordinator 127.0.0.1:0). Every
@@ -71,8 +120,9 @@ How it works:
   and the launcher then prints
     [launch] <role> <rank> pid=<pid> metrics=<url>
   Servers and workers get --coordinator HOST:PORT from the coordinator's line, plus --rank,
-  --num-servers, --num-workers and --log-level; workers also get --mode and the forwarded
-  flags (any flag the launcher does not know, and everything after --).
+  --num-servers, --num-workers, --bind-host and --log-level; workers also get --local-rank,
+  --mode and the forwarded flags (any flag the launcher does not know, and everything
+  after --).
   Binaries are looked up in --bin-dir, else in the launcher's Bazel runfiles, else next to it
   in bazel-bin (../server/tessera-coordinator, ../server/tessera-server,
   ../worker/tessera-worker).
@@ -99,9 +149,11 @@ void AddFlags(CLI::App& app, LaunchConfig* config) {
   app.add_option("--servers", config->servers, "Parameter servers to start")
       ->type_name("N")
       ->capture_default_str();
-  app.add_option("--workers", config->workers, "Workers to start (0: run until interrupted)")
-      ->type_name("N")
-      ->capture_default_str();
+  CLI::Option* workers =
+      app.add_option("--workers", config->workers,
+                     "Workers to start (0: a long-running fleet, until interrupted)")
+          ->type_name("N")
+          ->capture_default_str();
   app.add_option("--mode", config->mode,
                  "Passed to workers as --mode: local (train alone; use --workers 1), ps-sync, "
                  "ps-async, ps-ssp (need --servers), allreduce, zero1, zero2, or smoke (the "
@@ -129,6 +181,30 @@ void AddFlags(CLI::App& app, LaunchConfig* config) {
                  "checkpoint (as torchrun's --max-restarts)")
       ->type_name("N")
       ->capture_default_str();
+  app.add_option("--nnodes", config->nnodes, "Nodes in the job, one launcher on each")
+      ->type_name("N")
+      ->capture_default_str();
+  app.add_option("--node-rank", config->node_rank,
+                 "This node's index in [0, --nnodes); node 0 hosts the coordinator and servers")
+      ->type_name("R")
+      ->capture_default_str();
+  app.add_option("--nproc-per-node", config->nproc_per_node,
+                 "Workers on each node (instead of --workers)")
+      ->type_name("P")
+      ->excludes(workers);
+  app.add_option("--coordinator", config->coordinator,
+                 "Where the coordinator listens (node 0) and every node connects; required with "
+                 "--nnodes > 1. Port 0 (node 0 only): the OS picks, and the address is printed "
+                 "(default on one node: 127.0.0.1:0)")
+      ->type_name("HOST:PORT");
+  app.add_option("--attach", config->attach,
+                 "Start only the workers, as a job of the running fleet whose coordinator is "
+                 "at HOST:PORT (see \"Long-running fleet\")")
+      ->type_name("HOST:PORT");
+  app.add_option("--bind-host", config->bind_host,
+                 "Interface the children listen on; with several nodes, this node's address "
+                 "that the others can reach (default 127.0.0.1)")
+      ->type_name("HOST");
 }
 
 // CLI11 keeps the "--" separator among the extras; everything else is forwarded as is.
@@ -150,6 +226,60 @@ Status Validate(const LaunchConfig& config) {
   };
   if (config.servers < 0) return reject("--servers", "0 or more", config.servers);
   if (config.workers < 0) return reject("--workers", "0 or more", config.workers);
+  if (config.nproc_per_node < -1 || config.nproc_per_node == 0) {
+    return reject("--nproc-per-node", "1 or more", config.nproc_per_node);
+  }
+  if (config.nnodes < 1) return reject("--nnodes", "1 or more", config.nnodes);
+  if (config.node_rank < 0 || config.node_rank >= config.nnodes) {
+    return reject("--node-rank", "in [0, --nnodes=" + std::to_string(config.nnodes) + ")",
+                  config.node_rank);
+  }
+  auto check_address = [](const std::string& flag, const std::string& value,
+                           bool port_zero_ok) -> Status {
+    StatusOr<std::pair<std::string, int>> parsed = ParseHostPort(value);
+    if (!parsed.ok()) return parsed.status().WithContext(flag + "=" + value);
+    if (parsed->second == 0 && !port_zero_ok) {
+      return InvalidArgumentError(flag + "=" + value +
+                                  ": port 0 cannot be connected to; give the coordinator's port");
+    }
+    return OkStatus();
+  };
+  if (config.nnodes > 1) {
+    if (!config.attach.empty()) {
+      return InvalidArgumentError("--attach and --nnodes > 1 do not mix: every node of an "
+                                  "attaching job connects with --coordinator");
+    }
+    if (config.coordinator.empty()) {
+      return InvalidArgumentError("--nnodes=" + std::to_string(config.nnodes) +
+                                  " needs --coordinator HOST:PORT (node 0's address)");
+    }
+    if (config.LocalWorkers() < 1) {
+      return InvalidArgumentError("--nnodes > 1 needs --nproc-per-node 1 or more");
+    }
+    if (config.node_rank > 0 && config.servers > 0) {
+      return InvalidArgumentError("--servers=" + std::to_string(config.servers) +
+                                  " on --node-rank=" + std::to_string(config.node_rank) +
+                                  ": node 0 starts all the servers; give --servers there only");
+    }
+  }
+  if (config.max_restarts > 0 && (config.nnodes > 1 || !config.attach.empty())) {
+    return InvalidArgumentError("--max-restarts restarts a fleet this launcher owns whole; not "
+                                "with --nnodes > 1 or --attach (restart the whole job instead)");
+  }
+  if (!config.coordinator.empty()) {
+    RETURN_IF_ERROR(check_address("--coordinator", config.coordinator, config.node_rank == 0));
+  }
+  if (!config.attach.empty()) {
+    RETURN_IF_ERROR(check_address("--attach", config.attach, false));
+    if (!config.coordinator.empty()) {
+      return InvalidArgumentError("give --attach or --coordinator, not both");
+    }
+    if (config.servers > 0) {
+      return InvalidArgumentError("--attach joins a running fleet, which has its servers; "
+                                  "drop --servers");
+    }
+    if (config.LocalWorkers() < 1) return InvalidArgumentError("--attach needs --workers 1 or more");
+  }
   if (!(config.linger_s >= 0)) return reject("--linger", "0 or more", config.linger_s);
   if (config.max_restarts < 0) return reject("--max-restarts", "0 or more", config.max_restarts);
   if (!(config.start_timeout_s > 0)) {
@@ -381,6 +511,7 @@ class Launcher {
     if (StartCoordinator()) {
       StartServersAndWorkers();
       SuperviseUntilWorkersFinish();
+      AwaitOtherNodes();
       Linger();
     }
     return StopFleetAndReport();
@@ -393,10 +524,20 @@ class Launcher {
   // --- phases -----------------------------------------------------------------------------
 
   bool StartCoordinator() {
+    if (!config_.HostsCoordinator()) {
+      coordinator_address_ = config_.CoordinatorAddress();
+      Announce(std::string(config_.attach.empty() ? "node " + std::to_string(config_.node_rank)
+                                                  : "attaching") +
+               ": workers connect to the coordinator at " + coordinator_address_);
+      return true;
+    }
     // Port 0: the OS picks a free one, and the ready line tells us which.
-    std::vector<std::string> args = {binaries_.coordinator, "--coordinator", "127.0.0.1:0"};
+    std::vector<std::string> args = {binaries_.coordinator, "--coordinator",
+                                     config_.CoordinatorAddress()};
     AppendFleetSize(&args);
     AppendCommonFlags(&args);
+    // Several nodes: the coordinator stays until the other nodes' workers are done too.
+    if (config_.nnodes > 1) args.push_back("--exit-when-workers-leave");
     if (!Spawn(Role::kCoordinator, 0, std::move(args))) return false;
     while (!ShouldStop() && !members_[0].ready) PollOnce(Deadline::AfterMillis(1000));
     return !ShouldStop();
@@ -409,29 +550,43 @@ class Launcher {
       AppendCommonFlags(&args);
       Spawn(Role::kServer, rank, std::move(args));
     }
-    for (int rank = 0; rank < config_.workers && !ShouldStop(); ++rank) {
+    for (int local = 0; local < config_.LocalWorkers() && !ShouldStop(); ++local) {
+      const int rank = config_.FirstRank() + local;
       std::vector<std::string> args = {binaries_.worker};
       AppendRankAndFleet(rank, &args);
       AppendCommonFlags(&args);
-      args.insert(args.end(), {"--mode", config_.mode});
+      args.insert(args.end(), {"--local-rank", std::to_string(local), "--mode", config_.mode});
       args.insert(args.end(), config_.worker_args.begin(), config_.worker_args.end());
       Spawn(Role::kWorker, rank, std::move(args));
     }
   }
 
   void SuperviseUntilWorkersFinish() {
-    if (config_.workers == 0 && !ShouldStop()) {
-      Announce("no workers: the fleet runs until interrupted (Ctrl-C)");
+    const int workers = config_.LocalWorkers();
+    if (workers == 0 && !ShouldStop()) {
+      Announce("no workers: a long-running fleet, until interrupted (Ctrl-C); jobs attach with "
+               "tessera-launch --attach " + coordinator_address_ + " --workers N ...");
     }
-    while (!ShouldStop() && (config_.workers == 0 || workers_finished_ < config_.workers)) {
+    while (!ShouldStop() && (workers == 0 || workers_finished_ < workers)) {
       PollOnce(Deadline::AfterMillis(1000));
     }
+  }
+
+  // Node 0 of several: the coordinator exits by itself once every node's workers have left
+  // (0), or one of them failed (1, naming it); the servers must serve until then.
+  void AwaitOtherNodes() {
+    if (ShouldStop() || config_.nnodes == 1 || !config_.HostsCoordinator()) return;
+    if (!coordinator_done_) {
+      Announce("this node's " + std::to_string(config_.LocalWorkers()) +
+               " workers finished; waiting for the other nodes' workers to leave");
+    }
+    while (!ShouldStop() && !coordinator_done_) PollOnce(Deadline::AfterMillis(1000));
   }
 
   void Linger() {
     lingering_ = true;
     if (ShouldStop() || config_.linger_s <= 0 || group_.RunningCount() == 0) return;
-    Announce("all " + std::to_string(config_.workers) + " workers finished; lingering " +
+    Announce("all " + std::to_string(config_.LocalWorkers()) + " workers finished; lingering " +
              FormatSeconds(config_.linger_s) + " before stopping the fleet");
     Deadline deadline = Deadline::After(ToMillis(config_.linger_s));
     while (!ShouldStop() && !deadline.Expired() && group_.RunningCount() > 0) PollOnce(deadline);
@@ -472,15 +627,22 @@ class Launcher {
                (members_.size() > 1 ? "; stopped the rest of the fleet" : "; stopped the fleet"));
       return 1;
     }
-    Announce("all " + std::to_string(config_.workers) + " workers finished; fleet stopped");
+    Announce("all " + std::to_string(config_.LocalWorkers()) + " workers" +
+             (config_.nnodes > 1 ? " of node " + std::to_string(config_.node_rank) : "") +
+             " finished; " + (members_.size() > static_cast<size_t>(config_.LocalWorkers())
+                                  ? "fleet stopped"
+                                  : "done"));
     return 0;
   }
 
   // --- spawning ---------------------------------------------------------------------------
 
   void AppendFleetSize(std::vector<std::string>* args) const {
-    args->insert(args->end(), {"--num-servers", std::to_string(config_.servers), "--num-workers",
-                               std::to_string(config_.workers)});
+    // Attaching workers take the servers from the running fleet's view.
+    if (config_.attach.empty()) {
+      args->insert(args->end(), {"--num-servers", std::to_string(config_.servers)});
+    }
+    args->insert(args->end(), {"--num-workers", std::to_string(config_.WorldSize())});
   }
 
   void AppendRankAndFleet(int rank, std::vector<std::string>* args) const {
@@ -491,6 +653,7 @@ class Launcher {
 
   void AppendCommonFlags(std::vector<std::string>* args) const {
     if (!config_.log_level.empty()) args->insert(args->end(), {"--log-level", config_.log_level});
+    if (!config_.bind_host.empty()) args->insert(args->end(), {"--bind-host", config_.bind_host});
   }
 
   bool Spawn(Role role, int rank, std::vector<std::string> args) {
@@ -589,6 +752,12 @@ class Launcher {
     }
     // The coordinator and servers must outlive the workers; after that, a clean exit is fine.
     if (!exit.success()) return Fail(what);
+    // Several nodes: a clean exit of the coordinator means every node's workers have left.
+    if (member.role == Role::kCoordinator && config_.nnodes > 1) {
+      coordinator_done_ = true;
+      Announce(what + ": every node's workers have left");
+      return;
+    }
     if (!lingering_) return Fail(what + " before the workers finished");
     Announce(what);
   }
@@ -608,6 +777,7 @@ class Launcher {
   std::string coordinator_address_;  // HOST:PORT, from the coordinator's ready line
   int workers_finished_ = 0;         // workers that exited 0
   bool lingering_ = false;           // every worker has finished
+  bool coordinator_done_ = false;    // several nodes: the coordinator exited 0
   bool stopping_ = false;            // StopAll() is under way: exits are expected
   std::optional<std::string> failure_;
   int interrupted_by_ = 0;  // the signal that ended the run, if one did
@@ -615,7 +785,10 @@ class Launcher {
 
 std::string DescribeConfig(const LaunchConfig& config, const FleetBinaries& binaries) {
   std::ostringstream out;
-  out << "servers=" << config.servers << " workers=" << config.workers << " mode=" << config.mode
+  out << "servers=" << config.servers << " workers=" << config.LocalWorkers()
+      << " nnodes=" << config.nnodes << " node-rank=" << config.node_rank
+      << " coordinator=" << config.CoordinatorAddress()
+      << (config.attach.empty() ? "" : " (attach)") << " mode=" << config.mode
       << " linger=" << config.linger_s << "s start-timeout=" << config.start_timeout_s
       << "s grace=" << config.grace_s
       << "s log-level=" << (config.log_level.empty() ? "(children's default)" : config.log_level)
