@@ -1,4 +1,4 @@
-// Checkpoints of --mode allreduce, zero1 and zero2 end to end (worker/sharded_state.h): real
+// Checkpoints of --mode allreduce and zero1-3 end to end (worker/sharded_state.h): real
 // workers under tessera-launch on loopback, and tessera-export-params.
 //
 // Same world size: stopping after a checkpoint and resuming ends bitwise where an
@@ -133,22 +133,24 @@ TEST_P(SameWorldSize, ResumeIsBitwiseLikeNeverStopping) {
   EXPECT_TRUE(consolidated->values == original->values);
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, SameWorldSize, ::testing::Values("allreduce", "zero1", "zero2"));
+INSTANTIATE_TEST_SUITE_P(Modes, SameWorldSize,
+                         ::testing::Values("allreduce", "zero1", "zero2", "zero3"));
 
-// A zero2 checkpoint of 2 ranks resumed by 4 ranks in zero1 with another bucket plan (the
-// universal form), and by 3 ranks in allreduce: both end within the tolerance of the
-// uninterrupted 2-rank run (4 x 16 is the same global batch; 3 ranks cannot split 64 evenly,
-// so that run is checked only to finish and to have moved the parameters).
+// A zero3 checkpoint of 2 ranks (ZeroEngine: slices per tensor) resumed by 4 ranks in zero1
+// (AllReduceEngine: slices per bucket, another bucket plan: the universal form), and by 3 ranks
+// in zero2: both end within the tolerance of the uninterrupted 2-rank run (4 x 16 is the same
+// global batch; 3 ranks cannot split 64 evenly, so that run is checked only to finish and to
+// have moved the parameters).
 TEST(ZeroCheckpointTest, ResumesAtAnotherWorldSizeAndMode) {
   FleetHarness harness;
   const std::string dir = TempPath("resize_ckpt");
   const std::string whole = TempPath("resize_whole.bin"), four = TempPath("resize_four.bin"),
                     three = TempPath("resize_three.bin");
   RunToSuccess(harness, "uninterrupted",
-               Concat(Fleet(2, "zero2"), Concat(Flags("20"), {"--batch-size", "32",
+               Concat(Fleet(2, "zero3"), Concat(Flags("20"), {"--batch-size", "32",
                                                               "--save-params", whole})));
   RunToSuccess(harness, "first part",
-               Concat(Fleet(2, "zero2"), Concat(Flags("10"), {"--batch-size", "32",
+               Concat(Fleet(2, "zero3"), Concat(Flags("10"), {"--batch-size", "32",
                                                               "--checkpoint-dir", dir,
                                                               "--checkpoint-every", "10"})));
   std::vector<std::string> resume =
@@ -174,9 +176,9 @@ TEST(ZeroCheckpointTest, ResumesAtAnotherWorldSizeAndMode) {
   }
   EXPECT_EQ(bad, 0u) << "of " << got.size() << "; largest difference " << worst;
 
-  // 3 ranks of allreduce (the checkpoint of step 10 is still LATEST: the 4-rank run wrote none).
+  // 3 ranks of zero2 (the checkpoint of step 10 is still LATEST: the 4-rank run wrote none).
   EXPECT_NE(RunToSuccess(harness, "resumed by 3",
-                         Concat(Fleet(3, "allreduce"), Concat(resume, {"--batch-size", "21",
+                         Concat(Fleet(3, "zero2"), Concat(resume, {"--batch-size", "21",
                                                                        "--save-params", three})))
                 .find("resumed from the checkpoint of step 10"),
             std::string::npos);

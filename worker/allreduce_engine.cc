@@ -32,9 +32,9 @@ int SizeClass(uint64_t bytes) {
 
 StatusOr<std::unique_ptr<AllReduceEngine>> AllReduceEngine::Create(
     const AllReduceEngineOptions& options, Collectives* collectives, MetricsRegistry* metrics) {
-  if (options.zero_stage < 0 || options.zero_stage > 2) {
-    return InvalidArgumentError("ZeRO stage " + std::to_string(options.zero_stage) +
-                                " is not available (0, 1 and 2 are)");
+  if (options.zero_stage < 0 || options.zero_stage > 1) {
+    return InvalidArgumentError("AllReduceEngine runs stages 0 and 1, not " +
+                                std::to_string(options.zero_stage) + " (2 and 3: ZeroEngine)");
   }
   RETURN_IF_ERROR(ValidateOptimizerOptions(options.optimizer));
   RETURN_IF_ERROR(ValidateLrSchedule(options.schedule, options.optimizer.lr));
@@ -176,13 +176,8 @@ void AllReduceEngine::CommLoop() {
     const auto started = SteadyClock::now();
     const std::string tensor =
         "bucket " + std::to_string(bucket) + " (" + b.first + " .. " + b.last + ")";
-    // Stage 2 only needs its own slice of the reduced gradients.
-    Status status =
-        options_.zero_stage == 2
-            ? collectives_->ReduceScatter(grads + b.offset, grads + owned_[bucket].offset, b.size,
-                                          DataType::kFloat32, ReduceOp::kAverage, tensor, tag)
-            : collectives_->AllReduce(grads + b.offset, b.size, DataType::kFloat32,
-                                      ReduceOp::kAverage, tensor, tag);
+    Status status = collectives_->AllReduce(grads + b.offset, b.size, DataType::kFloat32,
+                                            ReduceOp::kAverage, tensor, tag);
     const double seconds = std::chrono::duration<double>(SteadyClock::now() - started).count();
     allreduce_seconds_[SizeClass(b.size * sizeof(float))]->Observe(seconds);
     allreduce_bytes_->Increment(static_cast<double>(b.size * sizeof(float)));

@@ -12,22 +12,20 @@
 //   Step        waits for the remaining buckets, then the optimizer step.
 // With overlap off, every bucket starts in Step (the same results, bitwise).
 //
-// ZeRO (`--mode zero1 | zero2`, DeepSpeed's stages 1 and 2): the optimizer state is partitioned.
-// Rank r owns, in every bucket b, the slice PartitionOf(b.size, N, r) (collectives.h), so each
-// rank keeps the optimizer state of about 1/N of the parameters and updates only those; then
-// every bucket's parameters are all-gathered in place. Stage 1 all-reduces the gradient
-// buckets; stage 2 reduce-scatters them, so each rank receives only the reduced gradients of
-// its slices (half the traffic of an all-reduce). Both give bitwise the parameters of stage 0
-// (the same reduction, the same per-element optimizer math).
+// ZeRO stage 1 (`--mode zero1`): the optimizer state is partitioned. Rank r owns, in every
+// bucket b, the slice PartitionOf(b.size, N, r) (collectives.h), so each rank keeps the
+// optimizer state of about 1/N of the parameters and updates only those; then every bucket's
+// parameters are all-gathered in place. The gradient buckets are all-reduced as in stage 0, so
+// the parameters are bitwise those of stage 0 (the same reduction, the same per-element
+// optimizer math). Stages 2 and 3 partition gradients and parameters: zero_engine.h.
 //
 // Memory, reported by tessera_model_state_bytes{kind}: parameters 4Ψ, gradients 4Ψ (the
-// trainer's gradient buffer, which backward writes whole; stage 2 does not shrink it yet),
-// optimizer state 8Ψ/N for Adam (stages 1 and 2) instead of 8Ψ.
+// trainer's gradient buffer), optimizer state 8Ψ/N for Adam in stage 1 instead of 8Ψ.
 //
 // Checkpoints (worker/sharded_state.h): each rank writes its owned slices of the parameters
 // and their optimizer state (data parallel: rank 0 writes everything, the others nothing) and
 // rank 0 commits once all are written. The format depends on neither the world size nor the
-// bucket plan, so a checkpoint of allreduce, zero1 or zero2 restores into any of them at any
+// bucket plan, so a checkpoint of allreduce or zero1-3 restores into any of them at any
 // world size and --bucket-mb.
 //
 // Errors: a peer that fails or hangs makes the collective fail within its deadline naming it
@@ -56,7 +54,7 @@
 namespace tessera::worker {
 
 struct AllReduceEngineOptions {
-  int zero_stage = 0;  // 0: plain data parallel (DDP); 1, 2: ZeRO stages (see above)
+  int zero_stage = 0;  // 0: plain data parallel (DDP); 1: ZeRO stage 1 (see above)
   OptimizerOptions optimizer;
   LrScheduleOptions schedule;
   uint64_t bucket_bytes = 25ull << 20;  // PyTorch DDP's default bucket_cap_mb = 25
@@ -72,7 +70,7 @@ class AllReduceEngine final : public TrainingEngine {
   ~AllReduceEngine() override;
 
   std::string_view name() const override {
-    return options_.zero_stage == 0 ? "allreduce" : options_.zero_stage == 1 ? "zero1" : "zero2";
+    return options_.zero_stage == 0 ? "allreduce" : "zero1";
   }
   Status Initialize(const ParameterLayout& layout, const std::vector<EmbeddingTableSpec>& tables,
                     float* params) override;

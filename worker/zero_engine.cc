@@ -7,6 +7,7 @@
 #include "common/logging.h"
 #include "common/metric_names.h"
 #include "worker/layout_check.h"
+#include "worker/sharded_state.h"
 
 namespace tessera::worker {
 namespace {
@@ -16,6 +17,8 @@ namespace {
 constexpr uint64_t kFingerprintTag = 1ull << 44;  // and + 1 (layout_check.h)
 constexpr uint64_t kBroadcastTag = kFingerprintTag + 2;
 constexpr uint64_t kOpTagBase = kFingerprintTag + 16;
+// Checkpoints: four per step (save: gather, commit; restore: agree), as allreduce_engine.cc.
+constexpr uint64_t kCheckpointTagBase = 1ull << 60;
 
 constexpr uint64_t kFloat = sizeof(float);
 
@@ -67,6 +70,7 @@ Status ZeroEngine::Initialize(const ParameterLayout& layout,
                                 " of this model): use a ps-* mode for the ctr model");
   }
   RETURN_IF_ERROR(CheckLayoutsMatch(collectives_, layout, kFingerprintTag));
+  layout_ = layout;
   size_ = layout.total_size();
   RETURN_IF_ERROR(collectives_->Broadcast(params, size_, DataType::kFloat32, /*root=*/0,
                                           "initial parameters", kBroadcastTag)
@@ -316,6 +320,39 @@ Status ZeroEngine::GatherParameters(float* params) {
     return OkStatus();
   });
   return Wait(done, "gathering all parameters");
+}
+
+std::vector<Partition> ZeroEngine::OwnedSlices() const {
+  std::vector<Partition> slices;
+  for (const Tensor& t : tensors_) slices.push_back({t.offset + t.slice.offset, t.slice.size});
+  return slices;
+}
+
+Status ZeroEngine::SaveCheckpoint(const std::string& root, int64_t step, const float* params) {
+  const ShardedCheckpointSpec spec{std::string(name()), &layout_, options_.optimizer.kind};
+  const std::vector<Partition> slices = OwnedSlices();
+  std::vector<float> stage2_slices;
+  const float* values = shard_.data();
+  if (options_.stage == 2) {
+    for (const Partition& slice : slices) {
+      stage2_slices.insert(stage2_slices.end(), full_.data() + slice.offset,
+                           full_.data() + slice.end());
+    }
+    values = stage2_slices.data();
+  }
+  return SaveShardedCheckpoint(root, step, spec, slices, values, state_.data(), collectives_,
+                               kCheckpointTagBase + 4 * static_cast<uint64_t>(step));
+}
+
+Status ZeroEngine::RestoreCheckpoint(const std::string& root, int64_t step, float* params) {
+  const ShardedCheckpointSpec spec{std::string(name()), &layout_, options_.optimizer.kind};
+  RETURN_IF_ERROR(RestoreShardedCheckpoint(
+      root, step, spec, OwnedSlices(), options_.stage == 3 ? shard_.data() : nullptr,
+      state_.data(), params, collectives_, kCheckpointTagBase + 4 * static_cast<uint64_t>(step) + 2));
+  if (options_.stage == 2) full_.assign(params, params + size_);
+  TLOG(INFO) << "restored the checkpoint of step " << step << " from "
+             << CheckpointStepDirectory(root, step);
+  return OkStatus();
 }
 
 ZeroEngine::Bytes ZeroEngine::held() const {

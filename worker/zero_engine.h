@@ -73,6 +73,12 @@ class ZeroEngine final : public TrainingEngine, private ParameterStorage {
               const std::vector<SparseRows>& sparse) override;
   ParameterStorage* parameter_storage() override { return this; }
   Status GatherParameters(float* params) override;
+  // Sharded checkpoints (sharded_state.h): each rank writes its slices of every tensor.
+  // `params` is ignored (null from the trainer): the engine holds them.
+  Status SaveCheckpoint(const std::string& root, int64_t step, const float* params) override;
+  // Restores into this rank's slices, at any world size, from any sharded mode; also writes
+  // the full parameters into `params` (layout size).
+  Status RestoreCheckpoint(const std::string& root, int64_t step, float* params) override;
 
   // Model-state bytes held between steps and at most during the last step, by kind.
   struct Bytes {
@@ -105,6 +111,7 @@ class ZeroEngine final : public TrainingEngine, private ParameterStorage {
   Status GradientsDone(const ParameterBlock& block) override;
 
   StatusOr<const std::vector<size_t>*> TensorsOf(const ParameterBlock& block);
+  std::vector<Partition> OwnedSlices() const;  // absolute, in owned order
   Status StartGather(const ParameterBlock& block);
   Status Wait(const std::shared_future<Status>& done, const std::string& what);
   Status WaitForReductions();
@@ -115,6 +122,7 @@ class ZeroEngine final : public TrainingEngine, private ParameterStorage {
   const ZeroEngineOptions options_;
   Collectives* const collectives_;
   std::unique_ptr<CommThread> comm_;
+  ParameterLayout layout_;
   std::vector<Tensor> tensors_;
   std::map<uint64_t, std::vector<size_t>> block_tensors_;  // by block offset
   uint64_t size_ = 0;         // Ψ
