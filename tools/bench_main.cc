@@ -5,6 +5,7 @@
 //   tessera-bench transport ...   tools/bench/transport_bench.h
 //   tessera-bench train ...       tools/bench/train_bench.h
 //   tessera-bench allreduce ...   tools/bench/allreduce_bench.h
+//   tessera-bench memory ...      tools/bench/memory_bench.h
 //
 // To add one: a tools/bench/<name>_bench.{h,cc} with `BenchCommand Add<Name>Bench(CLI::App*)`,
 // a cc_library in tools/BUILD, and a line in the list below.
@@ -15,6 +16,7 @@
 #include "common/logging.h"
 #include "tools/bench/allreduce_bench.h"
 #include "tools/bench/bench_util.h"
+#include "tools/bench/memory_bench.h"
 #include "tools/bench/train_bench.h"
 #include "tools/bench/transport_bench.h"
 
@@ -27,6 +29,7 @@ int main(int argc, char** argv) {
       tessera::tools::AddTransportBench(&app),
       tessera::tools::AddTrainBench(&app),
       tessera::tools::AddAllReduceBench(&app),
+      tessera::tools::AddMemoryBench(&app),
   };
   CLI11_PARSE(app, argc, argv);
   tessera::SetMinLogLevel(tessera::LogLevel::kWarning);

@@ -31,6 +31,7 @@
 #include "common/config.h"
 #include "common/deadline.h"
 #include "common/logging.h"
+#include "common/metric_names.h"
 #include "common/process_runtime.h"
 #include "common/ps_job.h"
 #include "common/rendezvous_client.h"
@@ -38,7 +39,6 @@
 #include "common/status.h"
 #include "worker/allreduce_bench_job.h"
 #include "worker/allreduce_engine.h"
-#include "worker/zero_engine.h"
 #include "worker/collective_mailbox.h"
 #include "worker/local_engine.h"
 #include "worker/params_file.h"
@@ -47,6 +47,7 @@
 #include "worker/smoke_job.h"
 #include "worker/trainer.h"
 #include "worker/training_setup.h"
+#include "worker/zero_engine.h"
 
 namespace tessera::worker {
 namespace {
@@ -126,10 +127,27 @@ StatusOr<std::unique_ptr<RingCollectives>> MakeRing(ProcessRuntime& runtime,
 }
 
 // The summary as one JSON object (--json) or one human line.
+// The bytes of model state the collective engines report (tessera_model_state_bytes and
+// _peak_bytes), as {"held": {kind: bytes}, "peak": {...}}, for the summary.
+StatusOr<nlohmann::json> ModelStateBytes(MetricsRegistry& metrics) {
+  namespace names = metric_names;
+  nlohmann::json bytes;
+  for (const auto& [key, metric] : {std::pair{"held", names::kModelStateBytes},
+                                    std::pair{"peak", names::kModelStatePeakBytes}}) {
+    ASSIGN_OR_RETURN(GaugeFamily * family,
+                     metrics.RegisterGauge(metric.name, metric.help, {"kind"}));
+    for (const char* kind : {"parameters", "gradients", "optimizer_state"}) {
+      ASSIGN_OR_RETURN(Gauge * gauge, family->WithLabels({kind}));
+      bytes[key][kind] = gauge->Value();
+    }
+  }
+  return bytes;
+}
+
 std::string FormatSummary(const TrainingSummary& s, const TrainingFlags& flags,
                           const std::string& mode, const Model& model,
                           const ComputeBackend& backend, const std::string& dataset,
-                          const OptimizerOptions& optimizer) {
+                          const OptimizerOptions& optimizer, const nlohmann::json& model_state) {
   if (flags.json) {
     nlohmann::json j = {
         {"mode", mode},
@@ -150,6 +168,7 @@ std::string FormatSummary(const TrainingSummary& s, const TrainingFlags& flags,
         {"samples_per_second", s.samples_per_second},
     };
     if (!flags.save_params.empty()) j["params_path"] = flags.save_params;
+    if (!model_state.is_null()) j["model_state_bytes"] = model_state;
     return j.dump();
   }
   std::ostringstream line;
@@ -232,8 +251,12 @@ Status RunTraining(ProcessRuntime& runtime, const WorkerFlags& worker_flags,
   }
   TrainingFlags reported = flags;
   if (rank != 0) reported.save_params.clear();  // only rank 0 wrote them
+  nlohmann::json model_state;  // null: this mode's engine does not report it
+  if (worker_flags.mode == "allreduce" || worker_flags.mode.rfind("zero", 0) == 0) {
+    ASSIGN_OR_RETURN(model_state, ModelStateBytes(runtime.metrics()));
+  }
   std::printf("%s\n", FormatSummary(summary, reported, worker_flags.mode, *model, *backend,
-                                    data.description, optimizer)
+                                    data.description, optimizer, model_state)
                           .c_str());
   std::fflush(stdout);
   return OkStatus();

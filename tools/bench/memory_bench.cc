@@ -1,0 +1,193 @@
+#include "tools/bench/memory_bench.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+
+namespace tessera::tools {
+namespace {
+
+struct MemoryBenchOptions {
+  std::string np_text = "1,2,4";
+  std::string stages_text = "0,1,2,3";
+  std::string hidden = "1024,1024";
+  int64_t steps = 3;
+  int timeout_s = 600;
+  bool json = false;
+};
+
+constexpr const char* kKinds[3] = {"parameters", "gradients", "optimizer_state"};
+
+const char* ModeOf(int64_t stage) {
+  static const char* modes[] = {"allreduce", "zero1", "zero2", "zero3"};
+  return modes[stage];
+}
+
+// ZeRO's per-rank bytes for Adam in float32: {parameters, gradients, optimizer state}.
+std::vector<double> Theory(int64_t stage, double psi, double n) {
+  return {stage == 3 ? 4 * psi / n : 4 * psi, stage >= 2 ? 4 * psi / n : 4 * psi,
+          stage >= 1 ? 8 * psi / n : 8 * psi};
+}
+
+struct Row {
+  int64_t stage = 0;
+  int64_t np = 0;
+  double psi = 0;
+  std::vector<double> held, peak, theory;  // by kind; held and peak: the largest over ranks
+  double total(const std::vector<double>& v) const { return v[0] + v[1] + v[2]; }
+};
+
+// Every worker's summary: the {"batch_size"...} JSON lines after a "[worker r] " prefix.
+StatusOr<std::vector<nlohmann::json>> WorkerSummaries(const std::vector<ChildOutput>& outputs) {
+  std::vector<nlohmann::json> summaries;
+  for (const ChildOutput& output : outputs) {
+    for (const std::string& line : output.stdout_lines) {
+      const size_t start = line.find("{\"");
+      if (start == std::string::npos) continue;
+      nlohmann::json j = nlohmann::json::parse(line.substr(start), nullptr, false);
+      if (j.is_object() && j.contains("model_state_bytes")) summaries.push_back(std::move(j));
+    }
+  }
+  return summaries;
+}
+
+StatusOr<Row> Measure(const std::string& launch, const MemoryBenchOptions& o, int64_t stage,
+                      int64_t np) {
+  const std::string label =
+      "tessera-launch --workers " + std::to_string(np) + " --mode " + ModeOf(stage);
+  std::vector<std::string> argv = {launch, "--workers", std::to_string(np), "--mode",
+                                   ModeOf(stage), "--log-level", "warning", "--",
+                                   "--json", "--device", "cpu", "--optimizer", "adam",
+                                   "--hidden", o.hidden, "--steps", std::to_string(o.steps),
+                                   "--batch-size", "16", "--log-every", "0",
+                                   "--eval-samples", "16"};
+  ASSIGN_OR_RETURN(std::vector<ChildOutput> outputs,
+                   RunAllToCompletion({{label, argv}}, int64_t{o.timeout_s} * 1000));
+  ASSIGN_OR_RETURN(std::vector<nlohmann::json> summaries, WorkerSummaries(outputs));
+  if (summaries.size() != static_cast<size_t>(np)) {
+    return DataLossError(label + ": " + std::to_string(summaries.size()) + " of " +
+                         std::to_string(np) + " workers reported their model-state bytes");
+  }
+  Row row;
+  row.stage = stage;
+  row.np = np;
+  row.psi = summaries.front().value("parameters", 0.0);
+  row.held.assign(3, 0);
+  row.peak.assign(3, 0);
+  for (const nlohmann::json& s : summaries) {
+    const nlohmann::json& bytes = s["model_state_bytes"];
+    for (int k = 0; k < 3; ++k) {
+      row.held[k] = std::max(row.held[k], bytes["held"].value(kKinds[k], 0.0));
+      row.peak[k] = std::max(row.peak[k], bytes["peak"].value(kKinds[k], 0.0));
+    }
+  }
+  row.theory = Theory(stage, row.psi, static_cast<double>(np));
+  return row;
+}
+
+std::string Mb(double bytes) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.2f", bytes / 1e6);
+  return text;
+}
+
+int RunMemoryBench(const MemoryBenchOptions& o) {
+  auto fail = [](const Status& status) {
+    std::cerr << "tessera-bench memory: " << status << "\n";
+    return 1;
+  };
+  const std::function<StatusOr<int64_t>(const std::string&)> positive = ParsePositive;
+  StatusOr<std::vector<int64_t>> nps = ParseList<int64_t>("--np", o.np_text, positive);
+  if (!nps.ok()) return fail(nps.status());
+  StatusOr<std::vector<int64_t>> stages = ParseList<int64_t>(
+      "--stages", o.stages_text, [](const std::string& item) -> StatusOr<int64_t> {
+        if (item.size() != 1 || item[0] < '0' || item[0] > '3') {
+          return InvalidArgumentError("'" + item + "' is not a ZeRO stage (0, 1, 2 or 3)");
+        }
+        return int64_t{item[0] - '0'};
+      });
+  if (!stages.ok()) return fail(stages.status());
+  StatusOr<std::string> launch = FindRunfile("tools/tessera-launch");
+  if (!launch.ok()) return fail(launch.status());
+
+  std::vector<Row> rows;
+  for (int64_t stage : *stages) {
+    for (int64_t np : *nps) {
+      if (!o.json) {
+        std::cerr << "measuring stage " << stage << " (--mode " << ModeOf(stage) << ") with "
+                  << np << " workers...\n";
+      }
+      StatusOr<Row> row = Measure(*launch, o, stage, np);
+      if (!row.ok()) return fail(row.status());
+      rows.push_back(*row);
+    }
+  }
+  nlohmann::json report = {{"bench", "memory"}, {"optimizer", "adam"}, {"dtype", "float32"},
+                           {"rows", nlohmann::json::array()}};
+  bool all_within = true;
+  for (const Row& r : rows) {
+    const double ratio = r.total(r.held) / r.total(r.theory);
+    const bool within = ratio >= 0.9 && ratio <= 1.1;
+    all_within = all_within && within;
+    nlohmann::json j = {{"stage", r.stage}, {"mode", ModeOf(r.stage)}, {"np", r.np},
+                        {"parameters", r.psi}, {"held_vs_theory", ratio},
+                        {"within_10_percent", within}};
+    for (int k = 0; k < 3; ++k) {
+      j["held_bytes"][kKinds[k]] = r.held[k];
+      j["peak_bytes"][kKinds[k]] = r.peak[k];
+      j["theory_bytes"][kKinds[k]] = r.theory[k];
+    }
+    report["rows"].push_back(j);
+  }
+  report["all_within_10_percent"] = all_within;
+  if (o.json) {
+    std::cout << report.dump() << "\n";
+    return 0;
+  }
+  std::cout << "Model-state bytes per rank (MB = 1e6 bytes), Adam float32, Ψ = "
+            << (rows.empty() ? 0 : static_cast<int64_t>(rows.front().psi)) << " parameters\n\n";
+  std::cout << "| stage | N | params | grads | optim | held | theory | held/theory | peak |\n"
+               "|---|---|---|---|---|---|---|---|---|\n";
+  for (const Row& r : rows) {
+    char ratio[16];
+    std::snprintf(ratio, sizeof(ratio), "%.3f", r.total(r.held) / r.total(r.theory));
+    std::cout << "| " << r.stage << " | " << r.np << " | " << Mb(r.held[0]) << " | "
+              << Mb(r.held[1]) << " | " << Mb(r.held[2]) << " | " << Mb(r.total(r.held)) << " | "
+              << Mb(r.total(r.theory)) << " | " << ratio << " | " << Mb(r.total(r.peak))
+              << " |\n";
+  }
+  std::cout << "\nheld within 10% of the theory everywhere: " << (all_within ? "yes" : "NO")
+            << "\n";
+  return 0;
+}
+
+}  // namespace
+
+BenchCommand AddMemoryBench(CLI::App* parent) {
+  auto o = std::make_shared<MemoryBenchOptions>();
+  CLI::App* app = parent->add_subcommand(
+      "memory", "Model-state bytes per rank in ZeRO stages 0-3, measured vs the formulas");
+  app->add_option("--np", o->np_text, "World sizes, comma-separated")->capture_default_str();
+  app->add_option("--stages", o->stages_text, "ZeRO stages (0 = --mode allreduce)")
+      ->capture_default_str();
+  app->add_option("--hidden", o->hidden, "The mlp's hidden widths (784-...-10)")
+      ->capture_default_str();
+  app->add_option("--steps", o->steps, "Training steps per run (the peak is the last step's)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1000}))
+      ->capture_default_str();
+  app->add_option("--timeout-s", o->timeout_s, "Deadline of each run")
+      ->check(CLI::Range(1, 86400))
+      ->capture_default_str();
+  app->add_flag("--json", o->json, "Print one JSON object instead of the table");
+  return {app, [o]() -> int { return RunMemoryBench(*o); }};
+}
+
+}  // namespace tessera::tools
