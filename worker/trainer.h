@@ -3,7 +3,8 @@
 //   for step in 1..steps:
 //     batch   <- this rank's next `batch_size` samples (DistributedSampler order, by epoch)
 //     rows    <- engine.LookupRows(...)         for a model with embedding tables
-//     forward + backward on the batch (gradients into the flat gradient buffer)
+//     forward + backward on the batch (gradients into the flat gradient buffer, or, for an
+//     engine that partitions the parameters (ZeRO 2-3), layer by layer into its storage)
 //     engine.Step(step, params, grads, rows)   <- where the mode plugs in
 //     every `log_every` steps: a progress line; every `eval_every` steps: evaluation;
 //     every `checkpoint_every` steps: engine.SaveCheckpoint
