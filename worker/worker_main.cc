@@ -62,7 +62,7 @@ struct WorkerFlags {
   uint64_t ps_chunk_elements = 1 << 16;
   double bucket_mb = 25;
   bool no_overlap = false;
-  uint64_t segment_kb = 256;
+  uint64_t segment_kb = 1024;
 };
 
 void AddWorkerFlags(CLI::App* app, WorkerFlags* flags) {
