@@ -8,6 +8,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -209,13 +210,51 @@ float Apply(float a, float b) {
   }
 }
 
-// out[i] = mine[i] (op) theirs[i] for i in [0, n), divided by `divisor` if kDivide. `out` may
-// be `mine`. Works in batches of kBatch elements through local arrays, which the compiler
-// turns into SIMD code at -O2 (a plain loop over possibly aliasing byte pointers it does not).
+// The float32 fast path of CombineAs: whole vectors of 8 elements, loaded and stored with
+// memcpy (the bytes may be unaligned), each loaded before any is stored, so `out` or `copy`
+// may be `mine`. Elementwise the same arithmetic as Apply, so the results are bit-identical. Returns
+// how many leading elements it combined (a multiple of 8); CombineAs does the rest. About 2x
+// faster than the batches through local arrays on a segment that is in cache.
+using Float32x8 = float __attribute__((vector_size(32)));
+
+template <ReduceOp kOp, bool kDivide>
+size_t CombineFloat32Vectors(const uint8_t* mine, const uint8_t* theirs, uint8_t* out,
+                             uint8_t* copy, size_t n, float divisor) {
+  constexpr size_t kLanes = 8;
+  constexpr size_t kVectorBytes = sizeof(Float32x8);
+  Float32x8 divisors;
+  for (size_t j = 0; j < kLanes; ++j) divisors[j] = divisor;
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    const size_t at = i * sizeof(float);
+    Float32x8 x, y;
+    std::memcpy(&x, mine + at, kVectorBytes);
+    std::memcpy(&y, theirs + at, kVectorBytes);
+    if constexpr (kOp == ReduceOp::kMax) {
+      x = (x > y || x != x) ? x : y;
+    } else if constexpr (kOp == ReduceOp::kMin) {
+      x = (x < y || x != x) ? x : y;
+    } else {
+      x = x + y;
+    }
+    if constexpr (kDivide) x = x / divisors;
+    std::memcpy(out + at, &x, kVectorBytes);
+    if (copy != nullptr) std::memcpy(copy + at, &x, kVectorBytes);
+  }
+  return i;
+}
+
+// out[i] = mine[i] (op) theirs[i] for i in [0, n), divided by `divisor` if kDivide, and the
+// same value to copy[i] too unless `copy` is null (one pass instead of a combine and a memcpy).
+// `out` and `copy` may each be `mine` exactly, and overlap nothing else. Works in batches of kBatch elements
+// through local arrays, which the compiler turns into SIMD code at -O2 (a plain loop over
+// possibly aliasing byte pointers it does not).
 template <typename Codec, ReduceOp kOp, bool kDivide>
-void CombineAs(const uint8_t* mine, const uint8_t* theirs, uint8_t* out, size_t n, float divisor) {
+void CombineAs(const uint8_t* mine, const uint8_t* theirs, uint8_t* out, uint8_t* copy, size_t n,
+               float divisor) {
   constexpr size_t kBatch = 16;
-  auto combine = [divisor](const uint8_t* a, const uint8_t* b, uint8_t* o, size_t count) {
+  auto combine = [divisor](const uint8_t* a, const uint8_t* b, uint8_t* o, uint8_t* c,
+                           size_t count) {
     float x[kBatch], y[kBatch];
     for (size_t j = 0; j < count; ++j) {
       x[j] = Codec::Load(a + j * Codec::kBytes);
@@ -226,47 +265,54 @@ void CombineAs(const uint8_t* mine, const uint8_t* theirs, uint8_t* out, size_t 
       if constexpr (kDivide) x[j] /= divisor;
     }
     for (size_t j = 0; j < count; ++j) Codec::Store(o + j * Codec::kBytes, x[j]);
+    if (c != nullptr) {
+      for (size_t j = 0; j < count; ++j) Codec::Store(c + j * Codec::kBytes, x[j]);
+    }
   };
   size_t i = 0;
+  if constexpr (std::is_same_v<Codec, Float32Codec>) {
+    i = CombineFloat32Vectors<kOp, kDivide>(mine, theirs, out, copy, n, divisor);
+  }
   for (; i + kBatch <= n; i += kBatch) {
     const size_t at = i * Codec::kBytes;
-    combine(mine + at, theirs + at, out + at, kBatch);
+    combine(mine + at, theirs + at, out + at, copy == nullptr ? nullptr : copy + at, kBatch);
   }
   if (i < n) {
     const size_t at = i * Codec::kBytes;
-    combine(mine + at, theirs + at, out + at, n - i);
+    combine(mine + at, theirs + at, out + at, copy == nullptr ? nullptr : copy + at, n - i);
   }
 }
 
 template <typename Codec>
 void CombineWith(ReduceOp op, bool last, const uint8_t* mine, const uint8_t* theirs, uint8_t* out,
-                 size_t n, int world) {
+                 uint8_t* copy, size_t n, int world) {
   switch (op) {
     case ReduceOp::kSum:
-      return CombineAs<Codec, ReduceOp::kSum, false>(mine, theirs, out, n, 1);
+      return CombineAs<Codec, ReduceOp::kSum, false>(mine, theirs, out, copy, n, 1);
     case ReduceOp::kAverage:
       if (last) {
-        return CombineAs<Codec, ReduceOp::kSum, true>(mine, theirs, out, n,
+        return CombineAs<Codec, ReduceOp::kSum, true>(mine, theirs, out, copy, n,
                                                      static_cast<float>(world));
       }
-      return CombineAs<Codec, ReduceOp::kSum, false>(mine, theirs, out, n, 1);
+      return CombineAs<Codec, ReduceOp::kSum, false>(mine, theirs, out, copy, n, 1);
     case ReduceOp::kMax:
-      return CombineAs<Codec, ReduceOp::kMax, false>(mine, theirs, out, n, 1);
+      return CombineAs<Codec, ReduceOp::kMax, false>(mine, theirs, out, copy, n, 1);
     case ReduceOp::kMin:
-      return CombineAs<Codec, ReduceOp::kMin, false>(mine, theirs, out, n, 1);
+      return CombineAs<Codec, ReduceOp::kMin, false>(mine, theirs, out, copy, n, 1);
   }
 }
 
 // `last`: this combination completes the reduction over every rank (average divides now).
+// `copy`: null, or a second destination for the result (see CombineAs).
 void Combine(DataType dtype, ReduceOp op, bool last, const uint8_t* mine, const uint8_t* theirs,
-             uint8_t* out, size_t n, int world) {
+             uint8_t* out, uint8_t* copy, size_t n, int world) {
   switch (dtype) {
     case DataType::kFloat32:
-      return CombineWith<Float32Codec>(op, last, mine, theirs, out, n, world);
+      return CombineWith<Float32Codec>(op, last, mine, theirs, out, copy, n, world);
     case DataType::kFloat16:
-      return CombineWith<Float16Codec>(op, last, mine, theirs, out, n, world);
+      return CombineWith<Float16Codec>(op, last, mine, theirs, out, copy, n, world);
     case DataType::kBFloat16:
-      return CombineWith<BFloat16Codec>(op, last, mine, theirs, out, n, world);
+      return CombineWith<BFloat16Codec>(op, last, mine, theirs, out, copy, n, world);
   }
 }
 
@@ -442,8 +488,9 @@ class RingRun {
         uint8_t* staged =
             staging.Region(s + 1) + (segment.offset - Block(b).offset) * element_bytes_;
         const size_t bytes = segment.size * element_bytes_;
-        RETURN_IF_ERROR(RecvReduce(s, b, k, Element(data, segment.offset), staged, complete));
-        if (complete && bytes > 0) std::memcpy(Element(data, segment.offset), staged, bytes);
+        // Complete: the result goes to staging (to send) and, in the same pass, to data.
+        uint8_t* mine = Element(data, segment.offset);
+        RETURN_IF_ERROR(RecvReduce(s, b, k, mine, staged, complete ? mine : nullptr, complete));
         RETURN_IF_ERROR(Send(s + 1, k, DataPiece(b, k), staging.Borrow(staged, bytes)));
       }
     }
@@ -474,10 +521,10 @@ class RingRun {
         const size_t in_block = (segment.offset - Block(b).offset) * element_bytes_;
         const uint8_t* mine = Element(input, segment.offset);
         if (complete) {
-          RETURN_IF_ERROR(RecvReduce(s, b, k, mine, output + in_block, true));
+          RETURN_IF_ERROR(RecvReduce(s, b, k, mine, output + in_block, nullptr, true));
         } else {
           uint8_t* staged = staging.Region(s + 1) + in_block;
-          RETURN_IF_ERROR(RecvReduce(s, b, k, mine, staged, false));
+          RETURN_IF_ERROR(RecvReduce(s, b, k, mine, staged, nullptr, false));
           RETURN_IF_ERROR(Send(s + 1, k, DataPiece(b, k),
                                staging.Borrow(staged, segment.size * element_bytes_)));
         }
@@ -585,12 +632,13 @@ class RingRun {
   }
 
   // RecvReduce: receives segment k of `block` (step `step`) from prev and writes its
-  // combination with `mine`, our elements of that segment, to `out` (which may be `mine`).
-  // `complete`: the result covers every rank (an average divides now).
+  // combination with `mine`, our elements of that segment, to `out` (which may be `mine`), and
+  // to `copy` too unless it is null. `complete`: the result covers every rank (an average
+  // divides now).
   Status RecvReduce(uint32_t step, int block, int k, const uint8_t* mine, uint8_t* out,
-                    bool complete) {
+                    uint8_t* copy, bool complete) {
     ASSIGN_OR_RETURN(ReceivedChunk received, Recv(step, k, DataPiece(block, k)));
-    Combine(call_.dtype, call_.reduce_op, complete, mine, received.data.data(), out,
+    Combine(call_.dtype, call_.reduce_op, complete, mine, received.data.data(), out, copy,
             received.element_count, world_);
     return OkStatus();
   }

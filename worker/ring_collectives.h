@@ -59,8 +59,10 @@ struct RingCollectivesOptions {
   int64_t timeout_ms = 30000;
   // The largest piece of a buffer one message carries, and so the unit of pipelining: smaller
   // pieces overlap more, larger ones cost less per byte. Every rank must use the same value
-  // (a rank that does not fails with an error naming its peer).
-  size_t segment_bytes = 256 * 1024;
+  // (a rank that does not fails with an error naming its peer). 1 MiB: at np=2 on loopback,
+  // 4-16 MiB all-reduces take ~1.3x less time than with 256 KiB (fewer messages, each costing
+  // thread hand-offs and a ZeroMQ allocation), 64 KiB-1 MiB the same, 4 MiB segments worse.
+  size_t segment_bytes = 1024 * 1024;
 };
 
 inline constexpr size_t kMaxSegmentBytes = 64u << 20;

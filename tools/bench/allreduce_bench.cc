@@ -32,7 +32,7 @@ struct AllReduceBenchOptions {
   int warmup = 3;
   int iters = 0;  // 0: from seconds
   double seconds = 0.5;
-  int segment_kb = 256;
+  int segment_kb = 1024;
   int timeout_s = 600;
   bool json = false;
   bool no_mpi = false;
