@@ -212,9 +212,9 @@ float Apply(float a, float b) {
 
 // The float32 fast path of CombineAs: whole vectors of 8 elements, loaded and stored with
 // memcpy (the bytes may be unaligned), each loaded before any is stored, so `out` or `copy`
-// may be `mine`. Elementwise the same arithmetic as Apply, so the results are bit-identical. Returns
-// how many leading elements it combined (a multiple of 8); CombineAs does the rest. About 2x
-// faster than the batches through local arrays on a segment that is in cache.
+// may be `mine`. Elementwise the same arithmetic as Apply, so the results are bit-identical.
+// Returns how many leading elements it combined (a multiple of 8); CombineAs does the rest.
+// About 2x faster than the batches through local arrays on a segment that is in cache.
 using Float32x8 = float __attribute__((vector_size(32)));
 
 template <ReduceOp kOp, bool kDivide>
@@ -246,9 +246,9 @@ size_t CombineFloat32Vectors(const uint8_t* mine, const uint8_t* theirs, uint8_t
 
 // out[i] = mine[i] (op) theirs[i] for i in [0, n), divided by `divisor` if kDivide, and the
 // same value to copy[i] too unless `copy` is null (one pass instead of a combine and a memcpy).
-// `out` and `copy` may each be `mine` exactly, and overlap nothing else. Works in batches of kBatch elements
-// through local arrays, which the compiler turns into SIMD code at -O2 (a plain loop over
-// possibly aliasing byte pointers it does not).
+// `out` and `copy` may each be `mine` exactly, and overlap nothing else. Works in batches of
+// kBatch elements through local arrays, which the compiler turns into SIMD code at -O2 (a
+// plain loop over possibly aliasing byte pointers it does not).
 template <typename Codec, ReduceOp kOp, bool kDivide>
 void CombineAs(const uint8_t* mine, const uint8_t* theirs, uint8_t* out, uint8_t* copy, size_t n,
                float divisor) {

@@ -133,7 +133,8 @@ StatusOr<const std::vector<size_t>*> ZeroEngine::TensorsOf(const ParameterBlock&
 
 void ZeroEngine::AddTransient(std::atomic<uint64_t>* bytes, std::atomic<uint64_t>* peak,
                               int64_t delta) {
-  const uint64_t now = bytes->fetch_add(static_cast<uint64_t>(delta)) + static_cast<uint64_t>(delta);
+  const uint64_t now =
+      bytes->fetch_add(static_cast<uint64_t>(delta)) + static_cast<uint64_t>(delta);
   uint64_t seen = peak->load();
   while (now > seen && !peak->compare_exchange_weak(seen, now)) {
   }
@@ -252,7 +253,8 @@ Status ZeroEngine::WaitForReductions() {
 Status ZeroEngine::Step(int64_t step, float* params, float* grads,
                         const std::vector<SparseRows>& sparse) {
   if (!sparse.empty()) {
-    return InvalidArgumentError(std::string(name()) + " mode got embedding rows; it holds no tables");
+    return InvalidArgumentError(std::string(name()) +
+                                " mode got embedding rows; it holds no tables");
   }
   RETURN_IF_ERROR(WaitForReductions());
   if (!gradient_blocks_.empty()) {
@@ -347,8 +349,8 @@ Status ZeroEngine::SaveCheckpoint(const std::string& root, int64_t step, const f
 Status ZeroEngine::RestoreCheckpoint(const std::string& root, int64_t step, float* params) {
   const ShardedCheckpointSpec spec{std::string(name()), &layout_, options_.optimizer.kind};
   RETURN_IF_ERROR(RestoreShardedCheckpoint(
-      root, step, spec, OwnedSlices(), options_.stage == 3 ? shard_.data() : nullptr,
-      state_.data(), params, collectives_, kCheckpointTagBase + 4 * static_cast<uint64_t>(step) + 2));
+      root, step, spec, OwnedSlices(), options_.stage == 3 ? shard_.data() : nullptr, state_.data(),
+      params, collectives_, kCheckpointTagBase + 4 * static_cast<uint64_t>(step) + 2));
   if (options_.stage == 2) full_.assign(params, params + size_);
   TLOG(INFO) << "restored the checkpoint of step " << step << " from "
              << CheckpointStepDirectory(root, step);
