@@ -20,6 +20,8 @@ constexpr uint64_t kMaxBuckets = 1 << 16;
 // Checkpoints: four tags per step (save: gather, commit; restore: agree), far above the
 // per-(step, bucket) ranges.
 constexpr uint64_t kCheckpointTagBase = 1ull << 60;
+// The per-step stop agreement (AgreeToStop): one tag per step.
+constexpr uint64_t kStopTagBase = 1ull << 59;
 
 int SizeClass(uint64_t bytes) {
   if (bytes < (64u << 10)) return 0;
@@ -284,6 +286,12 @@ Status AllReduceEngine::RestoreCheckpoint(const std::string& root, int64_t step,
   TLOG(INFO) << "restored the checkpoint of step " << step << " from "
              << CheckpointStepDirectory(root, step);
   return OkStatus();
+}
+
+StatusOr<bool> AllReduceEngine::AgreeToStop(int64_t step, bool stop) {
+  // The communication thread is idle after Step, so the call can run here.
+  return AnyRank(collectives_, stop, "whether to stop after step " + std::to_string(step),
+                 kStopTagBase + static_cast<uint64_t>(step));
 }
 
 }  // namespace tessera::worker

@@ -81,6 +81,8 @@ class AllReduceEngine final : public TrainingEngine {
   Status SaveCheckpoint(const std::string& root, int64_t step, const float* params) override;
   Status RestoreCheckpoint(const std::string& root, int64_t step, float* params) override;
 
+  // Whether any rank was asked to stop (one tiny all-reduce per step).
+  StatusOr<bool> AgreeToStop(int64_t step, bool stop) override;
   const std::vector<GradientBucket>& buckets() const { return buckets_; }
 
  private:

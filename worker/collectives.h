@@ -151,6 +151,16 @@ class Collectives {
   virtual Status Barrier(uint64_t tag) = 0;
 };
 
+// A collective: whether `mine` is true on any rank (a max all-reduce of one float with `tag`).
+// `what` names the question in errors.
+inline StatusOr<bool> AnyRank(Collectives* collectives, bool mine, const std::string& what,
+                              uint64_t tag) {
+  float flag = mine ? 1.0f : 0.0f;
+  RETURN_IF_ERROR(collectives->AllReduce(&flag, 1, DataType::kFloat32, ReduceOp::kMax, what, tag)
+                      .WithContext("asking every rank " + what));
+  return flag > 0.0f;
+}
+
 }  // namespace tessera::worker
 
 #endif  // TESSERA_WORKER_COLLECTIVES_H_

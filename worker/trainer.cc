@@ -321,7 +321,10 @@ StatusOr<TrainingSummary> Train(const TrainerOptions& options, const data::Datas
       metrics.samples->Increment(static_cast<double>(stats.samples));
     }
     buffers.UploadParams();
-    const bool stop = options.should_stop && options.should_stop();
+    bool stop = false;
+    if (options.should_stop) {
+      ASSIGN_OR_RETURN(stop, engine->AgreeToStop(step, options.should_stop()));
+    }
     const bool scheduled =
         options.checkpoint_every > 0 && (step % options.checkpoint_every == 0 || step == steps);
     if (scheduled || (stop && options.checkpoint_on_stop && !options.checkpoint_dir.empty())) {

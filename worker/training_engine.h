@@ -79,6 +79,12 @@ class TrainingEngine {
     return UnimplementedError(std::string(name()) + " mode does not hold the parameters");
   }
 
+  // After Step of `step`, when the trainer can be asked to stop (a signal, preemption): `stop`
+  // says whether this rank was. An engine whose ranks run collectives together returns whether
+  // any rank was, so that all stop, and checkpoint, after the same step instead of one rank
+  // leaving the others inside a collective. The default: this rank's own answer.
+  virtual StatusOr<bool> AgreeToStop(int64_t step, bool stop) { return stop; }
+
   // Checkpoints (common/checkpoint.h) under `root`. Save: after Step(step), everything needed
   // to continue (parameters, optimizer state, embedding rows), committed only when complete.
   // Restore: after Initialize, replaces parameters and state with those of `step` and writes

@@ -19,6 +19,8 @@ constexpr uint64_t kBroadcastTag = kFingerprintTag + 2;
 constexpr uint64_t kOpTagBase = kFingerprintTag + 16;
 // Checkpoints: four per step (save: gather, commit; restore: agree), as allreduce_engine.cc.
 constexpr uint64_t kCheckpointTagBase = 1ull << 60;
+// The per-step stop agreement (AgreeToStop), as allreduce_engine.cc.
+constexpr uint64_t kStopTagBase = 1ull << 59;
 
 constexpr uint64_t kFloat = sizeof(float);
 
@@ -384,6 +386,12 @@ void ZeroEngine::PublishBytes() {
   // except a prefetch issued during evaluation).
   gathered_peak_.store(gathered_bytes_.load());
   gradient_block_peak_.store(gradient_block_bytes_.load());
+}
+
+StatusOr<bool> ZeroEngine::AgreeToStop(int64_t step, bool stop) {
+  // The communication thread is idle after Step, so the call can run here.
+  return AnyRank(collectives_, stop, "whether to stop after step " + std::to_string(step),
+                 kStopTagBase + static_cast<uint64_t>(step));
 }
 
 }  // namespace tessera::worker

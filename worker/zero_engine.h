@@ -71,6 +71,8 @@ class ZeroEngine final : public TrainingEngine, private ParameterStorage {
   void OnBackwardStart(int64_t step, float* grads) override;
   Status Step(int64_t step, float* params, float* grads,
               const std::vector<SparseRows>& sparse) override;
+  // Whether any rank was asked to stop (one tiny all-reduce per step).
+  StatusOr<bool> AgreeToStop(int64_t step, bool stop) override;
   ParameterStorage* parameter_storage() override { return this; }
   Status GatherParameters(float* params) override;
   // Sharded checkpoints (sharded_state.h): each rank writes its slices of every tensor.
