@@ -97,13 +97,14 @@ void AddWorkerFlags(CLI::App* app, WorkerFlags* flags) {
                  "Dense parameters travel and are sharded in chunks of this many floats")
       ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 28))
       ->capture_default_str();
-  auto* ddp = app->add_option_group("All-reduce (--mode allreduce)");
+  auto* ddp = app->add_option_group("All-reduce (--mode allreduce, zero1-3)");
   ddp->add_option("--bucket-mb", flags->bucket_mb,
                   "Gradient bucket size in MiB (PyTorch DDP's bucket_cap_mb)")
       ->check(CLI::Range(0.0, 4096.0))
       ->capture_default_str();
   ddp->add_flag("--no-overlap", flags->no_overlap,
-                "Start all buckets after backward instead of during it");
+                "allreduce, zero1: start all buckets after backward instead of during it; "
+                "zero3: no prefetch of the next layer's parameters");
   ddp->add_option("--segment-kb", flags->segment_kb,
                   "Pipelining unit of the ring: the largest piece one message carries")
       ->check(CLI::Range(uint64_t{1}, uint64_t{64} << 10))
