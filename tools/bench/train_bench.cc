@@ -47,17 +47,27 @@ struct TrainBenchOptions {
   bool no_torch = false;
   // "allreduce": also data parallel with np processes on each side (tessera-launch --mode
   // allreduce vs PyTorch DDP over gloo), batch_size per rank, beside the single-process runs.
+  // "zero1" | "zero2" | "zero3": Tessera only, np processes of --mode allreduce against np of
+  // that ZeRO stage (step time and model-state bytes), no single-process or PyTorch runs.
   std::string mode = "local";
   int np = 2;
-  bool distributed() const { return mode == "allreduce"; }
+  bool zero() const { return mode.rfind("zero", 0) == 0; }
+  bool distributed() const { return mode == "allreduce" || zero(); }
 };
+
+// The kinds of model state the workers' summaries count ("model_state_bytes").
+constexpr const char* kStateKinds[3] = {"parameters", "gradients", "optimizer_state"};
 
 // One timed run of one side.
 struct TrainRun {
   double samples_per_second = 0;
   double ms_per_step = 0;
   int64_t parameters = 0;
-  nlohmann::json report;  // the side's own summary
+  // Per rank, the largest over the ranks, by kStateKinds: between steps and at the peak.
+  double held_bytes[3] = {0, 0, 0}, peak_bytes[3] = {0, 0, 0};
+  nlohmann::json report;  // the side's own summary (worker 0's with np > 1)
+  double held_total() const { return held_bytes[0] + held_bytes[1] + held_bytes[2]; }
+  double peak_total() const { return peak_bytes[0] + peak_bytes[1] + peak_bytes[2]; }
 };
 
 double DefaultLr(const std::string& optimizer) { return optimizer == "adam" ? 0.001 : 0.01; }
@@ -116,16 +126,17 @@ StatusOr<double> WriteBatchPool(const TrainBenchOptions& o, int64_t batch,
 
 // tessera-worker --mode local on the batch pool, a progress line per step; the timed steps'
 // rates are read back from those lines. With np > 1: tessera-launch --workers np --mode
-// allreduce, the rates read from worker 0's lines (every step is synchronous) times np.
+// `mode` (allreduce, zero1, zero2, zero3), the rates read from worker 0's lines (every step is
+// synchronous) times np, the model-state bytes the largest over the workers' summaries.
 StatusOr<TrainRun> RunTessera(const std::string& worker, const std::string& launch,
                               const std::string& data_path, const TrainBenchOptions& o,
-                              int64_t batch, const std::string& optimizer, int np) {
+                              int64_t batch, const std::string& optimizer, int np,
+                              const std::string& mode = "allreduce") {
   const int64_t total = o.warmup_steps + o.steps;
   std::vector<std::string> argv = ChildEnvironment(o.threads);
   if (np > 1) {
     for (const std::string& arg : {launch, std::string("--workers"), std::to_string(np),
-                                   std::string("--mode"), std::string("allreduce"),
-                                   std::string("--")}) {
+                                   std::string("--mode"), mode, std::string("--")}) {
       argv.push_back(arg);
     }
   } else {
@@ -143,10 +154,28 @@ StatusOr<TrainRun> RunTessera(const std::string& worker, const std::string& laun
     argv.push_back(arg);
   }
   const std::string label =
-      (np > 1 ? "tessera-launch --workers " + std::to_string(np) + " --mode allreduce"
+      (np > 1 ? "tessera-launch --workers " + std::to_string(np) + " --mode " + mode
               : std::string("tessera-worker")) +
       " (batch " + std::to_string(batch) + ", " + optimizer + ")";
   ASSIGN_OR_RETURN(ChildOutput output, RunToCompletion(label, argv));
+  TrainRun run;
+  int reports = 0;  // summaries with model-state bytes ("[worker r] {...}" with np > 1)
+  for (const std::string& line : output.stdout_lines) {
+    const size_t start = line.find("{\"");
+    if (start == std::string::npos) continue;
+    nlohmann::json j = nlohmann::json::parse(line.substr(start), nullptr, false);
+    if (!j.is_object() || !j.contains("model_state_bytes")) continue;
+    ++reports;
+    const nlohmann::json& bytes = j["model_state_bytes"];
+    for (int k = 0; k < 3; ++k) {
+      run.held_bytes[k] = std::max(run.held_bytes[k], bytes["held"].value(kStateKinds[k], 0.0));
+      run.peak_bytes[k] = std::max(run.peak_bytes[k], bytes["peak"].value(kStateKinds[k], 0.0));
+    }
+  }
+  if (np > 1 && reports != np) {
+    return DataLossError(label + ": " + std::to_string(reports) + " of " + std::to_string(np) +
+                         " workers reported their model-state bytes");
+  }
   if (np > 1) {  // worker 0's lines only, without the launcher's prefix
     const std::string prefix = "[worker 0] ";
     for (std::vector<std::string>* lines : {&output.stdout_lines, &output.stderr_lines}) {
@@ -177,7 +206,6 @@ StatusOr<TrainRun> RunTessera(const std::string& worker, const std::string& laun
                          " progress lines after the warm-up, read " + std::to_string(timed));
   }
   ASSIGN_OR_RETURN(nlohmann::json summary, LastJsonLine(label, output));
-  TrainRun run;
   run.samples_per_second = static_cast<double>(batch * o.steps * np) / seconds;
   run.ms_per_step = 1000.0 * seconds / static_cast<double>(o.steps);
   run.parameters = summary.value("parameters", int64_t{0});
@@ -301,7 +329,143 @@ double MedianOf(const std::vector<TrainRun>& runs, double TrainRun::*field) {
   return Median(values);
 }
 
+// ZeRO's goals (issue 6): a stage's step time at most this many times --mode allreduce's.
+double StepTimeGoal(const std::string& mode) { return mode == "zero3" ? 1.35 : 1.10; }
+
+nlohmann::json StateBytesJson(const double (&bytes)[3]) {
+  nlohmann::json j = {{"total", bytes[0] + bytes[1] + bytes[2]}};
+  for (int k = 0; k < 3; ++k) j[kStateKinds[k]] = bytes[k];
+  return j;
+}
+
+// --mode zero1|zero2|zero3: per (batch, optimizer) row, `repeats` runs of np workers in
+// --mode allreduce and in the ZeRO mode, alternating which goes first; the medians of step
+// time and rate, and the per-rank model-state bytes (the same every run: the first run's).
+Status RunZeroBench(const TrainBenchOptions& o) {
+  ASSIGN_OR_RETURN(std::string launch, FindRunfile("tools/tessera-launch"));
+  ASSIGN_OR_RETURN(auto scratch, ScratchDirectory::Create());
+  std::vector<int64_t> layers = {o.input_dim};
+  layers.insert(layers.end(), o.hidden.begin(), o.hidden.end());
+  layers.push_back(o.classes);
+  const std::string modes[2] = {"allreduce", o.mode};
+  struct ZeroRow {
+    int64_t batch = 0;
+    std::string optimizer;
+    std::vector<TrainRun> runs[2];  // by modes[]
+  };
+  std::vector<ZeroRow> rows;
+  for (int64_t batch : o.batch_sizes) {
+    const std::string data_path = scratch->path() + "/pool-" + std::to_string(batch) + ".bin";
+    RETURN_IF_ERROR(WriteBatchPool(o, batch, data_path).status());
+    for (const std::string& optimizer : o.optimizers) {
+      ZeroRow row;
+      row.batch = batch;
+      row.optimizer = optimizer;
+      for (int r = 0; r < o.repeats; ++r) {
+        for (int turn = 0; turn < 2; ++turn) {
+          const int m = (turn + r) % 2;  // allreduce first on even repeats
+          if (!o.json) {
+            std::cerr << "batch " << batch << " " << optimizer << ": " << modes[m] << " x"
+                      << o.np << " run " << r + 1 << "/" << o.repeats << "\n";
+          }
+          ASSIGN_OR_RETURN(TrainRun run, RunTessera("", launch, data_path, o, batch, optimizer,
+                                                    o.np, modes[m]));
+          row.runs[m].push_back(std::move(run));
+        }
+      }
+      rows.push_back(std::move(row));
+    }
+  }
+  const int64_t parameters = rows.front().runs[0].front().parameters;
+  const double goal = StepTimeGoal(o.mode);
+  if (!o.json) {
+    std::cout << "train --mode " << o.mode << " vs --mode allreduce: mlp " << JoinInts(layers, "-")
+              << " (" << parameters << " parameters) on the CPU, tessera-launch --workers "
+              << o.np << ", " << o.threads << (o.threads == 1 ? " thread" : " threads")
+              << " per worker\n"
+              << o.steps << " timed steps after " << o.warmup_steps << " warm-up, median of "
+              << o.repeats << (o.repeats == 1 ? " run" : " runs")
+              << " per mode, alternating; batch per rank, samples/s global; model state per "
+              << "rank (the largest over ranks), MB = 1e6 bytes\n"
+              << "goal (issue 6): " << o.mode << " ms/step <= " << std::fixed
+              << std::setprecision(2) << goal << " x allreduce's\n\n"
+              << std::left << std::setw(7) << "batch" << std::setw(11) << "optimizer"
+              << std::setw(11) << "mode" << std::right << std::setw(10) << "ms/step"
+              << std::setw(12) << "samples/s" << std::setw(11) << "held MB" << std::setw(11)
+              << "peak MB" << std::setw(8) << "time" << std::setw(8) << "held" << std::setw(8)
+              << "peak" << std::setw(7) << "goal" << "\n";
+  }
+  nlohmann::json json_rows = nlohmann::json::array();
+  for (const ZeroRow& row : rows) {
+    double ms[2], rate[2];
+    nlohmann::json j = {{"batch_size", row.batch},
+                        {"optimizer", row.optimizer},
+                        {"lr", DefaultLr(row.optimizer)}};
+    for (int m = 0; m < 2; ++m) {
+      // The rate from the median step time, so the two columns agree for even repeats too.
+      ms[m] = MedianOf(row.runs[m], &TrainRun::ms_per_step);
+      rate[m] = 1000.0 * static_cast<double>(row.batch * o.np) / ms[m];
+      nlohmann::json runs = nlohmann::json::array();
+      for (const TrainRun& run : row.runs[m]) runs.push_back(run.ms_per_step);
+      j[modes[m]] = {{"ms_per_step", ms[m]},
+                     {"samples_per_second", rate[m]},
+                     {"runs_ms_per_step", runs},
+                     {"model_state_bytes",
+                      {{"held", StateBytesJson(row.runs[m].front().held_bytes)},
+                       {"peak", StateBytesJson(row.runs[m].front().peak_bytes)}}}};
+    }
+    const TrainRun& base = row.runs[0].front();
+    const TrainRun& zero = row.runs[1].front();
+    const double time_ratio = ms[1] / ms[0];
+    const double held_ratio = zero.held_total() / base.held_total();
+    const double peak_ratio = zero.peak_total() / base.peak_total();
+    const bool met = time_ratio <= goal;
+    j["step_time_ratio"] = time_ratio;
+    j["held_bytes_ratio"] = held_ratio;
+    j["peak_bytes_ratio"] = peak_ratio;
+    j["goal_step_time_ratio"] = goal;
+    j["goal_met"] = met;
+    json_rows.push_back(std::move(j));
+    if (o.json) continue;
+    for (int m = 0; m < 2; ++m) {
+      const TrainRun& first = row.runs[m].front();
+      std::cout << std::left << std::setw(7) << row.batch << std::setw(11) << row.optimizer
+                << std::setw(11) << modes[m] << std::right << std::fixed << std::setprecision(2)
+                << std::setw(10) << ms[m] << std::setprecision(0) << std::setw(12) << rate[m]
+                << std::setprecision(2) << std::setw(11) << first.held_total() / 1e6
+                << std::setw(11) << first.peak_total() / 1e6;
+      if (m == 0) {
+        std::cout << std::setw(8) << "1" << std::setw(8) << "1" << std::setw(8) << "1"
+                  << std::setw(7) << "" << "\n";
+      } else {
+        std::cout << std::setw(8) << time_ratio << std::setw(8) << held_ratio << std::setw(8)
+                  << peak_ratio << std::setw(7) << (met ? "met" : "NOT") << "\n";
+      }
+    }
+  }
+  if (o.json) {
+    nlohmann::json j = {{"benchmark", "train"},
+                        {"mode", o.mode},
+                        {"np", o.np},
+                        {"model", "mlp"},
+                        {"layers", layers},
+                        {"parameters", parameters},
+                        {"threads", o.threads},
+                        {"steps", o.steps},
+                        {"warmup_steps", o.warmup_steps},
+                        {"repeats", o.repeats},
+                        {"batch_pool", kBatchPool},
+                        {"rows", json_rows}};
+    std::cout << j.dump(2) << "\n";
+  } else {
+    std::cout << "\ntime, held, peak: " << o.mode << " / allreduce (ms/step; model-state "
+              << "bytes per rank between steps and at the peak)\n";
+  }
+  return OkStatus();
+}
+
 Status RunTrainBench(const TrainBenchOptions& o) {
+  if (o.zero()) return RunZeroBench(o);
   ASSIGN_OR_RETURN(std::string worker, FindRunfile("worker/tessera-worker"));
   std::string launch;
   if (o.distributed()) {
@@ -486,10 +650,13 @@ BenchCommand AddTrainBench(CLI::App* parent) {
   auto flags = std::make_shared<Flags>();
   TrainBenchOptions& train_options = flags->options;
   CLI::App* train = parent->add_subcommand(
-      "train", "Single-process training throughput of the mlp model on the CPU vs PyTorch");
+      "train",
+      "Training throughput of the mlp model on the CPU vs PyTorch (--mode allreduce: also vs "
+      "DDP); --mode zero1|zero2|zero3: a ZeRO stage vs --mode allreduce, Tessera only");
   train->add_option("--batch-size", flags->batch_sizes, "Batch size(s), comma-separated: a row each")
       ->capture_default_str();
-  train->add_option("--optimizer", flags->optimizers, "sgd and/or adam, comma-separated: a row each")
+  train->add_option("--optimizer", flags->optimizers,
+                    "sgd and/or adam, comma-separated: a row each (--mode zero*: default adam)")
       ->capture_default_str();
   train->add_option("--hidden", flags->hidden, "Hidden widths, comma-separated")->capture_default_str();
   train->add_option("--input-dim", train_options.input_dim, "Input features")
@@ -517,14 +684,19 @@ BenchCommand AddTrainBench(CLI::App* parent) {
   train->add_flag("--no-torch", train_options.no_torch, "Measure Tessera alone");
   train->add_option("--mode", train_options.mode,
                     "local: single process; allreduce: also --np processes on each side "
-                    "(tessera-launch --mode allreduce vs PyTorch DDP over gloo)")
-      ->check(CLI::IsMember({"local", "allreduce"}))
+                    "(tessera-launch --mode allreduce vs PyTorch DDP over gloo); zero1, zero2, "
+                    "zero3: Tessera only (no PyTorch run), --np processes of --mode allreduce "
+                    "against that ZeRO stage (step time, model-state bytes per rank, issue 6's "
+                    "goal); --optimizer defaults to adam there")
+      ->check(CLI::IsMember({"local", "allreduce", "zero1", "zero2", "zero3"}))
       ->capture_default_str();
-  train->add_option("--np", train_options.np, "Processes per side with --mode allreduce")
+  train->add_option("--np", train_options.np, "Processes per side with --mode allreduce|zero*")
       ->check(CLI::Range(2, 64))
       ->capture_default_str();
-  return {train, [flags]() -> int {
+  return {train, [flags, train]() -> int {
     TrainBenchOptions train_options = flags->options;
+    // ZeRO partitions the optimizer state: Adam's, unless --optimizer says otherwise.
+    if (train_options.zero() && train->count("--optimizer") == 0) flags->optimizers = "adam";
     auto batches = ParseList<int64_t>("--batch-size", flags->batch_sizes, ParsePositive);
     auto kinds = ParseList<std::string>("--optimizer", flags->optimizers, ParseOptimizerName);
     auto widths = ParseList<int64_t>("--hidden", flags->hidden, ParsePositive);
