@@ -20,61 +20,13 @@
 #include <nlohmann/json.hpp>
 
 #include "common/status.h"
-#include "worker/data/binary_dataset.h"
-#include "worker/data/synthetic_classification.h"
+#include "tools/bench/train_run.h"
+#include "tools/bench/train_zero_bench.h"
 
 namespace tessera::tools {
 namespace {
 
 constexpr char kTorchInstallHint[] = "apt-get install python3-torch libopenblas0-pthread";
-// Debian's pthread OpenBLAS; first on the children's library path, so PyTorch's libblas.so.3 is
-// OpenBLAS rather than the reference BLAS (and tessera-worker loads the same libopenblas).
-constexpr char kOpenBlasPthreadDir[] = "/usr/lib/x86_64-linux-gnu/openblas-pthread";
-// Distinct batches each side cycles through, so both touch the same amount of data.
-constexpr int64_t kBatchPool = 8;
-
-struct TrainBenchOptions {
-  std::vector<int64_t> batch_sizes;
-  std::vector<std::string> optimizers;  // sgd | adam
-  std::vector<int64_t> hidden;
-  int64_t input_dim = 784;
-  int64_t classes = 10;
-  int64_t steps = 200;        // timed
-  int64_t warmup_steps = 20;  // run first, not timed
-  int threads = 1;
-  int repeats = 3;
-  bool json = false;
-  bool no_torch = false;
-  // "allreduce": also data parallel with np processes on each side (tessera-launch --mode
-  // allreduce vs PyTorch DDP over gloo), batch_size per rank, beside the single-process runs.
-  std::string mode = "local";
-  int np = 2;
-  bool distributed() const { return mode == "allreduce"; }
-};
-
-// One timed run of one side.
-struct TrainRun {
-  double samples_per_second = 0;
-  double ms_per_step = 0;
-  int64_t parameters = 0;
-  nlohmann::json report;  // the side's own summary
-};
-
-double DefaultLr(const std::string& optimizer) { return optimizer == "adam" ? 0.001 : 0.01; }
-
-// `/usr/bin/env VAR=value ...`: the environment both sides run in, identical for both.
-// OMP_WAIT_POLICY=PASSIVE: PyTorch's OpenMP workers otherwise spin between parallel regions
-// and take the cores OpenBLAS's own threads need (3-4x slower with 2 threads on 2 cores).
-std::vector<std::string> ChildEnvironment(int threads) {
-  std::vector<std::string> env = {"/usr/bin/env",
-                                  "OPENBLAS_NUM_THREADS=" + std::to_string(threads),
-                                  "OMP_NUM_THREADS=" + std::to_string(threads),
-                                  "OMP_WAIT_POLICY=PASSIVE"};
-  if (access(kOpenBlasPthreadDir, R_OK) == 0) {
-    env.push_back(std::string("LD_LIBRARY_PATH=") + kOpenBlasPthreadDir);
-  }
-  return env;
-}
 
 // Fails with the install command when Debian's PyTorch cannot be imported.
 Status CheckTorch() {
@@ -93,97 +45,6 @@ Status CheckTorch() {
   return OkStatus();
 }
 
-// Writes kBatchPool batches of synthetic samples to `path` (TSRDATA1) and returns how long
-// generating one batch took (what reading --dataset synthetic would add to every step).
-StatusOr<double> WriteBatchPool(const TrainBenchOptions& o, int64_t batch,
-                                const std::string& path) {
-  worker::data::SyntheticClassificationOptions options;
-  // Each of np ranks reads its 1/np of the file: kBatchPool batches each.
-  options.num_samples = static_cast<size_t>(kBatchPool * batch * (o.distributed() ? o.np : 1));
-  options.feature_dim = static_cast<size_t>(o.input_dim);
-  options.num_classes = static_cast<size_t>(o.classes);
-  ASSIGN_OR_RETURN(auto dataset, worker::data::SyntheticClassification::Create(options));
-  std::vector<float> features(options.feature_dim);
-  int64_t label = 0;
-  auto start = Clock::now();
-  for (size_t i = 0; i < options.num_samples; ++i) {
-    RETURN_IF_ERROR(dataset->Get(i, features.data(), &label));
-  }
-  const double seconds = Seconds(Clock::now() - start);
-  RETURN_IF_ERROR(worker::data::WriteBinaryDataset(*dataset, path));
-  return 1000.0 * seconds * static_cast<double>(batch) / static_cast<double>(options.num_samples);
-}
-
-// tessera-worker --mode local on the batch pool, a progress line per step; the timed steps'
-// rates are read back from those lines. With np > 1: tessera-launch --workers np --mode
-// allreduce, the rates read from worker 0's lines (every step is synchronous) times np.
-StatusOr<TrainRun> RunTessera(const std::string& worker, const std::string& launch,
-                              const std::string& data_path, const TrainBenchOptions& o,
-                              int64_t batch, const std::string& optimizer, int np) {
-  const int64_t total = o.warmup_steps + o.steps;
-  std::vector<std::string> argv = ChildEnvironment(o.threads);
-  if (np > 1) {
-    for (const std::string& arg : {launch, std::string("--workers"), std::to_string(np),
-                                   std::string("--mode"), std::string("allreduce"),
-                                   std::string("--")}) {
-      argv.push_back(arg);
-    }
-  } else {
-    argv.push_back(worker);
-    argv.push_back("--mode=local");
-  }
-  for (const std::string& arg :
-       {std::string("--model=mlp"),
-        std::string("--dataset=file"), "--data-path=" + data_path,
-        "--hidden=" + JoinInts(o.hidden, ","), "--batch-size=" + std::to_string(batch),
-        "--steps=" + std::to_string(total), "--optimizer=" + optimizer,
-        "--lr=" + std::to_string(DefaultLr(optimizer)), std::string("--device=cpu"),
-        std::string("--seed=0"), std::string("--log-every=1"), std::string("--log-level=info"),
-        std::string("--json")}) {
-    argv.push_back(arg);
-  }
-  const std::string label =
-      (np > 1 ? "tessera-launch --workers " + std::to_string(np) + " --mode allreduce"
-              : std::string("tessera-worker")) +
-      " (batch " + std::to_string(batch) + ", " + optimizer + ")";
-  ASSIGN_OR_RETURN(ChildOutput output, RunToCompletion(label, argv));
-  if (np > 1) {  // worker 0's lines only, without the launcher's prefix
-    const std::string prefix = "[worker 0] ";
-    for (std::vector<std::string>* lines : {&output.stdout_lines, &output.stderr_lines}) {
-      std::vector<std::string> kept;
-      for (const std::string& line : *lines) {
-        if (line.rfind(prefix, 0) == 0) kept.push_back(line.substr(prefix.size()));
-      }
-      *lines = std::move(kept);
-    }
-  }
-  // "... I worker | step 21/220 loss 2.29 accuracy 0.11 samples/s 7578": the rate of one step,
-  // timed by the trainer around data, forward/backward and the optimizer step.
-  double seconds = 0;
-  int64_t timed = 0;
-  for (const std::string& line : output.stderr_lines) {
-    const size_t at = line.find("| step ");
-    const size_t rate_at = line.find(" samples/s ");
-    if (at == std::string::npos || rate_at == std::string::npos) continue;
-    const int64_t step = std::strtoll(line.c_str() + at + 7, nullptr, 10);
-    const double rate = std::strtod(line.c_str() + rate_at + 11, nullptr);
-    if (step <= o.warmup_steps) continue;
-    if (!(rate > 0)) return DataLossError(label + ": bad progress line: " + line);
-    seconds += static_cast<double>(batch) / rate;
-    ++timed;
-  }
-  if (timed != o.steps) {
-    return DataLossError(label + ": expected " + std::to_string(o.steps) +
-                         " progress lines after the warm-up, read " + std::to_string(timed));
-  }
-  ASSIGN_OR_RETURN(nlohmann::json summary, LastJsonLine(label, output));
-  TrainRun run;
-  run.samples_per_second = static_cast<double>(batch * o.steps * np) / seconds;
-  run.ms_per_step = 1000.0 * seconds / static_cast<double>(o.steps);
-  run.parameters = summary.value("parameters", int64_t{0});
-  run.report = std::move(summary);
-  return run;
-}
 
 // torch_mlp.py; with np > 1, np of them (ranks of a gloo process group on a free port,
 // DistributedDataParallel), rank 0's report counting the samples of all ranks.
@@ -295,13 +156,9 @@ Status MeasureRow(const std::string& worker, const std::string& launch,
   return OkStatus();
 }
 
-double MedianOf(const std::vector<TrainRun>& runs, double TrainRun::*field) {
-  std::vector<double> values;
-  for (const TrainRun& run : runs) values.push_back(run.*field);
-  return Median(values);
-}
 
 Status RunTrainBench(const TrainBenchOptions& o) {
+  if (o.zero()) return RunTrainZeroBench(o);
   ASSIGN_OR_RETURN(std::string worker, FindRunfile("worker/tessera-worker"));
   std::string launch;
   if (o.distributed()) {
@@ -486,10 +343,13 @@ BenchCommand AddTrainBench(CLI::App* parent) {
   auto flags = std::make_shared<Flags>();
   TrainBenchOptions& train_options = flags->options;
   CLI::App* train = parent->add_subcommand(
-      "train", "Single-process training throughput of the mlp model on the CPU vs PyTorch");
+      "train",
+      "Training throughput of the mlp model on the CPU vs PyTorch (--mode allreduce: also vs "
+      "DDP); --mode zero1|zero2|zero3: a ZeRO stage vs --mode allreduce, Tessera only");
   train->add_option("--batch-size", flags->batch_sizes, "Batch size(s), comma-separated: a row each")
       ->capture_default_str();
-  train->add_option("--optimizer", flags->optimizers, "sgd and/or adam, comma-separated: a row each")
+  train->add_option("--optimizer", flags->optimizers,
+                    "sgd and/or adam, comma-separated: a row each (--mode zero*: default adam)")
       ->capture_default_str();
   train->add_option("--hidden", flags->hidden, "Hidden widths, comma-separated")->capture_default_str();
   train->add_option("--input-dim", train_options.input_dim, "Input features")
@@ -517,14 +377,19 @@ BenchCommand AddTrainBench(CLI::App* parent) {
   train->add_flag("--no-torch", train_options.no_torch, "Measure Tessera alone");
   train->add_option("--mode", train_options.mode,
                     "local: single process; allreduce: also --np processes on each side "
-                    "(tessera-launch --mode allreduce vs PyTorch DDP over gloo)")
-      ->check(CLI::IsMember({"local", "allreduce"}))
+                    "(tessera-launch --mode allreduce vs PyTorch DDP over gloo); zero1, zero2, "
+                    "zero3: Tessera only (no PyTorch run), --np processes of --mode allreduce "
+                    "against that ZeRO stage (step time, model-state bytes per rank, issue 6's "
+                    "goal); --optimizer defaults to adam there")
+      ->check(CLI::IsMember({"local", "allreduce", "zero1", "zero2", "zero3"}))
       ->capture_default_str();
-  train->add_option("--np", train_options.np, "Processes per side with --mode allreduce")
+  train->add_option("--np", train_options.np, "Processes per side with --mode allreduce|zero*")
       ->check(CLI::Range(2, 64))
       ->capture_default_str();
-  return {train, [flags]() -> int {
+  return {train, [flags, train]() -> int {
     TrainBenchOptions train_options = flags->options;
+    // ZeRO partitions the optimizer state: Adam's, unless --optimizer says otherwise.
+    if (train_options.zero() && train->count("--optimizer") == 0) flags->optimizers = "adam";
     auto batches = ParseList<int64_t>("--batch-size", flags->batch_sizes, ParsePositive);
     auto kinds = ParseList<std::string>("--optimizer", flags->optimizers, ParseOptimizerName);
     auto widths = ParseList<int64_t>("--hidden", flags->hidden, ParsePositive);
