@@ -22,16 +22,6 @@ namespace {
 
 constexpr int64_t kRunMs = 120000;
 
-std::string TempPath(const std::string& name) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return std::string(dir != nullptr ? dir : "/tmp") + "/" + name;
-}
-
-std::vector<std::string> Concat(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
 // 3 workers x 16 = the local batch of 48; 25 steps stay inside the first epoch of 1920.
 std::vector<std::string> Flags(const std::string& optimizer) {
   return {"--steps", "25", "--optimizer", optimizer, "--lr", optimizer == "adam" ? "0.01" : "0.1",

@@ -47,18 +47,9 @@ const std::vector<std::string> kTrainingFlags = {
     "--mode", "ps-sync", "--steps", "100000000", "--hidden", "32", "--input-dim", "16",
     "--classes", "4", "--train-samples", "2000", "--device", "cpu", "--log-every", "10000"};
 
-std::vector<std::string> Concat(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
 std::string EnvOr(const char* name, const std::string& fallback) {
   const char* value = std::getenv(name);
   return value != nullptr && *value != '\0' ? value : fallback;
-}
-
-std::string TempPath(const std::string& name) {
-  return EnvOr("TEST_TMPDIR", "/tmp") + "/" + name;
 }
 
 // Where Bazel keeps files a test leaves for people (test.outputs/).

@@ -18,11 +18,6 @@ namespace {
 
 constexpr int64_t kRunMs = 120000;
 
-std::string TempPath(const std::string& name) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return std::string(dir != nullptr ? dir : "/tmp") + "/" + name;
-}
-
 // A small allreduce job: 2 workers x 16 samples, 20 steps.
 std::vector<std::string> TrainingFlags(const std::string& save_params) {
   return {"--mode", "allreduce", "--steps", "20", "--batch-size", "16", "--optimizer", "adam",

@@ -75,6 +75,12 @@ class FleetHarness {
   std::map<int, tools::ChildExit> exits_;
 };
 
+// `name` under the test's scratch directory ($TEST_TMPDIR, else /tmp).
+std::string TempPath(const std::string& name);
+
+// `a` followed by `b` (argument lists).
+std::vector<std::string> Concat(std::vector<std::string> a, const std::vector<std::string>& b);
+
 }  // namespace tessera::testing
 
 #endif  // TESSERA_TESTS_FLEET_HARNESS_H_

@@ -22,11 +22,6 @@ std::vector<std::string> FastFailureFlags() {
   return {"--heartbeat-interval-ms", "100", "--heartbeat-timeout-ms", "1000"};
 }
 
-std::vector<std::string> Concat(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
 struct FleetIds {
   std::string coordinator;
   std::vector<int> servers;

@@ -104,11 +104,6 @@ TEST(LaunchTest, LocalModeTrainsOneWorkerAndReportsJson) {
   EXPECT_NE(output.find("step 30/30 loss"), std::string::npos) << output;
 }
 
-std::string TempPath(const std::string& name) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return std::string(dir != nullptr ? dir : "/tmp") + "/" + name;
-}
-
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -167,11 +162,6 @@ const std::vector<std::string> kSmallJob = {
     "--steps", "20", "--batch-size", "16", "--optimizer", "adam", "--lr", "0.01", "--device",
     "cpu", "--log-every", "10", "--train-samples", "1280", "--hidden", "32", "--input-dim", "16",
     "--classes", "4", "--seed", "3"};
-
-std::vector<std::string> Concat(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
 
 // HOST:PORT from the launcher's "[launch] coordinator address tcp://HOST:PORT" line.
 std::string CoordinatorAddress(FleetHarness& harness, int launcher) {

@@ -51,16 +51,6 @@ const std::vector<std::string> kTrainingFlags = {
     "--mode", "ps-sync", "--steps", "100000000", "--hidden", "32", "--input-dim", "16",
     "--classes", "4", "--train-samples", "2000", "--device", "cpu", "--log-every", "10000"};
 
-std::vector<std::string> Concat(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
-std::string TempPath(const std::string& name) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return std::string(dir != nullptr ? dir : "/tmp") + "/" + name;
-}
-
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path);
   std::stringstream out;

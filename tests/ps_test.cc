@@ -24,11 +24,6 @@ namespace {
 
 constexpr int64_t kRunMs = 120000;
 
-std::string TempPath(const std::string& name) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return std::string(dir != nullptr ? dir : "/tmp") + "/" + name;
-}
-
 // Small and fast, but every piece is real: 3 workers x 16 samples per step = the local batch
 // of 48; 1920 samples = 40 global batches, so 25 steps stay inside the first epoch.
 std::vector<std::string> TrainingFlags(const std::string& model, const std::string& optimizer) {
@@ -43,11 +38,6 @@ std::vector<std::string> TrainingFlags(const std::string& model, const std::stri
   }
   flags.insert(flags.end(), {"--lr", optimizer == "adam" ? "0.01" : "0.1"});
   return flags;
-}
-
-std::vector<std::string> Concat(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
 }
 
 // Runs `binary args` to completion; fails the test unless it exits 0.

@@ -29,16 +29,6 @@ namespace {
 
 constexpr int64_t kRunMs = 120000;
 
-std::string TempPath(const std::string& name) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return std::string(dir != nullptr ? dir : "/tmp") + "/" + name;
-}
-
-std::vector<std::string> Concat(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
 // 2 workers x 32 (or 4 x 16) = 64 samples per step; 20 steps stay inside the first epoch of
 // 1920. 2 KiB buckets: several per step, so every rank owns slices of several.
 std::vector<std::string> Flags(const std::string& steps, const std::string& optimizer = "adam") {

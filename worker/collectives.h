@@ -151,6 +151,17 @@ class Collectives {
   virtual Status Barrier(uint64_t tag) = 0;
 };
 
+// A 64-bit value as 4 floats of 16 bits each (exact in float32), so that it can travel through
+// a float32 collective (fingerprints, file sizes, checksums), and back.
+inline void Put64(uint64_t value, float* out) {
+  for (int i = 0; i < 4; ++i) out[i] = static_cast<float>((value >> (16 * i)) & 0xffff);
+}
+inline uint64_t Get64(const float* in) {
+  uint64_t value = 0;
+  for (int i = 0; i < 4; ++i) value |= static_cast<uint64_t>(in[i]) << (16 * i);
+  return value;
+}
+
 // A collective: whether `mine` is true on any rank (a max all-reduce of one float with `tag`).
 // `what` names the question in errors.
 inline StatusOr<bool> AnyRank(Collectives* collectives, bool mine, const std::string& what,

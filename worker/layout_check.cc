@@ -7,17 +7,6 @@
 namespace tessera::worker {
 namespace {
 
-// A 64-bit value as 4 floats of 16 bits each (exact in float32), so it can travel through a
-// float32 all-gather.
-void Put64(uint64_t value, float* out) {
-  for (int i = 0; i < 4; ++i) out[i] = static_cast<float>((value >> (16 * i)) & 0xffff);
-}
-uint64_t Get64(const float* in) {
-  uint64_t value = 0;
-  for (int i = 0; i < 4; ++i) value |= static_cast<uint64_t>(in[i]) << (16 * i);
-  return value;
-}
-
 uint64_t TensorHash(const ParameterView& view) {
   uint64_t hash = 0xcbf29ce484222325ULL;
   auto mix = [&hash](uint64_t part) { hash = (hash ^ part) * 0x100000001b3ULL; };

@@ -10,15 +10,6 @@ namespace {
 // the file's size and checksum as 4 floats of 16 bits each (exact in float32).
 constexpr size_t kReport = 10;
 
-void Put64(uint64_t value, float* out) {
-  for (int i = 0; i < 4; ++i) out[i] = static_cast<float>((value >> (16 * i)) & 0xffff);
-}
-uint64_t Get64(const float* in) {
-  uint64_t value = 0;
-  for (int i = 0; i < 4; ++i) value |= static_cast<uint64_t>(in[i]) << (16 * i);
-  return value;
-}
-
 std::string Range(uint64_t begin, uint64_t end) {
   return "[" + std::to_string(begin) + ", " + std::to_string(end) + ")";
 }
