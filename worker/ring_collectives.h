@@ -44,6 +44,7 @@
 #include "common/transport.h"
 #include "worker/collective_mailbox.h"
 #include "worker/collectives.h"
+#include "worker/ring_links.h"
 
 namespace tessera::worker {
 
@@ -63,6 +64,11 @@ struct RingCollectivesOptions {
   // 4-16 MiB all-reduces take ~1.3x less time than with 256 KiB (fewer messages, each costing
   // thread hand-offs and a ZeroMQ allocation), 64 KiB-1 MiB the same, 4 MiB segments worse.
   size_t segment_bytes = 1024 * 1024;
+  // When set, segments travel over these direct links (ring_links.h: the calling thread writes
+  // to and reads from its neighbours' sockets itself) instead of transport and mailbox. Not
+  // owned; must outlive the RingCollectives and match rank and world_size. Every rank must
+  // choose the same.
+  RingLinks* links = nullptr;
 };
 
 inline constexpr size_t kMaxSegmentBytes = 64u << 20;
@@ -75,7 +81,7 @@ class RingCollectives final : public Collectives {
  public:
   // InvalidArgument naming the field for options that cannot work: rank outside
   // [0, world_size), a peer list of another size, no transport or mailbox with world_size > 1,
-  // timeout_ms <= 0, segment_bytes outside [1, kMaxSegmentBytes].
+  // timeout_ms <= 0, segment_bytes outside [1, kMaxSegmentBytes], links of another rank.
   static StatusOr<std::unique_ptr<RingCollectives>> Create(RingCollectivesOptions options);
   ~RingCollectives() override;
 
