@@ -65,10 +65,10 @@ struct RingCollectivesOptions {
   // thread hand-offs and a ZeroMQ allocation), 64 KiB-1 MiB the same, 4 MiB segments worse.
   size_t segment_bytes = 1024 * 1024;
   // When set, segments travel over these direct links (ring_links.h: the calling thread writes
-  // to and reads from its neighbours' sockets itself) instead of transport and mailbox. Not
-  // owned; must outlive the RingCollectives and match rank and world_size. Every rank must
-  // choose the same.
-  RingLinks* links = nullptr;
+  // to and reads from its neighbours' sockets itself) instead of transport and mailbox; the
+  // mailbox then only wakes waiters on failure notices. Shared; must match rank and
+  // world_size. Every rank must choose the same.
+  std::shared_ptr<RingLinks> links;
 };
 
 inline constexpr size_t kMaxSegmentBytes = 64u << 20;

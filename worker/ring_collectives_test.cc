@@ -210,7 +210,7 @@ class Ring {
                             ? &endpoints_[rank]->transport()
                             : static_cast<Transport*>(delayed_[rank].get());
     options.mailbox = mailboxes_[rank].get();
-    options.links = links_[rank].get();
+    options.links = links_[rank];
     options.timeout_ms = timeout_ms;
     options.segment_bytes = segment_bytes;
     return options;
@@ -233,7 +233,10 @@ class Ring {
   // Null without links.
   RingLinks* links(int rank) { return links_[rank].get(); }
   // Closes rank's links, as when its process dies. REQUIRES: rank makes no call any more.
-  void CloseLinks(int rank) { links_[rank].reset(); }
+  void CloseLinks(int rank) {
+    collectives_[rank].reset();
+    links_[rank].reset();
+  }
   uint64_t chunks_received(int rank) const { return stats_[rank].chunks.load(); }
   uint64_t max_payload_bytes(int rank) const { return stats_[rank].max_payload_bytes.load(); }
   uint64_t NextTag() { return ++last_tag_; }
@@ -269,7 +272,7 @@ class Ring {
   std::vector<std::shared_ptr<CollectiveMailbox>> mailboxes_;
   std::vector<std::string> addresses_;
   std::vector<std::unique_ptr<DelayingTransport>> delayed_;  // by rank; null: none
-  std::vector<std::unique_ptr<RingLinks>> links_;            // by rank; null: none
+  std::vector<std::shared_ptr<RingLinks>> links_;            // by rank; null: none
   std::vector<std::unique_ptr<RingCollectives>> collectives_;
   uint64_t last_tag_ = 100;
 };
