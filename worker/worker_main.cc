@@ -64,7 +64,7 @@ struct WorkerFlags {
   double bucket_mb = 25;
   bool no_overlap = false;
   uint64_t segment_kb = 1024;
-  std::string ring_transport = "zmq";
+  std::string ring_transport = "links";
 };
 
 void AddWorkerFlags(CLI::App* app, WorkerFlags* flags) {

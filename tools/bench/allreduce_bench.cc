@@ -33,7 +33,7 @@ struct AllReduceBenchOptions {
   int iters = 0;  // 0: from seconds
   double seconds = 0.5;
   int segment_kb = 1024;
-  std::string ring_transport = "zmq";
+  std::string ring_transport = "links";
   int timeout_s = 600;
   bool json = false;
   bool no_mpi = false;
