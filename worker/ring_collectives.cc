@@ -654,9 +654,11 @@ class RingRun {
   // `buffer` (the whole buffer) and, if `forward`, sends it on to next as step `step` + 1.
   Status RecvCopy(uint32_t step, int block, int k, uint8_t* buffer, bool forward) {
     const Piece piece = DataPiece(block, k);
-    ASSIGN_OR_RETURN(ReceivedChunk received, Recv(step, k, piece));
-    if (!received.data.empty()) {
-      std::memcpy(Element(buffer, piece.offset), received.data.data(), received.data.size());
+    uint8_t* place = Element(buffer, piece.offset);
+    // Not when forwarding: a queued frame must not borrow the caller's buffer.
+    ASSIGN_OR_RETURN(ReceivedChunk received, Recv(step, k, piece, forward ? nullptr : place));
+    if (!received.data.empty() && received.data.data() != place) {
+      std::memcpy(place, received.data.data(), received.data.size());
     }
     if (forward) RETURN_IF_ERROR(Send(step + 1, k, piece, std::move(received.data)));
     return OkStatus();
@@ -711,11 +713,13 @@ class RingRun {
     return frame;
   }
 
-  // Waits for prev's next message, which must be `want` (segment k of `step`).
-  StatusOr<ReceivedChunk> Recv(uint32_t step, int k, const Piece& want) {
+  // Waits for prev's next message, which must be `want` (segment k of `step`). Over links,
+  // `into` (if not null) is where the caller will copy the elements (see RingLinks::Recv).
+  StatusOr<ReceivedChunk> Recv(uint32_t step, int k, const Piece& want, uint8_t* into = nullptr) {
     StatusOr<ReceivedChunk> popped =
         options_.links != nullptr
-            ? options_.links->Recv(call_.tag, next_recv_slot_, deadline_)
+            ? options_.links->Recv(call_.tag, next_recv_slot_, deadline_, into,
+                                   want.count * element_bytes_)
             : options_.mailbox->Pop(call_.tag, next_recv_slot_, deadline_);
     if (!popped.ok()) {
       const Status failure = options_.links != nullptr ? options_.links->failure()

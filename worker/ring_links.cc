@@ -501,9 +501,17 @@ void RingLinks::ReadSome() {
         return;
       }
       in_payload_got_ = 0;
-      in_buffer_ = in_payload_bytes_ == 0 ? nullptr : pool_->Acquire(in_payload_bytes_);
+      in_buffer_.reset();
+      in_target_ = nullptr;
+      auto landing = landings_.find({in_frame_.tag, in_frame_.step});
+      if (landing != landings_.end() && landing->second.second == in_payload_bytes_) {
+        in_target_ = landing->second.first;  // straight into the caller's buffer
+      } else if (in_payload_bytes_ > 0) {
+        in_buffer_ = pool_->Acquire(in_payload_bytes_);
+        in_target_ = in_buffer_.get();
+      }
     } else {
-      const ssize_t n = recv(from_prev_, in_buffer_.get() + in_payload_got_,
+      const ssize_t n = recv(from_prev_, in_target_ + in_payload_got_,
                              in_payload_bytes_ - in_payload_got_, MSG_DONTWAIT);
       if (n == 0) {
         recv_failure_ =
@@ -521,9 +529,10 @@ void RingLinks::ReadSome() {
     }
     if (in_header_got_ == kLinkFrameHeaderBytes && in_payload_got_ == in_payload_bytes_) {
       if (in_payload_bytes_ > 0) {
-        in_frame_.data = Payload::Borrow(in_buffer_.get(), in_payload_bytes_, in_buffer_);
+        in_frame_.data = Payload::Borrow(in_target_, in_payload_bytes_, in_buffer_);
       }
       in_buffer_.reset();
+      in_target_ = nullptr;
       in_header_got_ = 0;
       kept_[{in_frame_.tag, in_frame_.step}].push_back(std::move(in_frame_));
       ++kept_count_;
@@ -579,8 +588,13 @@ Status RingLinks::Wait(const std::function<bool()>& done, Deadline deadline, boo
   }
 }
 
-StatusOr<ReceivedChunk> RingLinks::Recv(uint64_t tag, uint32_t slot, Deadline deadline) {
+StatusOr<ReceivedChunk> RingLinks::Recv(uint64_t tag, uint32_t slot, Deadline deadline,
+                                        uint8_t* into, size_t into_bytes) {
   const std::pair<uint64_t, uint32_t> key{tag, slot};
+  if (into != nullptr && into_bytes > 0) {
+    std::lock_guard<std::mutex> lock(mu_);
+    landings_[key] = {into, into_bytes};
+  }
   std::map<std::pair<uint64_t, uint32_t>, std::deque<ReceivedChunk>>::iterator found;
   Status waited = Wait(
       [&] {
@@ -588,8 +602,18 @@ StatusOr<ReceivedChunk> RingLinks::Recv(uint64_t tag, uint32_t slot, Deadline de
         return found != kept_.end();
       },
       deadline, /*for_recv=*/true);
-  if (!waited.ok()) return waited;
   std::lock_guard<std::mutex> lock(mu_);
+  if (into != nullptr && into_bytes > 0) {
+    landings_.erase(key);
+    if (in_target_ == into && in_buffer_ == nullptr) {
+      // Half read into `into` when the wait ended: the rest must not land there after we
+      // return, so the frame moves to a buffer of its own.
+      in_buffer_ = pool_->Acquire(in_payload_bytes_);
+      std::memcpy(in_buffer_.get(), into, in_payload_got_);
+      in_target_ = in_buffer_.get();
+    }
+  }
+  if (!waited.ok()) return waited;
   found = kept_.find(key);  // still there: only this call pops (tag, slot)
   ReceivedChunk frame = std::move(found->second.front());
   found->second.pop_front();

@@ -113,7 +113,13 @@ class RingLinks {
 
   // Waits for prev's frame (tag, slot). DeadlineExceeded with an empty message once `deadline`
   // passes (the caller names what it waited for); otherwise the link's or the mailbox's failure.
-  StatusOr<ReceivedChunk> Recv(uint64_t tag, uint32_t slot, Deadline deadline);
+  // `into`, if not null, is where the caller will copy the payload: if the frame is not read
+  // yet and carries exactly `into_bytes`, its payload is read straight into it (before the
+  // caller checked the header: `into` is written even if the frame then proves wrong), and the
+  // returned frame's data points there. REQUIRES: [into, into + into_bytes) is not touched by
+  // anyone else during the call.
+  StatusOr<ReceivedChunk> Recv(uint64_t tag, uint32_t slot, Deadline deadline,
+                               uint8_t* into = nullptr, size_t into_bytes = 0);
 
   // Waits until every queued frame is written to next. DeadlineExceeded naming next.
   Status Flush(Deadline deadline);
@@ -171,7 +177,10 @@ class RingLinks {
   uint8_t in_header_[kLinkFrameHeaderBytes];
   size_t in_header_got_ = 0;
   ReceivedChunk in_frame_;
-  std::shared_ptr<uint8_t> in_buffer_;
+  std::shared_ptr<uint8_t> in_buffer_;  // null when reading into a landing
+  uint8_t* in_target_ = nullptr;        // where the payload goes: in_buffer_ or a landing
+  // Where waiting Recv calls want their frames' payloads: (tag, slot) -> (into, into_bytes).
+  std::map<std::pair<uint64_t, uint32_t>, std::pair<uint8_t*, size_t>> landings_;
   uint64_t in_payload_bytes_ = 0;
   uint64_t in_payload_got_ = 0;
 };

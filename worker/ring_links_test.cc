@@ -116,6 +116,28 @@ TEST(RingLinksTest, FramesArriveByTagAndSlotInAnyOrder) {
   EXPECT_TRUE(pair.links[0]->Flush(deadline).ok());
 }
 
+// A frame not read yet when its Recv starts lands straight in the caller's buffer, if its size
+// is the one asked for; others arrive in buffers of their own.
+TEST(RingLinksTest, APayloadLandsInTheCallersBuffer) {
+  Pair pair;
+  std::thread sender([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_TRUE(pair.links[0]->Send(Frame(0, 1, 0, Pattern(300000, 5))).ok());
+    EXPECT_TRUE(pair.links[0]->Send(Frame(0, 1, 1, Pattern(100, 6))).ok());
+    EXPECT_TRUE(pair.links[0]->Flush(Deadline::AfterMillis(5000)).ok());
+  });
+  std::vector<uint8_t> place(300000), other(99);
+  auto landed = pair.links[1]->Recv(1, 0, Deadline::AfterMillis(5000), place.data(), place.size());
+  auto wrong_size = pair.links[1]->Recv(1, 1, Deadline::AfterMillis(5000), other.data(), 99);
+  sender.join();
+  ASSERT_TRUE(landed.ok()) << landed.status();
+  EXPECT_EQ(landed->data.data(), place.data());
+  EXPECT_EQ(place, Pattern(300000, 5));
+  ASSERT_TRUE(wrong_size.ok()) << wrong_size.status();
+  EXPECT_NE(wrong_size->data.data(), other.data());
+  EXPECT_EQ(wrong_size->data.size(), 100u);
+}
+
 // Both ranks send far more than the socket buffers hold before either receives: waiting
 // (Flush, Recv) reads as well as writes, so neither blocks the other.
 TEST(RingLinksTest, LargeFramesBothWaysAtOnceDoNotDeadlock) {
