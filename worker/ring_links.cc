@@ -550,13 +550,15 @@ void RingLinks::ReadSome() {
 Status RingLinks::Wait(const std::function<bool()>& done, Deadline deadline, bool for_recv) {
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
-    if (done()) return OkStatus();
-    if (for_recv && !recv_failure_.ok()) return recv_failure_;
-    if (!for_recv && !send_failure_.ok()) return send_failure_;
+    // A failed mailbox first, as CollectiveMailbox::Pop does: its status is the root cause,
+    // and a peer's abort notice read meanwhile only quotes the same thing second-hand.
     if (mailbox_ != nullptr) {
       Status failed = mailbox_->failure();  // the mailbox never calls into the links
       if (!failed.ok()) return failed;
     }
+    if (done()) return OkStatus();
+    if (for_recv && !recv_failure_.ok()) return recv_failure_;
+    if (!for_recv && !send_failure_.ok()) return send_failure_;
     if (deadline.Expired()) return DeadlineExceededError("");
     const auto slice = std::min(deadline.when(), SteadyClock::now() +
                                                      std::chrono::milliseconds(kFailureCheckMs));
