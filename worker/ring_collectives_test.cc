@@ -183,6 +183,7 @@ class Ring {
           options.peer_addresses = addresses_;
           options.transport = &endpoints_[rank]->transport();
           options.mailbox = mailboxes_[rank].get();
+          options.spin_us = 20;  // exercises the spinning wait too
           auto links = RingLinks::Connect(options);
           EXPECT_TRUE(links.ok()) << links.status();
           if (links.ok()) links_[rank] = std::move(links).value();

@@ -82,6 +82,11 @@ struct RingLinksOptions {
   // A larger frame fails the link (the ring's largest is a segment).
   size_t max_payload_bytes = (64u << 20) + 4096;
   int socket_buffer_bytes = 4 << 20;  // SO_SNDBUF and SO_RCVBUF
+  // How long a waiting thread keeps reading without sleeping before it sleeps in poll(), as
+  // MPI's progress engine does. At np=2 on an idle 2-core machine 100 us brings 4 KiB from
+  // ~60 to ~12 us; on a busy one it steals the peer's core and some sizes get 10x slower
+  // (docs/benchmarks.md), hence off by default.
+  int64_t spin_us = 0;
 };
 
 class RingLinks {
@@ -98,7 +103,8 @@ class RingLinks {
                                                 int from_prev, std::string next_address,
                                                 std::string prev_address,
                                                 CollectiveMailbox* mailbox,
-                                                size_t max_payload_bytes = (64u << 20) + 4096);
+                                                size_t max_payload_bytes = (64u << 20) + 4096,
+                                                int64_t spin_us = 0);
   ~RingLinks();
   RingLinks(const RingLinks&) = delete;
   RingLinks& operator=(const RingLinks&) = delete;
@@ -141,7 +147,8 @@ class RingLinks {
   };
 
   RingLinks(int rank, int world_size, int to_next, int from_prev, std::string next_address,
-            std::string prev_address, CollectiveMailbox* mailbox, size_t max_payload_bytes);
+            std::string prev_address, CollectiveMailbox* mailbox, size_t max_payload_bytes,
+            int64_t spin_us);
 
   // Both REQUIRE mu_ held. WriteSome writes queued frames until the socket would block;
   // ReadSome reads until it would block or one frame is complete.
@@ -163,6 +170,7 @@ class RingLinks {
   const std::string prev_address_;
   CollectiveMailbox* const mailbox_;
   const size_t max_payload_bytes_;
+  const int64_t spin_us_;
   const std::shared_ptr<BufferPool> pool_;
 
   mutable std::mutex mu_;

@@ -173,6 +173,28 @@ TEST(RingLinksTest, LargeFramesBothWaysAtOnceDoNotDeadlock) {
   EXPECT_TRUE(results[1].ok()) << results[1];
 }
 
+TEST(RingLinksTest, ASpinningWaiterReceivesAndTimesOut) {
+  int a[2], b[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, a), 0);
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, b), 0);
+  auto zero = RingLinks::FromSockets(0, 2, a[0], b[1], "one", "one", nullptr, 1 << 20, 0);
+  auto one = RingLinks::FromSockets(1, 2, b[0], a[1], "zero", "zero", nullptr, 1 << 20, 500);
+  std::thread sender([&] {
+    for (uint32_t slot = 0; slot < 100; ++slot) {
+      EXPECT_TRUE(zero->Send(Frame(0, 1, slot, Pattern(4096, 1))).ok());
+    }
+    EXPECT_TRUE(zero->Flush(Deadline::AfterMillis(5000)).ok());  // what the socket did not take
+  });
+  for (uint32_t slot = 0; slot < 100; ++slot) {
+    auto got = one->Recv(1, slot, Deadline::AfterMillis(5000));
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->data.size(), 4096u);
+  }
+  sender.join();
+  EXPECT_EQ(one->Recv(1, 100, Deadline::AfterMillis(100)).status().code(),
+            StatusCode::kDeadlineExceeded);
+}
+
 TEST(RingLinksTest, RecvTimesOutBareAtTheDeadline) {
   Pair pair;
   const auto started = SteadyClock::now();

@@ -65,6 +65,7 @@ struct WorkerFlags {
   bool no_overlap = false;
   uint64_t segment_kb = 1024;
   std::string ring_transport = "links";
+  int64_t ring_spin_us = 0;
 };
 
 void AddWorkerFlags(CLI::App* app, WorkerFlags* flags) {
@@ -115,6 +116,11 @@ void AddWorkerFlags(CLI::App* app, WorkerFlags* flags) {
                   "the calling thread; see worker/ring_links.h). Every worker must use the same")
       ->check(CLI::IsMember({"zmq", "links"}))
       ->capture_default_str();
+  ddp->add_option("--ring-spin-us", flags->ring_spin_us,
+                  "With --ring-transport links: how long a waiting collective polls its socket "
+                  "without sleeping (lower latency on an idle machine, much worse on a busy one)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1000000}))
+      ->capture_default_str();
   AddSmokeFlags(app, &flags->smoke);
   AddAllReduceBenchFlags(app, &flags->bench);
 }
@@ -140,6 +146,7 @@ StatusOr<std::unique_ptr<RingCollectives>> MakeRing(ProcessRuntime& runtime,
     links.transport = ring.transport;
     links.mailbox = mailbox;
     links.timeout_ms = runtime.config().rendezvous_timeout_ms;
+    links.spin_us = worker_flags.ring_spin_us;
     ASSIGN_OR_RETURN(ring.links, RingLinks::Connect(links));
   }
   return RingCollectives::Create(ring);
