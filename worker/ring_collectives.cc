@@ -87,6 +87,8 @@ namespace {
 constexpr uint32_t kHandshakeChunk = 0xfffffffe;  // a barrier step or a broadcast's handshake
 constexpr uint32_t kAbortChunk = 0xffffffff;      // an abort notice (with dtype UInt8)
 constexpr size_t kMaxNoticeBytes = 4096;
+// How long a failed call waits for its abort notice to be written to a link.
+constexpr int64_t kAbortFlushMs = 1000;
 
 proto::DType WireDType(DataType dtype) {
   switch (dtype) {
@@ -400,6 +402,11 @@ class RingRun {
     Status status = CheckCall();
     if (status.ok()) status = arguments;
     if (status.ok()) status = algorithm();
+    if (status.ok() && options_.links != nullptr && world_ > 1) {
+      // Everything sent must be on the wire before the call returns: nobody else writes it.
+      Status flushed = options_.links->Flush(deadline_);
+      if (!flushed.ok()) status = flushed.WithContext(Prefix() + ": sending to " + Worker(next_));
+    }
     if (!status.ok()) Abort(status);
     return status;
   }
@@ -647,9 +654,11 @@ class RingRun {
   // `buffer` (the whole buffer) and, if `forward`, sends it on to next as step `step` + 1.
   Status RecvCopy(uint32_t step, int block, int k, uint8_t* buffer, bool forward) {
     const Piece piece = DataPiece(block, k);
-    ASSIGN_OR_RETURN(ReceivedChunk received, Recv(step, k, piece));
-    if (!received.data.empty()) {
-      std::memcpy(Element(buffer, piece.offset), received.data.data(), received.data.size());
+    uint8_t* place = Element(buffer, piece.offset);
+    // Not when forwarding: a queued frame must not borrow the caller's buffer.
+    ASSIGN_OR_RETURN(ReceivedChunk received, Recv(step, k, piece, forward ? nullptr : place));
+    if (!received.data.empty() && received.data.data() != place) {
+      std::memcpy(place, received.data.data(), received.data.size());
     }
     if (forward) RETURN_IF_ERROR(Send(step + 1, k, piece, std::move(received.data)));
     return OkStatus();
@@ -657,6 +666,15 @@ class RingRun {
 
   // Sends `bytes`, the elements `piece` names, to next as segment k of `step`.
   Status Send(uint32_t step, int k, const Piece& piece, Payload bytes) {
+    if (options_.links != nullptr) {
+      Status sent = options_.links->Send(Frame(next_send_slot_, piece, std::move(bytes)));
+      if (!sent.ok()) {
+        return sent.WithContext(Prefix() + ": sending " + Where(step, k, piece) + " to " +
+                                Worker(next_));
+      }
+      ++next_send_slot_;
+      return OkStatus();
+    }
     const uint64_t byte_length = bytes.size();
     MessageBuilder builder(proto::Role::Worker, rank_);
     const int32_t frame = bytes.empty() ? -1 : builder.AddPayload(std::move(bytes));
@@ -677,13 +695,36 @@ class RingRun {
     return OkStatus();
   }
 
-  // Waits for prev's next message, which must be `want` (segment k of `step`).
-  StatusOr<ReceivedChunk> Recv(uint32_t step, int k, const Piece& want) {
+  // A message for the links: the same fields as a CollectiveChunk's.
+  ReceivedChunk Frame(uint32_t slot, const Piece& piece, Payload bytes) const {
+    ReceivedChunk frame;
+    frame.sender_role = proto::Role::Worker;
+    frame.sender_rank = rank_;
+    frame.tag = call_.tag;
+    frame.op = call_.op;
+    frame.reduce_op = WireReduceOp(call_.reduce_op);
+    frame.step = slot;
+    frame.chunk = piece.chunk;
+    frame.dtype = WireDType(call_.dtype);
+    frame.element_offset = piece.offset;
+    frame.element_count = piece.count;
+    frame.fingerprint = call_.count;
+    frame.data = std::move(bytes);
+    return frame;
+  }
+
+  // Waits for prev's next message, which must be `want` (segment k of `step`). Over links,
+  // `into` (if not null) is where the caller will copy the elements (see RingLinks::Recv).
+  StatusOr<ReceivedChunk> Recv(uint32_t step, int k, const Piece& want, uint8_t* into = nullptr) {
     StatusOr<ReceivedChunk> popped =
-        options_.mailbox->Pop(call_.tag, next_recv_slot_, deadline_);
+        options_.links != nullptr
+            ? options_.links->Recv(call_.tag, next_recv_slot_, deadline_, into,
+                                   want.count * element_bytes_)
+            : options_.mailbox->Pop(call_.tag, next_recv_slot_, deadline_);
     if (!popped.ok()) {
-      if (popped.status().code() == StatusCode::kDeadlineExceeded &&
-          options_.mailbox->failure().ok()) {
+      const Status failure = options_.links != nullptr ? options_.links->failure()
+                                                       : options_.mailbox->failure();
+      if (popped.status().code() == StatusCode::kDeadlineExceeded && failure.ok()) {
         return DeadlineExceededError(Prefix() + ": no chunk from " + Worker(prev_) + " (" +
                                      Where(step, k, want) + ") within " +
                                      std::to_string(options_.timeout_ms) + " ms");
@@ -768,22 +809,41 @@ class RingRun {
         AbortNotice{rank_, status.code(), status.message()});
     if (notice.origin != next_ && next_send_slot_ < total_sends_) {
       if (notice.message.size() > kMaxNoticeBytes) notice.message.resize(kMaxNoticeBytes);
-      MessageBuilder builder(proto::Role::Worker, rank_);
-      const int32_t frame =
-          notice.message.empty() ? -1 : builder.AddPayload(Payload::FromString(notice.message));
-      std::vector<int64_t> shape = {static_cast<int64_t>(notice.message.size())};
-      auto data = proto::CreateTensorMetaDirect(builder.fbb(), call_.tensor.c_str(), 0,
-                                                proto::DType::UInt8, &shape, frame, 0,
-                                                notice.message.size());
-      auto body = proto::CreateCollectiveChunk(
-          builder.fbb(), call_.tag, call_.op, WireReduceOp(call_.reduce_op), next_send_slot_,
-          kAbortChunk, proto::DType::UInt8, static_cast<uint64_t>(notice.code),
-          notice.message.size(), static_cast<uint64_t>(notice.origin), data);
-      const std::string& address = options_.peer_addresses[static_cast<size_t>(next_)];
-      (void)options_.transport->Send(address, builder.Finish(body, /*request_id=*/0));
+      if (options_.links != nullptr) {
+        const Piece piece{kAbortChunk, static_cast<uint64_t>(notice.code),
+                          notice.message.size()};
+        ReceivedChunk frame = Frame(next_send_slot_, piece,
+                                    notice.message.empty() ? Payload()
+                                                           : Payload::FromString(notice.message));
+        frame.dtype = proto::DType::UInt8;
+        frame.fingerprint = static_cast<uint64_t>(notice.origin);
+        // Best effort, briefly: a successor that reads gets it at once.
+        if (options_.links->Send(std::move(frame)).ok()) {
+          (void)options_.links->Flush(Deadline::AfterMillis(kAbortFlushMs));
+        }
+      } else {
+        MessageBuilder builder(proto::Role::Worker, rank_);
+        const int32_t frame = notice.message.empty()
+                                  ? -1
+                                  : builder.AddPayload(Payload::FromString(notice.message));
+        std::vector<int64_t> shape = {static_cast<int64_t>(notice.message.size())};
+        auto data = proto::CreateTensorMetaDirect(builder.fbb(), call_.tensor.c_str(), 0,
+                                                  proto::DType::UInt8, &shape, frame, 0,
+                                                  notice.message.size());
+        auto body = proto::CreateCollectiveChunk(
+            builder.fbb(), call_.tag, call_.op, WireReduceOp(call_.reduce_op), next_send_slot_,
+            kAbortChunk, proto::DType::UInt8, static_cast<uint64_t>(notice.code),
+            notice.message.size(), static_cast<uint64_t>(notice.origin), data);
+        const std::string& address = options_.peer_addresses[static_cast<size_t>(next_)];
+        (void)options_.transport->Send(address, builder.Finish(body, /*request_id=*/0));
+      }
     }
     // Chunks that peers sent before they noticed would wait forever under a tag nobody pops.
-    options_.mailbox->Discard(call_.tag);
+    if (options_.links != nullptr) {
+      options_.links->Discard(call_.tag);
+    } else {
+      options_.mailbox->Discard(call_.tag);
+    }
   }
 
   // Every argument the call's geometry depends on.
@@ -902,6 +962,11 @@ StatusOr<std::unique_ptr<RingCollectives>> RingCollectives::Create(
   if (options.timeout_ms <= 0) {
     return InvalidArgumentError(where + "timeout_ms " + std::to_string(options.timeout_ms) +
                                 " is not positive");
+  }
+  if (options.links != nullptr && options.world_size > 1 &&
+      options.links->rank() != options.rank) {
+    return InvalidArgumentError(where + "links are rank " + std::to_string(options.links->rank()) +
+                                "'s, not rank " + std::to_string(options.rank) + "'s");
   }
   if (options.segment_bytes < 1 || options.segment_bytes > kMaxSegmentBytes) {
     return InvalidArgumentError(where + "segment_bytes " +

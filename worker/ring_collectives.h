@@ -17,6 +17,15 @@
 // most segment_bytes, and a segment is passed on as soon as it has been received and combined,
 // so the transport's I/O thread sends and receives while this thread reduces.
 //
+// Two ways for segments to travel, the same on every rank:
+//   - transport and mailbox (options.links null): each segment is a CollectiveChunk message;
+//     four thread hand-offs per message (see docs/benchmarks.md).
+//   - links (options.links, ring_links.h): one TCP connection to next and one from prev, which
+//     the calling thread writes and reads itself; the transport and mailbox only carry the
+//     setup and the coordinator's failure notices. tessera-worker's default
+//     (--ring-transport links): 2-5x faster at np=2 from 4 KiB to 1 MiB.
+// Both carry the same fields, checked the same way, and the same abort notices.
+//
 // Every call's deadline is options.timeout_ms from its start. When a rank fails (a timeout, a
 // mismatch with its predecessor, bad arguments), it sends its successor an abort notice quoting
 // the error, and each rank passes it on, so every rank of the ring fails promptly with the root
@@ -44,6 +53,7 @@
 #include "common/transport.h"
 #include "worker/collective_mailbox.h"
 #include "worker/collectives.h"
+#include "worker/ring_links.h"
 
 namespace tessera::worker {
 
@@ -63,6 +73,11 @@ struct RingCollectivesOptions {
   // 4-16 MiB all-reduces take ~1.3x less time than with 256 KiB (fewer messages, each costing
   // thread hand-offs and a ZeroMQ allocation), 64 KiB-1 MiB the same, 4 MiB segments worse.
   size_t segment_bytes = 1024 * 1024;
+  // When set, segments travel over these direct links (ring_links.h: the calling thread writes
+  // to and reads from its neighbours' sockets itself) instead of transport and mailbox; the
+  // mailbox then only wakes waiters on failure notices. Shared; must match rank and
+  // world_size. Every rank must choose the same.
+  std::shared_ptr<RingLinks> links;
 };
 
 inline constexpr size_t kMaxSegmentBytes = 64u << 20;
@@ -75,7 +90,7 @@ class RingCollectives final : public Collectives {
  public:
   // InvalidArgument naming the field for options that cannot work: rank outside
   // [0, world_size), a peer list of another size, no transport or mailbox with world_size > 1,
-  // timeout_ms <= 0, segment_bytes outside [1, kMaxSegmentBytes].
+  // timeout_ms <= 0, segment_bytes outside [1, kMaxSegmentBytes], links of another rank.
   static StatusOr<std::unique_ptr<RingCollectives>> Create(RingCollectivesOptions options);
   ~RingCollectives() override;
 

@@ -64,6 +64,8 @@ struct WorkerFlags {
   double bucket_mb = 25;
   bool no_overlap = false;
   uint64_t segment_kb = 1024;
+  std::string ring_transport = "links";
+  int64_t ring_spin_us = 0;
 };
 
 void AddWorkerFlags(CLI::App* app, WorkerFlags* flags) {
@@ -109,6 +111,17 @@ void AddWorkerFlags(CLI::App* app, WorkerFlags* flags) {
                   "Pipelining unit of the ring: the largest piece one message carries")
       ->check(CLI::Range(uint64_t{1}, uint64_t{64} << 10))
       ->capture_default_str();
+  ddp->add_option("--ring-transport", flags->ring_transport,
+                  "How ring segments travel: zmq (through the process's transport and its I/O "
+                  "thread) or links (direct TCP connections to the ring neighbours, driven by "
+                  "the calling thread; see worker/ring_links.h). Every worker must use the same")
+      ->check(CLI::IsMember({"zmq", "links"}))
+      ->capture_default_str();
+  ddp->add_option("--ring-spin-us", flags->ring_spin_us,
+                  "With --ring-transport links: how long a waiting collective polls its socket "
+                  "without sleeping (lower latency on an idle machine, much worse on a busy one)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1000000}))
+      ->capture_default_str();
   AddSmokeFlags(app, &flags->smoke);
   AddAllReduceBenchFlags(app, &flags->bench);
 }
@@ -126,6 +139,17 @@ StatusOr<std::unique_ptr<RingCollectives>> MakeRing(ProcessRuntime& runtime,
   ring.mailbox = mailbox;
   ring.timeout_ms = runtime.config().request_timeout_ms;
   ring.segment_bytes = static_cast<size_t>(worker_flags.segment_kb) * 1024;
+  if (worker_flags.ring_transport == "links" && ring.world_size > 1) {
+    RingLinksOptions links;
+    links.rank = ring.rank;
+    links.world_size = ring.world_size;
+    links.peer_addresses = ring.peer_addresses;
+    links.transport = ring.transport;
+    links.mailbox = mailbox;
+    links.timeout_ms = runtime.config().rendezvous_timeout_ms;
+    links.spin_us = worker_flags.ring_spin_us;
+    ASSIGN_OR_RETURN(ring.links, RingLinks::Connect(links));
+  }
   return RingCollectives::Create(ring);
 }
 

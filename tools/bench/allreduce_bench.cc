@@ -33,6 +33,8 @@ struct AllReduceBenchOptions {
   int iters = 0;  // 0: from seconds
   double seconds = 0.5;
   int segment_kb = 1024;
+  std::string ring_transport = "links";
+  int ring_spin_us = 0;
   int timeout_s = 600;
   bool json = false;
   bool no_mpi = false;
@@ -132,7 +134,9 @@ Status MeasureTessera(const AllReduceBenchOptions& o, SystemResult* result) {
                                    "--bench-warmup=" + std::to_string(o.warmup),
                                    "--bench-iters=" + std::to_string(o.iters),
                                    "--bench-seconds=" + std::to_string(o.seconds),
-                                   "--segment-kb=" + std::to_string(o.segment_kb)};
+                                   "--segment-kb=" + std::to_string(o.segment_kb),
+                                   "--ring-transport=" + o.ring_transport,
+                                   "--ring-spin-us=" + std::to_string(o.ring_spin_us)};
   ASSIGN_OR_RETURN(std::vector<ChildOutput> outputs,
                    RunAllToCompletion({{"tessera-launch --workers " + std::to_string(o.np) +
                                             " --mode bench-allreduce",
@@ -298,6 +302,8 @@ int RunAllReduceBench(const AllReduceBenchOptions& o) {
                                  {"dtype", "float32"},
                                  {"op", "sum"},
                                  {"segment_kb", o.segment_kb},
+                                 {"ring_transport", o.ring_transport},
+                                 {"ring_spin_us", o.ring_spin_us},
                                  {"busbw_factor", bus_factor},
                                  {"skipped", skipped},
                                  {"rows", rows},
@@ -377,6 +383,14 @@ BenchCommand AddAllReduceBench(CLI::App* parent) {
       ->capture_default_str();
   app->add_option("--segment-kb", o->segment_kb, "Tessera's ring segment (tessera-worker flag)")
       ->check(CLI::Range(1, 64 << 10))
+      ->capture_default_str();
+  app->add_option("--ring-transport", o->ring_transport,
+                  "Tessera's ring transport: zmq or links (tessera-worker flag)")
+      ->check(CLI::IsMember({"zmq", "links"}))
+      ->capture_default_str();
+  app->add_option("--ring-spin-us", o->ring_spin_us,
+                  "Tessera's busy-poll before sleeping, links only (tessera-worker flag)")
+      ->check(CLI::Range(0, 1000000))
       ->capture_default_str();
   app->add_option("--timeout-s", o->timeout_s, "Deadline of each system's run")
       ->check(CLI::Range(1, 86400))

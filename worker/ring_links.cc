@@ -1,0 +1,674 @@
+#include "worker/ring_links.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+
+#include "common/fleet_view.h"
+#include "common/wire_codec.h"
+
+namespace tessera::worker {
+
+// ---------------------------------------------------------------------------------------------
+// Receive buffers: a frame's payload is read into one and lent to the Recv caller as a Payload;
+// when the caller (or a Send that forwarded it) drops it, the buffer goes back here, so large
+// segments do not fault in fresh pages every time.
+class RingLinks::BufferPool : public std::enable_shared_from_this<RingLinks::BufferPool> {
+ public:
+  std::shared_ptr<uint8_t> Acquire(size_t bytes) {
+    std::unique_ptr<uint8_t[]> chosen;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto best = free_.end();
+      for (auto it = free_.begin(); it != free_.end(); ++it) {
+        if (it->second >= bytes && (best == free_.end() || it->second < best->second)) best = it;
+      }
+      size_t capacity = bytes;
+      if (best != free_.end()) {
+        chosen = std::move(best->first);
+        capacity = best->second;
+        free_.erase(best);
+      } else {
+        chosen.reset(new uint8_t[bytes]);
+      }
+      uint8_t* data = chosen.release();
+      std::weak_ptr<BufferPool> pool = weak_from_this();
+      return std::shared_ptr<uint8_t>(data, [pool, capacity](uint8_t* p) {
+        std::unique_ptr<uint8_t[]> owned(p);
+        if (auto alive = pool.lock()) alive->Release(std::move(owned), capacity);
+      });
+    }
+  }
+
+ private:
+  static constexpr size_t kMaxFree = 16;
+
+  void Release(std::unique_ptr<uint8_t[]> buffer, size_t capacity) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (free_.size() < kMaxFree) free_.emplace_back(std::move(buffer), capacity);
+  }
+
+  std::mutex mu_;
+  std::vector<std::pair<std::unique_ptr<uint8_t[]>, size_t>> free_;  // guarded by mu_
+};
+
+namespace {
+
+constexpr uint32_t kFrameMagic = 0x4c525354;  // "TSRL"
+constexpr uint32_t kHelloMagic = 0x4f4c4548;  // "HELO"
+
+template <typename T>
+void Put(uint8_t* at, T value) {
+  std::memcpy(at, &value, sizeof(T));
+}
+template <typename T>
+T Get(const uint8_t* at) {
+  T value;
+  std::memcpy(&value, at, sizeof(T));
+  return value;
+}
+
+std::string Worker(int rank) { return MemberName(Role::kWorker, rank); }
+
+std::string Errno(int error) { return std::strerror(error); }
+
+// "tcp://HOST:PORT" -> HOST and PORT.
+Status SplitAddress(const std::string& address, std::string* host, int* port) {
+  const std::string prefix = "tcp://";
+  const size_t colon = address.rfind(':');
+  if (address.compare(0, prefix.size(), prefix) != 0 || colon == std::string::npos ||
+      colon < prefix.size()) {
+    return InvalidArgumentError("address " + address + " is not tcp://HOST:PORT");
+  }
+  *host = address.substr(prefix.size(), colon - prefix.size());
+  if (*host == "*") *host = "0.0.0.0";
+  char* end = nullptr;
+  const long value = std::strtol(address.c_str() + colon + 1, &end, 10);
+  if (end == nullptr || *end != '\0' || value < 0 || value > 65535) {
+    return InvalidArgumentError("address " + address + " has no valid port");
+  }
+  *port = static_cast<int>(value);
+  return OkStatus();
+}
+
+Status Resolve(const std::string& host, int port, sockaddr_in* out) {
+  std::memset(out, 0, sizeof(*out));
+  out->sin_family = AF_INET;
+  out->sin_port = htons(static_cast<uint16_t>(port));
+  if (inet_pton(AF_INET, host.c_str(), &out->sin_addr) == 1) return OkStatus();
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int error = getaddrinfo(host.c_str(), nullptr, &hints, &found);
+  if (error != 0 || found == nullptr) {
+    return UnavailableError("cannot resolve " + host + ": " + gai_strerror(error));
+  }
+  out->sin_addr = reinterpret_cast<sockaddr_in*>(found->ai_addr)->sin_addr;
+  freeaddrinfo(found);
+  return OkStatus();
+}
+
+void Tune(int fd, int buffer_bytes) {
+  const int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  if (buffer_bytes > 0) {
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buffer_bytes, sizeof(buffer_bytes));
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buffer_bytes, sizeof(buffer_bytes));
+  }
+}
+
+// Waits for `events` on fd until the deadline: true when ready.
+bool PollOne(int fd, short events, Deadline deadline) {
+  while (true) {
+    pollfd p{fd, events, 0};
+    const int ready = poll(&p, 1, static_cast<int>(std::min<int64_t>(deadline.RemainingMillis(),
+                                                                      1000)));
+    if (ready > 0) return true;
+    if (ready < 0 && errno != EINTR) return false;
+    if (deadline.Expired()) return false;
+  }
+}
+
+// Writes all of [data, data + bytes) to a blocking-mode socket within the deadline.
+Status WriteAll(int fd, const uint8_t* data, size_t bytes, Deadline deadline) {
+  while (bytes > 0) {
+    if (!PollOne(fd, POLLOUT, deadline)) return DeadlineExceededError("write timed out");
+    const ssize_t n = send(fd, data, bytes, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EINTR) continue;
+      return UnavailableError("write failed: " + Errno(errno));
+    }
+    data += n;
+    bytes -= static_cast<size_t>(n);
+  }
+  return OkStatus();
+}
+
+Status ReadAll(int fd, uint8_t* data, size_t bytes, Deadline deadline) {
+  while (bytes > 0) {
+    if (!PollOne(fd, POLLIN, deadline)) return DeadlineExceededError("read timed out");
+    const ssize_t n = recv(fd, data, bytes, MSG_DONTWAIT);
+    if (n == 0) return UnavailableError("closed by the peer");
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EINTR) continue;
+      return UnavailableError("read failed: " + Errno(errno));
+    }
+    data += n;
+    bytes -= static_cast<size_t>(n);
+  }
+  return OkStatus();
+}
+
+// A hello: magic and the connecting rank.
+void EncodeHello(int rank, uint8_t* hello) {
+  Put<uint32_t>(hello, kHelloMagic);
+  Put<int32_t>(hello + 4, rank);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Framing
+
+// Header layout (bytes): 0 magic u32, 4 sender rank i32, 8 tag u64, 16 slot u32, 20 chunk u32,
+// 24 op u8, 25 reduce op u8, 26 dtype u8, 27..31 zero, 32 element offset u64, 40 element count
+// u64, 48 fingerprint u64, 56 payload bytes u64.
+void EncodeLinkFrameHeader(const ReceivedChunk& frame, uint8_t* header) {
+  std::memset(header, 0, kLinkFrameHeaderBytes);
+  Put<uint32_t>(header, kFrameMagic);
+  Put<int32_t>(header + 4, frame.sender_rank);
+  Put<uint64_t>(header + 8, frame.tag);
+  Put<uint32_t>(header + 16, frame.step);
+  Put<uint32_t>(header + 20, frame.chunk);
+  header[24] = static_cast<uint8_t>(frame.op);
+  header[25] = static_cast<uint8_t>(frame.reduce_op);
+  header[26] = static_cast<uint8_t>(frame.dtype);
+  Put<uint64_t>(header + 32, frame.element_offset);
+  Put<uint64_t>(header + 40, frame.element_count);
+  Put<uint64_t>(header + 48, frame.fingerprint);
+  Put<uint64_t>(header + 56, frame.data.size());
+}
+
+Status DecodeLinkFrameHeader(const uint8_t* header, size_t max_payload_bytes,
+                             ReceivedChunk* frame, uint64_t* payload_bytes) {
+  const uint32_t magic = Get<uint32_t>(header);
+  if (magic != kFrameMagic) {
+    char hex[16];
+    std::snprintf(hex, sizeof(hex), "0x%08x", magic);
+    return InvalidArgumentError("a frame header starts with " + std::string(hex) +
+                                ", not the ring link magic (is another program connected?)");
+  }
+  *payload_bytes = Get<uint64_t>(header + 56);
+  if (*payload_bytes > max_payload_bytes) {
+    return InvalidArgumentError("a frame declares " + std::to_string(*payload_bytes) +
+                                " payload bytes, more than the limit of " +
+                                std::to_string(max_payload_bytes));
+  }
+  *frame = ReceivedChunk();
+  frame->sender_role = proto::Role::Worker;
+  frame->sender_rank = Get<int32_t>(header + 4);
+  frame->tag = Get<uint64_t>(header + 8);
+  frame->step = Get<uint32_t>(header + 16);
+  frame->chunk = Get<uint32_t>(header + 20);
+  frame->op = static_cast<proto::CollectiveOp>(header[24]);
+  frame->reduce_op = static_cast<proto::ReduceOp>(header[25]);
+  frame->dtype = static_cast<proto::DType>(header[26]);
+  frame->element_offset = Get<uint64_t>(header + 32);
+  frame->element_count = Get<uint64_t>(header + 40);
+  frame->fingerprint = Get<uint64_t>(header + 48);
+  return OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Setup
+
+StatusOr<std::unique_ptr<RingLinks>> RingLinks::Connect(const RingLinksOptions& options) {
+  const int world = options.world_size;
+  const int rank = options.rank;
+  const std::string where = "ring links rank=" + std::to_string(rank) + ": ";
+  if (world < 2 || rank < 0 || rank >= world ||
+      options.peer_addresses.size() != static_cast<size_t>(world) ||
+      options.transport == nullptr || options.mailbox == nullptr || options.timeout_ms <= 0) {
+    return InvalidArgumentError(where + "needs world_size >= 2, a rank in it, an address per "
+                                "rank, a transport, a mailbox and a positive timeout");
+  }
+  const int next = (rank + 1) % world;
+  const int prev = (rank + world - 1) % world;
+  const Deadline deadline = Deadline::AfterMillis(options.timeout_ms);
+
+  // 1. Listen on the host of our transport address.
+  std::string host;
+  int ignored_port = 0;
+  RETURN_IF_ERROR(SplitAddress(options.peer_addresses[rank], &host, &ignored_port)
+                      .WithContext(where + "own address"));
+  sockaddr_in local{};
+  RETURN_IF_ERROR(Resolve(host, 0, &local).WithContext(where + "listening"));
+  const int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (listener < 0) return UnavailableError(where + "socket: " + Errno(errno));
+  struct Closer {
+    int fd;
+    ~Closer() {
+      if (fd >= 0) close(fd);
+    }
+  } close_listener{listener};
+  if (bind(listener, reinterpret_cast<sockaddr*>(&local), sizeof(local)) != 0 ||
+      listen(listener, 8) != 0) {
+    return UnavailableError(where + "cannot listen on " + host + ": " + Errno(errno));
+  }
+  socklen_t length = sizeof(local);
+  getsockname(listener, reinterpret_cast<sockaddr*>(&local), &length);
+  const std::string own_link = "tcp://" + host + ":" + std::to_string(ntohs(local.sin_port));
+
+  // 2. Tell prev where to connect, through the transport.
+  {
+    MessageBuilder builder(proto::Role::Worker, rank);
+    const int32_t frame = builder.AddPayload(Payload::FromString(own_link));
+    std::vector<int64_t> shape = {static_cast<int64_t>(own_link.size())};
+    auto data = proto::CreateTensorMetaDirect(builder.fbb(), "", 0, proto::DType::UInt8, &shape,
+                                              frame, 0, own_link.size());
+    auto body = proto::CreateCollectiveChunk(
+        builder.fbb(), kRingLinksSetupTag, proto::CollectiveOp::Barrier, proto::ReduceOp::Sum, 0,
+        0, proto::DType::UInt8, 0, own_link.size(), 0, data);
+    RETURN_IF_ERROR(options.transport->Send(options.peer_addresses[prev],
+                                            builder.Finish(body, /*request_id=*/0))
+                        .WithContext(where + "sending the link address to " + Worker(prev)));
+  }
+
+  // 3. Learn next's link address and connect to it.
+  StatusOr<ReceivedChunk> setup = options.mailbox->Pop(kRingLinksSetupTag, 0, deadline);
+  if (!setup.ok()) {
+    if (setup.status().code() == StatusCode::kDeadlineExceeded && options.mailbox->failure().ok()) {
+      return DeadlineExceededError(where + "waiting for " + Worker(next) +
+                                   "'s link address: no answer within " +
+                                   std::to_string(options.timeout_ms) + " ms");
+    }
+    return setup.status().WithContext(where + "waiting for " + Worker(next) + "'s link address");
+  }
+  if (setup->sender_rank != next) {
+    return InternalError(where + "the link address came from " + Worker(setup->sender_rank) +
+                         ", not from " + Worker(next));
+  }
+  const std::string next_link(reinterpret_cast<const char*>(setup->data.data()),
+                              setup->data.size());
+  std::string next_host;
+  int next_port = 0;
+  RETURN_IF_ERROR(SplitAddress(next_link, &next_host, &next_port)
+                      .WithContext(where + Worker(next) + "'s link address"));
+  sockaddr_in remote{};
+  RETURN_IF_ERROR(Resolve(next_host, next_port, &remote).WithContext(where + Worker(next)));
+  const std::string to_next_name = Worker(next) + " at " + next_link;
+  int to_next = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (to_next < 0) return UnavailableError(where + "socket: " + Errno(errno));
+  Closer close_next{to_next};
+  Tune(to_next, options.socket_buffer_bytes);
+  fcntl(to_next, F_SETFL, fcntl(to_next, F_GETFL) | O_NONBLOCK);
+  if (connect(to_next, reinterpret_cast<sockaddr*>(&remote), sizeof(remote)) != 0 &&
+      errno != EINPROGRESS) {
+    return UnavailableError(where + "cannot connect to " + to_next_name + ": " + Errno(errno));
+  }
+  if (!PollOne(to_next, POLLOUT, deadline)) {
+    return DeadlineExceededError(where + "connecting to " + to_next_name + " timed out");
+  }
+  int error = 0;
+  socklen_t error_length = sizeof(error);
+  getsockopt(to_next, SOL_SOCKET, SO_ERROR, &error, &error_length);
+  if (error != 0) {
+    return UnavailableError(where + "cannot connect to " + to_next_name + ": " + Errno(error));
+  }
+  uint8_t hello[8];
+  EncodeHello(rank, hello);
+  RETURN_IF_ERROR(WriteAll(to_next, hello, sizeof(hello), deadline)
+                      .WithContext(where + "greeting " + to_next_name));
+
+  // 4. Accept prev's connection; its hello must name prev.
+  if (!PollOne(listener, POLLIN, deadline)) {
+    return DeadlineExceededError(where + Worker(prev) + " did not connect within " +
+                                 std::to_string(options.timeout_ms) + " ms");
+  }
+  sockaddr_in peer{};
+  socklen_t peer_length = sizeof(peer);
+  const int from_prev = accept4(listener, reinterpret_cast<sockaddr*>(&peer), &peer_length,
+                                SOCK_CLOEXEC | SOCK_NONBLOCK);
+  if (from_prev < 0) return UnavailableError(where + "accept: " + Errno(errno));
+  Closer close_prev{from_prev};
+  Tune(from_prev, options.socket_buffer_bytes);
+  char peer_host[INET_ADDRSTRLEN] = "?";
+  inet_ntop(AF_INET, &peer.sin_addr, peer_host, sizeof(peer_host));
+  const std::string prev_name = std::string(peer_host) + ":" + std::to_string(ntohs(peer.sin_port));
+  uint8_t their_hello[8];
+  RETURN_IF_ERROR(ReadAll(from_prev, their_hello, sizeof(their_hello), deadline)
+                      .WithContext(where + "the hello of " + Worker(prev) + " from " + prev_name));
+  if (Get<uint32_t>(their_hello) != kHelloMagic ||
+      Get<int32_t>(their_hello + 4) != prev) {
+    return InternalError(where + "the connection from " + prev_name + " is not from " +
+                         Worker(prev) + " (hello names rank " +
+                         std::to_string(Get<int32_t>(their_hello + 4)) + ")");
+  }
+  close_next.fd = -1;
+  close_prev.fd = -1;
+  return std::unique_ptr<RingLinks>(new RingLinks(rank, world, to_next, from_prev, next_link,
+                                                  "tcp://" + prev_name, options.mailbox,
+                                                  options.max_payload_bytes, options.spin_us));
+}
+
+std::unique_ptr<RingLinks> RingLinks::FromSockets(int rank, int world_size, int to_next,
+                                                  int from_prev, std::string next_address,
+                                                  std::string prev_address,
+                                                  CollectiveMailbox* mailbox,
+                                                  size_t max_payload_bytes, int64_t spin_us) {
+  fcntl(to_next, F_SETFL, fcntl(to_next, F_GETFL) | O_NONBLOCK);
+  fcntl(from_prev, F_SETFL, fcntl(from_prev, F_GETFL) | O_NONBLOCK);
+  return std::unique_ptr<RingLinks>(new RingLinks(rank, world_size, to_next, from_prev,
+                                                  std::move(next_address),
+                                                  std::move(prev_address), mailbox,
+                                                  max_payload_bytes, spin_us));
+}
+
+RingLinks::RingLinks(int rank, int world_size, int to_next, int from_prev,
+                     std::string next_address, std::string prev_address,
+                     CollectiveMailbox* mailbox, size_t max_payload_bytes, int64_t spin_us)
+    : rank_(rank),
+      world_size_(world_size),
+      next_((rank + 1) % world_size),
+      prev_((rank + world_size - 1) % world_size),
+      to_next_(to_next),
+      from_prev_(from_prev),
+      wake_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)),
+      next_address_(std::move(next_address)),
+      prev_address_(std::move(prev_address)),
+      mailbox_(mailbox),
+      max_payload_bytes_(max_payload_bytes),
+      spin_us_(spin_us),
+      pool_(std::make_shared<BufferPool>()) {}
+
+RingLinks::~RingLinks() {
+  close(to_next_);
+  close(from_prev_);
+  if (wake_ >= 0) close(wake_);
+}
+
+std::string RingLinks::LinkTo() const {
+  return "ring link to " + Worker(next_) + " (" + next_address_ + ")";
+}
+std::string RingLinks::LinkFrom() const {
+  return "ring link from " + Worker(prev_) + " (" + prev_address_ + ")";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Progress
+
+Status RingLinks::Send(ReceivedChunk frame) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!send_failure_.ok()) return send_failure_;
+  frame.sender_rank = rank_;
+  out_.emplace_back();
+  OutFrame& out = out_.back();
+  EncodeLinkFrameHeader(frame, out.header);
+  out.payload = std::move(frame.data);
+  WriteSome();
+  if (!out_.empty() && polling_ && wake_ >= 0) {
+    const uint64_t one = 1;
+    (void)!write(wake_, &one, sizeof(one));  // the poller adds POLLOUT
+  }
+  return send_failure_;
+}
+
+void RingLinks::WriteSome() {
+  constexpr size_t kMaxIov = 64;
+  while (!out_.empty() && send_failure_.ok()) {
+    iovec iov[kMaxIov];
+    size_t count = 0;
+    size_t total = 0;
+    for (auto it = out_.begin(); it != out_.end() && count + 2 <= kMaxIov; ++it) {
+      size_t skip = it->written;
+      if (skip < kLinkFrameHeaderBytes) {
+        iov[count++] = {it->header + skip, kLinkFrameHeaderBytes - skip};
+        total += kLinkFrameHeaderBytes - skip;
+        skip = 0;
+      } else {
+        skip -= kLinkFrameHeaderBytes;
+      }
+      if (it->payload.size() > skip) {
+        iov[count++] = {const_cast<uint8_t*>(it->payload.data()) + skip,
+                        it->payload.size() - skip};
+        total += it->payload.size() - skip;
+      }
+    }
+    msghdr message{};
+    message.msg_iov = iov;
+    message.msg_iovlen = count;
+    const ssize_t n = sendmsg(to_next_, &message, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+      send_failure_ = UnavailableError(LinkTo() + ": send failed: " + Errno(errno));
+      return;
+    }
+    size_t left = static_cast<size_t>(n);
+    while (!out_.empty()) {
+      OutFrame& front = out_.front();
+      const size_t frame_left = kLinkFrameHeaderBytes + front.payload.size() - front.written;
+      if (left < frame_left) {
+        front.written += left;
+        break;
+      }
+      left -= frame_left;
+      out_.pop_front();  // releases the payload: its buffer may be reused now
+    }
+    if (static_cast<size_t>(n) < total) return;  // the socket is full
+  }
+}
+
+void RingLinks::ReadSome() {
+  while (recv_failure_.ok()) {
+    if (in_header_got_ < kLinkFrameHeaderBytes) {
+      const ssize_t n = recv(from_prev_, in_header_ + in_header_got_,
+                             kLinkFrameHeaderBytes - in_header_got_, MSG_DONTWAIT);
+      if (n == 0) {
+        recv_failure_ = UnavailableError(LinkFrom() + ": closed by the peer" +
+                                         (in_header_got_ > 0 ? " in the middle of a frame" : ""));
+        return;
+      }
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) {
+          recv_failure_ = UnavailableError(LinkFrom() + ": receive failed: " + Errno(errno));
+        }
+        return;
+      }
+      in_header_got_ += static_cast<size_t>(n);
+      if (in_header_got_ < kLinkFrameHeaderBytes) continue;
+      Status decoded =
+          DecodeLinkFrameHeader(in_header_, max_payload_bytes_, &in_frame_, &in_payload_bytes_);
+      if (decoded.ok() && in_frame_.sender_rank != prev_) {
+        decoded = InvalidArgumentError("a frame names sender rank " +
+                                       std::to_string(in_frame_.sender_rank));
+      }
+      if (!decoded.ok()) {
+        recv_failure_ = DataLossError(LinkFrom() + ": " + decoded.message());
+        return;
+      }
+      in_payload_got_ = 0;
+      in_buffer_.reset();
+      in_target_ = nullptr;
+      auto landing = landings_.find({in_frame_.tag, in_frame_.step});
+      if (landing != landings_.end() && landing->second.second == in_payload_bytes_) {
+        in_target_ = landing->second.first;  // straight into the caller's buffer
+      } else if (in_payload_bytes_ > 0) {
+        in_buffer_ = pool_->Acquire(in_payload_bytes_);
+        in_target_ = in_buffer_.get();
+      }
+    } else {
+      const ssize_t n = recv(from_prev_, in_target_ + in_payload_got_,
+                             in_payload_bytes_ - in_payload_got_, MSG_DONTWAIT);
+      if (n == 0) {
+        recv_failure_ =
+            UnavailableError(LinkFrom() + ": closed by the peer in the middle of a frame");
+        return;
+      }
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) {
+          recv_failure_ = UnavailableError(LinkFrom() + ": receive failed: " + Errno(errno));
+        }
+        return;
+      }
+      in_payload_got_ += static_cast<uint64_t>(n);
+    }
+    if (in_header_got_ == kLinkFrameHeaderBytes && in_payload_got_ == in_payload_bytes_) {
+      if (in_payload_bytes_ > 0) {
+        in_frame_.data = Payload::Borrow(in_target_, in_payload_bytes_, in_buffer_);
+      }
+      in_buffer_.reset();
+      in_target_ = nullptr;
+      in_header_got_ = 0;
+      kept_[{in_frame_.tag, in_frame_.step}].push_back(std::move(in_frame_));
+      ++kept_count_;
+      if (kept_count_ > CollectiveMailbox::kDefaultMaxQueuedChunks) {
+        recv_failure_ = ResourceExhaustedError(
+            LinkFrom() + ": " + std::to_string(kept_count_) +
+            " frames wait for no running collective (the last for tag=" +
+            std::to_string(in_frame_.tag) + ")");
+      }
+      return;  // one frame at a time: the waiter may be done
+    }
+  }
+}
+
+Status RingLinks::Wait(const std::function<bool()>& done, Deadline deadline, bool for_recv) {
+  const SteadyClock::time_point spin_until =
+      SteadyClock::now() + std::chrono::microseconds(spin_us_);
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    // A failed mailbox first, as CollectiveMailbox::Pop does: its status is the root cause,
+    // and a peer's abort notice read meanwhile only quotes the same thing second-hand.
+    if (mailbox_ != nullptr) {
+      Status failed = mailbox_->failure();  // the mailbox never calls into the links
+      if (!failed.ok()) return failed;
+    }
+    if (done()) return OkStatus();
+    if (for_recv && !recv_failure_.ok()) return recv_failure_;
+    if (!for_recv && !send_failure_.ok()) return send_failure_;
+    if (deadline.Expired()) return DeadlineExceededError("");
+    if (!polling_ && spin_until > SteadyClock::now()) {
+      // Spin briefly before sleeping in poll: a frame due within microseconds is read
+      // without a wake-up (~5-10 us each on this machine), as MPI's progress engine does.
+      ReadSome();
+      if (!out_.empty()) WriteSome();
+      lock.unlock();
+      lock.lock();
+      continue;
+    }
+    const auto slice = std::min(deadline.when(), SteadyClock::now() +
+                                                     std::chrono::milliseconds(kFailureCheckMs));
+    if (polling_) {
+      progressed_.wait_until(lock, slice);
+      continue;
+    }
+    polling_ = true;
+    const bool want_out = !out_.empty() && send_failure_.ok();
+    const bool want_in = recv_failure_.ok();
+    lock.unlock();
+    pollfd fds[3] = {{from_prev_, static_cast<short>(want_in ? POLLIN : 0), 0},
+                     {to_next_, static_cast<short>(want_out ? POLLOUT : 0), 0},
+                     {wake_, POLLIN, 0}};
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        slice - SteadyClock::now());
+    const int ready = poll(fds, 3, static_cast<int>(std::max<int64_t>(0, left.count())));
+    lock.lock();
+    polling_ = false;
+    if (ready > 0) {
+      if (fds[2].revents != 0) {
+        uint64_t drained;
+        (void)!read(wake_, &drained, sizeof(drained));
+      }
+      if (fds[0].revents != 0) ReadSome();
+      if (fds[1].revents != 0 || !out_.empty()) WriteSome();
+    }
+    progressed_.notify_all();
+  }
+}
+
+StatusOr<ReceivedChunk> RingLinks::Recv(uint64_t tag, uint32_t slot, Deadline deadline,
+                                        uint8_t* into, size_t into_bytes) {
+  const std::pair<uint64_t, uint32_t> key{tag, slot};
+  if (into != nullptr && into_bytes > 0) {
+    std::lock_guard<std::mutex> lock(mu_);
+    landings_[key] = {into, into_bytes};
+  }
+  std::map<std::pair<uint64_t, uint32_t>, std::deque<ReceivedChunk>>::iterator found;
+  Status waited = Wait(
+      [&] {
+        found = kept_.find(key);
+        return found != kept_.end();
+      },
+      deadline, /*for_recv=*/true);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (into != nullptr && into_bytes > 0) {
+    landings_.erase(key);
+    if (in_target_ == into && in_buffer_ == nullptr) {
+      // Half read into `into` when the wait ended: the rest must not land there after we
+      // return, so the frame moves to a buffer of its own.
+      in_buffer_ = pool_->Acquire(in_payload_bytes_);
+      std::memcpy(in_buffer_.get(), into, in_payload_got_);
+      in_target_ = in_buffer_.get();
+    }
+  }
+  if (!waited.ok()) return waited;
+  found = kept_.find(key);  // still there: only this call pops (tag, slot)
+  ReceivedChunk frame = std::move(found->second.front());
+  found->second.pop_front();
+  if (found->second.empty()) kept_.erase(found);
+  --kept_count_;
+  return frame;
+}
+
+Status RingLinks::Flush(Deadline deadline) {
+  Status waited = Wait([&] { return out_.empty(); }, deadline, /*for_recv=*/false);
+  if (waited.code() == StatusCode::kDeadlineExceeded && waited.message().empty()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    size_t bytes = 0;
+    for (const OutFrame& frame : out_) {
+      bytes += kLinkFrameHeaderBytes + frame.payload.size() - frame.written;
+    }
+    return DeadlineExceededError(LinkTo() + ": " + std::to_string(bytes) +
+                                 " bytes still unsent at the deadline (is it reading?)");
+  }
+  return waited;
+}
+
+Status RingLinks::failure() const {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!recv_failure_.ok()) return recv_failure_;
+  }
+  return mailbox_ == nullptr ? OkStatus() : mailbox_->failure();
+}
+
+void RingLinks::Discard(uint64_t tag) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = kept_.lower_bound({tag, 0}); it != kept_.end() && it->first.first == tag;) {
+    kept_count_ -= it->second.size();
+    it = kept_.erase(it);
+  }
+}
+
+size_t RingLinks::kept() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return kept_count_;
+}
+
+}  // namespace tessera::worker

@@ -1,0 +1,198 @@
+// RingLinks: a rank's two point-to-point TCP links in the ring (one to next, one from prev),
+// driven by the threads that run collectives, with no I/O thread in between (like Gloo's pairs
+// and MPI's tcp BTL).
+//
+//   RingLinksOptions options;  // rank, world_size, peer_addresses, transport, mailbox, timeout
+//   ASSIGN_OR_RETURN(std::unique_ptr<RingLinks> links, RingLinks::Connect(options));
+//   ring_options.links = links.get();  // RingCollectives sends and receives segments over it
+//
+// Why: over the transport a segment passes four thread hand-offs (ring thread -> transport I/O
+// thread -> ZeroMQ I/O thread -> TCP -> ZeroMQ I/O thread -> transport handler -> mailbox ->
+// ring thread). Here the sending thread writes the frame to the socket itself and the receiving
+// thread reads it itself: TCP is the only hop.
+//
+// Setup (Connect, every rank at once): each rank listens on an OS-assigned port on the host of
+// its transport address and tells its predecessor that address in a CollectiveChunk under the
+// reserved tag kRingLinksSetupTag, through the ordinary transport and mailbox. It then connects
+// to its successor's link address (sending a hello with its rank) and accepts its predecessor's
+// connection (checking the hello's rank). Nothing is added to the registration or the fleet view.
+//
+// Wire: a frame is a 64-byte header (magic, sender rank, tag, slot, chunk, op, reduce op, dtype,
+// element offset, element count, fingerprint, payload bytes; host byte order: every rank runs
+// on the same architecture) followed by the payload. Every header is checked on receipt (magic,
+// sender, payload size cap) before anything is allocated: a bad one fails the link, naming the
+// peer, since a byte stream cannot be resynchronised.
+//
+// Progress: a thread that waits (Recv, Flush) polls both sockets with the call's deadline: it
+// reads whatever prev sent (frames are kept by (tag, slot) until a Recv takes them, as the
+// mailbox does) and writes whatever is queued for next, so no rank blocks writing while its
+// peer blocks writing too. Send never blocks: it writes what the socket takes and queues the
+// rest. With concurrent calls (different tags) one waiting thread polls at a time and the others
+// wait on a condition variable; a lone thread never touches one. A failure given to the mailbox
+// (the coordinator's notice that a worker died) wakes waiters within kFailureCheckMs.
+//
+// Errors name the peer: "ring link from worker 0 (tcp://127.0.0.1:4567): closed by the peer".
+// A broken direction stays broken (every later Recv or Send on it fails with the same status);
+// the other direction keeps working, so an abort notice still reaches next.
+//
+// Thread-safety: thread-safe. Payloads handed to Send must stay unchanged until written (they
+// are shared_ptr-owned, as everywhere else).
+#ifndef TESSERA_WORKER_RING_LINKS_H_
+#define TESSERA_WORKER_RING_LINKS_H_
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/deadline.h"
+#include "common/payload.h"
+#include "common/status.h"
+#include "common/transport.h"
+#include "worker/collective_mailbox.h"
+
+namespace tessera::worker {
+
+// The tag of the setup messages; collectives must not use it.
+inline constexpr uint64_t kRingLinksSetupTag = ~uint64_t{0};
+
+inline constexpr size_t kLinkFrameHeaderBytes = 64;
+
+// Encodes `frame`'s fields (not its data) and data.size() as a frame header.
+void EncodeLinkFrameHeader(const ReceivedChunk& frame, uint8_t* header);
+// Decodes a frame header: InvalidArgument describing what is wrong (magic, a payload over
+// `max_payload_bytes`). Sets *payload_bytes; frame->data stays empty.
+Status DecodeLinkFrameHeader(const uint8_t* header, size_t max_payload_bytes,
+                             ReceivedChunk* frame, uint64_t* payload_bytes);
+
+struct RingLinksOptions {
+  int rank = 0;
+  int world_size = 1;
+  std::vector<std::string> peer_addresses;  // transport addresses by rank, as for the ring
+  Transport* transport = nullptr;           // for the setup message; not owned
+  CollectiveMailbox* mailbox = nullptr;     // setup message, and failures to wake on; not owned
+  int64_t timeout_ms = 30000;               // bounds Connect
+  // A larger frame fails the link (the ring's largest is a segment).
+  size_t max_payload_bytes = (64u << 20) + 4096;
+  int socket_buffer_bytes = 4 << 20;  // SO_SNDBUF and SO_RCVBUF
+  // How long a waiting thread keeps reading without sleeping before it sleeps in poll(), as
+  // MPI's progress engine does. At np=2 on an idle 2-core machine 100 us brings 4 KiB from
+  // ~60 to ~12 us; on a busy one it steals the peer's core and some sizes get 10x slower
+  // (docs/benchmarks.md), hence off by default.
+  int64_t spin_us = 0;
+};
+
+class RingLinks {
+ public:
+  static constexpr int64_t kFailureCheckMs = 20;
+
+  // Sets up the links as described above; every rank of the ring must call it. REQUIRES:
+  // world_size >= 2. Errors name the peer and the step that failed.
+  static StatusOr<std::unique_ptr<RingLinks>> Connect(const RingLinksOptions& options);
+
+  // Over sockets already connected (tests): `to_next` and `from_prev` are owned from now on.
+  // `mailbox` may be null.
+  static std::unique_ptr<RingLinks> FromSockets(int rank, int world_size, int to_next,
+                                                int from_prev, std::string next_address,
+                                                std::string prev_address,
+                                                CollectiveMailbox* mailbox,
+                                                size_t max_payload_bytes = (64u << 20) + 4096,
+                                                int64_t spin_us = 0);
+  ~RingLinks();
+  RingLinks(const RingLinks&) = delete;
+  RingLinks& operator=(const RingLinks&) = delete;
+
+  int rank() const { return rank_; }
+  int next() const { return next_; }
+  int prev() const { return prev_; }
+
+  // Queues `frame` (its fields and data) for next and writes as much as the socket takes now.
+  // Never blocks. Fails only if the link to next is broken.
+  Status Send(ReceivedChunk frame);
+
+  // Waits for prev's frame (tag, slot). DeadlineExceeded with an empty message once `deadline`
+  // passes (the caller names what it waited for); otherwise the link's or the mailbox's failure.
+  // `into`, if not null, is where the caller will copy the payload: if the frame is not read
+  // yet and carries exactly `into_bytes`, its payload is read straight into it (before the
+  // caller checked the header: `into` is written even if the frame then proves wrong), and the
+  // returned frame's data points there. REQUIRES: [into, into + into_bytes) is not touched by
+  // anyone else during the call.
+  StatusOr<ReceivedChunk> Recv(uint64_t tag, uint32_t slot, Deadline deadline,
+                               uint8_t* into = nullptr, size_t into_bytes = 0);
+
+  // Waits until every queued frame is written to next. DeadlineExceeded naming next.
+  Status Flush(Deadline deadline);
+
+  // Why Recv fails (the link from prev broken, or the mailbox failed); OK otherwise.
+  Status failure() const;
+
+  // Drops every received frame kept under `tag` (see CollectiveMailbox::Discard).
+  void Discard(uint64_t tag);
+  size_t kept() const;
+
+  class BufferPool;  // receive buffers, reused (defined in the .cc)
+
+ private:
+  struct OutFrame {
+    uint8_t header[kLinkFrameHeaderBytes];
+    Payload payload;
+    size_t written = 0;  // of header and payload together
+  };
+
+  RingLinks(int rank, int world_size, int to_next, int from_prev, std::string next_address,
+            std::string prev_address, CollectiveMailbox* mailbox, size_t max_payload_bytes,
+            int64_t spin_us);
+
+  // Both REQUIRE mu_ held. WriteSome writes queued frames until the socket would block;
+  // ReadSome reads until it would block or one frame is complete.
+  void WriteSome();
+  void ReadSome();
+  // Polls and makes progress until `done()` (called under mu_) or the deadline.
+  Status Wait(const std::function<bool()>& done, Deadline deadline, bool for_recv);
+  std::string LinkTo() const;
+  std::string LinkFrom() const;
+
+  const int rank_;
+  const int world_size_;
+  const int next_;
+  const int prev_;
+  const int to_next_;    // socket
+  const int from_prev_;  // socket
+  const int wake_;       // eventfd: a Send queued bytes while another thread polls
+  const std::string next_address_;
+  const std::string prev_address_;
+  CollectiveMailbox* const mailbox_;
+  const size_t max_payload_bytes_;
+  const int64_t spin_us_;
+  const std::shared_ptr<BufferPool> pool_;
+
+  mutable std::mutex mu_;
+  std::condition_variable progressed_;
+  bool polling_ = false;           // a thread polls without mu_; guarded by mu_
+  std::deque<OutFrame> out_;       // guarded by mu_
+  Status send_failure_;            // guarded by mu_
+  Status recv_failure_;            // guarded by mu_
+  std::map<std::pair<uint64_t, uint32_t>, std::deque<ReceivedChunk>> kept_;  // guarded by mu_
+  size_t kept_count_ = 0;          // guarded by mu_
+  // The frame being read; guarded by mu_.
+  uint8_t in_header_[kLinkFrameHeaderBytes];
+  size_t in_header_got_ = 0;
+  ReceivedChunk in_frame_;
+  std::shared_ptr<uint8_t> in_buffer_;  // null when reading into a landing
+  uint8_t* in_target_ = nullptr;        // where the payload goes: in_buffer_ or a landing
+  // Where waiting Recv calls want their frames' payloads: (tag, slot) -> (into, into_bytes).
+  std::map<std::pair<uint64_t, uint32_t>, std::pair<uint8_t*, size_t>> landings_;
+  uint64_t in_payload_bytes_ = 0;
+  uint64_t in_payload_got_ = 0;
+};
+
+}  // namespace tessera::worker
+
+#endif  // TESSERA_WORKER_RING_LINKS_H_

@@ -1,0 +1,358 @@
+#include "worker/ring_links.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/rpc_endpoint.h"
+
+namespace tessera::worker {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+ReceivedChunk Frame(int sender, uint64_t tag, uint32_t slot, std::vector<uint8_t> bytes = {}) {
+  ReceivedChunk frame;
+  frame.sender_role = proto::Role::Worker;
+  frame.sender_rank = sender;
+  frame.tag = tag;
+  frame.op = proto::CollectiveOp::AllReduce;
+  frame.reduce_op = proto::ReduceOp::Max;
+  frame.step = slot;
+  frame.chunk = 3;
+  frame.dtype = proto::DType::BFloat16;
+  frame.element_offset = 17;
+  frame.element_count = bytes.size() / 2;
+  frame.fingerprint = 1234;
+  if (!bytes.empty()) frame.data = Payload::FromVector(std::move(bytes));
+  return frame;
+}
+
+std::vector<uint8_t> Pattern(size_t bytes, uint8_t seed) {
+  std::vector<uint8_t> out(bytes);
+  for (size_t i = 0; i < bytes; ++i) out[i] = static_cast<uint8_t>(i * 31 + seed);
+  return out;
+}
+
+// Ranks 0 and 1 of a world of two over socket pairs.
+struct Pair {
+  Pair() {
+    int zero_to_one[2], one_to_zero[2];
+    EXPECT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, zero_to_one), 0);
+    EXPECT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, one_to_zero), 0);
+    raw_to_one = zero_to_one[0];
+    raw_to_zero = one_to_zero[0];
+    links[0] = RingLinks::FromSockets(0, 2, zero_to_one[0], one_to_zero[1], "one", "one",
+                                      nullptr, 1 << 24);
+    links[1] = RingLinks::FromSockets(1, 2, one_to_zero[0], zero_to_one[1], "zero", "zero",
+                                      nullptr, 1 << 24);
+  }
+  std::unique_ptr<RingLinks> links[2];
+  int raw_to_one = -1;   // rank 0's socket to rank 1 (owned by links[0])
+  int raw_to_zero = -1;  // rank 1's socket to rank 0 (owned by links[1])
+};
+
+TEST(LinkFrameTest, HeaderRoundTripsEveryField) {
+  ReceivedChunk sent = Frame(2, 0x1122334455667788, 9, Pattern(10, 1));
+  uint8_t header[kLinkFrameHeaderBytes];
+  EncodeLinkFrameHeader(sent, header);
+  ReceivedChunk got;
+  uint64_t payload_bytes = 0;
+  ASSERT_TRUE(DecodeLinkFrameHeader(header, 1 << 20, &got, &payload_bytes).ok());
+  EXPECT_EQ(payload_bytes, 10u);
+  EXPECT_EQ(got.sender_role, proto::Role::Worker);
+  EXPECT_EQ(got.sender_rank, 2);
+  EXPECT_EQ(got.tag, sent.tag);
+  EXPECT_EQ(got.step, 9u);
+  EXPECT_EQ(got.chunk, 3u);
+  EXPECT_EQ(got.op, proto::CollectiveOp::AllReduce);
+  EXPECT_EQ(got.reduce_op, proto::ReduceOp::Max);
+  EXPECT_EQ(got.dtype, proto::DType::BFloat16);
+  EXPECT_EQ(got.element_offset, 17u);
+  EXPECT_EQ(got.element_count, 5u);
+  EXPECT_EQ(got.fingerprint, 1234u);
+}
+
+TEST(LinkFrameTest, RejectsABadMagicAndAnOversizedPayload) {
+  uint8_t header[kLinkFrameHeaderBytes];
+  EncodeLinkFrameHeader(Frame(0, 1, 0, Pattern(100, 0)), header);
+  ReceivedChunk got;
+  uint64_t payload_bytes = 0;
+  EXPECT_EQ(DecodeLinkFrameHeader(header, 99, &got, &payload_bytes).message(),
+            "a frame declares 100 payload bytes, more than the limit of 99");
+  std::memcpy(header, "GET ", 4);
+  EXPECT_THAT(DecodeLinkFrameHeader(header, 1000, &got, &payload_bytes).message(),
+              StartsWith("a frame header starts with 0x20544547, not the ring link magic"));
+}
+
+TEST(RingLinksTest, FramesArriveByTagAndSlotInAnyOrder) {
+  Pair pair;
+  ASSERT_TRUE(pair.links[0]->Send(Frame(0, 5, 0, Pattern(8, 1))).ok());
+  ASSERT_TRUE(pair.links[0]->Send(Frame(0, 6, 0, Pattern(4, 2))).ok());
+  ASSERT_TRUE(pair.links[0]->Send(Frame(0, 5, 1)).ok());
+  const Deadline deadline = Deadline::AfterMillis(5000);
+  auto six = pair.links[1]->Recv(6, 0, deadline);
+  ASSERT_TRUE(six.ok()) << six.status();
+  EXPECT_EQ(std::vector<uint8_t>(six->data.data(), six->data.data() + six->data.size()),
+            Pattern(4, 2));
+  EXPECT_EQ(six->sender_rank, 0);
+  EXPECT_EQ(pair.links[1]->kept(), 1u);  // (5, 0) was read on the way
+  auto five_one = pair.links[1]->Recv(5, 1, deadline);
+  ASSERT_TRUE(five_one.ok()) << five_one.status();
+  EXPECT_TRUE(five_one->data.empty());
+  auto five_zero = pair.links[1]->Recv(5, 0, deadline);
+  ASSERT_TRUE(five_zero.ok()) << five_zero.status();
+  EXPECT_EQ(five_zero->data.size(), 8u);
+  EXPECT_EQ(pair.links[1]->kept(), 0u);
+  EXPECT_TRUE(pair.links[0]->Flush(deadline).ok());
+}
+
+// A frame not read yet when its Recv starts lands straight in the caller's buffer, if its size
+// is the one asked for; others arrive in buffers of their own.
+TEST(RingLinksTest, APayloadLandsInTheCallersBuffer) {
+  Pair pair;
+  std::thread sender([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_TRUE(pair.links[0]->Send(Frame(0, 1, 0, Pattern(300000, 5))).ok());
+    EXPECT_TRUE(pair.links[0]->Send(Frame(0, 1, 1, Pattern(100, 6))).ok());
+    EXPECT_TRUE(pair.links[0]->Flush(Deadline::AfterMillis(5000)).ok());
+  });
+  std::vector<uint8_t> place(300000), other(99);
+  auto landed = pair.links[1]->Recv(1, 0, Deadline::AfterMillis(5000), place.data(), place.size());
+  auto wrong_size = pair.links[1]->Recv(1, 1, Deadline::AfterMillis(5000), other.data(), 99);
+  sender.join();
+  ASSERT_TRUE(landed.ok()) << landed.status();
+  EXPECT_EQ(landed->data.data(), place.data());
+  EXPECT_EQ(place, Pattern(300000, 5));
+  ASSERT_TRUE(wrong_size.ok()) << wrong_size.status();
+  EXPECT_NE(wrong_size->data.data(), other.data());
+  EXPECT_EQ(wrong_size->data.size(), 100u);
+}
+
+// Both ranks send far more than the socket buffers hold before either receives: waiting
+// (Flush, Recv) reads as well as writes, so neither blocks the other.
+TEST(RingLinksTest, LargeFramesBothWaysAtOnceDoNotDeadlock) {
+  Pair pair;
+  constexpr size_t kBytes = 8 << 20;
+  std::vector<Status> results(2);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      const Deadline deadline = Deadline::AfterMillis(20000);
+      for (uint32_t slot = 0; slot < 4; ++slot) {
+        Status sent = pair.links[rank]->Send(
+            Frame(rank, 1, slot, Pattern(kBytes, static_cast<uint8_t>(rank + slot))));
+        if (!sent.ok()) {
+          results[rank] = sent;
+          return;
+        }
+      }
+      results[rank] = pair.links[rank]->Flush(deadline);
+      for (uint32_t slot = 0; slot < 4 && results[rank].ok(); ++slot) {
+        auto got = pair.links[rank]->Recv(1, slot, deadline);
+        if (!got.ok()) {
+          results[rank] = got.status();
+        } else if (std::vector<uint8_t>(got->data.data(), got->data.data() + got->data.size()) !=
+                   Pattern(kBytes, static_cast<uint8_t>(1 - rank + slot))) {
+          results[rank] = InternalError("wrong bytes in slot " + std::to_string(slot));
+        }
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_TRUE(results[0].ok()) << results[0];
+  EXPECT_TRUE(results[1].ok()) << results[1];
+}
+
+TEST(RingLinksTest, ASpinningWaiterReceivesAndTimesOut) {
+  int a[2], b[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, a), 0);
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, b), 0);
+  auto zero = RingLinks::FromSockets(0, 2, a[0], b[1], "one", "one", nullptr, 1 << 20, 0);
+  auto one = RingLinks::FromSockets(1, 2, b[0], a[1], "zero", "zero", nullptr, 1 << 20, 500);
+  std::thread sender([&] {
+    for (uint32_t slot = 0; slot < 100; ++slot) {
+      EXPECT_TRUE(zero->Send(Frame(0, 1, slot, Pattern(4096, 1))).ok());
+    }
+    EXPECT_TRUE(zero->Flush(Deadline::AfterMillis(5000)).ok());  // what the socket did not take
+  });
+  for (uint32_t slot = 0; slot < 100; ++slot) {
+    auto got = one->Recv(1, slot, Deadline::AfterMillis(5000));
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->data.size(), 4096u);
+  }
+  sender.join();
+  EXPECT_EQ(one->Recv(1, 100, Deadline::AfterMillis(100)).status().code(),
+            StatusCode::kDeadlineExceeded);
+}
+
+TEST(RingLinksTest, RecvTimesOutBareAtTheDeadline) {
+  Pair pair;
+  const auto started = SteadyClock::now();
+  auto got = pair.links[1]->Recv(1, 0, Deadline::AfterMillis(200));
+  const auto waited = SteadyClock::now() - started;
+  EXPECT_EQ(got.status().code(), StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(got.status().message(), "");  // the caller names what it waited for
+  EXPECT_GE(waited, std::chrono::milliseconds(190));
+  EXPECT_LT(waited, std::chrono::milliseconds(2000));
+  EXPECT_TRUE(pair.links[1]->failure().ok());
+}
+
+TEST(RingLinksTest, FlushTimesOutNamingAPeerThatDoesNotRead) {
+  Pair pair;
+  ASSERT_TRUE(pair.links[0]->Send(Frame(0, 1, 0, Pattern(32 << 20, 0))).ok());
+  Status flushed = pair.links[0]->Flush(Deadline::AfterMillis(200));
+  EXPECT_EQ(flushed.code(), StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(flushed.message(), StartsWith("ring link to worker 1 (one): "));
+  EXPECT_THAT(flushed.message(), HasSubstr("bytes still unsent at the deadline"));
+}
+
+// A peer that dies in the middle of a frame: the waiting rank fails at once, naming it, and
+// stays failed.
+TEST(RingLinksTest, APeerThatClosesMidFrameFailsTheLinkNamingIt) {
+  Pair pair;
+  uint8_t header[kLinkFrameHeaderBytes];
+  EncodeLinkFrameHeader(Frame(0, 1, 0, Pattern(100, 0)), header);
+  ASSERT_EQ(write(pair.raw_to_one, header, sizeof(header)), static_cast<ssize_t>(sizeof(header)));
+  std::thread dies([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    shutdown(pair.raw_to_one, SHUT_RDWR);
+  });
+  const auto started = SteadyClock::now();
+  auto got = pair.links[1]->Recv(1, 0, Deadline::AfterMillis(10000));
+  dies.join();
+  EXPECT_LT(SteadyClock::now() - started, std::chrono::milliseconds(5000));
+  EXPECT_EQ(got.status().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(got.status().message(),
+            "ring link from worker 0 (zero): closed by the peer in the middle of a frame");
+  EXPECT_EQ(pair.links[1]->failure(), got.status());
+  EXPECT_EQ(pair.links[1]->Recv(2, 0, Deadline::AfterMillis(10000)).status(), got.status());
+  // The other direction still works: a failed rank can still tell its successor.
+  EXPECT_TRUE(pair.links[1]->Send(Frame(1, 1, 0)).ok());
+  EXPECT_TRUE(pair.links[0]->Recv(1, 0, Deadline::AfterMillis(5000)).ok());
+}
+
+TEST(RingLinksTest, AFrameFromAnotherSenderFailsTheLink) {
+  Pair pair;
+  uint8_t header[kLinkFrameHeaderBytes];
+  EncodeLinkFrameHeader(Frame(7, 1, 0), header);
+  ASSERT_EQ(write(pair.raw_to_one, header, sizeof(header)), static_cast<ssize_t>(sizeof(header)));
+  auto got = pair.links[1]->Recv(1, 0, Deadline::AfterMillis(5000));
+  EXPECT_EQ(got.status().code(), StatusCode::kDataLoss);
+  EXPECT_EQ(got.status().message(),
+            "ring link from worker 0 (zero): a frame names sender rank 7");
+}
+
+TEST(RingLinksTest, AMailboxFailureWakesAWaiter) {
+  int a[2], b[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, a), 0);
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, b), 0);
+  CollectiveMailbox mailbox;
+  auto links = RingLinks::FromSockets(1, 2, a[0], b[1], "x", "y", &mailbox);
+  std::thread coordinator([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    mailbox.Fail(AbortedError("worker 0 failed: no heartbeat"));
+  });
+  const auto started = SteadyClock::now();
+  auto got = links->Recv(1, 0, Deadline::AfterMillis(10000));
+  coordinator.join();
+  EXPECT_LT(SteadyClock::now() - started, std::chrono::milliseconds(2000));
+  EXPECT_EQ(got.status(), AbortedError("worker 0 failed: no heartbeat"));
+  links.reset();
+  close(a[1]);
+  close(b[0]);
+}
+
+// Three workers with real endpoints find each other through the transport and pass a frame
+// round the ring.
+TEST(RingLinksTest, ConnectBuildsTheRingOverTcp) {
+  constexpr int kWorld = 3;
+  std::vector<std::unique_ptr<RpcEndpoint>> endpoints;
+  std::vector<std::shared_ptr<CollectiveMailbox>> mailboxes;
+  std::vector<std::string> addresses;
+  for (int rank = 0; rank < kWorld; ++rank) {
+    ZmqTransportOptions options;
+    options.role = proto::Role::Worker;
+    options.rank = rank;
+    auto endpoint = RpcEndpoint::Start(options, nullptr);
+    ASSERT_TRUE(endpoint.ok()) << endpoint.status();
+    auto mailbox = std::make_shared<CollectiveMailbox>();
+    (*endpoint)->SetHandler(proto::Body::CollectiveChunk, CollectiveMailbox::Handler(mailbox));
+    addresses.push_back((*endpoint)->address());
+    endpoints.push_back(std::move(endpoint).value());
+    mailboxes.push_back(mailbox);
+  }
+  std::vector<std::unique_ptr<RingLinks>> links(kWorld);
+  std::vector<Status> results(kWorld);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < kWorld; ++rank) {
+    threads.emplace_back([&, rank] {
+      RingLinksOptions options;
+      options.rank = rank;
+      options.world_size = kWorld;
+      options.peer_addresses = addresses;
+      options.transport = &endpoints[rank]->transport();
+      options.mailbox = mailboxes[rank].get();
+      options.timeout_ms = 10000;
+      auto connected = RingLinks::Connect(options);
+      if (!connected.ok()) {
+        results[rank] = connected.status();
+        return;
+      }
+      links[rank] = std::move(connected).value();
+      const Deadline deadline = Deadline::AfterMillis(10000);
+      results[rank] = links[rank]->Send(Frame(rank, 4, 0, Pattern(1000, rank)));
+      if (!results[rank].ok()) return;
+      auto got = links[rank]->Recv(4, 0, deadline);
+      if (!got.ok()) {
+        results[rank] = got.status();
+      } else if (got->sender_rank != (rank + kWorld - 1) % kWorld ||
+                 std::vector<uint8_t>(got->data.data(), got->data.data() + 1000) !=
+                     Pattern(1000, static_cast<uint8_t>(got->sender_rank))) {
+        results[rank] = InternalError("wrong frame");
+      } else {
+        results[rank] = links[rank]->Flush(deadline);
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (int rank = 0; rank < kWorld; ++rank) {
+    EXPECT_TRUE(results[rank].ok()) << "rank " << rank << ": " << results[rank];
+    EXPECT_EQ(mailboxes[rank]->queued(), 0u);
+  }
+  links.clear();
+  for (auto& endpoint : endpoints) endpoint->Shutdown();
+}
+
+TEST(RingLinksTest, ConnectTimesOutNamingASilentSuccessor) {
+  ZmqTransportOptions options;
+  options.role = proto::Role::Worker;
+  auto endpoint = RpcEndpoint::Start(options, nullptr);
+  ASSERT_TRUE(endpoint.ok()) << endpoint.status();
+  CollectiveMailbox mailbox;
+  RingLinksOptions link_options;
+  link_options.rank = 0;
+  link_options.world_size = 2;
+  // Worker 1 listens nowhere that answers: its setup message never comes.
+  link_options.peer_addresses = {(*endpoint)->address(), "tcp://127.0.0.1:1"};
+  link_options.transport = &(*endpoint)->transport();
+  link_options.mailbox = &mailbox;
+  link_options.timeout_ms = 200;
+  auto connected = RingLinks::Connect(link_options);
+  EXPECT_EQ(connected.status().code(), StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(connected.status().message(),
+            "ring links rank=0: waiting for worker 1's link address: no answer within 200 ms");
+  (*endpoint)->Shutdown();
+}
+
+}  // namespace
+}  // namespace tessera::worker
