@@ -305,6 +305,15 @@ TEST(LaunchTest, LongRunningFleetServesSuccessiveJobs) {
   ASSERT_TRUE(fleet.ok());
   const std::string address = CoordinatorAddress(harness, *fleet);
   ASSERT_FALSE(address.empty()) << harness.Output(*fleet);
+  // A server is in the fleet view as soon as it registers, and serves ps-* requests a moment
+  // later (once announced ready): a job attaching in between would be refused ("does not
+  // serve"). Attach once both servers are ready.
+  for (int s = 0; s < 2; ++s) {
+    ASSERT_TRUE(harness.WaitForLine(*fleet, "[launch] server " + std::to_string(s) + " pid=",
+                                    Deadline::AfterMillis(30000))
+                    .ok())
+        << harness.Output(*fleet);
+  }
 
   auto job1 = harness.Start(
       "job 1", "tools/tessera-launch",
