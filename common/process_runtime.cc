@@ -4,9 +4,11 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <memory>
 #include <sstream>
 #include <thread>
 
@@ -124,19 +126,25 @@ int RunProcess(Role role, int argc, char** argv, CLI::App* app,
     return 1;
   }
   ProcessRuntime* raw = runtime->get();
-  std::thread signal_thread([raw, stop_signals] {
+  auto exiting = std::make_shared<std::atomic<bool>>(false);
+  std::thread signal_thread([raw, stop_signals, exiting] {
     while (true) {
       int signal_number = 0;
       if (sigwait(&stop_signals, &signal_number) != 0) continue;
+      if (exiting->load()) return;  // woken by RunProcess below, not by a user
       TLOG(INFO) << "received " << (signal_number == SIGINT ? "SIGINT" : "SIGTERM")
                  << "; stopping";
       raw->RequestStop(signal_number);
       return;
     }
   });
-  signal_thread.detach();  // parked in sigwait until a signal or process exit
 
   Status status = body(**runtime);
+  // The signal thread may still be inside RequestStop (a signal's stop is seen as soon as the
+  // flag is set): wake it if it still waits, and join it before the runtime goes.
+  exiting->store(true);
+  pthread_kill(signal_thread.native_handle(), SIGTERM);  // blocked everywhere: only sigwait sees it
+  signal_thread.join();
   int stop_signal = (*runtime)->stop_signal();
   runtime->reset();
   if (!status.ok()) {
