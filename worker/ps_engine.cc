@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "common/deadline.h"
 #include "common/logging.h"
@@ -18,6 +19,14 @@ int32_t AddFloats(MessageBuilder* builder, const float* data, size_t count) {
   // Borrowed, not copied: the caller waits for the reply, by which time the server has read
   // every byte (see WaitAll).
   return builder->AddPayload(Payload::Borrow(data, count * sizeof(float), nullptr));
+}
+
+constexpr int64_t kStartingRetryMs = 20;
+
+// A server that registered but has not installed its PsService yet (see Initialize), while
+// there is time left to wait for it.
+bool IsStillStarting(const Status& status, const Deadline& deadline) {
+  return status.code() == StatusCode::kUnimplemented && !deadline.Expired();
 }
 
 }  // namespace
@@ -105,10 +114,14 @@ Status PsEngine::Initialize(const ParameterLayout& layout,
   config.chunk_elements = options_.chunk_elements;
   config.tables = tables;
   RETURN_IF_ERROR(ValidatePsJobConfig(config));
+  // A server is in the fleet view from the moment it registers but serves ps-* requests only
+  // once its PsService is installed, a moment later: a job attaching to a fleet that is still
+  // starting is answered Unimplemented in between, so both first contacts retry that until
+  // the request deadline.
+  const Deadline serving_deadline = Deadline::AfterMillis(options_.request_timeout_ms);
   if (rank_ == 0) {
     const std::string json = EncodePsJobConfig(config);
-    std::vector<std::pair<Reply, std::string>> replies;
-    for (int s = 0; s < view_.num_servers; ++s) {
+    auto init = [&](int s) {
       MessageBuilder builder(kRole, rank_);
       std::vector<flatbuffers::Offset<proto::TensorMeta>> metas;
       for (size_t i : chunks_of_server_[s]) {
@@ -123,17 +136,46 @@ Status PsEngine::Initialize(const ParameterLayout& layout,
       Message message = builder.Finish(
           proto::CreatePsInitRequestDirect(builder.fbb(), json.c_str(), &metas, job_token_), id,
           0);
-      replies.emplace_back(Send(s, std::move(message), id, "init of server " + std::to_string(s)),
-                           "initialising server " + std::to_string(s));
+      return std::make_pair(
+          Send(s, std::move(message), id, "init of server " + std::to_string(s)),
+          "initialising server " + std::to_string(s));
+    };
+    std::vector<int> pending(static_cast<size_t>(view_.num_servers));
+    for (int s = 0; s < view_.num_servers; ++s) pending[static_cast<size_t>(s)] = s;
+    bool told = false;
+    while (!pending.empty()) {
+      std::vector<std::pair<Reply, std::string>> replies;
+      for (int s : pending) replies.push_back(init(s));
+      std::vector<StatusOr<Envelope>> results;
+      Status first = WaitAll(&replies, &results);
+      if (first.ok()) break;
+      std::vector<int> starting;
+      for (size_t i = 0; i < results.size(); ++i) {
+        if (results[i].ok()) continue;
+        if (!IsStillStarting(results[i].status(), serving_deadline)) {
+          return results[i].status().WithContext(replies[i].second);
+        }
+        starting.push_back(pending[i]);
+      }
+      if (!told) {
+        TLOG(INFO) << starting.size() << " server(s) registered but not serving yet (starting): "
+                   << first << "; retrying for up to " << options_.request_timeout_ms << " ms";
+        told = true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(kStartingRetryMs));
+      pending = std::move(starting);
     }
-    std::vector<StatusOr<Envelope>> results;
-    RETURN_IF_ERROR(WaitAll(&replies, &results));
     TLOG(INFO) << "initialised " << view_.num_servers << " servers: " << chunks_.size()
                << " dense chunks of up to " << options_.chunk_elements << " floats, "
                << tables.size() << " embedding tables";
   }
   // Everyone, rank 0 included, starts from the servers' values.
-  RETURN_IF_ERROR(PushPull(/*step=*/1, /*grads=*/nullptr, params).WithContext("initial pull"));
+  while (true) {
+    Status pulled = PushPull(/*step=*/1, /*grads=*/nullptr, params);
+    if (pulled.ok()) break;
+    if (!IsStillStarting(pulled, serving_deadline)) return pulled.WithContext("initial pull");
+    std::this_thread::sleep_for(std::chrono::milliseconds(kStartingRetryMs));
+  }
   return OkStatus();
 }
 
