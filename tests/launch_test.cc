@@ -305,9 +305,9 @@ TEST(LaunchTest, LongRunningFleetServesSuccessiveJobs) {
   ASSERT_TRUE(fleet.ok());
   const std::string address = CoordinatorAddress(harness, *fleet);
   ASSERT_FALSE(address.empty()) << harness.Output(*fleet);
-  // A server is in the fleet view as soon as it registers, and serves ps-* requests a moment
-  // later (once announced ready): a job attaching in between would be refused ("does not
-  // serve"). Attach once both servers are ready.
+  // Attach once both servers are ready, so that this test is about successive jobs. (A job
+  // attaching earlier waits for servers that registered but do not serve yet:
+  // ps_server_starting_test.)
   for (int s = 0; s < 2; ++s) {
     ASSERT_TRUE(harness.WaitForLine(*fleet, "[launch] server " + std::to_string(s) + " pid=",
                                     Deadline::AfterMillis(30000))
