@@ -128,8 +128,8 @@ TEST_P(SameWorldSize, ResumeIsBitwiseLikeNeverStopping) {
 INSTANTIATE_TEST_SUITE_P(Modes, SameWorldSize,
                          ::testing::Values("allreduce", "zero1", "zero2", "zero3"));
 
-// A zero3 checkpoint of 2 ranks (ZeroEngine: slices per tensor) resumed by 4 ranks in zero1
-// (AllReduceEngine: slices per bucket, another bucket plan: the universal form), and by 3 ranks
+// A zero3 checkpoint of 2 ranks resumed by 4 ranks in zero1 (AllReduceEngine, with another
+// bucket plan and other slices: the universal form), and by 3 ranks
 // in zero2: both end within the tolerance of the uninterrupted 2-rank run (4 x 16 is the same
 // global batch; 3 ranks cannot split 64 evenly, so that run is checked only to finish and to
 // have moved the parameters).

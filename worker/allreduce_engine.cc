@@ -1,5 +1,6 @@
 #include "worker/allreduce_engine.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "common/deadline.h"
@@ -23,6 +24,11 @@ constexpr uint64_t kCheckpointTagBase = 1ull << 60;
 // The per-step stop agreement (AgreeToStop): one tag per step.
 constexpr uint64_t kStopTagBase = 1ull << 59;
 
+// Where the last of `tensors` ends in the flat buffer (0 for none).
+uint64_t EndOf(const std::vector<ParameterView>& tensors) {
+  return tensors.empty() ? 0 : tensors.back().offset + tensors.back().size;
+}
+
 int SizeClass(uint64_t bytes) {
   if (bytes < (64u << 10)) return 0;
   if (bytes < (1u << 20)) return 1;
@@ -37,6 +43,10 @@ StatusOr<std::unique_ptr<AllReduceEngine>> AllReduceEngine::Create(
   if (options.zero_stage < 0 || options.zero_stage > 1) {
     return InvalidArgumentError("AllReduceEngine runs stages 0 and 1, not " +
                                 std::to_string(options.zero_stage) + " (2 and 3: ZeroEngine)");
+  }
+  if (options.wait_timeout_ms <= 0) {
+    return InvalidArgumentError("wait_timeout_ms=" + std::to_string(options.wait_timeout_ms) +
+                                " must be positive");
   }
   RETURN_IF_ERROR(ValidateOptimizerOptions(options.optimizer));
   RETURN_IF_ERROR(ValidateLrSchedule(options.schedule, options.optimizer.lr));
@@ -109,15 +119,29 @@ Status AllReduceEngine::Initialize(const ParameterLayout& layout,
   }
   tracker_.Reset();
   uint64_t owned = size_;
+  tensors_.clear();
   owned_.clear();
   if (options_.zero_stage > 0) {
+    // Slices per tensor, not per bucket: the parameters are gathered tensor by tensor so that
+    // the forward can start on the first layer while the later ones are still travelling.
     owned = 0;
-    for (const GradientBucket& b : buckets_) {
-      Partition slice = PartitionOf(b.size, collectives_->world_size(), collectives_->rank());
-      owned_.push_back({b.offset + slice.offset, slice.size});
+    for (const ParameterView& view : layout.views()) {
+      if (view.offset != EndOf(tensors_)) {
+        return InternalError("parameter '" + view.name + "' starts at " +
+                             std::to_string(view.offset) + ", not where the previous one ends (" +
+                             std::to_string(EndOf(tensors_)) + ")");
+      }
+      Partition slice = PartitionOf(view.size, collectives_->world_size(), collectives_->rank());
+      owned_.push_back({view.offset + slice.offset, slice.size});
+      tensors_.push_back(view);
       owned += slice.size;
     }
+    if (tensors_.size() > kMaxBuckets) {
+      return InvalidArgumentError(std::to_string(tensors_.size()) + " parameter tensors; zero1 "
+                                  "gathers at most " + std::to_string(kMaxBuckets) + " per step");
+    }
   }
+  gathered_ = tensors_.size();  // nothing pending
   state_.assign(StateFloatsPerElement(options_.optimizer.kind) * owned, 0.0f);
   InitOptimizerState(options_.optimizer, state_.data(), owned);
   // Nothing transient: the peak during a step is what is held between steps.
@@ -153,7 +177,7 @@ void AllReduceEngine::Enqueue(size_t bucket) {
   tracker_.set_started(bucket);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back(bucket);
+    queue_.push_back({CommWork::kAllReduce, bucket});
     in_flight_->Add(1);
   }
   cv_.notify_all();
@@ -161,28 +185,31 @@ void AllReduceEngine::Enqueue(size_t bucket) {
 
 void AllReduceEngine::CommLoop() {
   while (true) {
-    size_t bucket;
-    float* grads;
+    CommWork work;
+    float* data;
     int64_t step;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
       if (stopping_) return;
-      bucket = queue_.front();
+      work = queue_.front();
       queue_.pop_front();
-      grads = grads_;
-      step = step_;
+      data = work.kind == CommWork::kAllReduce ? grads_ : gather_params_;
+      step = work.kind == CommWork::kAllReduce ? step_ : gather_step_;
     }
-    const GradientBucket& b = buckets_[bucket];
-    const uint64_t tag = kBucketTagBase + static_cast<uint64_t>(step) * kMaxBuckets + bucket;
+    if (work.kind == CommWork::kAllGather) {
+      Status status = RunAllGather(work.index, data, step);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        ++gathered_;
+        if (!status.ok() && gather_error_.ok()) gather_error_ = status;
+      }
+      cv_.notify_all();
+      continue;
+    }
     const auto started = SteadyClock::now();
-    const std::string tensor =
-        "bucket " + std::to_string(bucket) + " (" + b.first + " .. " + b.last + ")";
-    Status status = collectives_->AllReduce(grads + b.offset, b.size, DataType::kFloat32,
-                                            ReduceOp::kAverage, tensor, tag);
+    Status status = RunAllReduce(work.index, data, step);
     const double seconds = std::chrono::duration<double>(SteadyClock::now() - started).count();
-    allreduce_seconds_[SizeClass(b.size * sizeof(float))]->Observe(seconds);
-    allreduce_bytes_->Increment(static_cast<double>(b.size * sizeof(float)));
     {
       std::lock_guard<std::mutex> lock(mu_);
       ++done_;
@@ -192,6 +219,53 @@ void AllReduceEngine::CommLoop() {
     }
     cv_.notify_all();
   }
+}
+
+Status AllReduceEngine::RunAllReduce(size_t bucket, float* grads, int64_t step) {
+  const GradientBucket& b = buckets_[bucket];
+  const uint64_t tag = kBucketTagBase + static_cast<uint64_t>(step) * kMaxBuckets + bucket;
+  const auto started = SteadyClock::now();
+  const std::string tensor =
+      "bucket " + std::to_string(bucket) + " (" + b.first + " .. " + b.last + ")";
+  Status status = collectives_->AllReduce(grads + b.offset, b.size, DataType::kFloat32,
+                                          ReduceOp::kAverage, tensor, tag);
+  const double seconds = std::chrono::duration<double>(SteadyClock::now() - started).count();
+  allreduce_seconds_[SizeClass(b.size * sizeof(float))]->Observe(seconds);
+  allreduce_bytes_->Increment(static_cast<double>(b.size * sizeof(float)));
+  return status;
+}
+
+Status AllReduceEngine::RunAllGather(size_t tensor, float* params, int64_t step) {
+  // Every rank's slice of the tensor to every rank, in place (owned_ is this rank's slice).
+  const ParameterView& t = tensors_[tensor];
+  const uint64_t tag = kGatherTagBase + static_cast<uint64_t>(step) * kMaxBuckets + tensor;
+  return collectives_->AllGather(params + owned_[tensor].offset, params + t.offset, t.size,
+                                 DataType::kFloat32, t.name, tag)
+      .WithContext("gathering the updated parameters of '" + t.name + "' after step " +
+                   std::to_string(step));
+}
+
+Status AllReduceEngine::AwaitParameters(uint64_t offset, uint64_t size) {
+  if (options_.zero_stage == 0 || size == 0) return OkStatus();
+  // Tensors are contiguous in layout order: the range needs those up to the one holding its
+  // last element.
+  const uint64_t last = offset + size - 1;
+  const auto after = std::upper_bound(
+      tensors_.begin(), tensors_.end(), last,
+      [](uint64_t at, const ParameterView& t) { return at < t.offset; });
+  const size_t needed = static_cast<size_t>(after - tensors_.begin());
+  std::unique_lock<std::mutex> lock(mu_);
+  const bool finished = cv_.wait_for(lock, std::chrono::milliseconds(options_.wait_timeout_ms),
+                                     [&] { return gathered_ >= needed || !gather_error_.ok(); });
+  if (!gather_error_.ok()) return gather_error_;
+  if (!finished) {
+    return DeadlineExceededError(
+        "zero1 rank " + std::to_string(collectives_->rank()) + ": the all-gather of the "
+        "parameters of '" + tensors_[gathered_].name + "' updated in step " +
+        std::to_string(gather_step_) + " did not finish within " +
+        std::to_string(options_.wait_timeout_ms) + " ms");
+  }
+  return OkStatus();
 }
 
 Status AllReduceEngine::Step(int64_t step, float* params, float* grads,
@@ -235,8 +309,12 @@ Status AllReduceEngine::Step(int64_t step, float* params, float* grads,
     DenseUpdate(options_.optimizer, lr, step, params, grads, size_, state_.data());
     return OkStatus();
   }
-  // ZeRO: update the owned slices (their state is contiguous, bucket after bucket), then every
-  // rank's slices travel to every rank. The all-gathers run here, not overlapped with anything.
+  // ZeRO: the previous step's gathers read the owned slices; the forward waited for them,
+  // but a tensor no layer reads may still be on its way.
+  RETURN_IF_ERROR(AwaitParameters(0, size_));
+  // Update the owned slices (their state is contiguous, tensor after tensor), then every rank's
+  // slices travel to every rank on the communication thread, tensor by tensor in forward
+  // order, while the trainer goes on to the next step's forward (AwaitParameters).
   const size_t k = StateFloatsPerElement(options_.optimizer.kind);
   size_t state_offset = 0;
   for (const Partition& slice : owned_) {
@@ -244,20 +322,20 @@ Status AllReduceEngine::Step(int64_t step, float* params, float* grads,
                 slice.size, state_.data() + state_offset);
     state_offset += k * slice.size;
   }
-  for (size_t b = 0; b < buckets_.size(); ++b) {
-    const GradientBucket& bucket = buckets_[b];
-    const uint64_t tag =
-        kGatherTagBase + static_cast<uint64_t>(step) * kMaxBuckets + static_cast<uint64_t>(b);
-    RETURN_IF_ERROR(collectives_->AllGather(params + owned_[b].offset, params + bucket.offset,
-                                            bucket.size, DataType::kFloat32,
-                                            "parameters of bucket " + std::to_string(b), tag)
-                        .WithContext("gathering the updated parameters"));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    gather_params_ = params;
+    gather_step_ = step;
+    gathered_ = 0;
+    for (size_t t = 0; t < tensors_.size(); ++t) queue_.push_back({CommWork::kAllGather, t});
   }
+  cv_.notify_all();
   return OkStatus();
 }
 
 Status AllReduceEngine::SaveCheckpoint(const std::string& root, int64_t step,
                                        const float* params) {
+  RETURN_IF_ERROR(AwaitParameters(0, size_));  // complete parameters, no gather still reading
   const ShardedCheckpointSpec spec{std::string(name()), &layout_, options_.optimizer.kind};
   const uint64_t tag = kCheckpointTagBase + 4 * static_cast<uint64_t>(step);
   if (options_.zero_stage == 0) {
@@ -276,6 +354,7 @@ Status AllReduceEngine::SaveCheckpoint(const std::string& root, int64_t step,
 }
 
 Status AllReduceEngine::RestoreCheckpoint(const std::string& root, int64_t step, float* params) {
+  RETURN_IF_ERROR(AwaitParameters(0, size_));  // no gather may write `params` meanwhile
   const ShardedCheckpointSpec spec{std::string(name()), &layout_, options_.optimizer.kind};
   const uint64_t tag = kCheckpointTagBase + 4 * static_cast<uint64_t>(step) + 2;
   const std::vector<Partition> everything = {{0, size_}};
@@ -289,7 +368,8 @@ Status AllReduceEngine::RestoreCheckpoint(const std::string& root, int64_t step,
 }
 
 StatusOr<bool> AllReduceEngine::AgreeToStop(int64_t step, bool stop) {
-  // The communication thread is idle after Step, so the call can run here.
+  // zero1's gathers may still run on the communication thread: a different tag, so the
+  // collectives allow it (collectives.h).
   return AnyRank(collectives_, stop, "whether to stop after step " + std::to_string(step),
                  kStopTagBase + static_cast<uint64_t>(step));
 }

@@ -13,11 +13,14 @@
 // With overlap off, every bucket starts in Step (the same results, bitwise).
 //
 // ZeRO stage 1 (`--mode zero1`): the optimizer state is partitioned. Rank r owns, in every
-// bucket b, the slice PartitionOf(b.size, N, r) (collectives.h), so each rank keeps the
-// optimizer state of about 1/N of the parameters and updates only those; then every bucket's
-// parameters are all-gathered in place. The gradient buckets are all-reduced as in stage 0, so
-// the parameters are bitwise those of stage 0 (the same reduction, the same per-element
-// optimizer math). Stages 2 and 3 partition gradients and parameters: zero_engine.h.
+// parameter tensor t, the slice PartitionOf(t.size, N, r) (collectives.h), so each rank keeps
+// the optimizer state of about 1/N of the parameters and updates only those. The gradient
+// buckets are all-reduced as in stage 0, so the parameters are bitwise those of stage 0 (the
+// same reduction, the same per-element optimizer math). Step then hands one all-gather per
+// tensor, in layout (forward) order, to the communication thread and returns: the gathers
+// overlap the next step's forward, which waits only for the tensors of the layer it runs
+// (AwaitParameters, called from the model's parameter storage). Stages 2 and 3 partition
+// gradients and parameters: zero_engine.h.
 //
 // Memory, reported by tessera_model_state_bytes{kind}: parameters 4Ψ, gradients 4Ψ (the
 // trainer's gradient buffer), optimizer state 8Ψ/N for Adam in stage 1 instead of 8Ψ.
@@ -32,7 +35,8 @@
 // (collectives.h); the step returns that error with the bucket.
 //
 // Thread-safety: the training thread calls the TrainingEngine methods; the engine's
-// communication thread runs the all-reduces.
+// communication thread runs the all-reduces and zero1's all-gathers, in the order handed over
+// (the same on every rank).
 #ifndef TESSERA_WORKER_ALLREDUCE_ENGINE_H_
 #define TESSERA_WORKER_ALLREDUCE_ENGINE_H_
 
@@ -59,6 +63,9 @@ struct AllReduceEngineOptions {
   LrScheduleOptions schedule;
   uint64_t bucket_bytes = 25ull << 20;  // PyTorch DDP's default bucket_cap_mb = 25
   bool overlap = true;                  // start buckets during backward
+  // Longest wait for zero1's parameter all-gather of one tensor (each collective also has its
+  // own deadline).
+  int64_t wait_timeout_ms = 60000;
 };
 
 class AllReduceEngine final : public TrainingEngine {
@@ -80,6 +87,8 @@ class AllReduceEngine final : public TrainingEngine {
               const std::vector<SparseRows>& sparse) override;
   Status SaveCheckpoint(const std::string& root, int64_t step, const float* params) override;
   Status RestoreCheckpoint(const std::string& root, int64_t step, float* params) override;
+  // zero1: waits until the all-gathers Step started cover params[offset, offset + size).
+  Status AwaitParameters(uint64_t offset, uint64_t size) override;
 
   // Whether any rank was asked to stop (one tiny all-reduce per step).
   StatusOr<bool> AgreeToStop(int64_t step, bool stop) override;
@@ -88,8 +97,16 @@ class AllReduceEngine final : public TrainingEngine {
  private:
   AllReduceEngine(const AllReduceEngineOptions& options, Collectives* collectives)
       : options_(options), collectives_(collectives), tracker_(&buckets_) {}
+  // Work for the communication thread: all-reduce a gradient bucket, or all-gather the
+  // updated parameters of one tensor (zero1).
+  struct CommWork {
+    enum Kind { kAllReduce, kAllGather } kind;
+    size_t index;  // bucket or tensor
+  };
   void Enqueue(size_t bucket);
   void CommLoop();
+  Status RunAllReduce(size_t bucket, float* grads, int64_t step);
+  Status RunAllGather(size_t tensor, float* params, int64_t step);
 
   const AllReduceEngineOptions options_;
   Collectives* const collectives_;
@@ -98,19 +115,27 @@ class AllReduceEngine final : public TrainingEngine {
   uint64_t size_ = 0;
   ParameterLayout layout_;  // a copy of Initialize's, for checkpoints
   std::vector<float> state_;  // optimizer state, interleaved per element (of the owned slices)
-  // ZeRO: the slice of each bucket this rank owns (absolute offsets into the flat buffer).
+  // ZeRO: the parameter tensors (layout order) and the slice of each this rank owns
+  // (absolute offsets into the flat buffer), in the same order.
+  std::vector<ParameterView> tensors_;
   std::vector<Partition> owned_;
 
   // The current step's work, shared with the communication thread.
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<size_t> queue_;     // guarded by mu_
+  std::deque<CommWork> queue_;   // guarded by mu_
   size_t done_ = 0;              // buckets finished this step; guarded by mu_
   Status first_error_;           // guarded by mu_
   bool stopping_ = false;        // guarded by mu_
   float* grads_ = nullptr;       // guarded by mu_ (set in OnBackwardStart)
   int64_t step_ = 0;             // guarded by mu_
   double comm_seconds_ = 0;      // this step's all-reduce time; guarded by mu_
+  // zero1's parameter all-gathers, started by Step: tensors [0, gathered_) are done, the rest
+  // up to tensors_.size() pending (the communication thread runs them in order).
+  float* gather_params_ = nullptr;  // guarded by mu_
+  int64_t gather_step_ = 0;         // guarded by mu_
+  size_t gathered_ = 0;             // guarded by mu_
+  Status gather_error_;             // guarded by mu_
   std::thread comm_thread_;
 
   Histogram* allreduce_seconds_[4] = {};

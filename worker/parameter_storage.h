@@ -10,7 +10,9 @@
 //                       Release(block_i), GradientsDone(block_i)        (last layer first)
 //
 // FlatParameterStorage, the usual case, points into the trainer's flat parameter and gradient
-// buffers and reports finished gradients to a GradientsReady hook (DDP buckets). An engine
+// buffers, waits in Acquire for parameters still being gathered (a ParametersNeeded hook: ZeRO
+// stage 1 overlaps its all-gathers with the forward) and reports finished gradients to a
+// GradientsReady hook (DDP buckets). An engine
 // that partitions parameters (ZeRO stage 3, zero_engine.h) gathers a block in Acquire, frees
 // it in Release, and reduce-scatters a block's gradients in GradientsDone.
 //
@@ -38,6 +40,10 @@ enum class Pass { kForward, kBackward };
 // (DDP buckets). May be empty.
 using GradientsReady = std::function<void(uint64_t offset, uint64_t size)>;
 
+// Called before a layer reads the parameters [offset, offset + size) of the flat parameter
+// buffer: returns once they are final (or the error that keeps them from being). May be empty.
+using ParametersNeeded = std::function<Status(uint64_t offset, uint64_t size)>;
+
 class ParameterStorage {
  public:
   virtual ~ParameterStorage() = default;
@@ -57,10 +63,13 @@ class ParameterStorage {
 // forward-only pass.
 class FlatParameterStorage final : public ParameterStorage {
  public:
-  FlatParameterStorage(const float* params, float* grads, GradientsReady on_ready = {})
-      : params_(params), grads_(grads), on_ready_(std::move(on_ready)) {}
+  FlatParameterStorage(const float* params, float* grads, GradientsReady on_ready = {},
+                       ParametersNeeded on_needed = {})
+      : params_(params), grads_(grads), on_ready_(std::move(on_ready)),
+        on_needed_(std::move(on_needed)) {}
 
   StatusOr<const float*> Acquire(const ParameterBlock& block, Pass pass) override {
+    if (on_needed_) RETURN_IF_ERROR(on_needed_(block.offset, block.size));
     return params_ + block.offset;
   }
   StatusOr<float*> GradientBlock(const ParameterBlock& block) override {
@@ -76,6 +85,7 @@ class FlatParameterStorage final : public ParameterStorage {
   const float* const params_;
   float* const grads_;
   const GradientsReady on_ready_;
+  const ParametersNeeded on_needed_;
 };
 
 }  // namespace tessera::worker

@@ -219,10 +219,6 @@ StatusOr<TrainingSummary> Train(const TrainerOptions& options, const data::Datas
       return UnimplementedError(std::string(engine->name()) + " mode runs on the CPU only so far "
                                 "(--device cpu)");
     }
-    if (micro > 1) {
-      return UnimplementedError("--grad-accumulation is not available in " +
-                                std::string(engine->name()) + " mode yet");
-    }
     params->clear();
     params->shrink_to_fit();
   }
@@ -235,8 +231,16 @@ StatusOr<TrainingSummary> Train(const TrainerOptions& options, const data::Datas
   if (!buffers.mirrored() && micro == 1) {
     on_ready = [engine](uint64_t offset, uint64_t size) { engine->OnGradientsReady(offset, size); };
   }
-  FlatParameterStorage flat_storage(buffers.params(), buffers.grads(), on_ready);
-  FlatParameterStorage flat_eval_storage(buffers.params(), nullptr);
+  // An engine may finish the parameters after Step returns (zero1's all-gathers overlap the
+  // forward): each layer waits for its own. A GPU copy waits for all of them after Step.
+  ParametersNeeded on_needed;
+  if (!buffers.mirrored()) {
+    on_needed = [engine](uint64_t offset, uint64_t size) {
+      return engine->AwaitParameters(offset, size);
+    };
+  }
+  FlatParameterStorage flat_storage(buffers.params(), buffers.grads(), on_ready, on_needed);
+  FlatParameterStorage flat_eval_storage(buffers.params(), nullptr, {}, on_needed);
   ParameterStorage* const storage = engine_storage != nullptr ? engine_storage : &flat_storage;
   ParameterStorage* const eval_storage =
       engine_storage != nullptr ? engine_storage : &flat_eval_storage;
@@ -249,7 +253,10 @@ StatusOr<TrainingSummary> Train(const TrainerOptions& options, const data::Datas
   data::Batch batch;
   std::vector<SparseRows> sparse;
   std::vector<size_t> indices;
-  std::vector<float> accumulated(micro > 1 ? layout.total_size() : 0);
+  // Micro-batches' gradients summed here, unless the engine takes each micro-batch's gradients
+  // itself (its storage: ZeRO 2-3 reduce-scatter each and add them into their shard).
+  const bool accumulate_here = micro > 1 && engine_storage == nullptr;
+  std::vector<float> accumulated(accumulate_here ? layout.total_size() : 0);
   // The samples the steps before first_step consumed (resuming): same order, not loaded.
   for (int64_t skipped = 1; skipped < first_step; ++skipped) {
     for (int64_t i = 0; i < options.batch_size * micro; ++i) {
@@ -268,7 +275,8 @@ StatusOr<TrainingSummary> Train(const TrainerOptions& options, const data::Datas
   for (int64_t step = first_step; step <= steps; ++step) {
     const std::string where = std::string(engine->name()) + " step " + std::to_string(step);
     // `micro` micro-batches of batch_size samples; only the last one's backward may start
-    // communication (like DDP's no_sync), and only when there is just one.
+    // communication (like DDP's no_sync), and only when there is just one. An engine with its
+    // own storage sees every micro-batch's backward (announced once, before the first).
     StepStats stats;
     double data_seconds = 0, compute_seconds = 0;  // this step's, over its micro-batches
     Clock::time_point compute_mark;
@@ -286,12 +294,12 @@ StatusOr<TrainingSummary> Train(const TrainerOptions& options, const data::Datas
       RETURN_IF_ERROR(FetchRows(batch, *model, engine, &sparse).WithContext(where));
       const auto compute_started = Clock::now();
       data_seconds += Seconds(data_started, compute_started);
-      if (micro == 1) engine->OnBackwardStart(step, host_grads.data());
+      if (m == 0 && !accumulate_here) engine->OnBackwardStart(step, host_grads.data());
       compute_mark = compute_started;
       ASSIGN_OR_RETURN(StepStats micro_stats,
                        model->ForwardBackward(storage, batch, &sparse));
       if (buffers.mirrored()) buffers.DownloadGrads();
-      if (micro > 1) {
+      if (accumulate_here) {
         for (size_t i = 0; i < accumulated.size(); ++i) {
           accumulated[i] = m == 0 ? host_grads[i] : accumulated[i] + host_grads[i];
         }
@@ -301,7 +309,7 @@ StatusOr<TrainingSummary> Train(const TrainerOptions& options, const data::Datas
       stats.correct += micro_stats.correct;
       stats.samples += micro_stats.samples;
     }
-    if (micro > 1) {
+    if (accumulate_here) {
       const float scale = 1.0f / static_cast<float>(micro);
       for (size_t i = 0; i < accumulated.size(); ++i) host_grads[i] = accumulated[i] * scale;
       engine->OnBackwardStart(step, host_grads.data());
@@ -319,6 +327,9 @@ StatusOr<TrainingSummary> Train(const TrainerOptions& options, const data::Datas
       metrics.step->Set(static_cast<double>(step));
       metrics.loss->Set(stats.loss);
       metrics.samples->Increment(static_cast<double>(stats.samples));
+    }
+    if (buffers.mirrored()) {
+      RETURN_IF_ERROR(engine->AwaitParameters(0, layout.total_size()).WithContext(where));
     }
     buffers.UploadParams();
     bool stop = false;
@@ -363,6 +374,9 @@ StatusOr<TrainingSummary> Train(const TrainerOptions& options, const data::Datas
     params->assign(layout.total_size(), 0.0f);
     RETURN_IF_ERROR(engine->GatherParameters(params->data())
                         .WithContext("gathering the parameters after training"));
+  } else {
+    RETURN_IF_ERROR(engine->AwaitParameters(0, layout.total_size())
+                        .WithContext("the parameters after training"));
   }
   summary.seconds = std::chrono::duration<double>(Clock::now() - started).count();
   summary.samples_per_second =

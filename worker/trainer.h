@@ -4,7 +4,10 @@
 //     batch   <- this rank's next `batch_size` samples (DistributedSampler order, by epoch)
 //     rows    <- engine.LookupRows(...)         for a model with embedding tables
 //     forward + backward on the batch (gradients into the flat gradient buffer, or, for an
-//     engine that partitions the parameters (ZeRO 2-3), layer by layer into its storage)
+//     engine that partitions the parameters (ZeRO 2-3), layer by layer into its storage);
+//     with accumulation, once per micro-batch (summed here, or by such an engine itself);
+//     each layer first waits for its parameters (engine.AwaitParameters: zero1 gathers them
+//     while the forward runs)
 //     engine.Step(step, params, grads, rows)   <- where the mode plugs in
 //     every `log_every` steps: a progress line; every `eval_every` steps: evaluation;
 //     every `checkpoint_every` steps: engine.SaveCheckpoint

@@ -65,6 +65,12 @@ class TrainingEngine {
   virtual Status Step(int64_t step, float* params, float* grads,
                       const std::vector<SparseRows>& sparse) = 0;
 
+  // Before the model reads params[offset, offset + size) (host memory, layout size) after
+  // Step: an engine that finishes the update in the background (zero1's all-gathers of the
+  // updated parameters overlap the next forward) waits until that range is final. Errors name
+  // the tensor. The default: the parameters are final when Step returns.
+  virtual Status AwaitParameters(uint64_t offset, uint64_t size) { return OkStatus(); }
+
   // An engine that holds the dense parameters itself, partitioned across ranks (ZeRO stages 2
   // and 3, zero_engine.h), returns the storage the model runs on: it supplies each layer's
   // parameters and takes each layer's gradients during the pass (parameter_storage.h). The

@@ -33,6 +33,11 @@ StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(const ZeroEngineOptions
     return InvalidArgumentError("ZeroEngine runs ZeRO stages 2 and 3, not " +
                                 std::to_string(options.stage) + " (stage 1: AllReduceEngine)");
   }
+  if (options.max_gradient_blocks_in_flight < 1) {
+    return InvalidArgumentError("max_gradient_blocks_in_flight=" +
+                                std::to_string(options.max_gradient_blocks_in_flight) +
+                                " must be at least 1");
+  }
   if (options.wait_timeout_ms <= 0) {
     return InvalidArgumentError("wait_timeout_ms=" + std::to_string(options.wait_timeout_ms) +
                                 " must be positive");
@@ -96,6 +101,7 @@ Status ZeroEngine::Initialize(const ParameterLayout& layout,
     }
   }
   grads_.assign(owned_, 0.0f);
+  reduced_times_.assign(tensors_.size(), 0);
   state_.assign(StateFloatsPerElement(options_.optimizer.kind) * owned_, 0.0f);
   InitOptimizerState(options_.optimizer, state_.data(), owned_);
   comm_ = std::make_unique<CommThread>();
@@ -109,8 +115,10 @@ void ZeroEngine::OnBackwardStart(int64_t step, float* grads) {
   // Called before the step's forward: the passes from here on are the step's (not an
   // evaluation's) and give the order to prefetch in next time.
   step_ = step;
+  in_step_ = true;
   recording_[0].clear();
   recording_[1].clear();
+  std::fill(reduced_times_.begin(), reduced_times_.end(), 0);
 }
 
 StatusOr<const std::vector<size_t>*> ZeroEngine::TensorsOf(const ParameterBlock& block) {
@@ -175,17 +183,32 @@ Status ZeroEngine::StartGather(const ParameterBlock& block) {
 StatusOr<const float*> ZeroEngine::Acquire(const ParameterBlock& block, Pass pass) {
   if (options_.stage == 2) return full_.data() + block.offset;
   const int p = pass == Pass::kForward ? 0 : 1;
+  pass_ = pass;
   if (gathered_.count(block.offset) == 0) RETURN_IF_ERROR(StartGather(block));
-  recording_[p].push_back(block);
-  // Prefetch the block that followed this one in the previous step's pass.
+  auto same = [&](const ParameterBlock& b) { return b.offset == block.offset; };
+  // One pass's order (later micro-batches repeat it).
+  if (in_step_ && std::none_of(recording_[p].begin(), recording_[p].end(), same)) {
+    recording_[p].push_back(block);
+  }
+  const std::vector<ParameterBlock>& order = order_[p];
+  auto at = std::find_if(order.begin(), order.end(), same);
+  const bool last_of_forward = in_step_ && p == 0 && at != order.end() && at + 1 == order.end();
+  if (last_of_forward) kept_for_backward_ = block.offset;
+  // Prefetch the block that followed this one in the previous step's pass; after the
+  // forward's last block, the first block of the backward not yet gathered.
   if (options_.prefetch) {
-    const std::vector<ParameterBlock>& order = order_[p];
-    auto at = std::find_if(order.begin(), order.end(), [&](const ParameterBlock& b) {
-      return b.offset == block.offset;
-    });
-    if (at != order.end() && at + 1 != order.end() && gathered_.count((at + 1)->offset) == 0) {
-      RETURN_IF_ERROR(StartGather(*(at + 1)));
+    const ParameterBlock* next = nullptr;
+    if (at != order.end() && at + 1 != order.end()) {
+      next = &*(at + 1);
+    } else if (last_of_forward) {
+      for (const ParameterBlock& b : order_[1]) {
+        if (gathered_.count(b.offset) == 0) {
+          next = &b;
+          break;
+        }
+      }
     }
+    if (next != nullptr && gathered_.count(next->offset) == 0) RETURN_IF_ERROR(StartGather(*next));
   }
   const Gathered& gathered = gathered_.at(block.offset);
   RETURN_IF_ERROR(Wait(gathered.done, "the all-gather of the block at offset " +
@@ -195,6 +218,10 @@ StatusOr<const float*> ZeroEngine::Acquire(const ParameterBlock& block, Pass pas
 
 void ZeroEngine::Release(const ParameterBlock& block) {
   if (options_.stage == 2) return;
+  if (pass_ == Pass::kForward && block.offset == kept_for_backward_) {
+    kept_for_backward_ = kNoBlock;  // the backward's Release frees it
+    return;
+  }
   auto it = gathered_.find(block.offset);
   if (it == gathered_.end()) return;
   // Acquire waited for it, so the communication thread no longer touches the buffer.
@@ -203,6 +230,9 @@ void ZeroEngine::Release(const ParameterBlock& block) {
 }
 
 StatusOr<float*> ZeroEngine::GradientBlock(const ParameterBlock& block) {
+  // Bounds the gradient memory of a step: backward waits for the oldest reduce-scatters.
+  RETURN_IF_ERROR(WaitForReductionsAbove(
+      static_cast<size_t>(options_.max_gradient_blocks_in_flight) - 1));
   auto buffer = std::make_shared<std::vector<float>>(block.size);
   AddTransient(&gradient_block_bytes_, &gradient_block_peak_,
                static_cast<int64_t>(block.size * kFloat));
@@ -219,17 +249,30 @@ Status ZeroEngine::GradientsDone(const ParameterBlock& block) {
   }
   std::shared_ptr<std::vector<float>> buffer = std::move(it->second);
   gradient_blocks_.erase(it);
-  std::vector<std::pair<size_t, uint64_t>> work;
-  for (size_t i : *inside) work.emplace_back(i, NextTag());
+  // The first micro-batch's gradients go straight into the gradient slices; a later one's
+  // are reduce-scattered in place in the block and added to them.
+  struct Work {
+    size_t tensor;
+    uint64_t tag;
+    bool add;
+  };
+  std::vector<Work> work;
+  for (size_t i : *inside) work.push_back({i, NextTag(), reduced_times_[i]++ > 0});
   std::shared_future<Status> done = comm_->Submit([this, buffer, block, work]() mutable {
     Status status;
-    for (const auto& [i, tag] : work) {
-      const Tensor& t = tensors_[i];
-      status = collectives_->ReduceScatter(buffer->data() + (t.offset - block.offset),
-                                           grads_.data() + t.owned_at, t.size, DataType::kFloat32,
-                                           ReduceOp::kAverage, t.name, kOpTagBase + tag)
+    for (const Work& w : work) {
+      const Tensor& t = tensors_[w.tensor];
+      float* gradients = buffer->data() + (t.offset - block.offset);
+      float* slice = grads_.data() + t.owned_at;
+      status = collectives_->ReduceScatter(gradients, w.add ? gradients + t.slice.offset : slice,
+                                           t.size, DataType::kFloat32, ReduceOp::kAverage, t.name,
+                                           kOpTagBase + w.tag)
                    .WithContext("reduce-scattering the gradients of '" + t.name + "'");
       if (!status.ok()) break;
+      if (w.add) {
+        const float* reduced = gradients + t.slice.offset;
+        for (uint64_t j = 0; j < t.slice.size; ++j) slice[j] += reduced[j];
+      }
       reduced_total_->Increment(static_cast<double>(t.size * kFloat));
     }
     buffer.reset();
@@ -242,13 +285,20 @@ Status ZeroEngine::GradientsDone(const ParameterBlock& block) {
   return OkStatus();
 }
 
-Status ZeroEngine::WaitForReductions() {
-  Status first;
-  for (auto& [done, what] : reductions_) {
+Status ZeroEngine::WaitForReductionsAbove(size_t limit) {
+  while (reductions_.size() - reductions_waited_ > limit) {
+    const auto& [done, what] = reductions_[reductions_waited_++];
     Status status = Wait(done, what);
-    if (!status.ok() && first.ok()) first = status;
+    if (!status.ok() && reduction_error_.ok()) reduction_error_ = status;
   }
+  return reduction_error_;
+}
+
+Status ZeroEngine::WaitForReductions() {
+  Status first = WaitForReductionsAbove(0);
   reductions_.clear();
+  reductions_waited_ = 0;
+  reduction_error_ = OkStatus();
   return first;
 }
 
@@ -258,6 +308,8 @@ Status ZeroEngine::Step(int64_t step, float* params, float* grads,
     return InvalidArgumentError(std::string(name()) +
                                 " mode got embedding rows; it holds no tables");
   }
+  in_step_ = false;
+  kept_for_backward_ = kNoBlock;
   RETURN_IF_ERROR(WaitForReductions());
   if (!gradient_blocks_.empty()) {
     return InternalError(std::to_string(gradient_blocks_.size()) +
@@ -278,6 +330,21 @@ Status ZeroEngine::Step(int64_t step, float* params, float* grads,
     if (!recording_[p].empty()) order_[p] = std::move(recording_[p]);
     recording_[p].clear();
   }
+  // The mean over micro-batches (each reduce-scatter averaged over the ranks).
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    const Tensor& t = tensors_[i];
+    const int times = reduced_times_[i];
+    if (times == 0 && t.size > 0) {
+      return InternalError(std::string(name()) + " rank " +
+                           std::to_string(collectives_->rank()) + ": no gradients of '" + t.name +
+                           "' were reduce-scattered in step " + std::to_string(step));
+    }
+    if (times > 1) {
+      const float scale = 1.0f / static_cast<float>(times);
+      for (uint64_t j = 0; j < t.slice.size; ++j) grads_[t.owned_at + j] *= scale;
+    }
+  }
+  std::fill(reduced_times_.begin(), reduced_times_.end(), 0);
   const float lr = LearningRate(options_.schedule, options_.optimizer.lr, step - 1);
   const size_t k = StateFloatsPerElement(options_.optimizer.kind);
   for (const Tensor& t : tensors_) {

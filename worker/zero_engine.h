@@ -9,19 +9,30 @@
 // time:
 //   forward   stage 3: Acquire all-gathers the block's tensors into a buffer freed by Release;
 //             the next block (in the order recorded in the previous step) is gathered on the
-//             communication thread while the current one computes. Stage 2 holds the full
-//             parameters, so Acquire only points into them.
+//             communication thread while the current one computes. The last block stays
+//             gathered for the start of backward (as FSDP does), and while it computes,
+//             backward's next block is prefetched. Stage 2 holds the full parameters, so
+//             Acquire only points into them.
 //   backward  the same gathers in reverse order; the layer writes its gradients into a block
 //             buffer, and GradientsDone reduce-scatters (averages) it on the communication
 //             thread into this rank's gradient slices, then frees it, while backward goes on.
+//             At most max_gradient_blocks_in_flight blocks wait for their reduce-scatter (or
+//             are being written): backward waits for the oldest one before taking another.
 //   Step      waits for the reduce-scatters, updates the owned slices (common/optimizer.h, the
 //             same per-element math as every mode); stage 2 then all-gathers the parameters.
+// Gradient accumulation (several micro-batches per step, announced by one OnBackwardStart):
+// every micro-batch's blocks are reduce-scattered; the first one's land in the gradient slices,
+// the later ones are reduce-scattered in place in their block and added to them (as DeepSpeed
+// stage 2 does); Step divides by the number of micro-batches. The memory stays that of one.
 //
 // Memory between steps (tessera_model_state_bytes), with Ψ parameters and Adam in float32:
 //   stage 2: parameters 4Ψ, gradients 4Ψ/N, optimizer state 8Ψ/N;
 //   stage 3: parameters 4Ψ/N, gradients 4Ψ/N, optimizer state 8Ψ/N;
-// during a step (tessera_model_state_peak_bytes) also the gathered blocks (the current and the
-// prefetched one) and the gradient blocks still being reduce-scattered.
+// during a step (tessera_model_state_peak_bytes) also, at most:
+//   parameters (stage 3) two gathered blocks: the current and the prefetched one;
+//   gradients            max_gradient_blocks_in_flight gradient blocks: before backward takes
+//                        a block it waits until fewer than that await their reduce-scatter.
+// With the defaults both are at most the two largest layers' parameters.
 //
 // Results equal --mode allreduce up to float rounding (the ring reduces per tensor here, per
 // bucket there, so the summation order differs).
@@ -54,6 +65,7 @@ struct ZeroEngineOptions {
   OptimizerOptions optimizer;
   LrScheduleOptions schedule;
   bool prefetch = true;            // stage 3: gather the next block during the current one
+  int max_gradient_blocks_in_flight = 2;  // held at once (see above); at least 1
   int64_t wait_timeout_ms = 60000;  // longest wait for one collective (each also has its own)
 };
 
@@ -117,6 +129,8 @@ class ZeroEngine final : public TrainingEngine, private ParameterStorage {
   Status StartGather(const ParameterBlock& block);
   Status Wait(const std::shared_future<Status>& done, const std::string& what);
   Status WaitForReductions();
+  // Waits for the oldest reduce-scatters until fewer than `limit` are unfinished.
+  Status WaitForReductionsAbove(size_t limit);
   uint64_t NextTag() { return next_tag_++; }
   void AddTransient(std::atomic<uint64_t>* bytes, std::atomic<uint64_t>* peak, int64_t delta);
   void PublishBytes();
@@ -140,8 +154,20 @@ class ZeroEngine final : public TrainingEngine, private ParameterStorage {
   // prefetching) and of this one.
   std::map<uint64_t, Gathered> gathered_;
   std::vector<ParameterBlock> order_[2], recording_[2];
-  // Reduce-scatters handed to the communication thread this step.
+  // Between OnBackwardStart and Step: the passes are the step's (not an evaluation's).
+  bool in_step_ = false;
+  Pass pass_ = Pass::kForward;  // of the last Acquire
+  // The forward's last block, kept gathered for the start of backward (its forward Release
+  // leaves it; the backward's frees it). No block: kNoBlock.
+  static constexpr uint64_t kNoBlock = ~uint64_t{0};
+  uint64_t kept_for_backward_ = kNoBlock;
+  // Reduce-scatters handed to the communication thread this step; those before
+  // reductions_waited_ have been waited for, and the first error among them kept.
   std::vector<std::pair<std::shared_future<Status>, std::string>> reductions_;
+  size_t reductions_waited_ = 0;
+  Status reduction_error_;
+  // Gradient blocks reduce-scattered this step, per tensor (micro-batches).
+  std::vector<int> reduced_times_;
   // Block buffers awaiting their reduce-scatter.
   std::map<uint64_t, std::shared_ptr<std::vector<float>>> gradient_blocks_;
 

@@ -35,6 +35,7 @@ TEST(MemoryBenchTest, StageThreeTwoWorkersJsonShape) {
   EXPECT_TRUE(row.value("within_10_percent", false)) << text;
   EXPECT_GE(row["peak_bytes"].value("parameters", 0.0),
             row["held_bytes"].value("parameters", 1.0));
+  EXPECT_TRUE(row.value("peak_within_bound", false)) << text;
 }
 
 TEST(MemoryBenchTest, BadStageIsNamed) {
