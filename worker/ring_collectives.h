@@ -53,7 +53,7 @@
 #include "common/transport.h"
 #include "worker/collective_mailbox.h"
 #include "worker/collectives.h"
-#include "worker/ring_links.h"
+#include "worker/ring_channel.h"
 
 namespace tessera::worker {
 
@@ -73,11 +73,11 @@ struct RingCollectivesOptions {
   // 4-16 MiB all-reduces take ~1.3x less time than with 256 KiB (fewer messages, each costing
   // thread hand-offs and a ZeroMQ allocation), 64 KiB-1 MiB the same, 4 MiB segments worse.
   size_t segment_bytes = 1024 * 1024;
-  // When set, segments travel over these direct links (ring_links.h: the calling thread writes
-  // to and reads from its neighbours' sockets itself) instead of transport and mailbox; the
-  // mailbox then only wakes waiters on failure notices. Shared; must match rank and
-  // world_size. Every rank must choose the same.
-  std::shared_ptr<RingLinks> links;
+  // When set, segments travel over this channel to the neighbours (ring_channel.h: RingLinks'
+  // TCP connections or RingShm's shared-memory rings, which the calling thread drives itself)
+  // instead of transport and mailbox; the mailbox then only wakes waiters on failure notices.
+  // Shared; must match rank and world_size. Every rank must choose the same.
+  std::shared_ptr<RingChannel> links;
 };
 
 inline constexpr size_t kMaxSegmentBytes = 64u << 20;
