@@ -327,10 +327,19 @@ TEST(RingShmTest, APeerProcessKilledMidFrameFailsRecvNamingIt) {
 
 // Connect over a real transport, three ranks in threads; then one rank that cannot make its
 // segment: every rank fails alike, naming it.
-std::vector<StatusOr<std::unique_ptr<RingShm>>> ConnectAll(int world,
-                                                           std::vector<size_t> ring_bytes) {
+struct Connected {
+  ~Connected() {
+    results.clear();  // before the mailboxes they refer to
+    for (auto& endpoint : endpoints) endpoint->Shutdown();
+  }
   std::vector<std::unique_ptr<RpcEndpoint>> endpoints;
   std::vector<std::shared_ptr<CollectiveMailbox>> mailboxes;
+  std::vector<StatusOr<std::unique_ptr<RingShm>>> results;
+};
+
+void ConnectAll(int world, std::vector<size_t> ring_bytes, Connected* connected) {
+  auto& endpoints = connected->endpoints;
+  auto& mailboxes = connected->mailboxes;
   std::vector<std::string> addresses;
   for (int rank = 0; rank < world; ++rank) {
     ZmqTransportOptions options;
@@ -344,7 +353,7 @@ std::vector<StatusOr<std::unique_ptr<RingShm>>> ConnectAll(int world,
     endpoints.push_back(std::move(endpoint).value());
     mailboxes.push_back(mailbox);
   }
-  std::vector<StatusOr<std::unique_ptr<RingShm>>> results;
+  auto& results = connected->results;
   for (int rank = 0; rank < world; ++rank) results.emplace_back(InternalError("not run"));
   std::vector<std::thread> threads;
   for (int rank = 0; rank < world; ++rank) {
@@ -361,12 +370,12 @@ std::vector<StatusOr<std::unique_ptr<RingShm>>> ConnectAll(int world,
     });
   }
   for (auto& thread : threads) thread.join();
-  for (auto& endpoint : endpoints) endpoint->Shutdown();
-  return results;
 }
 
 TEST(RingShmConnectTest, ConnectsARingAndLeavesNothingInDevShm) {
-  auto results = ConnectAll(3, {kPage, kPage, kPage});
+  Connected connected;
+  ConnectAll(3, {kPage, kPage, kPage}, &connected);
+  auto& results = connected.results;
   for (int rank = 0; rank < 3; ++rank) ASSERT_TRUE(results[rank].ok()) << results[rank].status();
   EXPECT_FALSE(AnySegmentLeft());
   RingShm& r0 = **results[0];
@@ -385,7 +394,9 @@ TEST(RingShmConnectTest, ConnectsARingAndLeavesNothingInDevShm) {
 }
 
 TEST(RingShmConnectTest, EveryRankFailsAlikeWhenOneCannotMapItsNeighbours) {
-  auto results = ConnectAll(3, {kPage, size_t{1} << 50, kPage});
+  Connected connected;
+  ConnectAll(3, {kPage, size_t{1} << 50, kPage}, &connected);
+  auto& results = connected.results;
   for (int rank = 0; rank < 3; ++rank) {
     ASSERT_FALSE(results[rank].ok());
     EXPECT_EQ(results[rank].status().code(), StatusCode::kFailedPrecondition);
