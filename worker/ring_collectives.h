@@ -20,10 +20,12 @@
 // Two ways for segments to travel, the same on every rank:
 //   - transport and mailbox (options.links null): each segment is a CollectiveChunk message;
 //     four thread hand-offs per message (see docs/benchmarks.md).
-//   - links (options.links, ring_links.h): one TCP connection to next and one from prev, which
-//     the calling thread writes and reads itself; the transport and mailbox only carry the
-//     setup and the coordinator's failure notices. tessera-worker's default
-//     (--ring-transport links): 2-5x faster at np=2 from 4 KiB to 1 MiB.
+//   - a direct channel (options.links, ring_channel.h): RingLinks (one TCP connection to next
+//     and one from prev) or RingShm (shared-memory rings, same host), which the calling thread
+//     writes and reads itself; the transport and mailbox only carry the setup and the
+//     coordinator's failure notices. tessera-worker's default (--ring-transport auto: shm on
+//     one host, else links); links are 2-5x faster than the transport at np=2 from 4 KiB to
+//     1 MiB, shm faster still (docs/benchmarks.md).
 // Both carry the same fields, checked the same way, and the same abort notices.
 //
 // Every call's deadline is options.timeout_ms from its start. When a rank fails (a timeout, a
