@@ -20,10 +20,12 @@
 // Two ways for segments to travel, the same on every rank:
 //   - transport and mailbox (options.links null): each segment is a CollectiveChunk message;
 //     four thread hand-offs per message (see docs/benchmarks.md).
-//   - links (options.links, ring_links.h): one TCP connection to next and one from prev, which
-//     the calling thread writes and reads itself; the transport and mailbox only carry the
-//     setup and the coordinator's failure notices. tessera-worker's default
-//     (--ring-transport links): 2-5x faster at np=2 from 4 KiB to 1 MiB.
+//   - a direct channel (options.links, ring_channel.h): RingLinks (one TCP connection to next
+//     and one from prev) or RingShm (shared-memory rings, same host), which the calling thread
+//     writes and reads itself; the transport and mailbox only carry the setup and the
+//     coordinator's failure notices. tessera-worker's default (--ring-transport auto: shm on
+//     one host, else links); links are 2-5x faster than the transport at np=2 from 4 KiB to
+//     1 MiB, shm faster still (docs/benchmarks.md).
 // Both carry the same fields, checked the same way, and the same abort notices.
 //
 // Every call's deadline is options.timeout_ms from its start. When a rank fails (a timeout, a
@@ -53,7 +55,7 @@
 #include "common/transport.h"
 #include "worker/collective_mailbox.h"
 #include "worker/collectives.h"
-#include "worker/ring_links.h"
+#include "worker/ring_channel.h"
 
 namespace tessera::worker {
 
@@ -73,11 +75,11 @@ struct RingCollectivesOptions {
   // 4-16 MiB all-reduces take ~1.3x less time than with 256 KiB (fewer messages, each costing
   // thread hand-offs and a ZeroMQ allocation), 64 KiB-1 MiB the same, 4 MiB segments worse.
   size_t segment_bytes = 1024 * 1024;
-  // When set, segments travel over these direct links (ring_links.h: the calling thread writes
-  // to and reads from its neighbours' sockets itself) instead of transport and mailbox; the
-  // mailbox then only wakes waiters on failure notices. Shared; must match rank and
-  // world_size. Every rank must choose the same.
-  std::shared_ptr<RingLinks> links;
+  // When set, segments travel over this channel to the neighbours (ring_channel.h: RingLinks'
+  // TCP connections or RingShm's shared-memory rings, which the calling thread drives itself)
+  // instead of transport and mailbox; the mailbox then only wakes waiters on failure notices.
+  // Shared; must match rank and world_size. Every rank must choose the same.
+  std::shared_ptr<RingChannel> links;
 };
 
 inline constexpr size_t kMaxSegmentBytes = 64u << 20;

@@ -20,6 +20,8 @@
 
 #include "common/rpc_endpoint.h"
 #include "worker/half_float.h"
+#include "worker/ring_links.h"
+#include "worker/ring_shm.h"
 
 namespace tessera::worker {
 namespace {
@@ -32,10 +34,16 @@ using Bytes = std::vector<uint8_t>;
 
 // ring_collectives_links_test builds this file with TESSERA_RING_TEST_LINKS=1: every ring then
 // sends its segments over RingLinks instead of transport and mailbox.
+// ring_collectives_shm_test builds it with TESSERA_RING_TEST_SHM=1: over RingShm (kUseLinks is
+// then true as well: everything said of links holds for any RingChannel).
 #ifndef TESSERA_RING_TEST_LINKS
 #define TESSERA_RING_TEST_LINKS 0
 #endif
-constexpr bool kUseLinks = TESSERA_RING_TEST_LINKS != 0;
+#ifndef TESSERA_RING_TEST_SHM
+#define TESSERA_RING_TEST_SHM 0
+#endif
+constexpr bool kUseShm = TESSERA_RING_TEST_SHM != 0;
+constexpr bool kUseLinks = TESSERA_RING_TEST_LINKS != 0 || kUseShm;
 
 constexpr int64_t kTimeoutMs = 30000;
 // Small segments, so that even short test buffers are cut into several segments per block and
@@ -177,6 +185,19 @@ class Ring {
       std::vector<std::thread> threads;
       for (int rank = 0; rank < world; ++rank) {
         threads.emplace_back([this, rank, world] {
+#if TESSERA_RING_TEST_SHM
+          RingShmOptions shm;
+          shm.rank = rank;
+          shm.world_size = world;
+          shm.peer_addresses = addresses_;
+          shm.transport = &endpoints_[rank]->transport();
+          shm.mailbox = mailboxes_[rank].get();
+          shm.ring_bytes = 4096;  // frames wrap, and large ones are streamed
+          auto connected = RingShm::Connect(shm);
+          EXPECT_TRUE(connected.ok()) << connected.status();
+          if (connected.ok()) links_[rank] = std::move(connected).value();
+          return;
+#endif
           RingLinksOptions options;
           options.rank = rank;
           options.world_size = world;
@@ -232,7 +253,7 @@ class Ring {
   Collectives& at(int rank) { return *collectives_[rank]; }
   CollectiveMailbox& mailbox(int rank) { return *mailboxes_[rank]; }
   // Null without links.
-  RingLinks* links(int rank) { return links_[rank].get(); }
+  RingChannel* links(int rank) { return links_[rank].get(); }
   // Closes rank's links, as when its process dies. REQUIRES: rank makes no call any more.
   void CloseLinks(int rank) {
     collectives_[rank].reset();
@@ -273,7 +294,7 @@ class Ring {
   std::vector<std::shared_ptr<CollectiveMailbox>> mailboxes_;
   std::vector<std::string> addresses_;
   std::vector<std::unique_ptr<DelayingTransport>> delayed_;  // by rank; null: none
-  std::vector<std::shared_ptr<RingLinks>> links_;            // by rank; null: none
+  std::vector<std::shared_ptr<RingChannel>> links_;          // by rank; null: none
   std::vector<std::unique_ptr<RingCollectives>> collectives_;
   uint64_t last_tag_ = 100;
 };
@@ -1076,8 +1097,10 @@ TEST(RingCollectivesFailureTest, APeerThatDiesMidCallFailsEverySurvivorNamingIt)
   EXPECT_LT(SteadyClock::now() - started, std::chrono::milliseconds(5000));
   EXPECT_EQ(results[1].code(), StatusCode::kUnavailable) << results[1];
   EXPECT_THAT(results[1].message(),
-              AllOf(StartsWith("allreduce tag=4 tensor=test.w rank=1: waiting for worker 0 "
-                               "(step 0): ring link from worker 0 (tcp://127.0.0.1:"),
+              AllOf(StartsWith(std::string("allreduce tag=4 tensor=test.w rank=1: waiting for "
+                                           "worker 0 (step 0): ") +
+                               (kUseShm ? "ring shm from worker 0 (pid "
+                                        : "ring link from worker 0 (tcp://127.0.0.1:")),
                     HasSubstr("closed by the peer")));
   EXPECT_EQ(results[2].code(), StatusCode::kUnavailable) << results[2];
   EXPECT_EQ(results[2].message(),

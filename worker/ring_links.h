@@ -57,6 +57,7 @@
 #include "common/status.h"
 #include "common/transport.h"
 #include "worker/collective_mailbox.h"
+#include "worker/ring_channel.h"
 
 namespace tessera::worker {
 
@@ -89,7 +90,7 @@ struct RingLinksOptions {
   int64_t spin_us = 0;
 };
 
-class RingLinks {
+class RingLinks : public RingChannel {
  public:
   static constexpr int64_t kFailureCheckMs = 20;
 
@@ -105,17 +106,17 @@ class RingLinks {
                                                 CollectiveMailbox* mailbox,
                                                 size_t max_payload_bytes = (64u << 20) + 4096,
                                                 int64_t spin_us = 0);
-  ~RingLinks();
+  ~RingLinks() override;
   RingLinks(const RingLinks&) = delete;
   RingLinks& operator=(const RingLinks&) = delete;
 
-  int rank() const { return rank_; }
+  int rank() const override { return rank_; }
   int next() const { return next_; }
   int prev() const { return prev_; }
 
   // Queues `frame` (its fields and data) for next and writes as much as the socket takes now.
   // Never blocks. Fails only if the link to next is broken.
-  Status Send(ReceivedChunk frame);
+  Status Send(ReceivedChunk frame) override;
 
   // Waits for prev's frame (tag, slot). DeadlineExceeded with an empty message once `deadline`
   // passes (the caller names what it waited for); otherwise the link's or the mailbox's failure.
@@ -125,17 +126,17 @@ class RingLinks {
   // returned frame's data points there. REQUIRES: [into, into + into_bytes) is not touched by
   // anyone else during the call.
   StatusOr<ReceivedChunk> Recv(uint64_t tag, uint32_t slot, Deadline deadline,
-                               uint8_t* into = nullptr, size_t into_bytes = 0);
+                               uint8_t* into = nullptr, size_t into_bytes = 0) override;
 
   // Waits until every queued frame is written to next. DeadlineExceeded naming next.
-  Status Flush(Deadline deadline);
+  Status Flush(Deadline deadline) override;
 
   // Why Recv fails (the link from prev broken, or the mailbox failed); OK otherwise.
-  Status failure() const;
+  Status failure() const override;
 
   // Drops every received frame kept under `tag` (see CollectiveMailbox::Discard).
-  void Discard(uint64_t tag);
-  size_t kept() const;
+  void Discard(uint64_t tag) override;
+  size_t kept() const override;
 
   class BufferPool;  // receive buffers, reused (defined in the .cc)
 

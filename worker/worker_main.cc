@@ -48,6 +48,7 @@
 #include "worker/ring_collectives.h"
 #include "worker/smoke_job.h"
 #include "worker/trainer.h"
+#include "worker/ring_channel_setup.h"
 #include "worker/training_setup.h"
 #include "worker/zero_engine.h"
 
@@ -64,7 +65,7 @@ struct WorkerFlags {
   double bucket_mb = 25;
   bool no_overlap = false;
   uint64_t segment_kb = 1024;
-  std::string ring_transport = "links";
+  std::string ring_transport = "auto";
   int64_t ring_spin_us = 0;
 };
 
@@ -112,10 +113,13 @@ void AddWorkerFlags(CLI::App* app, WorkerFlags* flags) {
       ->check(CLI::Range(uint64_t{1}, uint64_t{64} << 10))
       ->capture_default_str();
   ddp->add_option("--ring-transport", flags->ring_transport,
-                  "How ring segments travel: zmq (through the process's transport and its I/O "
-                  "thread) or links (direct TCP connections to the ring neighbours, driven by "
-                  "the calling thread; see worker/ring_links.h). Every worker must use the same")
-      ->check(CLI::IsMember({"zmq", "links"}))
+                  "How ring segments travel: shm (shared-memory rings to the ring neighbours, "
+                  "same host only; worker/ring_shm.h), links (direct TCP connections to them; "
+                  "worker/ring_links.h), zmq (through the process's transport and its I/O "
+                  "thread), or auto (shm if every worker can map its neighbours' shared memory, "
+                  "else links). Both direct channels are driven by the calling thread. Every "
+                  "worker must use the same")
+      ->check(CLI::IsMember({"auto", "shm", "links", "zmq"}))
       ->capture_default_str();
   ddp->add_option("--ring-spin-us", flags->ring_spin_us,
                   "With --ring-transport links: how long a waiting collective polls its socket "
@@ -126,11 +130,13 @@ void AddWorkerFlags(CLI::App* app, WorkerFlags* flags) {
   AddAllReduceBenchFlags(app, &flags->bench);
 }
 
-// The workers' ring, from the fleet view, as every collective mode builds it.
+// The workers' ring, from the fleet view, as every collective mode builds it. Sets
+// *channel_description (if not null) to the channel it chose, as logged.
 StatusOr<std::unique_ptr<RingCollectives>> MakeRing(ProcessRuntime& runtime,
                                                     const WorkerFlags& worker_flags,
                                                     RendezvousClient& client,
-                                                    CollectiveMailbox* mailbox) {
+                                                    CollectiveMailbox* mailbox,
+                                                    std::string* channel_description = nullptr) {
   RingCollectivesOptions ring;
   ring.rank = client.rank();
   ring.world_size = client.view().num_workers;
@@ -139,17 +145,20 @@ StatusOr<std::unique_ptr<RingCollectives>> MakeRing(ProcessRuntime& runtime,
   ring.mailbox = mailbox;
   ring.timeout_ms = runtime.config().request_timeout_ms;
   ring.segment_bytes = static_cast<size_t>(worker_flags.segment_kb) * 1024;
-  if (worker_flags.ring_transport == "links" && ring.world_size > 1) {
-    RingLinksOptions links;
-    links.rank = ring.rank;
-    links.world_size = ring.world_size;
-    links.peer_addresses = ring.peer_addresses;
-    links.transport = ring.transport;
-    links.mailbox = mailbox;
-    links.timeout_ms = runtime.config().rendezvous_timeout_ms;
-    links.spin_us = worker_flags.ring_spin_us;
-    ASSIGN_OR_RETURN(ring.links, RingLinks::Connect(links));
-  }
+  RingChannelSetupOptions setup;
+  setup.kind = worker_flags.ring_transport;
+  setup.rank = ring.rank;
+  setup.world_size = ring.world_size;
+  setup.peer_addresses = ring.peer_addresses;
+  setup.transport = ring.transport;
+  setup.mailbox = mailbox;
+  setup.timeout_ms = runtime.config().rendezvous_timeout_ms;
+  setup.segment_bytes = ring.segment_bytes;
+  setup.links_spin_us = worker_flags.ring_spin_us;
+  ASSIGN_OR_RETURN(ConnectedRingChannel channel, ConnectRingChannel(setup));
+  TLOG(INFO) << "ring channel: " << channel.description;
+  if (channel_description != nullptr) *channel_description = channel.description;
+  ring.links = std::move(channel.channel);
   return RingCollectives::Create(ring);
 }
 
@@ -321,8 +330,15 @@ Status RunWorker(ProcessRuntime& runtime, const WorkerFlags& flags) {
     RETURN_IF_ERROR(client->Barrier("start", std::nullopt,
                                     runtime.config().rendezvous_timeout_ms));
     if (flags.mode == "bench-allreduce") {
+      std::string channel;
       ASSIGN_OR_RETURN(std::unique_ptr<RingCollectives> ring,
-                       MakeRing(runtime, flags, *client, mailbox.get()));
+                       MakeRing(runtime, flags, *client, mailbox.get(), &channel));
+      // For tessera-bench, which runs the workers at --log-level warning.
+      if (client->rank() == 0) {
+        std::printf("%s\n", nlohmann::json({{"bench", "ring_channel"}, {"channel", channel}})
+                                .dump()
+                                .c_str());
+      }
       RETURN_IF_ERROR(RunAllReduceBench(*ring, flags.bench, [](const std::string& line) {
         std::printf("%s\n", line.c_str());
         std::fflush(stdout);

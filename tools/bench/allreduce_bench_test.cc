@@ -27,6 +27,10 @@ TEST(AllReduceBenchTest, TwoWorkersOneSizeJsonShape) {
   EXPECT_EQ(report.value("benchmark", ""), "allreduce");
   EXPECT_EQ(report.value("np", 0), 2);
   EXPECT_EQ(report["skipped"].value("mpi", ""), "--no-mpi");
+  EXPECT_EQ(report["skipped"].value("mpi_shm", ""), "--no-mpi");
+  // auto picks shared memory for two workers on one host, and the report says so.
+  EXPECT_EQ(report.value("ring_transport", ""), "auto");
+  EXPECT_EQ(report.value("ring_channel", "").rfind("shm (", 0), 0u) << text;
   EXPECT_EQ(report["skipped"].value("gloo", ""), "--no-gloo");
   ASSERT_EQ(report["rows"].size(), 1u) << text;
   const nlohmann::json& row = report["rows"][0];
@@ -36,6 +40,7 @@ TEST(AllReduceBenchTest, TwoWorkersOneSizeJsonShape) {
   EXPECT_GT(row["tessera"].value("busbw_bytes_per_second", 0.0), 0.0);
   EXPECT_EQ(row["tessera"].value("iters", 0), 5);
   EXPECT_FALSE(row.contains("mpi"));
+  EXPECT_FALSE(row.contains("mpi_shm"));
   EXPECT_FALSE(row.contains("gloo"));
 }
 

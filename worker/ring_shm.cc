@@ -1,0 +1,787 @@
+#include "worker/ring_shm.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <random>
+
+#include "common/fleet_view.h"
+#include "common/wire_codec.h"
+#include "worker/ring_collectives.h"
+
+namespace tessera::worker {
+namespace {
+
+constexpr uint64_t kSegmentMagic = 0x4d48535f41525354;  // "TSRA_SHM"
+constexpr size_t kControlBytes = 4096;                   // the first page: ControlBlock
+constexpr uint64_t kAlign = 64;                          // frames start on cache lines
+
+// The first page of a segment. Written by its creator before it announces the name; the
+// atomics are lock-free and address-free, so they work between processes.
+struct ControlBlock {
+  uint64_t magic;
+  uint64_t token[2];
+  uint64_t capacity;  // bytes of the ring
+  int32_t creator_rank;
+  int32_t creator_pid;
+  std::atomic<uint32_t> producer_closed;  // the creator's RingShm is gone
+  std::atomic<uint32_t> consumer_closed;  // next's RingShm is gone
+  alignas(64) std::atomic<uint64_t> head;  // bytes written, ever (the producer's)
+  alignas(64) std::atomic<uint64_t> tail;  // bytes freed, ever (the consumer's)
+  // The creator's doorbell: prev rings it after writing a frame, next after freeing space,
+  // the creator's own threads after keeping a frame for another thread.
+  alignas(64) std::atomic<uint32_t> doorbell;
+  std::atomic<uint32_t> sleepers;  // threads in FUTEX_WAIT on doorbell
+};
+static_assert(sizeof(ControlBlock) <= kControlBytes);
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+
+uint64_t Pad(uint64_t bytes) { return (bytes + kAlign - 1) & ~(kAlign - 1); }
+
+std::string Worker(int rank) { return MemberName(Role::kWorker, rank); }
+std::string Errno(int error) { return std::strerror(error); }
+
+// Not FUTEX_PRIVATE_FLAG: the word is shared between processes.
+void FutexWake(std::atomic<uint32_t>* word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, int64_t timeout_us) {
+  timespec timeout{static_cast<time_t>(timeout_us / 1000000),
+                   static_cast<long>((timeout_us % 1000000) * 1000)};
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &timeout, nullptr,
+          0);
+}
+void RingBell(ControlBlock* control) {
+  control->doorbell.fetch_add(1);
+  if (control->sleepers.load() > 0) FutexWake(&control->doorbell);
+}
+
+// Whether `pid` is a live process here: a killed process that its parent has not reaped yet
+// still answers kill(pid, 0), so its state in /proc counts too.
+bool Alive(pid_t pid) {
+  if (kill(pid, 0) != 0 && errno == ESRCH) return false;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return true;  // no /proc: trust kill
+  const size_t paren = line.rfind(')');
+  if (paren == std::string::npos || paren + 2 >= line.size()) return true;
+  const char state = line[paren + 2];
+  return state != 'Z' && state != 'X';
+}
+
+std::string Hex(uint64_t value) {
+  char text[17];
+  std::snprintf(text, sizeof(text), "%016llx", static_cast<unsigned long long>(value));
+  return text;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Segments
+
+class RingShm::Segment {
+ public:
+  ~Segment() {
+    Unlink();
+    if (base_ != nullptr) munmap(base_, mapped_bytes_);
+  }
+
+  // Creates and maps a segment with a ring of `ring_bytes` (rounded up to pages).
+  static StatusOr<std::shared_ptr<Segment>> Create(int rank, size_t ring_bytes) {
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    const uint64_t capacity = std::max<uint64_t>(page, (ring_bytes + page - 1) / page * page);
+    std::random_device random;
+    auto draw = [&random] { return (uint64_t{random()} << 32) ^ random(); };
+    auto segment = std::shared_ptr<Segment>(new Segment());
+    segment->name_ = "/tessera-ring-" + std::to_string(getpid()) + "-" + std::to_string(rank) +
+                     "-" + Hex(draw());
+    const std::string where = "shared memory segment " + segment->name_ + ": ";
+    const int fd = shm_open(segment->name_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) return FailedPreconditionError(where + "shm_open: " + Errno(errno));
+    segment->linked_ = true;
+    // Reserve the pages now: tmpfs grows lazily, and a full /dev/shm would otherwise be a
+    // SIGBUS at the first write to a page it cannot back.
+    const int reserved = posix_fallocate(fd, 0, static_cast<off_t>(kControlBytes + capacity));
+    if (reserved != 0) {
+      close(fd);
+      return FailedPreconditionError(where + "cannot reserve " +
+                                     std::to_string(kControlBytes + capacity) +
+                                     " bytes in /dev/shm: " + Errno(reserved) +
+                                     " (df -h /dev/shm)");
+    }
+    Status mapped = segment->Map(fd, capacity, /*whole=*/true);
+    close(fd);
+    RETURN_IF_ERROR(mapped.WithContext("shared memory segment " + segment->name_));
+    ControlBlock* control = segment->control();
+    control->token[0] = draw();
+    control->token[1] = draw();
+    control->capacity = capacity;
+    control->creator_rank = rank;
+    control->creator_pid = getpid();
+    control->magic = kSegmentMagic;
+    return segment;
+  }
+
+  // Opens `name`, checks its token and that it is `creator_rank`'s, and maps it: the ring too
+  // if `whole`, else only the control page. FailedPrecondition saying what is wrong.
+  static StatusOr<std::shared_ptr<Segment>> Open(const RingShmSegmentName& name,
+                                                 int creator_rank, bool whole) {
+    const std::string where = Worker(creator_rank) + "'s shared memory segment " + name.name +
+                              ": ";
+    const int fd = shm_open(name.name.c_str(), O_RDWR | O_CLOEXEC, 0);
+    if (fd < 0) {
+      return FailedPreconditionError(where + "shm_open: " + Errno(errno) +
+                                     " (another host, or another /dev/shm?)");
+    }
+    struct stat info {};
+    if (fstat(fd, &info) != 0 || static_cast<size_t>(info.st_size) < kControlBytes) {
+      close(fd);
+      return FailedPreconditionError(where + "too small to hold a ring");
+    }
+    auto segment = std::shared_ptr<Segment>(new Segment());
+    segment->name_ = name.name;
+    const ControlBlock* peek = static_cast<const ControlBlock*>(
+        mmap(nullptr, kControlBytes, PROT_READ, MAP_SHARED, fd, 0));
+    if (peek == MAP_FAILED) {
+      close(fd);
+      return FailedPreconditionError(where + "mmap: " + Errno(errno));
+    }
+    const uint64_t capacity = peek->capacity;
+    const bool token_ok = peek->magic == kSegmentMagic && peek->token[0] == name.token[0] &&
+                          peek->token[1] == name.token[1];
+    const int32_t rank = peek->creator_rank;
+    const pid_t pid = peek->creator_pid;
+    munmap(const_cast<ControlBlock*>(peek), kControlBytes);
+    if (!token_ok) {
+      close(fd);
+      return FailedPreconditionError(where + "holds another token: not the segment " +
+                                     Worker(creator_rank) + " created");
+    }
+    if (static_cast<uint64_t>(info.st_size) != kControlBytes + capacity || rank != creator_rank) {
+      close(fd);
+      return FailedPreconditionError(where + "its size or creator rank does not match its header");
+    }
+    if (!Alive(pid)) {
+      close(fd);
+      return FailedPreconditionError(where + "its creator, pid " + std::to_string(pid) +
+                                     ", is not a live process here (another PID namespace?)");
+    }
+    Status mapped = segment->Map(fd, whole ? capacity : 0, whole);
+    close(fd);
+    RETURN_IF_ERROR(mapped.WithContext(Worker(creator_rank) + "'s shared memory segment " +
+                                       name.name));
+    return segment;
+  }
+
+  void Unlink() {
+    if (linked_) shm_unlink(name_.c_str());
+    linked_ = false;
+  }
+
+  const std::string& name() const { return name_; }
+  ControlBlock* control() const { return static_cast<ControlBlock*>(base_); }
+  // The ring, mapped twice in a row: [data, data + 2 * capacity) is valid. Null if only the
+  // control page is mapped.
+  uint8_t* data() const { return data_; }
+  uint64_t capacity() const { return capacity_; }
+  pid_t creator_pid() const { return control()->creator_pid; }
+
+ private:
+  Segment() = default;
+
+  // Maps the control page and, if `whole`, the ring twice right after it.
+  Status Map(int fd, uint64_t capacity, bool whole) {
+    mapped_bytes_ = kControlBytes + (whole ? 2 * capacity : 0);
+    void* reserved = mmap(nullptr, mapped_bytes_, PROT_NONE,
+                          MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (reserved == MAP_FAILED) return FailedPreconditionError("mmap: " + Errno(errno));
+    base_ = reserved;
+    uint8_t* at = static_cast<uint8_t*>(reserved);
+    if (mmap(at, kControlBytes + (whole ? capacity : 0), PROT_READ | PROT_WRITE,
+             MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
+      return FailedPreconditionError("mmap: " + Errno(errno));
+    }
+    if (whole) {
+      if (mmap(at + kControlBytes + capacity, capacity, PROT_READ | PROT_WRITE,
+               MAP_SHARED | MAP_FIXED, fd, kControlBytes) == MAP_FAILED) {
+        return FailedPreconditionError("mmap of the ring's mirror: " + Errno(errno));
+      }
+      data_ = at + kControlBytes;
+      capacity_ = capacity;
+    }
+    return OkStatus();
+  }
+
+  std::string name_;
+  bool linked_ = false;  // this process created it and has not unlinked it yet
+  void* base_ = nullptr;
+  size_t mapped_bytes_ = 0;
+  uint8_t* data_ = nullptr;
+  uint64_t capacity_ = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+// The consumer's side of prev's ring: which bytes are free again. Frames are taken in ring
+// order but their payloads may be dropped in any order (and on any thread); the tail advances
+// over a prefix of freed frames only.
+class RingShm::Inbound : public std::enable_shared_from_this<RingShm::Inbound> {
+ public:
+  explicit Inbound(std::shared_ptr<Segment> segment) : segment_(std::move(segment)) {}
+
+  Segment& segment() const { return *segment_; }
+  bool Contains(const uint8_t* p) const {
+    return p >= segment_->data() && p < segment_->data() + 2 * segment_->capacity();
+  }
+
+  // The bytes up to `end` are taken and already copied out.
+  void Freed(uint64_t end) { Add(end, /*released=*/true); }
+  // The bytes up to `end` are taken and lent out: the returned owner frees them when dropped.
+  std::shared_ptr<const void> Lend(uint64_t end) {
+    Add(end, /*released=*/false);
+    auto self = shared_from_this();
+    return std::shared_ptr<const void>(segment_->data(),
+                                       [self, end](const void*) { self->Release(end); });
+  }
+
+ private:
+  void Add(uint64_t end, bool released) {
+    std::lock_guard<std::mutex> lock(mu_);
+    regions_.emplace_back(end, released);
+    Advance();
+  }
+  void Release(uint64_t end) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& region : regions_) {
+      if (region.first == end) region.second = true;
+    }
+    Advance();
+  }
+  // REQUIRES mu_ held.
+  void Advance() {
+    bool moved = false;
+    while (!regions_.empty() && regions_.front().second) {
+      segment_->control()->tail.store(regions_.front().first, std::memory_order_release);
+      regions_.pop_front();
+      moved = true;
+    }
+    if (moved) RingBell(segment_->control());  // prev may wait for space
+  }
+
+  const std::shared_ptr<Segment> segment_;
+  std::mutex mu_;
+  std::deque<std::pair<uint64_t, bool>> regions_;  // (end, released), in ring order; guarded by mu_
+};
+
+// ---------------------------------------------------------------------------------------------
+// Setup
+
+StatusOr<std::shared_ptr<RingShm::Segment>> RingShm::Create(int rank, size_t ring_bytes) {
+  return Segment::Create(rank, ring_bytes);
+}
+
+RingShmSegmentName RingShm::NameOf(const Segment& segment) {
+  RingShmSegmentName name;
+  name.name = segment.name();
+  name.token = {segment.control()->token[0], segment.control()->token[1]};
+  return name;
+}
+
+StatusOr<std::unique_ptr<RingShm>> RingShm::Attach(int rank, int world_size,
+                                                   std::shared_ptr<Segment> own,
+                                                   const RingShmSegmentName& prev,
+                                                   const RingShmSegmentName& next,
+                                                   CollectiveMailbox* mailbox,
+                                                   size_t max_payload_bytes, int64_t spin_us) {
+  const std::string who = "ring shm rank=" + std::to_string(rank);
+  const std::string where = who + ": ";
+  if (world_size < 2 || rank < 0 || rank >= world_size || own == nullptr) {
+    return InvalidArgumentError(where + "needs world_size >= 2, a rank in it and its segment");
+  }
+  const int next_rank = (rank + 1) % world_size;
+  const int prev_rank = (rank + world_size - 1) % world_size;
+  auto inbound = Segment::Open(prev, prev_rank, /*whole=*/true);
+  if (!inbound.ok()) return inbound.status().WithContext(who);
+  std::shared_ptr<Segment> next_bell = *inbound;
+  if (next_rank != prev_rank) {
+    auto opened = Segment::Open(next, next_rank, /*whole=*/false);
+    if (!opened.ok()) return opened.status().WithContext(who);
+    next_bell = *opened;
+  }
+  return std::unique_ptr<RingShm>(new RingShm(rank, world_size, std::move(own),
+                                              std::move(inbound).value(), std::move(next_bell),
+                                              mailbox, max_payload_bytes, spin_us));
+}
+
+namespace {
+
+// Sends this rank's segment name (empty if it has none) to `to` under kRingShmSetupTag.
+Status SendName(const RingShmOptions& options, int to, uint32_t slot,
+                const RingShmSegmentName& name) {
+  const std::string text = name.name.empty()
+                               ? std::string()
+                               : name.name + " " + Hex(name.token[0]) + " " + Hex(name.token[1]);
+  MessageBuilder builder(proto::Role::Worker, options.rank);
+  const int32_t frame = text.empty() ? -1 : builder.AddPayload(Payload::FromString(text));
+  std::vector<int64_t> shape = {static_cast<int64_t>(text.size())};
+  auto data = proto::CreateTensorMetaDirect(builder.fbb(), "", 0, proto::DType::UInt8, &shape,
+                                            frame, 0, text.size());
+  auto body = proto::CreateCollectiveChunk(builder.fbb(), kRingShmSetupTag,
+                                           proto::CollectiveOp::Barrier, proto::ReduceOp::Sum,
+                                           slot, 0, proto::DType::UInt8, 0, text.size(), 0, data);
+  return options.transport->Send(options.peer_addresses[static_cast<size_t>(to)],
+                                 builder.Finish(body, /*request_id=*/0));
+}
+
+// Receives `from`'s segment name (slot 0: from prev, 1: from next). An empty name: `from` has
+// no segment.
+StatusOr<RingShmSegmentName> ReceiveName(const RingShmOptions& options, int from, uint32_t slot,
+                                         Deadline deadline) {
+  const std::string what = Worker(from) + "'s segment name";
+  StatusOr<ReceivedChunk> got = options.mailbox->Pop(kRingShmSetupTag, slot, deadline);
+  if (!got.ok()) {
+    if (got.status().code() == StatusCode::kDeadlineExceeded && options.mailbox->failure().ok()) {
+      return DeadlineExceededError("waiting for " + what + ": no answer within " +
+                                   std::to_string(options.timeout_ms) + " ms");
+    }
+    return got.status().WithContext("waiting for " + what);
+  }
+  if (got->sender_rank != from) {
+    return InternalError(what + " came from " + Worker(got->sender_rank));
+  }
+  RingShmSegmentName name;
+  if (got->data.empty()) return name;
+  const std::string text(reinterpret_cast<const char*>(got->data.data()), got->data.size());
+  char segment[256];
+  unsigned long long token0 = 0, token1 = 0;
+  if (text.size() >= sizeof(segment) ||
+      std::sscanf(text.c_str(), "%255s %llx %llx", segment, &token0, &token1) != 3) {
+    return InternalError(what + " is malformed: " + text);
+  }
+  name.name = segment;
+  name.token = {token0, token1};
+  return name;
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<RingShm>> RingShm::Connect(const RingShmOptions& options) {
+  const int world = options.world_size;
+  const int rank = options.rank;
+  const std::string who = "ring shm rank=" + std::to_string(rank);
+  const std::string where = who + ": ";
+  if (world < 2 || rank < 0 || rank >= world ||
+      options.peer_addresses.size() != static_cast<size_t>(world) ||
+      options.transport == nullptr || options.mailbox == nullptr || options.timeout_ms <= 0) {
+    return InvalidArgumentError(where + "needs world_size >= 2, a rank in it, an address per "
+                                "rank, a transport, a mailbox and a positive timeout");
+  }
+  const int next = (rank + 1) % world;
+  const int prev = (rank + world - 1) % world;
+  const Deadline deadline = Deadline::AfterMillis(options.timeout_ms);
+
+  // 1. Our segment, and its name to both neighbours (an empty name if we have none, so that
+  // they do not wait for it).
+  std::string cannot;  // why this rank cannot use shared memory
+  std::shared_ptr<Segment> own;
+  RingShmSegmentName own_name;
+  if (auto created = Segment::Create(rank, options.ring_bytes); created.ok()) {
+    own = std::move(created).value();
+    own_name = NameOf(*own);
+  } else {
+    cannot = created.status().message();
+  }
+  RETURN_IF_ERROR(SendName(options, next, 0, own_name)
+                      .WithContext(who + ": sending the segment name to " + Worker(next)));
+  RETURN_IF_ERROR(SendName(options, prev, 1, own_name)
+                      .WithContext(who + ": sending the segment name to " + Worker(prev)));
+
+  // 2. The neighbours' names; map their segments.
+  StatusOr<RingShmSegmentName> prev_name = ReceiveName(options, prev, 0, deadline);
+  if (!prev_name.ok()) return prev_name.status().WithContext(who);
+  StatusOr<RingShmSegmentName> next_name = ReceiveName(options, next, 1, deadline);
+  if (!next_name.ok()) return next_name.status().WithContext(who);
+  std::unique_ptr<RingShm> shm;
+  if (cannot.empty() && !prev_name->name.empty() && !next_name->name.empty()) {
+    auto attached = Attach(rank, world, own, *prev_name, *next_name, options.mailbox,
+                           options.max_payload_bytes, options.spin_us);
+    if (attached.ok()) {
+      shm = std::move(attached).value();
+    } else {
+      cannot = attached.status().message();
+    }
+  }
+
+  // 3. Agree: every rank learns which ranks cannot, over a temporary ring on the transport.
+  RingCollectivesOptions agree;
+  agree.rank = rank;
+  agree.world_size = world;
+  agree.peer_addresses = options.peer_addresses;
+  agree.transport = options.transport;
+  agree.mailbox = options.mailbox;
+  agree.timeout_ms = std::max<int64_t>(1, deadline.RemainingMillis());
+  ASSIGN_OR_RETURN(std::unique_ptr<RingCollectives> ring, RingCollectives::Create(agree));
+  std::vector<float> unable(static_cast<size_t>(world), 0.0f);
+  unable[static_cast<size_t>(rank)] = cannot.empty() ? 0.0f : 1.0f;
+  RETURN_IF_ERROR(ring->AllReduce(unable.data(), unable.size(), DataType::kFloat32,
+                                  ReduceOp::kMax, "ring-shm-setup", kRingShmAgreeTag)
+                      .WithContext(who + ": agreeing whether every rank can use shared memory"));
+  // Every rank has attached or given up: nobody opens the names any more.
+  if (own != nullptr) own->Unlink();
+
+  std::string unable_ranks;
+  for (int r = 0; r < world; ++r) {
+    if (unable[static_cast<size_t>(r)] == 0.0f) continue;
+    unable_ranks += (unable_ranks.empty() ? "" : ", ") + Worker(r);
+  }
+  if (!unable_ranks.empty()) {
+    return FailedPreconditionError(where + "not every rank can map its ring neighbours' "
+                                   "shared memory (" + unable_ranks + " cannot)" +
+                                   (cannot.empty() ? "" : "; this rank: " + cannot));
+  }
+  if (shm == nullptr) {  // a neighbour sent no name but did not report itself: a bug
+    return InternalError(where + "a neighbour has no segment but agreed to use shared memory");
+  }
+  return shm;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The channel
+
+RingShm::RingShm(int rank, int world_size, std::shared_ptr<Segment> own,
+                 std::shared_ptr<Segment> prev, std::shared_ptr<Segment> next_bell,
+                 CollectiveMailbox* mailbox, size_t max_payload_bytes, int64_t spin_us)
+    : rank_(rank),
+      world_size_(world_size),
+      next_((rank + 1) % world_size),
+      prev_((rank + world_size - 1) % world_size),
+      own_(std::move(own)),
+      next_bell_(std::move(next_bell)),
+      inbound_(std::make_shared<Inbound>(std::move(prev))),
+      mailbox_(mailbox),
+      max_payload_bytes_(max_payload_bytes),
+      spin_us_(spin_us),
+      next_pid_(next_bell_->creator_pid()),
+      prev_pid_(inbound_->segment().creator_pid()) {}
+
+RingShm::~RingShm() {
+  own_->Unlink();
+  own_->control()->producer_closed.store(1);
+  inbound_->segment().control()->consumer_closed.store(1);
+  RingBell(next_bell_->control());              // next may wait for our frames
+  RingBell(inbound_->segment().control());      // prev may wait for space
+}
+
+void RingShm::UnlinkOwnSegment() { own_->Unlink(); }
+
+size_t RingShm::ring_bytes() const { return own_->capacity(); }
+
+std::string RingShm::To() const {
+  return "ring shm to " + Worker(next_) + " (pid " + std::to_string(next_pid_) + ")";
+}
+std::string RingShm::From() const {
+  return "ring shm from " + Worker(prev_) + " (pid " + std::to_string(prev_pid_) + ")";
+}
+
+Status RingShm::Send(ReceivedChunk frame) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!send_failure_.ok()) return send_failure_;
+  OutFrame out;
+  EncodeLinkFrameHeader(frame, out.header);
+  out.total = kLinkFrameHeaderBytes + Pad(frame.data.size());
+  out.payload = std::move(frame.data);
+  out_.push_back(std::move(out));
+  WriteSome();
+  // A queued payload that lives in prev's ring would hold prev's space until next takes ours:
+  // around the ring that can close a cycle of full rings. Copy it out instead.
+  for (OutFrame& queued : out_) {
+    if (queued.written == 0 && !queued.payload.empty() &&
+        inbound_->Contains(queued.payload.data())) {
+      queued.payload = Payload::Copy(queued.payload.data(), queued.payload.size());
+    }
+  }
+  return OkStatus();
+}
+
+void RingShm::WriteSome() {
+  if (!send_failure_.ok()) return;
+  ControlBlock* control = own_->control();
+  const uint64_t capacity = own_->capacity();
+  uint64_t head = control->head.load(std::memory_order_relaxed);  // ours alone
+  const uint64_t start = head;
+  while (!out_.empty()) {
+    OutFrame& frame = out_.front();
+    const uint64_t free = capacity - (head - control->tail.load(std::memory_order_acquire));
+    uint8_t* at = own_->data() + head % capacity;
+    if (frame.total <= capacity) {  // whole, so that the consumer can read it in place
+      if (free < frame.total) break;
+      std::memcpy(at, frame.header, kLinkFrameHeaderBytes);
+      if (!frame.payload.empty()) {
+        std::memcpy(at + kLinkFrameHeaderBytes, frame.payload.data(), frame.payload.size());
+      }
+      head += frame.total;
+      out_.pop_front();
+      continue;
+    }
+    // Larger than the ring: streamed through it in pieces.
+    if (free == 0) break;
+    const uint64_t n = std::min(free, frame.total - frame.written);
+    // The piece [written, written + n) of header + payload + padding.
+    uint64_t from = frame.written;
+    const uint64_t to = frame.written + n;
+    uint8_t* dst = at;
+    if (from < kLinkFrameHeaderBytes) {
+      const uint64_t part = std::min<uint64_t>(to, kLinkFrameHeaderBytes) - from;
+      std::memcpy(dst, frame.header + from, part);
+      dst += part;
+      from += part;
+    }
+    const uint64_t payload_end = kLinkFrameHeaderBytes + frame.payload.size();
+    if (from < to && from < payload_end) {
+      const uint64_t part = std::min(to, payload_end) - from;
+      std::memcpy(dst, frame.payload.data() + (from - kLinkFrameHeaderBytes), part);
+    }
+    head += n;
+    frame.written += n;
+    if (frame.written < frame.total) break;
+    out_.pop_front();
+  }
+  if (head != start) {
+    control->head.store(head, std::memory_order_release);
+    RingBell(next_bell_->control());
+  }
+}
+
+void RingShm::ReadSome() {
+  if (!recv_failure_.ok()) return;
+  Segment& segment = inbound_->segment();
+  const uint64_t capacity = segment.capacity();
+  const uint64_t head = segment.control()->head.load(std::memory_order_acquire);
+  bool kept_any = false;
+  auto keep = [&](ReceivedChunk frame) {
+    kept_[{frame.tag, frame.step}].push_back(std::move(frame));
+    ++kept_count_;
+    kept_any = true;
+  };
+  while (read_pos_ < head) {
+    const uint8_t* at = segment.data() + read_pos_ % capacity;
+    if (streaming_ != nullptr) {
+      Streaming& s = *streaming_;
+      const uint64_t n = std::min(head - read_pos_, s.total - s.got);
+      const uint64_t payload_end = kLinkFrameHeaderBytes + s.payload_bytes;
+      if (s.got < payload_end) {
+        const uint64_t part = std::min(s.got + n, payload_end) - s.got;
+        std::memcpy(s.target + (s.got - kLinkFrameHeaderBytes), at, part);
+      }
+      s.got += n;
+      read_pos_ += n;
+      inbound_->Freed(read_pos_);
+      if (s.got < s.total) break;
+      s.frame.data = Payload::Borrow(s.target, s.payload_bytes, s.buffer);
+      keep(std::move(s.frame));
+      streaming_.reset();
+      continue;
+    }
+    if (head - read_pos_ < kLinkFrameHeaderBytes) break;  // cannot happen: frames are padded
+    ReceivedChunk frame;
+    uint64_t payload_bytes = 0;
+    Status decoded = DecodeLinkFrameHeader(at, max_payload_bytes_, &frame, &payload_bytes);
+    if (decoded.ok() && frame.sender_rank != prev_) {
+      decoded = InvalidArgumentError("a frame claims to come from " +
+                                     Worker(frame.sender_rank));
+    }
+    if (!decoded.ok()) {
+      recv_failure_ = DataLossError(From() + ": " + decoded.message());
+      break;
+    }
+    const uint64_t total = kLinkFrameHeaderBytes + Pad(payload_bytes);
+    const auto waiting = waiting_.find({frame.tag, frame.step});
+    uint8_t* into = nullptr;
+    if (waiting != waiting_.end() && waiting->second.first != nullptr &&
+        waiting->second.second == payload_bytes) {
+      into = waiting->second.first;
+    }
+    if (total > capacity) {
+      auto s = std::make_unique<Streaming>();
+      s->frame = std::move(frame);
+      s->payload_bytes = payload_bytes;
+      s->total = total;
+      s->got = kLinkFrameHeaderBytes;
+      if (into != nullptr) {
+        s->target = into;
+      } else {
+        s->buffer.reset(new uint8_t[payload_bytes], std::default_delete<uint8_t[]>());
+        s->target = s->buffer.get();
+      }
+      streaming_ = std::move(s);
+      read_pos_ += kLinkFrameHeaderBytes;
+      inbound_->Freed(read_pos_);
+      continue;
+    }
+    if (head - read_pos_ < total) {  // cannot happen: whole frames are published at once
+      recv_failure_ = DataLossError(From() + ": a frame of " + std::to_string(total) +
+                                    " bytes is only partly written");
+      break;
+    }
+    const uint8_t* payload = at + kLinkFrameHeaderBytes;
+    read_pos_ += total;
+    if (payload_bytes == 0) {
+      inbound_->Freed(read_pos_);
+    } else if (into != nullptr) {
+      std::memcpy(into, payload, payload_bytes);
+      inbound_->Freed(read_pos_);
+      frame.data = Payload::Borrow(into, payload_bytes, nullptr);
+    } else if (waiting != waiting_.end()) {  // in place: the waiter combines from the ring
+      frame.data = Payload::Borrow(payload, payload_bytes, inbound_->Lend(read_pos_));
+    } else {  // nobody waits for it yet: out of the ring, so that it holds no space
+      frame.data = Payload::Copy(payload, payload_bytes);
+      inbound_->Freed(read_pos_);
+    }
+    keep(std::move(frame));
+  }
+  if (kept_count_ > CollectiveMailbox::kDefaultMaxQueuedChunks) {
+    recv_failure_ = ResourceExhaustedError(From() + ": " + std::to_string(kept_count_) +
+                                           " frames wait for no running collective");
+  }
+  // Another thread of ours may sleep waiting for what we kept.
+  if (kept_any) RingBell(own_->control());
+}
+
+Status RingShm::PeerStatus(bool for_recv) {
+  if (for_recv) {
+    if (inbound_->segment().control()->producer_closed.load() != 0) {
+      return UnavailableError(From() + ": closed by the peer");
+    }
+    if (!Alive(prev_pid_)) return UnavailableError(From() + ": the process exited");
+  } else {
+    if (own_->control()->consumer_closed.load() != 0) {
+      return UnavailableError(To() + ": closed by the peer");
+    }
+    if (!Alive(next_pid_)) return UnavailableError(To() + ": the process exited");
+  }
+  return OkStatus();
+}
+
+Status RingShm::Wait(std::unique_lock<std::mutex>& lock, const std::function<bool()>& done,
+                     bool for_recv, Deadline deadline) {
+  ControlBlock* bell = own_->control();
+  while (true) {
+    // Read the doorbell before looking: whatever happens after the look rings it anew.
+    const uint32_t seen = bell->doorbell.load();
+    // A failed mailbox first, as RingLinks and CollectiveMailbox::Pop do: its status is the
+    // root cause.
+    if (mailbox_ != nullptr) {
+      Status failed = mailbox_->failure();  // the mailbox never calls into the channel
+      if (!failed.ok()) return failed;
+    }
+    WriteSome();
+    ReadSome();
+    if (done()) return OkStatus();
+    if (for_recv && !recv_failure_.ok()) return recv_failure_;
+    if (!for_recv && !send_failure_.ok()) return send_failure_;
+    // A neighbour that died or closed never rings again: look before sleeping (not every
+    // time: /proc costs microseconds).
+    const bool look = SteadyClock::now() >= next_peer_check_;
+    if (look) next_peer_check_ = SteadyClock::now() + std::chrono::milliseconds(kFailureCheckMs / 2);
+    for (bool recv_side : {true, false}) {
+      if (!look) break;
+      Status& failure = recv_side ? recv_failure_ : send_failure_;
+      if (!failure.ok()) continue;
+      Status gone = PeerStatus(recv_side);
+      if (gone.ok()) continue;
+      if (recv_side) ReadSome();  // what it wrote before it went still counts
+      failure = gone;
+    }
+    if (done()) return OkStatus();
+    if (for_recv && !recv_failure_.ok()) return recv_failure_;
+    if (!for_recv && !send_failure_.ok()) return send_failure_;
+    if (deadline.Expired()) return DeadlineExceededError("");
+    lock.unlock();
+    const auto spin_until = SteadyClock::now() + std::chrono::microseconds(spin_us_);
+    while (bell->doorbell.load() == seen && SteadyClock::now() < spin_until) sched_yield();
+    if (bell->doorbell.load() == seen) {
+      const int64_t slice_us =
+          std::max<int64_t>(1, std::min<int64_t>(kFailureCheckMs, deadline.RemainingMillis()) *
+                                   1000);
+      bell->sleepers.fetch_add(1);
+      FutexWait(&bell->doorbell, seen, slice_us);
+      bell->sleepers.fetch_sub(1);
+    }
+    lock.lock();
+  }
+}
+
+StatusOr<ReceivedChunk> RingShm::Recv(uint64_t tag, uint32_t slot, Deadline deadline,
+                                      uint8_t* into, size_t into_bytes) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const auto key = std::make_pair(tag, slot);
+  waiting_[key] = {into_bytes > 0 ? into : nullptr, into_bytes};
+  Status waited = Wait(lock, [&] { return kept_.count(key) != 0; }, /*for_recv=*/true, deadline);
+  waiting_.erase(key);
+  if (streaming_ != nullptr && into != nullptr && streaming_->target == into &&
+      streaming_->buffer == nullptr) {
+    // Half copied into `into` when the wait ended: the rest must not land there after we
+    // return. Move it to a buffer of its own.
+    Streaming& s = *streaming_;
+    s.buffer.reset(new uint8_t[s.payload_bytes], std::default_delete<uint8_t[]>());
+    const uint64_t got = std::min(s.got, kLinkFrameHeaderBytes + s.payload_bytes) -
+                         kLinkFrameHeaderBytes;
+    std::memcpy(s.buffer.get(), into, got);
+    s.target = s.buffer.get();
+  }
+  if (!waited.ok()) return waited;
+  auto found = kept_.find(key);
+  ReceivedChunk frame = std::move(found->second.front());
+  found->second.pop_front();
+  if (found->second.empty()) kept_.erase(found);
+  --kept_count_;
+  return frame;
+}
+
+Status RingShm::Flush(Deadline deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  Status flushed = Wait(lock, [this] { return out_.empty(); }, /*for_recv=*/false, deadline);
+  if (flushed.code() == StatusCode::kDeadlineExceeded && flushed.message().empty()) {
+    return DeadlineExceededError(To() + ": " + std::to_string(out_.size()) +
+                                 " frames not taken in time (its ring stays full)");
+  }
+  return flushed;
+}
+
+Status RingShm::failure() const {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!recv_failure_.ok()) return recv_failure_;
+  }
+  return mailbox_ == nullptr ? OkStatus() : mailbox_->failure();
+}
+
+void RingShm::Discard(uint64_t tag) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = kept_.lower_bound({tag, 0}); it != kept_.end() && it->first.first == tag;) {
+    kept_count_ -= it->second.size();
+    it = kept_.erase(it);
+  }
+}
+
+size_t RingShm::kept() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return kept_count_;
+}
+
+}  // namespace tessera::worker

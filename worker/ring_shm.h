@@ -1,0 +1,217 @@
+// RingShm: a rank's ring channel (ring_channel.h) to neighbours on the same host, over shared
+// memory: one single-producer single-consumer byte ring per direction, in a POSIX shared
+// memory segment, driven by the threads that run collectives.
+//
+//   RingShmOptions options;  // rank, world_size, peer_addresses, transport, mailbox, timeout
+//   ASSIGN_OR_RETURN(std::unique_ptr<RingShm> shm, RingShm::Connect(options));
+//   ring_options.links = std::move(shm);  // RingCollectives sends and receives segments over it
+//
+// Why: over loopback TCP a segment is copied into the kernel and out again, and each side
+// sleeps in poll(). Here a segment is copied once per hop: the sender copies it from its
+// buffer into the ring, and the receiver combines straight from the ring (Recv's payload
+// aliases the ring; the space is freed when that payload is dropped), or copies it into its
+// place (Recv's `into`).
+//
+// Segments: each rank creates one, "/tessera-ring-<pid>-<rank>-<random>", holding its ring to
+// next (it is the producer, next the consumer) and its doorbell. The ring is mapped twice in a
+// row, so every frame of at most the ring's size is contiguous in memory even where it wraps.
+// A rank maps its own segment, prev's (its inbound ring) and the first page of next's (next's
+// doorbell): a thread waits on one futex word, its own doorbell, which prev rings when it
+// wrote a frame and next rings when it freed space. Space is reserved with posix_fallocate, so
+// a full /dev/shm fails setup with ENOSPC instead of a SIGBUS later.
+//
+// Setup (Connect, every rank at once): each rank creates its segment and tells prev and next
+// its name and a random token, in CollectiveChunks under the reserved tag kRingShmSetupTag,
+// through the transport and mailbox. It opens both neighbours' segments and checks the token
+// (a segment with another token is not the neighbour's). Then every rank agrees over a
+// temporary ring on the transport (a max all-reduce of one "cannot" flag per rank, tag
+// kRingShmAgreeTag) whether every rank could map its neighbours; only then are the names
+// unlinked, so nothing is left in /dev/shm whatever happens later. If one rank could not,
+// every rank fails with FailedPrecondition naming it (tessera-worker --ring-transport auto then
+// uses RingLinks; see ring_channel_setup.h).
+//
+// Wire: a frame is the links' 64-byte header (EncodeLinkFrameHeader) and the payload, padded to
+// 64 bytes. Every header is checked on receipt (magic, sender, size cap): a bad one fails the
+// direction, naming the peer. A frame that fits the ring is written whole and read in place; a
+// larger one is streamed through it and copied out piece by piece.
+//
+// Waiting (Recv, Flush): a thread makes progress (writes what is queued for next, takes what
+// prev wrote), spins up to spin_us calling sched_yield(), then sleeps on its doorbell for at
+// most kFailureCheckMs. Each time it wakes it checks the mailbox's failure (the coordinator's
+// notice), the neighbours' processes (kill(pid, 0) and /proc: a dead peer never rings) and
+// their closed flags (set by the destructor), and the call's deadline. Errors name the peer:
+//   ring shm from worker 1 (pid 1234): the process exited
+// A broken direction stays broken; the other keeps working, so an abort notice reaches next.
+//
+// Requires: the ranks run on one host with one /dev/shm and one PID namespace (setup checks
+// that each neighbour's pid is alive here).
+//
+// Thread-safety: thread-safe. Payloads handed to Send must stay unchanged until written.
+#ifndef TESSERA_WORKER_RING_SHM_H_
+#define TESSERA_WORKER_RING_SHM_H_
+
+#include <sys/types.h>
+
+#include <array>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/deadline.h"
+#include "common/payload.h"
+#include "common/status.h"
+#include "common/transport.h"
+#include "worker/collective_mailbox.h"
+#include "worker/ring_channel.h"
+#include "worker/ring_links.h"
+
+namespace tessera::worker {
+
+// Reserved tags of the setup messages and the agreement; collectives must not use them.
+inline constexpr uint64_t kRingShmSetupTag = ~uint64_t{0} - 1;
+inline constexpr uint64_t kRingShmAgreeTag = ~uint64_t{0} - 2;
+
+struct RingShmOptions {
+  int rank = 0;
+  int world_size = 1;
+  std::vector<std::string> peer_addresses;  // transport addresses by rank, as for the ring
+  Transport* transport = nullptr;           // for setup and agreement; not owned
+  CollectiveMailbox* mailbox = nullptr;     // setup, agreement, failures to wake on; not owned
+  int64_t timeout_ms = 30000;               // bounds Connect
+  // Bytes of each direction's ring (rounded up to pages). Frames up to this size are read in
+  // place; a ring segment of RingCollectivesOptions::segment_bytes should fit twice.
+  size_t ring_bytes = 4u << 20;
+  // A larger frame fails the direction (the ring's largest is a segment).
+  size_t max_payload_bytes = (64u << 20) + 4096;
+  // How long a waiting thread polls with sched_yield() before it sleeps on the futex.
+  int64_t spin_us = 50;
+};
+
+// A segment as its creator announces it: the name to shm_open and the token inside.
+struct RingShmSegmentName {
+  std::string name;
+  std::array<uint64_t, 2> token{};
+};
+
+class RingShm final : public RingChannel {
+ public:
+  static constexpr int64_t kFailureCheckMs = 20;
+
+  class Segment;  // one mapped segment (defined in the .cc)
+
+  // Sets up the channel as described above; every rank of the ring must call it. REQUIRES:
+  // world_size >= 2. FailedPrecondition when some rank cannot map its neighbours' segments
+  // (naming it, with the reason where it is this rank); other errors name the step.
+  static StatusOr<std::unique_ptr<RingShm>> Connect(const RingShmOptions& options);
+
+  // The steps of Connect, for tests that exchange names themselves (threads or processes):
+  // Create makes this rank's segment (its name is linked until UnlinkOwnSegment or the
+  // destructor); Attach opens the neighbours' (at world 2 both are the same) and checks their
+  // tokens: FailedPrecondition naming the neighbour if that fails. `mailbox` may be null.
+  static StatusOr<std::shared_ptr<Segment>> Create(int rank, size_t ring_bytes);
+  static RingShmSegmentName NameOf(const Segment& segment);
+  static StatusOr<std::unique_ptr<RingShm>> Attach(int rank, int world_size,
+                                                   std::shared_ptr<Segment> own,
+                                                   const RingShmSegmentName& prev,
+                                                   const RingShmSegmentName& next,
+                                                   CollectiveMailbox* mailbox,
+                                                   size_t max_payload_bytes = (64u << 20) + 4096,
+                                                   int64_t spin_us = 50);
+
+  ~RingShm() override;
+  RingShm(const RingShm&) = delete;
+  RingShm& operator=(const RingShm&) = delete;
+
+  // Removes this rank's segment name from /dev/shm (the mappings stay). Once both neighbours
+  // have attached.
+  void UnlinkOwnSegment();
+
+  int rank() const override { return rank_; }
+  int next() const { return next_; }
+  int prev() const { return prev_; }
+  // The bytes of each direction's ring.
+  size_t ring_bytes() const;
+
+  Status Send(ReceivedChunk frame) override;
+  StatusOr<ReceivedChunk> Recv(uint64_t tag, uint32_t slot, Deadline deadline,
+                               uint8_t* into = nullptr, size_t into_bytes = 0) override;
+  Status Flush(Deadline deadline) override;
+  Status failure() const override;
+  void Discard(uint64_t tag) override;
+  size_t kept() const override;
+
+  class Inbound;  // the consumer's side of prev's ring (defined in the .cc)
+
+ private:
+  struct OutFrame {
+    uint8_t header[kLinkFrameHeaderBytes];
+    Payload payload;
+    uint64_t total = 0;    // header and padded payload
+    uint64_t written = 0;  // of total
+  };
+  // A frame larger than the ring, being copied out.
+  struct Streaming {
+    ReceivedChunk frame;
+    uint64_t payload_bytes = 0;
+    uint64_t total = 0;
+    uint64_t got = 0;  // of total, header included
+    std::shared_ptr<uint8_t> buffer;  // null when landing in a Recv's `into`
+    uint8_t* target = nullptr;
+  };
+
+  RingShm(int rank, int world_size, std::shared_ptr<Segment> own, std::shared_ptr<Segment> prev,
+          std::shared_ptr<Segment> next_bell, CollectiveMailbox* mailbox,
+          size_t max_payload_bytes, int64_t spin_us);
+
+  // Both REQUIRE mu_ held. WriteSome writes queued frames while they fit; ReadSome takes every
+  // complete frame prev wrote (and what there is of a streamed one) into kept_.
+  void WriteSome();
+  void ReadSome();
+  // Whether prev (for_recv) or next has closed its channel or exited. REQUIRES mu_ held.
+  Status PeerStatus(bool for_recv);
+  // Makes progress until `done()` (called under mu_), a failure of the direction (for_recv:
+  // from prev, else to next) or the deadline. REQUIRES `lock` holds mu_.
+  Status Wait(std::unique_lock<std::mutex>& lock, const std::function<bool()>& done,
+              bool for_recv, Deadline deadline);
+  // "ring shm to worker 1 (pid 1234)", "ring shm from ...".
+  std::string To() const;
+  std::string From() const;
+
+  const int rank_;
+  const int world_size_;
+  const int next_;
+  const int prev_;
+  const std::shared_ptr<Segment> own_;        // our ring to next, our doorbell
+  const std::shared_ptr<Segment> next_bell_;  // next's doorbell (prev_segment at world 2)
+  const std::shared_ptr<Inbound> inbound_;    // prev's ring to us
+  CollectiveMailbox* const mailbox_;
+  const size_t max_payload_bytes_;
+  const int64_t spin_us_;
+  const pid_t next_pid_;
+  const pid_t prev_pid_;
+
+  mutable std::mutex mu_;
+  std::deque<OutFrame> out_;  // guarded by mu_
+  Status send_failure_;       // guarded by mu_
+  Status recv_failure_;       // guarded by mu_
+  std::map<std::pair<uint64_t, uint32_t>, std::deque<ReceivedChunk>> kept_;  // guarded by mu_
+  size_t kept_count_ = 0;                                                    // guarded by mu_
+  // Where waiting Recv calls want their frames: (tag, slot) -> (into, into_bytes); guarded by
+  // mu_. A frame someone waits for is kept in place; others are copied out of the ring.
+  std::map<std::pair<uint64_t, uint32_t>, std::pair<uint8_t*, size_t>> waiting_;
+  std::unique_ptr<Streaming> streaming_;  // guarded by mu_
+  uint64_t read_pos_ = 0;                 // bytes of prev's ring taken, ever; guarded by mu_
+  SteadyClock::time_point next_peer_check_{};  // guarded by mu_
+};
+
+}  // namespace tessera::worker
+
+#endif  // TESSERA_WORKER_RING_SHM_H_

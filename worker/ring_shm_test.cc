@@ -1,0 +1,413 @@
+#include "worker/ring_shm.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/rpc_endpoint.h"
+
+namespace tessera::worker {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+constexpr size_t kPage = 4096;
+
+ReceivedChunk Frame(int sender, uint64_t tag, uint32_t slot, size_t bytes, uint8_t seed) {
+  ReceivedChunk frame;
+  frame.sender_role = proto::Role::Worker;
+  frame.sender_rank = sender;
+  frame.tag = tag;
+  frame.op = proto::CollectiveOp::AllGather;
+  frame.reduce_op = proto::ReduceOp::Max;
+  frame.step = slot;
+  frame.chunk = slot + 7;
+  frame.dtype = proto::DType::BFloat16;
+  frame.element_offset = 3 * slot;
+  frame.element_count = bytes / 2;
+  frame.fingerprint = 1000 + slot;
+  std::vector<uint8_t> data(bytes);
+  for (size_t i = 0; i < bytes; ++i) data[i] = static_cast<uint8_t>(seed + i * 31);
+  frame.data = Payload::FromVector(std::move(data));
+  return frame;
+}
+
+void ExpectSame(const ReceivedChunk& got, const ReceivedChunk& sent) {
+  EXPECT_EQ(got.sender_rank, sent.sender_rank);
+  EXPECT_EQ(got.tag, sent.tag);
+  EXPECT_EQ(got.step, sent.step);
+  EXPECT_EQ(got.chunk, sent.chunk);
+  EXPECT_EQ(got.op, sent.op);
+  EXPECT_EQ(got.reduce_op, sent.reduce_op);
+  EXPECT_EQ(got.dtype, sent.dtype);
+  EXPECT_EQ(got.element_offset, sent.element_offset);
+  EXPECT_EQ(got.element_count, sent.element_count);
+  EXPECT_EQ(got.fingerprint, sent.fingerprint);
+  ASSERT_EQ(got.data.size(), sent.data.size()) << "slot " << sent.step;
+  if (!sent.data.empty()) {
+    EXPECT_EQ(std::memcmp(got.data.data(), sent.data.data(), sent.data.size()), 0)
+        << "slot " << sent.step;
+  }
+}
+
+// Whether a segment of this process is still in /dev/shm.
+bool AnySegmentLeft() {
+  const std::string prefix = "tessera-ring-" + std::to_string(getpid()) + "-";
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
+    if (entry.path().filename().string().rfind(prefix, 0) == 0) return true;
+  }
+  return false;
+}
+
+// Two ranks in this process, attached to each other.
+struct Pair {
+  explicit Pair(size_t ring_bytes, CollectiveMailbox* mailbox0 = nullptr) {
+    auto own0 = RingShm::Create(0, ring_bytes);
+    auto own1 = RingShm::Create(1, ring_bytes);
+    EXPECT_TRUE(own0.ok() && own1.ok()) << own0.status() << own1.status();
+    const RingShmSegmentName name0 = RingShm::NameOf(**own0);
+    const RingShmSegmentName name1 = RingShm::NameOf(**own1);
+    auto shm0 = RingShm::Attach(0, 2, *own0, name1, name1, mailbox0);
+    auto shm1 = RingShm::Attach(1, 2, *own1, name0, name0, nullptr);
+    EXPECT_TRUE(shm0.ok() && shm1.ok()) << shm0.status() << shm1.status();
+    rank0 = std::move(shm0).value();
+    rank1 = std::move(shm1).value();
+    rank0->UnlinkOwnSegment();
+    rank1->UnlinkOwnSegment();
+  }
+  std::unique_ptr<RingShm> rank0;
+  std::unique_ptr<RingShm> rank1;
+};
+
+TEST(RingShmTest, CarriesFramesOfOddSizesInOrderBothWays) {
+  Pair pair(kPage);  // a ring of one page: frames wrap, and the larger ones are streamed
+  ASSERT_EQ(pair.rank0->ring_bytes(), kPage);
+  EXPECT_FALSE(AnySegmentLeft());
+  const std::vector<size_t> sizes = {0, 1, 2, 63, 64, 65, 1000, 4032, 4033, 4096, 9000,
+                                     100000, 3, 0, 5000};
+  auto run = [&](RingShm& from, RingShm& to, int sender, uint8_t seed) {
+    std::thread sending([&] {
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        ASSERT_TRUE(from.Send(Frame(sender, 9, static_cast<uint32_t>(i), sizes[i], seed)).ok());
+      }
+      EXPECT_TRUE(from.Flush(Deadline::AfterMillis(10000)).ok());
+    });
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      auto got = to.Recv(9, static_cast<uint32_t>(i), Deadline::AfterMillis(10000));
+      ASSERT_TRUE(got.ok()) << got.status();
+      ExpectSame(*got, Frame(sender, 9, static_cast<uint32_t>(i), sizes[i], seed));
+    }
+    sending.join();
+  };
+  std::thread one_way([&] { run(*pair.rank0, *pair.rank1, 0, 5); });
+  run(*pair.rank1, *pair.rank0, 1, 77);
+  one_way.join();
+  EXPECT_EQ(pair.rank0->kept(), 0u);
+  EXPECT_EQ(pair.rank1->kept(), 0u);
+}
+
+TEST(RingShmTest, ReadsInPlaceOrIntoTheLandingAndKeepsFramesAskedForLater) {
+  Pair pair(16 * kPage);
+  ASSERT_TRUE(pair.rank0->Send(Frame(0, 1, 0, 800, 1)).ok());
+  ASSERT_TRUE(pair.rank0->Send(Frame(0, 1, 1, 800, 2)).ok());
+  ASSERT_TRUE(pair.rank0->Send(Frame(0, 2, 0, 100, 3)).ok());
+  // Asked for last: read meanwhile, and kept.
+  auto second = pair.rank1->Recv(2, 0, Deadline::AfterMillis(5000));
+  ASSERT_TRUE(second.ok()) << second.status();
+  ExpectSame(*second, Frame(0, 2, 0, 100, 3));
+  EXPECT_EQ(pair.rank1->kept(), 2u);
+  std::vector<uint8_t> landing(800);
+  auto landed = pair.rank1->Recv(1, 0, Deadline::AfterMillis(5000), landing.data(), 800);
+  ASSERT_TRUE(landed.ok()) << landed.status();
+  ExpectSame(*landed, Frame(0, 1, 0, 800, 1));
+  auto last = pair.rank1->Recv(1, 1, Deadline::AfterMillis(5000));
+  ASSERT_TRUE(last.ok());
+  ExpectSame(*last, Frame(0, 1, 1, 800, 2));
+
+  // A frame read while its Recv waits lands in `into`, or stays in the ring without one.
+  std::thread later([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_TRUE(pair.rank0->Send(Frame(0, 3, 0, 800, 4)).ok());
+    EXPECT_TRUE(pair.rank0->Send(Frame(0, 3, 1, 800, 5)).ok());
+  });
+  auto into = pair.rank1->Recv(3, 0, Deadline::AfterMillis(5000), landing.data(), 800);
+  ASSERT_TRUE(into.ok()) << into.status();
+  EXPECT_EQ(into->data.data(), landing.data());
+  ExpectSame(*into, Frame(0, 3, 0, 800, 4));
+  auto in_place = pair.rank1->Recv(3, 1, Deadline::AfterMillis(5000));
+  later.join();
+  ASSERT_TRUE(in_place.ok()) << in_place.status();
+  ExpectSame(*in_place, Frame(0, 3, 1, 800, 5));
+  EXPECT_EQ(pair.rank1->kept(), 0u);
+}
+
+TEST(RingShmTest, SpaceHeldByAPayloadIsFreedWhenItIsDropped) {
+  Pair pair(kPage);
+  // 3 frames of 1984 + 64 bytes fill... only 2 fit in a page.
+  ASSERT_TRUE(pair.rank0->Send(Frame(0, 1, 0, 1984, 1)).ok());
+  ASSERT_TRUE(pair.rank0->Send(Frame(0, 1, 1, 1984, 2)).ok());
+  std::thread waiting([&] {
+    auto held = pair.rank1->Recv(1, 0, Deadline::AfterMillis(5000));  // waits: in place
+    ASSERT_TRUE(held.ok()) << held.status();
+    ASSERT_TRUE(pair.rank0->Send(Frame(0, 1, 2, 1984, 3)).ok());
+    // The first frame's space is still lent out.
+    EXPECT_EQ(pair.rank0->Flush(Deadline::AfterMillis(100)).code(),
+              StatusCode::kDeadlineExceeded);
+  });
+  waiting.join();  // `held` dropped
+  EXPECT_TRUE(pair.rank1->Recv(1, 1, Deadline::AfterMillis(5000)).ok());
+  EXPECT_TRUE(pair.rank0->Flush(Deadline::AfterMillis(5000)).ok());
+  auto third = pair.rank1->Recv(1, 2, Deadline::AfterMillis(5000));
+  ASSERT_TRUE(third.ok());
+  ExpectSame(*third, Frame(0, 1, 2, 1984, 3));
+}
+
+TEST(RingShmTest, DeadlinesAreEmptyForRecvAndNameThePeerForFlush) {
+  Pair pair(kPage);
+  const auto started = SteadyClock::now();
+  auto nothing = pair.rank1->Recv(4, 0, Deadline::AfterMillis(100));
+  EXPECT_EQ(nothing.status().code(), StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(nothing.status().message(), "");
+  EXPECT_GE(SteadyClock::now() - started, std::chrono::milliseconds(100));
+  EXPECT_LT(SteadyClock::now() - started, std::chrono::milliseconds(2000));
+
+  ASSERT_TRUE(pair.rank0->Send(Frame(0, 4, 0, 10000, 1)).ok());  // never fits: nobody reads
+  Status flushed = pair.rank0->Flush(Deadline::AfterMillis(100));
+  EXPECT_EQ(flushed.code(), StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(flushed.message(),
+              StartsWith("ring shm to worker 1 (pid " + std::to_string(getpid()) + "): 1 frame"));
+}
+
+TEST(RingShmTest, APeerThatClosesFailsBothDirectionsNamingIt) {
+  Pair pair(kPage);
+  ASSERT_TRUE(pair.rank0->Send(Frame(0, 5, 0, 10, 1)).ok());
+  std::thread closing([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    pair.rank0.reset();
+  });
+  // What it wrote before it closed still arrives.
+  EXPECT_TRUE(pair.rank1->Recv(5, 0, Deadline::AfterMillis(5000)).ok());
+  auto after = pair.rank1->Recv(5, 1, Deadline::AfterMillis(5000));
+  closing.join();
+  EXPECT_EQ(after.status().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(after.status().message(),
+            "ring shm from worker 0 (pid " + std::to_string(getpid()) + "): closed by the peer");
+  EXPECT_EQ(pair.rank1->failure().message(), after.status().message());
+  // The other direction: at Send if already noticed, else at Flush.
+  Status sent = pair.rank1->Send(Frame(1, 5, 0, 10000, 1));
+  if (sent.ok()) sent = pair.rank1->Flush(Deadline::AfterMillis(5000));
+  EXPECT_EQ(sent.message(),
+            "ring shm to worker 0 (pid " + std::to_string(getpid()) + "): closed by the peer");
+}
+
+TEST(RingShmTest, AMailboxFailureWakesAWaitingRecv) {
+  CollectiveMailbox mailbox;
+  Pair pair(kPage, &mailbox);
+  std::thread failing([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    mailbox.Fail(UnavailableError("worker 1 failed (the coordinator says)"));
+  });
+  const auto started = SteadyClock::now();
+  auto got = pair.rank0->Recv(6, 0, Deadline::AfterMillis(10000));
+  failing.join();
+  EXPECT_LT(SteadyClock::now() - started, std::chrono::milliseconds(2000));
+  EXPECT_EQ(got.status().message(), "worker 1 failed (the coordinator says)");
+}
+
+TEST(RingShmTest, RejectsASegmentWithAnotherToken) {
+  auto own0 = RingShm::Create(0, kPage);
+  auto own1 = RingShm::Create(1, kPage);
+  ASSERT_TRUE(own0.ok() && own1.ok());
+  RingShmSegmentName forged = RingShm::NameOf(**own1);
+  forged.token[1] ^= 1;
+  auto attached = RingShm::Attach(0, 2, *own0, forged, forged, nullptr);
+  EXPECT_EQ(attached.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(attached.status().message(),
+            "ring shm rank=0: worker 1's shared memory segment " + forged.name +
+                ": holds another token: not the segment worker 1 created");
+  RingShmSegmentName missing = RingShm::NameOf(**own1);
+  missing.name += "-gone";
+  attached = RingShm::Attach(0, 2, *own0, missing, missing, nullptr);
+  EXPECT_EQ(attached.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(attached.status().message(), HasSubstr("shm_open: No such file or directory"));
+}
+
+TEST(RingShmTest, ASegmentThatDoesNotFitInDevShmFailsClearly) {
+  auto huge = RingShm::Create(0, size_t{1} << 50);
+  EXPECT_EQ(huge.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(huge.status().message(), HasSubstr("cannot reserve"));
+  EXPECT_FALSE(AnySegmentLeft());
+}
+
+// Writes a name to a pipe / reads one: "name token0 token1".
+void WriteName(int fd, const RingShmSegmentName& name) {
+  char line[512];
+  const int n = std::snprintf(line, sizeof(line), "%s %llx %llx\n", name.name.c_str(),
+                              static_cast<unsigned long long>(name.token[0]),
+                              static_cast<unsigned long long>(name.token[1]));
+  ASSERT_EQ(write(fd, line, n), n);
+}
+RingShmSegmentName ReadName(int fd) {
+  std::string line;
+  char c;
+  while (read(fd, &c, 1) == 1 && c != '\n') line += c;
+  char name[256];
+  unsigned long long t0 = 0, t1 = 0;
+  RingShmSegmentName result;
+  if (std::sscanf(line.c_str(), "%255s %llx %llx", name, &t0, &t1) == 3) {
+    result.name = name;
+    result.token = {t0, t1};
+  }
+  return result;
+}
+
+// Rank 1 runs in a child process and is killed while it writes a frame larger than the ring:
+// rank 0's Recv fails naming it within a few failure checks, not at its deadline.
+TEST(RingShmTest, APeerProcessKilledMidFrameFailsRecvNamingIt) {
+  int to_child[2], to_parent[2];
+  ASSERT_EQ(pipe(to_child), 0);
+  ASSERT_EQ(pipe(to_parent), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    close(to_child[1]);
+    close(to_parent[0]);
+    auto own = RingShm::Create(1, kPage);
+    if (!own.ok()) _exit(2);
+    WriteName(to_parent[1], RingShm::NameOf(**own));
+    const RingShmSegmentName parent = ReadName(to_child[0]);
+    auto shm = RingShm::Attach(1, 2, *own, parent, parent, nullptr);
+    if (!shm.ok()) _exit(3);
+    char attached = 0;  // the parent has attached to ours
+    if (read(to_child[0], &attached, 1) != 1) _exit(4);
+    (*shm)->UnlinkOwnSegment();
+    (void)(*shm)->Send(Frame(1, 8, 0, 1 << 20, 1));  // streams the first page, then waits
+    (void)!write(to_parent[1], "s", 1);
+    (void)(*shm)->Flush(Deadline::AfterMillis(60000));
+    _exit(0);
+  }
+  close(to_child[0]);
+  close(to_parent[1]);
+  auto own = RingShm::Create(0, kPage);
+  ASSERT_TRUE(own.ok()) << own.status();
+  WriteName(to_child[1], RingShm::NameOf(**own));
+  const RingShmSegmentName name = ReadName(to_parent[0]);
+  auto shm = RingShm::Attach(0, 2, *own, name, name, nullptr);
+  ASSERT_TRUE(shm.ok()) << shm.status();
+  ASSERT_EQ(write(to_child[1], "p", 1), 1);
+  char sent = 0;
+  ASSERT_EQ(read(to_parent[0], &sent, 1), 1) << "the child failed";
+  (*shm)->UnlinkOwnSegment();
+  ASSERT_EQ(kill(child, SIGKILL), 0);
+  // Not reaped yet: a zombie answers kill(pid, 0), but it is gone all the same.
+  const auto started = SteadyClock::now();
+  auto got = (*shm)->Recv(8, 0, Deadline::AfterMillis(20000));
+  const auto took = SteadyClock::now() - started;
+  int status = 0;
+  waitpid(child, &status, 0);
+  EXPECT_EQ(got.status().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(got.status().message(),
+            "ring shm from worker 1 (pid " + std::to_string(child) + "): the process exited");
+  EXPECT_LT(took, std::chrono::milliseconds(2000));
+  EXPECT_FALSE(AnySegmentLeft());
+  for (int fd : {to_child[1], to_parent[0]}) close(fd);
+}
+
+// Connect over a real transport, three ranks in threads; then one rank that cannot make its
+// segment: every rank fails alike, naming it.
+struct Connected {
+  ~Connected() {
+    results.clear();  // before the mailboxes they refer to
+    for (auto& endpoint : endpoints) endpoint->Shutdown();
+  }
+  std::vector<std::unique_ptr<RpcEndpoint>> endpoints;
+  std::vector<std::shared_ptr<CollectiveMailbox>> mailboxes;
+  std::vector<StatusOr<std::unique_ptr<RingShm>>> results;
+};
+
+void ConnectAll(int world, std::vector<size_t> ring_bytes, Connected* connected) {
+  auto& endpoints = connected->endpoints;
+  auto& mailboxes = connected->mailboxes;
+  std::vector<std::string> addresses;
+  for (int rank = 0; rank < world; ++rank) {
+    ZmqTransportOptions options;
+    options.role = proto::Role::Worker;
+    options.rank = rank;
+    auto endpoint = RpcEndpoint::Start(options, nullptr);
+    EXPECT_TRUE(endpoint.ok()) << endpoint.status();
+    auto mailbox = std::make_shared<CollectiveMailbox>();
+    (*endpoint)->SetHandler(proto::Body::CollectiveChunk, CollectiveMailbox::Handler(mailbox));
+    addresses.push_back((*endpoint)->address());
+    endpoints.push_back(std::move(endpoint).value());
+    mailboxes.push_back(mailbox);
+  }
+  auto& results = connected->results;
+  for (int rank = 0; rank < world; ++rank) results.emplace_back(InternalError("not run"));
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world; ++rank) {
+    threads.emplace_back([&, rank] {
+      RingShmOptions options;
+      options.rank = rank;
+      options.world_size = world;
+      options.peer_addresses = addresses;
+      options.transport = &endpoints[rank]->transport();
+      options.mailbox = mailboxes[rank].get();
+      options.timeout_ms = 10000;
+      options.ring_bytes = ring_bytes[rank];
+      results[rank] = RingShm::Connect(options);
+    });
+  }
+  for (auto& thread : threads) thread.join();
+}
+
+TEST(RingShmConnectTest, ConnectsARingAndLeavesNothingInDevShm) {
+  Connected connected;
+  ConnectAll(3, {kPage, kPage, kPage}, &connected);
+  auto& results = connected.results;
+  for (int rank = 0; rank < 3; ++rank) ASSERT_TRUE(results[rank].ok()) << results[rank].status();
+  EXPECT_FALSE(AnySegmentLeft());
+  RingShm& r0 = **results[0];
+  RingShm& r1 = **results[1];
+  RingShm& r2 = **results[2];
+  ASSERT_TRUE(r0.Send(Frame(0, 1, 0, 100, 1)).ok());
+  ASSERT_TRUE(r1.Send(Frame(1, 1, 0, 100, 2)).ok());
+  ASSERT_TRUE(r2.Send(Frame(2, 1, 0, 100, 3)).ok());
+  auto at1 = r1.Recv(1, 0, Deadline::AfterMillis(5000));
+  auto at2 = r2.Recv(1, 0, Deadline::AfterMillis(5000));
+  auto at0 = r0.Recv(1, 0, Deadline::AfterMillis(5000));
+  ASSERT_TRUE(at0.ok() && at1.ok() && at2.ok());
+  ExpectSame(*at1, Frame(0, 1, 0, 100, 1));
+  ExpectSame(*at2, Frame(1, 1, 0, 100, 2));
+  ExpectSame(*at0, Frame(2, 1, 0, 100, 3));
+}
+
+TEST(RingShmConnectTest, EveryRankFailsAlikeWhenOneCannotMapItsNeighbours) {
+  Connected connected;
+  ConnectAll(3, {kPage, size_t{1} << 50, kPage}, &connected);
+  auto& results = connected.results;
+  for (int rank = 0; rank < 3; ++rank) {
+    ASSERT_FALSE(results[rank].ok());
+    EXPECT_EQ(results[rank].status().code(), StatusCode::kFailedPrecondition);
+    EXPECT_THAT(results[rank].status().message(),
+                StartsWith("ring shm rank=" + std::to_string(rank) +
+                           ": not every rank can map its ring neighbours' shared memory "
+                           "(worker 1 cannot)"));
+  }
+  EXPECT_THAT(results[1].status().message(), HasSubstr("this rank: shared memory segment"));
+  EXPECT_FALSE(AnySegmentLeft());
+}
+
+}  // namespace
+}  // namespace tessera::worker
