@@ -65,7 +65,7 @@ struct WorkerFlags {
   bool no_overlap = false;
   uint64_t segment_kb = 1024;
   std::string ring_transport = "links";
-  int64_t ring_spin_us = 0;
+  int64_t ring_spin_us = kDefaultRingSpinCapUs;
 };
 
 void AddWorkerFlags(CLI::App* app, WorkerFlags* flags) {
@@ -118,8 +118,10 @@ void AddWorkerFlags(CLI::App* app, WorkerFlags* flags) {
       ->check(CLI::IsMember({"zmq", "links"}))
       ->capture_default_str();
   ddp->add_option("--ring-spin-us", flags->ring_spin_us,
-                  "With --ring-transport links: how long a waiting collective polls its socket "
-                  "without sleeping (lower latency on an idle machine, much worse on a busy one)")
+                  "With --ring-transport links: the most a waiting collective polls its socket "
+                  "without sleeping (yielding the core each round) before it sleeps in poll(); "
+                  "the budget within this cap adapts to how long recent waits took, and drops "
+                  "to 0 while waits outlast it. 0: never spin")
       ->check(CLI::Range(int64_t{0}, int64_t{1000000}))
       ->capture_default_str();
   AddSmokeFlags(app, &flags->smoke);
