@@ -49,6 +49,11 @@ class RingChannel {
   // Waits until every queued frame is handed on to next. DeadlineExceeded naming next.
   virtual Status Flush(Deadline deadline) = 0;
 
+  // Copies the payload of every queued frame that has no owner (one that borrows its caller's
+  // memory) into memory of the channel's own, so that caller may change or free that memory
+  // now: for a call that ends, failed, before its Flush succeeded.
+  virtual void CopyUnsentPayloads() = 0;
+
   // Why Recv fails (the direction from prev broken, or the mailbox failed); OK otherwise.
   virtual Status failure() const = 0;
 

@@ -374,7 +374,8 @@ class RingRun {
         next_((options.rank + 1) % options.world_size),
         prev_((options.rank + options.world_size - 1) % options.world_size),
         element_bytes_(std::max<size_t>(DataTypeSize(call.dtype), 1)),
-        deadline_(Deadline::AfterMillis(options.timeout_ms)) {
+        deadline_(Deadline::AfterMillis(options.timeout_ms)),
+        borrows_(options.links != nullptr && options.world_size > 1) {
     const size_t w = static_cast<size_t>(world_);
     const size_t segment_elements = std::max<size_t>(options.segment_bytes / element_bytes_, 1);
     if (call.op == proto::CollectiveOp::Broadcast) {
@@ -407,7 +408,12 @@ class RingRun {
       Status flushed = options_.links->Flush(deadline_);
       if (!flushed.ok()) status = flushed.WithContext(Prefix() + ": sending to " + Worker(next_));
     }
-    if (!status.ok()) Abort(status);
+    if (!status.ok()) {
+      Abort(status);
+      // Frames still queued may borrow the caller's buffers, which are the caller's again
+      // once we return.
+      if (borrows_) options_.links->CopyUnsentPayloads();
+    }
     return status;
   }
 
@@ -475,28 +481,41 @@ class RingRun {
   //     segment k+1 while this thread combines; Send never waits (the transport queues), so
   //     every rank sends before it receives and the ring cannot deadlock. Each receive waits
   //     until the call's deadline at most.
-  //   staging: what we send from our own buffers is copied into a staging buffer first (its
-  //     regions, one block each, are never written again during the call), because ZeroMQ
-  //     may still hold a frame after a later step overwrote the buffer, or after we returned.
-  //     Received segments are passed on as they are, without a copy.
+  //   staging: over the transport, what we send from our own buffers is copied into a staging
+  //     buffer first (its regions, one block each, are never written again during the call),
+  //     because ZeroMQ may still hold a frame after a later step overwrote the buffer, or
+  //     after we returned. Received segments are passed on as they are, without a copy.
+  //   borrowing: over links, frames are on the wire once the call's final Flush succeeds (on
+  //     failure, CopyUnsentPayloads copies what is left), so we send straight from the
+  //     caller's buffers whatever the algorithm does not write again during the call, and
+  //     receive straight into them. All-reduce then needs no staging at all: it combines in
+  //     place and sends from there. A block it sent is written again only by the all-gather's
+  //     receive of the same block, which prev can send only once that block is complete, i.e.
+  //     once our contribution went through next; next having read it means it has left our
+  //     queue. Reduce-scatter stages what it combines at steps 1..W-2 (its input is const).
 
   Status AllReduce(uint8_t* data) {
     if (world_ == 1) return OkStatus();  // every op of one buffer is itself
     const int r = rank_;
     const int last_step = 2 * world_ - 3;
-    // Region s holds the block sent at step s, for s = 0 .. W-1.
-    Staging staging = Stage(world_);
-    RETURN_IF_ERROR(SendStaged(0, r - 1, Element(data, Block(r - 1).offset), staging, 0));
+    // Region s holds the block sent at step s, for s = 0 .. W-1 (none when borrowing).
+    Staging staging = Stage(borrows_ ? 0 : world_);
+    RETURN_IF_ERROR(SendBlock(0, r - 1, Element(data, Block(r - 1).offset), staging, 0));
     for (int s = 0; s <= world_ - 2; ++s) {
       const int b = r - s - 2;
       const bool complete = s == world_ - 2;
       for (int k = 0; k < segments(); ++k) {
         const Partition segment = Segment(b, k);
+        const size_t bytes = segment.size * element_bytes_;
+        uint8_t* mine = Element(data, segment.offset);
+        if (borrows_) {  // combined in place, sent from there
+          RETURN_IF_ERROR(RecvReduce(s, b, k, mine, mine, nullptr, complete));
+          RETURN_IF_ERROR(Send(s + 1, k, DataPiece(b, k), Borrowed(mine, bytes)));
+          continue;
+        }
         uint8_t* staged =
             staging.Region(s + 1) + (segment.offset - Block(b).offset) * element_bytes_;
-        const size_t bytes = segment.size * element_bytes_;
         // Complete: the result goes to staging (to send) and, in the same pass, to data.
-        uint8_t* mine = Element(data, segment.offset);
         RETURN_IF_ERROR(RecvReduce(s, b, k, mine, staged, complete ? mine : nullptr, complete));
         RETURN_IF_ERROR(Send(s + 1, k, DataPiece(b, k), staging.Borrow(staged, bytes)));
       }
@@ -519,7 +538,7 @@ class RingRun {
     }
     // Region s holds the block sent at step s, for s = 0 .. W-2.
     Staging staging = Stage(world_ - 1);
-    RETURN_IF_ERROR(SendStaged(0, r - 1, Element(input, Block(r - 1).offset), staging, 0));
+    RETURN_IF_ERROR(SendBlock(0, r - 1, Element(input, Block(r - 1).offset), staging, 0));
     for (int s = 0; s <= world_ - 2; ++s) {
       const int b = r - s - 2;
       const bool complete = s == world_ - 2;  // b == r: the result goes to output
@@ -548,8 +567,8 @@ class RingRun {
       std::memmove(own_output, input, own.size * element_bytes_);
     }
     if (world_ == 1) return OkStatus();
-    Staging staging = Stage(1);
-    RETURN_IF_ERROR(SendStaged(0, r, own_output, staging, 0));
+    Staging staging = Stage(borrows_ ? 0 : 1);
+    RETURN_IF_ERROR(SendBlock(0, r, own_output, staging, 0));
     for (int t = 0; t <= world_ - 2; ++t) {
       for (int k = 0; k < segments(); ++k) {
         RETURN_IF_ERROR(RecvCopy(t, r - t - 1, k, output, /*forward=*/t < world_ - 2));
@@ -562,8 +581,8 @@ class RingRun {
     if (world_ == 1) return OkStatus();
     const int root = call_.root;
     if (rank_ == root) {
-      Staging staging = Stage(1);
-      RETURN_IF_ERROR(SendStaged(0, root, data, staging, 0));
+      Staging staging = Stage(borrows_ ? 0 : 1);
+      RETURN_IF_ERROR(SendBlock(0, root, data, staging, 0));
     } else {
       for (int k = 0; k < segments(); ++k) {
         RETURN_IF_ERROR(RecvCopy(0, root, k, data, /*forward=*/next_ != root));
@@ -622,20 +641,30 @@ class RingRun {
 
   // ---- primitives ----
 
-  // Send: stages every segment of `block` (whose first element is at block_data) in region
-  // `region` and sends it to next as step `step`.
-  Status SendStaged(uint32_t step, int block, const uint8_t* block_data, const Staging& staging,
-                    int region) {
+  // Send: sends every segment of `block` (whose first element is at block_data) to next as
+  // step `step`: borrowed when borrowing (see "borrowing" above: the caller must not write
+  // the block again during the call), otherwise staged in region `region` first.
+  Status SendBlock(uint32_t step, int block, const uint8_t* block_data, const Staging& staging,
+                   int region) {
     const Partition whole = Block(block);
-    uint8_t* staged = staging.Region(region);
     for (int k = 0; k < segments(); ++k) {
       const Partition segment = Segment(block, k);
       const size_t at = (segment.offset - whole.offset) * element_bytes_;
       const size_t bytes = segment.size * element_bytes_;
+      if (borrows_) {
+        RETURN_IF_ERROR(Send(step, k, DataPiece(block, k), Borrowed(block_data + at, bytes)));
+        continue;
+      }
+      uint8_t* staged = staging.Region(region);
       if (bytes > 0) std::memcpy(staged + at, block_data + at, bytes);
       RETURN_IF_ERROR(Send(step, k, DataPiece(block, k), staging.Borrow(staged + at, bytes)));
     }
     return OkStatus();
+  }
+
+  // `bytes` of the caller's buffer at `data`, without an owner (links only: see "borrowing").
+  static Payload Borrowed(const uint8_t* data, size_t bytes) {
+    return bytes == 0 ? Payload() : Payload::Borrow(data, bytes, nullptr);
   }
 
   // RecvReduce: receives segment k of `block` (step `step`) from prev and writes its
@@ -655,8 +684,10 @@ class RingRun {
   Status RecvCopy(uint32_t step, int block, int k, uint8_t* buffer, bool forward) {
     const Piece piece = DataPiece(block, k);
     uint8_t* place = Element(buffer, piece.offset);
-    // Not when forwarding: a queued frame must not borrow the caller's buffer.
-    ASSIGN_OR_RETURN(ReceivedChunk received, Recv(step, k, piece, forward ? nullptr : place));
+    // When forwarding over the transport, not: a queued frame must not borrow the caller's
+    // buffer. Over links it may (see "borrowing": `place` is not written again).
+    ASSIGN_OR_RETURN(ReceivedChunk received,
+                     Recv(step, k, piece, forward && !borrows_ ? nullptr : place));
     if (!received.data.empty() && received.data.data() != place) {
       std::memcpy(place, received.data.data(), received.data.size());
     }
@@ -909,6 +940,8 @@ class RingRun {
   const int prev_;
   const size_t element_bytes_;  // 1 for an unknown dtype, which CheckCall rejects
   const Deadline deadline_;
+  // Over links: sends borrow the caller's buffers instead of staging (see "borrowing").
+  const bool borrows_;
   size_t max_block_ = 0;       // elements of the largest block
   uint64_t segments_ = 1;      // S
   uint64_t total_sends_ = 0;   // messages this rank sends to next in a successful call

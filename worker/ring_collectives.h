@@ -35,10 +35,14 @@
 //   allreduce tag=5 rank=1: worker 0 reported a failure: allreduce tag=5 rank=0: the chunk
 //   from worker 2 (step 0) is for a buffer of 12 elements; this rank's has 10
 //
-// Staging: outgoing segments are never sent from the caller's buffers (ZeroMQ may hold a frame
-// after the call returns, and later steps overwrite the buffer): they are staged in buffers the
-// object owns, reused once the transport has released them; received segments are forwarded
-// without a copy.
+// Staging: over the transport, outgoing segments are never sent from the caller's buffers
+// (ZeroMQ may hold a frame after the call returns, and later steps overwrite the buffer): they
+// are staged in buffers the object owns, reused once the transport has released them; received
+// segments are forwarded without a copy. Over links, every frame is written by the call's
+// final Flush (or copied, if the call fails), so segments are sent straight from the caller's
+// buffers wherever the algorithm does not write them again during the call (all of an
+// all-reduce, all-gather and broadcast; a reduce-scatter's first step), and received into
+// them: "borrowing" in ring_collectives.cc.
 //
 // Thread-safety: thread-safe; concurrent calls need different tags.
 #ifndef TESSERA_WORKER_RING_COLLECTIVES_H_

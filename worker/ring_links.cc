@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -391,8 +392,9 @@ RingLinks::RingLinks(int rank, int world_size, int to_next, int from_prev,
       prev_address_(std::move(prev_address)),
       mailbox_(mailbox),
       max_payload_bytes_(max_payload_bytes),
-      spin_us_(spin_us),
-      pool_(std::make_shared<BufferPool>()) {}
+      pool_(std::make_shared<BufferPool>()),
+      recv_spin_(spin_us),
+      flush_spin_(spin_us) {}
 
 RingLinks::~RingLinks() {
   close(to_next_);
@@ -472,24 +474,30 @@ void RingLinks::WriteSome() {
   }
 }
 
+size_t RingLinks::RecvSome(uint8_t* at, size_t bytes, bool mid_frame) {
+  while (true) {
+    const ssize_t n = recv(from_prev_, at, bytes, MSG_DONTWAIT);
+    if (n > 0) return static_cast<size_t>(n);
+    if (n == 0) {
+      recv_failure_ = UnavailableError(LinkFrom() + ": closed by the peer" +
+                                       (mid_frame ? " in the middle of a frame" : ""));
+      return 0;
+    }
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) {
+      recv_failure_ = UnavailableError(LinkFrom() + ": receive failed: " + Errno(errno));
+    }
+    return 0;
+  }
+}
+
 void RingLinks::ReadSome() {
   while (recv_failure_.ok()) {
     if (in_header_got_ < kLinkFrameHeaderBytes) {
-      const ssize_t n = recv(from_prev_, in_header_ + in_header_got_,
-                             kLinkFrameHeaderBytes - in_header_got_, MSG_DONTWAIT);
-      if (n == 0) {
-        recv_failure_ = UnavailableError(LinkFrom() + ": closed by the peer" +
-                                         (in_header_got_ > 0 ? " in the middle of a frame" : ""));
-        return;
-      }
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        if (errno != EAGAIN && errno != EWOULDBLOCK) {
-          recv_failure_ = UnavailableError(LinkFrom() + ": receive failed: " + Errno(errno));
-        }
-        return;
-      }
-      in_header_got_ += static_cast<size_t>(n);
+      const size_t n = RecvSome(in_header_ + in_header_got_,
+                                kLinkFrameHeaderBytes - in_header_got_, in_header_got_ > 0);
+      if (n == 0) return;
+      in_header_got_ += n;
       if (in_header_got_ < kLinkFrameHeaderBytes) continue;
       Status decoded =
           DecodeLinkFrameHeader(in_header_, max_payload_bytes_, &in_frame_, &in_payload_bytes_);
@@ -512,21 +520,10 @@ void RingLinks::ReadSome() {
         in_target_ = in_buffer_.get();
       }
     } else {
-      const ssize_t n = recv(from_prev_, in_target_ + in_payload_got_,
-                             in_payload_bytes_ - in_payload_got_, MSG_DONTWAIT);
-      if (n == 0) {
-        recv_failure_ =
-            UnavailableError(LinkFrom() + ": closed by the peer in the middle of a frame");
-        return;
-      }
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        if (errno != EAGAIN && errno != EWOULDBLOCK) {
-          recv_failure_ = UnavailableError(LinkFrom() + ": receive failed: " + Errno(errno));
-        }
-        return;
-      }
-      in_payload_got_ += static_cast<uint64_t>(n);
+      const size_t n = RecvSome(in_target_ + in_payload_got_,
+                                in_payload_bytes_ - in_payload_got_, /*mid_frame=*/true);
+      if (n == 0) return;
+      in_payload_got_ += n;
     }
     if (in_header_got_ == kLinkFrameHeaderBytes && in_payload_got_ == in_payload_bytes_) {
       if (in_payload_bytes_ > 0) {
@@ -549,9 +546,11 @@ void RingLinks::ReadSome() {
 }
 
 Status RingLinks::Wait(const std::function<bool()>& done, Deadline deadline, bool for_recv) {
-  const SteadyClock::time_point spin_until =
-      SteadyClock::now() + std::chrono::microseconds(spin_us_);
+  const SteadyClock::time_point started = SteadyClock::now();
   std::unique_lock<std::mutex> lock(mu_);
+  AdaptiveSpin& spin = for_recv ? recv_spin_ : flush_spin_;
+  const SteadyClock::time_point spin_until =
+      started + std::chrono::microseconds(spin.budget_us());
   while (true) {
     // A failed mailbox first, as CollectiveMailbox::Pop does: its status is the root cause,
     // and a peer's abort notice read meanwhile only quotes the same thing second-hand.
@@ -559,16 +558,24 @@ Status RingLinks::Wait(const std::function<bool()>& done, Deadline deadline, boo
       Status failed = mailbox_->failure();  // the mailbox never calls into the links
       if (!failed.ok()) return failed;
     }
-    if (done()) return OkStatus();
+    if (done()) {
+      spin.Record(std::chrono::duration_cast<std::chrono::microseconds>(SteadyClock::now() -
+                                                                        started)
+                      .count());
+      return OkStatus();
+    }
     if (for_recv && !recv_failure_.ok()) return recv_failure_;
     if (!for_recv && !send_failure_.ok()) return send_failure_;
     if (deadline.Expired()) return DeadlineExceededError("");
     if (!polling_ && spin_until > SteadyClock::now()) {
-      // Spin briefly before sleeping in poll: a frame due within microseconds is read
-      // without a wake-up (~5-10 us each on this machine), as MPI's progress engine does.
+      // Spin before sleeping in poll: a frame due within microseconds is read without a
+      // wake-up, as MPI's progress engine does. Each round yields the core, so that on an
+      // oversubscribed machine a runnable peer (which we may be waiting for) runs first.
       ReadSome();
       if (!out_.empty()) WriteSome();
+      if (done()) continue;
       lock.unlock();
+      sched_yield();
       lock.lock();
       continue;
     }
@@ -648,6 +655,16 @@ Status RingLinks::Flush(Deadline deadline) {
                                  " bytes still unsent at the deadline (is it reading?)");
   }
   return waited;
+}
+
+void RingLinks::CopyUnsentPayloads() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (OutFrame& frame : out_) {
+    if (frame.payload.empty() || frame.payload.owner() != nullptr) continue;
+    // The whole payload, so `written` keeps its meaning; a frame already half on the wire
+    // must still be completed, or the byte stream to next loses its framing.
+    frame.payload = Payload::Copy(frame.payload.data(), frame.payload.size());
+  }
 }
 
 Status RingLinks::failure() const {

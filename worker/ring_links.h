@@ -26,8 +26,11 @@
 // Progress: a thread that waits (Recv, Flush) polls both sockets with the call's deadline: it
 // reads whatever prev sent (frames are kept by (tag, slot) until a Recv takes them, as the
 // mailbox does) and writes whatever is queued for next, so no rank blocks writing while its
-// peer blocks writing too. Send never blocks: it writes what the socket takes and queues the
-// rest. With concurrent calls (different tags) one waiting thread polls at a time and the others
+// peer blocks writing too. Before it sleeps in poll() it spins (reads and writes without
+// sleeping, yielding the core each round) for an adaptive budget of at most spin_us
+// (adaptive_spin.h): a frame due within microseconds is then read without a poll() wake-up
+// (~20-25 us here), while long or contended waits soon stop spinning. Send never blocks: it
+// writes what the socket takes and queues the rest. With concurrent calls (different tags) one waiting thread polls at a time and the others
 // wait on a condition variable; a lone thread never touches one. A failure given to the mailbox
 // (the coordinator's notice that a worker died) wakes waiters within kFailureCheckMs.
 //
@@ -35,8 +38,9 @@
 // A broken direction stays broken (every later Recv or Send on it fails with the same status);
 // the other direction keeps working, so an abort notice still reaches next.
 //
-// Thread-safety: thread-safe. Payloads handed to Send must stay unchanged until written (they
-// are shared_ptr-owned, as everywhere else).
+// Thread-safety: thread-safe. Payloads handed to Send must stay unchanged until written: they
+// are shared_ptr-owned, or borrow the caller's memory without an owner, in which case the
+// caller keeps it until Flush returns OK or CopyUnsentPayloads has run.
 #ifndef TESSERA_WORKER_RING_LINKS_H_
 #define TESSERA_WORKER_RING_LINKS_H_
 
@@ -56,6 +60,7 @@
 #include "common/payload.h"
 #include "common/status.h"
 #include "common/transport.h"
+#include "worker/adaptive_spin.h"
 #include "worker/collective_mailbox.h"
 #include "worker/ring_channel.h"
 
@@ -65,6 +70,9 @@ namespace tessera::worker {
 inline constexpr uint64_t kRingLinksSetupTag = ~uint64_t{0};
 
 inline constexpr size_t kLinkFrameHeaderBytes = 64;
+
+// The default cap of the adaptive spin (RingLinksOptions::spin_us, --ring-spin-us).
+inline constexpr int64_t kDefaultRingSpinCapUs = 200;
 
 // Encodes `frame`'s fields (not its data) and data.size() as a frame header.
 void EncodeLinkFrameHeader(const ReceivedChunk& frame, uint8_t* header);
@@ -83,11 +91,10 @@ struct RingLinksOptions {
   // A larger frame fails the link (the ring's largest is a segment).
   size_t max_payload_bytes = (64u << 20) + 4096;
   int socket_buffer_bytes = 4 << 20;  // SO_SNDBUF and SO_RCVBUF
-  // How long a waiting thread keeps reading without sleeping before it sleeps in poll(), as
-  // MPI's progress engine does. At np=2 on an idle 2-core machine 100 us brings 4 KiB from
-  // ~60 to ~12 us; on a busy one it steals the peer's core and some sizes get 10x slower
-  // (docs/benchmarks.md), hence off by default.
-  int64_t spin_us = 0;
+  // The most a waiting thread keeps reading without sleeping before it sleeps in poll(), as
+  // MPI's progress engine does; the budget within it adapts to recent waits (adaptive_spin.h).
+  // 0: never spin.
+  int64_t spin_us = kDefaultRingSpinCapUs;
 };
 
 class RingLinks : public RingChannel {
@@ -105,7 +112,7 @@ class RingLinks : public RingChannel {
                                                 std::string prev_address,
                                                 CollectiveMailbox* mailbox,
                                                 size_t max_payload_bytes = (64u << 20) + 4096,
-                                                int64_t spin_us = 0);
+                                                int64_t spin_us = kDefaultRingSpinCapUs);
   ~RingLinks() override;
   RingLinks(const RingLinks&) = delete;
   RingLinks& operator=(const RingLinks&) = delete;
@@ -131,6 +138,8 @@ class RingLinks : public RingChannel {
   // Waits until every queued frame is written to next. DeadlineExceeded naming next.
   Status Flush(Deadline deadline) override;
 
+  void CopyUnsentPayloads() override;
+
   // Why Recv fails (the link from prev broken, or the mailbox failed); OK otherwise.
   Status failure() const override;
 
@@ -155,6 +164,10 @@ class RingLinks : public RingChannel {
   // ReadSome reads until it would block or one frame is complete.
   void WriteSome();
   void ReadSome();
+  // Reads up to `bytes` (> 0) into `at` without blocking: how many it read; 0 when nothing is
+  // there now or the link failed (then recv_failure_ says how; `mid_frame`: part of a frame
+  // is in already). REQUIRES mu_ held.
+  size_t RecvSome(uint8_t* at, size_t bytes, bool mid_frame);
   // Polls and makes progress until `done()` (called under mu_) or the deadline.
   Status Wait(const std::function<bool()>& done, Deadline deadline, bool for_recv);
   std::string LinkTo() const;
@@ -171,12 +184,13 @@ class RingLinks : public RingChannel {
   const std::string prev_address_;
   CollectiveMailbox* const mailbox_;
   const size_t max_payload_bytes_;
-  const int64_t spin_us_;
   const std::shared_ptr<BufferPool> pool_;
 
   mutable std::mutex mu_;
   std::condition_variable progressed_;
   bool polling_ = false;           // a thread polls without mu_; guarded by mu_
+  AdaptiveSpin recv_spin_;         // Recv's waits; guarded by mu_
+  AdaptiveSpin flush_spin_;        // Flush's waits; guarded by mu_
   std::deque<OutFrame> out_;       // guarded by mu_
   Status send_failure_;            // guarded by mu_
   Status recv_failure_;            // guarded by mu_

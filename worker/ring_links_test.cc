@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -193,6 +194,79 @@ TEST(RingLinksTest, ASpinningWaiterReceivesAndTimesOut) {
   sender.join();
   EXPECT_EQ(one->Recv(1, 100, Deadline::AfterMillis(100)).status().code(),
             StatusCode::kDeadlineExceeded);
+}
+
+// A frame that borrows its caller's memory (no owner) and is still queued when the call
+// fails: once CopyUnsentPayloads ran, the caller may overwrite that memory and the frame
+// still arrives whole and unchanged, including the part written before the copy.
+TEST(RingLinksTest, CopyUnsentPayloadsLetsTheCallerReuseBorrowedMemory) {
+  Pair pair;
+  constexpr size_t kBytes = 8 << 20;  // far more than a socket pair buffers
+  const std::vector<uint8_t> expected = Pattern(kBytes, 9);
+  std::vector<uint8_t> borrowed = expected;
+  ReceivedChunk frame = Frame(0, 5, 0);
+  frame.data = Payload::Borrow(borrowed.data(), borrowed.size(), nullptr);
+  frame.element_count = kBytes / 2;
+  ASSERT_TRUE(pair.links[0]->Send(std::move(frame)).ok());
+  // Nobody reads yet: most of it is still queued.
+  EXPECT_EQ(pair.links[0]->Flush(Deadline::AfterMillis(20)).code(),
+            StatusCode::kDeadlineExceeded);
+  pair.links[0]->CopyUnsentPayloads();
+  std::fill(borrowed.begin(), borrowed.end(), 0xee);
+  borrowed.clear();
+  borrowed.shrink_to_fit();
+  Status flushed;
+  std::thread sender([&] { flushed = pair.links[0]->Flush(Deadline::AfterMillis(10000)); });
+  auto got = pair.links[1]->Recv(5, 0, Deadline::AfterMillis(10000));
+  sender.join();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(flushed.ok()) << flushed;
+  ASSERT_EQ(got->data.size(), kBytes);
+  EXPECT_TRUE(std::equal(expected.begin(), expected.end(), got->data.data()));
+}
+
+// Odd sizes, sent in pieces with pauses, land whole: the reader resumes mid-header and
+// mid-payload, spinning or sleeping.
+TEST(RingLinksTest, FramesWrittenInOddPiecesArriveWhole) {
+  for (int64_t spin_us : {int64_t{0}, int64_t{200}}) {
+    int a[2], b[2];
+    ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, a), 0);
+    ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, b), 0);
+    auto one = RingLinks::FromSockets(1, 2, b[0], a[1], "zero", "zero", nullptr, 1 << 20,
+                                      spin_us);
+    const size_t sizes[] = {1, 3, 63, 64, 65, 4097, 100003};
+    std::thread writer([&] {
+      uint32_t slot = 0;
+      for (size_t size : sizes) {
+        std::vector<uint8_t> bytes(kLinkFrameHeaderBytes + size);
+        EncodeLinkFrameHeader(Frame(0, 2, slot++, Pattern(size, static_cast<uint8_t>(size))),
+                              bytes.data());
+        const std::vector<uint8_t> payload = Pattern(size, static_cast<uint8_t>(size));
+        std::copy(payload.begin(), payload.end(), bytes.begin() + kLinkFrameHeaderBytes);
+        // Pieces of 7, 61 and 1000 bytes in turn, with a pause now and then.
+        const size_t pieces[] = {7, 61, 1000};
+        size_t at = 0;
+        for (int i = 0; at < bytes.size(); ++i) {
+          const size_t n = std::min(pieces[i % 3], bytes.size() - at);
+          ASSERT_EQ(write(a[0], bytes.data() + at, n), static_cast<ssize_t>(n));
+          at += n;
+          if (i % 5 == 0) std::this_thread::sleep_for(std::chrono::microseconds(300));
+        }
+      }
+    });
+    uint32_t slot = 0;
+    for (size_t size : sizes) {
+      auto got = one->Recv(2, slot++, Deadline::AfterMillis(10000));
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_EQ(got->data.size(), size);
+      const std::vector<uint8_t> expected = Pattern(size, static_cast<uint8_t>(size));
+      EXPECT_TRUE(std::equal(expected.begin(), expected.end(), got->data.data()))
+          << "size " << size << ", spin " << spin_us;
+    }
+    writer.join();
+    close(a[0]);
+    close(b[1]);
+  }
 }
 
 TEST(RingLinksTest, RecvTimesOutBareAtTheDeadline) {

@@ -518,6 +518,15 @@ Status RingShm::Send(ReceivedChunk frame) {
   return OkStatus();
 }
 
+void RingShm::CopyUnsentPayloads() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (OutFrame& frame : out_) {
+    if (frame.payload.empty() || frame.payload.owner() != nullptr) continue;
+    // The whole payload, so `written` keeps its meaning for a frame half streamed.
+    frame.payload = Payload::Copy(frame.payload.data(), frame.payload.size());
+  }
+}
+
 void RingShm::WriteSome() {
   if (!send_failure_.ok()) return;
   ControlBlock* control = own_->control();

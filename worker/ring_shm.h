@@ -144,6 +144,7 @@ class RingShm final : public RingChannel {
   StatusOr<ReceivedChunk> Recv(uint64_t tag, uint32_t slot, Deadline deadline,
                                uint8_t* into = nullptr, size_t into_bytes = 0) override;
   Status Flush(Deadline deadline) override;
+  void CopyUnsentPayloads() override;
   Status failure() const override;
   void Discard(uint64_t tag) override;
   size_t kept() const override;

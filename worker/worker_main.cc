@@ -45,10 +45,11 @@
 #include "worker/local_engine.h"
 #include "worker/params_file.h"
 #include "worker/ps_engine.h"
+#include "worker/ring_channel_setup.h"
 #include "worker/ring_collectives.h"
+#include "worker/ring_links.h"
 #include "worker/smoke_job.h"
 #include "worker/trainer.h"
-#include "worker/ring_channel_setup.h"
 #include "worker/training_setup.h"
 #include "worker/zero_engine.h"
 
@@ -66,7 +67,7 @@ struct WorkerFlags {
   bool no_overlap = false;
   uint64_t segment_kb = 1024;
   std::string ring_transport = "auto";
-  int64_t ring_spin_us = 0;
+  int64_t ring_spin_us = kDefaultRingSpinCapUs;
 };
 
 void AddWorkerFlags(CLI::App* app, WorkerFlags* flags) {
@@ -122,8 +123,10 @@ void AddWorkerFlags(CLI::App* app, WorkerFlags* flags) {
       ->check(CLI::IsMember({"auto", "shm", "links", "zmq"}))
       ->capture_default_str();
   ddp->add_option("--ring-spin-us", flags->ring_spin_us,
-                  "With --ring-transport links: how long a waiting collective polls its socket "
-                  "without sleeping (lower latency on an idle machine, much worse on a busy one)")
+                  "With --ring-transport links: the most a waiting collective polls its socket "
+                  "without sleeping (yielding the core each round) before it sleeps in poll(); "
+                  "the budget within this cap adapts to how long recent waits took, and drops "
+                  "to 0 while waits outlast it. 0: never spin")
       ->check(CLI::Range(int64_t{0}, int64_t{1000000}))
       ->capture_default_str();
   AddSmokeFlags(app, &flags->smoke);

@@ -34,7 +34,7 @@ struct AllReduceBenchOptions {
   double seconds = 0.5;
   int segment_kb = 1024;
   std::string ring_transport = "auto";
-  int ring_spin_us = 0;
+  int ring_spin_us = 200;  // tessera-worker's default (kDefaultRingSpinCapUs)
   int timeout_s = 600;
   bool json = false;
   bool no_mpi = false;
@@ -410,7 +410,7 @@ BenchCommand AddAllReduceBench(CLI::App* parent) {
       ->check(CLI::IsMember({"auto", "shm", "links", "zmq"}))
       ->capture_default_str();
   app->add_option("--ring-spin-us", o->ring_spin_us,
-                  "Tessera's busy-poll before sleeping, links only (tessera-worker flag)")
+                  "Tessera's cap of the adaptive busy-poll before sleeping, links only (tessera-worker flag)")
       ->check(CLI::Range(0, 1000000))
       ->capture_default_str();
   app->add_option("--timeout-s", o->timeout_s, "Deadline of each system's run")

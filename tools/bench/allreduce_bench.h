@@ -1,6 +1,6 @@
 // tessera-bench allreduce --np N [--sizes 4K,...,256M] [--seconds 0.5 | --iters K] [--warmup 3]
 //                         [--segment-kb 1024] [--ring-transport auto|shm|links|zmq]
-//                         [--ring-spin-us 0] [--json] [--no-mpi] [--no-mpi-shm] [--no-gloo]
+//                         [--ring-spin-us 200] [--json] [--no-mpi] [--no-mpi-shm] [--no-gloo]
 //                         [--timeout-s 600]
 //
 // allreduce: like nccl-tests' all_reduce_perf, a table per buffer size of time, algbw
