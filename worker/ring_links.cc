@@ -532,13 +532,13 @@ void RingLinks::ReadSome() {
       in_buffer_.reset();
       in_target_ = nullptr;
       in_header_got_ = 0;
-      kept_[{in_frame_.tag, in_frame_.step}].push_back(std::move(in_frame_));
-      ++kept_count_;
-      if (kept_count_ > CollectiveMailbox::kDefaultMaxQueuedChunks) {
+      const uint64_t tag = in_frame_.tag;
+      kept_.Keep(std::move(in_frame_));
+      if (kept_.size() > CollectiveMailbox::kDefaultMaxQueuedChunks) {
         recv_failure_ = ResourceExhaustedError(
-            LinkFrom() + ": " + std::to_string(kept_count_) +
+            LinkFrom() + ": " + std::to_string(kept_.size()) +
             " frames wait for no running collective (the last for tag=" +
-            std::to_string(in_frame_.tag) + ")");
+            std::to_string(tag) + ")");
       }
       return;  // one frame at a time: the waiter may be done
     }
@@ -616,13 +616,7 @@ StatusOr<ReceivedChunk> RingLinks::Recv(uint64_t tag, uint32_t slot, Deadline de
     std::lock_guard<std::mutex> lock(mu_);
     landings_[key] = {into, into_bytes};
   }
-  std::map<std::pair<uint64_t, uint32_t>, std::deque<ReceivedChunk>>::iterator found;
-  Status waited = Wait(
-      [&] {
-        found = kept_.find(key);
-        return found != kept_.end();
-      },
-      deadline, /*for_recv=*/true);
+  Status waited = Wait([&] { return kept_.Has(tag, slot); }, deadline, /*for_recv=*/true);
   std::lock_guard<std::mutex> lock(mu_);
   if (into != nullptr && into_bytes > 0) {
     landings_.erase(key);
@@ -635,12 +629,7 @@ StatusOr<ReceivedChunk> RingLinks::Recv(uint64_t tag, uint32_t slot, Deadline de
     }
   }
   if (!waited.ok()) return waited;
-  found = kept_.find(key);  // still there: only this call pops (tag, slot)
-  ReceivedChunk frame = std::move(found->second.front());
-  found->second.pop_front();
-  if (found->second.empty()) kept_.erase(found);
-  --kept_count_;
-  return frame;
+  return kept_.Take(tag, slot);  // still there: only this call takes (tag, slot)
 }
 
 Status RingLinks::Flush(Deadline deadline) {
@@ -677,15 +666,12 @@ Status RingLinks::failure() const {
 
 void RingLinks::Discard(uint64_t tag) {
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto it = kept_.lower_bound({tag, 0}); it != kept_.end() && it->first.first == tag;) {
-    kept_count_ -= it->second.size();
-    it = kept_.erase(it);
-  }
+  kept_.Discard(tag);
 }
 
 size_t RingLinks::kept() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return kept_count_;
+  return kept_.size();
 }
 
 }  // namespace tessera::worker

@@ -62,6 +62,7 @@
 #include "common/transport.h"
 #include "worker/adaptive_spin.h"
 #include "worker/collective_mailbox.h"
+#include "worker/kept_frames.h"
 #include "worker/ring_channel.h"
 
 namespace tessera::worker {
@@ -194,8 +195,7 @@ class RingLinks : public RingChannel {
   std::deque<OutFrame> out_;       // guarded by mu_
   Status send_failure_;            // guarded by mu_
   Status recv_failure_;            // guarded by mu_
-  std::map<std::pair<uint64_t, uint32_t>, std::deque<ReceivedChunk>> kept_;  // guarded by mu_
-  size_t kept_count_ = 0;          // guarded by mu_
+  KeptFrames kept_;  // guarded by mu_
   // The frame being read; guarded by mu_.
   uint8_t in_header_[kLinkFrameHeaderBytes];
   size_t in_header_got_ = 0;

@@ -583,8 +583,7 @@ void RingShm::ReadSome() {
   const uint64_t head = segment.control()->head.load(std::memory_order_acquire);
   bool kept_any = false;
   auto keep = [&](ReceivedChunk frame) {
-    kept_[{frame.tag, frame.step}].push_back(std::move(frame));
-    ++kept_count_;
+    kept_.Keep(std::move(frame));
     kept_any = true;
   };
   while (read_pos_ < head) {
@@ -663,8 +662,8 @@ void RingShm::ReadSome() {
     }
     keep(std::move(frame));
   }
-  if (kept_count_ > CollectiveMailbox::kDefaultMaxQueuedChunks) {
-    recv_failure_ = ResourceExhaustedError(From() + ": " + std::to_string(kept_count_) +
+  if (kept_.size() > CollectiveMailbox::kDefaultMaxQueuedChunks) {
+    recv_failure_ = ResourceExhaustedError(From() + ": " + std::to_string(kept_.size()) +
                                            " frames wait for no running collective");
   }
   // Another thread of ours may sleep waiting for what we kept.
@@ -740,7 +739,7 @@ StatusOr<ReceivedChunk> RingShm::Recv(uint64_t tag, uint32_t slot, Deadline dead
   std::unique_lock<std::mutex> lock(mu_);
   const auto key = std::make_pair(tag, slot);
   waiting_[key] = {into_bytes > 0 ? into : nullptr, into_bytes};
-  Status waited = Wait(lock, [&] { return kept_.count(key) != 0; }, /*for_recv=*/true, deadline);
+  Status waited = Wait(lock, [&] { return kept_.Has(tag, slot); }, /*for_recv=*/true, deadline);
   waiting_.erase(key);
   if (streaming_ != nullptr && into != nullptr && streaming_->target == into &&
       streaming_->buffer == nullptr) {
@@ -754,12 +753,7 @@ StatusOr<ReceivedChunk> RingShm::Recv(uint64_t tag, uint32_t slot, Deadline dead
     s.target = s.buffer.get();
   }
   if (!waited.ok()) return waited;
-  auto found = kept_.find(key);
-  ReceivedChunk frame = std::move(found->second.front());
-  found->second.pop_front();
-  if (found->second.empty()) kept_.erase(found);
-  --kept_count_;
-  return frame;
+  return kept_.Take(tag, slot);
 }
 
 Status RingShm::Flush(Deadline deadline) {
@@ -782,15 +776,12 @@ Status RingShm::failure() const {
 
 void RingShm::Discard(uint64_t tag) {
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto it = kept_.lower_bound({tag, 0}); it != kept_.end() && it->first.first == tag;) {
-    kept_count_ -= it->second.size();
-    it = kept_.erase(it);
-  }
+  kept_.Discard(tag);
 }
 
 size_t RingShm::kept() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return kept_count_;
+  return kept_.size();
 }
 
 }  // namespace tessera::worker

@@ -70,6 +70,7 @@
 #include "common/status.h"
 #include "common/transport.h"
 #include "worker/collective_mailbox.h"
+#include "worker/kept_frames.h"
 #include "worker/ring_channel.h"
 #include "worker/ring_links.h"
 
@@ -203,8 +204,7 @@ class RingShm final : public RingChannel {
   std::deque<OutFrame> out_;  // guarded by mu_
   Status send_failure_;       // guarded by mu_
   Status recv_failure_;       // guarded by mu_
-  std::map<std::pair<uint64_t, uint32_t>, std::deque<ReceivedChunk>> kept_;  // guarded by mu_
-  size_t kept_count_ = 0;                                                    // guarded by mu_
+  KeptFrames kept_;  // guarded by mu_
   // Where waiting Recv calls want their frames: (tag, slot) -> (into, into_bytes); guarded by
   // mu_. A frame someone waits for is kept in place; others are copied out of the ring.
   std::map<std::pair<uint64_t, uint32_t>, std::pair<uint8_t*, size_t>> waiting_;

@@ -1,0 +1,57 @@
+// KeptFrames: the frames a direct ring channel (RingLinks, RingShm) has received, kept by
+// (tag, slot) until a Recv takes them, as CollectiveMailbox keeps chunks. Frames read while
+// waiting for another slot, or for another concurrent call, wait here.
+//
+// Thread-safety: none; the channel guards it with its own lock.
+#ifndef TESSERA_WORKER_KEPT_FRAMES_H_
+#define TESSERA_WORKER_KEPT_FRAMES_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <utility>
+
+#include "worker/collective_mailbox.h"
+
+namespace tessera::worker {
+
+class KeptFrames {
+ public:
+  // Keeps `frame` under (frame.tag, frame.step), after any kept before under the same key.
+  void Keep(ReceivedChunk frame) {
+    const std::pair<uint64_t, uint32_t> key{frame.tag, frame.step};
+    frames_[key].push_back(std::move(frame));
+    ++count_;
+  }
+
+  bool Has(uint64_t tag, uint32_t slot) const { return frames_.count({tag, slot}) != 0; }
+
+  // The oldest frame kept under (tag, slot). REQUIRES: Has(tag, slot).
+  ReceivedChunk Take(uint64_t tag, uint32_t slot) {
+    auto found = frames_.find({tag, slot});
+    ReceivedChunk frame = std::move(found->second.front());
+    found->second.pop_front();
+    if (found->second.empty()) frames_.erase(found);
+    --count_;
+    return frame;
+  }
+
+  // Drops every frame kept under `tag` (see CollectiveMailbox::Discard).
+  void Discard(uint64_t tag) {
+    for (auto it = frames_.lower_bound({tag, 0}); it != frames_.end() && it->first.first == tag;) {
+      count_ -= it->second.size();
+      it = frames_.erase(it);
+    }
+  }
+
+  size_t size() const { return count_; }
+
+ private:
+  std::map<std::pair<uint64_t, uint32_t>, std::deque<ReceivedChunk>> frames_;
+  size_t count_ = 0;
+};
+
+}  // namespace tessera::worker
+
+#endif  // TESSERA_WORKER_KEPT_FRAMES_H_
