@@ -1,7 +1,14 @@
 #include "common/metrics_http.h"
 
+#include <arpa/inet.h>
 #include <civetweb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <atomic>
+#include <chrono>
+#include <thread>
 #include <utility>
 
 #include "common/host_port.h"
@@ -20,12 +27,55 @@ HttpResponse PlainResponse(int status, std::string body) {
   return response;
 }
 
+// How often the stopping server's accept loop is woken until it has seen the stop flag.
+constexpr auto kStopWakeInterval = std::chrono::milliseconds(5);
+
+// Opens and at once closes a TCP connection to host:port (a numeric IPv4 or IPv6 address;
+// the unspecified address means this host). Errors are ignored: the listener may be gone.
+void TouchPort(const std::string& host, int port) {
+  sockaddr_storage address = {};
+  socklen_t length = 0;
+  auto* v4 = reinterpret_cast<sockaddr_in*>(&address);
+  auto* v6 = reinterpret_cast<sockaddr_in6*>(&address);
+  std::string bare = host.size() > 1 && host.front() == '[' ? host.substr(1, host.size() - 2) : host;
+  if (inet_pton(AF_INET, bare == "0.0.0.0" ? "127.0.0.1" : bare.c_str(), &v4->sin_addr) == 1) {
+    v4->sin_family = AF_INET;
+    v4->sin_port = htons(static_cast<uint16_t>(port));
+    length = sizeof(*v4);
+  } else if (inet_pton(AF_INET6, bare == "::" ? "::1" : bare.c_str(), &v6->sin6_addr) == 1) {
+    v6->sin6_family = AF_INET6;
+    v6->sin6_port = htons(static_cast<uint16_t>(port));
+    length = sizeof(*v6);
+  } else {
+    return;
+  }
+  int fd = socket(address.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return;
+  (void)connect(fd, reinterpret_cast<sockaddr*>(&address), length);
+  close(fd);
+}
+
 }  // namespace
 
 MetricsHttpServer::MetricsHttpServer(std::string host) : host_(std::move(host)) {}
 
 MetricsHttpServer::~MetricsHttpServer() {
-  if (context_ != nullptr) mg_stop(context_);  // joins civetweb's threads
+  if (context_ == nullptr) return;
+  // mg_stop sets civetweb's stop flag and joins its threads, but the accept loop looks at the
+  // flag only when poll() on the listening socket returns, which it does every 2 s (a constant
+  // of the library as Debian builds it). A connection to our own port ends that poll: knock
+  // until mg_stop has returned. A knock that lands before the flag is set is an ordinary
+  // connection that closes without a request, which a worker thread drops at once.
+  std::atomic<bool> stopped{false};
+  std::thread waker([this, &stopped] {
+    while (!stopped.load()) {
+      TouchPort(host_, port_);
+      std::this_thread::sleep_for(kStopWakeInterval);
+    }
+  });
+  mg_stop(context_);  // joins civetweb's threads
+  stopped.store(true);
+  waker.join();
 }
 
 StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
@@ -93,7 +143,8 @@ StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   }
   server->port_ = ports[0].port;
   if (!start_log.empty()) TLOG(WARNING) << "civetweb: " << start_log;
-  TLOG(INFO) << "metrics http: serving " << server->url();
+  // The URL reaches the user in TESSERA_READY (and the launcher's line about the process).
+  TLOG(DEBUG) << "metrics http: serving " << server->url();
   return server;
 }
 

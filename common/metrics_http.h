@@ -10,8 +10,8 @@
 // then reachable from the network (no authentication, no TLS).
 //
 // Lifetime: the registry, and anything the handlers capture, must outlive the server; the
-// destructor stops the server and waits for requests in flight, which takes up to 2 s
-// (civetweb's accept loop polls in 2 s slices, fixed when the library was built).
+// destructor stops the server and waits for requests in flight (milliseconds: it wakes
+// civetweb's accept loop instead of waiting out its 2 s poll).
 // Thread-safety: requests run on civetweb's worker threads, so handlers must be thread-safe;
 // AddHandler may be called from any thread, also while serving.
 #ifndef TESSERA_COMMON_METRICS_HTTP_H_
