@@ -62,7 +62,9 @@ class Transport {
   // Answers a request on the connection it arrived on. Thread-safe.
   virtual Status Reply(const Origin& origin, Message message) = 0;
 
-  // Stops the I/O thread and closes every socket; later Send/Reply fail. Idempotent.
+  // Hands on what Send/Reply queued before (waiting briefly for a peer that does not read, so
+  // replies and goodbyes sent just before are not lost), stops the I/O thread and closes every
+  // socket; later Send/Reply fail. Idempotent.
   virtual void Shutdown() = 0;
 };
 

@@ -8,9 +8,11 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <thread>
 #include <vector>
 #include <zmq.hpp>
 
+#include "common/deadline.h"
 #include "common/host_port.h"
 #include "common/logging.h"
 #include "common/metric_names.h"
@@ -23,6 +25,11 @@ namespace {
 constexpr size_t kMaxFramesPerMessage = 1 + 65536;
 // Inbound messages handled per socket per poll round, so one busy peer cannot starve others.
 constexpr int kMaxReceivesPerRound = 256;
+// Shutdown: how long queued messages may wait for a slow peer before they are dropped, and
+// how long ZeroMQ may then go on delivering what it took (both only matter when a peer does not
+// read; on a live connection both take microseconds).
+constexpr int64_t kShutdownFlushMs = 200;
+constexpr int kCloseLingerMs = 200;
 
 void ReleasePayloadOwner(void* /*data*/, void* hint) {
   delete static_cast<std::shared_ptr<const void>*>(hint);
@@ -239,13 +246,35 @@ struct ZmqTransport::Impl {
       }
       if (items[1].revents & ZMQ_POLLIN) Drain(router, "");
     }
-    // Close every socket on the thread that used them; queued messages are dropped.
+    FlushBeforeClose();
+    // Close every socket on the thread that used them. What ZeroMQ still holds may leave for
+    // kCloseLingerMs more (the context's destructor waits for it); what it never took is dropped.
     for (auto& [address, out] : dealers) {
       queued -= out.pending.size();
+      out.socket->set(zmq::sockopt::linger, kCloseLingerMs);
       out.socket->close();
     }
     queued -= router_pending.size();
+    router.set(zmq::sockopt::linger, kCloseLingerMs);
     router.close();
+  }
+
+  // Hands ZeroMQ every message queued before Shutdown (a goodbye, the replies to the last
+  // requests), waiting for slow peers' queues for at most kShutdownFlushMs in all, so that a
+  // process can answer and leave at once instead of sleeping "long enough" first.
+  void FlushBeforeClose() {
+    TakeCommands();
+    Deadline deadline = Deadline::AfterMillis(kShutdownFlushMs);
+    while (true) {
+      FlushRouter();
+      bool pending = !router_pending.empty();
+      for (auto& [address, out] : dealers) {
+        FlushDealer(out);
+        pending |= !out.pending.empty();
+      }
+      if (!pending || deadline.Expired()) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
   }
 
   void TakeCommands() {

@@ -111,8 +111,6 @@ Status Coordinator::Run(const std::function<bool()>& stop_requested) {
         if (member.info.state == MemberState::kFailed) failed.push_back(member.info.Name());
       }
       if (!alive) {
-        // Let the goodbye acks leave before the caller tears the endpoint down.
-        std::this_thread::sleep_for(std::chrono::milliseconds(200));
         inbox_.Close();
         if (!failed.empty()) {
           return AbortedError("job '" + options_.job + "' is over, but " + JoinNames(failed) +
@@ -569,8 +567,6 @@ Status Coordinator::CheckTimers() {
       ReplyError(member.route, member.register_request_id, failure);
     }
     TLOG(ERROR) << failure.message();
-    // Let the error replies leave before the caller tears the endpoint down.
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
     return failure;
   }
   for (auto& [key, member] : members_) {
