@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -18,8 +19,8 @@ namespace tessera {
 namespace tools {
 namespace {
 
-// Poll() wakes up at least this often to reap children whose pipes are still held open by
-// something else (a grandchild), so an exit is never missed for long.
+// Poll() wakes up at least this often to reap children whose exit it cannot watch (no pidfd:
+// a kernel before 5.3), so an exit is never missed for long.
 constexpr int64_t kReapIntervalMs = 50;
 // Bound on reading one stream per wake-up, so one chatty child cannot starve the others.
 constexpr size_t kMaxReadPerWake = 1 << 20;
@@ -138,10 +139,14 @@ struct ProcessGroup::Child {
   ChildExit exit;
   int fds[2] = {-1, -1};   // read ends of stdout and stderr, indexed by ChildStream
   std::string pending[2];  // bytes read but not yet delivered as a line
+  // Readable once the child has exited, so Poll() wakes for an exit at once (its pipes close a
+  // moment before it can be reaped, or never, when a grandchild holds them). -1 without one.
+  int pidfd = -1;
 
   ~Child() {
     CloseFd(&fds[0]);
     CloseFd(&fds[1]);
+    CloseFd(&pidfd);
   }
 };
 
@@ -213,6 +218,7 @@ StatusOr<int> ProcessGroup::Spawn(const std::string& label, const std::vector<st
   child->pid = pid;
   child->fds[0] = out[0];
   child->fds[1] = err[0];
+  child->pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
   fcntl(child->fds[0], F_SETFL, O_NONBLOCK);
   fcntl(child->fds[1], F_SETFL, O_NONBLOCK);
   children_.push_back(std::move(child));
@@ -226,7 +232,8 @@ std::vector<ChildEvent> ProcessGroup::Poll(Deadline deadline) {
     if (!events.empty() || RunningCount() == 0) return events;
 
     std::vector<struct pollfd> pfds;
-    std::vector<std::pair<int, ChildStream>> owners;
+    std::vector<std::pair<int, ChildStream>> owners;  // of the stream entries of pfds
+    bool all_watched = true;  // every running child's exit wakes poll()
     for (size_t id = 0; id < children_.size(); ++id) {
       const Child& child = *children_[id];
       if (!child.running) continue;
@@ -236,14 +243,21 @@ std::vector<ChildEvent> ProcessGroup::Poll(Deadline deadline) {
         pfds.push_back({fd, POLLIN, 0});
         owners.emplace_back(static_cast<int>(id), stream);
       }
+      all_watched &= child.pidfd >= 0;
     }
-    int wait_ms = static_cast<int>(std::min(deadline.RemainingMillis(), kReapIntervalMs));
+    const size_t streams = pfds.size();
+    for (const auto& child : children_) {
+      if (child->running && child->pidfd >= 0) pfds.push_back({child->pidfd, POLLIN, 0});
+    }
+    int64_t wait = deadline.RemainingMillis();
+    if (!all_watched) wait = std::min(wait, kReapIntervalMs);
+    int wait_ms = static_cast<int>(std::min<int64_t>(wait, INT32_MAX));
     int ready = poll(pfds.data(), pfds.size(), wait_ms);
     if (ready < 0) {
       if (errno == EINTR) return events;  // let the caller look at its signal flags
-      SleepMillis(wait_ms);               // unexpected (ENOMEM); try again on the next turn
+      SleepMillis(std::min<int64_t>(wait_ms, kReapIntervalMs));  // unexpected (ENOMEM)
     }
-    for (size_t i = 0; ready > 0 && i < pfds.size(); ++i) {
+    for (size_t i = 0; ready > 0 && i < streams; ++i) {
       if (pfds[i].revents != 0) DrainStream(owners[i].first, owners[i].second, &events);
     }
     if (!events.empty()) {
@@ -262,6 +276,7 @@ void ProcessGroup::ReapExited(std::vector<ChildEvent>* events) {
     pid_t reaped = waitpid(child.pid, &wait_status, WNOHANG);
     if (reaped == 0 || (reaped < 0 && errno == EINTR)) continue;
     child.running = false;
+    CloseFd(&child.pidfd);
     if (reaped == child.pid) {
       child.exit = DecodeWaitStatus(wait_status);
     } else {
