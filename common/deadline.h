@@ -10,6 +10,9 @@ namespace tessera {
 
 using SteadyClock = std::chrono::steady_clock;
 
+// How often a wait that nothing else wakes on a stop request (SIGTERM, SIGINT) looks at it.
+inline constexpr int64_t kStopCheckMs = 20;
+
 class Deadline {
  public:
   static Deadline After(std::chrono::milliseconds timeout) {

@@ -17,8 +17,10 @@ namespace {
 // Extra time a client waits beyond the coordinator's own timeout, so that the coordinator's
 // explanation (which members are missing) arrives before the client's bare deadline.
 constexpr int64_t kCoordinatorGraceMs = 5000;
-// A goodbye is a courtesy; a process that is leaving does not wait long for its answer.
-constexpr int64_t kGoodbyeTimeoutMs = 2000;
+// A goodbye is a courtesy; a process that is leaving does not wait long for its answer (a
+// live coordinator answers within a millisecond; one that stopped at the same time never does,
+// and the goodbye itself still leaves with the transport's shutdown).
+constexpr int64_t kGoodbyeTimeoutMs = 500;
 
 }  // namespace
 
@@ -79,10 +81,13 @@ StatusOr<std::unique_ptr<RendezvousClient>> RendezvousClient::Join(
   TLOG(INFO) << "registering as " << me << " with the coordinator at "
              << options.coordinator_address << " (waiting up to " << options.rendezvous_timeout_ms
              << " ms for the whole fleet)";
-  StatusOr<Envelope> reply = endpoint->Call(
-      options.coordinator_address, builder.Finish(body, request_id), request_id,
-      Deadline::AfterMillis(options.rendezvous_timeout_ms + kCoordinatorGraceMs),
-      "rendezvous of " + me + " with the coordinator");
+  const std::string what = "rendezvous of " + me + " with the coordinator";
+  StatusOr<Envelope> reply = client->AwaitReply(
+      endpoint->CallAsync(options.coordinator_address, builder.Finish(body, request_id),
+                          request_id,
+                          Deadline::AfterMillis(options.rendezvous_timeout_ms + kCoordinatorGraceMs),
+                          what),
+      what);
   if (!reply.ok()) return reply.status();
   if (reply->header->body_type() != proto::Body::FleetView) {
     return InternalError("coordinator answered registration with " +
@@ -208,16 +213,30 @@ Status RendezvousClient::Barrier(const std::string& name, std::optional<Role> sc
       builder.fbb(), name.c_str(), generation, timeout_ms,
       scope.has_value() ? ToWireRole(*scope) : proto::Role::Unknown);
   auto started = SteadyClock::now();
-  StatusOr<Envelope> reply = endpoint_->Call(
-      options_.coordinator_address, builder.Finish(body, request_id), request_id,
-      Deadline::AfterMillis(timeout_ms + kCoordinatorGraceMs),
-      "barrier '" + name + "' generation " + std::to_string(generation) + " of " +
-          MemberName(options_.role, rank_));
+  const std::string what = "barrier '" + name + "' generation " + std::to_string(generation) +
+                           " of " + MemberName(options_.role, rank_);
+  StatusOr<Envelope> reply = AwaitReply(
+      endpoint_->CallAsync(options_.coordinator_address, builder.Finish(body, request_id),
+                           request_id, Deadline::AfterMillis(timeout_ms + kCoordinatorGraceMs),
+                           what),
+      what);
   if (!reply.ok()) return reply.status();
   if (barrier_wait_ != nullptr) {
     barrier_wait_->Observe(std::chrono::duration<double>(SteadyClock::now() - started).count());
   }
   return OkStatus();
+}
+
+StatusOr<Envelope> RendezvousClient::AwaitReply(
+    const std::shared_future<StatusOr<Envelope>>& call, const std::string& what) const {
+  if (options_.stop_requested) {
+    while (call.wait_for(std::chrono::milliseconds(kStopCheckMs)) != std::future_status::ready) {
+      if (options_.stop_requested()) {
+        return CancelledError(what + ": stopped while waiting (the process was asked to stop)");
+      }
+    }
+  }
+  return call.get();
 }
 
 void RendezvousClient::Leave(const std::string& reason) {

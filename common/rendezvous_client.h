@@ -14,6 +14,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -46,7 +47,12 @@ struct RendezvousOptions {
   // cannot go on); false, it is logged and this process carries on (servers outlive jobs).
   // Losing the coordinator is always a failure.
   bool peer_failures_are_fatal = true;
+  // True once this process was asked to stop (SIGTERM, SIGINT): Join and Barrier then give up
+  // waiting within kStopCheckMs with Cancelled, instead of waiting out their timeouts. Null:
+  // never.
+  std::function<bool()> stop_requested;
 };
+
 
 // Fills the options that come straight from a ProcessConfig.
 RendezvousOptions RendezvousOptionsFrom(const ProcessConfig& config);
@@ -55,7 +61,8 @@ class RendezvousClient {
  public:
   // Registers and waits for the complete fleet. Fails with the coordinator's explanation
   // (e.g. which processes never arrived) or, if the coordinator does not answer, with a
-  // timeout naming it. `endpoint` and `metrics` (may be null) must outlive the client.
+  // timeout naming it; Cancelled when a stop is requested meanwhile. `endpoint` and `metrics`
+  // (may be null) must outlive the client.
   static StatusOr<std::unique_ptr<RendezvousClient>> Join(RpcEndpoint* endpoint,
                                                           const RendezvousOptions& options,
                                                           MetricsRegistry* metrics);
@@ -68,7 +75,7 @@ class RendezvousClient {
   // Waits until every live member in `scope` (all servers and workers when nullopt) has
   // called Barrier(name). Calls with the same name are numbered (generations), so a barrier
   // can be reused. Fails naming the members that did not arrive within `timeout_ms`, or the
-  // member that failed meanwhile.
+  // member that failed meanwhile; Cancelled when a stop is requested meanwhile.
   Status Barrier(const std::string& name, std::optional<Role> scope, int64_t timeout_ms);
 
   // OK while the fleet is healthy, else the first failure seen.
@@ -81,6 +88,9 @@ class RendezvousClient {
 
  private:
   RendezvousClient(RpcEndpoint* endpoint, const RendezvousOptions& options);
+  // The reply to `call`, or Cancelled naming `what` once a stop is requested.
+  StatusOr<Envelope> AwaitReply(const std::shared_future<StatusOr<Envelope>>& call,
+                                const std::string& what) const;
   void HeartbeatLoop();
   void Fail(const Status& status);
   void StopHeartbeats();

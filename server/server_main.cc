@@ -54,6 +54,7 @@ Status Serve(ProcessRuntime& runtime) {
   RpcEndpoint& endpoint = runtime.endpoint();
   RendezvousOptions options = RendezvousOptionsFrom(runtime.config());
   options.metrics_address = runtime.metrics_url();
+  options.stop_requested = [&runtime] { return runtime.StopRequested(); };
   options.peer_failures_are_fatal = false;  // so every failure the client reports is fatal
   ASSIGN_OR_RETURN(std::unique_ptr<RendezvousClient> client,
                    RendezvousClient::Join(&endpoint, options, &runtime.metrics()));
@@ -93,7 +94,7 @@ Status Serve(ProcessRuntime& runtime) {
                                             runtime.config().rendezvous_timeout_ms);
              start.ok()) {
     TLOG(INFO) << "the fleet has started; serving until stopped";
-  } else {
+  } else if (!runtime.StopRequested()) {
     TLOG(WARNING) << "barrier 'start': " << start << "; this server keeps serving";
   }
 

@@ -2,6 +2,8 @@
 
 #include <chrono>
 #include <cstring>
+#include <future>
+#include <optional>
 #include <thread>
 
 #include "common/deadline.h"
@@ -86,7 +88,19 @@ Status PsEngine::WaitAll(std::vector<std::pair<Reply, std::string>>* replies,
                          std::vector<StatusOr<Envelope>>* results) {
   Status first = OkStatus();
   results->clear();
+  std::optional<Deadline> stop_grace;  // set once a stop is seen
   for (auto& [reply, what] : *replies) {
+    while (options_.stop_requested &&
+           reply.wait_for(std::chrono::milliseconds(kStopCheckMs)) != std::future_status::ready) {
+      if (!stop_grace.has_value() && options_.stop_requested()) {
+        stop_grace = Deadline::AfterMillis(kStopGraceMs);
+      }
+      if (stop_grace.has_value() && stop_grace->Expired()) {
+        return CancelledError(what + ": stopped while waiting (the process was asked to stop, "
+                              "and no reply came within " + std::to_string(kStopGraceMs) +
+                              " ms)");
+      }
+    }
     StatusOr<Envelope> result = reply.get();
     if (!result.ok() && first.ok()) first = result.status().WithContext(what);
     results->push_back(std::move(result));

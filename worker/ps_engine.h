@@ -17,6 +17,7 @@
 #define TESSERA_WORKER_PS_ENGINE_H_
 
 #include <future>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -38,7 +39,15 @@ struct PsEngineOptions {
   OptimizerOptions optimizer;
   LrScheduleOptions schedule;
   int64_t request_timeout_ms = 30000;
+  // True once the process was asked to stop. Requests in flight then get kStopGraceMs more to
+  // be answered (so a healthy fleet finishes its step, and --checkpoint-on-sigterm can write
+  // its checkpoint); after that the wait fails with Cancelled naming what it waited for, e.g.
+  // when a peer's death holds a ps-sync step forever. Null: never.
+  std::function<bool()> stop_requested;
 };
+
+// See PsEngineOptions::stop_requested.
+inline constexpr int64_t kStopGraceMs = 1000;
 
 class PsEngine final : public TrainingEngine {
  public:

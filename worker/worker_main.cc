@@ -272,6 +272,7 @@ Status RunTraining(ProcessRuntime& runtime, const WorkerFlags& worker_flags,
     options.optimizer = optimizer;
     options.schedule = schedule;
     options.request_timeout_ms = runtime.config().request_timeout_ms;
+    options.stop_requested = [&runtime] { return runtime.StopRequested(); };
     ASSIGN_OR_RETURN(engine, PsEngine::Create(options, &runtime.endpoint(), client->view(), rank,
                                               &runtime.metrics()));
   }
@@ -318,6 +319,7 @@ Status RunWorker(ProcessRuntime& runtime, const WorkerFlags& flags) {
 
   RendezvousOptions options = RendezvousOptionsFrom(runtime.config());
   options.metrics_address = runtime.metrics_url();
+  options.stop_requested = [&runtime] { return runtime.StopRequested(); };
   ASSIGN_OR_RETURN(std::unique_ptr<RendezvousClient> client,
                    RendezvousClient::Join(&endpoint, options, &runtime.metrics()));
   // A failed peer (or a lost coordinator) wakes a collective waiting for chunks with the root
