@@ -283,6 +283,9 @@ bool HasField(Role role, const Field& field) {
 }
 
 constexpr std::string_view kFromFlag = "flag";
+// The --help group of the process fields' flags; DescribeSettings tells them from the binary's
+// own options by it.
+constexpr char kProcessOptionsGroup[] = "Tessera process options";
 constexpr std::string_view kEnvPrefix = "env ";
 
 bool GivenAsFlag(const ProcessConfig& config, FieldId id) {
@@ -434,7 +437,7 @@ ProcessFlags::ProcessFlags(Role role, CLI::App* app) : role_(role) {
     option->description(field.help(role));
     option->type_name(field.type_name);
     option->default_str(field.get(defaults));  // an empty one (no default) shows nothing
-    option->group("Tessera process options");
+    option->group(kProcessOptionsGroup);
     bindings_.push_back({option, field.id});
   }
   std::string footer =
@@ -621,8 +624,13 @@ StatusOr<ProcessConfig> ParseProcessConfig(Role role, int argc, const char* cons
   }
   ProcessConfig config = DefaultProcessConfig(role);
   std::optional<ProcessFlags> flags;
+  bool print_config = false;
   try {
     flags.emplace(role, app);
+    app->add_flag("--print-config", print_config,
+                  "Print every setting (flags, environment, defaults) with where it came from, "
+                  "and exit")
+        ->group(kProcessOptionsGroup);
     app->parse(argc, argv);
   } catch (const CLI::Success& success) {  // --help, --help-all, --version
     app->exit(success, std::cout, std::cerr);
@@ -636,6 +644,16 @@ StatusOr<ProcessConfig> ParseProcessConfig(Role role, int argc, const char* cons
   RETURN_IF_ERROR(flags->ApplyTo(&config));
   RETURN_IF_ERROR(ApplyEnvironment(env, &config));
   RETURN_IF_ERROR(ValidateConfig(config));
+  if (config.role == Role::kWorker && config.coordinator.empty() && config.rank < 0) {
+    // Standalone (--mode local): the only worker of its job, so its lines say "worker 0".
+    config.rank = 0;
+    config.sources[kFields[kRank].flag] = "standalone";
+  }
+  if (print_config) {
+    std::cout << DescribeAllSettings(config, *app) << std::flush;
+    if (help_requested != nullptr) *help_requested = true;
+    return CancelledError("--print-config: printed to stdout");
+  }
   return config;
 }
 
@@ -647,6 +665,86 @@ std::string DescribeConfig(const ProcessConfig& config) {
     out += std::string(field.flag) + "=" + (field.is_text ? Quote(value) : value);
     auto it = config.sources.find(field.flag);
     out += " (" + (it == config.sources.end() ? std::string("default") : it->second) + ")\n";
+  }
+  return out;
+}
+
+namespace {
+
+// Every option of `app`, those in its option groups (nameless subcommands) included, in the
+// order they were added.
+std::vector<const CLI::Option*> AllOptions(const CLI::App& app) {
+  std::vector<const CLI::Option*> options = app.get_options();
+  for (const CLI::App* group :
+       app.get_subcommands([](const CLI::App* sub) { return sub->get_name().empty(); })) {
+    std::vector<const CLI::Option*> more = AllOptions(*group);
+    options.insert(options.end(), more.begin(), more.end());
+  }
+  return options;
+}
+
+// The binary's own options (not the process fields, not --help or --print-config).
+std::vector<const CLI::Option*> BinaryOptions(const CLI::App& app) {
+  std::vector<const CLI::Option*> options;
+  for (const CLI::Option* option : AllOptions(app)) {
+    if (option->get_group() == kProcessOptionsGroup) continue;
+    if (option->get_lnames().empty()) continue;  // positionals and short-only flags
+    const std::string& name = option->get_lnames().front();
+    if (name == "help" || name == "help-all" || name == "version") continue;
+    options.push_back(option);
+  }
+  return options;
+}
+
+// A flag: an option that takes no value (--layer-norm, --json).
+bool IsFlag(const CLI::Option& option) {
+  return option.get_expected_min() == 0 && option.get_expected_max() == 0;
+}
+
+// "--name=value" for an option given on the command line: a flag without a value is "--name".
+std::string GivenOption(const CLI::Option& option) {
+  std::string name = "--" + option.get_lnames().front();
+  std::string value;
+  for (const std::string& result : option.results()) {
+    value += (value.empty() ? "" : ",") + result;
+  }
+  if (IsFlag(option) && (value == "true" || value == "1" || value.empty())) {
+    return name;
+  }
+  return name + "=" + value;
+}
+
+}  // namespace
+
+std::string DescribeSettings(const ProcessConfig& config, const CLI::App& app) {
+  std::string flags;
+  for (const CLI::Option* option : AllOptions(app)) {
+    if (option->count() == 0 || option->get_lnames().empty()) continue;
+    flags += (flags.empty() ? "" : " ") + GivenOption(*option);
+  }
+  std::string out = flags.empty() ? "" : flags + " (flags)";
+  for (const Field& field : kFields) {
+    if (!HasField(config.role, field)) continue;
+    auto it = config.sources.find(field.flag);
+    if (it == config.sources.end() || it->second.rfind(kEnvPrefix, 0) != 0) continue;
+    std::string value = field.get(config);
+    out += std::string(out.empty() ? "" : "; ") + field.flag + "=" +
+           (field.is_text ? Quote(value) : value) + " (" + it->second + ")";
+  }
+  return out.empty() ? "all defaults" : out;
+}
+
+std::string DescribeAllSettings(const ProcessConfig& config, const CLI::App& app) {
+  std::string out = DescribeConfig(config);
+  for (const CLI::Option* option : BinaryOptions(app)) {
+    if (option->count() > 0) {
+      out += GivenOption(*option) + " (flag)\n";
+      continue;
+    }
+    std::string name = "--" + option->get_lnames().front();
+    std::string value = option->get_default_str();
+    if (IsFlag(*option) && value.empty()) value = "off";
+    out += name + (value.empty() ? " unset" : "=" + value) + " (default)\n";
   }
   return out;
 }

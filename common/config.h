@@ -174,8 +174,10 @@ Status ApplyEnvironment(const Environment& env, ProcessConfig* config);
 Status ValidateConfig(const ProcessConfig& config);
 
 // All of the above: DefaultProcessConfig(role), ProcessFlags on `app` (a fresh App when null),
-// app->parse(argc, argv), ApplyTo, ApplyEnvironment, ValidateConfig.
-// On -h/--help: prints the help to stdout, sets *help_requested (when not null) and returns
+// app->parse(argc, argv), ApplyTo, ApplyEnvironment, ValidateConfig. Also registers
+// --print-config.
+// On -h/--help, and on --print-config once the config is valid (which prints
+// DescribeAllSettings), prints to stdout, sets *help_requested (when not null) and returns
 // CANCELLED; main() should then exit 0. Every other failure (an unknown flag, a bad value) is
 // INVALID_ARGUMENT naming the flag or variable; *help_requested is false then.
 // REQUIRES: `app`, when given, has not been through ParseProcessConfig before.
@@ -189,6 +191,16 @@ StatusOr<ProcessConfig> ParseProcessConfig(Role role, int argc, const char* cons
 //   --num-workers=4 (env WORLD_SIZE)
 //   --port=0 (default)
 std::string DescribeConfig(const ProcessConfig& config);
+
+// The one start-up line: every setting that is not at its default and where it came from, the
+// process fields and the binary's own options on `app` alike, e.g.
+//   --num-workers=4 --mode=allreduce --steps=500 (flags); --rank=3 (env RANK)
+// or "all defaults". REQUIRES: `app` is the App the config was parsed with.
+std::string DescribeSettings(const ProcessConfig& config, const CLI::App& app);
+
+// The full table (--print-config, and the start-up log at --log-level debug): DescribeConfig,
+// then every other option of `app`, one per line, "--flag=value (flag)" or "(default)".
+std::string DescribeAllSettings(const ProcessConfig& config, const CLI::App& app);
 
 }  // namespace tessera
 

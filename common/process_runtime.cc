@@ -103,6 +103,11 @@ int RunProcess(Role role, int argc, char** argv, CLI::App* app,
   sigset_t stop_signals = StopSignals();
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
+  std::unique_ptr<CLI::App> own_app;
+  if (app == nullptr) {
+    own_app = std::make_unique<CLI::App>("tessera-" + std::string(RoleName(role)));
+    app = own_app.get();
+  }
   bool help = false;
   StatusOr<ProcessConfig> config =
       ParseProcessConfig(role, argc, argv, CurrentEnvironment(), app, &help);
@@ -114,10 +119,12 @@ int RunProcess(Role role, int argc, char** argv, CLI::App* app,
   }
   SetLogIdentity(RoleName(role), config->rank);
   SetMinLogLevel(config->log_level);
-  {
-    std::istringstream lines(DescribeConfig(*config));
+  // One line of what differs from the defaults; the whole table only when asked for.
+  TLOG(INFO) << "config: " << DescribeSettings(*config, *app);
+  if (LogLevelEnabled(LogLevel::kDebug)) {
+    std::istringstream lines(DescribeAllSettings(*config, *app));
     std::string line;
-    while (std::getline(lines, line)) TLOG(INFO) << "config " << line;
+    while (std::getline(lines, line)) TLOG(DEBUG) << "config " << line;
   }
 
   StatusOr<std::unique_ptr<ProcessRuntime>> runtime = ProcessRuntime::Start(*config);

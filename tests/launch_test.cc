@@ -225,8 +225,8 @@ TEST(LaunchTest, TwoNodesTrainOneAllReduceJob) {
     const std::string prefix = "[worker " + std::to_string(rank) + "] ";
     EXPECT_NE(out.find("worker " + std::to_string(rank) + " of 4"), std::string::npos) << out;
     EXPECT_TRUE(std::regex_search(
-        out, std::regex("\\[worker " + std::to_string(rank) + "\\] .*config --local-rank=" +
-                        std::to_string(rank % 2) + " \\(flag\\)")))
+        out, std::regex("\\[worker " + std::to_string(rank) + "\\] .*config: .*--local-rank=" +
+                        std::to_string(rank % 2) + " .*\\(flags\\)")))
         << out;
   }
   EXPECT_EQ(out1.find("[coordinator"), std::string::npos) << "node 1 started a coordinator";

@@ -165,7 +165,6 @@ StatusOr<std::unique_ptr<RingCollectives>> MakeRing(ProcessRuntime& runtime,
   return RingCollectives::Create(ring);
 }
 
-// The summary as one JSON object (--json) or one human line.
 // The bytes of model state the collective engines report (tessera_model_state_bytes and
 // _peak_bytes), as {"held": {kind: bytes}, "peak": {...}}, for the summary.
 StatusOr<nlohmann::json> ModelStateBytes(MetricsRegistry& metrics) {
@@ -183,12 +182,16 @@ StatusOr<nlohmann::json> ModelStateBytes(MetricsRegistry& metrics) {
   return bytes;
 }
 
+// Both name the rank, so that the summaries of interleaved outputs (srun, mpirun) read alone.
+// The summary as one JSON object (--json) or one human line.
 std::string FormatSummary(const TrainingSummary& s, const TrainingFlags& flags,
-                          const std::string& mode, const Model& model,
+                          const std::string& mode, int rank, int world_size, const Model& model,
                           const ComputeBackend& backend, const std::string& dataset,
                           const OptimizerOptions& optimizer, const nlohmann::json& model_state) {
   if (flags.json) {
     nlohmann::json j = {
+        {"rank", rank},
+        {"world_size", world_size},
         {"mode", mode},
         {"model", std::string(model.name())},
         {"parameters", model.layout().total_size()},
@@ -211,7 +214,7 @@ std::string FormatSummary(const TrainingSummary& s, const TrainingFlags& flags,
     return j.dump();
   }
   std::ostringstream line;
-  line << "trained " << model.name() << " (" << model.layout().total_size() << " parameters) on "
+  line << "worker " << rank << " of " << world_size << ": trained " << model.name() << " (" << model.layout().total_size() << " parameters) on "
        << dataset << " with " << optimizer.ToString() << " on " << backend.name() << ": "
        << s.steps << " steps, " << s.samples << " samples in " << s.seconds << " s ("
        << static_cast<int64_t>(s.samples_per_second) << " samples/s); final loss " << s.final_loss
@@ -295,8 +298,8 @@ Status RunTraining(ProcessRuntime& runtime, const WorkerFlags& worker_flags,
   if (worker_flags.mode == "allreduce" || worker_flags.mode.rfind("zero", 0) == 0) {
     ASSIGN_OR_RETURN(model_state, ModelStateBytes(runtime.metrics()));
   }
-  std::printf("%s\n", FormatSummary(summary, reported, worker_flags.mode, *model, *backend,
-                                    data.description, optimizer, model_state)
+  std::printf("%s\n", FormatSummary(summary, reported, worker_flags.mode, rank, world, *model,
+                                    *backend, data.description, optimizer, model_state)
                           .c_str());
   std::fflush(stdout);
   return OkStatus();
