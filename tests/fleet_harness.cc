@@ -113,11 +113,14 @@ StatusOr<std::string> FleetHarness::StartCoordinator(const std::vector<std::stri
 void FleetHarness::PollOnce(Deadline deadline) {
   for (const tools::ChildEvent& event : group_.Poll(deadline)) {
     Process& process = processes_[event.child];
+    const SteadyClock::time_point now = SteadyClock::now();
     if (event.kind == tools::ChildEvent::Kind::kExit) {
       exits_[event.child] = event.exit;
+      exit_times_[event.child] = now;
       continue;
     }
     process.lines.push_back(event.line);
+    process.line_times.push_back(now);
     if (event.line.rfind("TESSERA_READY ", 0) == 0) {
       std::istringstream fields(event.line);
       std::string field;
@@ -179,6 +182,25 @@ Status FleetHarness::WaitForLine(int id, const std::string& text, Deadline deadl
   }
 }
 
+StatusOr<SteadyClock::time_point> FleetHarness::LineTime(int id, const std::string& text) const {
+  auto it = processes_.find(id);
+  if (it != processes_.end()) {
+    const Process& process = it->second;
+    for (size_t i = 0; i < process.lines.size(); ++i) {
+      if (process.lines[i].find(text) != std::string::npos) return process.line_times[i];
+    }
+  }
+  return NotFoundError("no line containing '" + text + "' from process " + std::to_string(id));
+}
+
+StatusOr<SteadyClock::time_point> FleetHarness::ExitTime(int id) const {
+  auto it = exit_times_.find(id);
+  if (it == exit_times_.end()) {
+    return NotFoundError("process " + std::to_string(id) + " has not exited");
+  }
+  return it->second;
+}
+
 std::string FleetHarness::Output(int id) const {
   std::string out;
   auto it = processes_.find(id);
@@ -191,8 +213,10 @@ void FleetHarness::StopAll() {
   group_.StopAll(std::chrono::seconds(5), [this](const tools::ChildEvent& event) {
     if (event.kind == tools::ChildEvent::Kind::kLine) {
       processes_[event.child].lines.push_back(event.line);
+      processes_[event.child].line_times.push_back(SteadyClock::now());
     } else {
       exits_[event.child] = event.exit;
+      exit_times_[event.child] = SteadyClock::now();
     }
   });
 }

@@ -42,6 +42,8 @@ class FleetHarness {
     std::string metrics_url;  // from TESSERA_READY
     int rank = -1;
     std::vector<std::string> lines;  // stdout and stderr, in arrival order
+    // When the harness read each line (it reads while a Wait* call polls).
+    std::vector<SteadyClock::time_point> line_times;
   };
 
   // Starts `binary` (workspace-relative) with `args`; returns its id.
@@ -63,6 +65,10 @@ class FleetHarness {
   std::string Output(int id) const;
   // Waits until `id` printed a line containing `text`.
   Status WaitForLine(int id, const std::string& text, Deadline deadline);
+  // When the first line of `id` containing `text` was read; NotFound if there is none yet.
+  StatusOr<SteadyClock::time_point> LineTime(int id, const std::string& text) const;
+  // When the harness saw `id` exit; NotFound while it runs.
+  StatusOr<SteadyClock::time_point> ExitTime(int id) const;
 
   // Stops everything still running (SIGTERM, SIGKILL after 5 s).
   void StopAll();
@@ -73,6 +79,7 @@ class FleetHarness {
   tools::ProcessGroup group_;
   std::map<int, Process> processes_;
   std::map<int, tools::ChildExit> exits_;
+  std::map<int, SteadyClock::time_point> exit_times_;
 };
 
 // `name` under the test's scratch directory ($TEST_TMPDIR, else /tmp).

@@ -1,0 +1,225 @@
+// Every binary, in every role, leaves promptly once its work is done: within kExitBoundMs of
+// the moment the work ended (a worker's summary line, a server's or coordinator's SIGTERM, the
+// launcher's last worker exiting). The bound is generous for CI machines under sanitizers;
+// tessera-bench exit measures the real figures (docs/benchmarks.md). Before issue 22 every
+// process idled 2 s in civetweb's stop, so each of these took over 2000 ms.
+#include <signal.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "tests/fleet_harness.h"
+
+namespace tessera::testing {
+namespace {
+
+constexpr int64_t kExitBoundMs = 1000;
+constexpr int64_t kRunMs = 120000;
+
+const std::vector<std::string> kSmallJob = {
+    "--steps", "5", "--batch-size", "8", "--hidden", "16", "--input-dim", "8", "--classes", "4",
+    "--train-samples", "256", "--device", "cpu"};
+
+int64_t MillisBetween(SteadyClock::time_point from, SteadyClock::time_point to) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(to - from).count();
+}
+
+// Waits for `id` to exit with status 0 and returns the milliseconds from the first line
+// containing `work_done` (or from `since`, when `work_done` is empty) to its exit.
+int64_t ExitMillisAfter(FleetHarness& harness, int id, const std::string& work_done,
+                        SteadyClock::time_point since = {}) {
+  auto exit = harness.WaitExit(id, Deadline::AfterMillis(kRunMs));
+  EXPECT_TRUE(exit.ok()) << exit.status();
+  if (!exit.ok()) return -1;
+  EXPECT_TRUE(exit->success()) << exit->Describe() << "\n" << harness.Output(id);
+  SteadyClock::time_point start = since;
+  if (!work_done.empty()) {
+    auto line = harness.LineTime(id, work_done);
+    EXPECT_TRUE(line.ok()) << line.status() << "\n" << harness.Output(id);
+    if (!line.ok()) return -1;
+    start = *line;
+  }
+  return MillisBetween(start, *harness.ExitTime(id));
+}
+
+TEST(ExitTimeTest, LocalWorker) {
+  FleetHarness harness;
+  auto worker = harness.Start("worker", "worker/tessera-worker",
+                              Concat({"--mode", "local"}, kSmallJob));
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  int64_t ms = ExitMillisAfter(harness, *worker, ": trained ");
+  EXPECT_GE(ms, 0);
+  EXPECT_LT(ms, kExitBoundMs) << harness.Output(*worker);
+}
+
+// A coordinator, a server and two ps-sync workers started one by one: each worker leaves
+// after its summary, the server after SIGTERM, the coordinator after SIGTERM.
+TEST(ExitTimeTest, CoordinatorServerAndPsWorkers) {
+  FleetHarness harness;
+  auto coordinator = harness.StartCoordinator({"--num-servers", "1", "--num-workers", "2"});
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  const int coordinator_id = 0;
+  auto server = harness.Start("server", "server/tessera-server",
+                              {"--coordinator", *coordinator, "--num-servers", "1",
+                               "--num-workers", "2", "--rank", "0"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::vector<int> workers;
+  for (int rank = 0; rank < 2; ++rank) {
+    auto worker = harness.Start(
+        "worker " + std::to_string(rank), "worker/tessera-worker",
+        Concat({"--mode", "ps-sync", "--coordinator", *coordinator, "--num-servers", "1",
+                "--num-workers", "2", "--rank", std::to_string(rank)},
+               kSmallJob));
+    ASSERT_TRUE(worker.ok()) << worker.status();
+    workers.push_back(*worker);
+  }
+  for (int id : workers) {
+    int64_t ms = ExitMillisAfter(harness, id, ": trained ");
+    EXPECT_GE(ms, 0);
+    EXPECT_LT(ms, kExitBoundMs) << harness.Output(id);
+  }
+  for (int id : {*server, coordinator_id}) {
+    SteadyClock::time_point signalled = SteadyClock::now();
+    ASSERT_TRUE(harness.Signal(id, SIGTERM).ok());
+    int64_t ms = ExitMillisAfter(harness, id, "", signalled);
+    EXPECT_GE(ms, 0);
+    EXPECT_LT(ms, kExitBoundMs) << harness.Output(id);
+  }
+}
+
+// --exit-when-workers-leave: the coordinator leaves by itself once the last worker has.
+TEST(ExitTimeTest, CoordinatorExitingWhenWorkersLeave) {
+  FleetHarness harness;
+  auto coordinator = harness.StartCoordinator(
+      {"--num-servers", "0", "--num-workers", "2", "--exit-when-workers-leave"});
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  const int coordinator_id = 0;
+  std::vector<int> workers;
+  for (int rank = 0; rank < 2; ++rank) {
+    auto worker = harness.Start(
+        "worker " + std::to_string(rank), "worker/tessera-worker",
+        Concat({"--mode", "allreduce", "--coordinator", *coordinator, "--num-workers", "2",
+                "--rank", std::to_string(rank)},
+               kSmallJob));
+    ASSERT_TRUE(worker.ok()) << worker.status();
+    workers.push_back(*worker);
+  }
+  SteadyClock::time_point last_left{};
+  for (int id : workers) {
+    int64_t ms = ExitMillisAfter(harness, id, ": trained ");
+    EXPECT_GE(ms, 0);
+    EXPECT_LT(ms, kExitBoundMs) << harness.Output(id);
+    last_left = std::max(last_left, *harness.ExitTime(id));
+  }
+  int64_t ms = ExitMillisAfter(harness, coordinator_id, "", last_left);
+  EXPECT_LT(ms, kExitBoundMs) << harness.Output(coordinator_id);
+}
+
+// A server or worker asked to stop while it waits for the rest of the fleet to register stops
+// waiting, and exits with 128 + SIGTERM, within the bound (before, the launcher's grace of 5 s
+// ran out and it was killed).
+TEST(ExitTimeTest, StopWhileRegistering) {
+  FleetHarness harness;
+  auto coordinator = harness.StartCoordinator({"--num-servers", "1", "--num-workers", "2"});
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  auto server = harness.Start("server", "server/tessera-server",
+                              {"--coordinator", *coordinator, "--num-servers", "1",
+                               "--num-workers", "2", "--rank", "0"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto worker = harness.Start(
+      "worker", "worker/tessera-worker",
+      Concat({"--mode", "ps-sync", "--coordinator", *coordinator, "--num-servers", "1",
+              "--num-workers", "2", "--rank", "0"},
+             kSmallJob));
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  for (int id : {*server, *worker}) {
+    ASSERT_TRUE(harness.WaitForLine(id, "registering as", Deadline::AfterMillis(kRunMs)).ok())
+        << harness.Output(id);
+    const SteadyClock::time_point signalled = SteadyClock::now();
+    ASSERT_TRUE(harness.Signal(id, SIGTERM).ok());
+    auto exit = harness.WaitExit(id, Deadline::AfterMillis(kRunMs));
+    ASSERT_TRUE(exit.ok()) << exit.status();
+    EXPECT_EQ(exit->status, 128 + SIGTERM) << exit->Describe() << "\n" << harness.Output(id);
+    EXPECT_LT(MillisBetween(signalled, *harness.ExitTime(id)), kExitBoundMs)
+        << harness.Output(id);
+    EXPECT_NE(harness.Output(id).find("stopped while waiting"), std::string::npos)
+        << harness.Output(id);
+  }
+}
+
+// A ps-sync worker whose step can never complete (its peer was killed, and the heartbeat
+// timeout that would tell it is far away) stops waiting for its push once it is asked to stop:
+// in-flight requests get kStopGraceMs (1 s) to be answered, then it leaves with 128 + SIGTERM.
+TEST(ExitTimeTest, PsWorkerBlockedByADeadPeerStopsAfterTheGrace) {
+  FleetHarness harness;
+  auto coordinator = harness.StartCoordinator({"--num-servers", "1", "--num-workers", "2"});
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  auto server = harness.Start("server", "server/tessera-server",
+                              {"--coordinator", *coordinator, "--num-servers", "1",
+                               "--num-workers", "2", "--rank", "0"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::vector<int> workers;
+  for (int rank = 0; rank < 2; ++rank) {
+    auto worker = harness.Start(
+        "worker " + std::to_string(rank), "worker/tessera-worker",
+        {"--mode", "ps-sync", "--coordinator", *coordinator, "--num-servers", "1",
+         "--num-workers", "2", "--rank", std::to_string(rank), "--steps", "1000000",
+         "--batch-size", "8", "--hidden", "16", "--input-dim", "8", "--classes", "4",
+         "--train-samples", "256", "--device", "cpu", "--log-every", "100"});
+    ASSERT_TRUE(worker.ok()) << worker.status();
+    workers.push_back(*worker);
+  }
+  ASSERT_TRUE(harness.WaitForLine(workers[0], "step 100/", Deadline::AfterMillis(kRunMs)).ok())
+      << harness.Output(workers[0]);
+  ASSERT_TRUE(harness.Signal(workers[1], SIGKILL).ok());
+  ASSERT_TRUE(harness.WaitExit(workers[1], Deadline::AfterMillis(kRunMs)).ok());
+  const SteadyClock::time_point signalled = SteadyClock::now();
+  ASSERT_TRUE(harness.Signal(workers[0], SIGTERM).ok());
+  auto exit = harness.WaitExit(workers[0], Deadline::AfterMillis(kRunMs));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  EXPECT_EQ(exit->status, 128 + SIGTERM) << exit->Describe() << "\n" << harness.Output(workers[0]);
+  EXPECT_LT(MillisBetween(signalled, *harness.ExitTime(workers[0])), 1000 + kExitBoundMs)
+      << harness.Output(workers[0]);
+  EXPECT_NE(harness.Output(workers[0]).find("stopped while waiting"), std::string::npos)
+      << harness.Output(workers[0]);
+  harness.StopAll();
+}
+
+// The launcher of a 2 x 2 ps-sync job stops its servers and coordinator and leaves within the
+// bound of its last worker's exit; every worker exits within the bound of its summary (zero2
+// exercises the ring channel's threads and shared memory too).
+class LauncherExitTime : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(LauncherExitTime, TwoByTwo) {
+  const std::string mode = GetParam();
+  FleetHarness harness;
+  const std::string servers = mode.rfind("ps-", 0) == 0 ? "2" : "0";
+  auto launch = harness.Start("launch", "tools/tessera-launch",
+                              Concat({"--servers", servers, "--workers", "2", "--mode", mode,
+                                      "--"},
+                                     kSmallJob));
+  ASSERT_TRUE(launch.ok()) << launch.status();
+  auto exit = harness.WaitExit(*launch, Deadline::AfterMillis(kRunMs));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  ASSERT_TRUE(exit->success()) << exit->Describe() << "\n" << harness.Output(*launch);
+  SteadyClock::time_point last_worker{};
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string worker = "worker " + std::to_string(rank);
+    auto trained = harness.LineTime(*launch, "[" + worker + "] " + worker + " of 2: trained ");
+    auto exited = harness.LineTime(*launch, "[launch] " + worker + " (pid ");
+    ASSERT_TRUE(trained.ok()) << trained.status() << "\n" << harness.Output(*launch);
+    ASSERT_TRUE(exited.ok()) << exited.status() << "\n" << harness.Output(*launch);
+    EXPECT_LT(MillisBetween(*trained, *exited), kExitBoundMs) << harness.Output(*launch);
+    last_worker = std::max(last_worker, *exited);
+  }
+  EXPECT_LT(MillisBetween(last_worker, *harness.ExitTime(*launch)), kExitBoundMs)
+      << harness.Output(*launch);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, LauncherExitTime, ::testing::Values("ps-sync", "zero2"));
+
+}  // namespace
+}  // namespace tessera::testing
