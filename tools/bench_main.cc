@@ -6,6 +6,7 @@
 //   tessera-bench train ...       tools/bench/train_bench.h
 //   tessera-bench allreduce ...   tools/bench/allreduce_bench.h
 //   tessera-bench memory ...      tools/bench/memory_bench.h
+//   tessera-bench exit ...        tools/bench/exit_bench.h
 //
 // To add one: a tools/bench/<name>_bench.{h,cc} with `BenchCommand Add<Name>Bench(CLI::App*)`,
 // a cc_library in tools/BUILD, and a line in the list below.
@@ -16,6 +17,7 @@
 #include "common/logging.h"
 #include "tools/bench/allreduce_bench.h"
 #include "tools/bench/bench_util.h"
+#include "tools/bench/exit_bench.h"
 #include "tools/bench/memory_bench.h"
 #include "tools/bench/train_bench.h"
 #include "tools/bench/transport_bench.h"
@@ -30,6 +32,7 @@ int main(int argc, char** argv) {
       tessera::tools::AddTrainBench(&app),
       tessera::tools::AddAllReduceBench(&app),
       tessera::tools::AddMemoryBench(&app),
+      tessera::tools::AddExitBench(&app),
   };
   CLI11_PARSE(app, argc, argv);
   tessera::SetMinLogLevel(tessera::LogLevel::kWarning);
