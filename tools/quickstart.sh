@@ -16,7 +16,9 @@ set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-readonly linger_seconds=10
+# The coordinator and servers are scraped during the launcher's linger (a scrape and promtool
+# take well under a second each).
+readonly linger_seconds=5
 # Workers finish in milliseconds; their own --linger keeps their /metrics up for the scrape.
 readonly worker_linger_seconds=3
 
@@ -25,8 +27,10 @@ step() { echo "==> $*"; }
 step "checking build dependencies (tools/install_deps.sh)"
 tools/install_deps.sh
 
-step "building everything (bazel build //...)"
-bazel build //...
+# The launcher's runfiles bring the three binaries it starts (coordinator, server, worker):
+# nothing else is built (no tests, benchmarks or tools).
+step "building the launcher, coordinator, server and worker (bazel build //tools:tessera-launch)"
+bazel build //tools:tessera-launch
 launcher="$(readlink -f bazel-bin)/tools/tessera-launch"
 
 work="$(mktemp -d)"
