@@ -180,8 +180,9 @@ run_suite() {
   shift
   local log="$work/$name.log" counts="$work/$name.counts" rc=0 start
   start="$(date +%s)"
-  local command=(bazel test --keep_going --test_output=errors "$@" "${bazel_flags[@]}"
-    "${targets[@]}")
+  # --build_tests_only: the tests and what they need, not every binary and benchmark in //...
+  local command=(bazel test --keep_going --build_tests_only --test_output=errors "$@"
+    "${bazel_flags[@]}" "${targets[@]}")
   echo "test.sh: [$name] ${command[*]}"
   "${command[@]}" 2>&1 | tee "$log" || rc=$?
 
