@@ -18,9 +18,11 @@ constexpr proto::Role kRole = proto::Role::Worker;
 enum OpIndex { kPushPull = 0, kSparsePush = 1, kSparsePull = 2 };
 
 int32_t AddFloats(MessageBuilder* builder, const float* data, size_t count) {
-  // Borrowed, not copied: the caller waits for the reply, by which time the server has read
-  // every byte (see WaitAll).
-  return builder->AddPayload(Payload::Borrow(data, count * sizeof(float), nullptr));
+  // Copied, not borrowed: a request may outlive the call that sent it (WaitAll gives up on a
+  // stop or a timeout while the transport still queues it for a dead server). The copy costs
+  // nothing extra: the transport sends an owned payload without copying, a borrowed one it
+  // would have copied into ZeroMQ.
+  return builder->AddPayload(Payload::Copy(data, count * sizeof(float)));
 }
 
 constexpr int64_t kStartingRetryMs = 20;
@@ -283,7 +285,7 @@ Status PsEngine::LookupRows(size_t table, const std::vector<int64_t>& ids, float
     MessageBuilder builder(kRole, rank_);
     std::vector<int64_t> shape = {static_cast<int64_t>(ids_of[s].size())};
     int32_t frame = builder.AddPayload(
-        Payload::Borrow(ids_of[s].data(), ids_of[s].size() * sizeof(int64_t), nullptr));
+        Payload::Copy(ids_of[s].data(), ids_of[s].size() * sizeof(int64_t)));  // see AddFloats
     auto meta = proto::CreateTensorMetaDirect(builder.fbb(), "row_ids", 0, proto::DType::Int64,
                                               &shape, frame, 0,
                                               ids_of[s].size() * sizeof(int64_t));
