@@ -2,8 +2,9 @@
 //
 // Initialize: rank 0 sends each server the job (PsJobConfig) and the initial values of the
 // dense chunks it owns (common/ps_job.h); then every rank pulls the initial parameters, so all
-// start from rank 0's values. Step: the dense gradients go out chunk by chunk, zero-copy from
-// the trainer's gradient buffer, several requests in flight per server; each reply carries the
+// start from rank 0's values. Step: the dense gradients go out chunk by chunk, each copied once
+// out of the trainer's gradient buffer (a request may outlive the call that sent it: see
+// AddFloats), several requests in flight per server; each reply carries the
 // chunks' values after the step (the server decides when, by the consistency model: see
 // server/ps_service.h). Embedding rows: LookupRows pulls only the rows a batch touches from
 // their owners; Step pushes only those rows' gradients.
