@@ -115,10 +115,10 @@ std::string ReadFile(const std::string& path) {
 TEST(LaunchTest, KilledWorkerIsRestartedFromTheCheckpointAndEndsLikeAnUninterruptedRun) {
   FleetHarness harness;
   // Small steps (about 1 ms in -c opt, 10-20 ms under TSan), many of them: the kill after the
-  // checkpoint of step 200 lands with 800 steps still to go, and a run stays well inside kRunMs
+  // checkpoint of step 100 lands with 400 steps still to go, and a run stays well inside kRunMs
   // under the sanitizers.
   const std::vector<std::string> training = {
-      "--hidden", "128,128", "--input-dim", "64", "--steps", "1000", "--batch-size", "32",
+      "--hidden", "128,128", "--input-dim", "64", "--steps", "500", "--batch-size", "32",
       "--optimizer", "adam", "--lr", "0.001", "--device", "cpu", "--log-every", "100",
       "--train-samples", "4000"};
   const std::string whole = TempPath("uninterrupted.bin"), restarted = TempPath("restarted.bin");
@@ -134,10 +134,10 @@ TEST(LaunchTest, KilledWorkerIsRestartedFromTheCheckpointAndEndsLikeAnUninterrup
   std::vector<std::string> second = args;
   second.insert(second.begin(), {"--max-restarts", "1"});
   second.insert(second.end(), {"--checkpoint-dir", TempPath("restart_ckpt"), "--checkpoint-every",
-                               "100", "--save-params", restarted});
+                               "50", "--save-params", restarted});
   auto launcher = harness.Start("restarted", "tools/tessera-launch", second);
   ASSERT_TRUE(launcher.ok());
-  ASSERT_TRUE(harness.WaitForLine(*launcher, "checkpoint of step 200 committed",
+  ASSERT_TRUE(harness.WaitForLine(*launcher, "checkpoint of step 100 committed",
                                   Deadline::AfterMillis(kRunMs))
                   .ok())
       << harness.Output(*launcher);

@@ -199,7 +199,7 @@ TEST_P(Preemption, OneRankSignalledStopsEveryRankAfterTheSameStep) {
   const std::string whole = TempPath(mode + "_preempt_whole.bin"),
                     resumed = TempPath(mode + "_preempt_resumed.bin");
   const std::vector<std::string> common = {
-      "--steps", "60", "--optimizer", "adam", "--lr", "0.001", "--device", "cpu",
+      "--steps", "30", "--optimizer", "adam", "--lr", "0.001", "--device", "cpu",
       "--log-every", "1", "--train-samples", "7680", "--seed", "5", "--batch-size", "32"};
   const std::vector<std::string> flags =
       Concat(common, {"--checkpoint-dir", dir, "--checkpoint-on-sigterm"});
@@ -207,7 +207,7 @@ TEST_P(Preemption, OneRankSignalledStopsEveryRankAfterTheSameStep) {
                Concat(Fleet(2, mode), Concat(common, {"--save-params", whole})));
   auto launcher = harness.Start("preempted", "tools/tessera-launch", Concat(Fleet(2, mode), flags));
   ASSERT_TRUE(launcher.ok()) << launcher.status();
-  ASSERT_TRUE(harness.WaitForLine(*launcher, "worker 1 | step 3/60", Deadline::AfterMillis(kRunMs))
+  ASSERT_TRUE(harness.WaitForLine(*launcher, "worker 1 | step 3/30", Deadline::AfterMillis(kRunMs))
                   .ok())
       << harness.Output(*launcher);
   std::smatch match;
@@ -231,7 +231,7 @@ TEST_P(Preemption, OneRankSignalledStopsEveryRankAfterTheSameStep) {
   std::string step;
   latest >> step;
   EXPECT_EQ(step, stopped[0]);
-  EXPECT_LT(std::stoi(stopped[0]), 60);
+  EXPECT_LT(std::stoi(stopped[0]), 30);
 
   RunToSuccess(harness, "resumed",
                Concat(Fleet(2, mode), Concat(flags, {"--resume", "--save-params", resumed})));
