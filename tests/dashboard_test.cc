@@ -212,7 +212,7 @@ TEST(DashboardTest, ChromiumShowsEveryProcessAndChartsWithData) {
   std::vector<int> ids = {0};
   const std::string base = "http://" + HostPort(fleet.process(0).metrics_url);
   const std::vector<std::string> join = Concat(sizes, {"--coordinator", *coordinator});
-  auto server = fleet.Start("server 0", "server/tessera-server", Concat(join, {"--rank", "0"}));
+  auto server = fleet.Start("server 0", "server/ps/tessera-server", Concat(join, {"--rank", "0"}));
   ASSERT_TRUE(server.ok()) << server.status();
   ids.push_back(*server);
   for (int rank : {0, 1}) {

@@ -1,6 +1,6 @@
 // Jobs started by other launchers: workers get NO --rank/--num-workers/--local-rank flags and
 // take them from the environment that mpirun, Slurm (srun) or torchrun would set (see
-// common/config.h). Each job is a 2-worker --mode allreduce run against a real coordinator and
+// common/config/config.h). Each job is a 2-worker --mode allreduce run against a real coordinator and
 // must end with bitwise the parameters of the same job started by tessera-launch (which passes
 // --rank etc. as flags): a wrong rank (say, both workers using the local rank of another
 // family) would feed the ranks other samples and give other parameters, or fail to register.

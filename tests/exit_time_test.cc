@@ -62,7 +62,7 @@ TEST(ExitTimeTest, CoordinatorServerAndPsWorkers) {
   auto coordinator = harness.StartCoordinator({"--num-servers", "1", "--num-workers", "2"});
   ASSERT_TRUE(coordinator.ok()) << coordinator.status();
   const int coordinator_id = 0;
-  auto server = harness.Start("server", "server/tessera-server",
+  auto server = harness.Start("server", "server/ps/tessera-server",
                               {"--coordinator", *coordinator, "--num-servers", "1",
                                "--num-workers", "2", "--rank", "0"});
   ASSERT_TRUE(server.ok()) << server.status();
@@ -125,7 +125,7 @@ TEST(ExitTimeTest, StopWhileRegistering) {
   FleetHarness harness;
   auto coordinator = harness.StartCoordinator({"--num-servers", "1", "--num-workers", "2"});
   ASSERT_TRUE(coordinator.ok()) << coordinator.status();
-  auto server = harness.Start("server", "server/tessera-server",
+  auto server = harness.Start("server", "server/ps/tessera-server",
                               {"--coordinator", *coordinator, "--num-servers", "1",
                                "--num-workers", "2", "--rank", "0"});
   ASSERT_TRUE(server.ok()) << server.status();
@@ -157,7 +157,7 @@ TEST(ExitTimeTest, PsWorkerBlockedByADeadPeerStopsAfterTheGrace) {
   FleetHarness harness;
   auto coordinator = harness.StartCoordinator({"--num-servers", "1", "--num-workers", "2"});
   ASSERT_TRUE(coordinator.ok()) << coordinator.status();
-  auto server = harness.Start("server", "server/tessera-server",
+  auto server = harness.Start("server", "server/ps/tessera-server",
                               {"--coordinator", *coordinator, "--num-servers", "1",
                                "--num-workers", "2", "--rank", "0"});
   ASSERT_TRUE(server.ok()) << server.status();

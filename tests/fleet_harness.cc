@@ -104,7 +104,7 @@ StatusOr<int> FleetHarness::StartCommand(const std::string& label,
 }
 
 StatusOr<std::string> FleetHarness::StartCoordinator(const std::vector<std::string>& args) {
-  ASSIGN_OR_RETURN(int id, Start("coordinator", "server/tessera-coordinator", args));
+  ASSIGN_OR_RETURN(int id, Start("coordinator", "server/coordinator/tessera-coordinator", args));
   RETURN_IF_ERROR(WaitReady(id, Deadline::AfterMillis(30000)));
   const std::string& address = processes_[id].address;  // tcp://127.0.0.1:PORT
   return address.substr(std::string("tcp://").size());

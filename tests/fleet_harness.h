@@ -13,13 +13,13 @@
 #include <string>
 #include <vector>
 
-#include "common/deadline.h"
-#include "common/status.h"
+#include "common/base/deadline.h"
+#include "common/base/status.h"
 #include "tools/process_group.h"
 
 namespace tessera::testing {
 
-// The path of a binary built by Bazel, e.g. "server/tessera-coordinator", in the runfiles.
+// The path of a binary built by Bazel, e.g. "server/coordinator/tessera-coordinator", in the runfiles.
 std::string BinaryPath(const std::string& workspace_relative);
 
 // A minimal blocking HTTP/1.0 GET of http://127.0.0.1:PORT/PATH: the status code and body.

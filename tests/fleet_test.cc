@@ -5,7 +5,7 @@
 
 #include <zmq.hpp>
 
-#include "common/wire_codec.h"
+#include "common/wire/wire_codec.h"
 #include "tests/fleet_harness.h"
 
 namespace tessera::testing {
@@ -42,7 +42,7 @@ FleetIds StartFleet(FleetHarness& fleet, int servers, int workers,
   ids.coordinator = *coordinator;
   std::vector<std::string> join = Concat(Concat(sizes, common), {"--coordinator", ids.coordinator});
   for (int r = 0; r < servers; ++r) {
-    auto id = fleet.Start("server " + std::to_string(r), "server/tessera-server",
+    auto id = fleet.Start("server " + std::to_string(r), "server/ps/tessera-server",
                           Concat(join, {"--rank", std::to_string(r)}));
     EXPECT_TRUE(id.ok()) << id.status();
     ids.servers.push_back(*id);
@@ -83,7 +83,7 @@ TEST(FleetTest, ProcessThatNeverArrivesIsNamedByEveryone) {
   std::vector<std::string> join = {"--coordinator", *coordinator, "--num-servers", "1",
                                    "--num-workers", "3", "--rendezvous-timeout-ms", "2000"};
   std::vector<int> started;
-  started.push_back(*fleet.Start("server 0", "server/tessera-server", Concat(join, {"--rank", "0"})));
+  started.push_back(*fleet.Start("server 0", "server/ps/tessera-server", Concat(join, {"--rank", "0"})));
   for (int r : {0, 2}) {  // worker 1 never comes
     started.push_back(*fleet.Start("worker " + std::to_string(r), "worker/tessera-worker",
                                    Concat(join, {"--mode", "smoke", "--rank", std::to_string(r)})));

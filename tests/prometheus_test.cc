@@ -304,7 +304,7 @@ TEST(PrometheusTest, ScrapesEveryProcessFoundThroughServiceDiscovery) {
   const std::string sd_url = "http://" + HostPort(coordinator_metrics) + "/sd";
   const std::vector<std::string> join = Concat(sizes, {"--coordinator", *coordinator});
   std::vector<int> ids = {coordinator_id};
-  auto server = fleet.Start("server 0", "server/tessera-server", Concat(join, {"--rank", "0"}));
+  auto server = fleet.Start("server 0", "server/ps/tessera-server", Concat(join, {"--rank", "0"}));
   ASSERT_TRUE(server.ok()) << server.status();
   ids.push_back(*server);
   std::vector<int> workers;

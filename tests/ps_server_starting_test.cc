@@ -9,12 +9,12 @@
 #include <future>
 #include <thread>
 
-#include "common/fleet_view.h"
-#include "common/metrics.h"
-#include "common/parameter_layout.h"
-#include "common/rpc_endpoint.h"
-#include "server/ps_service.h"
-#include "worker/ps_engine.h"
+#include "common/messages/fleet_view.h"
+#include "common/metrics/metrics.h"
+#include "common/training/parameter_layout.h"
+#include "common/transport/rpc_endpoint.h"
+#include "server/ps/ps_service.h"
+#include "worker/engines/ps_engine.h"
 
 namespace tessera {
 namespace {

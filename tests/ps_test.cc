@@ -207,7 +207,7 @@ TEST(PsTest, KilledWorkerFailsTheOthersNamingIt) {
   std::vector<std::string> join = {"--coordinator", *coordinator, "--num-servers", "1",
                                    "--num-workers", "2", "--heartbeat-interval-ms", "100",
                                    "--heartbeat-timeout-ms", "1000"};
-  auto server = harness.Start("server", "server/tessera-server", Concat(join, {"--rank", "0"}));
+  auto server = harness.Start("server", "server/ps/tessera-server", Concat(join, {"--rank", "0"}));
   ASSERT_TRUE(server.ok());
   std::vector<std::string> train = {"--mode", "ps-sync", "--steps", "100000", "--hidden", "32",
                                     "--input-dim", "16", "--classes", "4", "--device", "cpu",

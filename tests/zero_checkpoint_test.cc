@@ -1,4 +1,4 @@
-// Checkpoints of --mode allreduce and zero1-3 end to end (worker/sharded_state.h): real
+// Checkpoints of --mode allreduce and zero1-3 end to end (worker/engines/sharded_state.h): real
 // workers under tessera-launch on loopback, and tessera-export-params.
 //
 // Same world size: stopping after a checkpoint and resuming ends bitwise where an

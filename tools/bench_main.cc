@@ -14,7 +14,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "common/logging.h"
+#include "common/base/logging.h"
 #include "tools/bench/allreduce_bench.h"
 #include "tools/bench/bench_util.h"
 #include "tools/bench/exit_bench.h"

@@ -1,5 +1,5 @@
 // tessera-export-params: consolidates a sharded checkpoint (--mode allreduce, zero1, zero2;
-// worker/sharded_state.h) into one --save-params file (docs/params-format.md), without the
+// worker/engines/sharded_state.h) into one --save-params file (docs/params-format.md), without the
 // model or a fleet: the manifest names every tensor and its shape, and the shards together
 // hold every parameter exactly once.
 //
@@ -11,12 +11,12 @@
 
 #include <iostream>
 
-#include "common/checkpoint.h"
-#include "common/optimizer.h"
-#include "common/parameter_layout.h"
-#include "common/status.h"
+#include "common/training/checkpoint.h"
+#include "common/training/optimizer.h"
+#include "common/training/parameter_layout.h"
+#include "common/base/status.h"
 #include "worker/params_file.h"
-#include "worker/sharded_state.h"
+#include "worker/engines/sharded_state.h"
 
 namespace tessera::tools {
 namespace {

@@ -22,10 +22,10 @@
 #include <utility>
 #include <vector>
 
-#include "common/deadline.h"
-#include "common/host_port.h"
-#include "common/logging.h"
-#include "common/status.h"
+#include "common/base/deadline.h"
+#include "common/base/host_port.h"
+#include "common/base/logging.h"
+#include "common/base/status.h"
 #include "tools/process_group.h"
 
 namespace tessera {
@@ -124,7 +124,7 @@ How it works:
   --mode and the forwarded flags (any flag the launcher does not know, and everything
   after --).
   Binaries are looked up in --bin-dir, else in the launcher's Bazel runfiles, else next to it
-  in bazel-bin (../server/tessera-coordinator, ../server/tessera-server,
+  in bazel-bin (../server/coordinator/tessera-coordinator, ../server/ps/tessera-server,
   ../worker/tessera-worker).
 
 Exit status:
@@ -326,7 +326,8 @@ StatusOr<std::string> SelfExecutable() {
 
 // Where the three binaries are under `root` when it is laid out like the workspace.
 FleetBinaries WorkspaceLayout(const std::string& root) {
-  return {root + "/server/tessera-coordinator", root + "/server/tessera-server",
+  return {root + "/server/coordinator/tessera-coordinator",
+          root + "/server/ps/tessera-server",
           root + "/worker/tessera-worker"};
 }
 

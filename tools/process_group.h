@@ -30,8 +30,8 @@
 #include <string>
 #include <vector>
 
-#include "common/deadline.h"
-#include "common/status.h"
+#include "common/base/deadline.h"
+#include "common/base/status.h"
 
 namespace tessera {
 namespace tools {

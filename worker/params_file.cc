@@ -5,7 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/atomic_file.h"
+#include "common/base/atomic_file.h"
 
 namespace tessera::worker {
 

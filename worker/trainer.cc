@@ -5,11 +5,11 @@
 #include <iomanip>
 #include <sstream>
 
-#include "common/checkpoint.h"
-#include "common/logging.h"
-#include "common/metric_names.h"
+#include "common/training/checkpoint.h"
+#include "common/base/logging.h"
+#include "common/metrics/metric_names.h"
 #include "worker/data/distributed_sampler.h"
-#include "worker/device_buffer.h"
+#include "worker/nn/device_buffer.h"
 
 namespace tessera::worker {
 namespace {

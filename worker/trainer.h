@@ -27,12 +27,12 @@
 #include <string>
 #include <vector>
 
-#include "common/metrics.h"
-#include "common/status.h"
+#include "common/metrics/metrics.h"
+#include "common/base/status.h"
 #include "worker/data/dataset.h"
-#include "worker/compute_backend.h"
-#include "worker/model.h"
-#include "worker/training_engine.h"
+#include "worker/nn/compute_backend.h"
+#include "worker/nn/model.h"
+#include "worker/engines/training_engine.h"
 
 namespace tessera::worker {
 
@@ -47,7 +47,7 @@ struct TrainerOptions {
   int64_t log_every = 10;    // 0: no progress lines
   int64_t eval_every = 0;    // 0: evaluate only at the end
   int64_t eval_samples = 1024;  // evaluated samples of the eval set (its first ones)
-  std::string checkpoint_dir;     // common/checkpoint.h layout; empty: no checkpoints
+  std::string checkpoint_dir;     // common/training/checkpoint.h layout; empty: no checkpoints
   int64_t checkpoint_every = 0;   // > 0: save after every N steps and after the last
   bool resume = false;            // continue after the newest checkpoint in checkpoint_dir
                                   // (from step 1 when there is none yet)

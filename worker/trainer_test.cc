@@ -4,10 +4,10 @@
 
 #include <fstream>
 
-#include "worker/cpu_backend.h"
+#include "worker/nn/cpu/cpu_backend.h"
 #include "worker/data/synthetic_classification.h"
-#include "worker/local_engine.h"
-#include "worker/mlp.h"
+#include "worker/engines/local_engine.h"
+#include "worker/nn/mlp.h"
 
 namespace tessera::worker {
 namespace {

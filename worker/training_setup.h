@@ -12,12 +12,12 @@
 #include <string>
 #include <vector>
 
-#include "common/lr_schedule.h"
-#include "common/optimizer.h"
-#include "common/status.h"
-#include "worker/compute_backend.h"
+#include "common/training/lr_schedule.h"
+#include "common/training/optimizer.h"
+#include "common/base/status.h"
+#include "worker/nn/compute_backend.h"
 #include "worker/data/dataset.h"
-#include "worker/model.h"
+#include "worker/nn/model.h"
 #include "worker/trainer.h"
 
 namespace CLI {

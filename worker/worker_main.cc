@@ -4,15 +4,15 @@
 //   local     single-process training: this worker trains the model alone (the reference
 //             every distributed mode is compared against). Runs standalone without
 //             --coordinator, or as a fleet member (tessera-launch --workers 1 --mode local).
-//   ps-sync   parameter-server training (worker/ps_engine.h, server/ps_service.h): the servers
+//   ps-sync   parameter-server training (worker/engines/ps_engine.h, server/ps/ps_service.h): the servers
 //   ps-async  hold the parameters and apply the optimizer; sync (BSP), async (ASP) or
 //   ps-ssp    stale-synchronous with --staleness K.
-//   allreduce data parallel without servers (worker/allreduce_engine.h): gradients averaged by
+//   allreduce data parallel without servers (worker/engines/allreduce_engine.h): gradients averaged by
 //             ring all-reduce in buckets that start during backward.
 //   zero1     the same with the optimizer state partitioned across the workers (ZeRO stage 1);
 //   zero2     + the gradients partitioned: reduce-scattered layer by layer during backward
 //   zero3     + the parameters partitioned: each layer gathered just before it runs
-//             (worker/zero_engine.h; stages 2 and 3 run on the CPU).
+//             (worker/engines/zero_engine.h; stages 2 and 3 run on the CPU).
 //   smoke     the foundation smoke job (smoke_job.h): barrier, probe push/pull through the
 //             servers, verified ring all-reduces among the workers, exit.
 //   bench-allreduce
@@ -30,28 +30,28 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "common/config.h"
-#include "common/deadline.h"
-#include "common/logging.h"
-#include "common/metric_names.h"
-#include "common/process_runtime.h"
-#include "common/ps_job.h"
-#include "common/rendezvous_client.h"
-#include "common/rpc_endpoint.h"
-#include "common/status.h"
-#include "worker/allreduce_bench_job.h"
-#include "worker/allreduce_engine.h"
-#include "worker/collective_mailbox.h"
-#include "worker/local_engine.h"
+#include "common/config/config.h"
+#include "common/base/deadline.h"
+#include "common/base/logging.h"
+#include "common/metrics/metric_names.h"
+#include "common/process/process_runtime.h"
+#include "common/training/ps_job.h"
+#include "common/rendezvous/rendezvous_client.h"
+#include "common/transport/rpc_endpoint.h"
+#include "common/base/status.h"
+#include "worker/jobs/allreduce_bench_job.h"
+#include "worker/engines/allreduce_engine.h"
+#include "worker/collectives/channel/zmq/collective_mailbox.h"
+#include "worker/engines/local_engine.h"
 #include "worker/params_file.h"
-#include "worker/ps_engine.h"
-#include "worker/ring_channel_setup.h"
-#include "worker/ring_collectives.h"
-#include "worker/ring_links.h"
-#include "worker/smoke_job.h"
+#include "worker/engines/ps_engine.h"
+#include "worker/collectives/channel/ring_channel_setup.h"
+#include "worker/collectives/ring_collectives.h"
+#include "worker/collectives/channel/links/ring_links.h"
+#include "worker/jobs/smoke_job.h"
 #include "worker/trainer.h"
 #include "worker/training_setup.h"
-#include "worker/zero_engine.h"
+#include "worker/engines/zero_engine.h"
 
 namespace tessera::worker {
 namespace {
@@ -115,8 +115,8 @@ void AddWorkerFlags(CLI::App* app, WorkerFlags* flags) {
       ->capture_default_str();
   ddp->add_option("--ring-transport", flags->ring_transport,
                   "How ring segments travel: shm (shared-memory rings to the ring neighbours, "
-                  "same host only; worker/ring_shm.h), links (direct TCP connections to them; "
-                  "worker/ring_links.h), zmq (through the process's transport and its I/O "
+                  "same host only; worker/collectives/channel/shm/ring_shm.h), links (direct TCP connections to them; "
+                  "worker/collectives/channel/links/ring_links.h), zmq (through the process's transport and its I/O "
                   "thread), or auto (shm if every worker can map its neighbours' shared memory, "
                   "else links). Both direct channels are driven by the calling thread. Every "
                   "worker must use the same")

@@ -3,13 +3,13 @@
 // old file or the new one, never a torn one. Errors name the file and the failing call.
 //
 // Thread-safety: thread-safe for distinct paths.
-#ifndef TESSERA_COMMON_ATOMIC_FILE_H_
-#define TESSERA_COMMON_ATOMIC_FILE_H_
+#ifndef TESSERA_COMMON_BASE_ATOMIC_FILE_H_
+#define TESSERA_COMMON_BASE_ATOMIC_FILE_H_
 
 #include <cstddef>
 #include <string>
 
-#include "common/status.h"
+#include "common/base/status.h"
 
 namespace tessera {
 
@@ -20,4 +20,4 @@ Status MakeDirectories(const std::string& path);
 
 }  // namespace tessera
 
-#endif  // TESSERA_COMMON_ATOMIC_FILE_H_
+#endif  // TESSERA_COMMON_BASE_ATOMIC_FILE_H_

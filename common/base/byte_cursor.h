@@ -9,8 +9,8 @@
 //
 // Thread-safety: ReadWholeFile is thread-safe; a ByteCursor is not (it has a position), use
 // one per thread.
-#ifndef TESSERA_COMMON_BYTE_CURSOR_H_
-#define TESSERA_COMMON_BYTE_CURSOR_H_
+#ifndef TESSERA_COMMON_BASE_BYTE_CURSOR_H_
+#define TESSERA_COMMON_BASE_BYTE_CURSOR_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -18,7 +18,7 @@
 #include <string_view>
 #include <utility>
 
-#include "common/status.h"
+#include "common/base/status.h"
 
 namespace tessera {
 
@@ -59,4 +59,4 @@ class ByteCursor {
 
 }  // namespace tessera
 
-#endif  // TESSERA_COMMON_BYTE_CURSOR_H_
+#endif  // TESSERA_COMMON_BASE_BYTE_CURSOR_H_

@@ -1,4 +1,4 @@
-#include "common/byte_cursor.h"
+#include "common/base/byte_cursor.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

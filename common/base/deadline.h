@@ -1,6 +1,6 @@
 // Deadline: an absolute point on the steady clock that every wait in Tessera is bounded by.
-#ifndef TESSERA_COMMON_DEADLINE_H_
-#define TESSERA_COMMON_DEADLINE_H_
+#ifndef TESSERA_COMMON_BASE_DEADLINE_H_
+#define TESSERA_COMMON_BASE_DEADLINE_H_
 
 #include <algorithm>
 #include <chrono>
@@ -37,4 +37,4 @@ class Deadline {
 
 }  // namespace tessera
 
-#endif  // TESSERA_COMMON_DEADLINE_H_
+#endif  // TESSERA_COMMON_BASE_DEADLINE_H_

@@ -1,8 +1,8 @@
-#include "common/host_port.h"
+#include "common/base/host_port.h"
 
 #include <cctype>
 
-#include "common/quote.h"
+#include "common/base/quote.h"
 
 namespace tessera {
 

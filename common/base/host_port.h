@@ -1,12 +1,12 @@
 // HOST:PORT strings and loopback detection, for addresses given by users.
-#ifndef TESSERA_COMMON_HOST_PORT_H_
-#define TESSERA_COMMON_HOST_PORT_H_
+#ifndef TESSERA_COMMON_BASE_HOST_PORT_H_
+#define TESSERA_COMMON_BASE_HOST_PORT_H_
 
 #include <string>
 #include <string_view>
 #include <utility>
 
-#include "common/status.h"
+#include "common/base/status.h"
 
 namespace tessera {
 
@@ -24,4 +24,4 @@ std::string JoinHostPort(std::string_view host, int port);
 
 }  // namespace tessera
 
-#endif  // TESSERA_COMMON_HOST_PORT_H_
+#endif  // TESSERA_COMMON_BASE_HOST_PORT_H_

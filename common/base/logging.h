@@ -9,14 +9,14 @@
 // because every line of a process shares it.
 //
 // Thread-safety: all functions are thread-safe.
-#ifndef TESSERA_COMMON_LOGGING_H_
-#define TESSERA_COMMON_LOGGING_H_
+#ifndef TESSERA_COMMON_BASE_LOGGING_H_
+#define TESSERA_COMMON_BASE_LOGGING_H_
 
 #include <sstream>
 #include <string>
 #include <string_view>
 
-#include "common/status.h"
+#include "common/base/status.h"
 
 namespace tessera {
 
@@ -64,4 +64,4 @@ struct LogVoidify {
       ? (void)0                                                \
       : ::tessera::LogVoidify() & ::tessera::LogLine(TESSERA_LOG_LEVEL_##level).stream()
 
-#endif  // TESSERA_COMMON_LOGGING_H_
+#endif  // TESSERA_COMMON_BASE_LOGGING_H_

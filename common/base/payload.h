@@ -8,8 +8,8 @@
 // them.
 //
 // Thread-safety: immutable after construction; copies share the bytes.
-#ifndef TESSERA_COMMON_PAYLOAD_H_
-#define TESSERA_COMMON_PAYLOAD_H_
+#ifndef TESSERA_COMMON_BASE_PAYLOAD_H_
+#define TESSERA_COMMON_BASE_PAYLOAD_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -67,4 +67,4 @@ struct Message {
 
 }  // namespace tessera
 
-#endif  // TESSERA_COMMON_PAYLOAD_H_
+#endif  // TESSERA_COMMON_BASE_PAYLOAD_H_

@@ -1,7 +1,7 @@
 // Quote: user-supplied text as it appears in error messages: in double quotes, with quotes,
 // backslashes and control characters escaped, so an empty or odd value is visible as such.
-#ifndef TESSERA_COMMON_QUOTE_H_
-#define TESSERA_COMMON_QUOTE_H_
+#ifndef TESSERA_COMMON_BASE_QUOTE_H_
+#define TESSERA_COMMON_BASE_QUOTE_H_
 
 #include <cstdio>
 #include <string>
@@ -30,4 +30,4 @@ inline std::string Quote(std::string_view text) {
 
 }  // namespace tessera
 
-#endif  // TESSERA_COMMON_QUOTE_H_
+#endif  // TESSERA_COMMON_BASE_QUOTE_H_

@@ -12,12 +12,12 @@
 //
 // Libraries are never unloaded (their functions stay callable for the process's lifetime).
 // Thread-safety: Open and Bind are thread-safe (dlopen/dlsym are).
-#ifndef TESSERA_COMMON_SHARED_LIBRARY_H_
-#define TESSERA_COMMON_SHARED_LIBRARY_H_
+#ifndef TESSERA_COMMON_BASE_SHARED_LIBRARY_H_
+#define TESSERA_COMMON_BASE_SHARED_LIBRARY_H_
 
 #include <string>
 
-#include "common/status.h"
+#include "common/base/status.h"
 
 namespace tessera {
 
@@ -47,4 +47,4 @@ class SharedLibrary {
 
 }  // namespace tessera
 
-#endif  // TESSERA_COMMON_SHARED_LIBRARY_H_
+#endif  // TESSERA_COMMON_BASE_SHARED_LIBRARY_H_

@@ -1,4 +1,4 @@
-#include "common/shared_library.h"
+#include "common/base/shared_library.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "common/status.h"
+#include "common/base/status.h"
 
 namespace tessera {
 

@@ -7,8 +7,8 @@
 // broken invariants (bugs).
 //
 // Thread-safety: a Status is a value; distinct objects may be used from distinct threads.
-#ifndef TESSERA_COMMON_STATUS_H_
-#define TESSERA_COMMON_STATUS_H_
+#ifndef TESSERA_COMMON_BASE_STATUS_H_
+#define TESSERA_COMMON_BASE_STATUS_H_
 
 #include <memory>
 #include <optional>
@@ -128,4 +128,4 @@ class [[nodiscard]] StatusOr {
   if (!tmp.ok()) return tmp.status();          \
   lhs = std::move(tmp).value()
 
-#endif  // TESSERA_COMMON_STATUS_H_
+#endif  // TESSERA_COMMON_BASE_STATUS_H_

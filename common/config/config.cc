@@ -1,4 +1,4 @@
-#include "common/config.h"
+#include "common/config/config.h"
 
 #include <CLI/CLI.hpp>
 
@@ -13,8 +13,8 @@
 #include <sstream>
 #include <type_traits>
 
-#include "common/host_port.h"
-#include "common/quote.h"
+#include "common/base/host_port.h"
+#include "common/base/quote.h"
 
 // The process environment; read in CurrentEnvironment() only.
 extern char** environ;

@@ -38,8 +38,8 @@
 // comes from --rank or the coordinator), though it does take num_workers from it.
 //
 // Thread-safety: plain functions on values; CurrentEnvironment() must not race with setenv().
-#ifndef TESSERA_COMMON_CONFIG_H_
-#define TESSERA_COMMON_CONFIG_H_
+#ifndef TESSERA_COMMON_CONFIG_CONFIG_H_
+#define TESSERA_COMMON_CONFIG_CONFIG_H_
 
 #include <cstdint>
 #include <map>
@@ -48,8 +48,8 @@
 #include <utility>
 #include <vector>
 
-#include "common/logging.h"
-#include "common/status.h"
+#include "common/base/logging.h"
+#include "common/base/status.h"
 
 namespace CLI {
 class App;
@@ -85,7 +85,7 @@ struct ProcessConfig {
   int local_rank = -1;
   // Flag --num-workers (alias --world-size); env WORLD_SIZE | OMPI_COMM_WORLD_SIZE | SLURM_NTASKS.
   // >= 1 for a worker. A coordinator or server with 0 serves a long-running fleet: successive
-  // jobs' workers attach, train and leave (see server/coordinator.h).
+  // jobs' workers attach, train and leave (see server/coordinator/coordinator.h).
   int num_workers = 1;
   // Flag --num-servers; env TESSERA_NUM_SERVERS. 0 for all-reduce and ZeRO modes.
   int num_servers = 0;
@@ -204,4 +204,4 @@ std::string DescribeAllSettings(const ProcessConfig& config, const CLI::App& app
 
 }  // namespace tessera
 
-#endif  // TESSERA_COMMON_CONFIG_H_
+#endif  // TESSERA_COMMON_CONFIG_CONFIG_H_

@@ -1,9 +1,9 @@
-// CUDA implementation of common/cuda_device.h, compiled by nvcc (//third_party/cuda:cuda.bzl).
+// CUDA implementation of common/cuda/cuda_device.h, compiled by nvcc (//third_party/cuda:cuda.bzl).
 // cuda_device_cpu.cc serves the same header in builds without the toolkit.
 //
 // Every CUDA runtime call's result goes through CudaCall(), the one place where a cudaError_t
 // becomes a Status: the message names the call and quotes the runtime's error name and string.
-#include "common/cuda_device.h"
+#include "common/cuda/cuda_device.h"
 
 #include <cuda_runtime.h>
 

@@ -10,13 +10,13 @@
 //
 // Thread-safety: all functions are thread-safe (the CUDA runtime is). CudaSelfTest makes
 // `index` the calling thread's current device while it runs and restores the previous one.
-#ifndef TESSERA_COMMON_CUDA_DEVICE_H_
-#define TESSERA_COMMON_CUDA_DEVICE_H_
+#ifndef TESSERA_COMMON_CUDA_CUDA_DEVICE_H_
+#define TESSERA_COMMON_CUDA_CUDA_DEVICE_H_
 
 #include <cstdint>
 #include <string>
 
-#include "common/status.h"
+#include "common/base/status.h"
 
 namespace tessera {
 
@@ -49,4 +49,4 @@ Status CudaSelfTest(int index);
 
 }  // namespace tessera
 
-#endif  // TESSERA_COMMON_CUDA_DEVICE_H_
+#endif  // TESSERA_COMMON_CUDA_CUDA_DEVICE_H_

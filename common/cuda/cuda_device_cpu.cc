@@ -1,6 +1,6 @@
-// CPU-only implementation of common/cuda_device.h, used where the build found no CUDA toolkit
+// CPU-only implementation of common/cuda/cuda_device.h, used where the build found no CUDA toolkit
 // (or with --repo_env=TESSERA_DISABLE_CUDA=1). See cuda_device.cu for the real one.
-#include "common/cuda_device.h"
+#include "common/cuda/cuda_device.h"
 
 namespace tessera {
 namespace {

@@ -1,4 +1,4 @@
-#include "common/cuda_device.h"
+#include "common/cuda/cuda_device.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "common/fleet_view.h"
+#include "common/messages/fleet_view.h"
 
 #include <algorithm>
 

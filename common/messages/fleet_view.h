@@ -3,16 +3,16 @@
 // The coordinator builds it once every expected process has registered and sends it to each
 // of them; it is the same on every process, so anything computed from it (key placement,
 // ring order) agrees everywhere.
-#ifndef TESSERA_COMMON_FLEET_VIEW_H_
-#define TESSERA_COMMON_FLEET_VIEW_H_
+#ifndef TESSERA_COMMON_MESSAGES_FLEET_VIEW_H_
+#define TESSERA_COMMON_MESSAGES_FLEET_VIEW_H_
 
 #include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "common/config.h"
-#include "common/status.h"
+#include "common/config/config.h"
+#include "common/base/status.h"
 #include "proto/wire_generated.h"
 
 namespace tessera {
@@ -65,4 +65,4 @@ StatusOr<FleetView> DecodeFleetView(const proto::FleetView& wire);
 
 }  // namespace tessera
 
-#endif  // TESSERA_COMMON_FLEET_VIEW_H_
+#endif  // TESSERA_COMMON_MESSAGES_FLEET_VIEW_H_

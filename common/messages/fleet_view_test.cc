@@ -1,8 +1,8 @@
-#include "common/fleet_view.h"
+#include "common/messages/fleet_view.h"
 
 #include <gtest/gtest.h>
 
-#include "common/wire_codec.h"
+#include "common/wire/wire_codec.h"
 
 namespace tessera {
 namespace {

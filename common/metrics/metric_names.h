@@ -1,13 +1,13 @@
 // Every metric Tessera exports, in one place: name and help text, with its type and label
-// names in the comment above it (they are fixed at registration; see common/metrics.h).
+// names in the comment above it (they are fixed at registration; see common/metrics/metrics.h).
 //
 //   registry->RegisterCounter(kBadMessagesTotal.name, kBadMessagesTotal.help, {"reason"});
 //
 // Conventions (checked by `promtool check metrics` in metrics_test): the `tessera_` prefix,
 // base units (`_seconds`, `_bytes`), counters end in `_total`, and labels stay low-cardinality
 // (role, rank, op, peer, type, reason; never tensor names or keys).
-#ifndef TESSERA_COMMON_METRIC_NAMES_H_
-#define TESSERA_COMMON_METRIC_NAMES_H_
+#ifndef TESSERA_COMMON_METRICS_METRIC_NAMES_H_
+#define TESSERA_COMMON_METRICS_METRIC_NAMES_H_
 
 #include <string_view>
 
@@ -172,4 +172,4 @@ inline constexpr MetricName kTrainEvalAccuracy{"tessera_train_eval_accuracy",
 
 }  // namespace tessera::metric_names
 
-#endif  // TESSERA_COMMON_METRIC_NAMES_H_
+#endif  // TESSERA_COMMON_METRICS_METRIC_NAMES_H_

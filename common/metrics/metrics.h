@@ -15,8 +15,8 @@
 // Thread-safety: everything is thread-safe. Updating a child (Increment, Set, Add, Observe) is
 // lock-free and does no lookup; registering a family or looking up a child takes a mutex, so
 // look children up once and keep the pointer.
-#ifndef TESSERA_COMMON_METRICS_H_
-#define TESSERA_COMMON_METRICS_H_
+#ifndef TESSERA_COMMON_METRICS_METRICS_H_
+#define TESSERA_COMMON_METRICS_METRICS_H_
 
 #include <atomic>
 #include <cstdint>
@@ -28,7 +28,7 @@
 #include <utility>
 #include <vector>
 
-#include "common/status.h"
+#include "common/base/status.h"
 
 namespace tessera {
 
@@ -179,4 +179,4 @@ std::string FormatMetricValue(double value);
 
 }  // namespace tessera
 
-#endif  // TESSERA_COMMON_METRICS_H_
+#endif  // TESSERA_COMMON_METRICS_METRICS_H_

@@ -1,4 +1,4 @@
-#include "common/metrics_http.h"
+#include "common/metrics/metrics_http.h"
 
 #include <arpa/inet.h>
 #include <civetweb.h>
@@ -11,8 +11,8 @@
 #include <thread>
 #include <utility>
 
-#include "common/host_port.h"
-#include "common/logging.h"
+#include "common/base/host_port.h"
+#include "common/base/logging.h"
 
 namespace tessera {
 namespace {

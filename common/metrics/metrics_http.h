@@ -14,8 +14,8 @@
 // civetweb's accept loop instead of waiting out its 2 s poll).
 // Thread-safety: requests run on civetweb's worker threads, so handlers must be thread-safe;
 // AddHandler may be called from any thread, also while serving.
-#ifndef TESSERA_COMMON_METRICS_HTTP_H_
-#define TESSERA_COMMON_METRICS_HTTP_H_
+#ifndef TESSERA_COMMON_METRICS_METRICS_HTTP_H_
+#define TESSERA_COMMON_METRICS_METRICS_HTTP_H_
 
 #include <functional>
 #include <map>
@@ -23,8 +23,8 @@
 #include <mutex>
 #include <string>
 
-#include "common/metrics.h"
-#include "common/status.h"
+#include "common/metrics/metrics.h"
+#include "common/base/status.h"
 
 struct mg_connection;
 struct mg_context;
@@ -88,4 +88,4 @@ class MetricsHttpServer {
 
 }  // namespace tessera
 
-#endif  // TESSERA_COMMON_METRICS_HTTP_H_
+#endif  // TESSERA_COMMON_METRICS_METRICS_HTTP_H_

@@ -1,4 +1,4 @@
-#include "common/metrics.h"
+#include "common/metrics/metrics.h"
 
 #include <sys/wait.h>
 
@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "common/metric_names.h"
+#include "common/metrics/metric_names.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

@@ -1,4 +1,4 @@
-#include "common/process_runtime.h"
+#include "common/process/process_runtime.h"
 
 #include <pthread.h>
 #include <signal.h>
@@ -14,10 +14,10 @@
 
 #include <CLI/CLI.hpp>
 
-#include "common/fleet_view.h"
-#include "common/host_port.h"
-#include "common/logging.h"
-#include "common/metric_names.h"
+#include "common/messages/fleet_view.h"
+#include "common/base/host_port.h"
+#include "common/base/logging.h"
+#include "common/metrics/metric_names.h"
 
 namespace tessera {
 namespace {

@@ -16,8 +16,8 @@
 // the exit code (0 OK, 1 error, 130/143 when stopped by a signal before finishing).
 //
 // Thread-safety: accessors and stop functions are thread-safe.
-#ifndef TESSERA_COMMON_PROCESS_RUNTIME_H_
-#define TESSERA_COMMON_PROCESS_RUNTIME_H_
+#ifndef TESSERA_COMMON_PROCESS_PROCESS_RUNTIME_H_
+#define TESSERA_COMMON_PROCESS_PROCESS_RUNTIME_H_
 
 #include <atomic>
 #include <condition_variable>
@@ -25,12 +25,12 @@
 #include <memory>
 #include <mutex>
 
-#include "common/config.h"
-#include "common/deadline.h"
-#include "common/metrics.h"
-#include "common/metrics_http.h"
-#include "common/rpc_endpoint.h"
-#include "common/status.h"
+#include "common/config/config.h"
+#include "common/base/deadline.h"
+#include "common/metrics/metrics.h"
+#include "common/metrics/metrics_http.h"
+#include "common/transport/rpc_endpoint.h"
+#include "common/base/status.h"
 
 namespace tessera {
 
@@ -76,4 +76,4 @@ int RunProcess(Role role, int argc, char** argv, CLI::App* app,
 
 }  // namespace tessera
 
-#endif  // TESSERA_COMMON_PROCESS_RUNTIME_H_
+#endif  // TESSERA_COMMON_PROCESS_PROCESS_RUNTIME_H_

@@ -1,4 +1,4 @@
-#include "common/rendezvous_client.h"
+#include "common/rendezvous/rendezvous_client.h"
 
 #include <unistd.h>
 
@@ -7,9 +7,9 @@
 #include <future>
 #include <vector>
 
-#include "common/logging.h"
-#include "common/metric_names.h"
-#include "common/wire_codec.h"
+#include "common/base/logging.h"
+#include "common/metrics/metric_names.h"
+#include "common/wire/wire_codec.h"
 
 namespace tessera {
 namespace {

@@ -8,8 +8,8 @@
 // process waiting on a dead peer gets an error naming it instead of hanging.
 //
 // Thread-safety: all methods are thread-safe.
-#ifndef TESSERA_COMMON_RENDEZVOUS_CLIENT_H_
-#define TESSERA_COMMON_RENDEZVOUS_CLIENT_H_
+#ifndef TESSERA_COMMON_RENDEZVOUS_RENDEZVOUS_CLIENT_H_
+#define TESSERA_COMMON_RENDEZVOUS_RENDEZVOUS_CLIENT_H_
 
 #include <condition_variable>
 #include <cstdint>
@@ -22,11 +22,11 @@
 #include <string>
 #include <thread>
 
-#include "common/config.h"
-#include "common/fleet_view.h"
-#include "common/metrics.h"
-#include "common/rpc_endpoint.h"
-#include "common/status.h"
+#include "common/config/config.h"
+#include "common/messages/fleet_view.h"
+#include "common/metrics/metrics.h"
+#include "common/transport/rpc_endpoint.h"
+#include "common/base/status.h"
 
 namespace tessera {
 
@@ -112,4 +112,4 @@ class RendezvousClient {
 
 }  // namespace tessera
 
-#endif  // TESSERA_COMMON_RENDEZVOUS_CLIENT_H_
+#endif  // TESSERA_COMMON_RENDEZVOUS_RENDEZVOUS_CLIENT_H_

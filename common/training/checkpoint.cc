@@ -1,12 +1,12 @@
-#include "common/checkpoint.h"
+#include "common/training/checkpoint.h"
 
 #include <cstdio>
 #include <cstring>
 
 #include <nlohmann/json.hpp>
 
-#include "common/atomic_file.h"
-#include "common/byte_cursor.h"
+#include "common/base/atomic_file.h"
+#include "common/base/byte_cursor.h"
 
 namespace tessera {
 namespace {

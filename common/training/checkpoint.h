@@ -5,7 +5,7 @@
 //                                             every shard's size and checksum
 //   <root>/LATEST                             "120": the newest complete checkpoint
 //
-// Every file is written atomically (common/atomic_file.h); a step directory counts only once
+// Every file is written atomically (common/base/atomic_file.h); a step directory counts only once
 // its manifest exists, and LATEST moves to it last, so a crash at any point leaves the
 // previous checkpoint intact and in use. Old step directories are kept.
 //
@@ -15,15 +15,15 @@
 // Errors name the file and, for a malformed file, the byte offset.
 //
 // Thread-safety: functions are thread-safe for distinct paths.
-#ifndef TESSERA_COMMON_CHECKPOINT_H_
-#define TESSERA_COMMON_CHECKPOINT_H_
+#ifndef TESSERA_COMMON_TRAINING_CHECKPOINT_H_
+#define TESSERA_COMMON_TRAINING_CHECKPOINT_H_
 
 #include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
 
-#include "common/status.h"
+#include "common/base/status.h"
 
 namespace tessera {
 
@@ -83,4 +83,4 @@ StatusOr<CheckpointManifest> ReadCheckpointManifest(const std::string& root, int
 
 }  // namespace tessera
 
-#endif  // TESSERA_COMMON_CHECKPOINT_H_
+#endif  // TESSERA_COMMON_TRAINING_CHECKPOINT_H_

@@ -1,4 +1,4 @@
-#include "common/checkpoint.h"
+#include "common/training/checkpoint.h"
 
 #include <gtest/gtest.h>
 

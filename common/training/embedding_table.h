@@ -10,8 +10,8 @@
 //   RETURN_IF_ERROR(table.ApplyGradients(lr, step, ids, grads, n));
 //
 // Thread-safety: EmbeddingTable is not thread-safe (callers that share one lock or shard it).
-#ifndef TESSERA_COMMON_EMBEDDING_TABLE_H_
-#define TESSERA_COMMON_EMBEDDING_TABLE_H_
+#ifndef TESSERA_COMMON_TRAINING_EMBEDDING_TABLE_H_
+#define TESSERA_COMMON_TRAINING_EMBEDDING_TABLE_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -19,8 +19,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "common/optimizer.h"
-#include "common/status.h"
+#include "common/training/optimizer.h"
+#include "common/base/status.h"
 
 namespace tessera {
 
@@ -49,7 +49,7 @@ class EmbeddingTable {
   // is written or created.
   Status Lookup(const int64_t* ids, size_t n, float* out);
 
-  // One optimizer step (common/optimizer.h SparseRowUpdate semantics: duplicates summed in
+  // One optimizer step (common/training/optimizer.h SparseRowUpdate semantics: duplicates summed in
   // order, each touched row updated once, untouched rows unchanged) with grads[i * dim ..] the
   // gradient of row ids[i]. Errors as Lookup, before anything changes.
   Status ApplyGradients(float lr, int64_t step, const int64_t* ids, const float* grads, size_t n);
@@ -84,4 +84,4 @@ class EmbeddingTable {
 
 }  // namespace tessera
 
-#endif  // TESSERA_COMMON_EMBEDDING_TABLE_H_
+#endif  // TESSERA_COMMON_TRAINING_EMBEDDING_TABLE_H_

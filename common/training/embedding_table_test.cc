@@ -1,4 +1,4 @@
-#include "common/embedding_table.h"
+#include "common/training/embedding_table.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "common/lr_schedule.h"
+#include "common/training/lr_schedule.h"
 
 #include <algorithm>
 #include <cmath>

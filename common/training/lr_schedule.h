@@ -18,14 +18,14 @@
 //              after it.
 //
 // Thread-safety: pure functions.
-#ifndef TESSERA_COMMON_LR_SCHEDULE_H_
-#define TESSERA_COMMON_LR_SCHEDULE_H_
+#ifndef TESSERA_COMMON_TRAINING_LR_SCHEDULE_H_
+#define TESSERA_COMMON_TRAINING_LR_SCHEDULE_H_
 
 #include <cstdint>
 #include <string>
 #include <string_view>
 
-#include "common/status.h"
+#include "common/base/status.h"
 
 namespace tessera {
 
@@ -60,4 +60,4 @@ float LearningRate(const LrScheduleOptions& options, float base_lr, int64_t step
 
 }  // namespace tessera
 
-#endif  // TESSERA_COMMON_LR_SCHEDULE_H_
+#endif  // TESSERA_COMMON_TRAINING_LR_SCHEDULE_H_

@@ -36,15 +36,15 @@
 //
 // Thread-safety: all functions are pure over their arguments; concurrent calls on disjoint
 // parameter/state ranges are safe.
-#ifndef TESSERA_COMMON_OPTIMIZER_H_
-#define TESSERA_COMMON_OPTIMIZER_H_
+#ifndef TESSERA_COMMON_TRAINING_OPTIMIZER_H_
+#define TESSERA_COMMON_TRAINING_OPTIMIZER_H_
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
 
-#include "common/status.h"
+#include "common/base/status.h"
 
 namespace tessera {
 
@@ -128,4 +128,4 @@ Status SparseRowUpdate(const OptimizerOptions& options, float lr, int64_t step, 
 
 }  // namespace tessera
 
-#endif  // TESSERA_COMMON_OPTIMIZER_H_
+#endif  // TESSERA_COMMON_TRAINING_OPTIMIZER_H_

@@ -1,4 +1,4 @@
-#include "common/optimizer.h"
+#include "common/training/optimizer.h"
 
 #include <cmath>
 #include <cstring>

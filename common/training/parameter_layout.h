@@ -7,15 +7,15 @@
 // padding between them. Sparse parameters (embedding tables) are not part of the layout.
 //
 // Thread-safety: build on one thread; a finished layout is immutable and may be shared.
-#ifndef TESSERA_COMMON_PARAMETER_LAYOUT_H_
-#define TESSERA_COMMON_PARAMETER_LAYOUT_H_
+#ifndef TESSERA_COMMON_TRAINING_PARAMETER_LAYOUT_H_
+#define TESSERA_COMMON_TRAINING_PARAMETER_LAYOUT_H_
 
 #include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include "common/status.h"
+#include "common/base/status.h"
 
 namespace tessera {
 
@@ -51,4 +51,4 @@ class ParameterLayout {
 
 }  // namespace tessera
 
-#endif  // TESSERA_COMMON_PARAMETER_LAYOUT_H_
+#endif  // TESSERA_COMMON_TRAINING_PARAMETER_LAYOUT_H_

@@ -1,4 +1,4 @@
-#include "common/parameter_layout.h"
+#include "common/training/parameter_layout.h"
 
 #include <gtest/gtest.h>
 

@@ -1,8 +1,8 @@
-#include "common/ps_job.h"
+#include "common/training/ps_job.h"
 
 #include <nlohmann/json.hpp>
 
-#include "common/fleet_view.h"
+#include "common/messages/fleet_view.h"
 
 namespace tessera {
 

@@ -9,18 +9,18 @@
 //     table t lives on server SparseRowOwner(t, id, S), a hash, so hot rows spread too.
 //
 // Thread-safety: plain values and pure functions.
-#ifndef TESSERA_COMMON_PS_JOB_H_
-#define TESSERA_COMMON_PS_JOB_H_
+#ifndef TESSERA_COMMON_TRAINING_PS_JOB_H_
+#define TESSERA_COMMON_TRAINING_PS_JOB_H_
 
 #include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include "common/embedding_table.h"
-#include "common/lr_schedule.h"
-#include "common/optimizer.h"
-#include "common/status.h"
+#include "common/training/embedding_table.h"
+#include "common/training/lr_schedule.h"
+#include "common/training/optimizer.h"
+#include "common/base/status.h"
 
 namespace tessera {
 
@@ -67,4 +67,4 @@ int SparseRowOwner(size_t table, int64_t id, int num_servers);
 
 }  // namespace tessera
 
-#endif  // TESSERA_COMMON_PS_JOB_H_
+#endif  // TESSERA_COMMON_TRAINING_PS_JOB_H_

@@ -1,8 +1,8 @@
-#include "common/ps_job.h"
+#include "common/training/ps_job.h"
 
 #include <gtest/gtest.h>
 
-#include "common/fleet_view.h"
+#include "common/messages/fleet_view.h"
 
 namespace tessera {
 namespace {

@@ -5,8 +5,8 @@
 //   StatusOr<Envelope> next = queue.Pop(Deadline::AfterMillis(100), "a heartbeat");
 //
 // Thread-safety: all methods are thread-safe.
-#ifndef TESSERA_COMMON_ENVELOPE_QUEUE_H_
-#define TESSERA_COMMON_ENVELOPE_QUEUE_H_
+#ifndef TESSERA_COMMON_TRANSPORT_ENVELOPE_QUEUE_H_
+#define TESSERA_COMMON_TRANSPORT_ENVELOPE_QUEUE_H_
 
 #include <condition_variable>
 #include <deque>
@@ -14,9 +14,9 @@
 #include <string>
 #include <string_view>
 
-#include "common/deadline.h"
-#include "common/status.h"
-#include "common/transport.h"
+#include "common/base/deadline.h"
+#include "common/base/status.h"
+#include "common/transport/transport.h"
 
 namespace tessera {
 
@@ -66,4 +66,4 @@ class EnvelopeQueue {
 
 }  // namespace tessera
 
-#endif  // TESSERA_COMMON_ENVELOPE_QUEUE_H_
+#endif  // TESSERA_COMMON_TRANSPORT_ENVELOPE_QUEUE_H_

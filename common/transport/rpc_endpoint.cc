@@ -1,10 +1,10 @@
-#include "common/rpc_endpoint.h"
+#include "common/transport/rpc_endpoint.h"
 
 #include <vector>
 
-#include "common/logging.h"
-#include "common/metric_names.h"
-#include "common/wire_codec.h"
+#include "common/base/logging.h"
+#include "common/metrics/metric_names.h"
+#include "common/wire/wire_codec.h"
 
 namespace tessera {
 

@@ -14,8 +14,8 @@
 //
 // Thread-safety: all methods are thread-safe. Handlers run on the transport's I/O thread and
 // must not block (in particular, they must not Call): queue work for another thread.
-#ifndef TESSERA_COMMON_RPC_ENDPOINT_H_
-#define TESSERA_COMMON_RPC_ENDPOINT_H_
+#ifndef TESSERA_COMMON_TRANSPORT_RPC_ENDPOINT_H_
+#define TESSERA_COMMON_TRANSPORT_RPC_ENDPOINT_H_
 
 #include <array>
 #include <atomic>
@@ -28,12 +28,12 @@
 #include <string>
 #include <string_view>
 
-#include "common/deadline.h"
-#include "common/metrics.h"
-#include "common/status.h"
-#include "common/transport.h"
-#include "common/wire_codec.h"
-#include "common/zmq_transport.h"
+#include "common/base/deadline.h"
+#include "common/metrics/metrics.h"
+#include "common/base/status.h"
+#include "common/transport/transport.h"
+#include "common/wire/wire_codec.h"
+#include "common/transport/zmq/zmq_transport.h"
 
 namespace tessera {
 
@@ -112,4 +112,4 @@ class RpcEndpoint {
 
 }  // namespace tessera
 
-#endif  // TESSERA_COMMON_RPC_ENDPOINT_H_
+#endif  // TESSERA_COMMON_TRANSPORT_RPC_ENDPOINT_H_

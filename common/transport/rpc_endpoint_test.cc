@@ -1,8 +1,8 @@
-#include "common/rpc_endpoint.h"
+#include "common/transport/rpc_endpoint.h"
 
 #include <gtest/gtest.h>
 
-#include "common/wire_codec.h"
+#include "common/wire/wire_codec.h"
 
 namespace tessera {
 namespace {

@@ -13,14 +13,14 @@
 //
 // Backends mirror each other's file names: zmq_transport.{h,cc} for production; later an
 // in-process one and a fault-injecting decorator for tests.
-#ifndef TESSERA_COMMON_TRANSPORT_H_
-#define TESSERA_COMMON_TRANSPORT_H_
+#ifndef TESSERA_COMMON_TRANSPORT_TRANSPORT_H_
+#define TESSERA_COMMON_TRANSPORT_TRANSPORT_H_
 
 #include <functional>
 #include <string>
 
-#include "common/payload.h"
-#include "common/status.h"
+#include "common/base/payload.h"
+#include "common/base/status.h"
 #include "proto/wire_generated.h"
 
 namespace tessera {
@@ -70,4 +70,4 @@ class Transport {
 
 }  // namespace tessera
 
-#endif  // TESSERA_COMMON_TRANSPORT_H_
+#endif  // TESSERA_COMMON_TRANSPORT_TRANSPORT_H_

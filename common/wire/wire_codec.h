@@ -7,15 +7,15 @@
 // shape. Only then may code call GetHeader-style accessors on it.
 //
 // Thread-safety: free functions are thread-safe; a MessageBuilder is used by one thread.
-#ifndef TESSERA_COMMON_WIRE_CODEC_H_
-#define TESSERA_COMMON_WIRE_CODEC_H_
+#ifndef TESSERA_COMMON_WIRE_WIRE_CODEC_H_
+#define TESSERA_COMMON_WIRE_WIRE_CODEC_H_
 
 #include <cstdint>
 #include <string>
 #include <string_view>
 
-#include "common/payload.h"
-#include "common/status.h"
+#include "common/base/payload.h"
+#include "common/base/status.h"
 #include "proto/wire_generated.h"
 
 namespace tessera {
@@ -101,4 +101,4 @@ Status StatusFromErrorReply(const proto::ErrorReply& reply);
 
 }  // namespace tessera
 
-#endif  // TESSERA_COMMON_WIRE_CODEC_H_
+#endif  // TESSERA_COMMON_WIRE_WIRE_CODEC_H_

@@ -1,4 +1,4 @@
-#include "common/wire_codec.h"
+#include "common/wire/wire_codec.h"
 
 #include <gtest/gtest.h>
 

@@ -1,12 +1,12 @@
-#include "server/coordinator.h"
+#include "server/coordinator/coordinator.h"
 
 #include <algorithm>
 #include <iterator>
 #include <thread>
 
-#include "common/logging.h"
-#include "common/metric_names.h"
-#include "common/wire_codec.h"
+#include "common/base/logging.h"
+#include "common/metrics/metric_names.h"
+#include "common/wire/wire_codec.h"
 
 namespace tessera::server {
 namespace {

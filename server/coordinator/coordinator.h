@@ -24,8 +24,8 @@
 //
 // Thread-safety: Run() owns all state on the calling thread; message handlers only queue.
 // Snapshot() may be called from any thread.
-#ifndef TESSERA_SERVER_COORDINATOR_H_
-#define TESSERA_SERVER_COORDINATOR_H_
+#ifndef TESSERA_SERVER_COORDINATOR_COORDINATOR_H_
+#define TESSERA_SERVER_COORDINATOR_COORDINATOR_H_
 
 #include <cstdint>
 #include <functional>
@@ -36,12 +36,12 @@
 #include <utility>
 #include <vector>
 
-#include "common/deadline.h"
-#include "common/envelope_queue.h"
-#include "common/fleet_view.h"
-#include "common/metrics.h"
-#include "common/rpc_endpoint.h"
-#include "common/status.h"
+#include "common/base/deadline.h"
+#include "common/transport/envelope_queue.h"
+#include "common/messages/fleet_view.h"
+#include "common/metrics/metrics.h"
+#include "common/transport/rpc_endpoint.h"
+#include "common/base/status.h"
 
 namespace tessera::server {
 
@@ -166,4 +166,4 @@ class Coordinator {
 
 }  // namespace tessera::server
 
-#endif  // TESSERA_SERVER_COORDINATOR_H_
+#endif  // TESSERA_SERVER_COORDINATOR_COORDINATOR_H_

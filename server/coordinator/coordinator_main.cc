@@ -1,13 +1,13 @@
-// tessera-coordinator: the rendezvous point of one job (see server/coordinator.h).
+// tessera-coordinator: the rendezvous point of one job (see server/coordinator/coordinator.h).
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 
-#include "common/logging.h"
-#include "common/process_runtime.h"
-#include "server/coordinator.h"
-#include "server/dashboard.h"
-#include "server/service_discovery.h"
+#include "common/base/logging.h"
+#include "common/process/process_runtime.h"
+#include "server/coordinator/coordinator.h"
+#include "server/coordinator/dashboard.h"
+#include "server/coordinator/service_discovery.h"
 
 int main(int argc, char** argv) {
   using namespace tessera;

@@ -1,5 +1,5 @@
 // The coordinator and RendezvousClient together, in one process over loopback ZeroMQ.
-#include "server/coordinator.h"
+#include "server/coordinator/coordinator.h"
 
 #include <gtest/gtest.h>
 
@@ -8,7 +8,7 @@
 #include <set>
 #include <thread>
 
-#include "common/rendezvous_client.h"
+#include "common/rendezvous/rendezvous_client.h"
 
 namespace tessera::server {
 namespace {

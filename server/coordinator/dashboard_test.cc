@@ -1,4 +1,4 @@
-#include "server/dashboard.h"
+#include "server/coordinator/dashboard.h"
 
 #include <unistd.h>
 
@@ -9,9 +9,9 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "common/metric_names.h"
-#include "common/metrics.h"
-#include "common/metrics_http.h"
+#include "common/metrics/metric_names.h"
+#include "common/metrics/metrics.h"
+#include "common/metrics/metrics_http.h"
 
 namespace tessera::server {
 namespace {

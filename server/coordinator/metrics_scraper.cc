@@ -1,4 +1,4 @@
-#include "server/metrics_scraper.h"
+#include "server/coordinator/metrics_scraper.h"
 
 #include <fcntl.h>
 #include <netdb.h>
@@ -13,8 +13,8 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "common/host_port.h"
-#include "common/quote.h"
+#include "common/base/host_port.h"
+#include "common/base/quote.h"
 
 namespace tessera::server {
 namespace {

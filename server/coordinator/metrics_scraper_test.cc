@@ -1,4 +1,4 @@
-#include "server/metrics_scraper.h"
+#include "server/coordinator/metrics_scraper.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -10,8 +10,8 @@
 #include <chrono>
 #include <cmath>
 
-#include "common/metrics.h"
-#include "common/metrics_http.h"
+#include "common/metrics/metrics.h"
+#include "common/metrics/metrics_http.h"
 
 namespace tessera::server {
 namespace {

@@ -1,13 +1,13 @@
-#include "server/service_discovery.h"
+#include "server/coordinator/service_discovery.h"
 
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
-#include "common/atomic_file.h"
-#include "common/host_port.h"
-#include "common/logging.h"
-#include "common/quote.h"
+#include "common/base/atomic_file.h"
+#include "common/base/host_port.h"
+#include "common/base/logging.h"
+#include "common/base/quote.h"
 
 namespace tessera::server {
 namespace {

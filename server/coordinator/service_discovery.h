@@ -19,8 +19,8 @@
 // fails or leaves. The job's name is in `tessera_job` because Prometheus sets `job` itself, from
 // the scrape config's job_name. A process whose metrics URL has an unspecified host (0.0.0.0,
 // ::) is listed under the host name it registered with (the coordinator: its own host name).
-#ifndef TESSERA_SERVER_SERVICE_DISCOVERY_H_
-#define TESSERA_SERVER_SERVICE_DISCOVERY_H_
+#ifndef TESSERA_SERVER_COORDINATOR_SERVICE_DISCOVERY_H_
+#define TESSERA_SERVER_COORDINATOR_SERVICE_DISCOVERY_H_
 
 #include <memory>
 #include <mutex>
@@ -29,9 +29,9 @@
 #include <utility>
 #include <vector>
 
-#include "common/fleet_view.h"
-#include "common/metrics_http.h"
-#include "common/status.h"
+#include "common/messages/fleet_view.h"
+#include "common/metrics/metrics_http.h"
+#include "common/base/status.h"
 
 namespace tessera::server {
 
@@ -103,4 +103,4 @@ class ServiceDiscovery {
 
 }  // namespace tessera::server
 
-#endif  // TESSERA_SERVER_SERVICE_DISCOVERY_H_
+#endif  // TESSERA_SERVER_COORDINATOR_SERVICE_DISCOVERY_H_

@@ -1,4 +1,4 @@
-#include "server/service_discovery.h"
+#include "server/coordinator/service_discovery.h"
 
 #include <gtest/gtest.h>
 

@@ -1,10 +1,10 @@
-#include "server/parameter_service.h"
+#include "server/ps/parameter_service.h"
 
 #include <string>
 #include <vector>
 
-#include "common/logging.h"
-#include "common/wire_codec.h"
+#include "common/base/logging.h"
+#include "common/wire/wire_codec.h"
 
 namespace tessera::server {
 namespace {

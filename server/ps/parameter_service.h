@@ -14,15 +14,15 @@
 // and its own threads instead.
 //
 // Thread-safety: the Serve* functions are thread-safe (the store is).
-#ifndef TESSERA_SERVER_PARAMETER_SERVICE_H_
-#define TESSERA_SERVER_PARAMETER_SERVICE_H_
+#ifndef TESSERA_SERVER_PS_PARAMETER_SERVICE_H_
+#define TESSERA_SERVER_PS_PARAMETER_SERVICE_H_
 
 #include <memory>
 
-#include "common/payload.h"
-#include "common/rpc_endpoint.h"
-#include "common/transport.h"
-#include "server/tensor_store.h"
+#include "common/base/payload.h"
+#include "common/transport/rpc_endpoint.h"
+#include "common/transport/transport.h"
+#include "server/ps/tensor_store.h"
 
 namespace tessera::server {
 
@@ -38,4 +38,4 @@ Message ServePull(const TensorStore& store, const Envelope& request);
 
 }  // namespace tessera::server
 
-#endif  // TESSERA_SERVER_PARAMETER_SERVICE_H_
+#endif  // TESSERA_SERVER_PS_PARAMETER_SERVICE_H_

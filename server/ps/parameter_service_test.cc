@@ -1,11 +1,11 @@
-#include "server/parameter_service.h"
+#include "server/ps/parameter_service.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cstring>
 
-#include "common/wire_codec.h"
+#include "common/wire/wire_codec.h"
 
 namespace tessera::server {
 namespace {

@@ -1,4 +1,4 @@
-#include "server/ps_service.h"
+#include "server/ps/ps_service.h"
 
 #include <algorithm>
 #include <atomic>
@@ -13,15 +13,15 @@
 #include <thread>
 #include <vector>
 
-#include "common/checkpoint.h"
-#include "common/deadline.h"
-#include "common/embedding_table.h"
-#include "common/fleet_view.h"
-#include "common/logging.h"
-#include "common/metric_names.h"
-#include "common/optimizer.h"
-#include "common/ps_job.h"
-#include "common/wire_codec.h"
+#include "common/training/checkpoint.h"
+#include "common/base/deadline.h"
+#include "common/training/embedding_table.h"
+#include "common/messages/fleet_view.h"
+#include "common/base/logging.h"
+#include "common/metrics/metric_names.h"
+#include "common/training/optimizer.h"
+#include "common/training/ps_job.h"
+#include "common/wire/wire_codec.h"
 
 namespace tessera::server {
 namespace {

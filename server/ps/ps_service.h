@@ -1,7 +1,7 @@
 // PsService: the server side of the parameter-server modes (ps-sync, ps-async, ps-ssp).
 //
 // Worker rank 0 initialises the job (PsInitRequest: the PsJobConfig as JSON and the initial
-// values of this server's dense chunks, common/ps_job.h); from then on the service holds:
+// values of this server's dense chunks, common/training/ps_job.h); from then on the service holds:
 //   - its dense chunks, each with its optimizer state and its own lock (no global lock on the
 //     hot path: requests for different chunks proceed in parallel on the service's threads);
 //   - the embedding rows hashed to it (EmbeddingTable, created on first touch from the seeded
@@ -22,14 +22,14 @@
 // Every error names the key, chunk, table or row, and the owner where another server owns it.
 //
 // Thread-safety: thread-safe. Handlers run on the transport's I/O thread and only queue work.
-#ifndef TESSERA_SERVER_PS_SERVICE_H_
-#define TESSERA_SERVER_PS_SERVICE_H_
+#ifndef TESSERA_SERVER_PS_PS_SERVICE_H_
+#define TESSERA_SERVER_PS_PS_SERVICE_H_
 
 #include <memory>
 
-#include "common/metrics.h"
-#include "common/rpc_endpoint.h"
-#include "common/status.h"
+#include "common/metrics/metrics.h"
+#include "common/transport/rpc_endpoint.h"
+#include "common/base/status.h"
 
 namespace tessera::server {
 
@@ -59,4 +59,4 @@ class PsService {
 
 }  // namespace tessera::server
 
-#endif  // TESSERA_SERVER_PS_SERVICE_H_
+#endif  // TESSERA_SERVER_PS_PS_SERVICE_H_

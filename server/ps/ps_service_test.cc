@@ -1,15 +1,15 @@
 // PsService on a real loopback endpoint, driven by hand-built requests from two "workers".
 // Server 1 of 2 over a key space of 100 (it owns keys [50, 100)).
-#include "server/ps_service.h"
+#include "server/ps/ps_service.h"
 
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstring>
 
-#include "common/embedding_table.h"
-#include "common/ps_job.h"
-#include "common/wire_codec.h"
+#include "common/training/embedding_table.h"
+#include "common/training/ps_job.h"
+#include "common/wire/wire_codec.h"
 
 namespace tessera::server {
 namespace {

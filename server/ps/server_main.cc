@@ -1,7 +1,7 @@
 // tessera-server: one parameter-server shard.
 //
 // Joins the fleet through the coordinator, serves pushes and pulls for the keys the fleet view
-// gives this rank (server/parameter_service.h), and runs until it is told to stop:
+// gives this rank (server/ps/parameter_service.h), and runs until it is told to stop:
 //   - SIGTERM/SIGINT (the launcher ending the job): says goodbye to the coordinator, exit 0;
 //   - losing the coordinator (heartbeats unanswered or rejected): exit 1 with that error,
 //     since without it nobody can tell this server about the fleet any more.
@@ -14,16 +14,16 @@
 
 #include <CLI/CLI.hpp>
 
-#include "common/config.h"
-#include "common/deadline.h"
-#include "common/fleet_view.h"
-#include "common/logging.h"
-#include "common/process_runtime.h"
-#include "common/rendezvous_client.h"
-#include "common/status.h"
-#include "server/parameter_service.h"
-#include "server/ps_service.h"
-#include "server/tensor_store.h"
+#include "common/config/config.h"
+#include "common/base/deadline.h"
+#include "common/messages/fleet_view.h"
+#include "common/base/logging.h"
+#include "common/process/process_runtime.h"
+#include "common/rendezvous/rendezvous_client.h"
+#include "common/base/status.h"
+#include "server/ps/parameter_service.h"
+#include "server/ps/ps_service.h"
+#include "server/ps/tensor_store.h"
 
 namespace tessera::server {
 namespace {

@@ -1,11 +1,11 @@
-#include "server/tensor_store.h"
+#include "server/ps/tensor_store.h"
 
 #include <cstring>
 #include <limits>
 #include <set>
 #include <tuple>
 
-#include "common/metric_names.h"
+#include "common/metrics/metric_names.h"
 
 namespace tessera::server {
 namespace {

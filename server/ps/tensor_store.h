@@ -19,8 +19,8 @@
 //
 // Thread-safety: all methods are thread-safe; one mutex guards the map and is held only for
 // map updates and checks, never while copying tensor bytes.
-#ifndef TESSERA_SERVER_TENSOR_STORE_H_
-#define TESSERA_SERVER_TENSOR_STORE_H_
+#ifndef TESSERA_SERVER_PS_TENSOR_STORE_H_
+#define TESSERA_SERVER_PS_TENSOR_STORE_H_
 
 #include <cstdint>
 #include <map>
@@ -29,10 +29,10 @@
 #include <string>
 #include <vector>
 
-#include "common/fleet_view.h"
-#include "common/metrics.h"
-#include "common/payload.h"
-#include "common/status.h"
+#include "common/messages/fleet_view.h"
+#include "common/metrics/metrics.h"
+#include "common/base/payload.h"
+#include "common/base/status.h"
 
 namespace tessera::server {
 
@@ -122,4 +122,4 @@ class TensorStore {
 
 }  // namespace tessera::server
 
-#endif  // TESSERA_SERVER_TENSOR_STORE_H_
+#endif  // TESSERA_SERVER_PS_TENSOR_STORE_H_

@@ -1,4 +1,4 @@
-#include "server/tensor_store.h"
+#include "server/ps/tensor_store.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

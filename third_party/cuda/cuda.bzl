@@ -11,7 +11,7 @@
     )
 
 Both variants implement the same header, so callers never see an #if. A .cu file includes by
-workspace path ("common/status.h") and sees the headers of `hdrs` and of every cc `deps`,
+workspace path ("common/base/status.h") and sees the headers of `hdrs` and of every cc `deps`,
 transitively, exactly as a .cc in a cc_library would. In a CUDA build the CPU fallback is
 still compiled (as `<name>_cpu_fallback`, private) so that it cannot rot unnoticed.
 

@@ -8,7 +8,7 @@
 // float32 sum all-reduce among N processes on this machine, for
 //   - Tessera: `tessera-launch --workers N --mode bench-allreduce`: N real tessera-worker
 //     processes join the coordinator and build the ring from the fleet view exactly as
-//     --mode allreduce does (worker/allreduce_bench_job.h times RingCollectives::AllReduce),
+//     --mode allreduce does (worker/jobs/allreduce_bench_job.h times RingCollectives::AllReduce),
 //     over the channel --ring-transport picks (auto: shared memory here); rank 0 reports the
 //     channel it uses, and the table's header names it;
 //   - OpenMPI's MPI_Allreduce, twice: tools/bench/mpi_allreduce.c, compiled here with mpicc and

@@ -11,7 +11,7 @@
 #include <cstring>
 #include <filesystem>
 
-#include "common/deadline.h"
+#include "common/base/deadline.h"
 #include "tools/process_group.h"
 
 namespace tessera::tools {

@@ -14,8 +14,8 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "common/deadline.h"
-#include "common/status.h"
+#include "common/base/deadline.h"
+#include "common/base/status.h"
 #include "tools/process_group.h"
 
 namespace tessera::tools {
@@ -127,8 +127,8 @@ StatusOr<Binaries> FindBinaries(const std::string& bin_dir) {
   };
   Binaries binaries;
   ASSIGN_OR_RETURN(binaries.worker, find("worker/tessera-worker"));
-  ASSIGN_OR_RETURN(binaries.coordinator, find("server/tessera-coordinator"));
-  ASSIGN_OR_RETURN(binaries.server, find("server/tessera-server"));
+  ASSIGN_OR_RETURN(binaries.coordinator, find("server/coordinator/tessera-coordinator"));
+  ASSIGN_OR_RETURN(binaries.server, find("server/ps/tessera-server"));
   ASSIGN_OR_RETURN(binaries.launcher, find("tools/tessera-launch"));
   return binaries;
 }

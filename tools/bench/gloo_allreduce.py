@@ -3,7 +3,7 @@
 
 tessera-bench starts WORLD of these, each with --rank; they meet over a TCP store on
 127.0.0.1:--port (rank 0 listens). Per size the timing is that of Tessera's side
-(worker/allreduce_bench_job.h): a zeroed float32 tensor; --warmup untimed dist.all_reduce
+(worker/jobs/allreduce_bench_job.h): a zeroed float32 tensor; --warmup untimed dist.all_reduce
 (sum) calls, whose mean time (max over the ranks) gives the timed iterations (--iters, or as
 many as fit in --seconds, 5 to 10000); each timed iteration is dist.barrier() then
 dist.all_reduce timed with perf_counter; the per-iteration times are max-reduced over the ranks

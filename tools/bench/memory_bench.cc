@@ -11,7 +11,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "common/status.h"
+#include "common/base/status.h"
 
 namespace tessera::tools {
 namespace {

@@ -2,7 +2,7 @@
 """PyTorch's side of `tessera-bench train`: training throughput of an MLP on the CPU.
 
 Trains nn.Sequential(Linear, ReLU, ..., Linear) with softmax cross-entropy, the architecture
-of Tessera's `mlp` model (worker/mlp.h), on random batches generated before the clock starts,
+of Tessera's `mlp` model (worker/nn/mlp.h), on random batches generated before the clock starts,
 and prints one JSON line:
 
   {"samples_per_second": ..., "ms_per_step": ..., "steps": ..., "threads": ..., ...}

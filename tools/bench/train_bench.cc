@@ -19,7 +19,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "common/status.h"
+#include "common/base/status.h"
 #include "tools/bench/train_run.h"
 #include "tools/bench/train_zero_bench.h"
 

@@ -10,7 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/status.h"
+#include "common/base/status.h"
 #include "tools/bench/bench_util.h"
 #include "worker/data/binary_dataset.h"
 #include "worker/data/synthetic_classification.h"

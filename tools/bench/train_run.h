@@ -13,7 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/status.h"
+#include "common/base/status.h"
 
 namespace tessera::tools {
 

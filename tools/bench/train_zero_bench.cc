@@ -8,7 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/status.h"
+#include "common/base/status.h"
 #include "tools/bench/bench_util.h"
 #include "tools/bench/train_run.h"
 

@@ -4,7 +4,7 @@
 #ifndef TESSERA_TOOLS_BENCH_TRAIN_ZERO_BENCH_H_
 #define TESSERA_TOOLS_BENCH_TRAIN_ZERO_BENCH_H_
 
-#include "common/status.h"
+#include "common/base/status.h"
 #include "tools/bench/train_run.h"
 
 namespace tessera::tools {

@@ -16,10 +16,10 @@
 #include <nlohmann/json.hpp>
 #include <zmq.hpp>
 
-#include "common/deadline.h"
-#include "common/rpc_endpoint.h"
-#include "common/status.h"
-#include "common/wire_codec.h"
+#include "common/base/deadline.h"
+#include "common/transport/rpc_endpoint.h"
+#include "common/base/status.h"
+#include "common/wire/wire_codec.h"
 
 namespace tessera::tools {
 namespace {

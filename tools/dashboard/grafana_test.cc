@@ -2,7 +2,7 @@
 // exports: its structure is what Grafana's importer expects (schema version, the
 // ${DS_PROMETHEUS} input, panels on the 24-column grid without overlaps, every query panel with
 // PromQL targets whose datasource resolves), every variable a query uses is defined, every
-// metric it names exists in common/metric_names.h, the key training metrics are all charted,
+// metric it names exists in common/metrics/metric_names.h, the key training metrics are all charted,
 // and Prometheus' own parser (promtool check rules) accepts every expression.
 #include <sys/wait.h>
 #include <unistd.h>
@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "common/metric_names.h"
+#include "common/metrics/metric_names.h"
 
 namespace tessera::tools {
 namespace {
@@ -68,7 +68,7 @@ std::string PanelName(const json& panel) {
   return "panel " + std::to_string(panel.value("id", -1)) + " '" + panel.value("title", "") + "'";
 }
 
-// Every metric Tessera exports (common/metric_names.h).
+// Every metric Tessera exports (common/metrics/metric_names.h).
 std::set<std::string> KnownMetrics() {
   std::set<std::string> known;
   for (const names::MetricName& metric :

@@ -31,8 +31,8 @@
 //     must stay valid and (inputs) unchanged until the call returns; nothing is retained after.
 //
 // Thread-safety: implementations are thread-safe for calls with different tags.
-#ifndef TESSERA_WORKER_COLLECTIVES_H_
-#define TESSERA_WORKER_COLLECTIVES_H_
+#ifndef TESSERA_WORKER_COLLECTIVES_COLLECTIVES_H_
+#define TESSERA_WORKER_COLLECTIVES_COLLECTIVES_H_
 
 #include <algorithm>
 #include <cstddef>
@@ -40,7 +40,7 @@
 #include <string>
 #include <string_view>
 
-#include "common/status.h"
+#include "common/base/status.h"
 
 namespace tessera::worker {
 
@@ -174,4 +174,4 @@ inline StatusOr<bool> AnyRank(Collectives* collectives, bool mine, const std::st
 
 }  // namespace tessera::worker
 
-#endif  // TESSERA_WORKER_COLLECTIVES_H_
+#endif  // TESSERA_WORKER_COLLECTIVES_COLLECTIVES_H_

@@ -13,8 +13,8 @@
 // default floating-point environment (round to nearest, no flush-to-zero).
 //
 // Thread-safety: pure functions.
-#ifndef TESSERA_WORKER_HALF_FLOAT_H_
-#define TESSERA_WORKER_HALF_FLOAT_H_
+#ifndef TESSERA_WORKER_COLLECTIVES_HALF_FLOAT_H_
+#define TESSERA_WORKER_COLLECTIVES_HALF_FLOAT_H_
 
 #include <cstdint>
 #include <cstring>
@@ -103,4 +103,4 @@ inline float BFloat16ToFloat(uint16_t bfloat16) {
 
 }  // namespace tessera::worker
 
-#endif  // TESSERA_WORKER_HALF_FLOAT_H_
+#endif  // TESSERA_WORKER_COLLECTIVES_HALF_FLOAT_H_

@@ -1,4 +1,4 @@
-#include "worker/half_float.h"
+#include "worker/collectives/half_float.h"
 
 #include <gtest/gtest.h>
 

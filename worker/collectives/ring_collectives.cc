@@ -1,4 +1,4 @@
-#include "worker/ring_collectives.h"
+#include "worker/collectives/ring_collectives.h"
 
 #include <algorithm>
 #include <atomic>
@@ -12,9 +12,9 @@
 #include <utility>
 #include <vector>
 
-#include "common/deadline.h"
-#include "common/wire_codec.h"
-#include "worker/half_float.h"
+#include "common/base/deadline.h"
+#include "common/wire/wire_codec.h"
+#include "worker/collectives/half_float.h"
 
 namespace tessera::worker {
 

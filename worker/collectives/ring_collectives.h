@@ -45,8 +45,8 @@
 // them: "borrowing" in ring_collectives.cc.
 //
 // Thread-safety: thread-safe; concurrent calls need different tags.
-#ifndef TESSERA_WORKER_RING_COLLECTIVES_H_
-#define TESSERA_WORKER_RING_COLLECTIVES_H_
+#ifndef TESSERA_WORKER_COLLECTIVES_RING_COLLECTIVES_H_
+#define TESSERA_WORKER_COLLECTIVES_RING_COLLECTIVES_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -54,12 +54,12 @@
 #include <string>
 #include <vector>
 
-#include "common/fleet_view.h"
-#include "common/status.h"
-#include "common/transport.h"
-#include "worker/collective_mailbox.h"
-#include "worker/collectives.h"
-#include "worker/ring_channel.h"
+#include "common/messages/fleet_view.h"
+#include "common/base/status.h"
+#include "common/transport/transport.h"
+#include "worker/collectives/channel/zmq/collective_mailbox.h"
+#include "worker/collectives/collectives.h"
+#include "worker/collectives/channel/ring_channel.h"
 
 namespace tessera::worker {
 
@@ -125,4 +125,4 @@ class RingCollectives final : public Collectives {
 
 }  // namespace tessera::worker
 
-#endif  // TESSERA_WORKER_RING_COLLECTIVES_H_
+#endif  // TESSERA_WORKER_COLLECTIVES_RING_COLLECTIVES_H_

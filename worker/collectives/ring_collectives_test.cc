@@ -1,4 +1,4 @@
-#include "worker/ring_collectives.h"
+#include "worker/collectives/ring_collectives.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -18,10 +18,10 @@
 #include <thread>
 #include <vector>
 
-#include "common/rpc_endpoint.h"
-#include "worker/half_float.h"
-#include "worker/ring_links.h"
-#include "worker/ring_shm.h"
+#include "common/transport/rpc_endpoint.h"
+#include "worker/collectives/half_float.h"
+#include "worker/collectives/channel/links/ring_links.h"
+#include "worker/collectives/channel/shm/ring_shm.h"
 
 namespace tessera::worker {
 namespace {

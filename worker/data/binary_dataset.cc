@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "common/byte_cursor.h"
+#include "common/base/byte_cursor.h"
 
 namespace tessera::worker::data {
 namespace {

@@ -22,7 +22,7 @@
 #include <memory>
 #include <string>
 
-#include "common/status.h"
+#include "common/base/status.h"
 #include "worker/data/dataset.h"
 #include "worker/data/in_memory_dataset.h"
 

@@ -9,7 +9,7 @@
 #include <cstring>
 #include <limits>
 
-#include "common/byte_cursor.h"
+#include "common/base/byte_cursor.h"
 #include "worker/data/synthetic_classification.h"
 
 namespace tessera::worker::data {

@@ -22,7 +22,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "common/status.h"
+#include "common/base/status.h"
 
 namespace tessera::worker::data {
 

@@ -4,7 +4,7 @@
 #include <utility>
 #include <vector>
 
-#include "common/byte_cursor.h"
+#include "common/base/byte_cursor.h"
 
 namespace tessera::worker::data {
 namespace {

@@ -23,7 +23,7 @@
 #include <memory>
 #include <string>
 
-#include "common/status.h"
+#include "common/base/status.h"
 #include "worker/data/in_memory_dataset.h"
 
 namespace tessera::worker::data {

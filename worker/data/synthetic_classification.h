@@ -28,7 +28,7 @@
 #include <memory>
 #include <vector>
 
-#include "common/status.h"
+#include "common/base/status.h"
 #include "worker/data/dataset.h"
 
 namespace tessera::worker::data {

@@ -50,7 +50,7 @@
 #include <memory>
 #include <vector>
 
-#include "common/status.h"
+#include "common/base/status.h"
 #include "worker/data/dataset.h"
 
 namespace tessera::worker::data {

@@ -1,13 +1,13 @@
-#include "worker/allreduce_engine.h"
+#include "worker/engines/allreduce_engine.h"
 
 #include <algorithm>
 #include <chrono>
 
-#include "common/deadline.h"
-#include "common/logging.h"
-#include "common/metric_names.h"
-#include "worker/layout_check.h"
-#include "worker/sharded_state.h"
+#include "common/base/deadline.h"
+#include "common/base/logging.h"
+#include "common/metrics/metric_names.h"
+#include "worker/engines/layout_check.h"
+#include "worker/engines/sharded_state.h"
 
 namespace tessera::worker {
 namespace {

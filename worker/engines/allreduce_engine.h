@@ -1,6 +1,6 @@
 // AllReduceEngine: data-parallel training without servers (`--mode allreduce`, PyTorch DDP /
 // Horovod style). Every rank holds a replica; gradients are averaged across ranks by
-// all-reduce, then every rank applies the same optimizer step (common/optimizer.h, the math of
+// all-reduce, then every rank applies the same optimizer step (common/training/optimizer.h, the math of
 // --mode local), so the replicas stay identical.
 //
 //   Initialize  ranks compare a fingerprint of what they will reduce (parameter names, shapes,
@@ -25,7 +25,7 @@
 // Memory, reported by tessera_model_state_bytes{kind}: parameters 4Ψ, gradients 4Ψ (the
 // trainer's gradient buffer), optimizer state 8Ψ/N for Adam in stage 1 instead of 8Ψ.
 //
-// Checkpoints (worker/sharded_state.h): each rank writes its owned slices of the parameters
+// Checkpoints (worker/engines/sharded_state.h): each rank writes its owned slices of the parameters
 // and their optimizer state (data parallel: rank 0 writes everything, the others nothing) and
 // rank 0 commits once all are written. The format depends on neither the world size nor the
 // bucket plan, so a checkpoint of allreduce or zero1-3 restores into any of them at any
@@ -37,8 +37,8 @@
 // Thread-safety: the training thread calls the TrainingEngine methods; the engine's
 // communication thread runs the all-reduces and zero1's all-gathers, in the order handed over
 // (the same on every rank).
-#ifndef TESSERA_WORKER_ALLREDUCE_ENGINE_H_
-#define TESSERA_WORKER_ALLREDUCE_ENGINE_H_
+#ifndef TESSERA_WORKER_ENGINES_ALLREDUCE_ENGINE_H_
+#define TESSERA_WORKER_ENGINES_ALLREDUCE_ENGINE_H_
 
 #include <condition_variable>
 #include <deque>
@@ -47,13 +47,13 @@
 #include <thread>
 #include <vector>
 
-#include "common/lr_schedule.h"
-#include "common/metrics.h"
-#include "common/optimizer.h"
-#include "common/parameter_layout.h"
-#include "worker/collectives.h"
-#include "worker/gradient_buckets.h"
-#include "worker/training_engine.h"
+#include "common/training/lr_schedule.h"
+#include "common/metrics/metrics.h"
+#include "common/training/optimizer.h"
+#include "common/training/parameter_layout.h"
+#include "worker/collectives/collectives.h"
+#include "worker/engines/gradient_buckets.h"
+#include "worker/engines/training_engine.h"
 
 namespace tessera::worker {
 
@@ -149,4 +149,4 @@ class AllReduceEngine final : public TrainingEngine {
 
 }  // namespace tessera::worker
 
-#endif  // TESSERA_WORKER_ALLREDUCE_ENGINE_H_
+#endif  // TESSERA_WORKER_ENGINES_ALLREDUCE_ENGINE_H_

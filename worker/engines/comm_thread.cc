@@ -1,4 +1,4 @@
-#include "worker/comm_thread.h"
+#include "worker/engines/comm_thread.h"
 
 namespace tessera::worker {
 

@@ -8,8 +8,8 @@
 //   Status status = done.get();  // or wait_for with a deadline
 //
 // Thread-safety: Submit from any thread; the work runs on the comm thread.
-#ifndef TESSERA_WORKER_COMM_THREAD_H_
-#define TESSERA_WORKER_COMM_THREAD_H_
+#ifndef TESSERA_WORKER_ENGINES_COMM_THREAD_H_
+#define TESSERA_WORKER_ENGINES_COMM_THREAD_H_
 
 #include <condition_variable>
 #include <deque>
@@ -18,7 +18,7 @@
 #include <mutex>
 #include <thread>
 
-#include "common/status.h"
+#include "common/base/status.h"
 
 namespace tessera::worker {
 
@@ -44,4 +44,4 @@ class CommThread {
 
 }  // namespace tessera::worker
 
-#endif  // TESSERA_WORKER_COMM_THREAD_H_
+#endif  // TESSERA_WORKER_ENGINES_COMM_THREAD_H_

@@ -1,4 +1,4 @@
-#include "worker/gradient_buckets.h"
+#include "worker/engines/gradient_buckets.h"
 
 #include <algorithm>
 

@@ -10,14 +10,14 @@
 // says which buckets just became complete, so their all-reduce can start at once.
 //
 // Thread-safety: plain values; BucketTracker is used by one thread.
-#ifndef TESSERA_WORKER_GRADIENT_BUCKETS_H_
-#define TESSERA_WORKER_GRADIENT_BUCKETS_H_
+#ifndef TESSERA_WORKER_ENGINES_GRADIENT_BUCKETS_H_
+#define TESSERA_WORKER_ENGINES_GRADIENT_BUCKETS_H_
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "common/parameter_layout.h"
+#include "common/training/parameter_layout.h"
 
 namespace tessera::worker {
 
@@ -50,4 +50,4 @@ class BucketTracker {
 
 }  // namespace tessera::worker
 
-#endif  // TESSERA_WORKER_GRADIENT_BUCKETS_H_
+#endif  // TESSERA_WORKER_ENGINES_GRADIENT_BUCKETS_H_

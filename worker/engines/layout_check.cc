@@ -1,4 +1,4 @@
-#include "worker/layout_check.h"
+#include "worker/engines/layout_check.h"
 
 #include <cstring>
 #include <string>

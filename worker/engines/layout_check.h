@@ -4,14 +4,14 @@
 //
 // Cheap when the layouts agree (one all-gather of a few floats per rank); only on a mismatch
 // does a second all-gather compare per-tensor fingerprints to name the first difference.
-#ifndef TESSERA_WORKER_LAYOUT_CHECK_H_
-#define TESSERA_WORKER_LAYOUT_CHECK_H_
+#ifndef TESSERA_WORKER_ENGINES_LAYOUT_CHECK_H_
+#define TESSERA_WORKER_ENGINES_LAYOUT_CHECK_H_
 
 #include <cstdint>
 
-#include "common/parameter_layout.h"
-#include "common/status.h"
-#include "worker/collectives.h"
+#include "common/training/parameter_layout.h"
+#include "common/base/status.h"
+#include "worker/collectives/collectives.h"
 
 namespace tessera::worker {
 
@@ -21,4 +21,4 @@ Status CheckLayoutsMatch(Collectives* collectives, const ParameterLayout& layout
 
 }  // namespace tessera::worker
 
-#endif  // TESSERA_WORKER_LAYOUT_CHECK_H_
+#endif  // TESSERA_WORKER_ENGINES_LAYOUT_CHECK_H_

@@ -1,9 +1,9 @@
-#include "worker/local_engine.h"
+#include "worker/engines/local_engine.h"
 
 #include <cstring>
 #include <memory>
 
-#include "common/checkpoint.h"
+#include "common/training/checkpoint.h"
 
 namespace tessera::worker {
 

@@ -1,17 +1,17 @@
 // LocalEngine: single-process training (`--mode local`): the optimizer, applied to this
 // rank's own gradients, with the learning-rate schedule. The same math the parameter server
-// and the ZeRO ranks apply to their slices (common/optimizer.h).
-#ifndef TESSERA_WORKER_LOCAL_ENGINE_H_
-#define TESSERA_WORKER_LOCAL_ENGINE_H_
+// and the ZeRO ranks apply to their slices (common/training/optimizer.h).
+#ifndef TESSERA_WORKER_ENGINES_LOCAL_ENGINE_H_
+#define TESSERA_WORKER_ENGINES_LOCAL_ENGINE_H_
 
 #include <memory>
 #include <vector>
 
-#include "common/embedding_table.h"
+#include "common/training/embedding_table.h"
 
-#include "common/lr_schedule.h"
-#include "common/optimizer.h"
-#include "worker/training_engine.h"
+#include "common/training/lr_schedule.h"
+#include "common/training/optimizer.h"
+#include "worker/engines/training_engine.h"
 
 namespace tessera::worker {
 
@@ -51,4 +51,4 @@ class LocalEngine final : public TrainingEngine {
 
 }  // namespace tessera::worker
 
-#endif  // TESSERA_WORKER_LOCAL_ENGINE_H_
+#endif  // TESSERA_WORKER_ENGINES_LOCAL_ENGINE_H_

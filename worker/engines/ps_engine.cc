@@ -1,4 +1,4 @@
-#include "worker/ps_engine.h"
+#include "worker/engines/ps_engine.h"
 
 #include <chrono>
 #include <cstring>
@@ -6,10 +6,10 @@
 #include <optional>
 #include <thread>
 
-#include "common/deadline.h"
-#include "common/logging.h"
-#include "common/metric_names.h"
-#include "common/wire_codec.h"
+#include "common/base/deadline.h"
+#include "common/base/logging.h"
+#include "common/metrics/metric_names.h"
+#include "common/wire/wire_codec.h"
 
 namespace tessera::worker {
 namespace {

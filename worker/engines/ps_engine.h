@@ -1,12 +1,12 @@
 // PsEngine: the worker side of the parameter-server modes (ps-sync, ps-async, ps-ssp).
 //
 // Initialize: rank 0 sends each server the job (PsJobConfig) and the initial values of the
-// dense chunks it owns (common/ps_job.h); then every rank pulls the initial parameters, so all
+// dense chunks it owns (common/training/ps_job.h); then every rank pulls the initial parameters, so all
 // start from rank 0's values. Step: the dense gradients go out chunk by chunk, each copied once
 // out of the trainer's gradient buffer (a request may outlive the call that sent it: see
 // AddFloats), several requests in flight per server; each reply carries the
 // chunks' values after the step (the server decides when, by the consistency model: see
-// server/ps_service.h). Embedding rows: LookupRows pulls only the rows a batch touches from
+// server/ps/ps_service.h). Embedding rows: LookupRows pulls only the rows a batch touches from
 // their owners; Step pushes only those rows' gradients.
 //
 // A server or peer worker that fails makes the pending calls fail with the coordinator's
@@ -14,8 +14,8 @@
 // call fails after --request-timeout-ms naming the server and the request.
 //
 // Thread-safety: the training thread only.
-#ifndef TESSERA_WORKER_PS_ENGINE_H_
-#define TESSERA_WORKER_PS_ENGINE_H_
+#ifndef TESSERA_WORKER_ENGINES_PS_ENGINE_H_
+#define TESSERA_WORKER_ENGINES_PS_ENGINE_H_
 
 #include <future>
 #include <functional>
@@ -23,12 +23,12 @@
 #include <string>
 #include <vector>
 
-#include "common/checkpoint.h"
-#include "common/fleet_view.h"
-#include "common/metrics.h"
-#include "common/ps_job.h"
-#include "common/rpc_endpoint.h"
-#include "worker/training_engine.h"
+#include "common/training/checkpoint.h"
+#include "common/messages/fleet_view.h"
+#include "common/metrics/metrics.h"
+#include "common/training/ps_job.h"
+#include "common/transport/rpc_endpoint.h"
+#include "worker/engines/training_engine.h"
 
 namespace tessera::worker {
 
@@ -106,4 +106,4 @@ class PsEngine final : public TrainingEngine {
 
 }  // namespace tessera::worker
 
-#endif  // TESSERA_WORKER_PS_ENGINE_H_
+#endif  // TESSERA_WORKER_ENGINES_PS_ENGINE_H_

@@ -1,4 +1,4 @@
-#include "worker/sharded_state.h"
+#include "worker/engines/sharded_state.h"
 
 #include <algorithm>
 #include <cstring>

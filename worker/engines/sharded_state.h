@@ -4,13 +4,13 @@
 // a checkpoint restores at any world size and into any of these modes (DeepSpeed's "universal
 // checkpoint", without a conversion step):
 //
-//   <root>/step-000000000120/rank-<r>.ckpt   one per rank that owns elements (common/checkpoint.h
+//   <root>/step-000000000120/rank-<r>.ckpt   one per rank that owns elements (common/training/checkpoint.h
 //                                            shard files), with the entries
 //       slices  int64  [offset, size, offset, size, ...]: absolute element ranges of the flat
 //                      buffer (ParameterLayout order), non-empty, in the rank's order
 //       params  float  the elements of those slices, concatenated in the same order
 //       state   float  their optimizer state, StateFloatsPerElement(kind) floats per element,
-//                      interleaved per element (common/optimizer.h), in the same order
+//                      interleaved per element (common/training/optimizer.h), in the same order
 //   <root>/step-000000000120/MANIFEST.json   mode, world_size, layout fingerprint, dense_elements,
 //                                            optimizer, tensors (names, shapes), files
 //
@@ -30,18 +30,18 @@
 //
 // Thread-safety: the functions are thread-safe for distinct roots; the collective ones must be
 // called by every rank with the same arguments except the slices and buffers.
-#ifndef TESSERA_WORKER_SHARDED_STATE_H_
-#define TESSERA_WORKER_SHARDED_STATE_H_
+#ifndef TESSERA_WORKER_ENGINES_SHARDED_STATE_H_
+#define TESSERA_WORKER_ENGINES_SHARDED_STATE_H_
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "common/checkpoint.h"
-#include "common/optimizer.h"
-#include "common/parameter_layout.h"
-#include "common/status.h"
-#include "worker/collectives.h"
+#include "common/training/checkpoint.h"
+#include "common/training/optimizer.h"
+#include "common/training/parameter_layout.h"
+#include "common/base/status.h"
+#include "worker/collectives/collectives.h"
 
 namespace tessera::worker {
 
@@ -124,4 +124,4 @@ Status RestoreShardedCheckpoint(const std::string& root, int64_t step,
 
 }  // namespace tessera::worker
 
-#endif  // TESSERA_WORKER_SHARDED_STATE_H_
+#endif  // TESSERA_WORKER_ENGINES_SHARDED_STATE_H_

@@ -1,4 +1,4 @@
-#include "worker/sharded_state.h"
+#include "worker/engines/sharded_state.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -11,7 +11,7 @@
 #include <mutex>
 #include <thread>
 
-#include "common/atomic_file.h"
+#include "common/base/atomic_file.h"
 
 namespace tessera::worker {
 namespace {

@@ -9,25 +9,25 @@
 //              updated parameters back;
 //   zero1-3    reduce-scatters gradients, updates this rank's slice, all-gathers parameters.
 // Dense parameters and gradients are flat buffers in one ParameterLayout, so every engine
-// works on plain ranges. Sparse parameters (embedding tables, common/embedding_table.h) live
+// works on plain ranges. Sparse parameters (embedding tables, common/training/embedding_table.h) live
 // in the engine: the trainer asks it for the rows each batch touches (LookupRows) and hands
 // their gradients to Step. Everything an engine sees is host memory (on a GPU the trainer
 // copies around it).
 //
 // Thread-safety: called from the training thread only.
-#ifndef TESSERA_WORKER_TRAINING_ENGINE_H_
-#define TESSERA_WORKER_TRAINING_ENGINE_H_
+#ifndef TESSERA_WORKER_ENGINES_TRAINING_ENGINE_H_
+#define TESSERA_WORKER_ENGINES_TRAINING_ENGINE_H_
 
 #include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include "common/embedding_table.h"
-#include "common/parameter_layout.h"
-#include "common/status.h"
-#include "worker/model.h"
-#include "worker/parameter_storage.h"
+#include "common/training/embedding_table.h"
+#include "common/training/parameter_layout.h"
+#include "common/base/status.h"
+#include "worker/nn/model.h"
+#include "worker/nn/parameter_storage.h"
 
 namespace tessera::worker {
 
@@ -91,7 +91,7 @@ class TrainingEngine {
   // leaving the others inside a collective. The default: this rank's own answer.
   virtual StatusOr<bool> AgreeToStop(int64_t step, bool stop) { return stop; }
 
-  // Checkpoints (common/checkpoint.h) under `root`. Save: after Step(step), everything needed
+  // Checkpoints (common/training/checkpoint.h) under `root`. Save: after Step(step), everything needed
   // to continue (parameters, optimizer state, embedding rows), committed only when complete.
   // Restore: after Initialize, replaces parameters and state with those of `step` and writes
   // the dense parameters to `params`. Errors name the file. Unimplemented by default.
@@ -105,4 +105,4 @@ class TrainingEngine {
 
 }  // namespace tessera::worker
 
-#endif  // TESSERA_WORKER_TRAINING_ENGINE_H_
+#endif  // TESSERA_WORKER_ENGINES_TRAINING_ENGINE_H_

@@ -18,7 +18,7 @@
 //             thread into this rank's gradient slices, then frees it, while backward goes on.
 //             At most max_gradient_blocks_in_flight blocks wait for their reduce-scatter (or
 //             are being written): backward waits for the oldest one before taking another.
-//   Step      waits for the reduce-scatters, updates the owned slices (common/optimizer.h, the
+//   Step      waits for the reduce-scatters, updates the owned slices (common/training/optimizer.h, the
 //             same per-element math as every mode); stage 2 then all-gathers the parameters.
 // Gradient accumulation (several micro-batches per step, announced by one OnBackwardStart):
 // every micro-batch's blocks are reduce-scattered; the first one's land in the gradient slices,
@@ -40,8 +40,8 @@
 // Errors: a collective that fails or times out fails the step naming the tensor and peer.
 // Thread-safety: the training thread calls everything; the communication thread runs the
 // collectives it is handed.
-#ifndef TESSERA_WORKER_ZERO_ENGINE_H_
-#define TESSERA_WORKER_ZERO_ENGINE_H_
+#ifndef TESSERA_WORKER_ENGINES_ZERO_ENGINE_H_
+#define TESSERA_WORKER_ENGINES_ZERO_ENGINE_H_
 
 #include <atomic>
 #include <cstdint>
@@ -50,13 +50,13 @@
 #include <memory>
 #include <vector>
 
-#include "common/lr_schedule.h"
-#include "common/metrics.h"
-#include "common/optimizer.h"
-#include "worker/collectives.h"
-#include "worker/comm_thread.h"
-#include "worker/parameter_storage.h"
-#include "worker/training_engine.h"
+#include "common/training/lr_schedule.h"
+#include "common/metrics/metrics.h"
+#include "common/training/optimizer.h"
+#include "worker/collectives/collectives.h"
+#include "worker/engines/comm_thread.h"
+#include "worker/nn/parameter_storage.h"
+#include "worker/engines/training_engine.h"
 
 namespace tessera::worker {
 
@@ -184,4 +184,4 @@ class ZeroEngine final : public TrainingEngine, private ParameterStorage {
 
 }  // namespace tessera::worker
 
-#endif  // TESSERA_WORKER_ZERO_ENGINE_H_
+#endif  // TESSERA_WORKER_ENGINES_ZERO_ENGINE_H_

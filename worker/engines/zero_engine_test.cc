@@ -1,7 +1,7 @@
 // ZeroEngine on one rank, driven the way Sequential drives its storage, with collectives that
 // copy (world size 1) and count the all-gathers per tensor: what stage 3 gathers in each pass,
 // the bound on transient memory, and gradient accumulation over micro-batches.
-#include "worker/zero_engine.h"
+#include "worker/engines/zero_engine.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "worker/allreduce_bench_job.h"
+#include "worker/jobs/allreduce_bench_job.h"
 
 #include <algorithm>
 #include <chrono>

@@ -14,8 +14,8 @@
 //        {"bench":"allreduce","system":"tessera","bytes":B,"ranks":W,"iters":K,
 //         "median_s":...,"min_s":...,"mean_s":...}
 // The first error ends the job.
-#ifndef TESSERA_WORKER_ALLREDUCE_BENCH_JOB_H_
-#define TESSERA_WORKER_ALLREDUCE_BENCH_JOB_H_
+#ifndef TESSERA_WORKER_JOBS_ALLREDUCE_BENCH_JOB_H_
+#define TESSERA_WORKER_JOBS_ALLREDUCE_BENCH_JOB_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -23,8 +23,8 @@
 #include <string>
 #include <vector>
 
-#include "common/status.h"
-#include "worker/collectives.h"
+#include "common/base/status.h"
+#include "worker/collectives/collectives.h"
 
 namespace CLI {
 class App;
@@ -48,4 +48,4 @@ Status RunAllReduceBench(Collectives& collectives, const AllReduceBenchFlags& fl
 
 }  // namespace tessera::worker
 
-#endif  // TESSERA_WORKER_ALLREDUCE_BENCH_JOB_H_
+#endif  // TESSERA_WORKER_JOBS_ALLREDUCE_BENCH_JOB_H_

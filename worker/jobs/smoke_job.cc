@@ -1,4 +1,4 @@
-#include "worker/smoke_job.h"
+#include "worker/jobs/smoke_job.h"
 
 #include <chrono>
 #include <cmath>
@@ -14,13 +14,13 @@
 
 #include <CLI/CLI.hpp>
 
-#include "common/deadline.h"
-#include "common/fleet_view.h"
-#include "common/logging.h"
-#include "common/payload.h"
-#include "common/rpc_endpoint.h"
-#include "common/wire_codec.h"
-#include "worker/ring_collectives.h"
+#include "common/base/deadline.h"
+#include "common/messages/fleet_view.h"
+#include "common/base/logging.h"
+#include "common/base/payload.h"
+#include "common/transport/rpc_endpoint.h"
+#include "common/wire/wire_codec.h"
+#include "worker/collectives/ring_collectives.h"
 
 namespace tessera::worker {
 namespace {

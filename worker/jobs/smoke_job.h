@@ -8,15 +8,15 @@
 //      workers, --round-interval-ms apart, each checked against the closed form;
 //   4. barrier "done" (workers).
 // Each phase logs a report line with its timing; the first error ends the job.
-#ifndef TESSERA_WORKER_SMOKE_JOB_H_
-#define TESSERA_WORKER_SMOKE_JOB_H_
+#ifndef TESSERA_WORKER_JOBS_SMOKE_JOB_H_
+#define TESSERA_WORKER_JOBS_SMOKE_JOB_H_
 
 #include <cstdint>
 
-#include "common/process_runtime.h"
-#include "common/rendezvous_client.h"
-#include "common/status.h"
-#include "worker/collective_mailbox.h"
+#include "common/process/process_runtime.h"
+#include "common/rendezvous/rendezvous_client.h"
+#include "common/base/status.h"
+#include "worker/collectives/channel/zmq/collective_mailbox.h"
 
 namespace CLI {
 class App;
@@ -38,4 +38,4 @@ Status RunSmokeJob(ProcessRuntime& runtime, RendezvousClient& client, Collective
 
 }  // namespace tessera::worker
 
-#endif  // TESSERA_WORKER_SMOKE_JOB_H_
+#endif  // TESSERA_WORKER_JOBS_SMOKE_JOB_H_

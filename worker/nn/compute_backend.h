@@ -1,6 +1,6 @@
 // ComputeBackend: the numerical primitives layers are written in, on one device.
 //
-// Layers (worker/layers.h) never touch tensor memory directly: every loop over tensor elements
+// Layers (worker/nn/layers.h) never touch tensor memory directly: every loop over tensor elements
 // is a call here, so the same layer code runs on the CPU (cpu_backend: OpenBLAS GEMM + plain
 // loops) and on a GPU (cuda_backend: cuBLAS + kernels). All matrices are row-major float32.
 // Every pointer passed to an op points into the backend's own memory: host memory for the CPU
@@ -9,14 +9,14 @@
 // copies to the host synchronise.
 //
 // Thread-safety: a backend instance is used by one thread at a time.
-#ifndef TESSERA_WORKER_COMPUTE_BACKEND_H_
-#define TESSERA_WORKER_COMPUTE_BACKEND_H_
+#ifndef TESSERA_WORKER_NN_COMPUTE_BACKEND_H_
+#define TESSERA_WORKER_NN_COMPUTE_BACKEND_H_
 
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
 
-#include "common/status.h"
+#include "common/base/status.h"
 
 namespace tessera::worker {
 
@@ -118,4 +118,4 @@ class ComputeBackend {
 
 }  // namespace tessera::worker
 
-#endif  // TESSERA_WORKER_COMPUTE_BACKEND_H_
+#endif  // TESSERA_WORKER_NN_COMPUTE_BACKEND_H_

@@ -1,4 +1,4 @@
-#include "worker/ctr_model.h"
+#include "worker/nn/ctr_model.h"
 
 #include <random>
 #include <string>

@@ -12,14 +12,14 @@
 // a sample counts as correct when (logit > 0) == label.
 //
 // Thread-safety: as Model.
-#ifndef TESSERA_WORKER_CTR_MODEL_H_
-#define TESSERA_WORKER_CTR_MODEL_H_
+#ifndef TESSERA_WORKER_NN_CTR_MODEL_H_
+#define TESSERA_WORKER_NN_CTR_MODEL_H_
 
 #include <memory>
 #include <vector>
 
-#include "worker/mlp.h"
-#include "worker/model.h"
+#include "worker/nn/mlp.h"
+#include "worker/nn/model.h"
 
 namespace tessera::worker {
 
@@ -83,4 +83,4 @@ class CtrModel final : public Model {
 
 }  // namespace tessera::worker
 
-#endif  // TESSERA_WORKER_CTR_MODEL_H_
+#endif  // TESSERA_WORKER_NN_CTR_MODEL_H_

@@ -1,13 +1,13 @@
-#include "worker/ctr_model.h"
+#include "worker/nn/ctr_model.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <random>
 
-#include "worker/cpu_backend.h"
+#include "worker/nn/cpu/cpu_backend.h"
 #include "worker/data/synthetic_ctr.h"
-#include "worker/local_engine.h"
+#include "worker/engines/local_engine.h"
 #include "worker/trainer.h"
 
 namespace tessera::worker {

@@ -9,14 +9,14 @@
 // scratch, rewritten every batch). Move-only.
 //
 // Thread-safety: as the backend (one thread at a time).
-#ifndef TESSERA_WORKER_DEVICE_BUFFER_H_
-#define TESSERA_WORKER_DEVICE_BUFFER_H_
+#ifndef TESSERA_WORKER_NN_DEVICE_BUFFER_H_
+#define TESSERA_WORKER_NN_DEVICE_BUFFER_H_
 
 #include <cstddef>
 #include <utility>
 
-#include "common/status.h"
-#include "worker/compute_backend.h"
+#include "common/base/status.h"
+#include "worker/nn/compute_backend.h"
 
 namespace tessera::worker {
 
@@ -66,4 +66,4 @@ class DeviceBuffer {
 
 }  // namespace tessera::worker
 
-#endif  // TESSERA_WORKER_DEVICE_BUFFER_H_
+#endif  // TESSERA_WORKER_NN_DEVICE_BUFFER_H_

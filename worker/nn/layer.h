@@ -2,7 +2,7 @@
 // ComputeBackend so the same code runs on the CPU and the GPU.
 //
 // A layer maps a batch of rows of input_dim() values to rows of output_dim() values. Its dense
-// parameters occupy one contiguous block of the model's flat layout (common/parameter_layout.h),
+// parameters occupy one contiguous block of the model's flat layout (common/training/parameter_layout.h),
 // its gradients the same block of the flat gradient buffer. Forward and Backward get pointers
 // to the block itself, not to the whole buffer, so the block can live elsewhere for a pass
 // (ZeRO stage 3 gathers it just in time: parameter_storage.h). Compose layers with Sequential
@@ -11,8 +11,8 @@
 //
 // Thread-safety: one thread at a time (a layer may keep per-batch state between Forward and
 // Backward, e.g. LayerNorm's row statistics).
-#ifndef TESSERA_WORKER_LAYER_H_
-#define TESSERA_WORKER_LAYER_H_
+#ifndef TESSERA_WORKER_NN_LAYER_H_
+#define TESSERA_WORKER_NN_LAYER_H_
 
 #include <cstdint>
 #include <random>
@@ -20,9 +20,9 @@
 #include <string_view>
 #include <vector>
 
-#include "common/parameter_layout.h"
-#include "common/status.h"
-#include "worker/compute_backend.h"
+#include "common/training/parameter_layout.h"
+#include "common/base/status.h"
+#include "worker/nn/compute_backend.h"
 
 namespace tessera::worker {
 
@@ -59,4 +59,4 @@ class Layer {
 
 }  // namespace tessera::worker
 
-#endif  // TESSERA_WORKER_LAYER_H_
+#endif  // TESSERA_WORKER_NN_LAYER_H_

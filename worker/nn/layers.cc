@@ -1,4 +1,4 @@
-#include "worker/layers.h"
+#include "worker/nn/layers.h"
 
 #include <cmath>
 

@@ -8,13 +8,13 @@
 //                      "<prefix>.weight" [dim] (init 1), "<prefix>.bias" [dim] (init 0)
 //
 // Thread-safety: as Layer.
-#ifndef TESSERA_WORKER_LAYERS_H_
-#define TESSERA_WORKER_LAYERS_H_
+#ifndef TESSERA_WORKER_NN_LAYERS_H_
+#define TESSERA_WORKER_NN_LAYERS_H_
 
 #include <memory>
 
-#include "worker/device_buffer.h"
-#include "worker/layer.h"
+#include "worker/nn/device_buffer.h"
+#include "worker/nn/layer.h"
 
 namespace tessera::worker {
 
@@ -97,4 +97,4 @@ class LayerNorm final : public Layer {
 
 }  // namespace tessera::worker
 
-#endif  // TESSERA_WORKER_LAYERS_H_
+#endif  // TESSERA_WORKER_NN_LAYERS_H_

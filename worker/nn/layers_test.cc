@@ -1,14 +1,14 @@
 // Every built-in layer's backward (parameter gradients and dx) against central differences,
 // through Sequential, plus Sequential's shape checks and naming.
-#include "worker/layers.h"
+#include "worker/nn/layers.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <random>
 
-#include "worker/cpu_backend.h"
-#include "worker/sequential.h"
+#include "worker/nn/cpu/cpu_backend.h"
+#include "worker/nn/sequential.h"
 
 namespace tessera::worker {
 namespace {

@@ -1,8 +1,8 @@
-#include "worker/mlp.h"
+#include "worker/nn/mlp.h"
 
 #include <random>
 
-#include "worker/layers.h"
+#include "worker/nn/layers.h"
 
 namespace tessera::worker {
 

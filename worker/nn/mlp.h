@@ -8,8 +8,8 @@
 // docs/benchmarks.md).
 //
 // Thread-safety: as Model.
-#ifndef TESSERA_WORKER_MLP_H_
-#define TESSERA_WORKER_MLP_H_
+#ifndef TESSERA_WORKER_NN_MLP_H_
+#define TESSERA_WORKER_NN_MLP_H_
 
 #include <cstdint>
 #include <memory>
@@ -17,8 +17,8 @@
 #include <string_view>
 #include <vector>
 
-#include "common/status.h"
-#include "worker/model.h"
+#include "common/base/status.h"
+#include "worker/nn/model.h"
 
 namespace tessera::worker {
 
@@ -77,4 +77,4 @@ class Mlp final : public Model {
 
 }  // namespace tessera::worker
 
-#endif  // TESSERA_WORKER_MLP_H_
+#endif  // TESSERA_WORKER_NN_MLP_H_

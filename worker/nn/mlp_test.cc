@@ -1,4 +1,4 @@
-#include "worker/mlp.h"
+#include "worker/nn/mlp.h"
 
 #include <gtest/gtest.h>
 
@@ -6,7 +6,7 @@
 #include <cmath>
 #include <random>
 
-#include "worker/cpu_backend.h"
+#include "worker/nn/cpu/cpu_backend.h"
 
 namespace tessera::worker {
 namespace {

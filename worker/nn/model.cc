@@ -1,4 +1,4 @@
-#include "worker/model.h"
+#include "worker/nn/model.h"
 
 #include <algorithm>
 #include <string>

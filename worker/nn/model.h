@@ -10,21 +10,21 @@
 //
 // Thread-safety: one thread at a time (a model keeps the batch's activations between forward
 // and backward).
-#ifndef TESSERA_WORKER_MODEL_H_
-#define TESSERA_WORKER_MODEL_H_
+#ifndef TESSERA_WORKER_NN_MODEL_H_
+#define TESSERA_WORKER_NN_MODEL_H_
 
 #include <cstdint>
 #include <string_view>
 #include <vector>
 
-#include "common/embedding_table.h"
-#include "common/parameter_layout.h"
-#include "common/status.h"
-#include "worker/compute_backend.h"
+#include "common/training/embedding_table.h"
+#include "common/training/parameter_layout.h"
+#include "common/base/status.h"
+#include "worker/nn/compute_backend.h"
 #include "worker/data/dataset.h"
-#include "worker/device_buffer.h"
-#include "worker/parameter_storage.h"
-#include "worker/sequential.h"
+#include "worker/nn/device_buffer.h"
+#include "worker/nn/parameter_storage.h"
+#include "worker/nn/sequential.h"
 
 namespace tessera::worker {
 
@@ -108,4 +108,4 @@ class DeviceBatch {
 
 }  // namespace tessera::worker
 
-#endif  // TESSERA_WORKER_MODEL_H_
+#endif  // TESSERA_WORKER_NN_MODEL_H_

@@ -17,13 +17,13 @@
 // it in Release, and reduce-scatters a block's gradients in GradientsDone.
 //
 // Thread-safety: called from the training thread only.
-#ifndef TESSERA_WORKER_PARAMETER_STORAGE_H_
-#define TESSERA_WORKER_PARAMETER_STORAGE_H_
+#ifndef TESSERA_WORKER_NN_PARAMETER_STORAGE_H_
+#define TESSERA_WORKER_NN_PARAMETER_STORAGE_H_
 
 #include <cstdint>
 #include <functional>
 
-#include "common/status.h"
+#include "common/base/status.h"
 
 namespace tessera::worker {
 
@@ -90,4 +90,4 @@ class FlatParameterStorage final : public ParameterStorage {
 
 }  // namespace tessera::worker
 
-#endif  // TESSERA_WORKER_PARAMETER_STORAGE_H_
+#endif  // TESSERA_WORKER_NN_PARAMETER_STORAGE_H_

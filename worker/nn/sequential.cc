@@ -1,4 +1,4 @@
-#include "worker/sequential.h"
+#include "worker/nn/sequential.h"
 
 namespace tessera::worker {
 

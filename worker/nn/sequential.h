@@ -10,17 +10,17 @@
 // Or with each layer's parameters from a ParameterStorage (parameter_storage.h).
 //
 // Thread-safety: one thread at a time.
-#ifndef TESSERA_WORKER_SEQUENTIAL_H_
-#define TESSERA_WORKER_SEQUENTIAL_H_
+#ifndef TESSERA_WORKER_NN_SEQUENTIAL_H_
+#define TESSERA_WORKER_NN_SEQUENTIAL_H_
 
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "worker/device_buffer.h"
-#include "worker/layer.h"
-#include "worker/parameter_storage.h"
+#include "worker/nn/device_buffer.h"
+#include "worker/nn/layer.h"
+#include "worker/nn/parameter_storage.h"
 
 namespace tessera::worker {
 
@@ -77,4 +77,4 @@ class Sequential {
 
 }  // namespace tessera::worker
 
-#endif  // TESSERA_WORKER_SEQUENTIAL_H_
+#endif  // TESSERA_WORKER_NN_SEQUENTIAL_H_

@@ -1,4 +1,4 @@
-#include "common/zmq_transport.h"
+#include "common/transport/zmq/zmq_transport.h"
 
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -12,11 +12,11 @@
 #include <vector>
 #include <zmq.hpp>
 
-#include "common/deadline.h"
-#include "common/host_port.h"
-#include "common/logging.h"
-#include "common/metric_names.h"
-#include "common/wire_codec.h"
+#include "common/base/deadline.h"
+#include "common/base/host_port.h"
+#include "common/base/logging.h"
+#include "common/metrics/metric_names.h"
+#include "common/wire/wire_codec.h"
 
 namespace tessera {
 namespace {

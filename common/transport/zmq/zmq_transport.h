@@ -16,8 +16,8 @@
 //
 // Thread-safety: Send, Reply, Shutdown and the accessors are thread-safe; the handler runs on
 // the I/O thread.
-#ifndef TESSERA_COMMON_ZMQ_TRANSPORT_H_
-#define TESSERA_COMMON_ZMQ_TRANSPORT_H_
+#ifndef TESSERA_COMMON_TRANSPORT_ZMQ_ZMQ_TRANSPORT_H_
+#define TESSERA_COMMON_TRANSPORT_ZMQ_ZMQ_TRANSPORT_H_
 
 #include <atomic>
 #include <condition_variable>
@@ -28,9 +28,9 @@
 #include <string>
 #include <thread>
 
-#include "common/metrics.h"
-#include "common/status.h"
-#include "common/transport.h"
+#include "common/metrics/metrics.h"
+#include "common/base/status.h"
+#include "common/transport/transport.h"
 
 namespace tessera {
 
@@ -75,4 +75,4 @@ bool IsValidTcpAddress(const std::string& address);
 
 }  // namespace tessera
 
-#endif  // TESSERA_COMMON_ZMQ_TRANSPORT_H_
+#endif  // TESSERA_COMMON_TRANSPORT_ZMQ_ZMQ_TRANSPORT_H_

@@ -1,12 +1,12 @@
-#include "common/zmq_transport.h"
+#include "common/transport/zmq/zmq_transport.h"
 
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <zmq.hpp>
 
-#include "common/envelope_queue.h"
-#include "common/wire_codec.h"
+#include "common/transport/envelope_queue.h"
+#include "common/wire/wire_codec.h"
 
 namespace tessera {
 namespace {

@@ -15,8 +15,8 @@
 // own durations bring it back once they are short again.
 //
 // Thread-safety: none; the owner guards it (RingLinks keeps one per direction under its mutex).
-#ifndef TESSERA_WORKER_ADAPTIVE_SPIN_H_
-#define TESSERA_WORKER_ADAPTIVE_SPIN_H_
+#ifndef TESSERA_WORKER_COLLECTIVES_CHANNEL_ADAPTIVE_SPIN_H_
+#define TESSERA_WORKER_COLLECTIVES_CHANNEL_ADAPTIVE_SPIN_H_
 
 #include <cstdint>
 
@@ -61,4 +61,4 @@ class AdaptiveSpin {
 
 }  // namespace tessera::worker
 
-#endif  // TESSERA_WORKER_ADAPTIVE_SPIN_H_
+#endif  // TESSERA_WORKER_COLLECTIVES_CHANNEL_ADAPTIVE_SPIN_H_

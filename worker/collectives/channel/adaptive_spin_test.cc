@@ -1,4 +1,4 @@
-#include "worker/adaptive_spin.h"
+#include "worker/collectives/channel/adaptive_spin.h"
 
 #include <gtest/gtest.h>
 

@@ -3,8 +3,8 @@
 // waiting for another slot, or for another concurrent call, wait here.
 //
 // Thread-safety: none; the channel guards it with its own lock.
-#ifndef TESSERA_WORKER_KEPT_FRAMES_H_
-#define TESSERA_WORKER_KEPT_FRAMES_H_
+#ifndef TESSERA_WORKER_COLLECTIVES_CHANNEL_KEPT_FRAMES_H_
+#define TESSERA_WORKER_COLLECTIVES_CHANNEL_KEPT_FRAMES_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -12,7 +12,7 @@
 #include <map>
 #include <utility>
 
-#include "worker/collective_mailbox.h"
+#include "worker/collectives/channel/zmq/collective_mailbox.h"
 
 namespace tessera::worker {
 
@@ -54,4 +54,4 @@ class KeptFrames {
 
 }  // namespace tessera::worker
 
-#endif  // TESSERA_WORKER_KEPT_FRAMES_H_
+#endif  // TESSERA_WORKER_COLLECTIVES_CHANNEL_KEPT_FRAMES_H_

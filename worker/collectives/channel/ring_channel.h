@@ -3,7 +3,7 @@
 // nothing else. Two implementations:
 //   - RingLinks (ring_links.h): one TCP connection each way; works across hosts.
 //   - RingShm (ring_shm.h): one shared-memory byte ring each way; ranks on one host only.
-// tessera-worker picks one (--ring-transport auto|shm|links|zmq; worker/ring_channel_setup.h).
+// tessera-worker picks one (--ring-transport auto|shm|links|zmq; worker/collectives/channel/ring_channel_setup.h).
 //
 // A frame is a ReceivedChunk: the fields of a CollectiveChunk plus its payload. Both channels
 // carry every field, check every header on receipt and fail the direction for good on a bad one,
@@ -11,15 +11,15 @@
 // notice that a worker died).
 //
 // Thread-safety: implementations are thread-safe; concurrent calls use different tags.
-#ifndef TESSERA_WORKER_RING_CHANNEL_H_
-#define TESSERA_WORKER_RING_CHANNEL_H_
+#ifndef TESSERA_WORKER_COLLECTIVES_CHANNEL_RING_CHANNEL_H_
+#define TESSERA_WORKER_COLLECTIVES_CHANNEL_RING_CHANNEL_H_
 
 #include <cstddef>
 #include <cstdint>
 
-#include "common/deadline.h"
-#include "common/status.h"
-#include "worker/collective_mailbox.h"
+#include "common/base/deadline.h"
+#include "common/base/status.h"
+#include "worker/collectives/channel/zmq/collective_mailbox.h"
 
 namespace tessera::worker {
 
@@ -65,4 +65,4 @@ class RingChannel {
 
 }  // namespace tessera::worker
 
-#endif  // TESSERA_WORKER_RING_CHANNEL_H_
+#endif  // TESSERA_WORKER_COLLECTIVES_CHANNEL_RING_CHANNEL_H_

@@ -1,10 +1,10 @@
-#include "worker/ring_channel_setup.h"
+#include "worker/collectives/channel/ring_channel_setup.h"
 
 #include <algorithm>
 #include <utility>
 
-#include "worker/ring_links.h"
-#include "worker/ring_shm.h"
+#include "worker/collectives/channel/links/ring_links.h"
+#include "worker/collectives/channel/shm/ring_shm.h"
 
 namespace tessera::worker {
 namespace {

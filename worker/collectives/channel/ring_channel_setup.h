@@ -11,8 +11,8 @@
 //   ASSIGN_OR_RETURN(ConnectedRingChannel channel, ConnectRingChannel(setup));
 //   ring_options.links = channel.channel;  // null for zmq
 //   TLOG(INFO) << "ring channel: " << channel.description;
-#ifndef TESSERA_WORKER_RING_CHANNEL_SETUP_H_
-#define TESSERA_WORKER_RING_CHANNEL_SETUP_H_
+#ifndef TESSERA_WORKER_COLLECTIVES_CHANNEL_RING_CHANNEL_SETUP_H_
+#define TESSERA_WORKER_COLLECTIVES_CHANNEL_RING_CHANNEL_SETUP_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -20,10 +20,10 @@
 #include <string>
 #include <vector>
 
-#include "common/status.h"
-#include "common/transport.h"
-#include "worker/collective_mailbox.h"
-#include "worker/ring_channel.h"
+#include "common/base/status.h"
+#include "common/transport/transport.h"
+#include "worker/collectives/channel/zmq/collective_mailbox.h"
+#include "worker/collectives/channel/ring_channel.h"
 
 namespace tessera::worker {
 
@@ -54,4 +54,4 @@ StatusOr<ConnectedRingChannel> ConnectRingChannel(const RingChannelSetupOptions&
 
 }  // namespace tessera::worker
 
-#endif  // TESSERA_WORKER_RING_CHANNEL_SETUP_H_
+#endif  // TESSERA_WORKER_COLLECTIVES_CHANNEL_RING_CHANNEL_SETUP_H_

@@ -1,4 +1,4 @@
-// CUDA implementation of worker/nccl_collectives.h, compiled by nvcc (//third_party/cuda:cuda.bzl).
+// CUDA implementation of worker/collectives/nccl/nccl_collectives.h, compiled by nvcc (//third_party/cuda:cuda.bzl).
 // nccl_collectives_cpu.cc serves the same header in builds without the toolkit.
 //
 // Layout of this file: NCCL loaded at run time; the error adapter (the one place where an
@@ -8,7 +8,7 @@
 //
 // No kernels of our own: padding and unpadding are cudaMemcpyAsync / cudaMemcpy2DAsync /
 // cudaMemsetAsync on the object's stream, ordered with NCCL's kernels by the stream.
-#include "worker/nccl_collectives.h"
+#include "worker/collectives/nccl/nccl_collectives.h"
 
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -28,9 +28,9 @@
 #include <utility>
 #include <vector>
 
-#include "common/deadline.h"
-#include "common/logging.h"
-#include "common/shared_library.h"
+#include "common/base/deadline.h"
+#include "common/base/logging.h"
+#include "common/base/shared_library.h"
 
 namespace tessera::worker {
 namespace {

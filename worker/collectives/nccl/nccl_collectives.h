@@ -1,5 +1,5 @@
 // NcclCollectives: the Collectives backend for device memory, on NCCL. Every pointer passed to
-// it is CUDA device memory on options.device; the contract of worker/collectives.h applies, with
+// it is CUDA device memory on options.device; the contract of worker/collectives/collectives.h applies, with
 // the differences listed below.
 //
 //   NcclCollectivesOptions options;
@@ -82,14 +82,14 @@
 // aborting it) and frees the stream and buffers.
 //
 // Thread-safety: thread-safe; calls are serialised (see above).
-#ifndef TESSERA_WORKER_NCCL_COLLECTIVES_H_
-#define TESSERA_WORKER_NCCL_COLLECTIVES_H_
+#ifndef TESSERA_WORKER_COLLECTIVES_NCCL_NCCL_COLLECTIVES_H_
+#define TESSERA_WORKER_COLLECTIVES_NCCL_NCCL_COLLECTIVES_H_
 
 #include <cstdint>
 #include <memory>
 
-#include "common/status.h"
-#include "worker/collectives.h"
+#include "common/base/status.h"
+#include "worker/collectives/collectives.h"
 
 namespace tessera::worker {
 
@@ -120,4 +120,4 @@ StatusOr<std::unique_ptr<Collectives>> CreateNcclCollectives(const NcclCollectiv
 
 }  // namespace tessera::worker
 
-#endif  // TESSERA_WORKER_NCCL_COLLECTIVES_H_
+#endif  // TESSERA_WORKER_COLLECTIVES_NCCL_NCCL_COLLECTIVES_H_

@@ -1,6 +1,6 @@
-// CPU-only implementation of worker/nccl_collectives.h, used where the build found no CUDA
+// CPU-only implementation of worker/collectives/nccl/nccl_collectives.h, used where the build found no CUDA
 // toolkit (or with --repo_env=TESSERA_DISABLE_CUDA=1). See nccl_collectives.cu for the real one.
-#include "worker/nccl_collectives.h"
+#include "worker/collectives/nccl/nccl_collectives.h"
 
 #include <string>
 

@@ -12,7 +12,7 @@
 //
 // Without a CUDA device (and in a CPU-only build, where CudaDeviceCount() is 0) every GPU test
 // skips; the creation tests that need no device still run.
-#include "worker/nccl_collectives.h"
+#include "worker/collectives/nccl/nccl_collectives.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -28,13 +28,13 @@
 #include <tuple>
 #include <vector>
 
-#include "common/cuda_device.h"
-#include "common/rpc_endpoint.h"
-#include "worker/collective_mailbox.h"
-#include "worker/compute_backend.h"
-#include "worker/cuda_backend.h"
-#include "worker/half_float.h"
-#include "worker/ring_collectives.h"
+#include "common/cuda/cuda_device.h"
+#include "common/transport/rpc_endpoint.h"
+#include "worker/collectives/channel/zmq/collective_mailbox.h"
+#include "worker/nn/compute_backend.h"
+#include "worker/nn/cuda/cuda_backend.h"
+#include "worker/collectives/half_float.h"
+#include "worker/collectives/ring_collectives.h"
 
 namespace tessera::worker {
 namespace {

@@ -1,4 +1,4 @@
-#include "worker/cpu_backend.h"
+#include "worker/nn/cpu/cpu_backend.h"
 
 #include <cblas.h>
 
@@ -12,7 +12,7 @@
 #include <string_view>
 #include <vector>
 
-#include "common/shared_library.h"
+#include "common/base/shared_library.h"
 
 namespace tessera::worker {
 namespace {

@@ -7,15 +7,15 @@
 // Per-row reductions (layer-norm mean and variance, loss sums) accumulate in double.
 //
 // Thread-safety: stateless; as the interface says, one thread at a time per instance.
-#ifndef TESSERA_WORKER_CPU_BACKEND_H_
-#define TESSERA_WORKER_CPU_BACKEND_H_
+#ifndef TESSERA_WORKER_NN_CPU_CPU_BACKEND_H_
+#define TESSERA_WORKER_NN_CPU_CPU_BACKEND_H_
 
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
 
-#include "common/status.h"
-#include "worker/compute_backend.h"
+#include "common/base/status.h"
+#include "worker/nn/compute_backend.h"
 
 namespace tessera::worker {
 
@@ -70,4 +70,4 @@ class CpuBackend final : public ComputeBackend {
 
 }  // namespace tessera::worker
 
-#endif  // TESSERA_WORKER_CPU_BACKEND_H_
+#endif  // TESSERA_WORKER_NN_CPU_CPU_BACKEND_H_

@@ -1,4 +1,4 @@
-#include "worker/cpu_backend.h"
+#include "worker/nn/cpu/cpu_backend.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-// CUDA implementation of worker/cuda_backend.h, compiled by nvcc (//third_party/cuda:cuda.bzl).
+// CUDA implementation of worker/nn/cuda/cuda_backend.h, compiled by nvcc (//third_party/cuda:cuda.bzl).
 // cuda_backend_cpu.cc serves the same header in builds without the toolkit.
 //
 // Layout of this file: the error adapter (the one place where a cudaError_t or cublasStatus_t
@@ -10,7 +10,7 @@
 // order, exactly like the CPU loop; row reductions (LayerNorm, softmax) are one block per row
 // whose thread count is a function of the row length, reduced by a fixed shuffle tree; the loss
 // totals are one block over the per-row values. Only ScatterAddRows uses atomics.
-#include "worker/cuda_backend.h"
+#include "worker/nn/cuda/cuda_backend.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -24,8 +24,8 @@
 #include <type_traits>
 #include <utility>
 
-#include "common/logging.h"
-#include "common/shared_library.h"
+#include "common/base/logging.h"
+#include "common/base/shared_library.h"
 
 namespace tessera::worker {
 namespace {
@@ -119,7 +119,7 @@ Status CublasStatus(cublasStatus_t status, std::string_view call) {
   std::abort();
 }
 
-// ComputeBackend::Allocate promises RESOURCE_EXHAUSTED; common/status.h has no such code yet,
+// ComputeBackend::Allocate promises RESOURCE_EXHAUSTED; common/base/status.h has no such code yet,
 // so UNAVAILABLE, the nearest it has (the memory may be had once other buffers are freed),
 // stands in, as in CpuBackend. Here only, so that switching is one line.
 Status OutOfDeviceMemoryError(std::string message) {

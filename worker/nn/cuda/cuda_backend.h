@@ -29,13 +29,13 @@
 //
 // Thread-safety: as ComputeBackend, one thread at a time. Distinct backends (even on the same
 // device) may be used from distinct threads concurrently.
-#ifndef TESSERA_WORKER_CUDA_BACKEND_H_
-#define TESSERA_WORKER_CUDA_BACKEND_H_
+#ifndef TESSERA_WORKER_NN_CUDA_CUDA_BACKEND_H_
+#define TESSERA_WORKER_NN_CUDA_CUDA_BACKEND_H_
 
 #include <memory>
 
-#include "common/status.h"
-#include "worker/compute_backend.h"
+#include "common/base/status.h"
+#include "worker/nn/compute_backend.h"
 
 namespace tessera::worker {
 
@@ -49,4 +49,4 @@ StatusOr<std::unique_ptr<ComputeBackend>> CreateCudaBackend(int device);
 
 }  // namespace tessera::worker
 
-#endif  // TESSERA_WORKER_CUDA_BACKEND_H_
+#endif  // TESSERA_WORKER_NN_CUDA_CUDA_BACKEND_H_

@@ -1,6 +1,6 @@
-// CPU-only implementation of worker/cuda_backend.h, used where the build found no CUDA toolkit
+// CPU-only implementation of worker/nn/cuda/cuda_backend.h, used where the build found no CUDA toolkit
 // (or with --repo_env=TESSERA_DISABLE_CUDA=1). See cuda_backend.cu for the real one.
-#include "worker/cuda_backend.h"
+#include "worker/nn/cuda/cuda_backend.h"
 
 #include <string>
 

@@ -5,7 +5,7 @@
 //
 // Without a CUDA device (or in a CPU-only build, where CudaDeviceCount() is 0) every test skips.
 // The GEMM tolerances assume float32 GEMM: do not run this with TESSERA_CUDA_TF32=1.
-#include "worker/cuda_backend.h"
+#include "worker/nn/cuda/cuda_backend.h"
 
 #include <gtest/gtest.h>
 
@@ -22,8 +22,8 @@
 #include <tuple>
 #include <vector>
 
-#include "common/cuda_device.h"
-#include "worker/cpu_backend.h"
+#include "common/cuda/cuda_device.h"
+#include "worker/nn/cpu/cpu_backend.h"
 
 namespace tessera::worker {
 namespace {
@@ -172,7 +172,7 @@ TEST_F(CudaBackendTest, AllocateTooMuchIsAnErrorNamingBytesAndDeviceAndLeavesThe
   const size_t too_much = size_t{1} << 50;  // 1 PiB
   StatusOr<void*> memory = gpu_->Allocate(too_much);
   ASSERT_FALSE(memory.ok());
-  // RESOURCE_EXHAUSTED in the interface; common/status.h has no such code, see cuda_backend.cu.
+  // RESOURCE_EXHAUSTED in the interface; common/base/status.h has no such code, see cuda_backend.cu.
   EXPECT_EQ(memory.status().code(), StatusCode::kUnavailable) << memory.status();
   EXPECT_NE(memory.status().message().find(std::to_string(too_much) + " bytes"),
             std::string::npos)

@@ -1,4 +1,4 @@
-#include "worker/ring_links.h"
+#include "worker/collectives/channel/links/ring_links.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -17,8 +17,8 @@
 #include <chrono>
 #include <cstring>
 
-#include "common/fleet_view.h"
-#include "common/wire_codec.h"
+#include "common/messages/fleet_view.h"
+#include "common/wire/wire_codec.h"
 
 namespace tessera::worker {
 

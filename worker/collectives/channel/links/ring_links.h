@@ -41,8 +41,8 @@
 // Thread-safety: thread-safe. Payloads handed to Send must stay unchanged until written: they
 // are shared_ptr-owned, or borrow the caller's memory without an owner, in which case the
 // caller keeps it until Flush returns OK or CopyUnsentPayloads has run.
-#ifndef TESSERA_WORKER_RING_LINKS_H_
-#define TESSERA_WORKER_RING_LINKS_H_
+#ifndef TESSERA_WORKER_COLLECTIVES_CHANNEL_LINKS_RING_LINKS_H_
+#define TESSERA_WORKER_COLLECTIVES_CHANNEL_LINKS_RING_LINKS_H_
 
 #include <condition_variable>
 #include <cstddef>
@@ -56,14 +56,14 @@
 #include <utility>
 #include <vector>
 
-#include "common/deadline.h"
-#include "common/payload.h"
-#include "common/status.h"
-#include "common/transport.h"
-#include "worker/adaptive_spin.h"
-#include "worker/collective_mailbox.h"
-#include "worker/kept_frames.h"
-#include "worker/ring_channel.h"
+#include "common/base/deadline.h"
+#include "common/base/payload.h"
+#include "common/base/status.h"
+#include "common/transport/transport.h"
+#include "worker/collectives/channel/adaptive_spin.h"
+#include "worker/collectives/channel/zmq/collective_mailbox.h"
+#include "worker/collectives/channel/kept_frames.h"
+#include "worker/collectives/channel/ring_channel.h"
 
 namespace tessera::worker {
 
@@ -210,4 +210,4 @@ class RingLinks : public RingChannel {
 
 }  // namespace tessera::worker
 
-#endif  // TESSERA_WORKER_RING_LINKS_H_
+#endif  // TESSERA_WORKER_COLLECTIVES_CHANNEL_LINKS_RING_LINKS_H_

@@ -1,4 +1,4 @@
-#include "worker/ring_links.h"
+#include "worker/collectives/channel/links/ring_links.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "common/rpc_endpoint.h"
+#include "common/transport/rpc_endpoint.h"
 
 namespace tessera::worker {
 namespace {

@@ -1,4 +1,4 @@
-#include "worker/ring_shm.h"
+#include "worker/collectives/channel/shm/ring_shm.h"
 
 #include <fcntl.h>
 #include <linux/futex.h>
@@ -19,9 +19,9 @@
 #include <fstream>
 #include <random>
 
-#include "common/fleet_view.h"
-#include "common/wire_codec.h"
-#include "worker/ring_collectives.h"
+#include "common/messages/fleet_view.h"
+#include "common/wire/wire_codec.h"
+#include "worker/collectives/ring_collectives.h"
 
 namespace tessera::worker {
 namespace {

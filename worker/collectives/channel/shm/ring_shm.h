@@ -47,8 +47,8 @@
 // that each neighbour's pid is alive here).
 //
 // Thread-safety: thread-safe. Payloads handed to Send must stay unchanged until written.
-#ifndef TESSERA_WORKER_RING_SHM_H_
-#define TESSERA_WORKER_RING_SHM_H_
+#ifndef TESSERA_WORKER_COLLECTIVES_CHANNEL_SHM_RING_SHM_H_
+#define TESSERA_WORKER_COLLECTIVES_CHANNEL_SHM_RING_SHM_H_
 
 #include <sys/types.h>
 
@@ -65,14 +65,14 @@
 #include <utility>
 #include <vector>
 
-#include "common/deadline.h"
-#include "common/payload.h"
-#include "common/status.h"
-#include "common/transport.h"
-#include "worker/collective_mailbox.h"
-#include "worker/kept_frames.h"
-#include "worker/ring_channel.h"
-#include "worker/ring_links.h"
+#include "common/base/deadline.h"
+#include "common/base/payload.h"
+#include "common/base/status.h"
+#include "common/transport/transport.h"
+#include "worker/collectives/channel/zmq/collective_mailbox.h"
+#include "worker/collectives/channel/kept_frames.h"
+#include "worker/collectives/channel/ring_channel.h"
+#include "worker/collectives/channel/links/ring_links.h"
 
 namespace tessera::worker {
 
@@ -215,4 +215,4 @@ class RingShm final : public RingChannel {
 
 }  // namespace tessera::worker
 
-#endif  // TESSERA_WORKER_RING_SHM_H_
+#endif  // TESSERA_WORKER_COLLECTIVES_CHANNEL_SHM_RING_SHM_H_

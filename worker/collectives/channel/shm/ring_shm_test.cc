@@ -1,4 +1,4 @@
-#include "worker/ring_shm.h"
+#include "worker/collectives/channel/shm/ring_shm.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -15,7 +15,7 @@
 #include <thread>
 #include <vector>
 
-#include "common/rpc_endpoint.h"
+#include "common/transport/rpc_endpoint.h"
 
 namespace tessera::worker {
 namespace {

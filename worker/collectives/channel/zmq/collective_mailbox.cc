@@ -1,9 +1,9 @@
-#include "worker/collective_mailbox.h"
+#include "worker/collectives/channel/zmq/collective_mailbox.h"
 
 #include <string>
 
-#include "common/logging.h"
-#include "common/wire_codec.h"
+#include "common/base/logging.h"
+#include "common/wire/wire_codec.h"
 
 namespace tessera::worker {
 

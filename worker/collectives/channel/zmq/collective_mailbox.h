@@ -16,8 +16,8 @@
 // that a worker died) and makes every later Pop fail with it too.
 //
 // Thread-safety: all methods are thread-safe.
-#ifndef TESSERA_WORKER_COLLECTIVE_MAILBOX_H_
-#define TESSERA_WORKER_COLLECTIVE_MAILBOX_H_
+#ifndef TESSERA_WORKER_COLLECTIVES_CHANNEL_ZMQ_COLLECTIVE_MAILBOX_H_
+#define TESSERA_WORKER_COLLECTIVES_CHANNEL_ZMQ_COLLECTIVE_MAILBOX_H_
 
 #include <condition_variable>
 #include <cstdint>
@@ -27,10 +27,10 @@
 #include <mutex>
 #include <utility>
 
-#include "common/deadline.h"
-#include "common/payload.h"
-#include "common/status.h"
-#include "common/transport.h"
+#include "common/base/deadline.h"
+#include "common/base/payload.h"
+#include "common/base/status.h"
+#include "common/transport/transport.h"
 #include "proto/wire_generated.h"
 
 namespace tessera::worker {
@@ -96,4 +96,4 @@ class CollectiveMailbox {
 
 }  // namespace tessera::worker
 
-#endif  // TESSERA_WORKER_COLLECTIVE_MAILBOX_H_
+#endif  // TESSERA_WORKER_COLLECTIVES_CHANNEL_ZMQ_COLLECTIVE_MAILBOX_H_

@@ -1,4 +1,4 @@
-#include "worker/collective_mailbox.h"
+#include "worker/collectives/channel/zmq/collective_mailbox.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
