@@ -11,12 +11,12 @@
 
 #include <iostream>
 
+#include "common/base/status.h"
 #include "common/training/checkpoint.h"
 #include "common/training/optimizer.h"
 #include "common/training/parameter_layout.h"
-#include "common/base/status.h"
-#include "worker/params_file.h"
 #include "worker/engines/sharded_state.h"
+#include "worker/params_file.h"
 
 namespace tessera::tools {
 namespace {

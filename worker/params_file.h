@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "common/training/parameter_layout.h"
 #include "common/base/status.h"
+#include "common/training/parameter_layout.h"
 
 namespace tessera::worker {
 

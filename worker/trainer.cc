@@ -5,9 +5,9 @@
 #include <iomanip>
 #include <sstream>
 
-#include "common/training/checkpoint.h"
 #include "common/base/logging.h"
 #include "common/metrics/metric_names.h"
+#include "common/training/checkpoint.h"
 #include "worker/data/distributed_sampler.h"
 #include "worker/nn/device_buffer.h"
 

@@ -27,12 +27,12 @@
 #include <string>
 #include <vector>
 
-#include "common/metrics/metrics.h"
 #include "common/base/status.h"
+#include "common/metrics/metrics.h"
 #include "worker/data/dataset.h"
+#include "worker/engines/training_engine.h"
 #include "worker/nn/compute_backend.h"
 #include "worker/nn/model.h"
-#include "worker/engines/training_engine.h"
 
 namespace tessera::worker {
 

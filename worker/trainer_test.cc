@@ -4,9 +4,9 @@
 
 #include <fstream>
 
-#include "worker/nn/cpu/cpu_backend.h"
 #include "worker/data/synthetic_classification.h"
 #include "worker/engines/local_engine.h"
+#include "worker/nn/cpu/cpu_backend.h"
 #include "worker/nn/mlp.h"
 
 namespace tessera::worker {

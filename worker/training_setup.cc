@@ -4,16 +4,16 @@
 
 #include <CLI/CLI.hpp>
 
-#include "common/cuda/cuda_device.h"
 #include "common/base/logging.h"
-#include "worker/nn/cpu/cpu_backend.h"
-#include "worker/nn/ctr_model.h"
-#include "worker/nn/cuda/cuda_backend.h"
+#include "common/cuda/cuda_device.h"
 #include "worker/data/binary_dataset.h"
 #include "worker/data/mnist_reader.h"
 #include "worker/data/offset_dataset.h"
 #include "worker/data/synthetic_classification.h"
 #include "worker/data/synthetic_ctr.h"
+#include "worker/nn/cpu/cpu_backend.h"
+#include "worker/nn/ctr_model.h"
+#include "worker/nn/cuda/cuda_backend.h"
 #include "worker/nn/mlp.h"
 
 namespace tessera::worker {

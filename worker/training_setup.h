@@ -12,11 +12,11 @@
 #include <string>
 #include <vector>
 
+#include "common/base/status.h"
 #include "common/training/lr_schedule.h"
 #include "common/training/optimizer.h"
-#include "common/base/status.h"
-#include "worker/nn/compute_backend.h"
 #include "worker/data/dataset.h"
+#include "worker/nn/compute_backend.h"
 #include "worker/nn/model.h"
 #include "worker/trainer.h"
 

@@ -11,8 +11,8 @@
 #include <utility>
 #include <vector>
 
-#include "common/config/config.h"
 #include "common/base/status.h"
+#include "common/config/config.h"
 #include "proto/wire_generated.h"
 
 namespace tessera {

@@ -23,8 +23,8 @@
 #include <mutex>
 #include <string>
 
-#include "common/metrics/metrics.h"
 #include "common/base/status.h"
+#include "common/metrics/metrics.h"
 
 struct mg_connection;
 struct mg_context;

@@ -14,9 +14,9 @@
 
 #include <CLI/CLI.hpp>
 
-#include "common/messages/fleet_view.h"
 #include "common/base/host_port.h"
 #include "common/base/logging.h"
+#include "common/messages/fleet_view.h"
 #include "common/metrics/metric_names.h"
 
 namespace tessera {

@@ -25,12 +25,12 @@
 #include <memory>
 #include <mutex>
 
-#include "common/config/config.h"
 #include "common/base/deadline.h"
+#include "common/base/status.h"
+#include "common/config/config.h"
 #include "common/metrics/metrics.h"
 #include "common/metrics/metrics_http.h"
 #include "common/transport/rpc_endpoint.h"
-#include "common/base/status.h"
 
 namespace tessera {
 

@@ -22,11 +22,11 @@
 #include <string>
 #include <thread>
 
+#include "common/base/status.h"
 #include "common/config/config.h"
 #include "common/messages/fleet_view.h"
 #include "common/metrics/metrics.h"
 #include "common/transport/rpc_endpoint.h"
-#include "common/base/status.h"
 
 namespace tessera {
 

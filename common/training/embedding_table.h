@@ -19,8 +19,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "common/training/optimizer.h"
 #include "common/base/status.h"
+#include "common/training/optimizer.h"
 
 namespace tessera {
 

@@ -17,10 +17,10 @@
 #include <string_view>
 #include <vector>
 
+#include "common/base/status.h"
 #include "common/training/embedding_table.h"
 #include "common/training/lr_schedule.h"
 #include "common/training/optimizer.h"
-#include "common/base/status.h"
 
 namespace tessera {
 

@@ -29,11 +29,11 @@
 #include <string_view>
 
 #include "common/base/deadline.h"
-#include "common/metrics/metrics.h"
 #include "common/base/status.h"
+#include "common/metrics/metrics.h"
 #include "common/transport/transport.h"
-#include "common/wire/wire_codec.h"
 #include "common/transport/zmq/zmq_transport.h"
+#include "common/wire/wire_codec.h"
 
 namespace tessera {
 

@@ -37,11 +37,11 @@
 #include <vector>
 
 #include "common/base/deadline.h"
-#include "common/transport/envelope_queue.h"
+#include "common/base/status.h"
 #include "common/messages/fleet_view.h"
 #include "common/metrics/metrics.h"
+#include "common/transport/envelope_queue.h"
 #include "common/transport/rpc_endpoint.h"
-#include "common/base/status.h"
 
 namespace tessera::server {
 

@@ -47,9 +47,9 @@
 #include <vector>
 
 #include "common/base/deadline.h"
+#include "common/base/status.h"
 #include "common/messages/fleet_view.h"
 #include "common/metrics/metrics_http.h"
-#include "common/base/status.h"
 #include "server/coordinator/metrics_scraper.h"
 
 namespace tessera::server {

@@ -29,9 +29,9 @@
 #include <utility>
 #include <vector>
 
+#include "common/base/status.h"
 #include "common/messages/fleet_view.h"
 #include "common/metrics/metrics_http.h"
-#include "common/base/status.h"
 
 namespace tessera::server {
 

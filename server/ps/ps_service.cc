@@ -13,12 +13,12 @@
 #include <thread>
 #include <vector>
 
-#include "common/training/checkpoint.h"
 #include "common/base/deadline.h"
-#include "common/training/embedding_table.h"
-#include "common/messages/fleet_view.h"
 #include "common/base/logging.h"
+#include "common/messages/fleet_view.h"
 #include "common/metrics/metric_names.h"
+#include "common/training/checkpoint.h"
+#include "common/training/embedding_table.h"
 #include "common/training/optimizer.h"
 #include "common/training/ps_job.h"
 #include "common/wire/wire_codec.h"

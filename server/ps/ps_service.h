@@ -27,9 +27,9 @@
 
 #include <memory>
 
+#include "common/base/status.h"
 #include "common/metrics/metrics.h"
 #include "common/transport/rpc_endpoint.h"
-#include "common/base/status.h"
 
 namespace tessera::server {
 

@@ -14,13 +14,13 @@
 
 #include <CLI/CLI.hpp>
 
-#include "common/config/config.h"
 #include "common/base/deadline.h"
-#include "common/messages/fleet_view.h"
 #include "common/base/logging.h"
+#include "common/base/status.h"
+#include "common/config/config.h"
+#include "common/messages/fleet_view.h"
 #include "common/process/process_runtime.h"
 #include "common/rendezvous/rendezvous_client.h"
-#include "common/base/status.h"
 #include "server/ps/parameter_service.h"
 #include "server/ps/ps_service.h"
 #include "server/ps/tensor_store.h"

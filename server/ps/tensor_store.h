@@ -29,10 +29,10 @@
 #include <string>
 #include <vector>
 
-#include "common/messages/fleet_view.h"
-#include "common/metrics/metrics.h"
 #include "common/base/payload.h"
 #include "common/base/status.h"
+#include "common/messages/fleet_view.h"
+#include "common/metrics/metrics.h"
 
 namespace tessera::server {
 

@@ -17,8 +17,8 @@
 #include <zmq.hpp>
 
 #include "common/base/deadline.h"
-#include "common/transport/rpc_endpoint.h"
 #include "common/base/status.h"
+#include "common/transport/rpc_endpoint.h"
 #include "common/wire/wire_codec.h"
 
 namespace tessera::tools {

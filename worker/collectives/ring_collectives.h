@@ -54,12 +54,12 @@
 #include <string>
 #include <vector>
 
-#include "common/messages/fleet_view.h"
 #include "common/base/status.h"
+#include "common/messages/fleet_view.h"
 #include "common/transport/transport.h"
+#include "worker/collectives/channel/ring_channel.h"
 #include "worker/collectives/channel/zmq/collective_mailbox.h"
 #include "worker/collectives/collectives.h"
-#include "worker/collectives/channel/ring_channel.h"
 
 namespace tessera::worker {
 

@@ -19,9 +19,9 @@
 #include <vector>
 
 #include "common/transport/rpc_endpoint.h"
-#include "worker/collectives/half_float.h"
 #include "worker/collectives/channel/links/ring_links.h"
 #include "worker/collectives/channel/shm/ring_shm.h"
+#include "worker/collectives/half_float.h"
 
 namespace tessera::worker {
 namespace {

@@ -47,8 +47,8 @@
 #include <thread>
 #include <vector>
 
-#include "common/training/lr_schedule.h"
 #include "common/metrics/metrics.h"
+#include "common/training/lr_schedule.h"
 #include "common/training/optimizer.h"
 #include "common/training/parameter_layout.h"
 #include "worker/collectives/collectives.h"

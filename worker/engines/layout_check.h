@@ -9,8 +9,8 @@
 
 #include <cstdint>
 
-#include "common/training/parameter_layout.h"
 #include "common/base/status.h"
+#include "common/training/parameter_layout.h"
 #include "worker/collectives/collectives.h"
 
 namespace tessera::worker {

@@ -23,9 +23,9 @@
 #include <string>
 #include <vector>
 
-#include "common/training/checkpoint.h"
 #include "common/messages/fleet_view.h"
 #include "common/metrics/metrics.h"
+#include "common/training/checkpoint.h"
 #include "common/training/ps_job.h"
 #include "common/transport/rpc_endpoint.h"
 #include "worker/engines/training_engine.h"

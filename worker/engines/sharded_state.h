@@ -37,10 +37,10 @@
 #include <string>
 #include <vector>
 
+#include "common/base/status.h"
 #include "common/training/checkpoint.h"
 #include "common/training/optimizer.h"
 #include "common/training/parameter_layout.h"
-#include "common/base/status.h"
 #include "worker/collectives/collectives.h"
 
 namespace tessera::worker {

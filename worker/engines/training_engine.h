@@ -23,9 +23,9 @@
 #include <string_view>
 #include <vector>
 
+#include "common/base/status.h"
 #include "common/training/embedding_table.h"
 #include "common/training/parameter_layout.h"
-#include "common/base/status.h"
 #include "worker/nn/model.h"
 #include "worker/nn/parameter_storage.h"
 

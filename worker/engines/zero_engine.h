@@ -50,13 +50,13 @@
 #include <memory>
 #include <vector>
 
-#include "common/training/lr_schedule.h"
 #include "common/metrics/metrics.h"
+#include "common/training/lr_schedule.h"
 #include "common/training/optimizer.h"
 #include "worker/collectives/collectives.h"
 #include "worker/engines/comm_thread.h"
-#include "worker/nn/parameter_storage.h"
 #include "worker/engines/training_engine.h"
+#include "worker/nn/parameter_storage.h"
 
 namespace tessera::worker {
 

@@ -15,9 +15,9 @@
 #include <CLI/CLI.hpp>
 
 #include "common/base/deadline.h"
-#include "common/messages/fleet_view.h"
 #include "common/base/logging.h"
 #include "common/base/payload.h"
+#include "common/messages/fleet_view.h"
 #include "common/transport/rpc_endpoint.h"
 #include "common/wire/wire_codec.h"
 #include "worker/collectives/ring_collectives.h"

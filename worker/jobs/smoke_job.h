@@ -13,9 +13,9 @@
 
 #include <cstdint>
 
+#include "common/base/status.h"
 #include "common/process/process_runtime.h"
 #include "common/rendezvous/rendezvous_client.h"
-#include "common/base/status.h"
 #include "worker/collectives/channel/zmq/collective_mailbox.h"
 
 namespace CLI {

@@ -5,9 +5,9 @@
 #include <cmath>
 #include <random>
 
-#include "worker/nn/cpu/cpu_backend.h"
 #include "worker/data/synthetic_ctr.h"
 #include "worker/engines/local_engine.h"
+#include "worker/nn/cpu/cpu_backend.h"
 #include "worker/trainer.h"
 
 namespace tessera::worker {

@@ -20,8 +20,8 @@
 #include <string_view>
 #include <vector>
 
-#include "common/training/parameter_layout.h"
 #include "common/base/status.h"
+#include "common/training/parameter_layout.h"
 #include "worker/nn/compute_backend.h"
 
 namespace tessera::worker {

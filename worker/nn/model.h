@@ -17,11 +17,11 @@
 #include <string_view>
 #include <vector>
 
+#include "common/base/status.h"
 #include "common/training/embedding_table.h"
 #include "common/training/parameter_layout.h"
-#include "common/base/status.h"
-#include "worker/nn/compute_backend.h"
 #include "worker/data/dataset.h"
+#include "worker/nn/compute_backend.h"
 #include "worker/nn/device_buffer.h"
 #include "worker/nn/parameter_storage.h"
 #include "worker/nn/sequential.h"

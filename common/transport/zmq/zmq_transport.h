@@ -28,8 +28,8 @@
 #include <string>
 #include <thread>
 
-#include "common/metrics/metrics.h"
 #include "common/base/status.h"
+#include "common/metrics/metrics.h"
 #include "common/transport/transport.h"
 
 namespace tessera {

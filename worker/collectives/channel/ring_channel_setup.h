@@ -22,8 +22,8 @@
 
 #include "common/base/status.h"
 #include "common/transport/transport.h"
-#include "worker/collectives/channel/zmq/collective_mailbox.h"
 #include "worker/collectives/channel/ring_channel.h"
+#include "worker/collectives/channel/zmq/collective_mailbox.h"
 
 namespace tessera::worker {
 

@@ -31,10 +31,10 @@
 #include "common/cuda/cuda_device.h"
 #include "common/transport/rpc_endpoint.h"
 #include "worker/collectives/channel/zmq/collective_mailbox.h"
-#include "worker/nn/compute_backend.h"
-#include "worker/nn/cuda/cuda_backend.h"
 #include "worker/collectives/half_float.h"
 #include "worker/collectives/ring_collectives.h"
+#include "worker/nn/compute_backend.h"
+#include "worker/nn/cuda/cuda_backend.h"
 
 namespace tessera::worker {
 namespace {

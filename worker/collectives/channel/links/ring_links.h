@@ -61,9 +61,9 @@
 #include "common/base/status.h"
 #include "common/transport/transport.h"
 #include "worker/collectives/channel/adaptive_spin.h"
-#include "worker/collectives/channel/zmq/collective_mailbox.h"
 #include "worker/collectives/channel/kept_frames.h"
 #include "worker/collectives/channel/ring_channel.h"
+#include "worker/collectives/channel/zmq/collective_mailbox.h"
 
 namespace tessera::worker {
 

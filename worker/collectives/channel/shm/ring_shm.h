@@ -69,10 +69,10 @@
 #include "common/base/payload.h"
 #include "common/base/status.h"
 #include "common/transport/transport.h"
-#include "worker/collectives/channel/zmq/collective_mailbox.h"
 #include "worker/collectives/channel/kept_frames.h"
-#include "worker/collectives/channel/ring_channel.h"
 #include "worker/collectives/channel/links/ring_links.h"
+#include "worker/collectives/channel/ring_channel.h"
+#include "worker/collectives/channel/zmq/collective_mailbox.h"
 
 namespace tessera::worker {
 
