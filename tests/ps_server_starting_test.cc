@@ -13,6 +13,7 @@
 #include "common/metrics/metrics.h"
 #include "common/training/parameter_layout.h"
 #include "common/transport/rpc_endpoint.h"
+#include "common/transport/zmq/zmq_endpoint.h"
 #include "server/ps/ps_service.h"
 #include "worker/engines/ps_engine.h"
 
@@ -27,11 +28,11 @@ class PsServerStartingTest : public ::testing::Test {
     ZmqTransportOptions options;
     options.role = proto::Role::Server;
     options.rank = 0;
-    auto server = RpcEndpoint::Start(options, nullptr);
+    auto server = StartZmqEndpoint(options, nullptr);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(server).value();
     options.role = proto::Role::Worker;
-    auto worker = RpcEndpoint::Start(options, nullptr);
+    auto worker = StartZmqEndpoint(options, nullptr);
     ASSERT_TRUE(worker.ok()) << worker.status();
     worker_ = std::move(worker).value();
 

@@ -18,6 +18,7 @@
 #include "common/base/logging.h"
 #include "common/messages/fleet_view.h"
 #include "common/metrics/metric_names.h"
+#include "common/transport/zmq/zmq_endpoint.h"
 
 namespace tessera {
 namespace {
@@ -69,7 +70,7 @@ StatusOr<std::unique_ptr<ProcessRuntime>> ProcessRuntime::Start(const ProcessCon
     transport.bind_host = config.bind_host;
     transport.port = config.port;
   }
-  ASSIGN_OR_RETURN(runtime->endpoint_, RpcEndpoint::Start(transport, &runtime->metrics_));
+  ASSIGN_OR_RETURN(runtime->endpoint_, StartZmqEndpoint(transport, &runtime->metrics_));
   return runtime;
 }
 

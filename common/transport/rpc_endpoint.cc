@@ -8,11 +8,14 @@
 
 namespace tessera {
 
-StatusOr<std::unique_ptr<RpcEndpoint>> RpcEndpoint::Start(const ZmqTransportOptions& options,
+StatusOr<std::unique_ptr<RpcEndpoint>> RpcEndpoint::Start(std::unique_ptr<Transport> transport,
+                                                          proto::Role role, int32_t rank,
                                                           MetricsRegistry* metrics) {
+  if (transport == nullptr) return InvalidArgumentError("RpcEndpoint::Start: no transport");
   std::unique_ptr<RpcEndpoint> endpoint(new RpcEndpoint());
-  endpoint->role_ = options.role;
-  endpoint->rank_ = options.rank;
+  endpoint->role_ = role;
+  endpoint->rank_ = rank;
+  transport->SetIdentity(role, rank);
   if (metrics != nullptr) {
     ASSIGN_OR_RETURN(endpoint->latency_family_,
                      metrics->RegisterHistogram(metric_names::kRpcLatencySeconds.name,
@@ -20,10 +23,9 @@ StatusOr<std::unique_ptr<RpcEndpoint>> RpcEndpoint::Start(const ZmqTransportOpti
                                                 DefaultLatencyBuckets()));
   }
   RpcEndpoint* raw = endpoint.get();
-  ASSIGN_OR_RETURN(endpoint->transport_,
-                   ZmqTransport::Start(
-                       options, [raw](Envelope envelope) { raw->OnMessage(std::move(envelope)); },
-                       metrics));
+  endpoint->transport_ = std::move(transport);
+  RETURN_IF_ERROR(endpoint->transport_->Start(
+      [raw](Envelope envelope) { raw->OnMessage(std::move(envelope)); }));
   endpoint->expire_thread_ = std::thread([raw] { raw->ExpireLoop(); });
   return endpoint;
 }

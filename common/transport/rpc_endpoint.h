@@ -1,6 +1,8 @@
 // RpcEndpoint: request/reply on top of a Transport, plus routing of everything else by type.
 //
-//   auto endpoint = RpcEndpoint::Start(transport_options, &metrics);
+//   ASSIGN_OR_RETURN(auto transport, ZmqTransport::Create(transport_options, &metrics));
+//   ASSIGN_OR_RETURN(auto endpoint, RpcEndpoint::Start(std::move(transport), role, rank,
+//                                                      &metrics));
 //   endpoint->SetHandler(proto::Body::FailureNotice, [&](Envelope e) { ... });
 //   uint64_t id = endpoint->NextRequestId();
 //   MessageBuilder b(role, rank);
@@ -32,14 +34,16 @@
 #include "common/base/status.h"
 #include "common/metrics/metrics.h"
 #include "common/transport/transport.h"
-#include "common/transport/zmq/zmq_transport.h"
 #include "common/wire/wire_codec.h"
 
 namespace tessera {
 
 class RpcEndpoint {
  public:
-  static StatusOr<std::unique_ptr<RpcEndpoint>> Start(const ZmqTransportOptions& options,
+  // Starts `transport` with this endpoint as its handler. `role` and `rank` name us in the
+  // ErrorReplies we send (SetIdentity changes them later). `metrics` may be null.
+  static StatusOr<std::unique_ptr<RpcEndpoint>> Start(std::unique_ptr<Transport> transport,
+                                                      proto::Role role, int32_t rank,
                                                       MetricsRegistry* metrics);
   ~RpcEndpoint();
 
@@ -88,7 +92,7 @@ class RpcEndpoint {
   void Complete(uint64_t request_id, StatusOr<Envelope> result);
   void ExpireLoop();
 
-  std::unique_ptr<ZmqTransport> transport_;
+  std::unique_ptr<Transport> transport_;
   // Reply latency by body type (family null without a registry); each child is looked up on
   // its type's first reply and cached. Both are touched on the transport's I/O thread only.
   HistogramFamily* latency_family_ = nullptr;

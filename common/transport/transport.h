@@ -11,11 +11,17 @@
 //   - replies and unsolicited messages that arrived on one of our outgoing connections:
 //     `origin.peer_address` names the process we connected to.
 //
-// Backends mirror each other's file names: zmq_transport.{h,cc} for production; later an
-// in-process one and a fault-injecting decorator for tests.
+// Lifecycle: a backend's factory binds (so `address()` is known), Start(handler) begins
+// delivery, Shutdown ends it. RpcEndpoint takes any Transport; main wires the ZeroMQ one.
+//
+// Backends mirror each other's file names: zmq/zmq_transport.{h,cc} for production,
+// inproc/inproc_transport.{h,cc} (peers in one process, for fast deterministic tests) and
+// faulty/faulty_transport.{h,cc} (a seeded decorator that drops, delays, duplicates and
+// disconnects, for tests that must catch such faults).
 #ifndef TESSERA_COMMON_TRANSPORT_TRANSPORT_H_
 #define TESSERA_COMMON_TRANSPORT_TRANSPORT_H_
 
+#include <cstdint>
 #include <functional>
 #include <string>
 
@@ -53,6 +59,14 @@ class Transport {
 
   // "tcp://127.0.0.1:PORT": where other processes reach this one.
   virtual const std::string& address() const = 0;
+
+  // Starts handing verified inbound messages to `handler`, on the transport's own thread;
+  // what arrived before waits. Fails if called twice or after Shutdown.
+  virtual Status Start(MessageHandler handler) = 0;
+
+  // Who this process is, for the sender fields of the ErrorReplies the transport sends itself
+  // (to a malformed message). Thread-safe.
+  virtual void SetIdentity(proto::Role role, int32_t rank) = 0;
 
   // Queues `message` for the process listening at `address` ("tcp://HOST:PORT"), connecting
   // on first use. Returns once queued; delivery failures after that are logged and counted

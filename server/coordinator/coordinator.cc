@@ -6,6 +6,7 @@
 
 #include "common/base/logging.h"
 #include "common/metrics/metric_names.h"
+#include "common/transport/zmq/zmq_transport.h"
 #include "common/wire/wire_codec.h"
 
 namespace tessera::server {

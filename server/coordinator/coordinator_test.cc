@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "common/rendezvous/rendezvous_client.h"
+#include "common/transport/zmq/zmq_endpoint.h"
 
 namespace tessera::server {
 namespace {
@@ -23,7 +24,7 @@ struct Fleet {
   Fleet(int servers, int workers, int64_t rendezvous_ms = 10000, int64_t heartbeat_ms = 1000) {
     ZmqTransportOptions transport;
     transport.role = proto::Role::Coordinator;
-    coordinator_endpoint = std::move(RpcEndpoint::Start(transport, nullptr)).value();
+    coordinator_endpoint = std::move(StartZmqEndpoint(transport, nullptr)).value();
     CoordinatorOptions options;
     options.job = "test";
     options.num_servers = servers;
@@ -60,7 +61,7 @@ struct Process {
 };
 
 std::unique_ptr<RpcEndpoint> NewEndpoint() {
-  return std::move(RpcEndpoint::Start(ZmqTransportOptions(), nullptr)).value();
+  return std::move(StartZmqEndpoint(ZmqTransportOptions(), nullptr)).value();
 }
 
 // Joins every (role, rank) concurrently; returns the processes or fails the test.

@@ -5,6 +5,7 @@
 
 #include <cstring>
 
+#include "common/transport/zmq/zmq_endpoint.h"
 #include "common/wire/wire_codec.h"
 
 namespace tessera::server {
@@ -69,12 +70,12 @@ class ParameterServiceTest : public ::testing::Test {
     ZmqTransportOptions options;
     options.role = proto::Role::Server;
     options.rank = 1;
-    auto server = RpcEndpoint::Start(options, nullptr);
+    auto server = StartZmqEndpoint(options, nullptr);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(server).value();
     options.role = proto::Role::Worker;
     options.rank = 3;
-    auto client = RpcEndpoint::Start(options, nullptr);
+    auto client = StartZmqEndpoint(options, nullptr);
     ASSERT_TRUE(client.ok()) << client.status();
     client_ = std::move(client).value();
 

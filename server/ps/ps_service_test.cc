@@ -9,6 +9,7 @@
 
 #include "common/training/embedding_table.h"
 #include "common/training/ps_job.h"
+#include "common/transport/zmq/zmq_endpoint.h"
 #include "common/wire/wire_codec.h"
 
 namespace tessera::server {
@@ -35,13 +36,13 @@ class PsServiceTest : public ::testing::Test {
     ZmqTransportOptions options;
     options.role = proto::Role::Server;
     options.rank = 1;
-    auto server = RpcEndpoint::Start(options, nullptr);
+    auto server = StartZmqEndpoint(options, nullptr);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(server).value();
     for (int w = 0; w < 2; ++w) {
       options.role = proto::Role::Worker;
       options.rank = w;
-      auto client = RpcEndpoint::Start(options, nullptr);
+      auto client = StartZmqEndpoint(options, nullptr);
       ASSERT_TRUE(client.ok()) << client.status();
       workers_.push_back(std::move(client).value());
     }

@@ -19,6 +19,7 @@
 #include "common/base/deadline.h"
 #include "common/base/status.h"
 #include "common/transport/rpc_endpoint.h"
+#include "common/transport/zmq/zmq_endpoint.h"
 #include "common/wire/wire_codec.h"
 
 namespace tessera::tools {
@@ -88,7 +89,7 @@ StatusOr<double> TesseraRate(size_t size, double seconds, int window) {
   ZmqTransportOptions server_options;
   server_options.role = proto::Role::Server;
   server_options.rank = 0;
-  ASSIGN_OR_RETURN(auto server, RpcEndpoint::Start(server_options, nullptr));
+  ASSIGN_OR_RETURN(auto server, StartZmqEndpoint(server_options, nullptr));
   RpcEndpoint* raw_server = server.get();
   server->SetHandler(proto::Body::PushRequest, [raw_server](Envelope e) {
     MessageBuilder b(proto::Role::Server, 0);
@@ -99,7 +100,7 @@ StatusOr<double> TesseraRate(size_t size, double seconds, int window) {
   ZmqTransportOptions client_options;
   client_options.role = proto::Role::Worker;
   client_options.rank = 0;
-  ASSIGN_OR_RETURN(auto client, RpcEndpoint::Start(client_options, nullptr));
+  ASSIGN_OR_RETURN(auto client, StartZmqEndpoint(client_options, nullptr));
 
   auto buffer = std::make_shared<std::vector<float>>(size / sizeof(float), 1.0f);
   const size_t bytes = buffer->size() * sizeof(float);

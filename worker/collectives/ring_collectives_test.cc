@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "common/transport/rpc_endpoint.h"
+#include "common/transport/zmq/zmq_endpoint.h"
 #include "worker/collectives/channel/links/ring_links.h"
 #include "worker/collectives/channel/shm/ring_shm.h"
 #include "worker/collectives/half_float.h"
@@ -97,6 +98,8 @@ class DelayingTransport final : public Transport {
   }
 
   const std::string& address() const override { return inner_.address(); }
+  Status Start(MessageHandler handler) override { return inner_.Start(std::move(handler)); }
+  void SetIdentity(proto::Role role, int32_t rank) override { inner_.SetIdentity(role, rank); }
   Status Send(const std::string& address, Message message) override {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -159,7 +162,7 @@ class Ring {
       ZmqTransportOptions options;
       options.role = proto::Role::Worker;
       options.rank = rank;
-      auto endpoint = RpcEndpoint::Start(options, nullptr);
+      auto endpoint = StartZmqEndpoint(options, nullptr);
       EXPECT_TRUE(endpoint.ok()) << endpoint.status();
       auto mailbox = std::make_shared<CollectiveMailbox>();
       Stats* stats = &stats_[rank];

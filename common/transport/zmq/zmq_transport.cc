@@ -489,12 +489,10 @@ ZmqTransport::ZmqTransport(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) 
   address_ = impl_->router_address;
 }
 
-StatusOr<std::unique_ptr<ZmqTransport>> ZmqTransport::Start(const ZmqTransportOptions& options,
-                                                             MessageHandler handler,
-                                                             MetricsRegistry* metrics) {
+StatusOr<std::unique_ptr<ZmqTransport>> ZmqTransport::Create(const ZmqTransportOptions& options,
+                                                              MetricsRegistry* metrics) {
   auto impl = std::make_unique<Impl>();
   impl->options = options;
-  impl->handler = std::move(handler);
   impl->rank = options.rank;
   impl->role = options.role;
   if (metrics != nullptr) RETURN_IF_ERROR(impl->RegisterMetrics(metrics));
@@ -519,9 +517,27 @@ StatusOr<std::unique_ptr<ZmqTransport>> ZmqTransport::Start(const ZmqTransportOp
   }
   impl->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (impl->wake_fd < 0) return InternalError(std::string("eventfd: ") + std::strerror(errno));
-  Impl* raw = impl.get();
-  impl->io_thread = std::thread([raw] { raw->Run(); });
   return std::unique_ptr<ZmqTransport>(new ZmqTransport(std::move(impl)));
+}
+
+StatusOr<std::unique_ptr<ZmqTransport>> ZmqTransport::Start(const ZmqTransportOptions& options,
+                                                             MessageHandler handler,
+                                                             MetricsRegistry* metrics) {
+  ASSIGN_OR_RETURN(std::unique_ptr<ZmqTransport> transport, Create(options, metrics));
+  RETURN_IF_ERROR(transport->Start(std::move(handler)));
+  return transport;
+}
+
+Status ZmqTransport::Start(MessageHandler handler) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  if (impl_->stopped) return CancelledError("transport at " + address_ + " is shut down");
+  if (impl_->io_thread.joinable()) {
+    return FailedPreconditionError("transport at " + address_ + " is already started");
+  }
+  impl_->handler = std::move(handler);
+  Impl* raw = impl_.get();
+  impl_->io_thread = std::thread([raw] { raw->Run(); });
+  return OkStatus();
 }
 
 ZmqTransport::~ZmqTransport() { Shutdown(); }
@@ -555,6 +571,7 @@ void ZmqTransport::Shutdown() {
     impl_->stopped = true;
   }
   impl_->Wake();
+  // Start and Shutdown both hold mu to touch io_thread, so a thread started is joined here.
   if (impl_->io_thread.joinable()) impl_->io_thread.join();
 }
 

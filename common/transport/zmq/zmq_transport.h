@@ -47,20 +47,23 @@ struct ZmqTransportOptions {
 
 class ZmqTransport final : public Transport {
  public:
-  // Binds, starts the I/O thread. `metrics` may be null (no counters); otherwise it must
-  // outlive the transport. Fails with the address and ZeroMQ's reason if the bind fails.
+  // Binds; Start(handler) starts the I/O thread. `metrics` may be null (no counters);
+  // otherwise it must outlive the transport. Fails with the address and ZeroMQ's reason if the
+  // bind fails.
+  static StatusOr<std::unique_ptr<ZmqTransport>> Create(const ZmqTransportOptions& options,
+                                                        MetricsRegistry* metrics);
+  // Create, then Start(handler).
   static StatusOr<std::unique_ptr<ZmqTransport>> Start(const ZmqTransportOptions& options,
                                                        MessageHandler handler,
                                                        MetricsRegistry* metrics);
   ~ZmqTransport() override;
 
   const std::string& address() const override { return address_; }
+  Status Start(MessageHandler handler) override;
   Status Send(const std::string& address, Message message) override;
   Status Reply(const Origin& origin, Message message) override;
   void Shutdown() override;
-
-  // Updates the sender fields of transport-generated ErrorReplies (a rank assigned later).
-  void SetIdentity(proto::Role role, int32_t rank);
+  void SetIdentity(proto::Role role, int32_t rank) override;
 
  private:
   struct Impl;

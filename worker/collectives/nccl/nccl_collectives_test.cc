@@ -30,6 +30,7 @@
 
 #include "common/cuda/cuda_device.h"
 #include "common/transport/rpc_endpoint.h"
+#include "common/transport/zmq/zmq_endpoint.h"
 #include "worker/collectives/channel/zmq/collective_mailbox.h"
 #include "worker/collectives/half_float.h"
 #include "worker/collectives/ring_collectives.h"
@@ -78,7 +79,7 @@ class HostRing {
       ZmqTransportOptions options;
       options.role = proto::Role::Worker;
       options.rank = rank;
-      auto endpoint = RpcEndpoint::Start(options, nullptr);
+      auto endpoint = StartZmqEndpoint(options, nullptr);
       EXPECT_TRUE(endpoint.ok()) << endpoint.status();
       auto mailbox = std::make_shared<CollectiveMailbox>();
       (*endpoint)->SetHandler(proto::Body::CollectiveChunk, [mailbox](Envelope envelope) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/transport/rpc_endpoint.h"
+#include "common/transport/zmq/zmq_endpoint.h"
 
 namespace tessera::worker {
 namespace {
@@ -357,7 +358,7 @@ TEST(RingLinksTest, ConnectBuildsTheRingOverTcp) {
     ZmqTransportOptions options;
     options.role = proto::Role::Worker;
     options.rank = rank;
-    auto endpoint = RpcEndpoint::Start(options, nullptr);
+    auto endpoint = StartZmqEndpoint(options, nullptr);
     ASSERT_TRUE(endpoint.ok()) << endpoint.status();
     auto mailbox = std::make_shared<CollectiveMailbox>();
     (*endpoint)->SetHandler(proto::Body::CollectiveChunk, CollectiveMailbox::Handler(mailbox));
@@ -410,7 +411,7 @@ TEST(RingLinksTest, ConnectBuildsTheRingOverTcp) {
 TEST(RingLinksTest, ConnectTimesOutNamingASilentSuccessor) {
   ZmqTransportOptions options;
   options.role = proto::Role::Worker;
-  auto endpoint = RpcEndpoint::Start(options, nullptr);
+  auto endpoint = StartZmqEndpoint(options, nullptr);
   ASSERT_TRUE(endpoint.ok()) << endpoint.status();
   CollectiveMailbox mailbox;
   RingLinksOptions link_options;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/transport/rpc_endpoint.h"
+#include "common/transport/zmq/zmq_endpoint.h"
 
 namespace tessera::worker {
 namespace {
@@ -345,7 +346,7 @@ void ConnectAll(int world, std::vector<size_t> ring_bytes, Connected* connected)
     ZmqTransportOptions options;
     options.role = proto::Role::Worker;
     options.rank = rank;
-    auto endpoint = RpcEndpoint::Start(options, nullptr);
+    auto endpoint = StartZmqEndpoint(options, nullptr);
     EXPECT_TRUE(endpoint.ok()) << endpoint.status();
     auto mailbox = std::make_shared<CollectiveMailbox>();
     (*endpoint)->SetHandler(proto::Body::CollectiveChunk, CollectiveMailbox::Handler(mailbox));
