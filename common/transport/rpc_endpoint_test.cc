@@ -15,8 +15,8 @@ namespace {
 // Endpoints over in-process transports: the endpoint's logic without sockets. The transports
 // themselves are tested beside them (zmq/, inproc/, faulty/).
 std::shared_ptr<InProcessNetwork> Network() {
-  static auto* network = new std::shared_ptr<InProcessNetwork>(new InProcessNetwork());
-  return *network;
+  static const auto network = std::make_shared<InProcessNetwork>();
+  return network;
 }
 
 std::unique_ptr<Transport> NewTransport() {
