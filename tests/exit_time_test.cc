@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/fleet_harness.h"
@@ -43,6 +44,23 @@ int64_t ExitMillisAfter(FleetHarness& harness, int id, const std::string& work_d
     start = *line;
   }
   return MillisBetween(start, *harness.ExitTime(id));
+}
+
+// Waits until the server at `metrics_url` holds a request back (ps-sync waiting for a peer).
+Status WaitForHeldRequest(const std::string& metrics_url) {
+  const std::string gauge = "\ntessera_ps_waiting_requests ";
+  for (Deadline deadline = Deadline::AfterMillis(kRunMs); !deadline.Expired();) {
+    StatusOr<HttpResult> metrics = HttpGet(metrics_url, 5000);
+    if (metrics.ok()) {
+      const size_t at = metrics->body.find(gauge);
+      if (at != std::string::npos && std::stod(metrics->body.substr(at + gauge.size())) >= 1) {
+        return OkStatus();
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return DeadlineExceededError("the server at " + metrics_url + " held no request within " +
+                               std::to_string(kRunMs) + " ms");
 }
 
 TEST(ExitTimeTest, LocalWorker) {
@@ -176,6 +194,10 @@ TEST(ExitTimeTest, PsWorkerBlockedByADeadPeerStopsAfterTheGrace) {
       << harness.Output(workers[0]);
   ASSERT_TRUE(harness.Signal(workers[1], SIGKILL).ok());
   ASSERT_TRUE(harness.WaitExit(workers[1], Deadline::AfterMillis(kRunMs)).ok());
+  // Worker 0 is blocked once the server holds its push for the dead peer's (stopped earlier,
+  // it would leave between steps and never wait).
+  ASSERT_TRUE(WaitForHeldRequest(harness.process(*server).metrics_url).ok())
+      << harness.Output(workers[0]);
   const SteadyClock::time_point signalled = SteadyClock::now();
   ASSERT_TRUE(harness.Signal(workers[0], SIGTERM).ok());
   auto exit = harness.WaitExit(workers[0], Deadline::AfterMillis(kRunMs));
