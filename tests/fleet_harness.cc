@@ -131,6 +131,7 @@ void FleetHarness::PollOnce(Deadline deadline) {
         if (key == "address") process.address = value;
         if (key == "metrics") process.metrics_url = value;
         if (key == "rank") process.rank = std::atoi(value.c_str());
+        if (key == "pid") process.pid = std::atoll(value.c_str());
       }
       process.ready = true;
     }

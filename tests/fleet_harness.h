@@ -41,6 +41,7 @@ class FleetHarness {
     std::string address;      // from TESSERA_READY
     std::string metrics_url;  // from TESSERA_READY
     int rank = -1;
+    int64_t pid = 0;                 // from TESSERA_READY
     std::vector<std::string> lines;  // stdout and stderr, in arrival order
     // When the harness read each line (it reads while a Wait* call polls).
     std::vector<SteadyClock::time_point> line_times;

@@ -5,6 +5,7 @@
 
 #include <zmq.hpp>
 
+#include "common/training/ps_job.h"
 #include "common/wire/wire_codec.h"
 #include "tests/fleet_harness.h"
 
@@ -186,20 +187,33 @@ TEST(FleetTest, ServerAnswersGarbageWithErrorsAndKeepsServing) {
       socket.send(m, i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
     }
   };
-  auto receive = [&]() -> StatusOr<std::pair<Message, const proto::Header*>> {
+  auto send_message = [&](const MessageHeader& header, MessageBody body) {
+    Message message = EncodeMessage(header, std::move(body));
+    std::vector<std::string> frames = {
+        std::string(reinterpret_cast<const char*>(message.header.data()), message.header.size())};
+    for (const Payload& p : message.payloads) {
+      frames.emplace_back(reinterpret_cast<const char*>(p.data()), p.size());
+    }
+    send(frames);
+  };
+  auto receive = [&]() -> StatusOr<DecodedMessage> {
     Message message;
     bool more = true, first = true;
     while (more) {
       zmq::message_t m;
       if (!socket.recv(m)) return DeadlineExceededError("no reply from the server in 10 s");
       more = m.more();
-      Payload p = Payload::Copy(m.data(), m.size());
+      Payload p = Payload::Copy(m.data(), m.size());  // copies: aligned for DecodeMessage
       if (first) message.header = p; else message.payloads.push_back(p);
       first = false;
     }
-    VerifyResult v = VerifyMessage(message, 1 << 30);
-    if (!v.status.ok()) return v.status;
-    return std::make_pair(message, v.header);
+    DecodeResult decoded = DecodeMessage(message, 1 << 30);
+    if (!decoded.status.ok()) return decoded.status;
+    return std::move(decoded.message).value();
+  };
+  auto error_of = [](const DecodedMessage& reply) {
+    const auto* error = std::get_if<ErrorReply>(&reply.body);
+    return error == nullptr ? OkStatus() : StatusOf(*error);
   };
 
   for (std::string garbage : {std::string("GET / HTTP/1.1\r\n\r\n"), std::string(3, '\0'),
@@ -207,35 +221,34 @@ TEST(FleetTest, ServerAnswersGarbageWithErrorsAndKeepsServing) {
     send({garbage});
     auto reply = receive();
     ASSERT_TRUE(reply.ok()) << reply.status();
-    ASSERT_EQ(reply->second->body_type(), proto::Body::ErrorReply);
-    Status error = StatusFromErrorReply(*reply->second->body_as_ErrorReply());
+    Status error = error_of(*reply);
     EXPECT_EQ(error.code(), StatusCode::kInvalidArgument);
     EXPECT_NE(error.message().find("not a valid tessera.proto.Header"), std::string::npos) << error;
   }
 
-  // A correct request on the same connection: pull the probe tensor worker 0 pushed.
-  MessageBuilder builder(proto::Role::Worker, 0);
-  std::vector<int64_t> shape;
-  std::vector<flatbuffers::Offset<proto::TensorMeta>> metas = {
-      proto::CreateTensorMetaDirect(builder.fbb(), "worker0.probe", 0, proto::DType::Float32,
-                                    &shape, -1, 0, 0)};
-  Message pull = builder.Finish(proto::CreatePullRequestDirect(builder.fbb(), &metas), 77);
-  std::vector<std::string> frames = {
-      std::string(reinterpret_cast<const char*>(pull.header.data()), pull.header.size())};
-  send(frames);
+  // A correct request on the same connection: pull the probe worker 0 pushed (chunk 0 of the
+  // smoke job's ps-async probe job, key 0 on server 0; the job token names the job's workers).
+  FleetView view;
+  view.members.push_back({Role::kWorker, 0, "", "", "", fleet.process(ids.workers[0]).pid});
+  PsPushPullRequest pull{{}, false, PsJobToken(view)};
+  pull.tensors.push_back(TensorData{"worker0.probe", 0, DataType::kFloat32, {1024}, Payload()});
+  MessageHeader header;
+  header.sender_role = Role::kWorker;
+  header.sender_rank = 0;
+  header.request_id = 77;
+  header.step = 1;
+  send_message(header, std::move(pull));
   auto reply = receive();
   ASSERT_TRUE(reply.ok()) << reply.status();
-  ASSERT_EQ(reply->second->body_type(), proto::Body::PullReply)
-      << (reply->second->body_type() == proto::Body::ErrorReply
-              ? StatusFromErrorReply(*reply->second->body_as_ErrorReply()).ToString()
-              : "");
-  EXPECT_EQ(reply->second->request_id(), 77u);
-  auto* tensor = reply->second->body_as_PullReply()->tensors()->Get(0);
-  ASSERT_GE(tensor->payload(), 0);
-  const float* values =
-      reinterpret_cast<const float*>(reply->first.payloads[tensor->payload()].data() + tensor->offset());
-  EXPECT_EQ(values[0], 0.0f);  // worker r's probe holds r*1000 + i
-  EXPECT_EQ(values[5], 5.0f);
+  ASSERT_TRUE(error_of(*reply).ok()) << error_of(*reply);
+  EXPECT_EQ(reply->header.request_id, 77u);
+  const auto* values = std::get_if<PsPushPullReply>(&reply->body);
+  ASSERT_NE(values, nullptr);
+  ASSERT_EQ(values->tensors.size(), 1u);
+  std::vector<float> probe = values->tensors[0].Read<float>();
+  ASSERT_EQ(probe.size(), 1024u);
+  EXPECT_EQ(probe[0], 0.0f);  // worker r's probe holds r*1000 + i
+  EXPECT_EQ(probe[5], 5.0f);
 
   auto metrics = HttpGet(fleet.process(ids.servers[0]).metrics_url, 10000);
   ASSERT_TRUE(metrics.ok());

@@ -31,6 +31,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/base/deadline.h"
+#include "common/base/failure_bus.h"
 #include "common/base/logging.h"
 #include "common/base/status.h"
 #include "common/config/config.h"
@@ -135,33 +136,38 @@ void AddWorkerFlags(CLI::App* app, WorkerFlags* flags) {
 
 // The workers' ring, from the fleet view, as every collective mode builds it. Sets
 // *channel_description (if not null) to the channel it chose, as logged.
+// What a worker of the fleet uses to talk to its peers: the mailbox its endpoint delivers ring
+// frames to, and the bus its rendezvous client posts failures on.
+struct PeerWiring {
+  std::shared_ptr<FailureBus> failures;
+  std::shared_ptr<CollectiveMailbox> mailbox;
+};
+
 StatusOr<std::unique_ptr<RingCollectives>> MakeRing(ProcessRuntime& runtime,
                                                     const WorkerFlags& worker_flags,
                                                     RendezvousClient& client,
-                                                    CollectiveMailbox* mailbox,
+                                                    const PeerWiring& wiring,
                                                     std::string* channel_description = nullptr) {
-  RingCollectivesOptions ring;
-  ring.rank = client.rank();
-  ring.world_size = client.view().num_workers;
-  ASSIGN_OR_RETURN(ring.peer_addresses, RingPeerAddresses(client.view()));
-  ring.transport = &runtime.endpoint().transport();
-  ring.mailbox = mailbox;
-  ring.timeout_ms = runtime.config().request_timeout_ms;
-  ring.segment_bytes = static_cast<size_t>(worker_flags.segment_kb) * 1024;
   RingChannelSetupOptions setup;
   setup.kind = worker_flags.ring_transport;
-  setup.rank = ring.rank;
-  setup.world_size = ring.world_size;
-  setup.peer_addresses = ring.peer_addresses;
-  setup.transport = ring.transport;
-  setup.mailbox = mailbox;
+  setup.rank = client.rank();
+  setup.world_size = client.view().num_workers;
+  ASSIGN_OR_RETURN(setup.peer_addresses, RingPeerAddresses(client.view()));
+  setup.transport = &runtime.endpoint().transport();
+  setup.mailbox = wiring.mailbox;
+  setup.failures = wiring.failures;
   setup.timeout_ms = runtime.config().rendezvous_timeout_ms;
-  setup.segment_bytes = ring.segment_bytes;
+  setup.segment_bytes = static_cast<size_t>(worker_flags.segment_kb) * 1024;
   setup.links_spin_us = worker_flags.ring_spin_us;
   ASSIGN_OR_RETURN(ConnectedRingChannel channel, ConnectRingChannel(setup));
   TLOG(INFO) << "ring channel: " << channel.description;
   if (channel_description != nullptr) *channel_description = channel.description;
-  ring.links = std::move(channel.channel);
+  RingCollectivesOptions ring;
+  ring.rank = setup.rank;
+  ring.world_size = setup.world_size;
+  ring.channel = std::move(channel.channel);
+  ring.timeout_ms = runtime.config().request_timeout_ms;
+  ring.segment_bytes = setup.segment_bytes;
   return RingCollectives::Create(ring);
 }
 
@@ -226,7 +232,7 @@ std::string FormatSummary(const TrainingSummary& s, const TrainingFlags& flags,
 // Trains in `flags.mode`: alone (local, client may be null) or as worker client->rank() of
 // the fleet (ps-*).
 Status RunTraining(ProcessRuntime& runtime, const WorkerFlags& worker_flags,
-                   RendezvousClient* client, CollectiveMailbox* mailbox) {
+                   RendezvousClient* client, const PeerWiring& wiring) {
   const TrainingFlags& flags = worker_flags.training;
   const bool local = worker_flags.mode == "local";
   const int rank = local ? 0 : client->rank();
@@ -247,7 +253,7 @@ Status RunTraining(ProcessRuntime& runtime, const WorkerFlags& worker_flags,
     ASSIGN_OR_RETURN(engine, LocalEngine::Create(optimizer, schedule));
   } else if (worker_flags.mode == "allreduce" || worker_flags.mode == "zero1" ||
              worker_flags.mode == "zero2" || worker_flags.mode == "zero3") {
-    ASSIGN_OR_RETURN(collectives, MakeRing(runtime, worker_flags, *client, mailbox));
+    ASSIGN_OR_RETURN(collectives, MakeRing(runtime, worker_flags, *client, wiring));
     if (worker_flags.mode == "zero2" || worker_flags.mode == "zero3") {
       ZeroEngineOptions options;
       options.stage = worker_flags.mode == "zero2" ? 2 : 3;
@@ -312,27 +318,30 @@ Status RunWorker(ProcessRuntime& runtime, const WorkerFlags& flags) {
                                   "and MASTER_PORT); only --mode local runs standalone");
     }
     runtime.AnnounceReady(0);
-    return RunTraining(runtime, flags, nullptr, nullptr);
+    return RunTraining(runtime, flags, nullptr, PeerWiring());
   }
   RpcEndpoint& endpoint = runtime.endpoint();
-  // Before joining: peers may send chunks as soon as the fleet view tells them our address,
-  // and a chunk without a handler would be dropped.
-  auto mailbox = std::make_shared<CollectiveMailbox>();
-  endpoint.SetHandler(proto::Body::CollectiveChunk, CollectiveMailbox::Handler(mailbox));
+  // Before joining: peers may send ring frames as soon as the fleet view tells them our
+  // address, and a frame without a handler would be dropped.
+  PeerWiring wiring;
+  wiring.failures = std::make_shared<FailureBus>();
+  wiring.mailbox = std::make_shared<CollectiveMailbox>(wiring.failures);
+  endpoint.SetHandler(MessageType::kRingFrame, CollectiveMailbox::Handler(wiring.mailbox));
 
   RendezvousOptions options = RendezvousOptionsFrom(runtime.config());
   options.metrics_address = runtime.metrics_url();
   options.stop_requested = [&runtime] { return runtime.StopRequested(); };
   ASSIGN_OR_RETURN(std::unique_ptr<RendezvousClient> client,
                    RendezvousClient::Join(&endpoint, options, &runtime.metrics()));
-  // A failed peer (or a lost coordinator) wakes a collective waiting for chunks with the root
+  // A failed peer (or a lost coordinator) wakes a collective waiting for frames with the root
   // cause; pending calls and barriers are failed by the client itself.
-  client->SetFailureCallback([mailbox](const Status& status) { mailbox->Fail(status); });
+  client->SetFailureCallback(
+      [failures = wiring.failures](const Status& status) { failures->Fail(status); });
   SetLogIdentity("worker", client->rank());
   runtime.AnnounceReady(client->rank());
 
   if (flags.mode == "smoke") {
-    RETURN_IF_ERROR(RunSmokeJob(runtime, *client, *mailbox, flags.smoke));
+    RETURN_IF_ERROR(RunSmokeJob(runtime, *client, wiring.mailbox, wiring.failures, flags.smoke));
   } else {
     // The whole fleet starts together (servers wait for this barrier too).
     RETURN_IF_ERROR(client->Barrier("start", std::nullopt,
@@ -340,7 +349,7 @@ Status RunWorker(ProcessRuntime& runtime, const WorkerFlags& flags) {
     if (flags.mode == "bench-allreduce") {
       std::string channel;
       ASSIGN_OR_RETURN(std::unique_ptr<RingCollectives> ring,
-                       MakeRing(runtime, flags, *client, mailbox.get(), &channel));
+                       MakeRing(runtime, flags, *client, wiring, &channel));
       // For tessera-bench, which runs the workers at --log-level warning.
       if (client->rank() == 0) {
         std::printf("%s\n", nlohmann::json({{"bench", "ring_channel"}, {"channel", channel}})
@@ -352,7 +361,7 @@ Status RunWorker(ProcessRuntime& runtime, const WorkerFlags& flags) {
         std::fflush(stdout);
       }));
     } else {
-      RETURN_IF_ERROR(RunTraining(runtime, flags, client.get(), mailbox.get()));
+      RETURN_IF_ERROR(RunTraining(runtime, flags, client.get(), wiring));
     }
   }
   double linger = runtime.config().linger_seconds;

@@ -403,23 +403,6 @@ bool IsJobChar(char c) {
 
 // -----------------------------------------------------------------------------------------------
 
-std::string_view RoleName(Role role) {
-  switch (role) {
-    case Role::kCoordinator: return "coordinator";
-    case Role::kServer: return "server";
-    case Role::kWorker: return "worker";
-  }
-  return "unknown";
-}
-
-StatusOr<Role> ParseRole(std::string_view name) {
-  if (name == "coordinator") return Role::kCoordinator;
-  if (name == "server") return Role::kServer;
-  if (name == "worker") return Role::kWorker;
-  return InvalidArgumentError("unknown role " + Quote(name) +
-                              " (expected coordinator, server or worker)");
-}
-
 ProcessConfig DefaultProcessConfig(Role role) {
   ProcessConfig config;
   config.role = role;

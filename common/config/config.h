@@ -49,6 +49,7 @@
 #include <vector>
 
 #include "common/base/logging.h"
+#include "common/base/role.h"
 #include "common/base/status.h"
 
 namespace CLI {
@@ -57,12 +58,6 @@ class Option;
 }  // namespace CLI
 
 namespace tessera {
-
-enum class Role { kCoordinator, kServer, kWorker };
-
-// "coordinator", "server", "worker".
-std::string_view RoleName(Role role);
-StatusOr<Role> ParseRole(std::string_view name);
 
 // The largest accepted --max-message-bytes: the FlatBuffers 2.0.8 Verifier asserts on buffers
 // of 2 GiB or more, so a received header must stay below that.

@@ -12,8 +12,7 @@
 #include <vector>
 
 #include "common/base/status.h"
-#include "common/config/config.h"
-#include "proto/wire_generated.h"
+#include "common/base/role.h"
 
 namespace tessera {
 
@@ -51,17 +50,6 @@ struct FleetView {
 
 // Server `rank` of `num_servers` owns keys [first, second): contiguous, as even as possible.
 std::pair<uint64_t, uint64_t> ServerKeyRange(uint64_t key_space, int num_servers, int rank);
-
-proto::Role ToWireRole(Role role);
-// InvalidArgument for roles that are not fleet members (Unknown, Launcher).
-StatusOr<Role> FromWireRole(proto::Role role);
-// "worker 2" for a role and rank as sent on the wire.
-std::string MemberName(Role role, int rank);
-
-flatbuffers::Offset<proto::FleetView> EncodeFleetView(flatbuffers::FlatBufferBuilder* fbb,
-                                                      const FleetView& view);
-// Rejects members with unknown roles or states.
-StatusOr<FleetView> DecodeFleetView(const proto::FleetView& wire);
 
 }  // namespace tessera
 

@@ -68,22 +68,7 @@ inline constexpr MetricName kFailuresDetectedTotal{"tessera_failures_detected_to
 inline constexpr MetricName kBarrierWaitSeconds{
     "tessera_barrier_wait_seconds", "Time a process waited in a barrier for the others."};
 
-// --- Parameter server ---
-
-// gauge.
-inline constexpr MetricName kServerKeys{"tessera_server_keys",
-                                        "Tensors held by this server's shard store."};
-// gauge (bytes).
-inline constexpr MetricName kServerBytes{"tessera_server_bytes",
-                                         "Tensor bytes held by this server's shard store."};
-// counter.
-inline constexpr MetricName kServerPushesTotal{
-    "tessera_server_pushes_total", "Tensor values stored by pushes (one per tensor pushed)."};
-// counter.
-inline constexpr MetricName kServerPullsTotal{
-    "tessera_server_pulls_total", "Tensor values served to pulls (one per tensor pulled)."};
-
-// --- Parameter-server training (ps-* modes) ---
+// --- Parameter server (ps-* modes) ---
 
 // gauge: dense chunk floats plus embedding rows' floats held, parameters only.
 inline constexpr MetricName kPsParameterBytes{

@@ -60,7 +60,7 @@ StatusOr<std::unique_ptr<ProcessRuntime>> ProcessRuntime::Start(const ProcessCon
 
   ZmqTransportOptions transport;
   transport.max_message_bytes = config.max_message_bytes;
-  transport.role = ToWireRole(config.role);
+  transport.role = config.role;
   transport.rank = config.rank;
   if (config.role == Role::kCoordinator) {
     ASSIGN_OR_RETURN(auto host_port, ParseHostPort(config.coordinator));

@@ -9,7 +9,6 @@
 
 #include "common/base/logging.h"
 #include "common/metrics/metric_names.h"
-#include "common/wire/wire_codec.h"
 
 namespace tessera {
 namespace {
@@ -58,13 +57,11 @@ StatusOr<std::unique_ptr<RendezvousClient>> RendezvousClient::Join(
   // Failure notices may arrive as soon as we are registered.
   RendezvousClient* raw = client.get();
   const bool fatal = options.peer_failures_are_fatal;
-  endpoint->SetHandler(proto::Body::FailureNotice, [raw, fatal](Envelope envelope) {
-    const proto::FailureNotice* notice = envelope.header->body_as_FailureNotice();
-    StatusOr<Role> role = FromWireRole(notice->role());
-    std::string who = role.ok() ? MemberName(*role, notice->rank()) : "an unknown process";
-    std::string address = notice->address() ? notice->address()->str() : "?";
-    std::string reason = notice->reason() ? notice->reason()->str() : "no reason given";
-    std::string what = who + " (" + address + ") failed: " + reason;
+  endpoint->SetHandler(MessageType::kFailureNotice, [raw, fatal](Envelope envelope) {
+    const FailureNotice& notice = *envelope.As<FailureNotice>();
+    const std::string address = notice.address.empty() ? "?" : notice.address;
+    const std::string reason = notice.reason.empty() ? "no reason given" : notice.reason;
+    std::string what = MemberName(notice.role, notice.rank) + " (" + address + ") failed: " + reason;
     if (!fatal) {
       TLOG(WARNING) << what << "; carrying on";
       return;
@@ -72,28 +69,25 @@ StatusOr<std::unique_ptr<RendezvousClient>> RendezvousClient::Join(
     raw->Fail(AbortedError(what));
   });
 
-  uint64_t request_id = endpoint->NextRequestId();
-  MessageBuilder builder(ToWireRole(options.role), options.requested_rank);
-  auto body = proto::CreateRegisterRequestDirect(
-      builder.fbb(), ToWireRole(options.role), options.requested_rank, endpoint->address().c_str(),
-      options.metrics_address.c_str(), options.host.c_str(), static_cast<int64_t>(getpid()),
-      options.num_workers);
+  RegisterRequest request;
+  request.role = options.role;
+  request.requested_rank = options.requested_rank;
+  request.address = endpoint->address();
+  request.metrics_address = options.metrics_address;
+  request.host = options.host;
+  request.pid = static_cast<int64_t>(getpid());
+  request.num_workers = options.num_workers;
   TLOG(INFO) << "registering as " << me << " with the coordinator at "
              << options.coordinator_address << " (waiting up to " << options.rendezvous_timeout_ms
              << " ms for the whole fleet)";
   const std::string what = "rendezvous of " + me + " with the coordinator";
   StatusOr<Envelope> reply = client->AwaitReply(
-      endpoint->CallAsync(options.coordinator_address, builder.Finish(body, request_id),
-                          request_id,
+      endpoint->CallAsync(options.coordinator_address, std::move(request), -1,
                           Deadline::AfterMillis(options.rendezvous_timeout_ms + kCoordinatorGraceMs),
                           what),
       what);
   if (!reply.ok()) return reply.status();
-  if (reply->header->body_type() != proto::Body::FleetView) {
-    return InternalError("coordinator answered registration with " +
-                         std::string(BodyName(reply->header->body_type())) + ", not a FleetView");
-  }
-  ASSIGN_OR_RETURN(client->view_, DecodeFleetView(*reply->header->body_as_FleetView()));
+  ASSIGN_OR_RETURN(client->view_, TakeBody<FleetView>(std::move(reply).value(), what));
   // Our rank is whatever member of our role lists our address.
   for (const MemberInfo& m : client->view_.members) {
     if (m.role == options.role && m.address == endpoint->address()) client->rank_ = m.rank;
@@ -102,14 +96,14 @@ StatusOr<std::unique_ptr<RendezvousClient>> RendezvousClient::Join(
     return InternalError("the fleet view from the coordinator does not list this process (" +
                          endpoint->address() + ")");
   }
-  endpoint->SetIdentity(ToWireRole(options.role), client->rank_);
+  endpoint->SetIdentity(options.role, client->rank_);
   client->heartbeat_thread_ = std::thread([raw] { raw->HeartbeatLoop(); });
   return client;
 }
 
 RendezvousClient::~RendezvousClient() {
   StopHeartbeats();
-  endpoint_->ClearHandler(proto::Body::FailureNotice);
+  endpoint_->ClearHandler(MessageType::kFailureNotice);
 }
 
 void RendezvousClient::StopHeartbeats() {
@@ -162,11 +156,8 @@ void RendezvousClient::HeartbeatLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_ && health_.ok()) {
     lock.unlock();
-    uint64_t request_id = endpoint_->NextRequestId();
-    MessageBuilder builder(ToWireRole(options_.role), rank_);
-    auto body = proto::CreateHeartbeat(builder.fbb(), sequence++);
     in_flight.push_back(endpoint_->CallAsync(
-        options_.coordinator_address, builder.Finish(body, request_id), request_id,
+        options_.coordinator_address, Heartbeat{sequence++}, -1,
         Deadline::AfterMillis(options_.heartbeat_timeout_ms), "heartbeat"));
     // Collect answered heartbeats: an ack refreshes contact; an error from the coordinator
     // (e.g. "not a member": it restarted or declared us failed) is final.
@@ -207,18 +198,13 @@ Status RendezvousClient::Barrier(const std::string& name, std::optional<Role> sc
     if (!health_.ok()) return health_.WithContext("barrier '" + name + "' not entered");
     generation = barrier_generation_[name]++;
   }
-  uint64_t request_id = endpoint_->NextRequestId();
-  MessageBuilder builder(ToWireRole(options_.role), rank_);
-  auto body = proto::CreateBarrierRequestDirect(
-      builder.fbb(), name.c_str(), generation, timeout_ms,
-      scope.has_value() ? ToWireRole(*scope) : proto::Role::Unknown);
   auto started = SteadyClock::now();
   const std::string what = "barrier '" + name + "' generation " + std::to_string(generation) +
                            " of " + MemberName(options_.role, rank_);
   StatusOr<Envelope> reply = AwaitReply(
-      endpoint_->CallAsync(options_.coordinator_address, builder.Finish(body, request_id),
-                           request_id, Deadline::AfterMillis(timeout_ms + kCoordinatorGraceMs),
-                           what),
+      endpoint_->CallAsync(options_.coordinator_address,
+                           BarrierRequest{name, generation, timeout_ms, scope}, -1,
+                           Deadline::AfterMillis(timeout_ms + kCoordinatorGraceMs), what),
       what);
   if (!reply.ok()) return reply.status();
   if (barrier_wait_ != nullptr) {
@@ -242,11 +228,8 @@ StatusOr<Envelope> RendezvousClient::AwaitReply(
 void RendezvousClient::Leave(const std::string& reason) {
   StopHeartbeats();
   if (!health().ok()) return;  // the coordinator is gone or the fleet failed: nobody to tell
-  uint64_t request_id = endpoint_->NextRequestId();
-  MessageBuilder builder(ToWireRole(options_.role), rank_);
-  auto body = proto::CreateGoodbyeDirect(builder.fbb(), reason.c_str());
   StatusOr<Envelope> reply = endpoint_->Call(
-      options_.coordinator_address, builder.Finish(body, request_id), request_id,
+      options_.coordinator_address, Goodbye{reason}, -1,
       Deadline::AfterMillis(std::min<int64_t>(options_.request_timeout_ms, kGoodbyeTimeoutMs)),
       "goodbye");
   if (!reply.ok()) TLOG(WARNING) << "leaving: " << reply.status();

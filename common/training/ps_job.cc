@@ -112,6 +112,16 @@ Status ValidatePsJobConfig(const PsJobConfig& c) {
   return ValidateLrSchedule(c.schedule, c.optimizer.lr);
 }
 
+uint64_t PsJobToken(const FleetView& view) {
+  uint64_t token = 0xcbf29ce484222325ULL;  // FNV-1a
+  for (const MemberInfo* worker : view.OfRole(Role::kWorker)) {
+    for (uint64_t part : {static_cast<uint64_t>(worker->rank), static_cast<uint64_t>(worker->pid)}) {
+      token = (token ^ part) * 0x100000001b3ULL;
+    }
+  }
+  return token;
+}
+
 StatusOr<std::vector<DenseChunk>> PlanDenseChunks(uint64_t elements, uint64_t chunk_elements,
                                                   int num_servers, uint64_t key_space) {
   if (num_servers < 1) {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common/base/status.h"
+#include "common/messages/fleet_view.h"
 #include "common/training/embedding_table.h"
 #include "common/training/lr_schedule.h"
 #include "common/training/optimizer.h"
@@ -61,6 +62,11 @@ struct DenseChunk {
 // small for its chunks (naming the server and the counts).
 StatusOr<std::vector<DenseChunk>> PlanDenseChunks(uint64_t elements, uint64_t chunk_elements,
                                                   int num_servers, uint64_t key_space);
+
+// The job token of PsInitRequest and PsPushPullRequest: the same on every worker of a job (it
+// hashes the ranks and pids of the workers in the fleet view), different for the next job's
+// workers, so long-running servers tell one job's requests from the next's.
+uint64_t PsJobToken(const FleetView& view);
 
 // The server holding row `id` of embedding table `table` (its index in the job's tables).
 int SparseRowOwner(size_t table, int64_t id, int num_servers);

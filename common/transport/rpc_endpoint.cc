@@ -4,18 +4,16 @@
 
 #include "common/base/logging.h"
 #include "common/metrics/metric_names.h"
-#include "common/wire/wire_codec.h"
 
 namespace tessera {
 
 StatusOr<std::unique_ptr<RpcEndpoint>> RpcEndpoint::Start(std::unique_ptr<Transport> transport,
-                                                          proto::Role role, int32_t rank,
+                                                          std::optional<Role> role, int32_t rank,
                                                           MetricsRegistry* metrics) {
   if (transport == nullptr) return InvalidArgumentError("RpcEndpoint::Start: no transport");
   std::unique_ptr<RpcEndpoint> endpoint(new RpcEndpoint());
-  endpoint->role_ = role;
-  endpoint->rank_ = rank;
-  transport->SetIdentity(role, rank);
+  endpoint->identity_.Set(role, rank);
+  if (role.has_value()) transport->SetIdentity(*role, rank);
   if (metrics != nullptr) {
     ASSIGN_OR_RETURN(endpoint->latency_family_,
                      metrics->RegisterHistogram(metric_names::kRpcLatencySeconds.name,
@@ -52,28 +50,27 @@ void RpcEndpoint::Shutdown() {
   }
 }
 
-void RpcEndpoint::SetIdentity(proto::Role role, int32_t rank) {
-  role_ = role;
-  rank_ = rank;
+void RpcEndpoint::SetIdentity(Role role, int32_t rank) {
+  identity_.Set(role, rank);
   transport_->SetIdentity(role, rank);
 }
 
-void RpcEndpoint::SetHandler(proto::Body type, MessageHandler handler) {
+void RpcEndpoint::SetHandler(MessageType type, MessageHandler handler) {
   std::lock_guard<std::mutex> lock(mu_);
   handlers_[type] = std::move(handler);
 }
 
-void RpcEndpoint::ClearHandler(proto::Body type) {
+void RpcEndpoint::ClearHandler(MessageType type) {
   std::unique_lock<std::mutex> lock(mu_);
   handlers_.erase(type);
   handlers_idle_cv_.wait(lock, [this] { return handlers_running_ == 0; });
 }
 
 std::shared_future<StatusOr<Envelope>> RpcEndpoint::CallAsync(const std::string& address,
-                                                              Message request,
-                                                              uint64_t request_id,
+                                                              MessageBody request, int64_t step,
                                                               Deadline deadline,
                                                               std::string_view what) {
+  const uint64_t request_id = next_request_id_.fetch_add(1);
   auto call = std::make_shared<PendingCall>();
   call->address = address;
   call->what = std::string(what);
@@ -103,15 +100,29 @@ std::shared_future<StatusOr<Envelope>> RpcEndpoint::CallAsync(const std::string&
     if (wake_expiry) next_expiry_ = deadline.when();
   }
   if (wake_expiry) expire_cv_.notify_all();
-  Status sent = transport_->Send(address, std::move(request));
+  Status sent = transport_->Send(address, OutgoingMessage{request_id, step, std::move(request)});
   if (!sent.ok()) Complete(request_id, sent.WithContext(call->what));
   return future;
 }
 
-StatusOr<Envelope> RpcEndpoint::Call(const std::string& address, Message request,
-                                     uint64_t request_id, Deadline deadline,
-                                     std::string_view what) {
-  return CallAsync(address, std::move(request), request_id, deadline, what).get();
+StatusOr<Envelope> RpcEndpoint::Call(const std::string& address, MessageBody request,
+                                     int64_t step, Deadline deadline, std::string_view what) {
+  return CallAsync(address, std::move(request), step, deadline, what).get();
+}
+
+void RpcEndpoint::Reply(const Envelope& request, MessageBody reply) {
+  const MessageType type = TypeOf(reply);
+  Status sent = transport_->Reply(
+      request.origin, OutgoingMessage{request.header.request_id, -1, std::move(reply)});
+  if (!sent.ok()) {
+    TLOG(WARNING) << "cannot answer " << MessageTypeName(request.type()) << " from "
+                  << request.header.DescribeSender() << " with a " << MessageTypeName(type)
+                  << ": " << sent;
+  }
+}
+
+void RpcEndpoint::ReplyError(const Envelope& request, const Status& status) {
+  Reply(request, ErrorReplyOf(status));
 }
 
 void RpcEndpoint::FailAll(const Status& status) {
@@ -139,29 +150,28 @@ void RpcEndpoint::Complete(uint64_t request_id, StatusOr<Envelope> result) {
 }
 
 void RpcEndpoint::OnMessage(Envelope envelope) {
-  proto::Body type = envelope.header->body_type();
+  const MessageType type = envelope.type();
   if (!envelope.origin.IsRequest()) {
     std::shared_ptr<PendingCall> call;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      auto it = pending_.find(envelope.header->request_id());
+      auto it = pending_.find(envelope.header.request_id);
       if (it != pending_.end() && it->second->address == envelope.origin.peer_address) {
         call = std::move(it->second);
         pending_.erase(it);
       }
     }
     if (call != nullptr) {
-      if (type == proto::Body::ErrorReply) {
-        call->promise.set_value(StatusFromErrorReply(*envelope.header->body_as_ErrorReply())
-                                    .WithContext(call->what + ": " +
-                                                 DescribeSender(*envelope.header) + " at " +
-                                                 call->address));
+      if (const ErrorReply* error = envelope.As<ErrorReply>()) {
+        call->promise.set_value(StatusOf(*error).WithContext(
+            call->what + ": " + envelope.header.DescribeSender() + " at " + call->address));
         return;
       }
       if (latency_family_ != nullptr) {
         Histogram*& latency = latency_[static_cast<size_t>(type)];
         if (latency == nullptr) {
-          StatusOr<Histogram*> child = latency_family_->WithLabels({std::string(BodyName(type))});
+          StatusOr<Histogram*> child =
+              latency_family_->WithLabels({std::string(MessageTypeName(type))});
           if (child.ok()) latency = *child;
         }
         if (latency != nullptr) {
@@ -190,16 +200,13 @@ void RpcEndpoint::OnMessage(Envelope envelope) {
     return;
   }
   if (envelope.origin.IsRequest()) {
-    Status unhandled = UnimplementedError(std::string(RoleLabel(role_.load())) + " does not serve " +
-                                          std::string(BodyName(type)) + " requests");
-    Status replied = transport_->Reply(
-        envelope.origin, MakeErrorReply(role_.load(), rank_.load(),
-                                        envelope.header->request_id(), unhandled));
-    if (!replied.ok()) TLOG(WARNING) << "cannot answer " << BodyName(type) << ": " << replied;
+    ReplyError(envelope, UnimplementedError(identity_.Header(0, -1).DescribeSender() +
+                                            " does not serve " +
+                                            std::string(MessageTypeName(type)) + " requests"));
     return;
   }
-  TLOG(DEBUG) << "dropped " << BodyName(type) << " from " << envelope.origin.peer_address
-              << " (request id " << envelope.header->request_id()
+  TLOG(DEBUG) << "dropped " << MessageTypeName(type) << " from " << envelope.origin.peer_address
+              << " (request id " << envelope.header.request_id
               << "): no pending call and no handler (a late reply?)";
 }
 

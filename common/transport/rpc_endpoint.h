@@ -3,16 +3,15 @@
 //   ASSIGN_OR_RETURN(auto transport, ZmqTransport::Create(transport_options, &metrics));
 //   ASSIGN_OR_RETURN(auto endpoint, RpcEndpoint::Start(std::move(transport), role, rank,
 //                                                      &metrics));
-//   endpoint->SetHandler(proto::Body::FailureNotice, [&](Envelope e) { ... });
-//   uint64_t id = endpoint->NextRequestId();
-//   MessageBuilder b(role, rank);
-//   StatusOr<Envelope> reply = endpoint->Call(server, b.Finish(body, id), id,
-//                                             Deadline::AfterMillis(30000), "pull of layer3.w");
+//   endpoint->SetHandler(MessageType::kFailureNotice, [&](Envelope e) { ... });
+//   StatusOr<Envelope> reply = endpoint->Call(server, SparsePullRequest{...}, step,
+//                                             Deadline::AfterMillis(30000), "pull of emb");
+//   endpoint->Reply(request, Ack{});  // in a handler (or later, from another thread)
 //
 // A message that arrives on one of our outgoing connections and carries the request id of a
 // pending Call completes that Call; an ErrorReply completes it with the error it describes.
 // Every other message (requests from others, unsolicited notices) goes to the handler set for
-// its body type; a request of a type nobody handles is answered with Unimplemented.
+// its type; a request of a type nobody handles is answered with Unimplemented.
 //
 // Thread-safety: all methods are thread-safe. Handlers run on the transport's I/O thread and
 // must not block (in particular, they must not Call): queue work for another thread.
@@ -27,49 +26,52 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 
 #include "common/base/deadline.h"
 #include "common/base/status.h"
 #include "common/metrics/metrics.h"
+#include "common/transport/sender_identity.h"
 #include "common/transport/transport.h"
-#include "common/wire/wire_codec.h"
 
 namespace tessera {
 
 class RpcEndpoint {
  public:
-  // Starts `transport` with this endpoint as its handler. `role` and `rank` name us in the
-  // ErrorReplies we send (SetIdentity changes them later). `metrics` may be null.
+  // Starts `transport` with this endpoint as its handler, and names us `role` and `rank` in
+  // what we send (SetIdentity changes them later). `metrics` may be null.
   static StatusOr<std::unique_ptr<RpcEndpoint>> Start(std::unique_ptr<Transport> transport,
-                                                      proto::Role role, int32_t rank,
+                                                      std::optional<Role> role, int32_t rank,
                                                       MetricsRegistry* metrics);
   ~RpcEndpoint();
 
   Transport& transport() { return *transport_; }
   const std::string& address() const { return transport_->address(); }
-  void SetIdentity(proto::Role role, int32_t rank);
-  proto::Role role() const { return role_.load(); }
-  int32_t rank() const { return rank_.load(); }
+  void SetIdentity(Role role, int32_t rank);
 
   // Routes messages of `type` that are not replies to our calls. Replaces an earlier handler.
-  void SetHandler(proto::Body type, MessageHandler handler);
+  void SetHandler(MessageType type, MessageHandler handler);
   // Removes the handler of `type` and waits until no handler is running, so whatever the
   // handler refers to may be destroyed afterwards. REQUIRES: not called from a handler.
-  void ClearHandler(proto::Body type);
+  void ClearHandler(MessageType type);
 
-  uint64_t NextRequestId() { return next_request_id_.fetch_add(1); }
-
-  // Sends `request` (whose header carries `request_id`) to `address` and returns a future
+  // Sends `request` (of training step `step`, -1 for none) to `address` and returns a future
   // for its reply. The future is completed with DeadlineExceeded naming `what` and `address`
   // if no reply arrives by `deadline`, or with the error of an ErrorReply.
-  std::shared_future<StatusOr<Envelope>> CallAsync(const std::string& address, Message request,
-                                                   uint64_t request_id, Deadline deadline,
-                                                   std::string_view what);
+  std::shared_future<StatusOr<Envelope>> CallAsync(const std::string& address,
+                                                   MessageBody request, int64_t step,
+                                                   Deadline deadline, std::string_view what);
   // CallAsync and wait.
-  StatusOr<Envelope> Call(const std::string& address, Message request, uint64_t request_id,
+  StatusOr<Envelope> Call(const std::string& address, MessageBody request, int64_t step,
                           Deadline deadline, std::string_view what);
+
+  // Answers `request` (which arrived as a request) with `reply`; a failure to queue it is
+  // logged, naming the requester (the requester's deadline reports the loss).
+  void Reply(const Envelope& request, MessageBody reply);
+  // Answers `request` with an ErrorReply carrying `status`.
+  void ReplyError(const Envelope& request, const Status& status);
 
   // Fails every pending call with `status` (e.g. a peer was declared failed) and later calls
   // too, until the endpoint is destroyed. The first status given is kept as the root cause.
@@ -93,17 +95,16 @@ class RpcEndpoint {
   void ExpireLoop();
 
   std::unique_ptr<Transport> transport_;
-  // Reply latency by body type (family null without a registry); each child is looked up on
-  // its type's first reply and cached. Both are touched on the transport's I/O thread only.
+  // Reply latency by message type (family null without a registry); each child is looked up
+  // on its type's first reply and cached. Both are touched on the transport's I/O thread only.
   HistogramFamily* latency_family_ = nullptr;
-  std::array<Histogram*, kBodyTypeCount> latency_{};
+  std::array<Histogram*, kMessageTypeCount> latency_{};
   std::atomic<uint64_t> next_request_id_{1};
-  std::atomic<proto::Role> role_{proto::Role::Unknown};
-  std::atomic<int32_t> rank_{-1};
+  SenderIdentity identity_;  // for the text of our own errors
 
   std::mutex mu_;
   std::map<uint64_t, std::shared_ptr<PendingCall>> pending_;  // guarded by mu_
-  std::map<proto::Body, MessageHandler> handlers_;            // guarded by mu_
+  std::map<MessageType, MessageHandler> handlers_;            // guarded by mu_
   Status failure_;                                             // guarded by mu_
   bool stopping_ = false;                                      // guarded by mu_
   int handlers_running_ = 0;                                   // guarded by mu_

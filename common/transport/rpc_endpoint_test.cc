@@ -7,7 +7,6 @@
 
 #include "common/transport/faulty/faulty_transport.h"
 #include "common/transport/inproc/inproc_transport.h"
-#include "common/wire/wire_codec.h"
 
 namespace tessera {
 namespace {
@@ -26,63 +25,69 @@ std::unique_ptr<Transport> NewTransport() {
   return std::move(transport).value();
 }
 
-std::unique_ptr<RpcEndpoint> Start(proto::Role role, std::unique_ptr<Transport> transport) {
+std::unique_ptr<RpcEndpoint> Start(Role role, std::unique_ptr<Transport> transport) {
   auto endpoint = RpcEndpoint::Start(std::move(transport), role, 0, nullptr);
   EXPECT_TRUE(endpoint.ok()) << endpoint.status();
   return std::move(endpoint).value();
 }
 
-std::unique_ptr<RpcEndpoint> Start(proto::Role role) { return Start(role, NewTransport()); }
+std::unique_ptr<RpcEndpoint> Start(Role role) { return Start(role, NewTransport()); }
 
-Message Pull(uint64_t request_id) {
-  MessageBuilder b(proto::Role::Worker, 0);
-  std::vector<flatbuffers::Offset<proto::TensorMeta>> metas;
-  return b.Finish(proto::CreatePullRequestDirect(b.fbb(), &metas), request_id);
-}
+// The request of these tests; servers answer with the sequence number as the Ack's detail.
+MessageBody Request(uint64_t sequence) { return Heartbeat{sequence}; }
+uint64_t SequenceOf(const Envelope& request) { return request.As<Heartbeat>()->sequence; }
 
 TEST(RpcEndpointTest, CallGetsItsReplyAndErrorsBecomeStatuses) {
-  auto server = Start(proto::Role::Server);
-  auto client = Start(proto::Role::Worker);
+  auto server = Start(Role::kServer);
+  auto client = Start(Role::kWorker);
   RpcEndpoint* s = server.get();
-  server->SetHandler(proto::Body::PullRequest, [s](Envelope e) {
-    uint64_t id = e.header->request_id();
-    Message reply = id % 2 == 0 ? MakeErrorReply(proto::Role::Server, 0, id,
-                                                 NotFoundError("key 9 is not on server 0"))
-                                : [&] {
-                                    MessageBuilder b(proto::Role::Server, 0);
-                                    return b.Finish(proto::CreateAckDirect(b.fbb(), "ok"), id);
-                                  }();
-    EXPECT_TRUE(s->transport().Reply(e.origin, std::move(reply)).ok());
+  server->SetHandler(MessageType::kHeartbeat, [s](Envelope e) {
+    // Odd sequence numbers are answered with an Ack, even ones with an error.
+    if (SequenceOf(e) % 2 == 0) {
+      s->ReplyError(e, NotFoundError("key 9 is not on server 0"));
+    } else {
+      s->Reply(e, Ack{std::to_string(SequenceOf(e))});
+    }
   });
-  // Odd ids are answered with an Ack, even ones with an error.
-  uint64_t odd = client->NextRequestId();
-  uint64_t even = client->NextRequestId();
-  if (odd % 2 == 0) std::swap(odd, even);
-  auto ok = client->Call(server->address(), Pull(odd), odd, Deadline::AfterMillis(10000), "pull");
+  auto ok = client->Call(server->address(), Request(1), -1, Deadline::AfterMillis(10000), "pull");
   ASSERT_TRUE(ok.ok()) << ok.status();
-  EXPECT_EQ(ok->header->body_type(), proto::Body::Ack);
-  auto bad = client->Call(server->address(), Pull(even), even, Deadline::AfterMillis(10000), "pull");
+  ASSERT_EQ(ok->type(), MessageType::kAck);
+  EXPECT_EQ(ok->As<Ack>()->detail, "1");
+  EXPECT_EQ(ok->header.DescribeSender(), "server 0");
+  auto bad = client->Call(server->address(), Request(2), -1, Deadline::AfterMillis(10000), "pull");
   ASSERT_EQ(bad.status().code(), StatusCode::kNotFound);
   EXPECT_NE(bad.status().message().find("server 0"), std::string::npos) << bad.status();
   EXPECT_NE(bad.status().message().find("key 9 is not on server 0"), std::string::npos);
 }
 
+TEST(RpcEndpointTest, TakeBodyNamesWhatCameInstead) {
+  auto server = Start(Role::kServer);
+  auto client = Start(Role::kWorker);
+  RpcEndpoint* s = server.get();
+  server->SetHandler(MessageType::kHeartbeat, [s](Envelope e) { s->Reply(e, Ack{"ok"}); });
+  auto reply = client->Call(server->address(), Request(1), -1, Deadline::AfterMillis(10000), "hb");
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  StatusOr<HeartbeatAck> ack = TakeBody<HeartbeatAck>(std::move(reply).value(), "heartbeat");
+  ASSERT_EQ(ack.status().code(), StatusCode::kInternal);
+  EXPECT_EQ(ack.status().message(), "heartbeat: server 0 answered with Ack instead of HeartbeatAck");
+}
+
 TEST(RpcEndpointTest, UnhandledRequestIsAnsweredUnimplemented) {
-  auto server = Start(proto::Role::Server);
-  auto client = Start(proto::Role::Worker);
-  uint64_t id = client->NextRequestId();
-  auto reply = client->Call(server->address(), Pull(id), id, Deadline::AfterMillis(10000), "pull");
+  auto server = Start(Role::kServer);
+  auto client = Start(Role::kWorker);
+  auto reply = client->Call(server->address(), Request(1), -1, Deadline::AfterMillis(10000), "hb");
   EXPECT_EQ(reply.status().code(), StatusCode::kUnimplemented) << reply.status();
-  EXPECT_NE(reply.status().message().find("PullRequest"), std::string::npos);
+  EXPECT_NE(reply.status().message().find("server 0 does not serve Heartbeat requests"),
+            std::string::npos)
+      << reply.status();
 }
 
 TEST(RpcEndpointTest, SilentPeerTimesOutNamingTheCallAndPeer) {
-  auto server = Start(proto::Role::Server);
-  server->SetHandler(proto::Body::PullRequest, [](Envelope) {});  // never answers
-  auto client = Start(proto::Role::Worker);
-  uint64_t id = client->NextRequestId();
+  auto server = Start(Role::kServer);
+  server->SetHandler(MessageType::kHeartbeat, [](Envelope) {});  // never answers
+  auto client = Start(Role::kWorker);
   auto started = SteadyClock::now();
-  auto reply = client->Call(server->address(), Pull(id), id, Deadline::AfterMillis(200),
+  auto reply = client->Call(server->address(), Request(1), -1, Deadline::AfterMillis(200),
                             "pull of layer0.w");
   auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(SteadyClock::now() - started);
   ASSERT_EQ(reply.status().code(), StatusCode::kDeadlineExceeded);
@@ -92,37 +97,37 @@ TEST(RpcEndpointTest, SilentPeerTimesOutNamingTheCallAndPeer) {
 }
 
 TEST(RpcEndpointTest, FailAllFailsPendingAndLaterCallsWithTheRootCause) {
-  auto server = Start(proto::Role::Server);
-  server->SetHandler(proto::Body::PullRequest, [](Envelope) {});
-  auto client = Start(proto::Role::Worker);
-  uint64_t id = client->NextRequestId();
-  auto pending = client->CallAsync(server->address(), Pull(id), id, Deadline::AfterMillis(60000), "pull");
+  auto server = Start(Role::kServer);
+  server->SetHandler(MessageType::kHeartbeat, [](Envelope) {});
+  auto client = Start(Role::kWorker);
+  auto pending = client->CallAsync(server->address(), Request(1), -1,
+                                   Deadline::AfterMillis(60000), "pull");
   client->FailAll(AbortedError("worker 2 failed"));
   client->FailAll(AbortedError("a later, derived failure"));
   EXPECT_NE(pending.get().status().message().find("worker 2 failed"), std::string::npos);
-  uint64_t id2 = client->NextRequestId();
-  auto later = client->Call(server->address(), Pull(id2), id2, Deadline::AfterMillis(60000), "pull");
+  auto later = client->Call(server->address(), Request(2), -1, Deadline::AfterMillis(60000),
+                            "pull");
   EXPECT_EQ(later.status().code(), StatusCode::kAborted);
   EXPECT_NE(later.status().message().find("worker 2 failed"), std::string::npos);
 }
 
-Message Ack(uint64_t request_id, const std::string& text) {
-  MessageBuilder b(proto::Role::Server, 0);
-  return b.Finish(proto::CreateAckDirect(b.fbb(), text.c_str()), request_id);
+// Whether `reply` is the Ack of request `sequence`.
+bool AnswersRequest(const Envelope& reply, uint64_t sequence) {
+  const Ack* ack = reply.As<Ack>();
+  return ack != nullptr && ack->detail == std::to_string(sequence);
 }
 
-// A server that answers every PullRequest with an Ack and counts the requests it saw.
+// A server that answers every request with an Ack of its sequence and counts the requests.
 struct AckingServer {
   std::atomic<int> requests{0};  // before endpoint: the handler counts until it is gone
   std::unique_ptr<RpcEndpoint> endpoint;
 
   explicit AckingServer(std::unique_ptr<Transport> transport)
-      : endpoint(Start(proto::Role::Server, std::move(transport))) {
+      : endpoint(Start(Role::kServer, std::move(transport))) {
     RpcEndpoint* e = endpoint.get();
-    endpoint->SetHandler(proto::Body::PullRequest, [this, e](Envelope envelope) {
+    endpoint->SetHandler(MessageType::kHeartbeat, [this, e](Envelope envelope) {
       ++requests;
-      EXPECT_TRUE(
-          e->transport().Reply(envelope.origin, Ack(envelope.header->request_id(), "ok")).ok());
+      e->Reply(envelope, Ack{std::to_string(SequenceOf(envelope))});
     });
   }
 };
@@ -133,22 +138,21 @@ TEST(RpcEndpointFaultTest, LostRequestFailsAtItsDeadlineNamingTheCall) {
   AckingServer server(NewTransport());
   auto faulty = std::make_unique<FaultyTransport>(NewTransport(), FaultOptions());
   FaultyTransport* faults = faulty.get();
-  auto client = Start(proto::Role::Worker, std::move(faulty));
-  uint64_t first = client->NextRequestId();
-  ASSERT_TRUE(client->Call(server.endpoint->address(), Pull(first), first,
+  auto client = Start(Role::kWorker, std::move(faulty));
+  ASSERT_TRUE(client->Call(server.endpoint->address(), Request(1), -1,
                            Deadline::AfterMillis(10000), "pull 1").ok());
   faults->Disconnect(server.endpoint->address());
-  uint64_t lost = client->NextRequestId();
-  auto reply = client->Call(server.endpoint->address(), Pull(lost), lost,
+  auto reply = client->Call(server.endpoint->address(), Request(2), -1,
                             Deadline::AfterMillis(200), "pull of layer1.w");
   ASSERT_EQ(reply.status().code(), StatusCode::kDeadlineExceeded) << reply.status();
   EXPECT_NE(reply.status().message().find("pull of layer1.w"), std::string::npos);
   EXPECT_NE(reply.status().message().find(server.endpoint->address()), std::string::npos);
   EXPECT_EQ(faults->dropped(), 1u);
   faults->Reconnect(server.endpoint->address());
-  uint64_t third = client->NextRequestId();
-  EXPECT_TRUE(client->Call(server.endpoint->address(), Pull(third), third,
-                           Deadline::AfterMillis(10000), "pull 3").ok());
+  auto third = client->Call(server.endpoint->address(), Request(3), -1,
+                            Deadline::AfterMillis(10000), "pull 3");
+  ASSERT_TRUE(third.ok()) << third.status();
+  EXPECT_TRUE(AnswersRequest(*third, 3));
   EXPECT_EQ(server.requests.load(), 2);
 }
 
@@ -160,13 +164,12 @@ TEST(RpcEndpointFaultTest, DuplicatedRepliesCompleteEachCallOnce) {
   auto faulty = std::make_unique<FaultyTransport>(NewTransport(), twice);
   FaultyTransport* faults = faulty.get();
   AckingServer server(std::move(faulty));
-  auto client = Start(proto::Role::Worker);
-  for (int i = 0; i < 20; ++i) {
-    uint64_t id = client->NextRequestId();
-    auto reply = client->Call(server.endpoint->address(), Pull(id), id,
+  auto client = Start(Role::kWorker);
+  for (uint64_t i = 0; i < 20; ++i) {
+    auto reply = client->Call(server.endpoint->address(), Request(i), -1,
                               Deadline::AfterMillis(10000), "pull");
     ASSERT_TRUE(reply.ok()) << reply.status();
-    EXPECT_EQ(reply->header->request_id(), id);
+    EXPECT_TRUE(AnswersRequest(*reply, i));
   }
   EXPECT_EQ(server.requests.load(), 20);
   EXPECT_EQ(faults->duplicated(), 20u);
@@ -177,14 +180,14 @@ TEST(RpcEndpointFaultTest, DuplicatedRepliesCompleteEachCallOnce) {
 TEST(RpcEndpointFaultTest, DelayedRequestsKeepTheirOrderAndAllAreAnswered) {
   std::vector<uint64_t> seen;
   std::mutex seen_mu;
-  auto server = Start(proto::Role::Server);
+  auto server = Start(Role::kServer);
   RpcEndpoint* s = server.get();
-  server->SetHandler(proto::Body::PullRequest, [&, s](Envelope envelope) {
+  server->SetHandler(MessageType::kHeartbeat, [&, s](Envelope envelope) {
     {
       std::lock_guard<std::mutex> lock(seen_mu);
-      seen.push_back(envelope.header->request_id());
+      seen.push_back(SequenceOf(envelope));
     }
-    EXPECT_TRUE(s->transport().Reply(envelope.origin, Ack(envelope.header->request_id(), "ok")).ok());
+    s->Reply(envelope, Ack{std::to_string(SequenceOf(envelope))});
   });
   FaultOptions late;
   late.seed = 42;
@@ -192,19 +195,18 @@ TEST(RpcEndpointFaultTest, DelayedRequestsKeepTheirOrderAndAllAreAnswered) {
   late.delay_ms = 20;
   auto faulty = std::make_unique<FaultyTransport>(NewTransport(), late);
   FaultyTransport* faults = faulty.get();
-  auto client = Start(proto::Role::Worker, std::move(faulty));
+  auto client = Start(Role::kWorker, std::move(faulty));
   std::vector<uint64_t> sent;
   std::vector<std::shared_future<StatusOr<Envelope>>> replies;
-  for (int i = 0; i < 50; ++i) {
-    uint64_t id = client->NextRequestId();
-    sent.push_back(id);
-    replies.push_back(client->CallAsync(server->address(), Pull(id), id,
+  for (uint64_t i = 0; i < 50; ++i) {
+    sent.push_back(i);
+    replies.push_back(client->CallAsync(server->address(), Request(i), -1,
                                         Deadline::AfterMillis(10000), "pull"));
   }
   for (size_t i = 0; i < replies.size(); ++i) {
     auto reply = replies[i].get();
     ASSERT_TRUE(reply.ok()) << reply.status();
-    EXPECT_EQ(reply->header->request_id(), sent[i]);
+    EXPECT_TRUE(AnswersRequest(*reply, sent[i]));
   }
   std::lock_guard<std::mutex> lock(seen_mu);
   EXPECT_EQ(seen, sent);
@@ -219,16 +221,17 @@ TEST(RpcEndpointFaultTest, ConcurrentCallsWithLostRepliesAllEnd) {
   lossy.seed = 3;
   lossy.drop_probability = 0.3;
   AckingServer server(std::make_unique<FaultyTransport>(NewTransport(), lossy));
-  auto client = Start(proto::Role::Worker);
+  auto client = Start(Role::kWorker);
   std::atomic<int> answered{0}, expired{0};
   std::vector<std::thread> callers;
   for (int t = 0; t < 4; ++t) {
-    callers.emplace_back([&] {
+    callers.emplace_back([&, t] {
       for (int i = 0; i < 25; ++i) {
-        uint64_t id = client->NextRequestId();
-        auto reply = client->Call(server.endpoint->address(), Pull(id), id,
+        const uint64_t sequence = static_cast<uint64_t>(t * 100 + i);
+        auto reply = client->Call(server.endpoint->address(), Request(sequence), -1,
                                   Deadline::AfterMillis(100), "pull");
         if (reply.ok()) {
+          EXPECT_TRUE(AnswersRequest(*reply, sequence));
           ++answered;
         } else {
           EXPECT_EQ(reply.status().code(), StatusCode::kDeadlineExceeded) << reply.status();

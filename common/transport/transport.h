@@ -1,9 +1,11 @@
 // Transport: how a Tessera process sends and receives Messages.
 //
 // Every process has one Transport. It listens at `address()` and connects to other processes'
-// addresses on first use. Inbound messages are verified (wire_codec.h) before the handler sees
-// them; a malformed one is answered with an ErrorReply naming what was wrong, counted in
-// tessera_bad_messages_total, and dropped, and the transport keeps serving.
+// addresses on first use. It speaks messages (common/messages/message.h): a backend encodes
+// what it sends and decodes what it receives with the wire layer (common/wire), so inbound
+// messages are verified before the handler sees them; a malformed one is answered with an
+// ErrorReply naming what was wrong, counted in tessera_bad_messages_total, and dropped, and
+// the transport keeps serving.
 //
 // Two kinds of inbound messages reach the handler:
 //   - requests, which arrived on our listening socket: `origin.reply_to` is set and Reply()
@@ -24,10 +26,12 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
+#include <variant>
 
-#include "common/base/payload.h"
+#include "common/base/role.h"
 #include "common/base/status.h"
-#include "proto/wire_generated.h"
+#include "common/messages/message.h"
 
 namespace tessera {
 
@@ -41,13 +45,33 @@ struct Origin {
   bool IsRequest() const { return !reply_to.empty(); }
 };
 
-// A verified inbound message. `header` points into `message.header` and stays valid while the
-// Envelope (or any copy of message.header) lives.
+// A verified inbound message. Tensor bytes in its body view the frames they arrived in, which
+// they keep alive.
 struct Envelope {
   Origin origin;
-  Message message;
-  const proto::Header* header = nullptr;
+  MessageHeader header;
+  MessageBody body;
+
+  MessageType type() const { return TypeOf(body); }
+  // The body as T, or null when it is another type.
+  template <typename T>
+  const T* As() const {
+    return std::get_if<T>(&body);
+  }
+  template <typename T>
+  T* As() {
+    return std::get_if<T>(&body);
+  }
 };
+
+// The body of `reply` as T; Internal naming `what`, the sender and the type that came instead.
+template <typename T>
+StatusOr<T> TakeBody(Envelope reply, std::string_view what) {
+  if (T* body = reply.As<T>()) return std::move(*body);
+  return InternalError(std::string(what) + ": " + reply.header.DescribeSender() +
+                       " answered with " + std::string(MessageTypeName(reply.type())) +
+                       " instead of " + std::string(MessageTypeName(TypeOfBody<T>())));
+}
 
 // Called on the transport's I/O thread for every verified inbound message. It must not block
 // for long: hand work to another thread (a queue) if it is more than bookkeeping.
@@ -64,17 +88,17 @@ class Transport {
   // what arrived before waits. Fails if called twice or after Shutdown.
   virtual Status Start(MessageHandler handler) = 0;
 
-  // Who this process is, for the sender fields of the ErrorReplies the transport sends itself
-  // (to a malformed message). Thread-safe.
-  virtual void SetIdentity(proto::Role role, int32_t rank) = 0;
+  // Who this process is: the sender fields of every message it sends. Thread-safe.
+  virtual void SetIdentity(Role role, int32_t rank) = 0;
 
   // Queues `message` for the process listening at `address` ("tcp://HOST:PORT"), connecting
-  // on first use. Returns once queued; delivery failures after that are logged and counted
-  // (the receiver's silence is detected by the waiting side's deadline). Thread-safe.
-  virtual Status Send(const std::string& address, Message message) = 0;
+  // on first use; its header names this transport's identity as the sender. Returns once
+  // queued; delivery failures after that are logged and counted (the receiver's silence is
+  // detected by the waiting side's deadline). Thread-safe.
+  virtual Status Send(const std::string& address, OutgoingMessage message) = 0;
 
   // Answers a request on the connection it arrived on. Thread-safe.
-  virtual Status Reply(const Origin& origin, Message message) = 0;
+  virtual Status Reply(const Origin& origin, OutgoingMessage message) = 0;
 
   // Hands on what Send/Reply queued before (waiting briefly for a peer that does not read, so
   // replies and goodbyes sent just before are not lost), stops the I/O thread and closes every

@@ -1,18 +1,42 @@
 #include "common/wire/wire_codec.h"
 
 #include <limits>
+#include <utility>
+
+#include "common/wire/body_codec.h"
+#include "proto/wire_generated.h"
 
 namespace tessera {
 namespace {
 
-VerifyResult Bad(std::string_view reason, std::string message) {
-  VerifyResult result;
+DecodeResult Bad(std::string_view reason, std::string message) {
+  DecodeResult result;
   result.status = InvalidArgumentError(std::move(message));
   result.reason = reason;
   return result;
 }
 
+// Bytes per element of `dtype`; 0 for a value outside the enum.
+size_t DTypeSize(proto::DType dtype) {
+  std::optional<DataType> converted = wire::DataTypeOf(dtype);
+  return converted.has_value() ? DataTypeSize(*converted) : 0;
+}
+
 bool ValidDType(proto::DType dtype) { return DTypeSize(dtype) != 0; }
+
+std::string_view BodyName(proto::Body body) {
+  const char* name = proto::EnumNameBody(body);
+  return name == nullptr || *name == '\0' ? std::string_view("invalid") : std::string_view(name);
+}
+
+// "worker 3", "coordinator", "unknown sender" (for a header whose role is out of range too).
+std::string DescribeSender(const proto::Header& header) {
+  MessageHeader described;
+  StatusOr<std::optional<Role>> role = wire::RoleOf(header.sender_role());
+  if (role.ok()) described.sender_role = *role;
+  described.sender_rank = header.sender_rank();
+  return described.DescribeSender();
+}
 
 // Checks one TensorMeta: dtype, shape, and (when bytes travel) that its slice lies inside its
 // payload frame and holds exactly dtype x shape bytes.
@@ -75,12 +99,8 @@ Status VerifyTensorList(
 // The TensorMetas of every body that carries tensor bytes.
 Status VerifyBodyTensors(const proto::Header& header, const Message& message) {
   switch (header.body_type()) {
-    case proto::Body::PushRequest:
-      return VerifyTensorList(header.body_as_PushRequest()->tensors(), message, "tensors");
-    case proto::Body::PullRequest:
-      return VerifyTensorList(header.body_as_PullRequest()->tensors(), message, "tensors");
-    case proto::Body::PullReply:
-      return VerifyTensorList(header.body_as_PullReply()->tensors(), message, "tensors");
+    case proto::Body::PsPushPullReply:
+      return VerifyTensorList(header.body_as_PsPushPullReply()->tensors(), message, "tensors");
     case proto::Body::SparsePushRequest: {
       auto* body = header.body_as_SparsePushRequest();
       RETURN_IF_ERROR(VerifyTensor(body->row_ids(), message, "row_ids"));
@@ -93,8 +113,10 @@ Status VerifyBodyTensors(const proto::Header& header, const Message& message) {
       RETURN_IF_ERROR(VerifyTensor(body->row_ids(), message, "row_ids"));
       return VerifyTensor(body->values(), message, "values");
     }
-    case proto::Body::CollectiveChunk:
-      return VerifyTensor(header.body_as_CollectiveChunk()->data(), message, "data");
+    case proto::Body::CollectiveChunk: {
+      const proto::TensorMeta* data = header.body_as_CollectiveChunk()->data();
+      return data == nullptr ? OkStatus() : VerifyTensor(data, message, "data");  // handshake
+    }
     case proto::Body::PsInitRequest:
       return VerifyTensorList(header.body_as_PsInitRequest()->tensors(), message, "tensors");
     case proto::Body::PsPushPullRequest:
@@ -105,7 +127,7 @@ Status VerifyBodyTensors(const proto::Header& header, const Message& message) {
 }
 
 // The checks after the FlatBuffers Verifier accepted the header.
-VerifyResult VerifyTail(const proto::Header* header, const Message& message) {
+DecodeResult VerifyTail(const proto::Header* header, const Message& message) {
   namespace reason = bad_message_reason;
   if (header->version() != kWireVersion) {
     return Bad(reason::kVersion, "wire version " + std::to_string(header->version()) +
@@ -140,49 +162,12 @@ VerifyResult VerifyTail(const proto::Header* header, const Message& message) {
     return Bad(reason::kTensor, std::string(BodyName(header->body_type())) + " from " +
                                     DescribeSender(*header) + ": " + tensors.message());
   }
-  return VerifyResult();
+  return DecodeResult();
 }
 
 }  // namespace
 
-size_t DTypeSize(proto::DType dtype) {
-  switch (dtype) {
-    case proto::DType::Float32: return 4;
-    case proto::DType::Float16: return 2;
-    case proto::DType::BFloat16: return 2;
-    case proto::DType::Int64: return 8;
-    case proto::DType::Int32: return 4;
-    case proto::DType::UInt8: return 1;
-  }
-  return 0;
-}
-
-std::string_view RoleLabel(proto::Role role) {
-  switch (role) {
-    case proto::Role::Coordinator: return "coordinator";
-    case proto::Role::Server: return "server";
-    case proto::Role::Worker: return "worker";
-    case proto::Role::Launcher: return "launcher";
-    case proto::Role::Unknown: break;
-  }
-  return "unknown";
-}
-
-std::string DescribeSender(const proto::Header& header) {
-  std::string out(RoleLabel(header.sender_role()));
-  if (header.sender_role() == proto::Role::Unknown) return "unknown sender";
-  if (header.sender_role() != proto::Role::Coordinator && header.sender_rank() >= 0) {
-    out += " " + std::to_string(header.sender_rank());
-  }
-  return out;
-}
-
-std::string_view BodyName(proto::Body body) {
-  const char* name = proto::EnumNameBody(body);
-  return name == nullptr || *name == '\0' ? std::string_view("invalid") : std::string_view(name);
-}
-
-VerifyResult VerifyMessage(const Message& message, uint64_t max_message_bytes) {
+DecodeResult DecodeMessage(const Message& message, uint64_t max_message_bytes) {
   namespace reason = bad_message_reason;
   uint64_t total = message.TotalBytes();
   if (total > max_message_bytes) {
@@ -204,50 +189,50 @@ VerifyResult VerifyMessage(const Message& message, uint64_t max_message_bytes) {
                    " bytes is not a valid tessera.proto.Header");
   }
   const proto::Header* header = proto::GetHeader(message.header.data());
-  VerifyResult result = VerifyTail(header, message);
+  DecodeResult result = VerifyTail(header, message);
   result.request_id = header->request_id();
-  if (result.status.ok()) result.header = header;
+  if (!result.status.ok()) return result;
+
+  const std::string what = std::string(BodyName(header->body_type())) + " from " +
+                           DescribeSender(*header);
+  StatusOr<std::optional<Role>> role = wire::RoleOf(header->sender_role());
+  if (!role.ok()) return Bad(reason::kField, what + ": sender " + role.status().message());
+  StatusOr<MessageBody> body = wire::DecodeBody(*header, message);
+  if (!body.ok()) return Bad(reason::kField, what + ": " + body.status().message());
+  DecodedMessage decoded;
+  decoded.header.sender_role = *role;
+  decoded.header.sender_rank = header->sender_rank();
+  decoded.header.request_id = header->request_id();
+  decoded.header.step = header->step();
+  decoded.body = std::move(body).value();
+  result.message = std::move(decoded);
   return result;
 }
 
-Message MessageBuilder::FinishWith(proto::Body type, flatbuffers::Offset<void> body,
-                                   uint64_t request_id, int64_t step) {
+Message EncodeMessage(const MessageHeader& header, MessageBody body) {
+  flatbuffers::FlatBufferBuilder fbb;
+  Message message;
+  auto [type, encoded] = wire::EncodeBody(fbb, std::move(body), &message.payloads);
   std::vector<uint64_t> lengths;
-  lengths.reserve(message_.payloads.size());
-  for (const Payload& p : message_.payloads) lengths.push_back(p.size());
-  auto lengths_offset = fbb_.CreateVector(lengths);
-  proto::HeaderBuilder header(fbb_);
-  header.add_version(kWireVersion);
-  header.add_sender_role(role_);
-  header.add_sender_rank(rank_);
-  header.add_request_id(request_id);
-  header.add_step(step);
-  header.add_body_type(type);
-  header.add_body(body);
-  header.add_payload_lengths(lengths_offset);
-  proto::FinishHeaderBuffer(fbb_, header.Finish());
+  lengths.reserve(message.payloads.size());
+  for (const Payload& p : message.payloads) lengths.push_back(p.size());
+  auto lengths_offset = fbb.CreateVector(lengths);
+  proto::HeaderBuilder builder(fbb);
+  builder.add_version(kWireVersion);
+  builder.add_sender_role(wire::WireRole(header.sender_role));
+  builder.add_sender_rank(header.sender_rank);
+  builder.add_request_id(header.request_id);
+  builder.add_step(header.step);
+  builder.add_body_type(type);
+  builder.add_body(encoded);
+  builder.add_payload_lengths(lengths_offset);
+  proto::FinishHeaderBuffer(fbb, builder.Finish());
 
-  auto buffer = std::make_shared<flatbuffers::DetachedBuffer>(fbb_.Release());
+  auto buffer = std::make_shared<flatbuffers::DetachedBuffer>(fbb.Release());
   const uint8_t* data = buffer->data();
-  size_t size = buffer->size();
-  message_.header = Payload::Borrow(data, size, std::move(buffer));
-  return std::move(message_);
-}
-
-Message MakeErrorReply(proto::Role role, int32_t rank, uint64_t request_id, const Status& status) {
-  MessageBuilder builder(role, rank);
-  auto body = proto::CreateErrorReplyDirect(builder.fbb(),
-                                            static_cast<proto::ErrorCode>(status.code()),
-                                            status.message().c_str());
-  return builder.Finish(body, request_id);
-}
-
-Status StatusFromErrorReply(const proto::ErrorReply& reply) {
-  std::string message = reply.message() ? reply.message()->str() : "(no message)";
-  int code = static_cast<int>(reply.code());
-  bool known = StatusCodeName(static_cast<StatusCode>(code)) != "UNKNOWN" || code == 2;
-  if (code == 0 || !known) return Status(StatusCode::kUnknown, std::move(message));
-  return Status(static_cast<StatusCode>(code), std::move(message));
+  const size_t size = buffer->size();
+  message.header = Payload::Borrow(data, size, std::move(buffer));
+  return message;
 }
 
 }  // namespace tessera

@@ -7,19 +7,16 @@
 #include "common/base/logging.h"
 #include "common/metrics/metric_names.h"
 #include "common/transport/zmq/zmq_transport.h"
-#include "common/wire/wire_codec.h"
 
 namespace tessera::server {
 namespace {
 
 // The requests the coordinator serves.
-constexpr proto::Body kHandledTypes[] = {proto::Body::RegisterRequest, proto::Body::Heartbeat,
-                                         proto::Body::BarrierRequest, proto::Body::Goodbye};
+constexpr MessageType kHandledTypes[] = {MessageType::kRegisterRequest, MessageType::kHeartbeat,
+                                         MessageType::kBarrierRequest, MessageType::kGoodbye};
 
 // How often Run() wakes to check deadlines when no message arrives.
 constexpr int64_t kTickMs = 20;
-
-std::string Str(const flatbuffers::String* s) { return s == nullptr ? std::string() : s->str(); }
 
 std::string JoinNames(const std::vector<std::string>& names) {
   std::string out;
@@ -58,7 +55,7 @@ StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(RpcEndpoint* endpoint
     coordinator->epoch_ = 1;
   }
   if (metrics != nullptr) RETURN_IF_ERROR(coordinator->RegisterMetrics(metrics));
-  for (proto::Body type : kHandledTypes) {
+  for (MessageType type : kHandledTypes) {
     endpoint->SetHandler(type, coordinator->inbox_.Handler());
   }
   coordinator->PublishSnapshot();
@@ -66,7 +63,7 @@ StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(RpcEndpoint* endpoint
 }
 
 Coordinator::~Coordinator() {
-  for (proto::Body type : kHandledTypes) endpoint_->ClearHandler(type);
+  for (MessageType type : kHandledTypes) endpoint_->ClearHandler(type);
 }
 
 Status Coordinator::RegisterMetrics(MetricsRegistry* metrics) {
@@ -127,35 +124,34 @@ Status Coordinator::Run(const std::function<bool()>& stop_requested) {
 }
 
 void Coordinator::Handle(const Envelope& envelope) {
-  switch (envelope.header->body_type()) {
-    case proto::Body::RegisterRequest: return HandleRegister(envelope);
-    case proto::Body::Heartbeat: return HandleHeartbeat(envelope);
-    case proto::Body::BarrierRequest: return HandleBarrier(envelope);
-    case proto::Body::Goodbye: return HandleGoodbye(envelope);
+  switch (envelope.type()) {
+    case MessageType::kRegisterRequest: return HandleRegister(envelope);
+    case MessageType::kHeartbeat: return HandleHeartbeat(envelope);
+    case MessageType::kBarrierRequest: return HandleBarrier(envelope);
+    case MessageType::kGoodbye: return HandleGoodbye(envelope);
     default: break;
   }
 }
 
 void Coordinator::HandleRegister(const Envelope& envelope) {
-  const proto::RegisterRequest* request = envelope.header->body_as_RegisterRequest();
-  uint64_t request_id = envelope.header->request_id();
-  StatusOr<Role> role = FromWireRole(request->role());
-  if (!role.ok() || *role == Role::kCoordinator) {
+  const RegisterRequest* request = envelope.As<RegisterRequest>();
+  const uint64_t request_id = envelope.header.request_id;
+  const Role role = request->role;
+  if (role == Role::kCoordinator) {
     return ReplyError(envelope.origin, request_id,
                       InvalidArgumentError("only servers and workers register with the "
-                                           "coordinator, not role " +
-                                           std::string(RoleLabel(request->role()))));
+                                           "coordinator, not a coordinator"));
   }
-  std::string role_name(RoleName(*role));
-  std::string address = Str(request->address());
+  std::string role_name(RoleName(role));
+  const std::string& address = request->address;
   if (!IsValidTcpAddress(address)) {
     return ReplyError(envelope.origin, request_id,
                       InvalidArgumentError(role_name + " registered with listen address '" +
                                            address + "', expected tcp://HOST:PORT"));
   }
-  const bool job_worker = IsFleet() && *role == Role::kWorker;
+  const bool job_worker = IsFleet() && role == Role::kWorker;
   if (job_worker) {
-    const int size = request->num_workers();
+    const int size = request->num_workers;
     if (size < 1) {
       return ReplyError(envelope.origin, request_id,
                         InvalidArgumentError(
@@ -184,7 +180,7 @@ void Coordinator::HandleRegister(const Envelope& envelope) {
                             options_.job + "' has " + std::to_string(job_workers_)));
     }
   }
-  int expected = *role == Role::kServer ? options_.num_servers : ExpectedWorkers();
+  int expected = role == Role::kServer ? options_.num_servers : ExpectedWorkers();
   if (complete_ && !job_worker) {
     return ReplyError(envelope.origin, request_id,
                       FailedPreconditionError(
@@ -197,7 +193,7 @@ void Coordinator::HandleRegister(const Envelope& envelope) {
                       InvalidArgumentError("job '" + options_.job + "' expects no " + role_name +
                                            "s (--num-" + role_name + "s=0)"));
   }
-  int rank = request->requested_rank();
+  int rank = request->requested_rank;
   if (rank >= expected) {
     return ReplyError(envelope.origin, request_id,
                       InvalidArgumentError(role_name + " rank " + std::to_string(rank) +
@@ -205,7 +201,7 @@ void Coordinator::HandleRegister(const Envelope& envelope) {
                                            std::to_string(expected) + " " + role_name + "s"));
   }
   if (rank < 0) {
-    for (rank = 0; rank < expected && members_.count({*role, rank}); ++rank) {
+    for (rank = 0; rank < expected && members_.count({role, rank}); ++rank) {
     }
     if (rank == expected) {
       return ReplyError(envelope.origin, request_id,
@@ -213,23 +209,23 @@ void Coordinator::HandleRegister(const Envelope& envelope) {
                                            " ranks of job '" + options_.job + "' are taken"));
     }
   }
-  auto existing = members_.find({*role, rank});
+  auto existing = members_.find({role, rank});
   if (existing != members_.end() && existing->second.info.address != address) {
     const MemberInfo& other = existing->second.info;
     return ReplyError(envelope.origin, request_id,
                       AlreadyExistsError(other.Name() + " is already registered by pid " +
                                          std::to_string(other.pid) + " at " + other.address +
                                          "; a second process (pid " +
-                                         std::to_string(request->pid()) + " at " + address +
+                                         std::to_string(request->pid) + " at " + address +
                                          ") asked for the same rank"));
   }
-  Member& member = members_[{*role, rank}];
-  member.info.role = *role;
+  Member& member = members_[{role, rank}];
+  member.info.role = role;
   member.info.rank = rank;
   member.info.address = address;
-  member.info.metrics_address = Str(request->metrics_address());
-  member.info.host = Str(request->host());
-  member.info.pid = request->pid();
+  member.info.metrics_address = request->metrics_address;
+  member.info.host = request->host;
+  member.info.pid = request->pid;
   member.info.state = MemberState::kJoining;
   member.route = envelope.origin;
   member.register_request_id = request_id;
@@ -266,9 +262,8 @@ void Coordinator::CompleteRendezvous() {
   FleetView view = BuildView();
   for (auto& [key, member] : members_) {
     if (IsFleet() && member.info.role == Role::kWorker) continue;
-    MessageBuilder builder(proto::Role::Coordinator, 0);
-    Message reply = builder.Finish(EncodeFleetView(&builder.fbb(), view), member.register_request_id);
-    Status sent = endpoint_->transport().Reply(member.route, std::move(reply));
+    Status sent = endpoint_->transport().Reply(
+        member.route, OutgoingMessage{member.register_request_id, -1, view});
     if (!sent.ok()) TLOG(WARNING) << "fleet view for " << member.info.Name() << ": " << sent;
   }
   if (IsFleet()) {
@@ -301,9 +296,8 @@ void Coordinator::MaybeCompleteJob() {
   FleetView view = BuildView();
   for (auto& [key, member] : members_) {
     if (member.info.role != Role::kWorker) continue;
-    MessageBuilder builder(proto::Role::Coordinator, 0);
-    Message reply = builder.Finish(EncodeFleetView(&builder.fbb(), view), member.register_request_id);
-    Status sent = endpoint_->transport().Reply(member.route, std::move(reply));
+    Status sent = endpoint_->transport().Reply(
+        member.route, OutgoingMessage{member.register_request_id, -1, view});
     if (!sent.ok()) TLOG(WARNING) << "fleet view for " << member.info.Name() << ": " << sent;
   }
   TLOG(INFO) << "job " << jobs_done_ + 1 << ": all " << job_workers_ << " workers attached after "
@@ -363,20 +357,19 @@ void Coordinator::AbandonJob(const Status& status) {
   PublishSnapshot();
 }
 
-Coordinator::Member* Coordinator::FindLive(const proto::Header& header) {
-  StatusOr<Role> role = FromWireRole(header.sender_role());
-  if (!role.ok()) return nullptr;
-  auto it = members_.find({*role, header.sender_rank()});
+Coordinator::Member* Coordinator::FindLive(const MessageHeader& header) {
+  if (!header.sender_role.has_value()) return nullptr;
+  auto it = members_.find({*header.sender_role, header.sender_rank});
   if (it == members_.end() || it->second.info.state != MemberState::kAlive) return nullptr;
   return &it->second;
 }
 
 void Coordinator::HandleHeartbeat(const Envelope& envelope) {
   if (heartbeats_ != nullptr) heartbeats_->Increment();
-  Member* member = FindLive(*envelope.header);
+  Member* member = FindLive(envelope.header);
   if (member == nullptr) {
-    return ReplyError(envelope.origin, envelope.header->request_id(),
-                      FailedPreconditionError(DescribeSender(*envelope.header) +
+    return ReplyError(envelope.origin, envelope.header.request_id,
+                      FailedPreconditionError(envelope.header.DescribeSender() +
                                               " is not a live member of job '" + options_.job +
                                               "' (it never registered, left, or was declared "
                                               "failed)"));
@@ -387,23 +380,20 @@ void Coordinator::HandleHeartbeat(const Envelope& envelope) {
     std::lock_guard<std::mutex> lock(snapshot_mu_);
     last_heard_[{member->info.role, member->info.rank}] = member->last_seen;
   }
-  MessageBuilder builder(proto::Role::Coordinator, 0);
-  Message ack = builder.Finish(proto::CreateHeartbeatAck(builder.fbb(), epoch_),
-                               envelope.header->request_id());
-  Status sent = endpoint_->transport().Reply(envelope.origin, std::move(ack));
+  Status sent = endpoint_->transport().Reply(
+      envelope.origin, OutgoingMessage{envelope.header.request_id, -1, HeartbeatAck{epoch_}});
   if (!sent.ok()) TLOG(WARNING) << "heartbeat ack: " << sent;
 }
 
 void Coordinator::HandleGoodbye(const Envelope& envelope) {
-  Member* member = FindLive(*envelope.header);
+  Member* member = FindLive(envelope.header);
   if (member == nullptr) {
-    return ReplyAck(envelope.origin, envelope.header->request_id(), "not a live member");
+    return ReplyAck(envelope.origin, envelope.header.request_id, "not a live member");
   }
-  const proto::Goodbye* goodbye = envelope.header->body_as_Goodbye();
   member->info.state = MemberState::kLeft;
   ++epoch_;
-  TLOG(INFO) << member->info.Name() << " left: " << Str(goodbye->reason());
-  ReplyAck(envelope.origin, envelope.header->request_id(), "goodbye");
+  TLOG(INFO) << member->info.Name() << " left: " << envelope.As<Goodbye>()->reason;
+  ReplyAck(envelope.origin, envelope.header.request_id, "goodbye");
   UpdateMemberGauges();
   PublishSnapshot();
   TryReleaseBarriers();  // it no longer holds anyone up
@@ -419,37 +409,34 @@ bool Coordinator::IsParticipant(const Member& member, const std::optional<Role>&
 }
 
 void Coordinator::HandleBarrier(const Envelope& envelope) {
-  const proto::BarrierRequest* request = envelope.header->body_as_BarrierRequest();
-  uint64_t request_id = envelope.header->request_id();
-  std::string name = Str(request->name());
-  Member* member = FindLive(*envelope.header);
+  const BarrierRequest* request = envelope.As<BarrierRequest>();
+  const uint64_t request_id = envelope.header.request_id;
+  const std::string& name = request->name;
+  Member* member = FindLive(envelope.header);
   if (!complete_ || member == nullptr) {
     return ReplyError(envelope.origin, request_id,
-                      FailedPreconditionError(DescribeSender(*envelope.header) +
+                      FailedPreconditionError(envelope.header.DescribeSender() +
                                               " entered barrier '" + name +
                                               "' but is not a live member of a complete fleet"));
   }
-  std::optional<Role> scope;
-  if (request->scope() != proto::Role::Unknown) {
-    StatusOr<Role> role = FromWireRole(request->scope());
-    if (!role.ok() || *role == Role::kCoordinator) {
-      return ReplyError(envelope.origin, request_id,
-                        InvalidArgumentError("barrier '" + name + "': bad scope"));
-    }
-    scope = *role;
+  const std::optional<Role> scope = request->scope;
+  if (scope == Role::kCoordinator) {
+    return ReplyError(envelope.origin, request_id,
+                      InvalidArgumentError("barrier '" + name + "': the coordinator is not a "
+                                           "scope (servers, workers, or everyone)"));
   }
   if (!IsParticipant(*member, scope)) {
     return ReplyError(envelope.origin, request_id,
                       InvalidArgumentError(member->info.Name() + " entered barrier '" + name +
                                            "' whose scope does not include it"));
   }
-  int64_t timeout_ms = std::max<int64_t>(1, request->timeout_ms());
-  auto key = std::make_pair(name, request->generation());
+  int64_t timeout_ms = std::max<int64_t>(1, request->timeout_ms);
+  auto key = std::make_pair(name, request->generation);
   auto [it, created] = barriers_.try_emplace(key);
   PendingBarrier& barrier = it->second;
   if (created) {
     barrier.name = name;
-    barrier.generation = request->generation();
+    barrier.generation = request->generation;
     barrier.scope = scope;
     barrier.timeout_ms = timeout_ms;
     barrier.deadline = SteadyClock::now() + std::chrono::milliseconds(timeout_ms);
@@ -480,11 +467,9 @@ void Coordinator::TryReleaseBarriers() {
       continue;
     }
     for (auto& [key, arrival] : barrier.arrived) {
-      MessageBuilder builder(proto::Role::Coordinator, 0);
-      Message release = builder.Finish(
-          proto::CreateBarrierReleaseDirect(builder.fbb(), barrier.name.c_str(), barrier.generation),
-          arrival.request_id);
-      Status sent = endpoint_->transport().Reply(arrival.route, std::move(release));
+      Status sent = endpoint_->transport().Reply(
+          arrival.route,
+          OutgoingMessage{arrival.request_id, -1, BarrierRelease{barrier.name, barrier.generation}});
       if (!sent.ok()) TLOG(WARNING) << "barrier release: " << sent;
     }
     TLOG(DEBUG) << "barrier '" << barrier.name << "' generation " << barrier.generation
@@ -505,13 +490,8 @@ void Coordinator::DeclareFailed(Member& member, const std::string& reason) {
   TLOG(ERROR) << what << "; telling every other process";
   for (auto& [key, other] : members_) {
     if (other.info.state != MemberState::kAlive) continue;
-    MessageBuilder builder(proto::Role::Coordinator, 0);
-    Message notice = builder.Finish(
-        proto::CreateFailureNoticeDirect(builder.fbb(), ToWireRole(member.info.role),
-                                         member.info.rank, member.info.address.c_str(),
-                                         reason.c_str()),
-        0);
-    Status sent = endpoint_->transport().Reply(other.route, std::move(notice));
+    FailureNotice notice{member.info.role, member.info.rank, member.info.address, reason};
+    Status sent = endpoint_->transport().Reply(other.route, OutgoingMessage{0, -1, notice});
     if (!sent.ok()) TLOG(WARNING) << "failure notice to " << other.info.Name() << ": " << sent;
   }
   // Barriers that waited for it can never complete.
@@ -598,14 +578,12 @@ Status Coordinator::CheckTimers() {
 
 void Coordinator::ReplyError(const Origin& route, uint64_t request_id, const Status& status) {
   Status sent = endpoint_->transport().Reply(
-      route, MakeErrorReply(proto::Role::Coordinator, 0, request_id, status));
+      route, OutgoingMessage{request_id, -1, ErrorReplyOf(status)});
   if (!sent.ok()) TLOG(WARNING) << "error reply (" << status.message() << "): " << sent;
 }
 
 void Coordinator::ReplyAck(const Origin& route, uint64_t request_id, const std::string& detail) {
-  MessageBuilder builder(proto::Role::Coordinator, 0);
-  Status sent = endpoint_->transport().Reply(
-      route, builder.Finish(proto::CreateAckDirect(builder.fbb(), detail.c_str()), request_id));
+  Status sent = endpoint_->transport().Reply(route, OutgoingMessage{request_id, -1, Ack{detail}});
   if (!sent.ok()) TLOG(WARNING) << "ack: " << sent;
 }
 

@@ -131,7 +131,7 @@ class Coordinator {
   // The live participants of `barrier` that have not arrived, by name.
   std::vector<std::string> Missing(const PendingBarrier& barrier) const;
 
-  Member* FindLive(const proto::Header& header);
+  Member* FindLive(const MessageHeader& header);
   void ReplyError(const Origin& route, uint64_t request_id, const Status& status);
   void ReplyAck(const Origin& route, uint64_t request_id, const std::string& detail);
   FleetView BuildView() const;  // REQUIRES: called on the Run thread

@@ -23,7 +23,7 @@ struct Fleet {
 
   Fleet(int servers, int workers, int64_t rendezvous_ms = 10000, int64_t heartbeat_ms = 1000) {
     ZmqTransportOptions transport;
-    transport.role = proto::Role::Coordinator;
+    transport.role = Role::kCoordinator;
     coordinator_endpoint = std::move(StartZmqEndpoint(transport, nullptr)).value();
     CoordinatorOptions options;
     options.job = "test";

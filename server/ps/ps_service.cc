@@ -21,33 +21,12 @@
 #include "common/training/embedding_table.h"
 #include "common/training/optimizer.h"
 #include "common/training/ps_job.h"
-#include "common/wire/wire_codec.h"
 
 namespace tessera::server {
 namespace {
 
-constexpr proto::Role kRole = proto::Role::Server;
 // How long a checkpoint request waits for the step it names to be applied everywhere.
 constexpr int64_t kCheckpointWaitMs = 60000;
-
-// Copies the float32 bytes a TensorMeta describes (frames need not be aligned for float).
-std::vector<float> ReadFloats(const proto::TensorMeta& meta, const Message& message) {
-  std::vector<float> values(meta.byte_length() / sizeof(float));
-  if (!values.empty()) {
-    std::memcpy(values.data(), message.payloads[meta.payload()].data() + meta.offset(),
-                values.size() * sizeof(float));
-  }
-  return values;
-}
-
-std::vector<int64_t> ReadIds(const proto::TensorMeta& meta, const Message& message) {
-  std::vector<int64_t> ids(meta.byte_length() / sizeof(int64_t));
-  if (!ids.empty()) {
-    std::memcpy(ids.data(), message.payloads[meta.payload()].data() + meta.offset(),
-                ids.size() * sizeof(int64_t));
-  }
-  return ids;
-}
 
 }  // namespace
 
@@ -150,17 +129,17 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
         self->Post([self, serve, envelope = std::move(envelope)] { (self.get()->*serve)(envelope); });
       };
     };
-    endpoint_->SetHandler(proto::Body::PsInitRequest, route(&Impl::ServeInit));
-    endpoint_->SetHandler(proto::Body::PsPushPullRequest, route(&Impl::ServePushPull));
-    endpoint_->SetHandler(proto::Body::SparsePushRequest, route(&Impl::ServeSparsePush));
-    endpoint_->SetHandler(proto::Body::SparsePullRequest, route(&Impl::ServeSparsePull));
-    endpoint_->SetHandler(proto::Body::CheckpointRequest, route(&Impl::ServeCheckpoint));
+    endpoint_->SetHandler(MessageType::kPsInitRequest, route(&Impl::ServeInit));
+    endpoint_->SetHandler(MessageType::kPsPushPullRequest, route(&Impl::ServePushPull));
+    endpoint_->SetHandler(MessageType::kSparsePushRequest, route(&Impl::ServeSparsePush));
+    endpoint_->SetHandler(MessageType::kSparsePullRequest, route(&Impl::ServeSparsePull));
+    endpoint_->SetHandler(MessageType::kCheckpointRequest, route(&Impl::ServeCheckpoint));
   }
 
   void Stop() {
-    for (proto::Body type : {proto::Body::PsInitRequest, proto::Body::PsPushPullRequest,
-                             proto::Body::SparsePushRequest, proto::Body::SparsePullRequest,
-                             proto::Body::CheckpointRequest}) {
+    for (MessageType type : {MessageType::kPsInitRequest, MessageType::kPsPushPullRequest,
+                             MessageType::kSparsePushRequest, MessageType::kSparsePullRequest,
+                             MessageType::kCheckpointRequest}) {
       endpoint_->ClearHandler(type);
     }
     {
@@ -195,14 +174,9 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
     }
   }
 
-  void Answer(const Envelope& request, Message reply) {
-    Status sent = endpoint_->transport().Reply(request.origin, std::move(reply));
-    if (!sent.ok()) TLOG(WARNING) << "reply to " << DescribeSender(*request.header) << ": " << sent;
-  }
   void AnswerError(const Envelope& request, const Status& status) {
-    Answer(request, MakeErrorReply(kRole, options_.server_rank, request.header->request_id(),
-                                   status.WithContext("server " +
-                                                      std::to_string(options_.server_rank))));
+    endpoint_->ReplyError(request,
+                          status.WithContext("server " + std::to_string(options_.server_rank)));
   }
 
   std::shared_ptr<Job> CurrentJob() {
@@ -212,26 +186,24 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
 
   // ---- Init --------------------------------------------------------------------------------
   void ServeInit(const Envelope& request) {
-    const auto* init = request.header->body_as_PsInitRequest();
-    StatusOr<PsJobConfig> config =
-        DecodePsJobConfig(init->config() != nullptr ? init->config()->string_view() : "");
+    const PsInitRequest* init = request.As<PsInitRequest>();
+    StatusOr<PsJobConfig> config = DecodePsJobConfig(init->config);
     if (!config.ok()) return AnswerError(request, config.status());
     auto plan = PlanDenseChunks(config->dense_elements, config->chunk_elements,
                                 options_.num_servers, options_.key_space);
     if (!plan.ok()) return AnswerError(request, plan.status());
     auto job = std::make_shared<Job>();
     job->config = *config;
-    job->token = init->job_token();
-    std::map<uint64_t, const proto::TensorMeta*> given;
-    if (init->tensors() != nullptr) {
-      for (const proto::TensorMeta* meta : *init->tensors()) given[meta->key()] = meta;
-    }
+    job->token = init->job_token;
+    std::map<uint64_t, const TensorData*> given;
+    for (const TensorData& tensor : init->tensors) given[tensor.key] = &tensor;
     const size_t state_per_element = StateFloatsPerElement(config->optimizer.kind);
     double bytes = 0;
     for (const DenseChunk& where : *plan) {
       if (where.server != options_.server_rank) continue;
       auto it = given.find(where.key);
-      if (it == given.end() || it->second->byte_length() != where.size * sizeof(float)) {
+      if (it == given.end() || it->second->dtype != DataType::kFloat32 ||
+          it->second->bytes.size() != where.size * sizeof(float)) {
         return AnswerError(request, InvalidArgumentError(
                                         "init: chunk " + std::to_string(where.index) + " (key " +
                                         std::to_string(where.key) + ", " +
@@ -240,7 +212,7 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
       }
       auto chunk = std::make_unique<Chunk>();
       chunk->where = where;
-      chunk->values = ReadFloats(*it->second, request.message);
+      chunk->values = it->second->Read<float>();
       chunk->state.resize(state_per_element * where.size);
       InitOptimizerState(config->optimizer, chunk->state.data(), where.size);
       chunk->clocks.assign(static_cast<size_t>(config->num_workers), 0);
@@ -274,19 +246,17 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
                << " workers: " << job->chunks.size() << " dense chunks ("
                << static_cast<uint64_t>(bytes) << " bytes), " << config->tables.size()
                << " embedding tables, " << config->optimizer.ToString();
-    MessageBuilder builder(kRole, options_.server_rank);
-    Answer(request, builder.Finish(proto::CreateAckDirect(builder.fbb(), ""),
-                                   request.header->request_id()));
+    endpoint_->Reply(request, Ack{});
     for (Envelope& envelope : early) Post([self = shared_from_this(), envelope] {
       self->Dispatch(envelope);
     });
   }
 
   void Dispatch(const Envelope& envelope) {
-    switch (envelope.header->body_type()) {
-      case proto::Body::PsPushPullRequest: return ServePushPull(envelope);
-      case proto::Body::SparsePushRequest: return ServeSparsePush(envelope);
-      case proto::Body::SparsePullRequest: return ServeSparsePull(envelope);
+    switch (envelope.type()) {
+      case MessageType::kPsPushPullRequest: return ServePushPull(envelope);
+      case MessageType::kSparsePushRequest: return ServeSparsePush(envelope);
+      case MessageType::kSparsePullRequest: return ServeSparsePull(envelope);
       default: return;
     }
   }
@@ -303,7 +273,7 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
   }
 
   Status CheckRank(const Job& job, const Envelope& request) {
-    const int rank = request.header->sender_rank();
+    const int rank = request.header.sender_rank;
     if (rank < 0 || rank >= job.config.num_workers) {
       return InvalidArgumentError("worker rank " + std::to_string(rank) + " is outside the job's " +
                                   std::to_string(job.config.num_workers) + " workers");
@@ -315,41 +285,39 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
   void ServePushPull(const Envelope& request) {
     // A pull of a job the servers were not initialised for yet (a worker faster than rank 0,
     // on servers still holding the previous job) waits for that job's init.
-    std::shared_ptr<Job> job =
-        JobOrPark(request, request.header->body_as_PsPushPullRequest()->job_token());
+    const PsPushPullRequest* body = request.As<PsPushPullRequest>();
+    std::shared_ptr<Job> job = JobOrPark(request, body->job_token);
     if (job == nullptr) return;
     if (Status status = CheckRank(*job, request); !status.ok()) return AnswerError(request, status);
-    const auto* body = request.header->body_as_PsPushPullRequest();
-    const int rank = request.header->sender_rank();
-    const int64_t step = request.header->step();
-    const bool push = body->has_gradients();
+    const int rank = request.header.sender_rank;
+    const int64_t step = request.header.step;
+    const bool push = body->has_gradients;
     if (push && step < 1) {
       return AnswerError(request, InvalidArgumentError("push of step " + std::to_string(step) +
                                                        "; steps start at 1"));
     }
     std::vector<Chunk*> chunks;
     std::vector<std::vector<float>> grads;
-    if (body->tensors() != nullptr) {
-      for (const proto::TensorMeta* meta : *body->tensors()) {
-        auto it = job->chunks.find(meta->key());
-        if (it == job->chunks.end()) {
-          return AnswerError(request, NotFoundError(OwnerMessage(*job, meta->key())));
-        }
-        Chunk* chunk = it->second.get();
-        if (push && meta->byte_length() != chunk->where.size * sizeof(float)) {
-          return AnswerError(request, InvalidArgumentError(
-                                          "chunk " + std::to_string(chunk->where.index) + " has " +
-                                          std::to_string(chunk->where.size) + " floats; the push "
-                                          "carries " + std::to_string(meta->byte_length()) +
-                                          " bytes"));
-        }
-        chunks.push_back(chunk);
-        if (push) grads.push_back(ReadFloats(*meta, request.message));
+    for (const TensorData& tensor : body->tensors) {
+      auto it = job->chunks.find(tensor.key);
+      if (it == job->chunks.end()) {
+        return AnswerError(request, NotFoundError(OwnerMessage(*job, tensor.key)));
       }
+      Chunk* chunk = it->second.get();
+      if (push && (tensor.dtype != DataType::kFloat32 ||
+                   tensor.bytes.size() != chunk->where.size * sizeof(float))) {
+        return AnswerError(request, InvalidArgumentError(
+                                        "chunk " + std::to_string(chunk->where.index) + " has " +
+                                        std::to_string(chunk->where.size) + " floats; the push "
+                                        "carries " + std::to_string(tensor.bytes.size()) +
+                                        " bytes of " + std::string(DataTypeName(tensor.dtype))));
+      }
+      chunks.push_back(chunk);
+      if (push) grads.push_back(tensor.Read<float>());
     }
     auto reply = std::make_shared<PendingReply>();
     reply->origin = request.origin;
-    reply->request_id = request.header->request_id();
+    reply->request_id = request.header.request_id;
     reply->values.resize(chunks.size());
     for (Chunk* chunk : chunks) {
       reply->names.push_back("chunk" + std::to_string(chunk->where.index));
@@ -470,42 +438,22 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
   }
 
   void Send(const std::shared_ptr<PendingReply>& reply) {
-    MessageBuilder builder(kRole, options_.server_rank);
+    MessageBody body;
     if (reply->sparse) {
-      const std::vector<float>& values = reply->values[0];
-      int32_t ids_frame = builder.AddPayload(
-          Payload::Copy(reply->ids.data(), reply->ids.size() * sizeof(int64_t)));
-      int32_t values_frame =
-          builder.AddPayload(Payload::Copy(values.data(), values.size() * sizeof(float)));
-      std::vector<int64_t> ids_shape = {static_cast<int64_t>(reply->ids.size())};
-      std::vector<int64_t> values_shape = {static_cast<int64_t>(values.size())};
-      auto ids = proto::CreateTensorMetaDirect(builder.fbb(), "row_ids", 0, proto::DType::Int64,
-                                               &ids_shape, ids_frame, 0,
-                                               reply->ids.size() * sizeof(int64_t));
-      auto vals = proto::CreateTensorMetaDirect(builder.fbb(), "values", 0, proto::DType::Float32,
-                                                &values_shape, values_frame, 0,
-                                                values.size() * sizeof(float));
-      Message message = builder.Finish(
-          proto::CreateSparsePullReplyDirect(builder.fbb(), reply->table.c_str(), ids, vals),
-          reply->request_id);
-      Status sent = endpoint_->transport().Reply(reply->origin, std::move(message));
-      if (!sent.ok()) TLOG(WARNING) << "sparse pull reply: " << sent;
-      return;
+      body = SparsePullReply{reply->table, TensorData::Int64s("row_ids", std::move(reply->ids)),
+                             TensorData::Floats("values", 0, std::move(reply->values[0]))};
+    } else {
+      PsPushPullReply values;
+      for (size_t i = 0; i < reply->values.size(); ++i) {
+        values.tensors.push_back(
+            TensorData::Floats(reply->names[i], reply->keys[i], std::move(reply->values[i])));
+      }
+      body = std::move(values);
     }
-    std::vector<flatbuffers::Offset<proto::TensorMeta>> metas;
-    for (size_t i = 0; i < reply->values.size(); ++i) {
-      auto owned = std::make_shared<std::vector<float>>(std::move(reply->values[i]));
-      int32_t frame = builder.AddPayload(
-          Payload::Borrow(owned->data(), owned->size() * sizeof(float), owned));
-      std::vector<int64_t> shape = {static_cast<int64_t>(owned->size())};
-      metas.push_back(proto::CreateTensorMetaDirect(builder.fbb(), reply->names[i].c_str(),
-                                                    reply->keys[i], proto::DType::Float32, &shape,
-                                                    frame, 0, owned->size() * sizeof(float)));
-    }
-    Message message =
-        builder.Finish(proto::CreatePullReplyDirect(builder.fbb(), &metas), reply->request_id);
-    Status sent = endpoint_->transport().Reply(reply->origin, std::move(message));
-    if (!sent.ok()) TLOG(WARNING) << "push-pull reply: " << sent;
+    const MessageType type = TypeOf(body);
+    Status sent = endpoint_->transport().Reply(
+        reply->origin, OutgoingMessage{reply->request_id, -1, std::move(body)});
+    if (!sent.ok()) TLOG(WARNING) << MessageTypeName(type) << ": " << sent;
   }
 
   // ---- Checkpoints -------------------------------------------------------------------------
@@ -514,20 +462,14 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
     if (job == nullptr) {
       return AnswerError(request, FailedPreconditionError("checkpoint: no job was initialised"));
     }
-    const auto* body = request.header->body_as_CheckpointRequest();
-    const std::string root = body->directory() != nullptr ? body->directory()->str() : "";
-    const int64_t step = body->step();
+    const CheckpointRequest* body = request.As<CheckpointRequest>();
+    const std::string& root = body->directory;
+    const int64_t step = body->step;
     StatusOr<ShardFileInfo> info =
-        body->restore() ? RestoreShard(*job, root, step) : SaveShard(*job, root, step);
+        body->restore ? RestoreShard(*job, root, step) : SaveShard(*job, root, step);
     if (!info.ok()) return AnswerError(request, info.status());
-    MessageBuilder builder(kRole, options_.server_rank);
-    std::vector<flatbuffers::Offset<flatbuffers::String>> files = {
-        builder.fbb().CreateString(info->file)};
-    std::vector<uint64_t> bytes = {info->bytes}, checksums = {info->checksum};
-    Answer(request, builder.Finish(proto::CreateCheckpointReplyDirect(builder.fbb(), root.c_str(),
-                                                                      step, &files, &bytes,
-                                                                      &checksums),
-                                   request.header->request_id()));
+    endpoint_->Reply(request,
+                     CheckpointReply{root, step, {info->file}, {info->bytes}, {info->checksum}});
   }
 
   std::string ShardName() const {
@@ -651,8 +593,7 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
   }
 
   // ---- Sparse ------------------------------------------------------------------------------
-  StatusOr<Table*> FindTable(const Job& job, const flatbuffers::String* name) {
-    const std::string table = name != nullptr ? name->str() : "";
+  StatusOr<Table*> FindTable(const Job& job, const std::string& table) {
     auto it = job.tables.find(table);
     if (it == job.tables.end()) {
       return NotFoundError("no embedding table '" + table + "' in this job");
@@ -677,14 +618,20 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
     std::shared_ptr<Job> job = JobOrPark(request);
     if (job == nullptr) return;
     if (Status status = CheckRank(*job, request); !status.ok()) return AnswerError(request, status);
-    const auto* body = request.header->body_as_SparsePushRequest();
-    StatusOr<Table*> found = FindTable(*job, body->table());
+    const SparsePushRequest* body = request.As<SparsePushRequest>();
+    StatusOr<Table*> found = FindTable(*job, body->table);
     if (!found.ok()) return AnswerError(request, found.status());
     Table& table = **found;
-    std::vector<int64_t> ids =
-        body->row_ids() != nullptr ? ReadIds(*body->row_ids(), request.message) : std::vector<int64_t>();
-    std::vector<float> grads =
-        body->values() != nullptr ? ReadFloats(*body->values(), request.message) : std::vector<float>();
+    if (body->row_ids.dtype != DataType::kInt64 || body->values.dtype != DataType::kFloat32) {
+      return AnswerError(request, InvalidArgumentError(
+                                      "sparse push to table '" + table.spec.name + "': row ids of " +
+                                      std::string(DataTypeName(body->row_ids.dtype)) +
+                                      " and values of " +
+                                      std::string(DataTypeName(body->values.dtype)) +
+                                      ", expected int64 and float32"));
+    }
+    std::vector<int64_t> ids = body->row_ids.Read<int64_t>();
+    std::vector<float> grads = body->values.Read<float>();
     const size_t dim = static_cast<size_t>(table.spec.dim);
     if (grads.size() != ids.size() * dim) {
       return AnswerError(request, InvalidArgumentError(
@@ -695,8 +642,8 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
     }
     if (Status status = CheckOwnedRows(table, ids); !status.ok()) return AnswerError(request, status);
     const PsJobConfig& config = job->config;
-    const int rank = request.header->sender_rank();
-    const int64_t step = request.header->step();
+    const int rank = request.header.sender_rank;
+    const int64_t step = request.header.step;
     sparse_gradient_bytes_->Increment(static_cast<double>(grads.size() * sizeof(float)));
     Status applied = OkStatus();
     {
@@ -732,25 +679,29 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
       ReleaseTable(&table);
     }
     if (!applied.ok()) return AnswerError(request, applied);
-    MessageBuilder builder(kRole, options_.server_rank);
-    Answer(request, builder.Finish(proto::CreateAckDirect(builder.fbb(), ""),
-                                   request.header->request_id()));
+    endpoint_->Reply(request, Ack{});
   }
 
   void ServeSparsePull(const Envelope& request) {
     std::shared_ptr<Job> job = JobOrPark(request);
     if (job == nullptr) return;
-    const auto* body = request.header->body_as_SparsePullRequest();
-    StatusOr<Table*> found = FindTable(*job, body->table());
+    const SparsePullRequest* body = request.As<SparsePullRequest>();
+    StatusOr<Table*> found = FindTable(*job, body->table);
     if (!found.ok()) return AnswerError(request, found.status());
     Table& table = **found;
+    if (body->row_ids.dtype != DataType::kInt64) {
+      return AnswerError(request, InvalidArgumentError(
+                                      "sparse pull from table '" + table.spec.name +
+                                      "': row ids of " +
+                                      std::string(DataTypeName(body->row_ids.dtype)) +
+                                      ", expected int64"));
+    }
     auto reply = std::make_shared<PendingReply>();
     reply->origin = request.origin;
-    reply->request_id = request.header->request_id();
+    reply->request_id = request.header.request_id;
     reply->sparse = true;
     reply->table = table.spec.name;
-    reply->ids = body->row_ids() != nullptr ? ReadIds(*body->row_ids(), request.message)
-                                            : std::vector<int64_t>();
+    reply->ids = body->row_ids.Read<int64_t>();
     reply->values.resize(1);
     reply->remaining = 1;
     for (int64_t id : reply->ids) {
@@ -767,7 +718,7 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
     std::lock_guard<std::mutex> lock(table.mu);
     Waiter waiter{reply, 0};
     waiter.need_version =
-        job->config.consistency == PsConsistency::kSync ? request.header->step() - 1 : 0;
+        job->config.consistency == PsConsistency::kSync ? request.header.step - 1 : 0;
     table.waiters.push_back(std::move(waiter));
     ReleaseTable(&table);
   }

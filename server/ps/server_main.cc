@@ -21,9 +21,7 @@
 #include "common/messages/fleet_view.h"
 #include "common/process/process_runtime.h"
 #include "common/rendezvous/rendezvous_client.h"
-#include "server/ps/parameter_service.h"
 #include "server/ps/ps_service.h"
-#include "server/ps/tensor_store.h"
 
 namespace tessera::server {
 namespace {
@@ -68,12 +66,9 @@ Status Serve(ProcessRuntime& runtime) {
     runtime.RequestStop();
   });
 
-  ASSIGN_OR_RETURN(std::unique_ptr<TensorStore> store,
-                   TensorStore::Create(TensorStoreOptionsFrom(client->view(), rank),
-                                       &runtime.metrics()));
-  TLOG(INFO) << "serving keys [" << store->key_begin() << ", " << store->key_end() << ") of "
+  const MemberInfo* self = client->view().Find(Role::kServer, rank);
+  TLOG(INFO) << "serving keys [" << self->key_begin << ", " << self->key_end << ") of "
              << client->view().key_space << " for " << client->view().num_workers << " workers";
-  InstallParameterService(&endpoint, std::shared_ptr<TensorStore>(std::move(store)));
   // The ps-* training modes; idle until a job's worker rank 0 initialises it.
   PsServiceOptions ps_options;
   ps_options.server_rank = rank;

@@ -20,7 +20,6 @@
 #include "common/base/status.h"
 #include "common/transport/rpc_endpoint.h"
 #include "common/transport/zmq/zmq_endpoint.h"
-#include "common/wire/wire_codec.h"
 
 namespace tessera::tools {
 namespace {
@@ -83,36 +82,29 @@ double RawZmqRate(size_t size, double seconds, int window) {
   return rate;
 }
 
-// Tessera: a worker endpoint pushes one `size`-byte float tensor per PushRequest, borrowed
-// (not copied) from one buffer; a server endpoint verifies each and replies with an Ack.
+// Tessera: a worker endpoint pushes one `size`-byte float tensor per PsPushPullRequest,
+// shared (not copied) from one buffer; a server endpoint verifies each and replies with an Ack.
 StatusOr<double> TesseraRate(size_t size, double seconds, int window) {
   ZmqTransportOptions server_options;
-  server_options.role = proto::Role::Server;
+  server_options.role = Role::kServer;
   server_options.rank = 0;
   ASSIGN_OR_RETURN(auto server, StartZmqEndpoint(server_options, nullptr));
   RpcEndpoint* raw_server = server.get();
-  server->SetHandler(proto::Body::PushRequest, [raw_server](Envelope e) {
-    MessageBuilder b(proto::Role::Server, 0);
-    Status s = raw_server->transport().Reply(
-        e.origin, b.Finish(proto::CreateAckDirect(b.fbb(), ""), e.header->request_id()));
-    (void)s;
-  });
+  server->SetHandler(MessageType::kPsPushPullRequest,
+                     [raw_server](Envelope e) { raw_server->Reply(e, Ack{}); });
   ZmqTransportOptions client_options;
-  client_options.role = proto::Role::Worker;
+  client_options.role = Role::kWorker;
   client_options.rank = 0;
   ASSIGN_OR_RETURN(auto client, StartZmqEndpoint(client_options, nullptr));
 
   auto buffer = std::make_shared<std::vector<float>>(size / sizeof(float), 1.0f);
   const size_t bytes = buffer->size() * sizeof(float);
-  std::vector<int64_t> shape = {static_cast<int64_t>(buffer->size())};
   auto push = [&]() {
-    MessageBuilder b(proto::Role::Worker, 0);
-    int32_t frame = b.AddPayload(Payload::Borrow(buffer->data(), bytes, buffer));
-    std::vector<flatbuffers::Offset<proto::TensorMeta>> metas = {proto::CreateTensorMetaDirect(
-        b.fbb(), "bench.w", 0, proto::DType::Float32, &shape, frame, 0, bytes)};
-    uint64_t id = client->NextRequestId();
-    return client->CallAsync(server->address(),
-                             b.Finish(proto::CreatePushRequestDirect(b.fbb(), &metas), id), id,
+    PsPushPullRequest request;
+    request.has_gradients = true;
+    request.tensors.push_back(
+        TensorData::Floats("bench.w", 0, buffer->data(), buffer->size(), buffer));
+    return client->CallAsync(server->address(), std::move(request), 1,
                              Deadline::AfterMillis(30000), "bench push");
   };
   std::deque<std::shared_future<StatusOr<Envelope>>> in_flight;

@@ -40,48 +40,16 @@
 #include <string>
 #include <string_view>
 
+#include "common/base/data_type.h"
 #include "common/base/status.h"
+#include "common/messages/ring_frame.h"
 
 namespace tessera::worker {
 
-// How AllReduce and ReduceScatter combine the ranks' elements. kAverage is the sum divided by
-// the world size (once, at the end, in float32).
-enum class ReduceOp { kSum, kAverage, kMax, kMin };
-
-// Element types. 16-bit types travel in their 16-bit form; reductions are computed in float32
-// and rounded back (round to nearest, ties to even) wherever a partial result is stored.
-enum class DataType { kFloat32, kFloat16, kBFloat16 };
-
-// Bytes per element; 0 for a value outside the enum.
-constexpr size_t DataTypeSize(DataType dtype) {
-  switch (dtype) {
-    case DataType::kFloat32: return 4;
-    case DataType::kFloat16: return 2;
-    case DataType::kBFloat16: return 2;
-  }
-  return 0;
-}
-
-// "float32", "float16", "bfloat16" ("invalid" outside the enum).
-constexpr std::string_view DataTypeName(DataType dtype) {
-  switch (dtype) {
-    case DataType::kFloat32: return "float32";
-    case DataType::kFloat16: return "float16";
-    case DataType::kBFloat16: return "bfloat16";
-  }
-  return "invalid";
-}
-
-// "sum", "average", "max", "min" ("invalid" outside the enum).
-constexpr std::string_view ReduceOpName(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kAverage: return "average";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kMin: return "min";
-  }
-  return "invalid";
-}
+// DataType (common/base/data_type.h) and ReduceOp (common/messages/ring_frame.h, as ring
+// frames carry it) are tessera:: types; 16-bit floating types travel in their 16-bit form and
+// reductions are computed in float32 and rounded back (round to nearest, ties to even)
+// wherever a partial result is stored.
 
 // A contiguous range of elements: [offset, offset + size).
 struct Partition {

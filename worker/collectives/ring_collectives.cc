@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "common/base/deadline.h"
-#include "common/wire/wire_codec.h"
+#include "common/base/role.h"
 #include "worker/collectives/half_float.h"
 
 namespace tessera::worker {
@@ -80,73 +80,8 @@ class RingCollectives::StagingPool {
 
 namespace {
 
-// ---------------------------------------------------------------------------------------------
-// The wire
-
-// The `chunk` field of messages that carry none of the buffer's elements.
-constexpr uint32_t kHandshakeChunk = 0xfffffffe;  // a barrier step or a broadcast's handshake
-constexpr uint32_t kAbortChunk = 0xffffffff;      // an abort notice (with dtype UInt8)
-constexpr size_t kMaxNoticeBytes = 4096;
-// How long a failed call waits for its abort notice to be written to a link.
+// How long a failed call waits for its abort notice to be written to the channel.
 constexpr int64_t kAbortFlushMs = 1000;
-
-proto::DType WireDType(DataType dtype) {
-  switch (dtype) {
-    case DataType::kFloat32: return proto::DType::Float32;
-    case DataType::kFloat16: return proto::DType::Float16;
-    case DataType::kBFloat16: return proto::DType::BFloat16;
-  }
-  return proto::DType::Float32;
-}
-
-proto::ReduceOp WireReduceOp(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum: return proto::ReduceOp::Sum;
-    case ReduceOp::kAverage: return proto::ReduceOp::Average;
-    case ReduceOp::kMax: return proto::ReduceOp::Max;
-    case ReduceOp::kMin: return proto::ReduceOp::Min;
-  }
-  return proto::ReduceOp::Sum;
-}
-
-std::string OpLabel(proto::CollectiveOp op) {
-  switch (op) {
-    case proto::CollectiveOp::AllReduce: return "allreduce";
-    case proto::CollectiveOp::ReduceScatter: return "reducescatter";
-    case proto::CollectiveOp::AllGather: return "allgather";
-    case proto::CollectiveOp::Broadcast: return "broadcast";
-    case proto::CollectiveOp::Barrier: return "barrier";
-  }
-  return "collective " + std::to_string(static_cast<int>(op));
-}
-
-std::string WireReduceOpLabel(proto::ReduceOp op) {
-  switch (op) {
-    case proto::ReduceOp::Sum: return "sum";
-    case proto::ReduceOp::Average: return "average";
-    case proto::ReduceOp::Max: return "max";
-    case proto::ReduceOp::Min: return "min";
-  }
-  return "reduce op " + std::to_string(static_cast<int>(op));
-}
-
-std::string WireDTypeLabel(proto::DType dtype) {
-  switch (dtype) {
-    case proto::DType::Float32: return "float32";
-    case proto::DType::Float16: return "float16";
-    case proto::DType::BFloat16: return "bfloat16";
-    default: break;
-  }
-  const char* name = proto::EnumNameDType(dtype);
-  if (name != nullptr && *name != '\0') return name;
-  return "dtype " + std::to_string(static_cast<int>(dtype));
-}
-
-StatusCode NoticeCode(uint64_t wire) {
-  if (wire == 0 || wire > static_cast<uint64_t>(StatusCode::kDataLoss)) return StatusCode::kUnknown;
-  auto code = static_cast<StatusCode>(wire);
-  return StatusCodeName(code) == "UNKNOWN" ? StatusCode::kUnknown : code;
-}
 
 std::string Worker(int rank) { return MemberName(Role::kWorker, rank); }
 
@@ -213,15 +148,15 @@ float Apply(float a, float b) {
 }
 
 // The float32 fast path of CombineAs: whole vectors of 8 elements, loaded and stored with
-// memcpy (the bytes may be unaligned), each loaded before any is stored, so `out` or `copy`
-// may be `mine`. Elementwise the same arithmetic as Apply, so the results are bit-identical.
+// memcpy (the bytes may be unaligned), each loaded before any is stored, so `out` may be
+// `mine`. Elementwise the same arithmetic as Apply, so the results are bit-identical.
 // Returns how many leading elements it combined (a multiple of 8); CombineAs does the rest.
 // About 2x faster than the batches through local arrays on a segment that is in cache.
 using Float32x8 = float __attribute__((vector_size(32)));
 
 template <ReduceOp kOp, bool kDivide>
-size_t CombineFloat32Vectors(const uint8_t* mine, const uint8_t* theirs, uint8_t* out,
-                             uint8_t* copy, size_t n, float divisor) {
+size_t CombineFloat32Vectors(const uint8_t* mine, const uint8_t* theirs, uint8_t* out, size_t n,
+                             float divisor) {
   constexpr size_t kLanes = 8;
   constexpr size_t kVectorBytes = sizeof(Float32x8);
   Float32x8 divisors;
@@ -241,22 +176,19 @@ size_t CombineFloat32Vectors(const uint8_t* mine, const uint8_t* theirs, uint8_t
     }
     if constexpr (kDivide) x = x / divisors;
     std::memcpy(out + at, &x, kVectorBytes);
-    if (copy != nullptr) std::memcpy(copy + at, &x, kVectorBytes);
   }
   return i;
 }
 
-// out[i] = mine[i] (op) theirs[i] for i in [0, n), divided by `divisor` if kDivide, and the
-// same value to copy[i] too unless `copy` is null (one pass instead of a combine and a memcpy).
-// `out` and `copy` may each be `mine` exactly, and overlap nothing else. Works in batches of
-// kBatch elements through local arrays, which the compiler turns into SIMD code at -O2 (a
-// plain loop over possibly aliasing byte pointers it does not).
+// out[i] = mine[i] (op) theirs[i] for i in [0, n), divided by `divisor` if kDivide. `out` may
+// be `mine` exactly, and overlaps nothing else. Works in batches of kBatch elements through
+// local arrays, which the compiler turns into SIMD code at -O2 (a plain loop over possibly
+// aliasing byte pointers it does not).
 template <typename Codec, ReduceOp kOp, bool kDivide>
-void CombineAs(const uint8_t* mine, const uint8_t* theirs, uint8_t* out, uint8_t* copy, size_t n,
+void CombineAs(const uint8_t* mine, const uint8_t* theirs, uint8_t* out, size_t n,
                float divisor) {
   constexpr size_t kBatch = 16;
-  auto combine = [divisor](const uint8_t* a, const uint8_t* b, uint8_t* o, uint8_t* c,
-                           size_t count) {
+  auto combine = [divisor](const uint8_t* a, const uint8_t* b, uint8_t* o, size_t count) {
     float x[kBatch], y[kBatch];
     for (size_t j = 0; j < count; ++j) {
       x[j] = Codec::Load(a + j * Codec::kBytes);
@@ -267,54 +199,53 @@ void CombineAs(const uint8_t* mine, const uint8_t* theirs, uint8_t* out, uint8_t
       if constexpr (kDivide) x[j] /= divisor;
     }
     for (size_t j = 0; j < count; ++j) Codec::Store(o + j * Codec::kBytes, x[j]);
-    if (c != nullptr) {
-      for (size_t j = 0; j < count; ++j) Codec::Store(c + j * Codec::kBytes, x[j]);
-    }
   };
   size_t i = 0;
   if constexpr (std::is_same_v<Codec, Float32Codec>) {
-    i = CombineFloat32Vectors<kOp, kDivide>(mine, theirs, out, copy, n, divisor);
+    i = CombineFloat32Vectors<kOp, kDivide>(mine, theirs, out, n, divisor);
   }
   for (; i + kBatch <= n; i += kBatch) {
     const size_t at = i * Codec::kBytes;
-    combine(mine + at, theirs + at, out + at, copy == nullptr ? nullptr : copy + at, kBatch);
+    combine(mine + at, theirs + at, out + at, kBatch);
   }
   if (i < n) {
     const size_t at = i * Codec::kBytes;
-    combine(mine + at, theirs + at, out + at, copy == nullptr ? nullptr : copy + at, n - i);
+    combine(mine + at, theirs + at, out + at, n - i);
   }
 }
 
 template <typename Codec>
 void CombineWith(ReduceOp op, bool last, const uint8_t* mine, const uint8_t* theirs, uint8_t* out,
-                 uint8_t* copy, size_t n, int world) {
+                 size_t n, int world) {
   switch (op) {
     case ReduceOp::kSum:
-      return CombineAs<Codec, ReduceOp::kSum, false>(mine, theirs, out, copy, n, 1);
+      return CombineAs<Codec, ReduceOp::kSum, false>(mine, theirs, out, n, 1);
     case ReduceOp::kAverage:
       if (last) {
-        return CombineAs<Codec, ReduceOp::kSum, true>(mine, theirs, out, copy, n,
+        return CombineAs<Codec, ReduceOp::kSum, true>(mine, theirs, out, n,
                                                      static_cast<float>(world));
       }
-      return CombineAs<Codec, ReduceOp::kSum, false>(mine, theirs, out, copy, n, 1);
+      return CombineAs<Codec, ReduceOp::kSum, false>(mine, theirs, out, n, 1);
     case ReduceOp::kMax:
-      return CombineAs<Codec, ReduceOp::kMax, false>(mine, theirs, out, copy, n, 1);
+      return CombineAs<Codec, ReduceOp::kMax, false>(mine, theirs, out, n, 1);
     case ReduceOp::kMin:
-      return CombineAs<Codec, ReduceOp::kMin, false>(mine, theirs, out, copy, n, 1);
+      return CombineAs<Codec, ReduceOp::kMin, false>(mine, theirs, out, n, 1);
   }
 }
 
 // `last`: this combination completes the reduction over every rank (average divides now).
-// `copy`: null, or a second destination for the result (see CombineAs).
+// REQUIRES: a floating-point dtype (CheckCall).
 void Combine(DataType dtype, ReduceOp op, bool last, const uint8_t* mine, const uint8_t* theirs,
-             uint8_t* out, uint8_t* copy, size_t n, int world) {
+             uint8_t* out, size_t n, int world) {
   switch (dtype) {
     case DataType::kFloat32:
-      return CombineWith<Float32Codec>(op, last, mine, theirs, out, copy, n, world);
+      return CombineWith<Float32Codec>(op, last, mine, theirs, out, n, world);
     case DataType::kFloat16:
-      return CombineWith<Float16Codec>(op, last, mine, theirs, out, copy, n, world);
+      return CombineWith<Float16Codec>(op, last, mine, theirs, out, n, world);
     case DataType::kBFloat16:
-      return CombineWith<BFloat16Codec>(op, last, mine, theirs, out, copy, n, world);
+      return CombineWith<BFloat16Codec>(op, last, mine, theirs, out, n, world);
+    default:
+      return;
   }
 }
 
@@ -323,7 +254,7 @@ void Combine(DataType dtype, ReduceOp op, bool last, const uint8_t* mine, const 
 
 // What a call is about; every rank must agree on all of it but the tensor name.
 struct Call {
-  proto::CollectiveOp op = proto::CollectiveOp::AllReduce;
+  CollectiveOp op = CollectiveOp::kAllReduce;
   DataType dtype = DataType::kFloat32;
   ReduceOp reduce_op = ReduceOp::kSum;  // reducing collectives only
   size_t count = 0;
@@ -332,19 +263,12 @@ struct Call {
   uint64_t tag = 0;
 };
 
-// Which elements a message carries: segment of `block` (the chunk field on the wire), or a
-// handshake with no elements.
+// Which elements a frame carries: a segment of `block`, or none (a handshake).
 struct Piece {
-  uint32_t chunk = 0;
+  bool handshake = false;
+  uint32_t block = 0;
   uint64_t offset = 0;
   uint64_t count = 0;
-};
-
-// A failure reported by a peer, passed on around the ring unchanged.
-struct AbortNotice {
-  int origin = -1;  // the rank that failed first
-  StatusCode code = StatusCode::kUnknown;
-  std::string message;  // its error, which names it
 };
 
 // A staging buffer cut into regions of one block each.
@@ -374,11 +298,10 @@ class RingRun {
         next_((options.rank + 1) % options.world_size),
         prev_((options.rank + options.world_size - 1) % options.world_size),
         element_bytes_(std::max<size_t>(DataTypeSize(call.dtype), 1)),
-        deadline_(Deadline::AfterMillis(options.timeout_ms)),
-        borrows_(options.links != nullptr && options.world_size > 1) {
+        deadline_(Deadline::AfterMillis(options.timeout_ms)) {
     const size_t w = static_cast<size_t>(world_);
     const size_t segment_elements = std::max<size_t>(options.segment_bytes / element_bytes_, 1);
-    if (call.op == proto::CollectiveOp::Broadcast) {
+    if (call.op == CollectiveOp::kBroadcast) {
       max_block_ = call.count;
     } else {
       max_block_ = call.count / w + (call.count % w != 0 ? 1 : 0);
@@ -387,13 +310,13 @@ class RingRun {
         1, max_block_ / segment_elements + (max_block_ % segment_elements != 0 ? 1 : 0));
     const uint64_t steps = static_cast<uint64_t>(world_ - 1);
     switch (call.op) {
-      case proto::CollectiveOp::AllReduce: total_sends_ = 2 * steps * segments_; break;
-      case proto::CollectiveOp::ReduceScatter:
-      case proto::CollectiveOp::AllGather: total_sends_ = steps * segments_; break;
-      case proto::CollectiveOp::Broadcast:
+      case CollectiveOp::kAllReduce: total_sends_ = 2 * steps * segments_; break;
+      case CollectiveOp::kReduceScatter:
+      case CollectiveOp::kAllGather: total_sends_ = steps * segments_; break;
+      case CollectiveOp::kBroadcast:
         total_sends_ = (next_ == call.root ? 0 : segments_) + steps;
         break;
-      case proto::CollectiveOp::Barrier: total_sends_ = steps; break;
+      case CollectiveOp::kBarrier: total_sends_ = steps; break;
     }
   }
 
@@ -403,16 +326,17 @@ class RingRun {
     Status status = CheckCall();
     if (status.ok()) status = arguments;
     if (status.ok()) status = algorithm();
-    if (status.ok() && options_.links != nullptr && world_ > 1) {
-      // Everything sent must be on the wire before the call returns: nobody else writes it.
-      Status flushed = options_.links->Flush(deadline_);
+    if (status.ok() && world_ > 1) {
+      // Everything sent must be handed on before the call returns: frames borrow the
+      // caller's buffers (see "borrowing").
+      Status flushed = channel().Flush(deadline_);
       if (!flushed.ok()) status = flushed.WithContext(Prefix() + ": sending to " + Worker(next_));
     }
-    if (!status.ok()) {
+    if (!status.ok() && world_ > 1) {
       Abort(status);
       // Frames still queued may borrow the caller's buffers, which are the caller's again
       // once we return.
-      if (borrows_) options_.links->CopyUnsentPayloads();
+      channel().CopyUnsentPayloads();
     }
     return status;
   }
@@ -441,7 +365,7 @@ class RingRun {
   }
 
   std::string Prefix() const {
-    std::string prefix = OpLabel(call_.op) + " tag=" + std::to_string(call_.tag);
+    std::string prefix = std::string(CollectiveOpName(call_.op)) + " tag=" + std::to_string(call_.tag);
     if (!call_.tensor.empty()) prefix += " tensor=" + call_.tensor;
     return prefix + " rank=" + std::to_string(rank_);
   }
@@ -477,47 +401,36 @@ class RingRun {
   //     every rank has entered.
   //
   //   pipelining: a received segment is combined (or copied) and sent on at once, before the
-  //     next segment is received, so the transport's I/O thread sends segment k and receives
-  //     segment k+1 while this thread combines; Send never waits (the transport queues), so
-  //     every rank sends before it receives and the ring cannot deadlock. Each receive waits
-  //     until the call's deadline at most.
-  //   staging: over the transport, what we send from our own buffers is copied into a staging
-  //     buffer first (its regions, one block each, are never written again during the call),
-  //     because ZeroMQ may still hold a frame after a later step overwrote the buffer, or
-  //     after we returned. Received segments are passed on as they are, without a copy.
-  //   borrowing: over links, frames are on the wire once the call's final Flush succeeds (on
-  //     failure, CopyUnsentPayloads copies what is left), so we send straight from the
-  //     caller's buffers whatever the algorithm does not write again during the call, and
-  //     receive straight into them. All-reduce then needs no staging at all: it combines in
-  //     place and sends from there. A block it sent is written again only by the all-gather's
-  //     receive of the same block, which prev can send only once that block is complete, i.e.
-  //     once our contribution went through next; next having read it means it has left our
-  //     queue. Reduce-scatter stages what it combines at steps 1..W-2 (its input is const).
+  //     next segment is received, so the channel moves segment k while this thread combines
+  //     segment k+1; Send never waits (the channel queues), so every rank sends before it
+  //     receives and the ring cannot deadlock. Each receive waits until the call's deadline at
+  //     most.
+  //   borrowing: a channel hands on a frame by the call's final Flush (on failure,
+  //     CopyUnsentPayloads copies what is left), so we send straight from the caller's buffers
+  //     whatever the algorithm does not write again during the call, and receive straight into
+  //     them. All-reduce then needs no staging at all: it combines in place and sends from
+  //     there. A block it sent is written again only by the all-gather's receive of the same
+  //     block, which prev can send only once that block is complete, i.e. once our
+  //     contribution went through next; next having read it means it has left our queue.
+  //   staging: reduce-scatter cannot combine in place (its input is const), so what it
+  //     combines at steps 1..W-2 goes to a staging buffer (one region per step, never written
+  //     again during the call), reused by later calls once no frame holds it.
 
   Status AllReduce(uint8_t* data) {
     if (world_ == 1) return OkStatus();  // every op of one buffer is itself
     const int r = rank_;
     const int last_step = 2 * world_ - 3;
-    // Region s holds the block sent at step s, for s = 0 .. W-1 (none when borrowing).
-    Staging staging = Stage(borrows_ ? 0 : world_);
-    RETURN_IF_ERROR(SendBlock(0, r - 1, Element(data, Block(r - 1).offset), staging, 0));
+    RETURN_IF_ERROR(SendBlock(0, r - 1, Element(data, Block(r - 1).offset)));
     for (int s = 0; s <= world_ - 2; ++s) {
       const int b = r - s - 2;
       const bool complete = s == world_ - 2;
       for (int k = 0; k < segments(); ++k) {
         const Partition segment = Segment(b, k);
-        const size_t bytes = segment.size * element_bytes_;
         uint8_t* mine = Element(data, segment.offset);
-        if (borrows_) {  // combined in place, sent from there
-          RETURN_IF_ERROR(RecvReduce(s, b, k, mine, mine, nullptr, complete));
-          RETURN_IF_ERROR(Send(s + 1, k, DataPiece(b, k), Borrowed(mine, bytes)));
-          continue;
-        }
-        uint8_t* staged =
-            staging.Region(s + 1) + (segment.offset - Block(b).offset) * element_bytes_;
-        // Complete: the result goes to staging (to send) and, in the same pass, to data.
-        RETURN_IF_ERROR(RecvReduce(s, b, k, mine, staged, complete ? mine : nullptr, complete));
-        RETURN_IF_ERROR(Send(s + 1, k, DataPiece(b, k), staging.Borrow(staged, bytes)));
+        // Combined in place, sent from there (see "borrowing").
+        RETURN_IF_ERROR(RecvReduce(s, b, k, mine, mine, complete));
+        RETURN_IF_ERROR(
+            Send(s + 1, k, DataPiece(b, k), Borrowed(mine, segment.size * element_bytes_)));
       }
     }
     for (int s = world_ - 1; s <= last_step; ++s) {
@@ -536,9 +449,9 @@ class RingRun {
       if (own.size > 0 && output != input) std::memmove(output, input, own.size * element_bytes_);
       return OkStatus();
     }
-    // Region s holds the block sent at step s, for s = 0 .. W-2.
+    // Region s holds the block sent at step s, for s = 1 .. W-2 (step 0 sends the input).
     Staging staging = Stage(world_ - 1);
-    RETURN_IF_ERROR(SendBlock(0, r - 1, Element(input, Block(r - 1).offset), staging, 0));
+    RETURN_IF_ERROR(SendBlock(0, r - 1, Element(input, Block(r - 1).offset)));
     for (int s = 0; s <= world_ - 2; ++s) {
       const int b = r - s - 2;
       const bool complete = s == world_ - 2;  // b == r: the result goes to output
@@ -547,10 +460,10 @@ class RingRun {
         const size_t in_block = (segment.offset - Block(b).offset) * element_bytes_;
         const uint8_t* mine = Element(input, segment.offset);
         if (complete) {
-          RETURN_IF_ERROR(RecvReduce(s, b, k, mine, output + in_block, nullptr, true));
+          RETURN_IF_ERROR(RecvReduce(s, b, k, mine, output + in_block, true));
         } else {
           uint8_t* staged = staging.Region(s + 1) + in_block;
-          RETURN_IF_ERROR(RecvReduce(s, b, k, mine, staged, nullptr, false));
+          RETURN_IF_ERROR(RecvReduce(s, b, k, mine, staged, false));
           RETURN_IF_ERROR(Send(s + 1, k, DataPiece(b, k),
                                staging.Borrow(staged, segment.size * element_bytes_)));
         }
@@ -567,8 +480,7 @@ class RingRun {
       std::memmove(own_output, input, own.size * element_bytes_);
     }
     if (world_ == 1) return OkStatus();
-    Staging staging = Stage(borrows_ ? 0 : 1);
-    RETURN_IF_ERROR(SendBlock(0, r, own_output, staging, 0));
+    RETURN_IF_ERROR(SendBlock(0, r, own_output));
     for (int t = 0; t <= world_ - 2; ++t) {
       for (int k = 0; k < segments(); ++k) {
         RETURN_IF_ERROR(RecvCopy(t, r - t - 1, k, output, /*forward=*/t < world_ - 2));
@@ -581,8 +493,7 @@ class RingRun {
     if (world_ == 1) return OkStatus();
     const int root = call_.root;
     if (rank_ == root) {
-      Staging staging = Stage(borrows_ ? 0 : 1);
-      RETURN_IF_ERROR(SendBlock(0, root, data, staging, 0));
+      RETURN_IF_ERROR(SendBlock(0, root, data));
     } else {
       for (int k = 0; k < segments(); ++k) {
         RETURN_IF_ERROR(RecvCopy(0, root, k, data, /*forward=*/next_ != root));
@@ -609,7 +520,7 @@ class RingRun {
   int segments() const { return static_cast<int>(segments_); }
 
   Partition Block(int block) const {
-    if (call_.op == proto::CollectiveOp::Broadcast) return Partition{0, call_.count};
+    if (call_.op == CollectiveOp::kBroadcast) return Partition{0, call_.count};
     return PartitionOf(call_.count, world_, Wrap(block));
   }
 
@@ -622,9 +533,9 @@ class RingRun {
 
   Piece DataPiece(int block, int k) const {
     const Partition segment = Segment(block, k);
-    return Piece{static_cast<uint32_t>(Wrap(block)), segment.offset, segment.size};
+    return Piece{false, static_cast<uint32_t>(Wrap(block)), segment.offset, segment.size};
   }
-  static Piece HandshakePiece() { return Piece{kHandshakeChunk, 0, 0}; }
+  static Piece HandshakePiece() { return Piece{true, 0, 0, 0}; }
 
   template <typename T>
   T* Element(T* buffer, size_t index) const {
@@ -639,55 +550,47 @@ class RingRun {
     return staging;
   }
 
+  RingChannel& channel() const { return *options_.channel; }
+
   // ---- primitives ----
 
   // Send: sends every segment of `block` (whose first element is at block_data) to next as
-  // step `step`: borrowed when borrowing (see "borrowing" above: the caller must not write
-  // the block again during the call), otherwise staged in region `region` first.
-  Status SendBlock(uint32_t step, int block, const uint8_t* block_data, const Staging& staging,
-                   int region) {
+  // step `step`, borrowed (see "borrowing": the caller must not write the block again during
+  // the call).
+  Status SendBlock(uint32_t step, int block, const uint8_t* block_data) {
     const Partition whole = Block(block);
     for (int k = 0; k < segments(); ++k) {
       const Partition segment = Segment(block, k);
       const size_t at = (segment.offset - whole.offset) * element_bytes_;
-      const size_t bytes = segment.size * element_bytes_;
-      if (borrows_) {
-        RETURN_IF_ERROR(Send(step, k, DataPiece(block, k), Borrowed(block_data + at, bytes)));
-        continue;
-      }
-      uint8_t* staged = staging.Region(region);
-      if (bytes > 0) std::memcpy(staged + at, block_data + at, bytes);
-      RETURN_IF_ERROR(Send(step, k, DataPiece(block, k), staging.Borrow(staged + at, bytes)));
+      RETURN_IF_ERROR(Send(step, k, DataPiece(block, k),
+                           Borrowed(block_data + at, segment.size * element_bytes_)));
     }
     return OkStatus();
   }
 
-  // `bytes` of the caller's buffer at `data`, without an owner (links only: see "borrowing").
+  // `bytes` of the caller's buffer at `data`, without an owner (see "borrowing").
   static Payload Borrowed(const uint8_t* data, size_t bytes) {
     return bytes == 0 ? Payload() : Payload::Borrow(data, bytes, nullptr);
   }
 
   // RecvReduce: receives segment k of `block` (step `step`) from prev and writes its
-  // combination with `mine`, our elements of that segment, to `out` (which may be `mine`), and
-  // to `copy` too unless it is null. `complete`: the result covers every rank (an average
-  // divides now).
+  // combination with `mine`, our elements of that segment, to `out` (which may be `mine`).
+  // `complete`: the result covers every rank (an average divides now).
   Status RecvReduce(uint32_t step, int block, int k, const uint8_t* mine, uint8_t* out,
-                    uint8_t* copy, bool complete) {
-    ASSIGN_OR_RETURN(ReceivedChunk received, Recv(step, k, DataPiece(block, k)));
-    Combine(call_.dtype, call_.reduce_op, complete, mine, received.data.data(), out, copy,
+                    bool complete) {
+    ASSIGN_OR_RETURN(RingFrame received, Recv(step, k, DataPiece(block, k)));
+    Combine(call_.dtype, call_.reduce_op, complete, mine, received.data.data(), out,
             received.element_count, world_);
     return OkStatus();
   }
 
   // RecvCopy: receives segment k of `block` (step `step`) from prev into its place in
-  // `buffer` (the whole buffer) and, if `forward`, sends it on to next as step `step` + 1.
+  // `buffer` (the whole buffer) and, if `forward`, sends it on to next as step `step` + 1
+  // (from where the channel put it: `place` is not written again, see "borrowing").
   Status RecvCopy(uint32_t step, int block, int k, uint8_t* buffer, bool forward) {
     const Piece piece = DataPiece(block, k);
     uint8_t* place = Element(buffer, piece.offset);
-    // When forwarding over the transport, not: a queued frame must not borrow the caller's
-    // buffer. Over links it may (see "borrowing": `place` is not written again).
-    ASSIGN_OR_RETURN(ReceivedChunk received,
-                     Recv(step, k, piece, forward && !borrows_ ? nullptr : place));
+    ASSIGN_OR_RETURN(RingFrame received, Recv(step, k, piece, place));
     if (!received.data.empty() && received.data.data() != place) {
       std::memcpy(place, received.data.data(), received.data.size());
     }
@@ -697,124 +600,96 @@ class RingRun {
 
   // Sends `bytes`, the elements `piece` names, to next as segment k of `step`.
   Status Send(uint32_t step, int k, const Piece& piece, Payload bytes) {
-    if (options_.links != nullptr) {
-      Status sent = options_.links->Send(Frame(next_send_slot_, piece, std::move(bytes)));
-      if (!sent.ok()) {
-        return sent.WithContext(Prefix() + ": sending " + Where(step, k, piece) + " to " +
-                                Worker(next_));
-      }
-      ++next_send_slot_;
-      return OkStatus();
-    }
-    const uint64_t byte_length = bytes.size();
-    MessageBuilder builder(proto::Role::Worker, rank_);
-    const int32_t frame = bytes.empty() ? -1 : builder.AddPayload(std::move(bytes));
-    std::vector<int64_t> shape = {static_cast<int64_t>(piece.count)};
-    auto data = proto::CreateTensorMetaDirect(builder.fbb(), call_.tensor.c_str(), 0,
-                                              WireDType(call_.dtype), &shape, frame, 0,
-                                              byte_length);
-    auto body = proto::CreateCollectiveChunk(
-        builder.fbb(), call_.tag, call_.op, WireReduceOp(call_.reduce_op), next_send_slot_,
-        piece.chunk, WireDType(call_.dtype), piece.offset, piece.count, call_.count, data);
-    const std::string& address = options_.peer_addresses[static_cast<size_t>(next_)];
-    Status sent = options_.transport->Send(address, builder.Finish(body, /*request_id=*/0));
+    RingFrame frame = Frame(piece.handshake ? RingFrameKind::kHandshake : RingFrameKind::kData);
+    frame.block = piece.block;
+    frame.element_offset = piece.offset;
+    frame.element_count = piece.count;
+    frame.data = std::move(bytes);
+    Status sent = channel().Send(std::move(frame));
     if (!sent.ok()) {
       return sent.WithContext(Prefix() + ": sending " + Where(step, k, piece) + " to " +
-                              Worker(next_) + " at " + address);
+                              Worker(next_));
     }
     ++next_send_slot_;
     return OkStatus();
   }
 
-  // A message for the links: the same fields as a CollectiveChunk's.
-  ReceivedChunk Frame(uint32_t slot, const Piece& piece, Payload bytes) const {
-    ReceivedChunk frame;
-    frame.sender_role = proto::Role::Worker;
-    frame.sender_rank = rank_;
+  // Our next frame to next, of `kind`, with what the call is about.
+  RingFrame Frame(RingFrameKind kind) const {
+    RingFrame frame;
+    frame.kind = kind;
     frame.tag = call_.tag;
     frame.op = call_.op;
-    frame.reduce_op = WireReduceOp(call_.reduce_op);
-    frame.step = slot;
-    frame.chunk = piece.chunk;
-    frame.dtype = WireDType(call_.dtype);
-    frame.element_offset = piece.offset;
-    frame.element_count = piece.count;
-    frame.fingerprint = call_.count;
-    frame.data = std::move(bytes);
+    frame.reduce_op = call_.reduce_op;
+    frame.dtype = call_.dtype;
+    frame.buffer_elements = call_.count;
+    frame.slot = next_send_slot_;
     return frame;
   }
 
-  // Waits for prev's next message, which must be `want` (segment k of `step`). Over links,
-  // `into` (if not null) is where the caller will copy the elements (see RingLinks::Recv).
-  StatusOr<ReceivedChunk> Recv(uint32_t step, int k, const Piece& want, uint8_t* into = nullptr) {
-    StatusOr<ReceivedChunk> popped =
-        options_.links != nullptr
-            ? options_.links->Recv(call_.tag, next_recv_slot_, deadline_, into,
-                                   want.count * element_bytes_)
-            : options_.mailbox->Pop(call_.tag, next_recv_slot_, deadline_);
-    if (!popped.ok()) {
-      const Status failure = options_.links != nullptr ? options_.links->failure()
-                                                       : options_.mailbox->failure();
-      if (popped.status().code() == StatusCode::kDeadlineExceeded && failure.ok()) {
-        return DeadlineExceededError(Prefix() + ": no chunk from " + Worker(prev_) + " (" +
+  // Waits for prev's next frame, which must be `want` (segment k of `step`). `into` (if not
+  // null) is where the caller will copy the elements (see RingChannel::Recv).
+  StatusOr<RingFrame> Recv(uint32_t step, int k, const Piece& want, uint8_t* into = nullptr) {
+    StatusOr<RingFrame> got =
+        channel().Recv(call_.tag, next_recv_slot_, deadline_, into, want.count * element_bytes_);
+    if (!got.ok()) {
+      if (got.status().code() == StatusCode::kDeadlineExceeded && channel().failure().ok()) {
+        return DeadlineExceededError(Prefix() + ": no frame from " + Worker(prev_) + " (" +
                                      Where(step, k, want) + ") within " +
                                      std::to_string(options_.timeout_ms) + " ms");
       }
       // The root cause (e.g. the coordinator's notice that a worker failed), quoted.
-      return popped.status().WithContext(Prefix() + ": waiting for " + Worker(prev_) + " (" +
-                                         Where(step, k, want) + ")");
+      return got.status().WithContext(Prefix() + ": waiting for " + Worker(prev_) + " (" +
+                                      Where(step, k, want) + ")");
     }
     ++next_recv_slot_;
-    RETURN_IF_ERROR(Check(*popped, step, k, want));
-    return popped;
+    RETURN_IF_ERROR(Check(*got, step, k, want));
+    return got;
   }
 
   // Every field of `got` the algorithm relies on, against what this rank expects: a peer that
   // runs another call fails here, naming itself, before its bytes are used.
-  Status Check(const ReceivedChunk& got, uint32_t step, int k, const Piece& want) {
+  Status Check(const RingFrame& got, uint32_t step, int k, const Piece& want) {
     const std::string from = Worker(prev_);
     auto mismatch = [&](const std::string& problem) {
-      return InvalidArgumentError(Prefix() + ": the chunk from " + from + " (" +
+      return InvalidArgumentError(Prefix() + ": the frame from " + from + " (" +
                                   Where(step, k, want) + ") " + problem);
     };
-    if (got.sender_role != proto::Role::Worker || got.sender_rank != prev_) {
-      return mismatch("came from " + std::string(RoleLabel(got.sender_role)) + " " +
-                      std::to_string(got.sender_rank) + ", not from " + from +
+    if (got.sender_rank != prev_) {
+      return mismatch("came from " + Worker(got.sender_rank) + ", not from " + from +
                       ", this rank's predecessor in the ring");
     }
-    if (got.chunk == kAbortChunk && got.dtype == proto::DType::UInt8) {
-      AbortNotice notice;
-      notice.origin = static_cast<int>(std::min<uint64_t>(got.fingerprint, INT32_MAX));
-      notice.code = NoticeCode(got.element_offset);
-      if (!got.data.empty()) {
-        notice.message.assign(reinterpret_cast<const char*>(got.data.data()), got.data.size());
-      }
-      received_notice_ = notice;
-      return Status(notice.code, Prefix() + ": " + from + " reported a failure: " +
-                                     notice.message);
+    if (got.kind == RingFrameKind::kAbort) {
+      received_notice_ = got.notice;
+      return Status(got.notice.code, Prefix() + ": " + from + " reported a failure: " +
+                                         got.notice.message);
     }
     if (got.op != call_.op) {
-      return mismatch("comes from a call of " + OpLabel(got.op) + "; this rank calls " +
-                      OpLabel(call_.op) + ": do all ranks run the same collective under tag " +
+      return mismatch("comes from a call of " + std::string(CollectiveOpName(got.op)) +
+                      "; this rank calls " + std::string(CollectiveOpName(call_.op)) +
+                      ": do all ranks run the same collective under tag " +
                       std::to_string(call_.tag) + "?");
     }
-    if (Reduces() && got.reduce_op != WireReduceOp(call_.reduce_op)) {
-      return mismatch("reduces with " + WireReduceOpLabel(got.reduce_op) + "; this rank with " +
-                      std::string(ReduceOpName(call_.reduce_op)));
+    if (Reduces() && got.reduce_op != call_.reduce_op) {
+      return mismatch("reduces with " + std::string(ReduceOpName(got.reduce_op)) +
+                      "; this rank with " + std::string(ReduceOpName(call_.reduce_op)));
     }
-    if (got.dtype != WireDType(call_.dtype)) {
-      return mismatch("holds " + WireDTypeLabel(got.dtype) + " elements; this rank's are " +
-                      std::string(DataTypeName(call_.dtype)));
+    if (got.dtype != call_.dtype) {
+      return mismatch("holds " + std::string(DataTypeName(got.dtype)) +
+                      " elements; this rank's are " + std::string(DataTypeName(call_.dtype)));
     }
-    if (got.fingerprint != call_.count) {
-      return mismatch("is for a buffer of " + std::to_string(got.fingerprint) +
+    if (got.buffer_elements != call_.count) {
+      return mismatch("is for a buffer of " + std::to_string(got.buffer_elements) +
                       " elements; this rank's has " + std::to_string(call_.count));
     }
-    if (got.chunk != want.chunk || got.element_offset != want.offset ||
-        got.element_count != want.count) {
-      const Piece piece{got.chunk, got.element_offset, got.element_count};
+    const Piece piece{got.kind == RingFrameKind::kHandshake, got.block, got.element_offset,
+                      got.element_count};
+    if (piece.handshake != want.handshake ||
+        (!want.handshake && (piece.block != want.block || piece.offset != want.offset ||
+                             piece.count != want.count))) {
       std::string problem = "is " + Describe(piece) + ", expected " + Describe(want);
-      if (call_.op == proto::CollectiveOp::Broadcast && got.chunk != want.chunk) {
+      if (call_.op == CollectiveOp::kBroadcast && !want.handshake && !piece.handshake &&
+          piece.block != want.block) {
         problem += ": do all ranks broadcast from the same root? (this rank's is " +
                    Worker(call_.root) + ")";
       } else {
@@ -831,50 +706,25 @@ class RingRun {
   }
 
   // After a failure: tells next, which may be waiting for us, with an abort notice in the next
-  // message it will read from us. A notice we received is passed on as it is (it names the
-  // rank that failed first), except to that rank itself. Then drops what peers sent under the
-  // tag. Best effort: a notice that cannot be sent leaves next to its deadline.
+  // frame it will read from us. A notice we received is passed on as it is (it names the rank
+  // that failed first), except to that rank itself. Then drops what peers sent under the tag.
+  // Best effort: a notice that cannot be sent leaves next to its deadline.
   void Abort(const Status& status) {
-    if (world_ == 1) return;
     AbortNotice notice = received_notice_.value_or(
         AbortNotice{rank_, status.code(), status.message()});
     if (notice.origin != next_ && next_send_slot_ < total_sends_) {
-      if (notice.message.size() > kMaxNoticeBytes) notice.message.resize(kMaxNoticeBytes);
-      if (options_.links != nullptr) {
-        const Piece piece{kAbortChunk, static_cast<uint64_t>(notice.code),
-                          notice.message.size()};
-        ReceivedChunk frame = Frame(next_send_slot_, piece,
-                                    notice.message.empty() ? Payload()
-                                                           : Payload::FromString(notice.message));
-        frame.dtype = proto::DType::UInt8;
-        frame.fingerprint = static_cast<uint64_t>(notice.origin);
-        // Best effort, briefly: a successor that reads gets it at once.
-        if (options_.links->Send(std::move(frame)).ok()) {
-          (void)options_.links->Flush(Deadline::AfterMillis(kAbortFlushMs));
-        }
-      } else {
-        MessageBuilder builder(proto::Role::Worker, rank_);
-        const int32_t frame = notice.message.empty()
-                                  ? -1
-                                  : builder.AddPayload(Payload::FromString(notice.message));
-        std::vector<int64_t> shape = {static_cast<int64_t>(notice.message.size())};
-        auto data = proto::CreateTensorMetaDirect(builder.fbb(), call_.tensor.c_str(), 0,
-                                                  proto::DType::UInt8, &shape, frame, 0,
-                                                  notice.message.size());
-        auto body = proto::CreateCollectiveChunk(
-            builder.fbb(), call_.tag, call_.op, WireReduceOp(call_.reduce_op), next_send_slot_,
-            kAbortChunk, proto::DType::UInt8, static_cast<uint64_t>(notice.code),
-            notice.message.size(), static_cast<uint64_t>(notice.origin), data);
-        const std::string& address = options_.peer_addresses[static_cast<size_t>(next_)];
-        (void)options_.transport->Send(address, builder.Finish(body, /*request_id=*/0));
+      if (notice.message.size() > kMaxAbortMessageBytes) {
+        notice.message.resize(kMaxAbortMessageBytes);
+      }
+      RingFrame frame = Frame(RingFrameKind::kAbort);
+      frame.notice = std::move(notice);
+      // Best effort, briefly: a successor that reads gets it at once.
+      if (channel().Send(std::move(frame)).ok()) {
+        (void)channel().Flush(Deadline::AfterMillis(kAbortFlushMs));
       }
     }
-    // Chunks that peers sent before they noticed would wait forever under a tag nobody pops.
-    if (options_.links != nullptr) {
-      options_.links->Discard(call_.tag);
-    } else {
-      options_.mailbox->Discard(call_.tag);
-    }
+    // Frames that peers sent before they noticed would wait forever under a tag nobody takes.
+    channel().Discard(call_.tag);
   }
 
   // Every argument the call's geometry depends on.
@@ -887,11 +737,16 @@ class RingRun {
       return InvalidArgumentError(Prefix() + ": unknown reduce op " +
                                   std::to_string(static_cast<int>(call_.reduce_op)));
     }
+    if (Reduces() && !IsFloatingPoint(call_.dtype)) {
+      return InvalidArgumentError(Prefix() + ": ring reductions combine float32, float16 or "
+                                  "bfloat16 elements, not " +
+                                  std::string(DataTypeName(call_.dtype)));
+    }
     if (call_.count > std::numeric_limits<size_t>::max() / element_bytes_ / 2) {
       return InvalidArgumentError(Prefix() + ": count " + std::to_string(call_.count) +
                                   " is too large");
     }
-    if (call_.op == proto::CollectiveOp::Broadcast &&
+    if (call_.op == CollectiveOp::kBroadcast &&
         (call_.root < 0 || call_.root >= world_)) {
       return InvalidArgumentError(Prefix() + ": root " + std::to_string(call_.root) +
                                   " is not a rank in [0, " + std::to_string(world_) + ")");
@@ -908,26 +763,26 @@ class RingRun {
   }
 
   bool Reduces() const {
-    return call_.op == proto::CollectiveOp::AllReduce ||
-           call_.op == proto::CollectiveOp::ReduceScatter;
+    return call_.op == CollectiveOp::kAllReduce ||
+           call_.op == CollectiveOp::kReduceScatter;
   }
 
   // "step 4", or "step 4, segment 2 of 8" when blocks have several segments.
   std::string Where(uint32_t step, int k, const Piece& piece) const {
     std::string where = "step " + std::to_string(step);
-    if (piece.chunk != kHandshakeChunk && segments_ > 1) {
+    if (!piece.handshake && segments_ > 1) {
       where += ", segment " + std::to_string(k) + " of " + std::to_string(segments_);
     }
     return where;
   }
 
   std::string Describe(const Piece& piece) const {
-    if (piece.chunk == kHandshakeChunk) return "a handshake without elements";
-    if (call_.op == proto::CollectiveOp::Broadcast) {
-      return "root " + Worker(static_cast<int>(piece.chunk)) + "'s elements " +
+    if (piece.handshake) return "a handshake without elements";
+    if (call_.op == CollectiveOp::kBroadcast) {
+      return "root " + Worker(static_cast<int>(piece.block)) + "'s elements " +
              Range(piece.offset, piece.count);
     }
-    return "block " + std::to_string(piece.chunk) + " elements " +
+    return "block " + std::to_string(piece.block) + " elements " +
            Range(piece.offset, piece.count);
   }
 
@@ -940,13 +795,11 @@ class RingRun {
   const int prev_;
   const size_t element_bytes_;  // 1 for an unknown dtype, which CheckCall rejects
   const Deadline deadline_;
-  // Over links: sends borrow the caller's buffers instead of staging (see "borrowing").
-  const bool borrows_;
   size_t max_block_ = 0;       // elements of the largest block
   uint64_t segments_ = 1;      // S
-  uint64_t total_sends_ = 0;   // messages this rank sends to next in a successful call
-  uint32_t next_send_slot_ = 0;  // the wire `step` of our next message to next
-  uint32_t next_recv_slot_ = 0;  // the wire `step` of prev's next message to us
+  uint64_t total_sends_ = 0;   // frames this rank sends to next in a successful call
+  uint32_t next_send_slot_ = 0;  // the slot of our next frame to next
+  uint32_t next_recv_slot_ = 0;  // the slot of prev's next frame to us
   std::optional<AbortNotice> received_notice_;
 };
 
@@ -954,20 +807,6 @@ class RingRun {
 
 // ---------------------------------------------------------------------------------------------
 // RingCollectives
-
-StatusOr<std::vector<std::string>> RingPeerAddresses(const FleetView& view) {
-  std::vector<const MemberInfo*> workers = view.OfRole(Role::kWorker);
-  std::vector<std::string> addresses;
-  for (size_t i = 0; i < workers.size(); ++i) {
-    if (workers[i]->rank != static_cast<int>(i)) {
-      return InternalError("the fleet view's worker ranks are not 0.." +
-                           std::to_string(workers.size() - 1) + ": found " +
-                           workers[i]->Name() + " at position " + std::to_string(i));
-    }
-    addresses.push_back(workers[i]->address);
-  }
-  return addresses;
-}
 
 StatusOr<std::unique_ptr<RingCollectives>> RingCollectives::Create(
     RingCollectivesOptions options) {
@@ -980,26 +819,17 @@ StatusOr<std::unique_ptr<RingCollectives>> RingCollectives::Create(
     return InvalidArgumentError(where + "rank " + std::to_string(options.rank) +
                                 " is not in [0, " + std::to_string(options.world_size) + ")");
   }
-  if (options.peer_addresses.size() != static_cast<size_t>(options.world_size)) {
-    return InvalidArgumentError(where + "peer_addresses holds " +
-                                std::to_string(options.peer_addresses.size()) +
-                                " addresses for a world_size of " +
-                                std::to_string(options.world_size));
-  }
-  if (options.world_size > 1 && options.transport == nullptr) {
-    return InvalidArgumentError(where + "transport is null");
-  }
-  if (options.world_size > 1 && options.mailbox == nullptr) {
-    return InvalidArgumentError(where + "mailbox is null");
+  if (options.world_size > 1 && options.channel == nullptr) {
+    return InvalidArgumentError(where + "channel is null");
   }
   if (options.timeout_ms <= 0) {
     return InvalidArgumentError(where + "timeout_ms " + std::to_string(options.timeout_ms) +
                                 " is not positive");
   }
-  if (options.links != nullptr && options.world_size > 1 &&
-      options.links->rank() != options.rank) {
-    return InvalidArgumentError(where + "links are rank " + std::to_string(options.links->rank()) +
-                                "'s, not rank " + std::to_string(options.rank) + "'s");
+  if (options.world_size > 1 && options.channel->rank() != options.rank) {
+    return InvalidArgumentError(where + "the channel is rank " +
+                                std::to_string(options.channel->rank()) + "'s, not rank " +
+                                std::to_string(options.rank) + "'s");
   }
   if (options.segment_bytes < 1 || options.segment_bytes > kMaxSegmentBytes) {
     return InvalidArgumentError(where + "segment_bytes " +
@@ -1016,7 +846,7 @@ RingCollectives::~RingCollectives() = default;
 
 Status RingCollectives::AllReduce(void* data, size_t count, DataType dtype, ReduceOp op,
                                   const std::string& tensor, uint64_t tag) {
-  const Call call{proto::CollectiveOp::AllReduce, dtype, op, count, 0, tensor, tag};
+  const Call call{CollectiveOp::kAllReduce, dtype, op, count, 0, tensor, tag};
   RingRun run(options_, *staging_, call);
   return run.Execute(run.CheckBuffer("data", data, count),
                      [&] { return run.AllReduce(static_cast<uint8_t*>(data)); });
@@ -1025,7 +855,7 @@ Status RingCollectives::AllReduce(void* data, size_t count, DataType dtype, Redu
 Status RingCollectives::ReduceScatter(const void* input, void* output, size_t count,
                                       DataType dtype, ReduceOp op, const std::string& tensor,
                                       uint64_t tag) {
-  const Call call{proto::CollectiveOp::ReduceScatter, dtype, op, count, 0, tensor, tag};
+  const Call call{CollectiveOp::kReduceScatter, dtype, op, count, 0, tensor, tag};
   RingRun run(options_, *staging_, call);
   const auto* in = static_cast<const uint8_t*>(input);
   auto* out = static_cast<uint8_t*>(output);
@@ -1039,7 +869,7 @@ Status RingCollectives::ReduceScatter(const void* input, void* output, size_t co
 
 Status RingCollectives::AllGather(const void* input, void* output, size_t count, DataType dtype,
                                   const std::string& tensor, uint64_t tag) {
-  const Call call{proto::CollectiveOp::AllGather, dtype, ReduceOp::kSum, count, 0, tensor, tag};
+  const Call call{CollectiveOp::kAllGather, dtype, ReduceOp::kSum, count, 0, tensor, tag};
   RingRun run(options_, *staging_, call);
   const auto* in = static_cast<const uint8_t*>(input);
   auto* out = static_cast<uint8_t*>(output);
@@ -1052,7 +882,7 @@ Status RingCollectives::AllGather(const void* input, void* output, size_t count,
 
 Status RingCollectives::Broadcast(void* data, size_t count, DataType dtype, int root,
                                   const std::string& tensor, uint64_t tag) {
-  const Call call{proto::CollectiveOp::Broadcast, dtype, ReduceOp::kSum, count, root, tensor,
+  const Call call{CollectiveOp::kBroadcast, dtype, ReduceOp::kSum, count, root, tensor,
                   tag};
   RingRun run(options_, *staging_, call);
   return run.Execute(run.CheckBuffer("data", data, count),
@@ -1061,7 +891,7 @@ Status RingCollectives::Broadcast(void* data, size_t count, DataType dtype, int 
 
 Status RingCollectives::Barrier(uint64_t tag) {
   static const std::string kNoTensor;
-  const Call call{proto::CollectiveOp::Barrier, DataType::kFloat32, ReduceOp::kSum, 0, 0,
+  const Call call{CollectiveOp::kBarrier, DataType::kFloat32, ReduceOp::kSum, 0, 0,
                   kNoTensor, tag};
   RingRun run(options_, *staging_, call);
   return run.Execute(OkStatus(), [&] { return run.Handshake(0); });

@@ -9,20 +9,24 @@
 #include "common/base/deadline.h"
 #include "common/base/logging.h"
 #include "common/metrics/metric_names.h"
-#include "common/wire/wire_codec.h"
 
 namespace tessera::worker {
 namespace {
 
-constexpr proto::Role kRole = proto::Role::Worker;
 enum OpIndex { kPushPull = 0, kSparsePush = 1, kSparsePull = 2 };
 
-int32_t AddFloats(MessageBuilder* builder, const float* data, size_t count) {
-  // Copied, not borrowed: a request may outlive the call that sent it (WaitAll gives up on a
-  // stop or a timeout while the transport still queues it for a dead server). The copy costs
-  // nothing extra: the transport sends an owned payload without copying, a borrowed one it
-  // would have copied into ZeroMQ.
-  return builder->AddPayload(Payload::Copy(data, count * sizeof(float)));
+// Chunk `chunk` of a request, with its `count` floats at `data`, or none (a pull). Copied, not
+// borrowed: a request may outlive the call that sent it (WaitAll gives up on a stop or a
+// timeout while the transport still queues it for a dead server). The copy costs nothing
+// extra: the transport sends an owned payload without copying, a borrowed one it would have
+// copied into ZeroMQ.
+TensorData ChunkTensor(const DenseChunk& chunk, const float* data) {
+  const std::string name = "chunk" + std::to_string(chunk.index);
+  if (data == nullptr) {
+    return TensorData{name, chunk.key, DataType::kFloat32,
+                      {static_cast<int64_t>(chunk.size)}, Payload()};
+  }
+  return TensorData::Floats(name, chunk.key, std::vector<float>(data, data + chunk.size));
 }
 
 constexpr int64_t kStartingRetryMs = 20;
@@ -39,15 +43,7 @@ StatusOr<std::unique_ptr<PsEngine>> PsEngine::Create(const PsEngineOptions& opti
                                                      RpcEndpoint* endpoint, const FleetView& view,
                                                      int rank, MetricsRegistry* metrics) {
   std::unique_ptr<PsEngine> engine(new PsEngine(options, endpoint, view, rank));
-  // Every worker of this job sees the same members (ranks and pids) at the start; the next
-  // job's workers have other pids.
-  uint64_t token = 0xcbf29ce484222325ULL;
-  for (const MemberInfo* worker : view.OfRole(Role::kWorker)) {
-    for (uint64_t part : {static_cast<uint64_t>(worker->rank), static_cast<uint64_t>(worker->pid)}) {
-      token = (token ^ part) * 0x100000001b3ULL;
-    }
-  }
-  engine->job_token_ = token;
+  engine->job_token_ = PsJobToken(view);
   for (int s = 0; s < view.num_servers; ++s) {
     const MemberInfo* server = view.Find(Role::kServer, s);
     if (server == nullptr) {
@@ -81,8 +77,9 @@ StatusOr<std::unique_ptr<PsEngine>> PsEngine::Create(const PsEngineOptions& opti
   return engine;
 }
 
-PsEngine::Reply PsEngine::Send(int server, Message message, uint64_t id, const std::string& what) {
-  return endpoint_->CallAsync(server_addresses_[server], std::move(message), id,
+PsEngine::Reply PsEngine::Send(int server, MessageBody request, int64_t step,
+                               const std::string& what) {
+  return endpoint_->CallAsync(server_addresses_[server], std::move(request), step,
                               Deadline::AfterMillis(options_.request_timeout_ms), what);
 }
 
@@ -138,22 +135,13 @@ Status PsEngine::Initialize(const ParameterLayout& layout,
   if (rank_ == 0) {
     const std::string json = EncodePsJobConfig(config);
     auto init = [&](int s) {
-      MessageBuilder builder(kRole, rank_);
-      std::vector<flatbuffers::Offset<proto::TensorMeta>> metas;
+      PsInitRequest request{json, {}, job_token_};
       for (size_t i : chunks_of_server_[s]) {
         const DenseChunk& chunk = chunks_[i];
-        std::vector<int64_t> shape = {static_cast<int64_t>(chunk.size)};
-        int32_t frame = AddFloats(&builder, params + chunk.offset, chunk.size);
-        metas.push_back(proto::CreateTensorMetaDirect(
-            builder.fbb(), ("chunk" + std::to_string(chunk.index)).c_str(), chunk.key,
-            proto::DType::Float32, &shape, frame, 0, chunk.size * sizeof(float)));
+        request.tensors.push_back(ChunkTensor(chunk, params + chunk.offset));
       }
-      uint64_t id = endpoint_->NextRequestId();
-      Message message = builder.Finish(
-          proto::CreatePsInitRequestDirect(builder.fbb(), json.c_str(), &metas, job_token_), id,
-          0);
       return std::make_pair(
-          Send(s, std::move(message), id, "init of server " + std::to_string(s)),
+          Send(s, std::move(request), 0, "init of server " + std::to_string(s)),
           "initialising server " + std::to_string(s));
     };
     std::vector<int> pending(static_cast<size_t>(view_.num_servers));
@@ -206,30 +194,17 @@ Status PsEngine::PushPull(int64_t step, const float* grads, float* params) {
     for (size_t begin = 0; begin < mine.size(); begin += per) {
       std::vector<size_t> group(mine.begin() + begin,
                                 mine.begin() + std::min(mine.size(), begin + per));
-      MessageBuilder builder(kRole, rank_);
-      std::vector<flatbuffers::Offset<proto::TensorMeta>> metas;
+      PsPushPullRequest request{{}, push, job_token_};
       for (size_t i : group) {
         const DenseChunk& chunk = chunks_[i];
-        std::vector<int64_t> shape = {static_cast<int64_t>(chunk.size)};
-        int32_t frame = -1;
-        uint64_t bytes = 0;
-        if (push) {
-          frame = AddFloats(&builder, grads + chunk.offset, chunk.size);
-          bytes = chunk.size * sizeof(float);
-          sent += static_cast<double>(bytes);
-        }
-        metas.push_back(proto::CreateTensorMetaDirect(
-            builder.fbb(), ("chunk" + std::to_string(chunk.index)).c_str(), chunk.key,
-            proto::DType::Float32, &shape, frame, 0, bytes));
+        request.tensors.push_back(ChunkTensor(chunk, push ? grads + chunk.offset : nullptr));
+        if (push) sent += static_cast<double>(chunk.size * sizeof(float));
       }
-      uint64_t id = endpoint_->NextRequestId();
-      Message message = builder.Finish(
-          proto::CreatePsPushPullRequestDirect(builder.fbb(), &metas, push, job_token_), id, step);
       std::string what = std::string(push ? "push-pull" : "pull") + " of step " +
                          std::to_string(step) + " (" + std::to_string(group.size()) +
                          " chunks from chunk " + std::to_string(chunks_[group[0]].index) +
                          ") with server " + std::to_string(s);
-      replies.emplace_back(Send(s, std::move(message), id, what), what);
+      replies.emplace_back(Send(s, std::move(request), step, what), what);
       groups.push_back(std::move(group));
     }
   }
@@ -239,27 +214,25 @@ Status PsEngine::PushPull(int64_t step, const float* grads, float* params) {
   latency_[kPushPull]->Observe(std::chrono::duration<double>(SteadyClock::now() - started).count());
   bytes_sent_->Increment(sent);
   for (size_t r = 0; r < results.size(); ++r) {
-    const Envelope& reply = *results[r];
-    if (reply.header->body_type() != proto::Body::PullReply) {
-      return InternalError(replies[r].second + ": the server answered " +
-                           std::string(BodyName(reply.header->body_type())));
-    }
-    const auto* tensors = reply.header->body_as_PullReply()->tensors();
-    if (tensors == nullptr || tensors->size() != groups[r].size()) {
-      return DataLossError(replies[r].second + ": the reply has the wrong number of chunks");
+    ASSIGN_OR_RETURN(PsPushPullReply reply,
+                     TakeBody<PsPushPullReply>(std::move(results[r]).value(), replies[r].second));
+    if (reply.tensors.size() != groups[r].size()) {
+      return DataLossError(replies[r].second + ": the reply has " +
+                           std::to_string(reply.tensors.size()) + " chunks, not " +
+                           std::to_string(groups[r].size()));
     }
     for (size_t k = 0; k < groups[r].size(); ++k) {
       const DenseChunk& chunk = chunks_[groups[r][k]];
-      const proto::TensorMeta* meta = tensors->Get(static_cast<flatbuffers::uoffset_t>(k));
-      if (meta->key() != chunk.key || meta->byte_length() != chunk.size * sizeof(float)) {
+      const TensorData& values = reply.tensors[k];
+      if (values.key != chunk.key || values.dtype != DataType::kFloat32 ||
+          values.bytes.size() != chunk.size * sizeof(float)) {
         return DataLossError(replies[r].second + ": chunk " + std::to_string(chunk.index) +
-                             " came back as key " + std::to_string(meta->key()) + " with " +
-                             std::to_string(meta->byte_length()) + " bytes");
+                             " came back as key " + std::to_string(values.key) + " with " +
+                             std::to_string(values.bytes.size()) + " bytes of " +
+                             std::string(DataTypeName(values.dtype)));
       }
-      std::memcpy(params + chunk.offset,
-                  reply.message.payloads[meta->payload()].data() + meta->offset(),
-                  meta->byte_length());
-      bytes_received_->Increment(static_cast<double>(meta->byte_length()));
+      std::memcpy(params + chunk.offset, values.bytes.data(), values.bytes.size());
+      bytes_received_->Increment(static_cast<double>(values.bytes.size()));
     }
   }
   return OkStatus();
@@ -282,20 +255,11 @@ Status PsEngine::LookupRows(size_t table, const std::vector<int64_t>& ids, float
   std::vector<int> servers;
   for (int s = 0; s < view_.num_servers; ++s) {
     if (ids_of[s].empty()) continue;
-    MessageBuilder builder(kRole, rank_);
-    std::vector<int64_t> shape = {static_cast<int64_t>(ids_of[s].size())};
-    int32_t frame = builder.AddPayload(
-        Payload::Copy(ids_of[s].data(), ids_of[s].size() * sizeof(int64_t)));  // see AddFloats
-    auto meta = proto::CreateTensorMetaDirect(builder.fbb(), "row_ids", 0, proto::DType::Int64,
-                                              &shape, frame, 0,
-                                              ids_of[s].size() * sizeof(int64_t));
-    uint64_t id = endpoint_->NextRequestId();
-    Message message = builder.Finish(
-        proto::CreateSparsePullRequestDirect(builder.fbb(), spec.name.c_str(), meta), id,
-        last_step_ + 1);
     std::string what = "pull of " + std::to_string(ids_of[s].size()) + " rows of table '" +
                        spec.name + "' from server " + std::to_string(s);
-    replies.emplace_back(Send(s, std::move(message), id, what), what);
+    // Copied: see ChunkTensor.
+    SparsePullRequest request{spec.name, TensorData::Int64s("row_ids", ids_of[s])};
+    replies.emplace_back(Send(s, std::move(request), last_step_ + 1, what), what);
     servers.push_back(s);
   }
   auto started = SteadyClock::now();
@@ -304,15 +268,15 @@ Status PsEngine::LookupRows(size_t table, const std::vector<int64_t>& ids, float
   latency_[kSparsePull]->Observe(std::chrono::duration<double>(SteadyClock::now() - started).count());
   for (size_t r = 0; r < results.size(); ++r) {
     const int s = servers[r];
-    const Envelope& reply = *results[r];
-    const auto* body = reply.header->body_as_SparsePullReply();
-    if (body == nullptr || body->values() == nullptr ||
-        body->values()->byte_length() != ids_of[s].size() * dim * sizeof(float)) {
+    ASSIGN_OR_RETURN(SparsePullReply reply,
+                     TakeBody<SparsePullReply>(std::move(results[r]).value(), replies[r].second));
+    if (reply.values.dtype != DataType::kFloat32 ||
+        reply.values.bytes.size() != ids_of[s].size() * dim * sizeof(float)) {
       return DataLossError(replies[r].second + ": the reply does not hold " +
-                           std::to_string(ids_of[s].size()) + " rows of " + std::to_string(dim));
+                           std::to_string(ids_of[s].size()) + " rows of " + std::to_string(dim) +
+                           " floats");
     }
-    const uint8_t* bytes =
-        reply.message.payloads[body->values()->payload()].data() + body->values()->offset();
+    const uint8_t* bytes = reply.values.bytes.data();
     for (size_t k = 0; k < positions_of[s].size(); ++k) {
       std::memcpy(values + positions_of[s][k] * dim, bytes + k * dim * sizeof(float),
                   dim * sizeof(float));
@@ -330,8 +294,6 @@ Status PsEngine::Step(int64_t step, float* params, float* grads,
   // Sparse rows first (their acks are waited for below, with the dense replies): ps-sync
   // servers need a push, possibly empty, from every worker for every table.
   std::vector<std::pair<Reply, std::string>> acks;
-  std::vector<std::vector<int64_t>> id_buffers;
-  std::vector<std::vector<float>> grad_buffers;
   auto started = SteadyClock::now();
   for (size_t t = 0; t < tables_.size(); ++t) {
     const size_t dim = static_cast<size_t>(tables_[t].dim);
@@ -346,31 +308,13 @@ Status PsEngine::Step(int64_t step, float* params, float* grads,
     }
     for (int s = 0; s < view_.num_servers; ++s) {
       if (ids_of[s].empty() && options_.consistency != PsConsistency::kSync) continue;
-      id_buffers.push_back(std::move(ids_of[s]));
-      grad_buffers.push_back(std::move(grads_of[s]));
-      const auto& ids = id_buffers.back();
-      const auto& values = grad_buffers.back();
-      MessageBuilder builder(kRole, rank_);
-      std::vector<int64_t> id_shape = {static_cast<int64_t>(ids.size())};
-      std::vector<int64_t> value_shape = {static_cast<int64_t>(values.size())};
-      int32_t id_frame = builder.AddPayload(Payload::Copy(ids.data(), ids.size() * sizeof(int64_t)));
-      int32_t value_frame =
-          builder.AddPayload(Payload::Copy(values.data(), values.size() * sizeof(float)));
-      auto id_meta = proto::CreateTensorMetaDirect(builder.fbb(), "row_ids", 0,
-                                                   proto::DType::Int64, &id_shape, id_frame, 0,
-                                                   ids.size() * sizeof(int64_t));
-      auto value_meta = proto::CreateTensorMetaDirect(builder.fbb(), "values", 0,
-                                                      proto::DType::Float32, &value_shape,
-                                                      value_frame, 0, values.size() * sizeof(float));
-      uint64_t id = endpoint_->NextRequestId();
-      Message message = builder.Finish(
-          proto::CreateSparsePushRequestDirect(builder.fbb(), tables_[t].name.c_str(), id_meta,
-                                               value_meta),
-          id, step);
-      std::string what = "push of " + std::to_string(ids.size()) + " rows of table '" +
+      std::string what = "push of " + std::to_string(ids_of[s].size()) + " rows of table '" +
                          tables_[t].name + "' at step " + std::to_string(step) + " to server " +
                          std::to_string(s);
-      acks.emplace_back(Send(s, std::move(message), id, what), what);
+      SparsePushRequest request{tables_[t].name,
+                                TensorData::Int64s("row_ids", std::move(ids_of[s])),
+                                TensorData::Floats("values", 0, std::move(grads_of[s]))};
+      acks.emplace_back(Send(s, std::move(request), step, what), what);
     }
   }
   Status dense = PushPull(step, grads, params);
@@ -389,26 +333,20 @@ StatusOr<std::vector<ShardFileInfo>> PsEngine::CheckpointServers(const std::stri
                                                                   int64_t step, bool restore) {
   std::vector<std::pair<Reply, std::string>> replies;
   for (int s = 0; s < view_.num_servers; ++s) {
-    MessageBuilder builder(kRole, rank_);
-    uint64_t id = endpoint_->NextRequestId();
-    Message message = builder.Finish(
-        proto::CreateCheckpointRequestDirect(builder.fbb(), root.c_str(), step, restore), id, step);
     std::string what = std::string(restore ? "restore" : "checkpoint") + " of step " +
                        std::to_string(step) + " on server " + std::to_string(s);
-    replies.emplace_back(Send(s, std::move(message), id, what), what);
+    replies.emplace_back(Send(s, CheckpointRequest{root, step, restore}, step, what), what);
   }
   std::vector<StatusOr<Envelope>> results;
   RETURN_IF_ERROR(WaitAll(&replies, &results));
   std::vector<ShardFileInfo> files;
   for (size_t r = 0; r < results.size(); ++r) {
-    const auto* body = results[r]->header->body_as_CheckpointReply();
-    if (body == nullptr || body->files() == nullptr || body->files()->size() != 1 ||
-        body->bytes() == nullptr || body->checksums() == nullptr ||
-        body->bytes()->size() != 1 || body->checksums()->size() != 1) {
+    ASSIGN_OR_RETURN(CheckpointReply reply,
+                     TakeBody<CheckpointReply>(std::move(results[r]).value(), replies[r].second));
+    if (reply.files.size() != 1 || reply.bytes.size() != 1 || reply.checksums.size() != 1) {
       return DataLossError(replies[r].second + ": the reply does not describe one shard file");
     }
-    files.push_back({body->files()->Get(0)->str(), body->bytes()->Get(0),
-                     body->checksums()->Get(0)});
+    files.push_back({reply.files[0], reply.bytes[0], reply.checksums[0]});
   }
   return files;
 }

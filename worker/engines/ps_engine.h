@@ -82,7 +82,7 @@ class PsEngine final : public TrainingEngine {
   // Sends a CheckpointRequest to every server; their shards' files in server order.
   StatusOr<std::vector<ShardFileInfo>> CheckpointServers(const std::string& root, int64_t step,
                                                          bool restore);
-  Reply Send(int server, Message message, uint64_t id, const std::string& what);
+  Reply Send(int server, MessageBody request, int64_t step, const std::string& what);
   // Waits for every reply (so no request still reads caller memory), returns the first error.
   Status WaitAll(std::vector<std::pair<Reply, std::string>>* replies,
                  std::vector<StatusOr<Envelope>>* results);

@@ -18,8 +18,9 @@
 #include "common/base/logging.h"
 #include "common/base/payload.h"
 #include "common/messages/fleet_view.h"
+#include "common/training/ps_job.h"
 #include "common/transport/rpc_endpoint.h"
-#include "common/wire/wire_codec.h"
+#include "worker/collectives/channel/ring_channel_setup.h"
 #include "worker/collectives/ring_collectives.h"
 
 namespace tessera::worker {
@@ -30,6 +31,8 @@ constexpr uint64_t kFirstAllReduceTag = 1;
 constexpr int64_t kMaxTensorElements = int64_t{1} << 28;  // 1 GiB of float32
 // Room left in a message for its header beside the tensor bytes.
 constexpr uint64_t kHeaderAllowance = 64 * 1024;
+// The probe job's "model", for the servers' checkpoint checks (it is never checkpointed).
+constexpr uint64_t kProbeLayoutFingerprint = 0x736d6f6b65;  // "smoke"
 
 
 std::string Millis(SteadyClock::duration elapsed) {
@@ -49,14 +52,22 @@ float ReadFloat(const uint8_t* bytes, size_t index) {
 }
 
 // The smoke job of one worker: its phases in the order Run() runs them. Used by one thread.
+//
+// The probes travel on the parameter-server protocol: worker rank 0 initialises the servers
+// with a ps-async job of one chunk of --tensor-elements floats per worker, all zero, trained by
+// SGD with learning rate 1; each worker pushes the negated values of its probe as the gradient
+// of its own chunk, so the server's chunk becomes the probe, exactly, and the reply returns it;
+// after a barrier each worker pulls every other worker's chunk and checks each value.
 class SmokeJob {
  public:
-  SmokeJob(ProcessRuntime& runtime, RendezvousClient& client, CollectiveMailbox& mailbox,
+  SmokeJob(ProcessRuntime& runtime, RendezvousClient& client,
+           std::shared_ptr<CollectiveMailbox> mailbox, std::shared_ptr<FailureBus> failures,
            const SmokeFlags& flags)
       : runtime_(runtime),
         endpoint_(runtime.endpoint()),
         client_(client),
-        mailbox_(mailbox),
+        mailbox_(std::move(mailbox)),
+        failures_(std::move(failures)),
         view_(client.view()),
         rank_(client.rank()),
         elements_(static_cast<size_t>(flags.tensor_elements)),
@@ -66,12 +77,18 @@ class SmokeJob {
 
   Status Run() {
     RETURN_IF_ERROR(Barrier("start", std::nullopt, runtime_.config().rendezvous_timeout_ms));
-    if (!view_.OfRole(Role::kServer).empty()) {
+    if (view_.OfRole(Role::kServer).empty()) {
+      TLOG(INFO) << "no servers in the fleet: skipping the push/pull phase";
+    } else if (elements_ == 0) {
+      TLOG(INFO) << "--tensor-elements=0: no probes to push and pull";
+    } else {
+      RETURN_IF_ERROR(CheckMessageSize());
+      ASSIGN_OR_RETURN(chunks_, PlanDenseChunks(elements_ * view_.num_workers, elements_,
+                                                view_.num_servers, view_.key_space));
+      if (rank_ == 0) RETURN_IF_ERROR(InitialiseServers());
       RETURN_IF_ERROR(PushProbe());
       RETURN_IF_ERROR(Barrier("pushed", Role::kWorker, request_timeout_ms_));
       RETURN_IF_ERROR(PullProbes());
-    } else {
-      TLOG(INFO) << "no servers in the fleet: skipping the push/pull phase";
     }
     for (int64_t round = 1; round <= rounds_; ++round) {
       RETURN_IF_ERROR(AllReduce(round));
@@ -92,18 +109,6 @@ class SmokeJob {
     return OkStatus();
   }
 
-  // Worker r's probe goes to server r % S, at a key inside that server's range, so every
-  // server takes part when there are at least as many workers as servers.
-  StatusOr<uint64_t> ProbeKey(int rank) const {
-    std::vector<const MemberInfo*> servers = view_.OfRole(Role::kServer);
-    const MemberInfo* server = servers[static_cast<size_t>(rank) % servers.size()];
-    uint64_t offset = static_cast<uint64_t>(rank) / servers.size();
-    if (server->key_end <= server->key_begin) {
-      return InternalError(server->Name() + " owns no keys in the fleet view");
-    }
-    return std::min(server->key_begin + offset, server->key_end - 1);
-  }
-
   Status CheckMessageSize() const {
     uint64_t bytes = elements_ * sizeof(float);
     if (bytes + kHeaderAllowance > runtime_.config().max_message_bytes) {
@@ -115,33 +120,70 @@ class SmokeJob {
     return OkStatus();
   }
 
+  const std::string& ServerAddress(int server) const {
+    return view_.Find(Role::kServer, server)->address;
+  }
+
+  // Chunk `worker` as a tensor, with `values` or none.
+  TensorData Chunk(int worker, std::vector<float> values) const {
+    const DenseChunk& chunk = chunks_[static_cast<size_t>(worker)];
+    if (values.empty()) {
+      return TensorData{ProbeName(worker), chunk.key, DataType::kFloat32,
+                        {static_cast<int64_t>(chunk.size)}, Payload()};
+    }
+    return TensorData::Floats(ProbeName(worker), chunk.key, std::move(values));
+  }
+
+  // Rank 0: every server gets the probe job and zeros for the chunks it owns.
+  Status InitialiseServers() {
+    PsJobConfig config;
+    config.consistency = PsConsistency::kAsync;
+    config.num_workers = view_.num_workers;
+    config.optimizer.kind = OptimizerKind::kSgd;
+    config.optimizer.lr = 1.0f;
+    config.dense_elements = elements_ * view_.num_workers;
+    config.layout_fingerprint = kProbeLayoutFingerprint;
+    config.chunk_elements = elements_;
+    RETURN_IF_ERROR(ValidatePsJobConfig(config));
+    const std::string json = EncodePsJobConfig(config);
+    std::vector<std::shared_future<StatusOr<Envelope>>> replies;
+    std::vector<std::string> what;
+    for (int s = 0; s < view_.num_servers; ++s) {
+      PsInitRequest init{json, {}, PsJobToken(view_)};
+      for (const DenseChunk& chunk : chunks_) {
+        if (chunk.server != s) continue;
+        init.tensors.push_back(Chunk(static_cast<int>(chunk.index),
+                                     std::vector<float>(chunk.size, 0.0f)));
+      }
+      what.push_back("init of server " + std::to_string(s) + " with the probes");
+      replies.push_back(endpoint_.CallAsync(ServerAddress(s), std::move(init), 0,
+                                            Deadline::AfterMillis(request_timeout_ms_),
+                                            what.back()));
+    }
+    for (size_t s = 0; s < replies.size(); ++s) {
+      StatusOr<Envelope> reply = replies[s].get();
+      if (!reply.ok()) return reply.status();
+      RETURN_IF_ERROR(TakeBody<Ack>(std::move(reply).value(), what[s]).status());
+    }
+    return OkStatus();
+  }
+
   Status PushProbe() {
     if (runtime_.StopRequested()) return CancelledError("stopped before the push");
-    RETURN_IF_ERROR(CheckMessageSize());
-    const std::string name = ProbeName(rank_);
-    ASSIGN_OR_RETURN(uint64_t key, ProbeKey(rank_));
-    ASSIGN_OR_RETURN(const MemberInfo* server, view_.ServerOwningKey(key));
-    auto values = std::make_shared<std::vector<float>>(elements_);
-    for (size_t i = 0; i < elements_; ++i) (*values)[i] = ProbeValue(rank_, i);
-    const size_t bytes = elements_ * sizeof(float);
-
-    MessageBuilder builder(proto::Role::Worker, rank_);
-    int32_t frame = builder.AddPayload(Payload::Borrow(values->data(), bytes, values));
-    std::vector<int64_t> shape = {static_cast<int64_t>(elements_)};
-    std::vector<flatbuffers::Offset<proto::TensorMeta>> metas = {proto::CreateTensorMetaDirect(
-        builder.fbb(), name.c_str(), key, proto::DType::Float32, &shape, frame, 0, bytes)};
-    uint64_t id = endpoint_.NextRequestId();
+    const DenseChunk& chunk = chunks_[static_cast<size_t>(rank_)];
+    std::vector<float> gradient(elements_);
+    for (size_t i = 0; i < elements_; ++i) gradient[i] = -ProbeValue(rank_, i);
+    PsPushPullRequest push{{}, true, PsJobToken(view_)};
+    push.tensors.push_back(Chunk(rank_, std::move(gradient)));
+    const std::string what = "push of " + ProbeName(rank_) + " to server " +
+                             std::to_string(chunk.server);
     auto started = SteadyClock::now();
     ASSIGN_OR_RETURN(Envelope reply,
-                     endpoint_.Call(server->address,
-                                    builder.Finish(proto::CreatePushRequestDirect(builder.fbb(), &metas), id),
-                                    id, Deadline::AfterMillis(request_timeout_ms_),
-                                    "push of " + name + " to " + server->Name()));
-    if (reply.header->body_type() != proto::Body::Ack) {
-      return InternalError("push of " + name + ": " + server->Name() + " answered with " +
-                           std::string(BodyName(reply.header->body_type())) + ", not an Ack");
-    }
-    TLOG(INFO) << "pushed " << bytes << " bytes to " << server->Name() << " in "
+                     endpoint_.Call(ServerAddress(chunk.server), std::move(push), /*step=*/1,
+                                    Deadline::AfterMillis(request_timeout_ms_), what));
+    // The reply holds the chunk after the update: the probe itself.
+    ASSIGN_OR_RETURN(uint64_t bytes, CheckProbe(rank_, what, std::move(reply)));
+    TLOG(INFO) << "pushed " << bytes << " bytes to server " << chunk.server << " in "
                << Millis(SteadyClock::now() - started);
     return OkStatus();
   }
@@ -150,34 +192,28 @@ class SmokeJob {
     if (runtime_.StopRequested()) return CancelledError("stopped before the pulls");
     struct Pull {
       int worker;
-      std::string name;
-      const MemberInfo* server;
+      std::string what;
       std::shared_future<StatusOr<Envelope>> reply;
     };
     std::vector<Pull> pulls;
     auto started = SteadyClock::now();
     // All requests first, then the answers: the servers work on them concurrently.
-    for (const MemberInfo* worker : view_.OfRole(Role::kWorker)) {
-      if (worker->rank == rank_) continue;
-      Pull pull{worker->rank, ProbeName(worker->rank), nullptr, {}};
-      ASSIGN_OR_RETURN(uint64_t key, ProbeKey(worker->rank));
-      ASSIGN_OR_RETURN(pull.server, view_.ServerOwningKey(key));
-      MessageBuilder builder(proto::Role::Worker, rank_);
-      std::vector<flatbuffers::Offset<proto::TensorMeta>> metas = {proto::CreateTensorMetaDirect(
-          builder.fbb(), pull.name.c_str(), key, proto::DType::Float32, nullptr, -1, 0, 0)};
-      uint64_t id = endpoint_.NextRequestId();
-      pull.reply = endpoint_.CallAsync(
-          pull.server->address,
-          builder.Finish(proto::CreatePullRequestDirect(builder.fbb(), &metas), id), id,
-          Deadline::AfterMillis(request_timeout_ms_),
-          "pull of " + pull.name + " from " + pull.server->Name());
-      pulls.push_back(std::move(pull));
+    for (int worker = 0; worker < view_.num_workers; ++worker) {
+      if (worker == rank_) continue;
+      const DenseChunk& chunk = chunks_[static_cast<size_t>(worker)];
+      PsPushPullRequest pull{{}, false, PsJobToken(view_)};
+      pull.tensors.push_back(Chunk(worker, {}));
+      Pull p{worker, "pull of " + ProbeName(worker) + " from server " +
+                         std::to_string(chunk.server), {}};
+      p.reply = endpoint_.CallAsync(ServerAddress(chunk.server), std::move(pull), /*step=*/1,
+                                    Deadline::AfterMillis(request_timeout_ms_), p.what);
+      pulls.push_back(std::move(p));
     }
     uint64_t bytes = 0;
-    for (const Pull& pull : pulls) {
-      const StatusOr<Envelope>& reply = pull.reply.get();
+    for (Pull& pull : pulls) {
+      StatusOr<Envelope> reply = pull.reply.get();
       if (!reply.ok()) return reply.status();
-      ASSIGN_OR_RETURN(uint64_t checked, CheckProbe(pull.worker, pull.name, *pull.server, *reply));
+      ASSIGN_OR_RETURN(uint64_t checked, CheckProbe(pull.worker, pull.what, std::move(reply).value()));
       bytes += checked;
     }
     if (pulls.empty()) {
@@ -189,38 +225,26 @@ class SmokeJob {
     return OkStatus();
   }
 
-  // Checks one PullReply holding worker `worker`'s probe; returns its byte count.
-  StatusOr<uint64_t> CheckProbe(int worker, const std::string& name, const MemberInfo& server,
-                                const Envelope& reply) const {
-    const std::string where = "pulled " + name + " from " + server.Name();
-    if (reply.header->body_type() != proto::Body::PullReply) {
-      return InternalError(where + ": the answer is a " +
-                           std::string(BodyName(reply.header->body_type())) + ", not a PullReply");
-    }
-    auto* tensors = reply.header->body_as_PullReply()->tensors();
-    if (tensors == nullptr || tensors->size() != 1) {
-      return DataLossError(where + ": the reply holds " +
-                           std::to_string(tensors == nullptr ? 0 : tensors->size()) +
+  // Checks a reply holding worker `worker`'s probe; returns its byte count.
+  StatusOr<uint64_t> CheckProbe(int worker, const std::string& what, Envelope reply) const {
+    ASSIGN_OR_RETURN(PsPushPullReply values, TakeBody<PsPushPullReply>(std::move(reply), what));
+    if (values.tensors.size() != 1) {
+      return DataLossError(what + ": the reply holds " + std::to_string(values.tensors.size()) +
                            " tensors, expected 1");
     }
-    const proto::TensorMeta& meta = *tensors->Get(0);
-    if (meta.name() == nullptr || meta.name()->str() != name) {
-      return DataLossError(where + ": the reply holds tensor '" +
-                           (meta.name() ? meta.name()->str() : std::string()) + "'");
-    }
+    const TensorData& tensor = values.tensors[0];
     const uint64_t expected_bytes = elements_ * sizeof(float);
-    if (meta.dtype() != proto::DType::Float32 || meta.payload() < 0 ||
-        meta.byte_length() != expected_bytes) {
-      return DataLossError(where + ": " + std::to_string(meta.byte_length()) + " bytes of " +
-                           proto::EnumNameDType(meta.dtype()) + ", expected " +
-                           std::to_string(expected_bytes) + " bytes of Float32");
+    if (tensor.key != chunks_[static_cast<size_t>(worker)].key ||
+        tensor.dtype != DataType::kFloat32 || tensor.bytes.size() != expected_bytes) {
+      return DataLossError(what + ": the reply holds key " + std::to_string(tensor.key) + " with " +
+                           std::to_string(tensor.bytes.size()) + " bytes of " +
+                           std::string(DataTypeName(tensor.dtype)) + ", expected " +
+                           std::to_string(expected_bytes) + " bytes of float32");
     }
-    const uint8_t* bytes =
-        reply.message.payloads[static_cast<size_t>(meta.payload())].data() + meta.offset();
     for (size_t i = 0; i < elements_; ++i) {
-      float got = ReadFloat(bytes, i);
+      float got = ReadFloat(tensor.bytes.data(), i);
       if (got != ProbeValue(worker, i)) {
-        return DataLossError(where + ": element " + std::to_string(i) + " is " +
+        return DataLossError(what + ": element " + std::to_string(i) + " is " +
                              std::to_string(got) + ", expected " +
                              std::to_string(ProbeValue(worker, i)) +
                              " (the first wrong element)");
@@ -229,15 +253,22 @@ class SmokeJob {
     return expected_bytes;
   }
 
-  // The workers' ring, built on first use from the fleet view.
+  // The workers' ring through the transport, built on first use from the fleet view.
   StatusOr<RingCollectives*> Ring() {
     if (ring_ == nullptr) {
+      RingChannelSetupOptions setup;
+      setup.kind = "zmq";
+      setup.rank = rank_;
+      ASSIGN_OR_RETURN(setup.peer_addresses, RingPeerAddresses(view_));
+      setup.world_size = static_cast<int>(setup.peer_addresses.size());
+      setup.transport = &endpoint_.transport();
+      setup.mailbox = mailbox_;
+      setup.failures = failures_;
+      ASSIGN_OR_RETURN(ConnectedRingChannel channel, ConnectRingChannel(setup));
       RingCollectivesOptions options;
       options.rank = rank_;
-      ASSIGN_OR_RETURN(options.peer_addresses, RingPeerAddresses(view_));
-      options.world_size = static_cast<int>(options.peer_addresses.size());
-      options.transport = &endpoint_.transport();
-      options.mailbox = &mailbox_;
+      options.world_size = setup.world_size;
+      options.channel = std::move(channel.channel);
       options.timeout_ms = request_timeout_ms_;
       ASSIGN_OR_RETURN(ring_, RingCollectives::Create(std::move(options)));
     }
@@ -281,13 +312,15 @@ class SmokeJob {
   ProcessRuntime& runtime_;
   RpcEndpoint& endpoint_;
   RendezvousClient& client_;
-  CollectiveMailbox& mailbox_;
+  const std::shared_ptr<CollectiveMailbox> mailbox_;
+  const std::shared_ptr<FailureBus> failures_;
   const FleetView& view_;
   const int rank_;
   const size_t elements_;
   const int64_t rounds_;
   const int64_t round_interval_ms_;
   const int64_t request_timeout_ms_;
+  std::vector<DenseChunk> chunks_;  // chunk w is worker w's probe
   std::unique_ptr<RingCollectives> ring_;  // see Ring()
 };
 
@@ -309,9 +342,10 @@ void AddSmokeFlags(CLI::App* app, SmokeFlags* flags) {
       ->capture_default_str();
 }
 
-Status RunSmokeJob(ProcessRuntime& runtime, RendezvousClient& client, CollectiveMailbox& mailbox,
-                   const SmokeFlags& flags) {
-  SmokeJob job(runtime, client, mailbox, flags);
+Status RunSmokeJob(ProcessRuntime& runtime, RendezvousClient& client,
+                   std::shared_ptr<CollectiveMailbox> mailbox,
+                   std::shared_ptr<FailureBus> failures, const SmokeFlags& flags) {
+  SmokeJob job(runtime, client, std::move(mailbox), std::move(failures), flags);
   return job.Run();
 }
 

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 
+#include "common/base/failure_bus.h"
 #include "common/base/status.h"
 #include "common/process/process_runtime.h"
 #include "common/rendezvous/rendezvous_client.h"
@@ -32,9 +33,13 @@ struct SmokeFlags {
 
 void AddSmokeFlags(CLI::App* app, SmokeFlags* flags);
 
-// Runs the job for this worker (already a fleet member through `client`).
-Status RunSmokeJob(ProcessRuntime& runtime, RendezvousClient& client, CollectiveMailbox& mailbox,
-                   const SmokeFlags& flags);
+// Runs the job for this worker (already a fleet member through `client`): probes pushed to
+// and pulled from the servers on the parameter-server protocol, then verified all-reduces
+// among the workers through the transport. `mailbox` is where the endpoint delivers ring
+// frames; `failures` the process's failure bus.
+Status RunSmokeJob(ProcessRuntime& runtime, RendezvousClient& client,
+                   std::shared_ptr<CollectiveMailbox> mailbox,
+                   std::shared_ptr<FailureBus> failures, const SmokeFlags& flags);
 
 }  // namespace tessera::worker
 

@@ -11,14 +11,14 @@ FaultyTransport::FaultyTransport(std::unique_ptr<Transport> inner, FaultOptions 
 
 FaultyTransport::~FaultyTransport() { Shutdown(); }
 
-Status FaultyTransport::Send(const std::string& address, Message message) {
+Status FaultyTransport::Send(const std::string& address, OutgoingMessage message) {
   Outgoing outgoing;
   outgoing.address = address;
   outgoing.message = std::move(message);
   return Submit(std::move(outgoing));
 }
 
-Status FaultyTransport::Reply(const Origin& origin, Message message) {
+Status FaultyTransport::Reply(const Origin& origin, OutgoingMessage message) {
   Outgoing outgoing;
   outgoing.is_reply = true;
   outgoing.origin = origin;

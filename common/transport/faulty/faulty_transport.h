@@ -50,10 +50,10 @@ class FaultyTransport final : public Transport {
 
   const std::string& address() const override { return inner_->address(); }
   Status Start(MessageHandler handler) override { return inner_->Start(std::move(handler)); }
-  Status Send(const std::string& address, Message message) override;
-  Status Reply(const Origin& origin, Message message) override;
+  Status Send(const std::string& address, OutgoingMessage message) override;
+  Status Reply(const Origin& origin, OutgoingMessage message) override;
   void Shutdown() override;
-  void SetIdentity(proto::Role role, int32_t rank) override { inner_->SetIdentity(role, rank); }
+  void SetIdentity(Role role, int32_t rank) override { inner_->SetIdentity(role, rank); }
 
   // From now on every message to `address` (or, for replies, to the request's sender whose
   // route is `address`) is lost, as if the connection were cut. Reconnect undoes it.
@@ -70,7 +70,7 @@ class FaultyTransport final : public Transport {
     bool is_reply = false;
     std::string address;  // Send: the destination; Reply: unused
     Origin origin;        // Reply: the request's origin
-    Message message;
+    OutgoingMessage message;
   };
   enum class Fate { kLost, kNow, kLater };
 

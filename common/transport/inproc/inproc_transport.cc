@@ -76,35 +76,46 @@ Status InProcessTransport::Start(MessageHandler handler) {
   return OkStatus();
 }
 
-Status InProcessTransport::Send(const std::string& address, Message message) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopped_) return CancelledError("transport at " + address_ + " is shut down");
-  }
-  InProcessNetwork::Delivery delivery;
-  delivery.origin.reply_to = address_;
-  delivery.message = AsSent(std::move(message));
-  if (!network_->Deliver(address, std::move(delivery))) {
-    TLOG(WARNING) << "transport " << address_ << ": dropped a message to " << address
-                  << ": nobody listens there";
-  }
-  return OkStatus();
+Status InProcessTransport::Send(const std::string& address, OutgoingMessage message) {
+  Origin origin;
+  origin.reply_to = address_;
+  return Deliver(address, std::move(origin),
+                 EncodeMessage(identity_.Header(message.request_id, message.step),
+                               std::move(message.body)),
+                 /*is_reply=*/false);
 }
 
-Status InProcessTransport::Reply(const Origin& origin, Message message) {
+Status InProcessTransport::SendFrames(const std::string& address, Message frames) {
+  Origin origin;
+  origin.reply_to = address_;
+  return Deliver(address, std::move(origin), std::move(frames), /*is_reply=*/false);
+}
+
+Status InProcessTransport::Reply(const Origin& origin, OutgoingMessage message) {
   if (!origin.IsRequest()) {
     return InvalidArgumentError("cannot reply to a message that did not arrive as a request");
   }
+  Origin from;
+  from.peer_address = address_;
+  return Deliver(origin.reply_to, std::move(from),
+                 EncodeMessage(identity_.Header(message.request_id, message.step),
+                               std::move(message.body)),
+                 /*is_reply=*/true);
+}
+
+Status InProcessTransport::Deliver(const std::string& address, Origin origin, Message frames,
+                                   bool is_reply) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopped_) return CancelledError("transport at " + address_ + " is shut down");
   }
   InProcessNetwork::Delivery delivery;
-  delivery.origin.peer_address = address_;
-  delivery.message = AsSent(std::move(message));
-  if (!network_->Deliver(origin.reply_to, std::move(delivery))) {
-    TLOG(WARNING) << "transport " << address_ << ": dropped a reply to " << origin.reply_to
-                  << ": the peer has disconnected";
+  delivery.origin = std::move(origin);
+  delivery.message = AsSent(std::move(frames));
+  if (!network_->Deliver(address, std::move(delivery))) {
+    TLOG(WARNING) << "transport " << address_ << ": dropped a " << (is_reply ? "reply" : "message")
+                  << " to " << address
+                  << (is_reply ? ": the peer has disconnected" : ": nobody listens there");
   }
   return OkStatus();
 }
@@ -121,10 +132,7 @@ void InProcessTransport::Shutdown() {
   if (thread_.joinable()) thread_.join();
 }
 
-void InProcessTransport::SetIdentity(proto::Role role, int32_t rank) {
-  role_ = role;
-  rank_ = rank;
-}
+void InProcessTransport::SetIdentity(Role role, int32_t rank) { identity_.Set(role, rank); }
 
 void InProcessTransport::Enqueue(InProcessNetwork::Delivery delivery) {
   {
@@ -150,25 +158,24 @@ void InProcessTransport::DeliveryLoop() {
 }
 
 void InProcessTransport::Handle(InProcessNetwork::Delivery delivery) {
-  VerifyResult verified = VerifyMessage(delivery.message, max_message_bytes_);
-  if (!verified.status.ok()) {
+  DecodeResult decoded = DecodeMessage(delivery.message, max_message_bytes_);
+  if (!decoded.status.ok()) {
     const std::string from =
         delivery.origin.IsRequest() ? delivery.origin.reply_to : delivery.origin.peer_address;
     TLOG(WARNING) << "transport " << address_ << ": rejected a message from " << from << ": "
-                  << verified.status.message();
+                  << decoded.status.message();
     if (delivery.origin.IsRequest()) {
-      Message reply = MakeErrorReply(
-          role_.load(), rank_.load(), verified.request_id,
-          verified.status.WithContext("rejected by " + std::string(RoleLabel(role_.load())) +
-                                      " at " + address_));
-      (void)Reply(delivery.origin, std::move(reply));
+      const MessageHeader header = identity_.Header(decoded.request_id, -1);
+      Status rejected = decoded.status.WithContext("rejected by " + header.DescribeSender() +
+                                                   " at " + address_);
+      (void)Reply(delivery.origin, OutgoingMessage{decoded.request_id, -1, ErrorReplyOf(rejected)});
     }
     return;
   }
   Envelope envelope;
   envelope.origin = std::move(delivery.origin);
-  envelope.header = verified.header;
-  envelope.message = std::move(delivery.message);
+  envelope.header = decoded.message->header;
+  envelope.body = std::move(decoded.message->body);
   handler_(std::move(envelope));
 }
 

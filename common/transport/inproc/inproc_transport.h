@@ -7,8 +7,9 @@
 //   ASSIGN_OR_RETURN(auto b, InProcessTransport::Create(network, "b"));
 //   ASSIGN_OR_RETURN(auto endpoint, RpcEndpoint::Start(std::move(a), role, rank, nullptr));
 //
-// It keeps the promises of transport.h as ZmqTransport does: every inbound message is verified
-// by the same VerifyMessage, and a malformed request is answered with an ErrorReply; delivery
+// It keeps the promises of transport.h as ZmqTransport does: every message is encoded to the
+// same frames and decoded (so verified) by the same wire layer, and a malformed request is
+// answered with an ErrorReply; delivery
 // is in order per sender and receiver, on the receiver's own delivery thread; a message to an
 // address nobody listens at is dropped with a warning (ZeroMQ holds it until the peer comes,
 // which a test would only see as silence). Payloads travel as they would over ZeroMQ: one
@@ -18,7 +19,6 @@
 #ifndef TESSERA_COMMON_TRANSPORT_INPROC_INPROC_TRANSPORT_H_
 #define TESSERA_COMMON_TRANSPORT_INPROC_INPROC_TRANSPORT_H_
 
-#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -29,6 +29,7 @@
 #include <thread>
 
 #include "common/base/status.h"
+#include "common/transport/sender_identity.h"
 #include "common/transport/transport.h"
 
 namespace tessera {
@@ -67,12 +68,16 @@ class InProcessTransport final : public Transport {
 
   const std::string& address() const override { return address_; }
   Status Start(MessageHandler handler) override;
-  Status Send(const std::string& address, Message message) override;
-  Status Reply(const Origin& origin, Message message) override;
+  Status Send(const std::string& address, OutgoingMessage message) override;
+  Status Reply(const Origin& origin, OutgoingMessage message) override;
   // Stops taking messages, delivers none after it returns (what is queued is dropped), and
   // waits for a handler that is running. Idempotent.
   void Shutdown() override;
-  void SetIdentity(proto::Role role, int32_t rank) override;
+  void SetIdentity(Role role, int32_t rank) override;
+
+  // Sends raw frames to `address` as a request, as a foreign or broken peer might (tests of
+  // what receivers do with malformed bytes).
+  Status SendFrames(const std::string& address, Message frames);
 
  private:
   friend class InProcessNetwork;  // Enqueue
@@ -80,14 +85,14 @@ class InProcessTransport final : public Transport {
                      uint64_t max_message_bytes);
   // Called by the network with its lock held; never blocks on a handler.
   void Enqueue(InProcessNetwork::Delivery delivery);
+  Status Deliver(const std::string& address, Origin origin, Message frames, bool is_reply);
   void DeliveryLoop();
   void Handle(InProcessNetwork::Delivery delivery);
 
   const std::shared_ptr<InProcessNetwork> network_;
   const std::string address_;
   const uint64_t max_message_bytes_;
-  std::atomic<proto::Role> role_{proto::Role::Unknown};
-  std::atomic<int32_t> rank_{-1};
+  SenderIdentity identity_;
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -3,16 +3,14 @@
 #include <gtest/gtest.h>
 
 #include "common/transport/envelope_queue.h"
-#include "common/wire/wire_codec.h"
 
 namespace tessera {
 namespace {
 
 Deadline Soon() { return Deadline::AfterMillis(10000); }
 
-Message AckMessage(uint64_t request_id, const std::string& text = "applied") {
-  MessageBuilder builder(proto::Role::Server, 0);
-  return builder.Finish(proto::CreateAckDirect(builder.fbb(), text.c_str()), request_id);
+OutgoingMessage AckMessage(uint64_t request_id, const std::string& text = "applied") {
+  return OutgoingMessage{request_id, -1, Ack{text}};
 }
 
 struct Peer {
@@ -37,14 +35,14 @@ TEST(InProcessTransportTest, RequestsAndRepliesArriveInOrderWithTheirOrigin) {
   for (uint64_t id = 1; id <= 100; ++id) {
     StatusOr<Envelope> request = server.queue.Pop(Soon(), "request " + std::to_string(id));
     ASSERT_TRUE(request.ok()) << request.status();
-    EXPECT_EQ(request->header->request_id(), id);
+    EXPECT_EQ(request->header.request_id, id);
     ASSERT_TRUE(request->origin.IsRequest());
     ASSERT_TRUE(server.transport->Reply(request->origin, AckMessage(id, "done")).ok());
   }
   for (uint64_t id = 1; id <= 100; ++id) {
     StatusOr<Envelope> reply = client.queue.Pop(Soon(), "reply " + std::to_string(id));
     ASSERT_TRUE(reply.ok()) << reply.status();
-    EXPECT_EQ(reply->header->request_id(), id);
+    EXPECT_EQ(reply->header.request_id, id);
     EXPECT_FALSE(reply->origin.IsRequest());
     EXPECT_EQ(reply->origin.peer_address, "inproc://server");
   }
@@ -56,43 +54,45 @@ TEST(InProcessTransportTest, PayloadsTravelAsOverZeroMq) {
   auto network = std::make_shared<InProcessNetwork>();
   Peer server(network, "server"), client(network, "client");
   std::vector<float> scratch = {1, 2, 3};
-  MessageBuilder builder(proto::Role::Worker, 1);
-  int32_t frame = builder.AddPayload(Payload::Borrow(scratch.data(), 12, nullptr));
-  std::vector<int64_t> shape = {3};
-  std::vector<flatbuffers::Offset<proto::TensorMeta>> metas = {
-      proto::CreateTensorMetaDirect(builder.fbb(), "w", 0, proto::DType::Float32, &shape, frame,
-                                    0, 12)};
-  Message push = builder.Finish(proto::CreatePushRequestDirect(builder.fbb(), &metas), 7);
-  ASSERT_TRUE(client.transport->Send("inproc://server", std::move(push)).ok());
+  auto shared = std::make_shared<std::vector<float>>(scratch);
+  PsPushPullRequest push;
+  push.has_gradients = true;
+  push.tensors.push_back(TensorData::Floats("w", 0, scratch.data(), 3, nullptr));
+  push.tensors.push_back(TensorData::Floats("v", 1, shared->data(), 3, shared));
+  ASSERT_TRUE(client.transport->Send("inproc://server", OutgoingMessage{7, 1, push}).ok());
   scratch.assign(3, -1.0f);  // the sender's buffer changes after the send
   StatusOr<Envelope> request = server.queue.Pop(Soon(), "push");
   ASSERT_TRUE(request.ok()) << request.status();
-  ASSERT_EQ(request->message.payloads.size(), 1u);
-  const auto* values = reinterpret_cast<const float*>(request->message.payloads[0].data());
-  EXPECT_EQ(values[0], 1.0f);
-  EXPECT_EQ(values[2], 3.0f);
+  const PsPushPullRequest* got = request->As<PsPushPullRequest>();
+  ASSERT_NE(got, nullptr);
+  ASSERT_EQ(got->tensors.size(), 2u);
+  EXPECT_EQ(got->tensors[0].Read<float>(), (std::vector<float>{1, 2, 3}));
+  EXPECT_EQ(got->tensors[1].bytes.data(),
+            reinterpret_cast<const uint8_t*>(shared->data()));  // shared, not copied
 }
 
 TEST(InProcessTransportTest, MalformedRequestGetsAnErrorReplyAndServingContinues) {
   auto network = std::make_shared<InProcessNetwork>();
   Peer server(network, "server"), client(network, "client");
-  server.transport->SetIdentity(proto::Role::Server, 3);
+  server.transport->SetIdentity(Role::kServer, 3);
   Message garbage;
   garbage.header = Payload::FromString("hello, is this the parameter server?");
-  ASSERT_TRUE(client.transport->Send("inproc://server", std::move(garbage)).ok());
+  ASSERT_TRUE(client.transport->SendFrames("inproc://server", std::move(garbage)).ok());
   StatusOr<Envelope> reply = client.queue.Pop(Soon(), "the error reply");
   ASSERT_TRUE(reply.ok()) << reply.status();
-  ASSERT_EQ(reply->header->body_type(), proto::Body::ErrorReply);
-  Status status = StatusFromErrorReply(*reply->header->body_as_ErrorReply());
+  const ErrorReply* error = reply->As<ErrorReply>();
+  ASSERT_NE(error, nullptr);
+  Status status = StatusOf(*error);
   EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find("not a valid tessera.proto.Header"), std::string::npos)
       << status;
-  EXPECT_NE(status.message().find("rejected by server at inproc://server"), std::string::npos)
+  EXPECT_NE(status.message().find("rejected by server 3 at inproc://server"), std::string::npos)
       << status;
+  EXPECT_EQ(reply->header.DescribeSender(), "server 3");
   ASSERT_TRUE(client.transport->Send("inproc://server", AckMessage(9)).ok());
   StatusOr<Envelope> next = server.queue.Pop(Soon(), "a good request");
   ASSERT_TRUE(next.ok()) << next.status();
-  EXPECT_EQ(next->header->request_id(), 9u);
+  EXPECT_EQ(next->header.request_id, 9u);
 }
 
 TEST(InProcessTransportTest, AddressesAreUniqueAndShutdownEndsDelivery) {

@@ -16,6 +16,7 @@
 #include "common/base/host_port.h"
 #include "common/base/logging.h"
 #include "common/metrics/metric_names.h"
+#include "common/transport/sender_identity.h"
 #include "common/wire/wire_codec.h"
 
 namespace tessera {
@@ -52,13 +53,6 @@ Payload FromZmqFrame(zmq::message_t&& frame) {
   return Payload::Borrow(data, size, std::move(holder));
 }
 
-// The body type of an outbound message (NONE for an empty header).
-proto::Body MessageType(const Message& message) {
-  if (message.header.empty()) return proto::Body::NONE;
-  // Our own outbound headers were built by MessageBuilder and need no verification.
-  return proto::GetHeader(message.header.data())->body_type();
-}
-
 enum class SendOutcome { kSent, kWouldBlock, kFailed };
 
 }  // namespace
@@ -78,21 +72,26 @@ bool IsValidTcpAddress(const std::string& address) {
 }
 
 struct ZmqTransport::Impl {
+  // A message's frames, and its type for the metrics and logs.
+  struct Frames {
+    Message message;
+    MessageType type = MessageType::kAck;
+  };
   // A Send or Reply waiting for the I/O thread.
   struct Command {
     bool is_reply = false;
     std::string target;  // peer address (Send) or routing id (Reply)
-    Message message;
+    Frames frames;
   };
   // One outgoing connection and the messages that ZeroMQ could not take yet.
   struct Outbound {
     std::string address;
     std::unique_ptr<zmq::socket_t> socket;
-    std::deque<Message> pending;
+    std::deque<Frames> pending;
   };
   struct RoutedMessage {
     std::string routing_id;
-    Message message;
+    Frames frames;
   };
 
   ZmqTransportOptions options;
@@ -108,13 +107,12 @@ struct ZmqTransport::Impl {
   std::deque<Command> commands;  // guarded by mu
   bool stopped = false;          // guarded by mu
   std::atomic<size_t> queued{0};  // messages accepted by Send/Reply, not yet given to ZeroMQ
-  std::atomic<int32_t> rank;
-  std::atomic<proto::Role> role;
+  SenderIdentity identity;
 
   // Metrics (null when no registry was given). The per-type counters are looked up once, at
   // registration, so counting a message costs one atomic add and no lock.
-  std::array<Counter*, kBodyTypeCount> sent_by_type{};
-  std::array<Counter*, kBodyTypeCount> received_by_type{};
+  std::array<Counter*, kMessageTypeCount> sent_by_type{};
+  std::array<Counter*, kMessageTypeCount> received_by_type{};
   CounterFamily* bad_by_reason = nullptr;
   Counter* bytes_sent = nullptr;
   Counter* bytes_received = nullptr;
@@ -133,8 +131,8 @@ struct ZmqTransport::Impl {
     ASSIGN_OR_RETURN(CounterFamily * received,
                      metrics->RegisterCounter(names::kMessagesReceivedTotal.name,
                                               names::kMessagesReceivedTotal.help, {"type"}));
-    for (size_t type = 1; type < kBodyTypeCount; ++type) {  // every body but NONE
-      std::string label(BodyName(static_cast<proto::Body>(type)));
+    for (size_t type = 0; type < kMessageTypeCount; ++type) {
+      std::string label(MessageTypeName(static_cast<MessageType>(type)));
       ASSIGN_OR_RETURN(sent_by_type[type], sent->WithLabels({label}));
       ASSIGN_OR_RETURN(received_by_type[type], received->WithLabels({label}));
     }
@@ -155,13 +153,13 @@ struct ZmqTransport::Impl {
     for (std::string_view reason :
          {bad_message_reason::kTooLarge, bad_message_reason::kMalformedHeader,
           bad_message_reason::kVersion, bad_message_reason::kPayloadLength,
-          bad_message_reason::kFraming}) {
+          bad_message_reason::kField, bad_message_reason::kFraming}) {
       RETURN_IF_ERROR(bad_by_reason->WithLabels({std::string(reason)}).status());
     }
     return OkStatus();
   }
 
-  static void Count(const std::array<Counter*, kBodyTypeCount>& by_type, proto::Body type) {
+  static void Count(const std::array<Counter*, kMessageTypeCount>& by_type, MessageType type) {
     Counter* counter = by_type[static_cast<size_t>(type)];
     if (counter != nullptr) counter->Increment();
   }
@@ -285,7 +283,7 @@ struct ZmqTransport::Impl {
     }
     for (Command& command : taken) {
       if (command.is_reply) {
-        router_pending.push_back({std::move(command.target), std::move(command.message)});
+        router_pending.push_back({std::move(command.target), std::move(command.frames)});
         continue;
       }
       StatusOr<Outbound*> out = DealerFor(command.target);
@@ -295,7 +293,7 @@ struct ZmqTransport::Impl {
         TLOG(ERROR) << "transport " << router_address << ": " << out.status();
         continue;
       }
-      (*out)->pending.push_back(std::move(command.message));
+      (*out)->pending.push_back(std::move(command.frames));
     }
   }
 
@@ -319,7 +317,7 @@ struct ZmqTransport::Impl {
     socket.set(zmq::sockopt::sndhwm, 10000);
     socket.set(zmq::sockopt::rcvhwm, 10000);
     // Frames beyond this are dropped by ZeroMQ with the connection; smaller oversized messages
-    // reach VerifyMessage and get an ErrorReply.
+    // reach DecodeMessage and get an ErrorReply.
     socket.set(zmq::sockopt::maxmsgsize,
                static_cast<int64_t>(options.max_message_bytes + (1u << 20)));
   }
@@ -337,7 +335,7 @@ struct ZmqTransport::Impl {
     size_t attempts = router_pending.size();
     for (size_t i = 0; i < attempts && !router_pending.empty(); ++i) {
       RoutedMessage& front = router_pending.front();
-      SendOutcome outcome = SendFrames(router, &front.routing_id, front.message);
+      SendOutcome outcome = SendFrames(router, &front.routing_id, front.frames);
       if (outcome == SendOutcome::kWouldBlock) {
         // That peer is slow; let the others' replies pass.
         router_pending.push_back(std::move(front));
@@ -349,7 +347,8 @@ struct ZmqTransport::Impl {
   }
 
   SendOutcome SendFrames(zmq::socket_t& socket, const std::string* routing_id,
-                         const Message& message) {
+                         const Frames& frames) {
+    const Message& message = frames.message;
     const auto more = zmq::send_flags::sndmore | zmq::send_flags::dontwait;
     try {
       if (routing_id != nullptr) {
@@ -374,11 +373,11 @@ struct ZmqTransport::Impl {
       if (send_failures) send_failures->Increment();
       const char* reason = e.num() == EHOSTUNREACH ? "the peer has disconnected" : e.what();
       TLOG(WARNING) << "transport " << router_address << ": dropped "
-                    << BodyName(MessageType(message))
+                    << MessageTypeName(frames.type)
                     << (routing_id ? " reply" : " message") << ": " << reason;
       return SendOutcome::kFailed;
     }
-    Count(sent_by_type, MessageType(message));
+    Count(sent_by_type, frames.type);
     if (bytes_sent) bytes_sent->Increment(static_cast<double>(message.TotalBytes()));
     return SendOutcome::kSent;
   }
@@ -432,7 +431,7 @@ struct ZmqTransport::Impl {
       origin.peer_address = std::move(peer_address);
     }
     std::string from = is_router ? "a client" : origin.peer_address;
-    VerifyResult verified;
+    DecodeResult verified;
     Message message;
     if (overflow) {
       verified.status = InvalidArgumentError(
@@ -455,7 +454,7 @@ struct ZmqTransport::Impl {
       for (size_t i = first_frame + 1; i < frames.size(); ++i) {
         message.payloads.push_back(FromZmqFrame(std::move(frames[i])));
       }
-      verified = VerifyMessage(message, options.max_message_bytes);
+      verified = DecodeMessage(message, options.max_message_bytes);
     }
     if (!verified.status.ok()) {
       if (bad_by_reason != nullptr) {  // rare: a lookup here is fine
@@ -467,20 +466,21 @@ struct ZmqTransport::Impl {
                       << ": " << verified.status.message();
       }
       if (is_router) {
-        Message reply = MakeErrorReply(role.load(), rank.load(), verified.request_id,
-                                       verified.status.WithContext(
-                                           "rejected by " + std::string(RoleLabel(role.load())) +
-                                           " at " + router_address));
+        const MessageHeader header = identity.Header(verified.request_id, -1);
+        Status rejected = verified.status.WithContext("rejected by " + header.DescribeSender() +
+                                                      " at " + router_address);
+        Frames reply{EncodeMessage(header, ErrorReplyOf(rejected)), MessageType::kErrorReply};
         router_pending.push_back({origin.reply_to, std::move(reply)});
         ++queued;
       }
       return;
     }
-    Count(received_by_type, verified.header->body_type());
+    DecodedMessage& decoded = *verified.message;
+    Count(received_by_type, TypeOf(decoded.body));
     Envelope envelope;
     envelope.origin = std::move(origin);
-    envelope.header = verified.header;
-    envelope.message = std::move(message);
+    envelope.header = decoded.header;
+    envelope.body = std::move(decoded.body);
     handler(std::move(envelope));
   }
 };
@@ -493,8 +493,7 @@ StatusOr<std::unique_ptr<ZmqTransport>> ZmqTransport::Create(const ZmqTransportO
                                                               MetricsRegistry* metrics) {
   auto impl = std::make_unique<Impl>();
   impl->options = options;
-  impl->rank = options.rank;
-  impl->role = options.role;
+  impl->identity.Set(options.role, options.rank);
   if (metrics != nullptr) RETURN_IF_ERROR(impl->RegisterMetrics(metrics));
 
   bool ipv6 = options.bind_host.find(':') != std::string::npos;
@@ -542,25 +541,29 @@ Status ZmqTransport::Start(MessageHandler handler) {
 
 ZmqTransport::~ZmqTransport() { Shutdown(); }
 
-Status ZmqTransport::Send(const std::string& address, Message message) {
+Status ZmqTransport::Send(const std::string& address, OutgoingMessage message) {
   if (!IsValidTcpAddress(address)) {
     return InvalidArgumentError("cannot send to '" + address +
                                 "': expected tcp://HOST:PORT with a port in 1..65535");
   }
   Impl::Command command;
   command.target = address;
-  command.message = std::move(message);
+  command.frames.type = TypeOf(message.body);
+  command.frames.message = EncodeMessage(
+      impl_->identity.Header(message.request_id, message.step), std::move(message.body));
   return impl_->Enqueue(std::move(command));
 }
 
-Status ZmqTransport::Reply(const Origin& origin, Message message) {
+Status ZmqTransport::Reply(const Origin& origin, OutgoingMessage message) {
   if (!origin.IsRequest()) {
     return InvalidArgumentError("cannot reply to a message that did not arrive as a request");
   }
   Impl::Command command;
   command.is_reply = true;
   command.target = origin.reply_to;
-  command.message = std::move(message);
+  command.frames.type = TypeOf(message.body);
+  command.frames.message = EncodeMessage(
+      impl_->identity.Header(message.request_id, message.step), std::move(message.body));
   return impl_->Enqueue(std::move(command));
 }
 
@@ -575,9 +578,6 @@ void ZmqTransport::Shutdown() {
   if (impl_->io_thread.joinable()) impl_->io_thread.join();
 }
 
-void ZmqTransport::SetIdentity(proto::Role role, int32_t rank) {
-  impl_->role = role;
-  impl_->rank = rank;
-}
+void ZmqTransport::SetIdentity(Role role, int32_t rank) { impl_->identity.Set(role, rank); }
 
 }  // namespace tessera

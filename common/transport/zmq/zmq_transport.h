@@ -8,7 +8,9 @@
 //
 // Payload frames travel without copies: an outbound frame hands its Payload's owner to ZeroMQ,
 // which releases it once sent; an inbound frame stays in its zmq message, which becomes the
-// Payload's owner.
+// Payload's owner. A payload without an owner (Payload::Borrow with a null owner) is copied
+// into its frame when the I/O thread sends it, because nothing else would keep its bytes
+// alive until ZeroMQ is done with them.
 //
 // Oversized traffic: messages whose total exceeds max_message_bytes are answered with an
 // ErrorReply; a single frame larger than max_message_bytes + 1 MiB makes ZeroMQ drop the
@@ -25,6 +27,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -38,8 +41,8 @@ struct ZmqTransportOptions {
   std::string bind_host = "127.0.0.1";
   int port = 0;  // 0: the OS picks a free port; address() reports it
   uint64_t max_message_bytes = 1ull << 30;
-  // Who we are, for the sender fields of the ErrorReplies the transport sends itself.
-  proto::Role role = proto::Role::Unknown;
+  // Who we are: the sender fields of what we send (SetIdentity changes them).
+  std::optional<Role> role;
   int32_t rank = -1;
   // Outbound messages queued (not yet handed to ZeroMQ) before Send() reports back-pressure.
   size_t max_queued_messages = 100000;
@@ -60,10 +63,10 @@ class ZmqTransport final : public Transport {
 
   const std::string& address() const override { return address_; }
   Status Start(MessageHandler handler) override;
-  Status Send(const std::string& address, Message message) override;
-  Status Reply(const Origin& origin, Message message) override;
+  Status Send(const std::string& address, OutgoingMessage message) override;
+  Status Reply(const Origin& origin, OutgoingMessage message) override;
   void Shutdown() override;
-  void SetIdentity(proto::Role role, int32_t rank) override;
+  void SetIdentity(Role role, int32_t rank) override;
 
  private:
   struct Impl;

@@ -17,28 +17,31 @@ std::unique_ptr<ZmqTransport> StartTransport(EnvelopeQueue* queue, MetricsRegist
                                              uint64_t max_bytes = 1 << 20) {
   ZmqTransportOptions options;
   options.max_message_bytes = max_bytes;
-  options.role = proto::Role::Server;
+  options.role = Role::kServer;
   options.rank = 0;
   auto transport = ZmqTransport::Start(options, queue->Handler(), metrics);
   EXPECT_TRUE(transport.ok()) << transport.status();
   return std::move(transport).value();
 }
 
-Message Push(const std::vector<float>& values, uint64_t request_id) {
-  MessageBuilder builder(proto::Role::Worker, 1);
-  auto owner = std::make_shared<std::vector<float>>(values);
-  int32_t frame = builder.AddPayload(
-      Payload::Borrow(owner->data(), owner->size() * sizeof(float), owner));
-  std::vector<int64_t> shape = {static_cast<int64_t>(values.size())};
-  std::vector<flatbuffers::Offset<proto::TensorMeta>> metas = {proto::CreateTensorMetaDirect(
-      builder.fbb(), "w", 0, proto::DType::Float32, &shape, frame, 0,
-      values.size() * sizeof(float))};
-  return builder.Finish(proto::CreatePushRequestDirect(builder.fbb(), &metas), request_id);
+OutgoingMessage Push(const std::vector<float>& values, uint64_t request_id) {
+  PsPushPullRequest push;
+  push.has_gradients = true;
+  push.tensors.push_back(TensorData::Floats("w", 0, values));
+  return OutgoingMessage{request_id, 1, std::move(push)};
 }
 
-Message AckMessage(uint64_t request_id) {
-  MessageBuilder builder(proto::Role::Server, 0);
-  return builder.Finish(proto::CreateAckDirect(builder.fbb(), "applied"), request_id);
+// The frames a worker would send (for the raw client).
+Message PushFrames(const std::vector<float>& values, uint64_t request_id) {
+  MessageHeader header;
+  header.sender_role = Role::kWorker;
+  header.sender_rank = 1;
+  header.request_id = request_id;
+  return EncodeMessage(header, Push(values, request_id).body);
+}
+
+OutgoingMessage AckMessage(uint64_t request_id) {
+  return OutgoingMessage{request_id, -1, Ack{"applied"}};
 }
 
 double CounterValue(const MetricsRegistry& metrics, const std::string& sample) {
@@ -68,10 +71,13 @@ TEST(ZmqTransportTest, RequestAndReplyCarryPayloadsIntact) {
   StatusOr<Envelope> request = server_queue.Pop(Soon(), "push");
   ASSERT_TRUE(request.ok()) << request.status();
   EXPECT_TRUE(request->origin.IsRequest());
-  EXPECT_EQ(request->header->request_id(), 7u);
-  ASSERT_EQ(request->message.payloads.size(), 1u);
-  ASSERT_EQ(request->message.payloads[0].size(), values.size() * sizeof(float));
-  EXPECT_EQ(std::memcmp(request->message.payloads[0].data(), values.data(),
+  EXPECT_EQ(request->header.request_id, 7u);
+  EXPECT_EQ(request->header.DescribeSender(), "server 0");
+  const PsPushPullRequest* push = request->As<PsPushPullRequest>();
+  ASSERT_NE(push, nullptr);
+  ASSERT_EQ(push->tensors.size(), 1u);
+  ASSERT_EQ(push->tensors[0].bytes.size(), values.size() * sizeof(float));
+  EXPECT_EQ(std::memcmp(push->tensors[0].bytes.data(), values.data(),
                         values.size() * sizeof(float)),
             0);
 
@@ -80,9 +86,11 @@ TEST(ZmqTransportTest, RequestAndReplyCarryPayloadsIntact) {
   ASSERT_TRUE(reply.ok()) << reply.status();
   EXPECT_FALSE(reply->origin.IsRequest());
   EXPECT_EQ(reply->origin.peer_address, server->address());
-  EXPECT_EQ(reply->header->body_type(), proto::Body::Ack);
-  EXPECT_EQ(reply->header->request_id(), 7u);
-  EXPECT_EQ(CounterValue(server_metrics, "tessera_messages_received_total{type=\"PushRequest\"}"), 1);
+  EXPECT_EQ(reply->type(), MessageType::kAck);
+  EXPECT_EQ(reply->header.request_id, 7u);
+  EXPECT_EQ(CounterValue(server_metrics,
+                         "tessera_messages_received_total{type=\"PsPushPullRequest\"}"),
+            1);
   EXPECT_EQ(CounterValue(server_metrics, "tessera_messages_sent_total{type=\"Ack\"}"), 1);
 }
 
@@ -95,7 +103,7 @@ TEST(ZmqTransportTest, ManyMessagesArriveInOrder) {
   for (int i = 0; i < kCount; ++i) {
     StatusOr<Envelope> e = server_queue.Pop(Soon(), "push");
     ASSERT_TRUE(e.ok()) << e.status();
-    ASSERT_EQ(e->header->request_id(), static_cast<uint64_t>(i));
+    ASSERT_EQ(e->header.request_id, static_cast<uint64_t>(i));
   }
 }
 
@@ -160,13 +168,14 @@ class RawClient {
     for (size_t i = 1; i < frames.size(); ++i) {
       message.payloads.push_back(Payload::Copy(frames[i].data(), frames[i].size()));
     }
-    VerifyResult v = VerifyMessage(message, 1 << 30);
-    if (!v.status.ok()) return v.status;
+    // The frames are copies, so the header is aligned as DecodeMessage needs.
+    DecodeResult decoded = DecodeMessage(message, 1 << 30);
+    if (!decoded.status.ok()) return decoded.status;
     std::string text;
-    if (v.header->body_type() == proto::Body::ErrorReply) {
-      text = StatusFromErrorReply(*v.header->body_as_ErrorReply()).ToString();
+    if (const auto* error = std::get_if<ErrorReply>(&decoded.message->body)) {
+      text = StatusOf(*error).ToString();
     } else {
-      text = std::string(BodyName(v.header->body_type()));
+      text = std::string(MessageTypeName(TypeOf(decoded.message->body)));
     }
     return std::make_pair(text, message);
   }
@@ -186,7 +195,7 @@ TEST(ZmqTransportTest, GarbageGetsErrorRepliesAndServingContinues) {
     std::vector<std::string> frames;
     std::string expected;
   };
-  Message valid = Push({1, 2, 3}, 5);
+  Message valid = PushFrames({1, 2, 3}, 5);
   std::string valid_header(reinterpret_cast<const char*>(valid.header.data()), valid.header.size());
   std::string valid_payload(reinterpret_cast<const char*>(valid.payloads[0].data()),
                             valid.payloads[0].size());
@@ -212,7 +221,7 @@ TEST(ZmqTransportTest, GarbageGetsErrorRepliesAndServingContinues) {
   client.Send(valid);
   StatusOr<Envelope> request = queue.Pop(Soon(), "push");
   ASSERT_TRUE(request.ok()) << request.status();
-  EXPECT_EQ(request->header->request_id(), 5u);
+  EXPECT_EQ(request->header.request_id, 5u);
   ASSERT_TRUE(server->Reply(request->origin, AckMessage(5)).ok());
   auto reply = client.Receive();
   ASSERT_TRUE(reply.ok()) << reply.status();

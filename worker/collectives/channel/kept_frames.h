@@ -1,6 +1,5 @@
-// KeptFrames: the frames a direct ring channel (RingLinks, RingShm) has received, kept by
-// (tag, slot) until a Recv takes them, as CollectiveMailbox keeps chunks. Frames read while
-// waiting for another slot, or for another concurrent call, wait here.
+// KeptFrames: the frames a ring channel has received, kept by (tag, slot) until a Recv takes
+// them. Frames read while waiting for another slot, or for another concurrent call, wait here.
 //
 // Thread-safety: none; the channel guards it with its own lock.
 #ifndef TESSERA_WORKER_COLLECTIVES_CHANNEL_KEPT_FRAMES_H_
@@ -12,15 +11,19 @@
 #include <map>
 #include <utility>
 
-#include "worker/collectives/channel/zmq/collective_mailbox.h"
+#include "common/messages/ring_frame.h"
 
 namespace tessera::worker {
 
+// More kept frames than this mean frames arrive for no running collective: a channel fails
+// rather than grow without bound.
+inline constexpr size_t kMaxKeptFrames = 65536;
+
 class KeptFrames {
  public:
-  // Keeps `frame` under (frame.tag, frame.step), after any kept before under the same key.
-  void Keep(ReceivedChunk frame) {
-    const std::pair<uint64_t, uint32_t> key{frame.tag, frame.step};
+  // Keeps `frame` under (frame.tag, frame.slot), after any kept before under the same key.
+  void Keep(RingFrame frame) {
+    const std::pair<uint64_t, uint32_t> key{frame.tag, frame.slot};
     frames_[key].push_back(std::move(frame));
     ++count_;
   }
@@ -28,16 +31,16 @@ class KeptFrames {
   bool Has(uint64_t tag, uint32_t slot) const { return frames_.count({tag, slot}) != 0; }
 
   // The oldest frame kept under (tag, slot). REQUIRES: Has(tag, slot).
-  ReceivedChunk Take(uint64_t tag, uint32_t slot) {
+  RingFrame Take(uint64_t tag, uint32_t slot) {
     auto found = frames_.find({tag, slot});
-    ReceivedChunk frame = std::move(found->second.front());
+    RingFrame frame = std::move(found->second.front());
     found->second.pop_front();
     if (found->second.empty()) frames_.erase(found);
     --count_;
     return frame;
   }
 
-  // Drops every frame kept under `tag` (see CollectiveMailbox::Discard).
+  // Drops every frame kept under `tag` (see RingChannel::Discard).
   void Discard(uint64_t tag) {
     for (auto it = frames_.lower_bound({tag, 0}); it != frames_.end() && it->first.first == tag;) {
       count_ -= it->second.size();
@@ -48,7 +51,7 @@ class KeptFrames {
   size_t size() const { return count_; }
 
  private:
-  std::map<std::pair<uint64_t, uint32_t>, std::deque<ReceivedChunk>> frames_;
+  std::map<std::pair<uint64_t, uint32_t>, std::deque<RingFrame>> frames_;
   size_t count_ = 0;
 };
 

@@ -1,16 +1,21 @@
-// ConnectRingChannel: picks and sets up how a rank's ring segments travel, the same way on
-// every rank (tessera-worker --ring-transport):
-//   zmq    no channel: segments go through the transport and mailbox.
+// ConnectRingChannel: picks and sets up how a rank's ring frames travel, the same way on every
+// rank (tessera-worker --ring-transport):
+//   zmq    RingZmq: frames as messages through the process's transport.
 //   links  RingLinks: TCP connections to the neighbours (works across hosts).
 //   shm    RingShm: shared-memory rings to the neighbours (one host, one /dev/shm); fails with
-//          FailedPrecondition naming the rank that cannot map its neighbours' segments.
-//   auto   shm when every rank can, else links. RingShm::Connect's agreement is collective,
-//          so every rank falls back together.
+//          FailedPrecondition naming the ranks that cannot map their neighbours' segments.
+//   auto   shm when every rank can, else links. Whether every rank can is agreed collectively
+//          (a max all-reduce over RingZmq), so every rank falls back together.
 //
+//   auto mailbox = std::make_shared<CollectiveMailbox>(failures);
+//   endpoint.SetHandler(MessageType::kRingFrame, CollectiveMailbox::Handler(mailbox));
 //   RingChannelSetupOptions setup;  // kind, rank, world_size, peers, transport, mailbox, ...
 //   ASSIGN_OR_RETURN(ConnectedRingChannel channel, ConnectRingChannel(setup));
-//   ring_options.links = channel.channel;  // null for zmq
+//   ring_options.channel = channel.channel;
 //   TLOG(INFO) << "ring channel: " << channel.description;
+//
+// The direct channels bootstrap over RingZmq: each rank tells its neighbours where it listens
+// (links) or which segment is its (shm) under reserved tags, which collectives must not use.
 #ifndef TESSERA_WORKER_COLLECTIVES_CHANNEL_RING_CHANNEL_SETUP_H_
 #define TESSERA_WORKER_COLLECTIVES_CHANNEL_RING_CHANNEL_SETUP_H_
 
@@ -20,36 +25,48 @@
 #include <string>
 #include <vector>
 
+#include "common/base/failure_bus.h"
 #include "common/base/status.h"
+#include "common/messages/fleet_view.h"
 #include "common/transport/transport.h"
 #include "worker/collectives/channel/ring_channel.h"
 #include "worker/collectives/channel/zmq/collective_mailbox.h"
 
 namespace tessera::worker {
 
+// Tags the setup uses; collectives must not.
+inline constexpr uint64_t kRingLinksSetupTag = ~uint64_t{0};
+inline constexpr uint64_t kRingShmSetupTag = ~uint64_t{0} - 1;
+inline constexpr uint64_t kRingShmAgreeTag = ~uint64_t{0} - 2;
+
 struct RingChannelSetupOptions {
   std::string kind = "auto";  // auto, shm, links or zmq
   int rank = 0;
   int world_size = 1;
-  std::vector<std::string> peer_addresses;  // transport addresses by rank
-  Transport* transport = nullptr;           // not owned
-  CollectiveMailbox* mailbox = nullptr;     // not owned
-  int64_t timeout_ms = 30000;               // bounds the setup
-  size_t segment_bytes = 1024 * 1024;       // the ring's; shm rings hold two and more
-  int64_t links_spin_us = 0;                // RingLinksOptions::spin_us
+  std::vector<std::string> peer_addresses;     // transport addresses by rank
+  Transport* transport = nullptr;              // not owned
+  std::shared_ptr<CollectiveMailbox> mailbox;  // where the endpoint delivers ring frames
+  std::shared_ptr<FailureBus> failures;        // the process's; wakes the channels' waiters
+  int64_t timeout_ms = 30000;                  // bounds the setup
+  size_t segment_bytes = 1024 * 1024;          // the ring's; shm rings hold two and more
+  int64_t links_spin_us = 0;                   // RingLinksOptions::spin_us
 };
 
 struct ConnectedRingChannel {
-  std::shared_ptr<RingChannel> channel;  // null: through transport and mailbox
-  std::string description;               // for the startup log: what and why
+  std::shared_ptr<RingChannel> channel;
+  std::string description;  // for the startup log: what and why
 };
+
+// The workers' transport addresses by rank, from the coordinator's fleet view (the ring's
+// order on every rank). Internal error if the view's worker ranks are not 0..W-1.
+StatusOr<std::vector<std::string>> RingPeerAddresses(const FleetView& view);
 
 // The bytes of each shm ring for a segment size: two segments and their headers, at least
 // 4 MiB (so that a rank's first sends of a call rarely wait).
 size_t ShmRingBytes(size_t segment_bytes);
 
 // Sets up the channel `options.kind` names (see above); every rank must call it with the same
-// kind. World 1 needs none. InvalidArgument for an unknown kind.
+// kind. A world of 1 gets RingZmq, which it never uses. InvalidArgument for an unknown kind.
 StatusOr<ConnectedRingChannel> ConnectRingChannel(const RingChannelSetupOptions& options);
 
 }  // namespace tessera::worker

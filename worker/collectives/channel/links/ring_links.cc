@@ -17,8 +17,7 @@
 #include <chrono>
 #include <cstring>
 
-#include "common/messages/fleet_view.h"
-#include "common/wire/wire_codec.h"
+#include "common/base/role.h"
 
 namespace tessera::worker {
 
@@ -67,7 +66,6 @@ class RingLinks::BufferPool : public std::enable_shared_from_this<RingLinks::Buf
 
 namespace {
 
-constexpr uint32_t kFrameMagic = 0x4c525354;  // "TSRL"
 constexpr uint32_t kHelloMagic = 0x4f4c4548;  // "HELO"
 
 template <typename T>
@@ -182,128 +180,51 @@ void EncodeHello(int rank, uint8_t* hello) {
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
-// Framing
-
-// Header layout (bytes): 0 magic u32, 4 sender rank i32, 8 tag u64, 16 slot u32, 20 chunk u32,
-// 24 op u8, 25 reduce op u8, 26 dtype u8, 27..31 zero, 32 element offset u64, 40 element count
-// u64, 48 fingerprint u64, 56 payload bytes u64.
-void EncodeLinkFrameHeader(const ReceivedChunk& frame, uint8_t* header) {
-  std::memset(header, 0, kLinkFrameHeaderBytes);
-  Put<uint32_t>(header, kFrameMagic);
-  Put<int32_t>(header + 4, frame.sender_rank);
-  Put<uint64_t>(header + 8, frame.tag);
-  Put<uint32_t>(header + 16, frame.step);
-  Put<uint32_t>(header + 20, frame.chunk);
-  header[24] = static_cast<uint8_t>(frame.op);
-  header[25] = static_cast<uint8_t>(frame.reduce_op);
-  header[26] = static_cast<uint8_t>(frame.dtype);
-  Put<uint64_t>(header + 32, frame.element_offset);
-  Put<uint64_t>(header + 40, frame.element_count);
-  Put<uint64_t>(header + 48, frame.fingerprint);
-  Put<uint64_t>(header + 56, frame.data.size());
-}
-
-Status DecodeLinkFrameHeader(const uint8_t* header, size_t max_payload_bytes,
-                             ReceivedChunk* frame, uint64_t* payload_bytes) {
-  const uint32_t magic = Get<uint32_t>(header);
-  if (magic != kFrameMagic) {
-    char hex[16];
-    std::snprintf(hex, sizeof(hex), "0x%08x", magic);
-    return InvalidArgumentError("a frame header starts with " + std::string(hex) +
-                                ", not the ring link magic (is another program connected?)");
-  }
-  *payload_bytes = Get<uint64_t>(header + 56);
-  if (*payload_bytes > max_payload_bytes) {
-    return InvalidArgumentError("a frame declares " + std::to_string(*payload_bytes) +
-                                " payload bytes, more than the limit of " +
-                                std::to_string(max_payload_bytes));
-  }
-  *frame = ReceivedChunk();
-  frame->sender_role = proto::Role::Worker;
-  frame->sender_rank = Get<int32_t>(header + 4);
-  frame->tag = Get<uint64_t>(header + 8);
-  frame->step = Get<uint32_t>(header + 16);
-  frame->chunk = Get<uint32_t>(header + 20);
-  frame->op = static_cast<proto::CollectiveOp>(header[24]);
-  frame->reduce_op = static_cast<proto::ReduceOp>(header[25]);
-  frame->dtype = static_cast<proto::DType>(header[26]);
-  frame->element_offset = Get<uint64_t>(header + 32);
-  frame->element_count = Get<uint64_t>(header + 40);
-  frame->fingerprint = Get<uint64_t>(header + 48);
-  return OkStatus();
-}
-
-// ---------------------------------------------------------------------------------------------
 // Setup
 
-StatusOr<std::unique_ptr<RingLinks>> RingLinks::Connect(const RingLinksOptions& options) {
+RingLinks::Listener::~Listener() {
+  if (fd >= 0) close(fd);
+}
+
+StatusOr<std::unique_ptr<RingLinks::Listener>> RingLinks::Listen(const std::string& host) {
+  const std::string where = "ring links: listening on " + host + ": ";
+  sockaddr_in local{};
+  RETURN_IF_ERROR(Resolve(host, 0, &local).WithContext(where));
+  auto listener = std::make_unique<Listener>();
+  listener->fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (listener->fd < 0) return UnavailableError(where + "socket: " + Errno(errno));
+  if (bind(listener->fd, reinterpret_cast<sockaddr*>(&local), sizeof(local)) != 0 ||
+      listen(listener->fd, 8) != 0) {
+    return UnavailableError(where + Errno(errno));
+  }
+  socklen_t length = sizeof(local);
+  getsockname(listener->fd, reinterpret_cast<sockaddr*>(&local), &length);
+  listener->address = "tcp://" + host + ":" + std::to_string(ntohs(local.sin_port));
+  return listener;
+}
+
+StatusOr<std::unique_ptr<RingLinks>> RingLinks::Connect(const RingLinksOptions& options,
+                                                        std::unique_ptr<Listener> listener) {
   const int world = options.world_size;
   const int rank = options.rank;
   const std::string where = "ring links rank=" + std::to_string(rank) + ": ";
-  if (world < 2 || rank < 0 || rank >= world ||
-      options.peer_addresses.size() != static_cast<size_t>(world) ||
-      options.transport == nullptr || options.mailbox == nullptr || options.timeout_ms <= 0) {
-    return InvalidArgumentError(where + "needs world_size >= 2, a rank in it, an address per "
-                                "rank, a transport, a mailbox and a positive timeout");
+  if (world < 2 || rank < 0 || rank >= world || listener == nullptr || listener->fd < 0 ||
+      options.timeout_ms <= 0) {
+    return InvalidArgumentError(where + "needs world_size >= 2, a rank in it, a listener and a "
+                                "positive timeout");
   }
   const int next = (rank + 1) % world;
   const int prev = (rank + world - 1) % world;
   const Deadline deadline = Deadline::AfterMillis(options.timeout_ms);
-
-  // 1. Listen on the host of our transport address.
-  std::string host;
-  int ignored_port = 0;
-  RETURN_IF_ERROR(SplitAddress(options.peer_addresses[rank], &host, &ignored_port)
-                      .WithContext(where + "own address"));
-  sockaddr_in local{};
-  RETURN_IF_ERROR(Resolve(host, 0, &local).WithContext(where + "listening"));
-  const int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (listener < 0) return UnavailableError(where + "socket: " + Errno(errno));
   struct Closer {
     int fd;
     ~Closer() {
       if (fd >= 0) close(fd);
     }
-  } close_listener{listener};
-  if (bind(listener, reinterpret_cast<sockaddr*>(&local), sizeof(local)) != 0 ||
-      listen(listener, 8) != 0) {
-    return UnavailableError(where + "cannot listen on " + host + ": " + Errno(errno));
-  }
-  socklen_t length = sizeof(local);
-  getsockname(listener, reinterpret_cast<sockaddr*>(&local), &length);
-  const std::string own_link = "tcp://" + host + ":" + std::to_string(ntohs(local.sin_port));
+  };
 
-  // 2. Tell prev where to connect, through the transport.
-  {
-    MessageBuilder builder(proto::Role::Worker, rank);
-    const int32_t frame = builder.AddPayload(Payload::FromString(own_link));
-    std::vector<int64_t> shape = {static_cast<int64_t>(own_link.size())};
-    auto data = proto::CreateTensorMetaDirect(builder.fbb(), "", 0, proto::DType::UInt8, &shape,
-                                              frame, 0, own_link.size());
-    auto body = proto::CreateCollectiveChunk(
-        builder.fbb(), kRingLinksSetupTag, proto::CollectiveOp::Barrier, proto::ReduceOp::Sum, 0,
-        0, proto::DType::UInt8, 0, own_link.size(), 0, data);
-    RETURN_IF_ERROR(options.transport->Send(options.peer_addresses[prev],
-                                            builder.Finish(body, /*request_id=*/0))
-                        .WithContext(where + "sending the link address to " + Worker(prev)));
-  }
-
-  // 3. Learn next's link address and connect to it.
-  StatusOr<ReceivedChunk> setup = options.mailbox->Pop(kRingLinksSetupTag, 0, deadline);
-  if (!setup.ok()) {
-    if (setup.status().code() == StatusCode::kDeadlineExceeded && options.mailbox->failure().ok()) {
-      return DeadlineExceededError(where + "waiting for " + Worker(next) +
-                                   "'s link address: no answer within " +
-                                   std::to_string(options.timeout_ms) + " ms");
-    }
-    return setup.status().WithContext(where + "waiting for " + Worker(next) + "'s link address");
-  }
-  if (setup->sender_rank != next) {
-    return InternalError(where + "the link address came from " + Worker(setup->sender_rank) +
-                         ", not from " + Worker(next));
-  }
-  const std::string next_link(reinterpret_cast<const char*>(setup->data.data()),
-                              setup->data.size());
+  // 1. Connect to next's link address.
+  const std::string& next_link = options.next_address;
   std::string next_host;
   int next_port = 0;
   RETURN_IF_ERROR(SplitAddress(next_link, &next_host, &next_port)
@@ -334,14 +255,14 @@ StatusOr<std::unique_ptr<RingLinks>> RingLinks::Connect(const RingLinksOptions& 
   RETURN_IF_ERROR(WriteAll(to_next, hello, sizeof(hello), deadline)
                       .WithContext(where + "greeting " + to_next_name));
 
-  // 4. Accept prev's connection; its hello must name prev.
-  if (!PollOne(listener, POLLIN, deadline)) {
+  // 2. Accept prev's connection; its hello must name prev.
+  if (!PollOne(listener->fd, POLLIN, deadline)) {
     return DeadlineExceededError(where + Worker(prev) + " did not connect within " +
                                  std::to_string(options.timeout_ms) + " ms");
   }
   sockaddr_in peer{};
   socklen_t peer_length = sizeof(peer);
-  const int from_prev = accept4(listener, reinterpret_cast<sockaddr*>(&peer), &peer_length,
+  const int from_prev = accept4(listener->fd, reinterpret_cast<sockaddr*>(&peer), &peer_length,
                                 SOCK_CLOEXEC | SOCK_NONBLOCK);
   if (from_prev < 0) return UnavailableError(where + "accept: " + Errno(errno));
   Closer close_prev{from_prev};
@@ -361,26 +282,27 @@ StatusOr<std::unique_ptr<RingLinks>> RingLinks::Connect(const RingLinksOptions& 
   close_next.fd = -1;
   close_prev.fd = -1;
   return std::unique_ptr<RingLinks>(new RingLinks(rank, world, to_next, from_prev, next_link,
-                                                  "tcp://" + prev_name, options.mailbox,
+                                                  "tcp://" + prev_name, options.failures,
                                                   options.max_payload_bytes, options.spin_us));
 }
 
 std::unique_ptr<RingLinks> RingLinks::FromSockets(int rank, int world_size, int to_next,
                                                   int from_prev, std::string next_address,
                                                   std::string prev_address,
-                                                  CollectiveMailbox* mailbox,
+                                                  std::shared_ptr<FailureBus> failures,
                                                   size_t max_payload_bytes, int64_t spin_us) {
   fcntl(to_next, F_SETFL, fcntl(to_next, F_GETFL) | O_NONBLOCK);
   fcntl(from_prev, F_SETFL, fcntl(from_prev, F_GETFL) | O_NONBLOCK);
   return std::unique_ptr<RingLinks>(new RingLinks(rank, world_size, to_next, from_prev,
                                                   std::move(next_address),
-                                                  std::move(prev_address), mailbox,
+                                                  std::move(prev_address), std::move(failures),
                                                   max_payload_bytes, spin_us));
 }
 
 RingLinks::RingLinks(int rank, int world_size, int to_next, int from_prev,
                      std::string next_address, std::string prev_address,
-                     CollectiveMailbox* mailbox, size_t max_payload_bytes, int64_t spin_us)
+                     std::shared_ptr<FailureBus> failures, size_t max_payload_bytes,
+                     int64_t spin_us)
     : rank_(rank),
       world_size_(world_size),
       next_((rank + 1) % world_size),
@@ -390,7 +312,7 @@ RingLinks::RingLinks(int rank, int world_size, int to_next, int from_prev,
       wake_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)),
       next_address_(std::move(next_address)),
       prev_address_(std::move(prev_address)),
-      mailbox_(mailbox),
+      failures_(std::move(failures)),
       max_payload_bytes_(max_payload_bytes),
       pool_(std::make_shared<BufferPool>()),
       recv_spin_(spin_us),
@@ -412,14 +334,14 @@ std::string RingLinks::LinkFrom() const {
 // ---------------------------------------------------------------------------------------------
 // Progress
 
-Status RingLinks::Send(ReceivedChunk frame) {
+Status RingLinks::Send(RingFrame frame) {
   std::unique_lock<std::mutex> lock(mu_);
   if (!send_failure_.ok()) return send_failure_;
   frame.sender_rank = rank_;
   out_.emplace_back();
   OutFrame& out = out_.back();
-  EncodeLinkFrameHeader(frame, out.header);
-  out.payload = std::move(frame.data);
+  out.payload = FramePayload(frame);
+  EncodeFrameHeader(frame, out.payload.size(), out.header);
   WriteSome();
   if (!out_.empty() && polling_ && wake_ >= 0) {
     const uint64_t one = 1;
@@ -436,12 +358,12 @@ void RingLinks::WriteSome() {
     size_t total = 0;
     for (auto it = out_.begin(); it != out_.end() && count + 2 <= kMaxIov; ++it) {
       size_t skip = it->written;
-      if (skip < kLinkFrameHeaderBytes) {
-        iov[count++] = {it->header + skip, kLinkFrameHeaderBytes - skip};
-        total += kLinkFrameHeaderBytes - skip;
+      if (skip < kFrameHeaderBytes) {
+        iov[count++] = {it->header + skip, kFrameHeaderBytes - skip};
+        total += kFrameHeaderBytes - skip;
         skip = 0;
       } else {
-        skip -= kLinkFrameHeaderBytes;
+        skip -= kFrameHeaderBytes;
       }
       if (it->payload.size() > skip) {
         iov[count++] = {const_cast<uint8_t*>(it->payload.data()) + skip,
@@ -462,7 +384,7 @@ void RingLinks::WriteSome() {
     size_t left = static_cast<size_t>(n);
     while (!out_.empty()) {
       OutFrame& front = out_.front();
-      const size_t frame_left = kLinkFrameHeaderBytes + front.payload.size() - front.written;
+      const size_t frame_left = kFrameHeaderBytes + front.payload.size() - front.written;
       if (left < frame_left) {
         front.written += left;
         break;
@@ -493,14 +415,14 @@ size_t RingLinks::RecvSome(uint8_t* at, size_t bytes, bool mid_frame) {
 
 void RingLinks::ReadSome() {
   while (recv_failure_.ok()) {
-    if (in_header_got_ < kLinkFrameHeaderBytes) {
+    if (in_header_got_ < kFrameHeaderBytes) {
       const size_t n = RecvSome(in_header_ + in_header_got_,
-                                kLinkFrameHeaderBytes - in_header_got_, in_header_got_ > 0);
+                                kFrameHeaderBytes - in_header_got_, in_header_got_ > 0);
       if (n == 0) return;
       in_header_got_ += n;
-      if (in_header_got_ < kLinkFrameHeaderBytes) continue;
+      if (in_header_got_ < kFrameHeaderBytes) continue;
       Status decoded =
-          DecodeLinkFrameHeader(in_header_, max_payload_bytes_, &in_frame_, &in_payload_bytes_);
+          DecodeFrameHeader(in_header_, max_payload_bytes_, &in_frame_, &in_payload_bytes_);
       if (decoded.ok() && in_frame_.sender_rank != prev_) {
         decoded = InvalidArgumentError("a frame names sender rank " +
                                        std::to_string(in_frame_.sender_rank));
@@ -512,7 +434,7 @@ void RingLinks::ReadSome() {
       in_payload_got_ = 0;
       in_buffer_.reset();
       in_target_ = nullptr;
-      auto landing = landings_.find({in_frame_.tag, in_frame_.step});
+      auto landing = landings_.find({in_frame_.tag, in_frame_.slot});
       if (landing != landings_.end() && landing->second.second == in_payload_bytes_) {
         in_target_ = landing->second.first;  // straight into the caller's buffer
       } else if (in_payload_bytes_ > 0) {
@@ -525,16 +447,19 @@ void RingLinks::ReadSome() {
       if (n == 0) return;
       in_payload_got_ += n;
     }
-    if (in_header_got_ == kLinkFrameHeaderBytes && in_payload_got_ == in_payload_bytes_) {
-      if (in_payload_bytes_ > 0) {
-        in_frame_.data = Payload::Borrow(in_target_, in_payload_bytes_, in_buffer_);
-      }
+    if (in_header_got_ == kFrameHeaderBytes && in_payload_got_ == in_payload_bytes_) {
+      Payload payload;
+      if (in_payload_bytes_ > 0) payload = Payload::Borrow(in_target_, in_payload_bytes_, in_buffer_);
       in_buffer_.reset();
       in_target_ = nullptr;
       in_header_got_ = 0;
+      if (Status attached = AttachFramePayload(&in_frame_, std::move(payload)); !attached.ok()) {
+        recv_failure_ = DataLossError(LinkFrom() + ": " + attached.message());
+        return;
+      }
       const uint64_t tag = in_frame_.tag;
       kept_.Keep(std::move(in_frame_));
-      if (kept_.size() > CollectiveMailbox::kDefaultMaxQueuedChunks) {
+      if (kept_.size() > kMaxKeptFrames) {
         recv_failure_ = ResourceExhaustedError(
             LinkFrom() + ": " + std::to_string(kept_.size()) +
             " frames wait for no running collective (the last for tag=" +
@@ -552,10 +477,10 @@ Status RingLinks::Wait(const std::function<bool()>& done, Deadline deadline, boo
   const SteadyClock::time_point spin_until =
       started + std::chrono::microseconds(spin.budget_us());
   while (true) {
-    // A failed mailbox first, as CollectiveMailbox::Pop does: its status is the root cause,
-    // and a peer's abort notice read meanwhile only quotes the same thing second-hand.
-    if (mailbox_ != nullptr) {
-      Status failed = mailbox_->failure();  // the mailbox never calls into the links
+    // The process's failure first, as CollectiveMailbox::Pop does: it is the root cause, and
+    // a peer's abort notice read meanwhile only quotes the same thing second-hand.
+    if (failures_ != nullptr) {
+      Status failed = failures_->failure();  // the bus never calls into the links
       if (!failed.ok()) return failed;
     }
     if (done()) {
@@ -609,7 +534,7 @@ Status RingLinks::Wait(const std::function<bool()>& done, Deadline deadline, boo
   }
 }
 
-StatusOr<ReceivedChunk> RingLinks::Recv(uint64_t tag, uint32_t slot, Deadline deadline,
+StatusOr<RingFrame> RingLinks::Recv(uint64_t tag, uint32_t slot, Deadline deadline,
                                         uint8_t* into, size_t into_bytes) {
   const std::pair<uint64_t, uint32_t> key{tag, slot};
   if (into != nullptr && into_bytes > 0) {
@@ -638,7 +563,7 @@ Status RingLinks::Flush(Deadline deadline) {
     std::lock_guard<std::mutex> lock(mu_);
     size_t bytes = 0;
     for (const OutFrame& frame : out_) {
-      bytes += kLinkFrameHeaderBytes + frame.payload.size() - frame.written;
+      bytes += kFrameHeaderBytes + frame.payload.size() - frame.written;
     }
     return DeadlineExceededError(LinkTo() + ": " + std::to_string(bytes) +
                                  " bytes still unsent at the deadline (is it reading?)");
@@ -661,7 +586,7 @@ Status RingLinks::failure() const {
     std::lock_guard<std::mutex> lock(mu_);
     if (!recv_failure_.ok()) return recv_failure_;
   }
-  return mailbox_ == nullptr ? OkStatus() : mailbox_->failure();
+  return failures_ == nullptr ? OkStatus() : failures_->failure();
 }
 
 void RingLinks::Discard(uint64_t tag) {

@@ -2,37 +2,35 @@
 // driven by the threads that run collectives, with no I/O thread in between (like Gloo's pairs
 // and MPI's tcp BTL).
 //
-//   RingLinksOptions options;  // rank, world_size, peer_addresses, transport, mailbox, timeout
-//   ASSIGN_OR_RETURN(std::unique_ptr<RingLinks> links, RingLinks::Connect(options));
-//   ring_options.links = links.get();  // RingCollectives sends and receives segments over it
+//   ASSIGN_OR_RETURN(auto listener, RingLinks::Listen(host));
+//   ... tell prev listener->address, learn next's (ring_channel_setup.cc does, over RingZmq) ...
+//   ASSIGN_OR_RETURN(std::unique_ptr<RingLinks> links,
+//                    RingLinks::Connect({rank, world, next_address, failures}, std::move(listener)));
 //
-// Why: over the transport a segment passes four thread hand-offs (ring thread -> transport I/O
+// Why: over the transport a frame passes four thread hand-offs (ring thread -> transport I/O
 // thread -> ZeroMQ I/O thread -> TCP -> ZeroMQ I/O thread -> transport handler -> mailbox ->
 // ring thread). Here the sending thread writes the frame to the socket itself and the receiving
 // thread reads it itself: TCP is the only hop.
 //
-// Setup (Connect, every rank at once): each rank listens on an OS-assigned port on the host of
-// its transport address and tells its predecessor that address in a CollectiveChunk under the
-// reserved tag kRingLinksSetupTag, through the ordinary transport and mailbox. It then connects
-// to its successor's link address (sending a hello with its rank) and accepts its predecessor's
-// connection (checking the hello's rank). Nothing is added to the registration or the fleet view.
+// Connect (every rank at once, once each rank has told its predecessor where it listens):
+// connects to next's link address (sending a hello with its rank) and accepts its predecessor's
+// connection (checking the hello's rank).
 //
-// Wire: a frame is a 64-byte header (magic, sender rank, tag, slot, chunk, op, reduce op, dtype,
-// element offset, element count, fingerprint, payload bytes; host byte order: every rank runs
-// on the same architecture) followed by the payload. Every header is checked on receipt (magic,
-// sender, payload size cap) before anything is allocated: a bad one fails the link, naming the
-// peer, since a byte stream cannot be resynchronised.
+// Wire: ring_frame_codec.h (a 64-byte header and the payload). Every header is checked on
+// receipt (magic, ranges, sender, payload size cap) before anything is allocated: a bad one
+// fails the link, naming the peer, since a byte stream cannot be resynchronised.
 //
 // Progress: a thread that waits (Recv, Flush) polls both sockets with the call's deadline: it
-// reads whatever prev sent (frames are kept by (tag, slot) until a Recv takes them, as the
-// mailbox does) and writes whatever is queued for next, so no rank blocks writing while its
-// peer blocks writing too. Before it sleeps in poll() it spins (reads and writes without
-// sleeping, yielding the core each round) for an adaptive budget of at most spin_us
-// (adaptive_spin.h): a frame due within microseconds is then read without a poll() wake-up
-// (~20-25 us here), while long or contended waits soon stop spinning. Send never blocks: it
-// writes what the socket takes and queues the rest. With concurrent calls (different tags) one waiting thread polls at a time and the others
-// wait on a condition variable; a lone thread never touches one. A failure given to the mailbox
-// (the coordinator's notice that a worker died) wakes waiters within kFailureCheckMs.
+// reads whatever prev sent (frames are kept by (tag, slot) until a Recv takes them) and writes
+// whatever is queued for next, so no rank blocks writing while its peer blocks writing too.
+// Before it sleeps in poll() it spins (reads and writes without sleeping, yielding the core
+// each round) for an adaptive budget of at most spin_us (adaptive_spin.h): a frame due within
+// microseconds is then read without a poll() wake-up (~20-25 us here), while long or contended
+// waits soon stop spinning. Send never blocks: it writes what the socket takes and queues the
+// rest. With concurrent calls (different tags) one waiting thread polls at a time and the
+// others wait on a condition variable; a lone thread never touches one. A failure on the
+// process's FailureBus (the coordinator's notice that a worker died) wakes waiters within
+// kFailureCheckMs.
 //
 // Errors name the peer: "ring link from worker 0 (tcp://127.0.0.1:4567): closed by the peer".
 // A broken direction stays broken (every later Recv or Send on it fails with the same status);
@@ -57,38 +55,25 @@
 #include <vector>
 
 #include "common/base/deadline.h"
+#include "common/base/failure_bus.h"
 #include "common/base/payload.h"
 #include "common/base/status.h"
-#include "common/transport/transport.h"
 #include "worker/collectives/channel/adaptive_spin.h"
 #include "worker/collectives/channel/kept_frames.h"
 #include "worker/collectives/channel/ring_channel.h"
-#include "worker/collectives/channel/zmq/collective_mailbox.h"
+#include "worker/collectives/channel/ring_frame_codec.h"
 
 namespace tessera::worker {
-
-// The tag of the setup messages; collectives must not use it.
-inline constexpr uint64_t kRingLinksSetupTag = ~uint64_t{0};
-
-inline constexpr size_t kLinkFrameHeaderBytes = 64;
 
 // The default cap of the adaptive spin (RingLinksOptions::spin_us, --ring-spin-us).
 inline constexpr int64_t kDefaultRingSpinCapUs = 200;
 
-// Encodes `frame`'s fields (not its data) and data.size() as a frame header.
-void EncodeLinkFrameHeader(const ReceivedChunk& frame, uint8_t* header);
-// Decodes a frame header: InvalidArgument describing what is wrong (magic, a payload over
-// `max_payload_bytes`). Sets *payload_bytes; frame->data stays empty.
-Status DecodeLinkFrameHeader(const uint8_t* header, size_t max_payload_bytes,
-                             ReceivedChunk* frame, uint64_t* payload_bytes);
-
 struct RingLinksOptions {
   int rank = 0;
   int world_size = 1;
-  std::vector<std::string> peer_addresses;  // transport addresses by rank, as for the ring
-  Transport* transport = nullptr;           // for the setup message; not owned
-  CollectiveMailbox* mailbox = nullptr;     // setup message, and failures to wake on; not owned
-  int64_t timeout_ms = 30000;               // bounds Connect
+  std::string next_address;  // where next's Listener listens, "tcp://HOST:PORT"
+  std::shared_ptr<FailureBus> failures;  // the process's failures, which wake waiters; may be null
+  int64_t timeout_ms = 30000;            // bounds Connect
   // A larger frame fails the link (the ring's largest is a segment).
   size_t max_payload_bytes = (64u << 20) + 4096;
   int socket_buffer_bytes = 4 << 20;  // SO_SNDBUF and SO_RCVBUF
@@ -102,16 +87,26 @@ class RingLinks : public RingChannel {
  public:
   static constexpr int64_t kFailureCheckMs = 20;
 
-  // Sets up the links as described above; every rank of the ring must call it. REQUIRES:
+  // A socket listening for prev's connection, and its address for prev.
+  struct Listener {
+    int fd = -1;
+    std::string address;  // "tcp://HOST:PORT"
+    ~Listener();
+  };
+  // Listens on an OS-chosen port of `host` (this rank's transport host).
+  static StatusOr<std::unique_ptr<Listener>> Listen(const std::string& host);
+
+  // Connects as described above; every rank of the ring must call it. REQUIRES:
   // world_size >= 2. Errors name the peer and the step that failed.
-  static StatusOr<std::unique_ptr<RingLinks>> Connect(const RingLinksOptions& options);
+  static StatusOr<std::unique_ptr<RingLinks>> Connect(const RingLinksOptions& options,
+                                                      std::unique_ptr<Listener> listener);
 
   // Over sockets already connected (tests): `to_next` and `from_prev` are owned from now on.
-  // `mailbox` may be null.
+  // `failures` may be null.
   static std::unique_ptr<RingLinks> FromSockets(int rank, int world_size, int to_next,
                                                 int from_prev, std::string next_address,
                                                 std::string prev_address,
-                                                CollectiveMailbox* mailbox,
+                                                std::shared_ptr<FailureBus> failures,
                                                 size_t max_payload_bytes = (64u << 20) + 4096,
                                                 int64_t spin_us = kDefaultRingSpinCapUs);
   ~RingLinks() override;
@@ -124,16 +119,16 @@ class RingLinks : public RingChannel {
 
   // Queues `frame` (its fields and data) for next and writes as much as the socket takes now.
   // Never blocks. Fails only if the link to next is broken.
-  Status Send(ReceivedChunk frame) override;
+  Status Send(RingFrame frame) override;
 
   // Waits for prev's frame (tag, slot). DeadlineExceeded with an empty message once `deadline`
-  // passes (the caller names what it waited for); otherwise the link's or the mailbox's failure.
+  // passes (the caller names what it waited for); otherwise the link's or the process's failure.
   // `into`, if not null, is where the caller will copy the payload: if the frame is not read
   // yet and carries exactly `into_bytes`, its payload is read straight into it (before the
   // caller checked the header: `into` is written even if the frame then proves wrong), and the
   // returned frame's data points there. REQUIRES: [into, into + into_bytes) is not touched by
   // anyone else during the call.
-  StatusOr<ReceivedChunk> Recv(uint64_t tag, uint32_t slot, Deadline deadline,
+  StatusOr<RingFrame> Recv(uint64_t tag, uint32_t slot, Deadline deadline,
                                uint8_t* into = nullptr, size_t into_bytes = 0) override;
 
   // Waits until every queued frame is written to next. DeadlineExceeded naming next.
@@ -141,10 +136,9 @@ class RingLinks : public RingChannel {
 
   void CopyUnsentPayloads() override;
 
-  // Why Recv fails (the link from prev broken, or the mailbox failed); OK otherwise.
+  // Why Recv fails (the link from prev broken, or the process failed); OK otherwise.
   Status failure() const override;
 
-  // Drops every received frame kept under `tag` (see CollectiveMailbox::Discard).
   void Discard(uint64_t tag) override;
   size_t kept() const override;
 
@@ -152,14 +146,14 @@ class RingLinks : public RingChannel {
 
  private:
   struct OutFrame {
-    uint8_t header[kLinkFrameHeaderBytes];
+    uint8_t header[kFrameHeaderBytes];
     Payload payload;
     size_t written = 0;  // of header and payload together
   };
 
   RingLinks(int rank, int world_size, int to_next, int from_prev, std::string next_address,
-            std::string prev_address, CollectiveMailbox* mailbox, size_t max_payload_bytes,
-            int64_t spin_us);
+            std::string prev_address, std::shared_ptr<FailureBus> failures,
+            size_t max_payload_bytes, int64_t spin_us);
 
   // Both REQUIRE mu_ held. WriteSome writes queued frames until the socket would block;
   // ReadSome reads until it would block or one frame is complete.
@@ -183,7 +177,7 @@ class RingLinks : public RingChannel {
   const int wake_;       // eventfd: a Send queued bytes while another thread polls
   const std::string next_address_;
   const std::string prev_address_;
-  CollectiveMailbox* const mailbox_;
+  const std::shared_ptr<FailureBus> failures_;
   const size_t max_payload_bytes_;
   const std::shared_ptr<BufferPool> pool_;
 
@@ -197,9 +191,9 @@ class RingLinks : public RingChannel {
   Status recv_failure_;            // guarded by mu_
   KeptFrames kept_;  // guarded by mu_
   // The frame being read; guarded by mu_.
-  uint8_t in_header_[kLinkFrameHeaderBytes];
+  uint8_t in_header_[kFrameHeaderBytes];
   size_t in_header_got_ = 0;
-  ReceivedChunk in_frame_;
+  RingFrame in_frame_;
   std::shared_ptr<uint8_t> in_buffer_;  // null when reading into a landing
   uint8_t* in_target_ = nullptr;        // where the payload goes: in_buffer_ or a landing
   // Where waiting Recv calls want their frames' payloads: (tag, slot) -> (into, into_bytes).

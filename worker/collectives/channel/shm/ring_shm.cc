@@ -19,9 +19,7 @@
 #include <fstream>
 #include <random>
 
-#include "common/messages/fleet_view.h"
-#include "common/wire/wire_codec.h"
-#include "worker/collectives/ring_collectives.h"
+#include "common/base/role.h"
 
 namespace tessera::worker {
 namespace {
@@ -306,7 +304,7 @@ StatusOr<std::unique_ptr<RingShm>> RingShm::Attach(int rank, int world_size,
                                                    std::shared_ptr<Segment> own,
                                                    const RingShmSegmentName& prev,
                                                    const RingShmSegmentName& next,
-                                                   CollectiveMailbox* mailbox,
+                                                   std::shared_ptr<FailureBus> failures,
                                                    size_t max_payload_bytes, int64_t spin_us) {
   const std::string who = "ring shm rank=" + std::to_string(rank);
   const std::string where = who + ": ";
@@ -325,147 +323,32 @@ StatusOr<std::unique_ptr<RingShm>> RingShm::Attach(int rank, int world_size,
   }
   return std::unique_ptr<RingShm>(new RingShm(rank, world_size, std::move(own),
                                               std::move(inbound).value(), std::move(next_bell),
-                                              mailbox, max_payload_bytes, spin_us));
+                                              std::move(failures), max_payload_bytes, spin_us));
 }
 
-namespace {
-
-// Sends this rank's segment name (empty if it has none) to `to` under kRingShmSetupTag.
-Status SendName(const RingShmOptions& options, int to, uint32_t slot,
-                const RingShmSegmentName& name) {
-  const std::string text = name.name.empty()
-                               ? std::string()
-                               : name.name + " " + Hex(name.token[0]) + " " + Hex(name.token[1]);
-  MessageBuilder builder(proto::Role::Worker, options.rank);
-  const int32_t frame = text.empty() ? -1 : builder.AddPayload(Payload::FromString(text));
-  std::vector<int64_t> shape = {static_cast<int64_t>(text.size())};
-  auto data = proto::CreateTensorMetaDirect(builder.fbb(), "", 0, proto::DType::UInt8, &shape,
-                                            frame, 0, text.size());
-  auto body = proto::CreateCollectiveChunk(builder.fbb(), kRingShmSetupTag,
-                                           proto::CollectiveOp::Barrier, proto::ReduceOp::Sum,
-                                           slot, 0, proto::DType::UInt8, 0, text.size(), 0, data);
-  return options.transport->Send(options.peer_addresses[static_cast<size_t>(to)],
-                                 builder.Finish(body, /*request_id=*/0));
+std::string EncodeSegmentName(const RingShmSegmentName& name) {
+  if (name.name.empty()) return std::string();
+  return name.name + " " + Hex(name.token[0]) + " " + Hex(name.token[1]);
 }
 
-// Receives `from`'s segment name (slot 0: from prev, 1: from next). An empty name: `from` has
-// no segment.
-StatusOr<RingShmSegmentName> ReceiveName(const RingShmOptions& options, int from, uint32_t slot,
-                                         Deadline deadline) {
-  const std::string what = Worker(from) + "'s segment name";
-  StatusOr<ReceivedChunk> got = options.mailbox->Pop(kRingShmSetupTag, slot, deadline);
-  if (!got.ok()) {
-    if (got.status().code() == StatusCode::kDeadlineExceeded && options.mailbox->failure().ok()) {
-      return DeadlineExceededError("waiting for " + what + ": no answer within " +
-                                   std::to_string(options.timeout_ms) + " ms");
-    }
-    return got.status().WithContext("waiting for " + what);
-  }
-  if (got->sender_rank != from) {
-    return InternalError(what + " came from " + Worker(got->sender_rank));
-  }
+StatusOr<RingShmSegmentName> DecodeSegmentName(const std::string& text) {
   RingShmSegmentName name;
-  if (got->data.empty()) return name;
-  const std::string text(reinterpret_cast<const char*>(got->data.data()), got->data.size());
+  if (text.empty()) return name;
   char segment[256];
   unsigned long long token0 = 0, token1 = 0;
   if (text.size() >= sizeof(segment) ||
       std::sscanf(text.c_str(), "%255s %llx %llx", segment, &token0, &token1) != 3) {
-    return InternalError(what + " is malformed: " + text);
+    return InvalidArgumentError("a segment name is malformed: " + text);
   }
   name.name = segment;
   name.token = {token0, token1};
   return name;
 }
 
-}  // namespace
-
-StatusOr<std::unique_ptr<RingShm>> RingShm::Connect(const RingShmOptions& options) {
-  const int world = options.world_size;
-  const int rank = options.rank;
-  const std::string who = "ring shm rank=" + std::to_string(rank);
-  const std::string where = who + ": ";
-  if (world < 2 || rank < 0 || rank >= world ||
-      options.peer_addresses.size() != static_cast<size_t>(world) ||
-      options.transport == nullptr || options.mailbox == nullptr || options.timeout_ms <= 0) {
-    return InvalidArgumentError(where + "needs world_size >= 2, a rank in it, an address per "
-                                "rank, a transport, a mailbox and a positive timeout");
-  }
-  const int next = (rank + 1) % world;
-  const int prev = (rank + world - 1) % world;
-  const Deadline deadline = Deadline::AfterMillis(options.timeout_ms);
-
-  // 1. Our segment, and its name to both neighbours (an empty name if we have none, so that
-  // they do not wait for it).
-  std::string cannot;  // why this rank cannot use shared memory
-  std::shared_ptr<Segment> own;
-  RingShmSegmentName own_name;
-  if (auto created = Segment::Create(rank, options.ring_bytes); created.ok()) {
-    own = std::move(created).value();
-    own_name = NameOf(*own);
-  } else {
-    cannot = created.status().message();
-  }
-  RETURN_IF_ERROR(SendName(options, next, 0, own_name)
-                      .WithContext(who + ": sending the segment name to " + Worker(next)));
-  RETURN_IF_ERROR(SendName(options, prev, 1, own_name)
-                      .WithContext(who + ": sending the segment name to " + Worker(prev)));
-
-  // 2. The neighbours' names; map their segments.
-  StatusOr<RingShmSegmentName> prev_name = ReceiveName(options, prev, 0, deadline);
-  if (!prev_name.ok()) return prev_name.status().WithContext(who);
-  StatusOr<RingShmSegmentName> next_name = ReceiveName(options, next, 1, deadline);
-  if (!next_name.ok()) return next_name.status().WithContext(who);
-  std::unique_ptr<RingShm> shm;
-  if (cannot.empty() && !prev_name->name.empty() && !next_name->name.empty()) {
-    auto attached = Attach(rank, world, own, *prev_name, *next_name, options.mailbox,
-                           options.max_payload_bytes, options.spin_us);
-    if (attached.ok()) {
-      shm = std::move(attached).value();
-    } else {
-      cannot = attached.status().message();
-    }
-  }
-
-  // 3. Agree: every rank learns which ranks cannot, over a temporary ring on the transport.
-  RingCollectivesOptions agree;
-  agree.rank = rank;
-  agree.world_size = world;
-  agree.peer_addresses = options.peer_addresses;
-  agree.transport = options.transport;
-  agree.mailbox = options.mailbox;
-  agree.timeout_ms = std::max<int64_t>(1, deadline.RemainingMillis());
-  ASSIGN_OR_RETURN(std::unique_ptr<RingCollectives> ring, RingCollectives::Create(agree));
-  std::vector<float> unable(static_cast<size_t>(world), 0.0f);
-  unable[static_cast<size_t>(rank)] = cannot.empty() ? 0.0f : 1.0f;
-  RETURN_IF_ERROR(ring->AllReduce(unable.data(), unable.size(), DataType::kFloat32,
-                                  ReduceOp::kMax, "ring-shm-setup", kRingShmAgreeTag)
-                      .WithContext(who + ": agreeing whether every rank can use shared memory"));
-  // Every rank has attached or given up: nobody opens the names any more.
-  if (own != nullptr) own->Unlink();
-
-  std::string unable_ranks;
-  for (int r = 0; r < world; ++r) {
-    if (unable[static_cast<size_t>(r)] == 0.0f) continue;
-    unable_ranks += (unable_ranks.empty() ? "" : ", ") + Worker(r);
-  }
-  if (!unable_ranks.empty()) {
-    return FailedPreconditionError(where + "not every rank can map its ring neighbours' "
-                                   "shared memory (" + unable_ranks + " cannot)" +
-                                   (cannot.empty() ? "" : "; this rank: " + cannot));
-  }
-  if (shm == nullptr) {  // a neighbour sent no name but did not report itself: a bug
-    return InternalError(where + "a neighbour has no segment but agreed to use shared memory");
-  }
-  return shm;
-}
-
-// ---------------------------------------------------------------------------------------------
-// The channel
-
 RingShm::RingShm(int rank, int world_size, std::shared_ptr<Segment> own,
                  std::shared_ptr<Segment> prev, std::shared_ptr<Segment> next_bell,
-                 CollectiveMailbox* mailbox, size_t max_payload_bytes, int64_t spin_us)
+                 std::shared_ptr<FailureBus> failures, size_t max_payload_bytes,
+                 int64_t spin_us)
     : rank_(rank),
       world_size_(world_size),
       next_((rank + 1) % world_size),
@@ -473,7 +356,7 @@ RingShm::RingShm(int rank, int world_size, std::shared_ptr<Segment> own,
       own_(std::move(own)),
       next_bell_(std::move(next_bell)),
       inbound_(std::make_shared<Inbound>(std::move(prev))),
-      mailbox_(mailbox),
+      failures_(std::move(failures)),
       max_payload_bytes_(max_payload_bytes),
       spin_us_(spin_us),
       next_pid_(next_bell_->creator_pid()),
@@ -498,13 +381,14 @@ std::string RingShm::From() const {
   return "ring shm from " + Worker(prev_) + " (pid " + std::to_string(prev_pid_) + ")";
 }
 
-Status RingShm::Send(ReceivedChunk frame) {
+Status RingShm::Send(RingFrame frame) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!send_failure_.ok()) return send_failure_;
+  frame.sender_rank = rank_;
   OutFrame out;
-  EncodeLinkFrameHeader(frame, out.header);
-  out.total = kLinkFrameHeaderBytes + Pad(frame.data.size());
-  out.payload = std::move(frame.data);
+  out.payload = FramePayload(frame);
+  EncodeFrameHeader(frame, out.payload.size(), out.header);
+  out.total = kFrameHeaderBytes + Pad(out.payload.size());
   out_.push_back(std::move(out));
   WriteSome();
   // A queued payload that lives in prev's ring would hold prev's space until next takes ours:
@@ -539,9 +423,9 @@ void RingShm::WriteSome() {
     uint8_t* at = own_->data() + head % capacity;
     if (frame.total <= capacity) {  // whole, so that the consumer can read it in place
       if (free < frame.total) break;
-      std::memcpy(at, frame.header, kLinkFrameHeaderBytes);
+      std::memcpy(at, frame.header, kFrameHeaderBytes);
       if (!frame.payload.empty()) {
-        std::memcpy(at + kLinkFrameHeaderBytes, frame.payload.data(), frame.payload.size());
+        std::memcpy(at + kFrameHeaderBytes, frame.payload.data(), frame.payload.size());
       }
       head += frame.total;
       out_.pop_front();
@@ -554,16 +438,16 @@ void RingShm::WriteSome() {
     uint64_t from = frame.written;
     const uint64_t to = frame.written + n;
     uint8_t* dst = at;
-    if (from < kLinkFrameHeaderBytes) {
-      const uint64_t part = std::min<uint64_t>(to, kLinkFrameHeaderBytes) - from;
+    if (from < kFrameHeaderBytes) {
+      const uint64_t part = std::min<uint64_t>(to, kFrameHeaderBytes) - from;
       std::memcpy(dst, frame.header + from, part);
       dst += part;
       from += part;
     }
-    const uint64_t payload_end = kLinkFrameHeaderBytes + frame.payload.size();
+    const uint64_t payload_end = kFrameHeaderBytes + frame.payload.size();
     if (from < to && from < payload_end) {
       const uint64_t part = std::min(to, payload_end) - from;
-      std::memcpy(dst, frame.payload.data() + (from - kLinkFrameHeaderBytes), part);
+      std::memcpy(dst, frame.payload.data() + (from - kFrameHeaderBytes), part);
     }
     head += n;
     frame.written += n;
@@ -582,33 +466,40 @@ void RingShm::ReadSome() {
   const uint64_t capacity = segment.capacity();
   const uint64_t head = segment.control()->head.load(std::memory_order_acquire);
   bool kept_any = false;
-  auto keep = [&](ReceivedChunk frame) {
+  // Gives `frame` its payload and keeps it; false (the direction failed) for a bad payload.
+  auto keep = [&](RingFrame frame, Payload payload) {
+    if (Status attached = AttachFramePayload(&frame, std::move(payload)); !attached.ok()) {
+      recv_failure_ = DataLossError(From() + ": " + attached.message());
+      return false;
+    }
     kept_.Keep(std::move(frame));
     kept_any = true;
+    return true;
   };
   while (read_pos_ < head) {
     const uint8_t* at = segment.data() + read_pos_ % capacity;
     if (streaming_ != nullptr) {
       Streaming& s = *streaming_;
       const uint64_t n = std::min(head - read_pos_, s.total - s.got);
-      const uint64_t payload_end = kLinkFrameHeaderBytes + s.payload_bytes;
+      const uint64_t payload_end = kFrameHeaderBytes + s.payload_bytes;
       if (s.got < payload_end) {
         const uint64_t part = std::min(s.got + n, payload_end) - s.got;
-        std::memcpy(s.target + (s.got - kLinkFrameHeaderBytes), at, part);
+        std::memcpy(s.target + (s.got - kFrameHeaderBytes), at, part);
       }
       s.got += n;
       read_pos_ += n;
       inbound_->Freed(read_pos_);
       if (s.got < s.total) break;
-      s.frame.data = Payload::Borrow(s.target, s.payload_bytes, s.buffer);
-      keep(std::move(s.frame));
+      Payload payload = Payload::Borrow(s.target, s.payload_bytes, s.buffer);
+      RingFrame frame = std::move(s.frame);
       streaming_.reset();
+      if (!keep(std::move(frame), std::move(payload))) break;
       continue;
     }
-    if (head - read_pos_ < kLinkFrameHeaderBytes) break;  // cannot happen: frames are padded
-    ReceivedChunk frame;
+    if (head - read_pos_ < kFrameHeaderBytes) break;  // cannot happen: frames are padded
+    RingFrame frame;
     uint64_t payload_bytes = 0;
-    Status decoded = DecodeLinkFrameHeader(at, max_payload_bytes_, &frame, &payload_bytes);
+    Status decoded = DecodeFrameHeader(at, max_payload_bytes_, &frame, &payload_bytes);
     if (decoded.ok() && frame.sender_rank != prev_) {
       decoded = InvalidArgumentError("a frame claims to come from " +
                                      Worker(frame.sender_rank));
@@ -617,8 +508,8 @@ void RingShm::ReadSome() {
       recv_failure_ = DataLossError(From() + ": " + decoded.message());
       break;
     }
-    const uint64_t total = kLinkFrameHeaderBytes + Pad(payload_bytes);
-    const auto waiting = waiting_.find({frame.tag, frame.step});
+    const uint64_t total = kFrameHeaderBytes + Pad(payload_bytes);
+    const auto waiting = waiting_.find({frame.tag, frame.slot});
     uint8_t* into = nullptr;
     if (waiting != waiting_.end() && waiting->second.first != nullptr &&
         waiting->second.second == payload_bytes) {
@@ -629,7 +520,7 @@ void RingShm::ReadSome() {
       s->frame = std::move(frame);
       s->payload_bytes = payload_bytes;
       s->total = total;
-      s->got = kLinkFrameHeaderBytes;
+      s->got = kFrameHeaderBytes;
       if (into != nullptr) {
         s->target = into;
       } else {
@@ -637,7 +528,7 @@ void RingShm::ReadSome() {
         s->target = s->buffer.get();
       }
       streaming_ = std::move(s);
-      read_pos_ += kLinkFrameHeaderBytes;
+      read_pos_ += kFrameHeaderBytes;
       inbound_->Freed(read_pos_);
       continue;
     }
@@ -646,23 +537,24 @@ void RingShm::ReadSome() {
                                     " bytes is only partly written");
       break;
     }
-    const uint8_t* payload = at + kLinkFrameHeaderBytes;
+    const uint8_t* bytes = at + kFrameHeaderBytes;
     read_pos_ += total;
+    Payload payload;
     if (payload_bytes == 0) {
       inbound_->Freed(read_pos_);
     } else if (into != nullptr) {
-      std::memcpy(into, payload, payload_bytes);
+      std::memcpy(into, bytes, payload_bytes);
       inbound_->Freed(read_pos_);
-      frame.data = Payload::Borrow(into, payload_bytes, nullptr);
+      payload = Payload::Borrow(into, payload_bytes, nullptr);
     } else if (waiting != waiting_.end()) {  // in place: the waiter combines from the ring
-      frame.data = Payload::Borrow(payload, payload_bytes, inbound_->Lend(read_pos_));
+      payload = Payload::Borrow(bytes, payload_bytes, inbound_->Lend(read_pos_));
     } else {  // nobody waits for it yet: out of the ring, so that it holds no space
-      frame.data = Payload::Copy(payload, payload_bytes);
+      payload = Payload::Copy(bytes, payload_bytes);
       inbound_->Freed(read_pos_);
     }
-    keep(std::move(frame));
+    if (!keep(std::move(frame), std::move(payload))) break;
   }
-  if (kept_.size() > CollectiveMailbox::kDefaultMaxQueuedChunks) {
+  if (kept_.size() > kMaxKeptFrames) {
     recv_failure_ = ResourceExhaustedError(From() + ": " + std::to_string(kept_.size()) +
                                            " frames wait for no running collective");
   }
@@ -691,10 +583,10 @@ Status RingShm::Wait(std::unique_lock<std::mutex>& lock, const std::function<boo
   while (true) {
     // Read the doorbell before looking: whatever happens after the look rings it anew.
     const uint32_t seen = bell->doorbell.load();
-    // A failed mailbox first, as RingLinks and CollectiveMailbox::Pop do: its status is the
+    // The process's failure first, as RingLinks and CollectiveMailbox::Pop do: it is the
     // root cause.
-    if (mailbox_ != nullptr) {
-      Status failed = mailbox_->failure();  // the mailbox never calls into the channel
+    if (failures_ != nullptr) {
+      Status failed = failures_->failure();  // the bus never calls into the channel
       if (!failed.ok()) return failed;
     }
     WriteSome();
@@ -734,7 +626,7 @@ Status RingShm::Wait(std::unique_lock<std::mutex>& lock, const std::function<boo
   }
 }
 
-StatusOr<ReceivedChunk> RingShm::Recv(uint64_t tag, uint32_t slot, Deadline deadline,
+StatusOr<RingFrame> RingShm::Recv(uint64_t tag, uint32_t slot, Deadline deadline,
                                       uint8_t* into, size_t into_bytes) {
   std::unique_lock<std::mutex> lock(mu_);
   const auto key = std::make_pair(tag, slot);
@@ -747,8 +639,8 @@ StatusOr<ReceivedChunk> RingShm::Recv(uint64_t tag, uint32_t slot, Deadline dead
     // return. Move it to a buffer of its own.
     Streaming& s = *streaming_;
     s.buffer.reset(new uint8_t[s.payload_bytes], std::default_delete<uint8_t[]>());
-    const uint64_t got = std::min(s.got, kLinkFrameHeaderBytes + s.payload_bytes) -
-                         kLinkFrameHeaderBytes;
+    const uint64_t got = std::min(s.got, kFrameHeaderBytes + s.payload_bytes) -
+                         kFrameHeaderBytes;
     std::memcpy(s.buffer.get(), into, got);
     s.target = s.buffer.get();
   }
@@ -771,7 +663,7 @@ Status RingShm::failure() const {
     std::lock_guard<std::mutex> lock(mu_);
     if (!recv_failure_.ok()) return recv_failure_;
   }
-  return mailbox_ == nullptr ? OkStatus() : mailbox_->failure();
+  return failures_ == nullptr ? OkStatus() : failures_->failure();
 }
 
 void RingShm::Discard(uint64_t tag) {

@@ -2,9 +2,10 @@
 // memory: one single-producer single-consumer byte ring per direction, in a POSIX shared
 // memory segment, driven by the threads that run collectives.
 //
-//   RingShmOptions options;  // rank, world_size, peer_addresses, transport, mailbox, timeout
-//   ASSIGN_OR_RETURN(std::unique_ptr<RingShm> shm, RingShm::Connect(options));
-//   ring_options.links = std::move(shm);  // RingCollectives sends and receives segments over it
+//   ASSIGN_OR_RETURN(auto own, RingShm::Create(rank, ring_bytes));
+//   ... tell both neighbours EncodeSegmentName(RingShm::NameOf(*own)), learn theirs ...
+//   ASSIGN_OR_RETURN(auto shm, RingShm::Attach(rank, world, own, prev_name, next_name, failures));
+//   ... once every rank has attached (ring_channel_setup.cc agrees on it): own->Unlink() ...
 //
 // Why: over loopback TCP a segment is copied into the kernel and out again, and each side
 // sleeps in poll(). Here a segment is copied once per hop: the sender copies it from its
@@ -20,25 +21,21 @@
 // wrote a frame and next rings when it freed space. Space is reserved with posix_fallocate, so
 // a full /dev/shm fails setup with ENOSPC instead of a SIGBUS later.
 //
-// Setup (Connect, every rank at once): each rank creates its segment and tells prev and next
-// its name and a random token, in CollectiveChunks under the reserved tag kRingShmSetupTag,
-// through the transport and mailbox. It opens both neighbours' segments and checks the token
-// (a segment with another token is not the neighbour's). Then every rank agrees over a
-// temporary ring on the transport (a max all-reduce of one "cannot" flag per rank, tag
-// kRingShmAgreeTag) whether every rank could map its neighbours; only then are the names
-// unlinked, so nothing is left in /dev/shm whatever happens later. If one rank could not,
-// every rank fails with FailedPrecondition naming it (tessera-worker --ring-transport auto then
-// uses RingLinks; see ring_channel_setup.h).
+// Setup (ring_channel_setup.cc, every rank at once): each rank creates its segment and tells
+// prev and next its name and a random token. It opens both neighbours' segments and checks the
+// token (a segment with another token is not the neighbour's). Then every rank agrees whether
+// every rank could map its neighbours; only then are the names unlinked, so nothing is left in
+// /dev/shm whatever happens later.
 //
-// Wire: a frame is the links' 64-byte header (EncodeLinkFrameHeader) and the payload, padded to
-// 64 bytes. Every header is checked on receipt (magic, sender, size cap): a bad one fails the
+// Wire: a frame is the 64-byte header of ring_frame_codec.h and the payload, padded to 64
+// bytes. Every header is checked on receipt (magic, sender, size cap): a bad one fails the
 // direction, naming the peer. A frame that fits the ring is written whole and read in place; a
 // larger one is streamed through it and copied out piece by piece.
 //
 // Waiting (Recv, Flush): a thread makes progress (writes what is queued for next, takes what
 // prev wrote), spins up to spin_us calling sched_yield(), then sleeps on its doorbell for at
-// most kFailureCheckMs. Each time it wakes it checks the mailbox's failure (the coordinator's
-// notice), the neighbours' processes (kill(pid, 0) and /proc: a dead peer never rings) and
+// most kFailureCheckMs. Each time it wakes it checks the process's FailureBus (the
+// coordinator's notice), the neighbours' processes (kill(pid, 0) and /proc: a dead peer never rings) and
 // their closed flags (set by the destructor), and the call's deadline. Errors name the peer:
 //   ring shm from worker 1 (pid 1234): the process exited
 // A broken direction stays broken; the other keeps working, so an abort notice reaches next.
@@ -66,41 +63,24 @@
 #include <vector>
 
 #include "common/base/deadline.h"
+#include "common/base/failure_bus.h"
 #include "common/base/payload.h"
 #include "common/base/status.h"
-#include "common/transport/transport.h"
 #include "worker/collectives/channel/kept_frames.h"
-#include "worker/collectives/channel/links/ring_links.h"
 #include "worker/collectives/channel/ring_channel.h"
-#include "worker/collectives/channel/zmq/collective_mailbox.h"
+#include "worker/collectives/channel/ring_frame_codec.h"
 
 namespace tessera::worker {
 
-// Reserved tags of the setup messages and the agreement; collectives must not use them.
-inline constexpr uint64_t kRingShmSetupTag = ~uint64_t{0} - 1;
-inline constexpr uint64_t kRingShmAgreeTag = ~uint64_t{0} - 2;
-
-struct RingShmOptions {
-  int rank = 0;
-  int world_size = 1;
-  std::vector<std::string> peer_addresses;  // transport addresses by rank, as for the ring
-  Transport* transport = nullptr;           // for setup and agreement; not owned
-  CollectiveMailbox* mailbox = nullptr;     // setup, agreement, failures to wake on; not owned
-  int64_t timeout_ms = 30000;               // bounds Connect
-  // Bytes of each direction's ring (rounded up to pages). Frames up to this size are read in
-  // place; a ring segment of RingCollectivesOptions::segment_bytes should fit twice.
-  size_t ring_bytes = 4u << 20;
-  // A larger frame fails the direction (the ring's largest is a segment).
-  size_t max_payload_bytes = (64u << 20) + 4096;
-  // How long a waiting thread polls with sched_yield() before it sleeps on the futex.
-  int64_t spin_us = 50;
-};
-
 // A segment as its creator announces it: the name to shm_open and the token inside.
 struct RingShmSegmentName {
-  std::string name;
+  std::string name;  // empty: the rank has no segment
   std::array<uint64_t, 2> token{};
 };
+
+// A name as text, for the setup messages, and back (InvalidArgument for malformed text).
+std::string EncodeSegmentName(const RingShmSegmentName& name);
+StatusOr<RingShmSegmentName> DecodeSegmentName(const std::string& text);
 
 class RingShm final : public RingChannel {
  public:
@@ -108,22 +88,16 @@ class RingShm final : public RingChannel {
 
   class Segment;  // one mapped segment (defined in the .cc)
 
-  // Sets up the channel as described above; every rank of the ring must call it. REQUIRES:
-  // world_size >= 2. FailedPrecondition when some rank cannot map its neighbours' segments
-  // (naming it, with the reason where it is this rank); other errors name the step.
-  static StatusOr<std::unique_ptr<RingShm>> Connect(const RingShmOptions& options);
-
-  // The steps of Connect, for tests that exchange names themselves (threads or processes):
   // Create makes this rank's segment (its name is linked until UnlinkOwnSegment or the
   // destructor); Attach opens the neighbours' (at world 2 both are the same) and checks their
-  // tokens: FailedPrecondition naming the neighbour if that fails. `mailbox` may be null.
+  // tokens: FailedPrecondition naming the neighbour if that fails. `failures` may be null.
   static StatusOr<std::shared_ptr<Segment>> Create(int rank, size_t ring_bytes);
   static RingShmSegmentName NameOf(const Segment& segment);
   static StatusOr<std::unique_ptr<RingShm>> Attach(int rank, int world_size,
                                                    std::shared_ptr<Segment> own,
                                                    const RingShmSegmentName& prev,
                                                    const RingShmSegmentName& next,
-                                                   CollectiveMailbox* mailbox,
+                                                   std::shared_ptr<FailureBus> failures,
                                                    size_t max_payload_bytes = (64u << 20) + 4096,
                                                    int64_t spin_us = 50);
 
@@ -141,8 +115,8 @@ class RingShm final : public RingChannel {
   // The bytes of each direction's ring.
   size_t ring_bytes() const;
 
-  Status Send(ReceivedChunk frame) override;
-  StatusOr<ReceivedChunk> Recv(uint64_t tag, uint32_t slot, Deadline deadline,
+  Status Send(RingFrame frame) override;
+  StatusOr<RingFrame> Recv(uint64_t tag, uint32_t slot, Deadline deadline,
                                uint8_t* into = nullptr, size_t into_bytes = 0) override;
   Status Flush(Deadline deadline) override;
   void CopyUnsentPayloads() override;
@@ -154,14 +128,14 @@ class RingShm final : public RingChannel {
 
  private:
   struct OutFrame {
-    uint8_t header[kLinkFrameHeaderBytes];
+    uint8_t header[kFrameHeaderBytes];
     Payload payload;
     uint64_t total = 0;    // header and padded payload
     uint64_t written = 0;  // of total
   };
   // A frame larger than the ring, being copied out.
   struct Streaming {
-    ReceivedChunk frame;
+    RingFrame frame;
     uint64_t payload_bytes = 0;
     uint64_t total = 0;
     uint64_t got = 0;  // of total, header included
@@ -170,7 +144,7 @@ class RingShm final : public RingChannel {
   };
 
   RingShm(int rank, int world_size, std::shared_ptr<Segment> own, std::shared_ptr<Segment> prev,
-          std::shared_ptr<Segment> next_bell, CollectiveMailbox* mailbox,
+          std::shared_ptr<Segment> next_bell, std::shared_ptr<FailureBus> failures,
           size_t max_payload_bytes, int64_t spin_us);
 
   // Both REQUIRE mu_ held. WriteSome writes queued frames while they fit; ReadSome takes every
@@ -194,7 +168,7 @@ class RingShm final : public RingChannel {
   const std::shared_ptr<Segment> own_;        // our ring to next, our doorbell
   const std::shared_ptr<Segment> next_bell_;  // next's doorbell (prev_segment at world 2)
   const std::shared_ptr<Inbound> inbound_;    // prev's ring to us
-  CollectiveMailbox* const mailbox_;
+  const std::shared_ptr<FailureBus> failures_;
   const size_t max_payload_bytes_;
   const int64_t spin_us_;
   const pid_t next_pid_;

@@ -1,0 +1,72 @@
+// What workers and parameter servers tell each other, as plain values (server/ps/ serves
+// them; worker/engines/ps_engine sends them).
+//
+//   PsInitRequest       rank 0 -> each server: the job and the initial values of the dense
+//                       chunks the server owns (reply: Ack)
+//   PsPushPullRequest   a worker's gradients of some chunks (or none: a pull); the reply,
+//                       PsPushPullReply, carries their values once the consistency model
+//                       allows
+//   SparsePushRequest   embedding rows' gradients (reply: Ack)
+//   SparsePullRequest   embedding rows by id (reply: SparsePullReply)
+//   CheckpointRequest   write or restore this server's shard of a step (reply: CheckpointReply)
+#ifndef TESSERA_COMMON_MESSAGES_PS_MESSAGES_H_
+#define TESSERA_COMMON_MESSAGES_PS_MESSAGES_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/messages/tensor_data.h"
+
+namespace tessera {
+
+struct PsInitRequest {
+  std::string config;                // the job's configuration, JSON (common/training/ps_job.h)
+  std::vector<TensorData> tensors;   // this server's dense chunks: "chunk<i>", key, values
+  uint64_t job_token = 0;            // the same on every worker of a job, new for the next
+};
+
+struct PsPushPullRequest {
+  std::vector<TensorData> tensors;  // chunks by key; bytes only with gradients
+  bool has_gradients = false;
+  uint64_t job_token = 0;  // a request of another job than the servers' waits for its init
+};
+
+struct PsPushPullReply {
+  std::vector<TensorData> tensors;  // the chunks asked for, in the request's order, with values
+};
+
+struct SparsePushRequest {
+  std::string table;
+  TensorData row_ids;  // int64
+  TensorData values;   // float32, rows x dim
+};
+
+struct SparsePullRequest {
+  std::string table;
+  TensorData row_ids;  // int64
+};
+
+struct SparsePullReply {
+  std::string table;
+  TensorData row_ids;
+  TensorData values;
+};
+
+struct CheckpointRequest {
+  std::string directory;  // the checkpoint root (common/training/checkpoint.h)
+  int64_t step = 0;
+  bool restore = false;  // false: write this server's shard of `step`; true: load it
+};
+
+struct CheckpointReply {
+  std::string directory;
+  int64_t step = 0;
+  std::vector<std::string> files;  // shard files written, inside the step directory
+  std::vector<uint64_t> bytes;     // their sizes
+  std::vector<uint64_t> checksums;
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_COMMON_MESSAGES_PS_MESSAGES_H_

@@ -1,0 +1,63 @@
+// What processes and the coordinator tell each other to form and watch a fleet (rendezvous,
+// heartbeats, barriers, failure notices), as plain values. The fleet view itself is in
+// fleet_view.h.
+//
+//   member -> coordinator: RegisterRequest (reply: FleetView), Heartbeat (reply: HeartbeatAck),
+//                          BarrierRequest (reply: BarrierRelease), Goodbye (reply: Ack)
+//   coordinator -> member: FailureNotice (unsolicited)
+#ifndef TESSERA_COMMON_MESSAGES_RENDEZVOUS_MESSAGES_H_
+#define TESSERA_COMMON_MESSAGES_RENDEZVOUS_MESSAGES_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "common/base/role.h"
+
+namespace tessera {
+
+struct RegisterRequest {
+  Role role = Role::kWorker;
+  int32_t requested_rank = -1;  // -1: any
+  std::string address;          // where the member's transport listens (tcp://HOST:PORT)
+  std::string metrics_address;  // where its /metrics is served
+  std::string host;
+  int64_t pid = 0;
+  int32_t num_workers = 0;  // a worker's idea of its job's size (0: the coordinator's)
+};
+
+struct Heartbeat {
+  uint64_t sequence = 0;
+};
+
+struct HeartbeatAck {
+  uint64_t epoch = 0;  // of the coordinator's fleet view
+};
+
+// The coordinator's word that a member failed: every wait for it ends with this.
+struct FailureNotice {
+  Role role = Role::kWorker;
+  int32_t rank = -1;
+  std::string address;
+  std::string reason;
+};
+
+struct BarrierRequest {
+  std::string name;
+  uint64_t generation = 0;
+  int64_t timeout_ms = 0;
+  std::optional<Role> scope;  // only members of this role take part; none: every member
+};
+
+struct BarrierRelease {
+  std::string name;
+  uint64_t generation = 0;
+};
+
+struct Goodbye {
+  std::string reason;
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_COMMON_MESSAGES_RENDEZVOUS_MESSAGES_H_

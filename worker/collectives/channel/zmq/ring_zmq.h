@@ -1,0 +1,67 @@
+// RingZmq: a rank's ring channel (ring_channel.h) through the process's Transport: each frame
+// is a message to the successor's transport address, and the predecessor's arrive in the
+// CollectiveMailbox the endpoint delivers them to.
+//
+//   auto mailbox = std::make_shared<CollectiveMailbox>(failures);
+//   endpoint.SetHandler(MessageType::kRingFrame, CollectiveMailbox::Handler(mailbox));
+//   ASSIGN_OR_RETURN(auto channel, RingZmq::Create({rank, world, peer_addresses,
+//                                                   &endpoint.transport(), mailbox}));
+//
+// Works wherever the transport does, with no setup of its own, so ring channel setup also
+// uses it to bootstrap the direct channels (RingLinks, RingShm) and to agree on them. It is
+// the slowest channel: a frame passes four thread hand-offs (docs/benchmarks.md).
+//
+// Borrowed payloads (no owner) are copied when sent, since the transport hands frames to
+// ZeroMQ on its own thread later; so Flush has nothing to wait for.
+//
+// Thread-safety: thread-safe.
+#ifndef TESSERA_WORKER_COLLECTIVES_CHANNEL_ZMQ_RING_ZMQ_H_
+#define TESSERA_WORKER_COLLECTIVES_CHANNEL_ZMQ_RING_ZMQ_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/base/status.h"
+#include "common/transport/transport.h"
+#include "worker/collectives/channel/ring_channel.h"
+#include "worker/collectives/channel/zmq/collective_mailbox.h"
+
+namespace tessera::worker {
+
+struct RingZmqOptions {
+  int rank = 0;
+  int world_size = 1;
+  std::vector<std::string> peer_addresses;  // transport addresses by rank
+  Transport* transport = nullptr;           // not owned
+  std::shared_ptr<CollectiveMailbox> mailbox;
+};
+
+class RingZmq final : public RingChannel {
+ public:
+  // InvalidArgument for a rank outside the world, a peer list of another size, or no
+  // transport or mailbox.
+  static StatusOr<std::unique_ptr<RingZmq>> Create(RingZmqOptions options);
+
+  int rank() const override { return options_.rank; }
+  Status Send(RingFrame frame) override { return SendTo(next_, std::move(frame)); }
+  // Sends `frame` to any rank of the ring (ring channel setup tells its predecessor too).
+  Status SendTo(int peer, RingFrame frame);
+  StatusOr<RingFrame> Recv(uint64_t tag, uint32_t slot, Deadline deadline, uint8_t* into = nullptr,
+                           size_t into_bytes = 0) override;
+  Status Flush(Deadline deadline) override { return OkStatus(); }
+  void CopyUnsentPayloads() override {}
+  Status failure() const override { return options_.mailbox->failure(); }
+  void Discard(uint64_t tag) override { options_.mailbox->Discard(tag); }
+  size_t kept() const override { return options_.mailbox->queued(); }
+
+ private:
+  explicit RingZmq(RingZmqOptions options);
+
+  const RingZmqOptions options_;
+  const int next_;
+};
+
+}  // namespace tessera::worker
+
+#endif  // TESSERA_WORKER_COLLECTIVES_CHANNEL_ZMQ_RING_ZMQ_H_
