@@ -60,8 +60,12 @@ Status FaultyTransport::Submit(Outgoing outgoing) {
   }
   auto last = last_due_.find(destination);
   if (last != last_due_.end() && last->second > due) due = last->second;  // keep its order
-  if (due > now) {
+  // Behind any message to the same destination still waiting for the timer, even one already
+  // due: sent now, this one would overtake it.
+  if (due > now || waiting_[destination] > 0) {
     last_due_[destination] = due;
+    const int copies = duplicate ? 2 : 1;
+    waiting_[destination] += copies;
     if (duplicate) later_.emplace(due, outgoing);
     later_.emplace(due, std::move(outgoing));
     cv_.notify_all();
@@ -89,6 +93,8 @@ void FaultyTransport::TimerLoop() {
       continue;
     }
     (void)Forward(first->second);  // a send failing now is a loss like any other
+    const Outgoing& sent = first->second;
+    --waiting_[sent.is_reply ? sent.origin.reply_to : sent.address];
     later_.erase(first);
   }
 }

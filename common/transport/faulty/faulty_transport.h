@@ -92,6 +92,8 @@ class FaultyTransport final : public Transport {
   std::multimap<SteadyClock::time_point, Outgoing> later_;  // guarded by mu_
   // When the last delayed message to each destination leaves: later ones to it wait as long.
   std::map<std::string, SteadyClock::time_point> last_due_;  // guarded by mu_
+  // Messages to each destination in later_: while any wait, new ones queue behind them.
+  std::map<std::string, int> waiting_;  // guarded by mu_
   bool stopped_ = false;                                   // guarded by mu_
   std::thread timer_;
 };
