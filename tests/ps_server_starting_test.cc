@@ -26,12 +26,12 @@ class PsServerStartingTest : public ::testing::Test {
  protected:
   void SetUp() override {
     ZmqTransportOptions options;
-    options.role = proto::Role::Server;
+    options.role = Role::kServer;
     options.rank = 0;
     auto server = StartZmqEndpoint(options, nullptr);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(server).value();
-    options.role = proto::Role::Worker;
+    options.role = Role::kWorker;
     auto worker = StartZmqEndpoint(options, nullptr);
     ASSERT_TRUE(worker.ok()) << worker.status();
     worker_ = std::move(worker).value();

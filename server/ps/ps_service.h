@@ -6,8 +6,8 @@
 //     hot path: requests for different chunks proceed in parallel on the service's threads);
 //   - the embedding rows hashed to it (EmbeddingTable, created on first touch from the seeded
 //     initial values, so only touched rows exist and only touched rows travel).
-// Requests (see proto/wire.fbs, "Parameter-server training"):
-//   PsPushPullRequest   gradients for chunks -> PullReply with the chunks' values, released by
+// Requests (common/messages/ps_messages.h):
+//   PsPushPullRequest   gradients for chunks -> PsPushPullReply with their values, released by
 //                       the consistency model:
 //                         ps-sync  the W workers' gradients of step t are summed in rank order,
 //                                  averaged and applied once (the optimizer's step t); replies
@@ -19,7 +19,17 @@
 //   SparsePushRequest   row gradients of one table -> Ack (ps-sync: applied once all W workers
 //                       pushed their rows for the step, summed in rank order and averaged).
 //   SparsePullRequest   rows -> SparsePullReply (ps-sync: after step header.step - 1 applied).
+//   CheckpointRequest   write (ps-sync: once the step is applied everywhere) or restore this
+//                       server's shard of a step -> CheckpointReply.
 // Every error names the key, chunk, table or row, and the owner where another server owns it.
+//
+// The service is thin: it reads the requests, hands them to the job's parts on its work queue
+// (work_queue.h) and answers. The parts: DenseShard (dense_shard.h) and SparseTables
+// (sparse_tables.h), both releasing replies by a ConsistencyPolicy (consistency_policy.h);
+// checkpoints (CheckpointRequest) by SaveShard / RestoreShard (shard_checkpoint.h). Requests of
+// a job not initialised yet are parked until its init. A request delivered twice (the same
+// worker and request id) changes the state once: copies of pushes and checkpoints are dropped
+// (request_ledger.h), as is a copy of the init of the current job.
 //
 // Thread-safety: thread-safe. Handlers run on the transport's I/O thread and only queue work.
 #ifndef TESSERA_SERVER_PS_PS_SERVICE_H_

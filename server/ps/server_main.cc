@@ -1,7 +1,7 @@
 // tessera-server: one parameter-server shard.
 //
 // Joins the fleet through the coordinator, serves pushes and pulls for the keys the fleet view
-// gives this rank (server/ps/parameter_service.h), and runs until it is told to stop:
+// gives this rank (server/ps/ps_service.h), and runs until it is told to stop:
 //   - SIGTERM/SIGINT (the launcher ending the job): says goodbye to the coordinator, exit 0;
 //   - losing the coordinator (heartbeats unanswered or rejected): exit 1 with that error,
 //     since without it nobody can tell this server about the fleet any more.

@@ -1,0 +1,87 @@
+#include "server/ps/consistency_policy.h"
+
+#include <algorithm>
+#include <string>
+
+namespace tessera::server {
+
+ConsistencyPolicy::ConsistencyPolicy(PsConsistency model, int num_workers, int64_t staleness)
+    : model_(model),
+      num_workers_(num_workers),
+      staleness_(staleness),
+      clocks_(static_cast<size_t>(num_workers), 0) {}
+
+StatusOr<PushDecision> ConsistencyPolicy::Push(int rank, int64_t step) {
+  PushDecision decision;
+  if (model_ != PsConsistency::kSync) {
+    clocks_[rank] = std::max(clocks_[rank], step);
+    decision.action = PushAction::kApplyNow;
+    decision.update = ++version_;
+    if (model_ == PsConsistency::kSsp) {
+      decision.reply.min_clock = step - staleness_;
+      decision.reply.step = step;
+    }
+    return decision;
+  }
+  // A step at or below the version was applied (or restored): a push of it would start a step
+  // that nobody else pushes again, and apply it a second time if everybody did.
+  if (step <= version_) {
+    return AlreadyExistsError("worker " + std::to_string(rank) + " pushed step " +
+                              std::to_string(step) + ", which is applied already (step " +
+                              std::to_string(version_) + ")");
+  }
+  std::vector<bool>& pushed = pushed_[step];
+  pushed.resize(static_cast<size_t>(num_workers_), false);
+  if (pushed[rank]) {
+    return AlreadyExistsError("worker " + std::to_string(rank) + " pushed step " +
+                              std::to_string(step) + " twice");
+  }
+  pushed[rank] = true;
+  clocks_[rank] = std::max(clocks_[rank], step);
+  decision.update = step;
+  decision.reply.min_version = step;
+  if (std::count(pushed.begin(), pushed.end(), true) < num_workers_) {
+    decision.action = PushAction::kHold;
+    return decision;
+  }
+  decision.action = PushAction::kApplyHeld;
+  pushed_.erase(step);
+  version_ = step;
+  return decision;
+}
+
+ReleaseRule ConsistencyPolicy::Pull(int64_t step) const {
+  ReleaseRule rule;
+  rule.min_version = step - 1;
+  return rule;
+}
+
+ReleaseRule ConsistencyPolicy::RowPull(int64_t step) const {
+  return model_ == PsConsistency::kSync ? Pull(step) : ReleaseRule{};
+}
+
+bool ConsistencyPolicy::MayRelease(const ReleaseRule& rule) const {
+  if (rule.min_version >= 0 && version_ < rule.min_version) return false;
+  if (rule.min_clock >= 0 && SlowestClock() < rule.min_clock) return false;
+  return true;
+}
+
+int64_t ConsistencyPolicy::Spread() const {
+  return *std::max_element(clocks_.begin(), clocks_.end()) - SlowestClock();
+}
+
+int64_t ConsistencyPolicy::Lead(const ReleaseRule& rule) const {
+  return rule.min_clock >= 0 ? rule.step - SlowestClock() : 0;
+}
+
+void ConsistencyPolicy::Restore(int64_t step) {
+  version_ = step;
+  std::fill(clocks_.begin(), clocks_.end(), step);
+  pushed_.clear();
+}
+
+int64_t ConsistencyPolicy::SlowestClock() const {
+  return *std::min_element(clocks_.begin(), clocks_.end());
+}
+
+}  // namespace tessera::server

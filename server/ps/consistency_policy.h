@@ -1,0 +1,103 @@
+// ConsistencyPolicy: the release rules of ps-sync, ps-async and ps-ssp for one part of a job
+// that workers push to (a dense chunk or an embedding table): what a push does, when a waiting
+// reply may go, and the staleness record. Pure logic: it holds no values, locks or sockets.
+//
+// Words: a part's `version` counts the updates it applied (ps-sync: the last step applied);
+// a worker's `clock` is the last step it pushed to the part.
+//
+//   ps-sync   a push of step t is held until all W workers pushed step t; the last of them
+//             makes the part apply the W gradients (summed in rank order, averaged) as
+//             optimizer step t, and the version becomes t. The reply to a push of step t waits
+//             until the version is t, so every worker sees the same values.
+//   ps-async  each push is applied on arrival as the part's next update (version + 1); its
+//             reply goes at once.
+//   ps-ssp    applied as in ps-async, but the reply to a push of step t waits until the slowest
+//             worker's clock is at least t - K (K = the job's staleness).
+//   A pull of step t (no gradients) waits until the version is at least t - 1, in every model.
+// ps-sync also refuses a worker's second push of a step, and a push of a step already applied.
+//
+//   ConsistencyPolicy policy(PsConsistency::kSync, /*num_workers=*/2, /*staleness=*/0);
+//   ASSIGN_OR_RETURN(PushDecision push, policy.Push(rank, step));
+//   if (push.action == PushAction::kApplyHeld) { ...apply step push.update... }
+//   waiters.push_back(push.reply);   // later: if (policy.MayRelease(rule)) send
+//
+// Thread-safety: not thread-safe; its owner keeps it under the part's lock.
+#ifndef TESSERA_SERVER_PS_CONSISTENCY_POLICY_H_
+#define TESSERA_SERVER_PS_CONSISTENCY_POLICY_H_
+
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include "common/base/status.h"
+#include "common/training/ps_job.h"
+
+namespace tessera::server {
+
+// When a waiting reply may be released. Default: at once.
+struct ReleaseRule {
+  int64_t min_version = -1;  // once the part's version is at least this (-1: any)
+  int64_t min_clock = -1;    // ps-ssp: once the slowest worker's clock is at least this (-1: any)
+  int64_t step = 0;          // ps-ssp: the push's step, for the staleness record
+};
+
+enum class PushAction {
+  kHold,       // ps-sync: keep the gradient for step `update`; not every worker has pushed it
+  kApplyHeld,  // ps-sync: the last one: apply every worker's gradient of step `update`
+  kApplyNow,   // ps-async / ps-ssp: apply this gradient alone as update `update`
+};
+
+struct PushDecision {
+  PushAction action = PushAction::kHold;
+  // The optimizer's 1-based step of the update (its learning rate is that of `update - 1`
+  // updates applied, common/training/lr_schedule.h).
+  int64_t update = 0;
+  ReleaseRule reply;  // when the push's reply may go
+};
+
+class ConsistencyPolicy {
+ public:
+  // REQUIRES: num_workers >= 1, staleness >= 0.
+  ConsistencyPolicy(PsConsistency model, int num_workers, int64_t staleness);
+
+  // A push of step `step` by worker `rank`; the caller must then do what the decision says.
+  // ps-sync refuses with AlreadyExists a worker's second push of a step ("worker 0 pushed step
+  // 3 twice") and a push of a step the part has applied already; nothing changes then.
+  // REQUIRES: 0 <= rank < num_workers, step >= 1.
+  StatusOr<PushDecision> Push(int rank, int64_t step);
+
+  // A pull of the dense values after step `step` - 1.
+  ReleaseRule Pull(int64_t step) const;
+  // A pull of embedding rows: as Pull in ps-sync; at once otherwise (a table is pushed only by
+  // workers that touched its rows, so outside ps-sync its version does not count steps).
+  ReleaseRule RowPull(int64_t step) const;
+
+  bool MayRelease(const ReleaseRule& rule) const;
+
+  // The staleness record (ps-ssp). Spread: the fastest worker's clock minus the slowest's.
+  // Lead: how many steps a reply released now runs ahead of the slowest worker (0 for a rule
+  // without a clock condition).
+  int64_t Spread() const;
+  int64_t Lead(const ReleaseRule& rule) const;
+
+  // The part was restored from a checkpoint of step `step`: its version and every worker's
+  // clock are `step`, and nothing is held any more.
+  void Restore(int64_t step);
+
+  PsConsistency model() const { return model_; }
+  int64_t version() const { return version_; }
+
+ private:
+  int64_t SlowestClock() const;
+
+  const PsConsistency model_;
+  const int num_workers_;
+  const int64_t staleness_;
+  int64_t version_ = 0;
+  std::vector<int64_t> clocks_;                  // by rank
+  std::map<int64_t, std::vector<bool>> pushed_;  // ps-sync: who pushed a step not yet applied
+};
+
+}  // namespace tessera::server
+
+#endif  // TESSERA_SERVER_PS_CONSISTENCY_POLICY_H_

@@ -1,0 +1,135 @@
+#include "server/ps/consistency_policy.h"
+
+#include <gtest/gtest.h>
+
+namespace tessera::server {
+namespace {
+
+PushDecision MustPush(ConsistencyPolicy& policy, int rank, int64_t step) {
+  StatusOr<PushDecision> decision = policy.Push(rank, step);
+  EXPECT_TRUE(decision.ok()) << decision.status();
+  return decision.ok() ? *decision : PushDecision{};
+}
+
+TEST(ConsistencyPolicyTest, SyncHoldsEachStepUntilEveryWorkerPushedItThenAppliesItOnce) {
+  ConsistencyPolicy policy(PsConsistency::kSync, 3, 0);
+  for (int64_t step = 1; step <= 3; ++step) {
+    // Any arrival order; the last arrival applies.
+    PushDecision a = MustPush(policy, 2, step);
+    PushDecision b = MustPush(policy, 0, step);
+    EXPECT_EQ(a.action, PushAction::kHold);
+    EXPECT_EQ(b.action, PushAction::kHold);
+    EXPECT_EQ(policy.version(), step - 1);
+    EXPECT_FALSE(policy.MayRelease(a.reply));
+    PushDecision c = MustPush(policy, 1, step);
+    EXPECT_EQ(c.action, PushAction::kApplyHeld);
+    EXPECT_EQ(c.update, step);
+    EXPECT_EQ(policy.version(), step);
+    for (const PushDecision& d : {a, b, c}) EXPECT_TRUE(policy.MayRelease(d.reply));
+  }
+}
+
+TEST(ConsistencyPolicyTest, SyncRefusesASecondPushOfAStepAndOneOfAnAppliedStep) {
+  ConsistencyPolicy policy(PsConsistency::kSync, 2, 0);
+  MustPush(policy, 0, 1);
+  StatusOr<PushDecision> twice = policy.Push(0, 1);
+  EXPECT_EQ(twice.status().code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(twice.status().message(), "worker 0 pushed step 1 twice");
+  EXPECT_EQ(MustPush(policy, 1, 1).action, PushAction::kApplyHeld);  // the refusal counted nothing
+  StatusOr<PushDecision> late = policy.Push(1, 1);
+  EXPECT_EQ(late.status().code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(late.status().message(), "worker 1 pushed step 1, which is applied already (step 1)");
+  EXPECT_EQ(policy.version(), 1);
+}
+
+TEST(ConsistencyPolicyTest, SyncWithOneWorkerAppliesEveryPush) {
+  ConsistencyPolicy policy(PsConsistency::kSync, 1, 0);
+  EXPECT_EQ(MustPush(policy, 0, 1).action, PushAction::kApplyHeld);
+  EXPECT_EQ(MustPush(policy, 0, 2).action, PushAction::kApplyHeld);
+  EXPECT_FALSE(policy.Push(0, 2).ok());
+}
+
+TEST(ConsistencyPolicyTest, AsyncAppliesEachPushAsTheNextUpdateAndRepliesAtOnce) {
+  ConsistencyPolicy policy(PsConsistency::kAsync, 2, 0);
+  int64_t update = 0;
+  for (auto [rank, step] : std::vector<std::pair<int, int64_t>>{{0, 1}, {0, 2}, {0, 3}, {1, 1}}) {
+    PushDecision d = MustPush(policy, rank, step);
+    EXPECT_EQ(d.action, PushAction::kApplyNow);
+    EXPECT_EQ(d.update, ++update);
+    EXPECT_TRUE(policy.MayRelease(d.reply));
+    EXPECT_EQ(policy.Lead(d.reply), 0);
+  }
+  EXPECT_EQ(policy.version(), 4);
+  EXPECT_TRUE(MustPush(policy, 0, 3).action == PushAction::kApplyNow);  // repeats are updates too
+}
+
+TEST(ConsistencyPolicyTest, SspReleasesAPushOfStepTOnceTheSlowestPushedTMinusK) {
+  for (int64_t k : {0, 1, 3}) {
+    SCOPED_TRACE("K=" + std::to_string(k));
+    ConsistencyPolicy policy(PsConsistency::kSsp, 2, k);
+    // Worker 0 runs ahead while worker 1 stays at clock 0: step t may go while t - K <= 0.
+    std::vector<PushDecision> ahead;
+    for (int64_t step = 1; step <= k + 2; ++step) {
+      ahead.push_back(MustPush(policy, 0, step));
+      EXPECT_EQ(ahead.back().action, PushAction::kApplyNow);  // applied anyway
+      EXPECT_EQ(policy.MayRelease(ahead.back().reply), step - k <= 0) << step;
+    }
+    EXPECT_EQ(policy.Spread(), k + 2);
+    // Worker 1 pushes step 1: every push up to step K + 1 may go now, K + 2 still waits.
+    MustPush(policy, 1, 1);
+    EXPECT_EQ(policy.Spread(), k + 1);
+    for (int64_t step = 1; step <= k + 2; ++step) {
+      const ReleaseRule& rule = ahead[static_cast<size_t>(step - 1)].reply;
+      EXPECT_EQ(policy.MayRelease(rule), step <= k + 1) << step;
+      if (step - k >= 0 && policy.MayRelease(rule)) {
+        EXPECT_LE(policy.Lead(rule), k);
+      }
+    }
+    EXPECT_EQ(policy.Lead(ahead[static_cast<size_t>(k)].reply), k);  // step K + 1, slowest at 1
+  }
+}
+
+TEST(ConsistencyPolicyTest, PullsWaitForTheStepBeforeTheirsAndRowPullsOnlyInSync) {
+  ConsistencyPolicy sync(PsConsistency::kSync, 2, 0);
+  EXPECT_TRUE(sync.MayRelease(sync.Pull(1)));
+  EXPECT_FALSE(sync.MayRelease(sync.Pull(2)));
+  EXPECT_FALSE(sync.MayRelease(sync.RowPull(2)));
+  MustPush(sync, 0, 1);
+  MustPush(sync, 1, 1);
+  EXPECT_TRUE(sync.MayRelease(sync.Pull(2)));
+  EXPECT_TRUE(sync.MayRelease(sync.RowPull(2)));
+
+  ConsistencyPolicy async(PsConsistency::kAsync, 2, 0);
+  EXPECT_FALSE(async.MayRelease(async.Pull(2)));
+  EXPECT_TRUE(async.MayRelease(async.RowPull(50)));
+  MustPush(async, 1, 1);
+  EXPECT_TRUE(async.MayRelease(async.Pull(2)));
+}
+
+TEST(ConsistencyPolicyTest, RestoreResetsTheVersionAndClocksAndForgetsHeldPushes) {
+  ConsistencyPolicy sync(PsConsistency::kSync, 2, 0);
+  MustPush(sync, 0, 1);
+  MustPush(sync, 1, 1);
+  MustPush(sync, 0, 2);  // held
+  sync.Restore(10);
+  EXPECT_EQ(sync.version(), 10);
+  EXPECT_TRUE(sync.MayRelease(sync.Pull(11)));
+  EXPECT_FALSE(sync.MayRelease(sync.Pull(12)));
+  EXPECT_FALSE(sync.Push(0, 10).ok());  // applied by the checkpoint
+  EXPECT_EQ(MustPush(sync, 0, 11).action, PushAction::kHold);
+  EXPECT_EQ(MustPush(sync, 1, 11).action, PushAction::kApplyHeld);
+
+  ConsistencyPolicy ssp(PsConsistency::kSsp, 2, 1);
+  MustPush(ssp, 0, 1);
+  MustPush(ssp, 0, 2);
+  ssp.Restore(5);
+  EXPECT_EQ(ssp.Spread(), 0);
+  EXPECT_EQ(ssp.version(), 5);
+  PushDecision next = MustPush(ssp, 0, 6);
+  EXPECT_EQ(next.update, 6);
+  EXPECT_TRUE(ssp.MayRelease(next.reply));  // 6 - 1 <= 5
+  EXPECT_FALSE(ssp.MayRelease(MustPush(ssp, 0, 7).reply));
+}
+
+}  // namespace
+}  // namespace tessera::server

@@ -1,0 +1,260 @@
+#include "server/ps/dense_shard.h"
+
+#include <atomic>
+#include <utility>
+
+#include "common/messages/fleet_view.h"
+#include "common/training/lr_schedule.h"
+#include "common/training/optimizer.h"
+
+namespace tessera::server {
+
+// A push-pull reply assembled from one part per chunk, sent when the last part is filled.
+struct DenseShard::PendingReply {
+  ReplyCallback send;
+  std::vector<std::string> names;  // per part: "chunk<index>"
+  std::vector<uint64_t> keys;
+  std::vector<std::vector<float>> values;  // part i written once, under chunk i's lock
+  std::atomic<int> remaining{0};           // parts not filled yet
+};
+
+// A part of a PendingReply, with the rule that releases it.
+struct DenseShard::Waiter {
+  std::shared_ptr<PendingReply> reply;
+  size_t part = 0;
+  ReleaseRule rule;
+};
+
+struct DenseShard::Chunk {
+  Chunk(const DenseChunk& where, const PsJobConfig& config)
+      : where(where), policy(config.consistency, config.num_workers, config.staleness) {}
+
+  const DenseChunk where;
+  mutable std::mutex mu;
+  std::vector<float> values;  // guarded by mu
+  std::vector<float> state;   // guarded by mu
+  ConsistencyPolicy policy;   // guarded by mu
+  // ps-sync: the gradients of a step not applied yet, by rank (empty: not pushed yet).
+  std::map<int64_t, std::vector<std::vector<float>>> held;  // guarded by mu
+  std::vector<Waiter> waiters;                              // guarded by mu
+};
+
+StatusOr<std::unique_ptr<DenseShard>> DenseShard::Create(const PsJobConfig& config,
+                                                         const ServerPlacement& placement,
+                                                         const std::vector<TensorData>& initial,
+                                                         PsMetrics* metrics) {
+  ASSIGN_OR_RETURN(std::vector<DenseChunk> plan,
+                   PlanDenseChunks(config.dense_elements, config.chunk_elements,
+                                   placement.num_servers, placement.key_space));
+  std::unique_ptr<DenseShard> shard(new DenseShard(config, placement, metrics));
+  std::map<uint64_t, const TensorData*> given;
+  for (const TensorData& tensor : initial) given[tensor.key] = &tensor;
+  for (const DenseChunk& where : plan) {
+    if (where.server != placement.server_rank) continue;
+    auto it = given.find(where.key);
+    if (it == given.end() || it->second->dtype != DataType::kFloat32 ||
+        it->second->bytes.size() != where.size * sizeof(float)) {
+      return InvalidArgumentError("init: chunk " + std::to_string(where.index) + " (key " +
+                                  std::to_string(where.key) + ", " + std::to_string(where.size) +
+                                  " floats) is missing or has the wrong size");
+    }
+    auto chunk = std::make_unique<Chunk>(where, config);
+    chunk->values = it->second->Read<float>();
+    chunk->state.resize(shard->state_per_element_ * where.size);
+    InitOptimizerState(config.optimizer, chunk->state.data(), where.size);
+    shard->chunks_[where.key] = std::move(chunk);
+  }
+  if (given.size() != shard->chunks_.size()) {
+    return InvalidArgumentError("init: " + std::to_string(given.size()) +
+                                " chunks sent, this server owns " +
+                                std::to_string(shard->chunks_.size()));
+  }
+  for (const auto& [key, chunk] : shard->chunks_) shard->layout_.push_back(chunk->where);
+  return shard;
+}
+
+DenseShard::DenseShard(const PsJobConfig& config, const ServerPlacement& placement,
+                       PsMetrics* metrics)
+    : config_(config),
+      placement_(placement),
+      metrics_(metrics),
+      state_per_element_(StateFloatsPerElement(config.optimizer.kind)) {}
+
+DenseShard::~DenseShard() {
+  int64_t dropped = 0;
+  for (auto& [key, chunk] : chunks_) {
+    std::lock_guard<std::mutex> lock(chunk->mu);
+    dropped += static_cast<int64_t>(chunk->waiters.size());
+  }
+  if (dropped > 0) metrics_->AddWaiting(-dropped);
+}
+
+Status DenseShard::PushPull(int rank, int64_t step, const std::vector<TensorData>& tensors,
+                            bool push, ReplyCallback reply) {
+  if (push && step < 1) {
+    return InvalidArgumentError("push of step " + std::to_string(step) + "; steps start at 1");
+  }
+  std::vector<Chunk*> chunks;
+  std::vector<std::vector<float>> grads;
+  for (const TensorData& tensor : tensors) {
+    auto it = chunks_.find(tensor.key);
+    if (it == chunks_.end()) return NotFoundError(OwnerMessage(tensor.key));
+    Chunk* chunk = it->second.get();
+    if (push && (tensor.dtype != DataType::kFloat32 ||
+                 tensor.bytes.size() != chunk->where.size * sizeof(float))) {
+      return InvalidArgumentError("chunk " + std::to_string(chunk->where.index) + " has " +
+                                  std::to_string(chunk->where.size) + " floats; the push "
+                                  "carries " + std::to_string(tensor.bytes.size()) +
+                                  " bytes of " + std::string(DataTypeName(tensor.dtype)));
+    }
+    chunks.push_back(chunk);
+    if (push) grads.push_back(tensor.Read<float>());
+  }
+  auto pending = std::make_shared<PendingReply>();
+  pending->send = std::move(reply);
+  pending->values.resize(chunks.size());
+  for (const Chunk* chunk : chunks) {
+    pending->names.push_back("chunk" + std::to_string(chunk->where.index));
+    pending->keys.push_back(chunk->where.key);
+  }
+  pending->remaining = static_cast<int>(chunks.size());
+  if (chunks.empty()) {
+    Send({pending});
+    return OkStatus();
+  }
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    Chunk& chunk = *chunks[i];
+    Ready ready;
+    {
+      std::lock_guard<std::mutex> lock(chunk.mu);
+      // A pull: the values after step - 1 in every model (after a restore, versions restart
+      // at the checkpoint's step).
+      Waiter waiter{pending, i, chunk.policy.Pull(step)};
+      if (push) {
+        metrics_->DenseGradientBytes(static_cast<double>(grads[i].size() * sizeof(float)));
+        ASSIGN_OR_RETURN(PushDecision decision, chunk.policy.Push(rank, step));
+        switch (decision.action) {
+          case PushAction::kHold:
+          case PushAction::kApplyHeld: {
+            auto& slots = chunk.held[decision.update];
+            slots.resize(static_cast<size_t>(config_.num_workers));
+            slots[rank] = std::move(grads[i]);
+            if (decision.action == PushAction::kApplyHeld) ApplyHeld(decision.update, &chunk);
+            break;
+          }
+          case PushAction::kApplyNow:
+            ApplyOne(decision.update, grads[i].data(), &chunk);
+            break;
+        }
+        waiter.rule = decision.reply;
+      }
+      chunk.waiters.push_back(std::move(waiter));
+      metrics_->AddWaiting(1);
+      ReleaseReady(&chunk, &ready);
+    }
+    Send(ready);
+  }
+  return OkStatus();
+}
+
+std::string DenseShard::OwnerMessage(uint64_t key) const {
+  const int self = placement_.server_rank;
+  for (int s = 0; s < placement_.num_servers; ++s) {
+    auto [begin, end] = ServerKeyRange(placement_.key_space, placement_.num_servers, s);
+    if (key >= begin && key < end && s != self) {
+      return "key " + std::to_string(key) + " belongs to server " + std::to_string(s) +
+             ", not server " + std::to_string(self);
+    }
+  }
+  return "key " + std::to_string(key) + " is not a chunk of this job on server " +
+         std::to_string(self) + " (" + std::to_string(chunks_.size()) + " chunks here)";
+}
+
+// ps-sync: every worker's gradient of `step` is here: sum in rank order, average, apply.
+void DenseShard::ApplyHeld(int64_t step, Chunk* chunk) {
+  auto held = chunk->held.find(step);
+  std::vector<std::vector<float>>& slots = held->second;
+  std::vector<float>& sum = slots[0];
+  for (size_t r = 1; r < slots.size(); ++r) {
+    for (size_t j = 0; j < sum.size(); ++j) sum[j] += slots[r][j];
+  }
+  const float scale = 1.0f / static_cast<float>(config_.num_workers);
+  for (float& g : sum) g *= scale;
+  const float lr = LearningRate(config_.schedule, config_.optimizer.lr, step - 1);
+  DenseUpdate(config_.optimizer, lr, step, chunk->values.data(), sum.data(), sum.size(),
+              chunk->state.data());
+  chunk->held.erase(held);
+  metrics_->DenseUpdate();
+}
+
+// ps-async / ps-ssp: one worker's gradient, applied at once as update `update`.
+void DenseShard::ApplyOne(int64_t update, const float* grad, Chunk* chunk) {
+  const float lr = LearningRate(config_.schedule, config_.optimizer.lr, update - 1);
+  DenseUpdate(config_.optimizer, lr, update, chunk->values.data(), grad, chunk->values.size(),
+              chunk->state.data());
+  metrics_->DenseUpdate();
+}
+
+// Fills the part of every waiter the policy releases now; replies whose last part that was go
+// to `ready`, to be sent once the lock is released.
+void DenseShard::ReleaseReady(Chunk* chunk, Ready* ready) {
+  if (config_.consistency == PsConsistency::kSsp) metrics_->SetStaleness(chunk->policy.Spread());
+  std::vector<Waiter> keep;
+  for (Waiter& waiter : chunk->waiters) {
+    if (!chunk->policy.MayRelease(waiter.rule)) {
+      keep.push_back(std::move(waiter));
+      continue;
+    }
+    if (waiter.rule.min_clock >= 0) metrics_->RecordReleasedLead(chunk->policy.Lead(waiter.rule));
+    waiter.reply->values[waiter.part] = chunk->values;
+    if (--waiter.reply->remaining == 0) ready->push_back(waiter.reply);
+  }
+  metrics_->AddWaiting(-static_cast<int64_t>(chunk->waiters.size() - keep.size()));
+  chunk->waiters.swap(keep);
+}
+
+void DenseShard::Send(const Ready& ready) {
+  for (const std::shared_ptr<PendingReply>& pending : ready) {
+    PsPushPullReply reply;
+    for (size_t i = 0; i < pending->values.size(); ++i) {
+      reply.tensors.push_back(
+          TensorData::Floats(pending->names[i], pending->keys[i], std::move(pending->values[i])));
+    }
+    pending->send(std::move(reply));
+  }
+}
+
+std::string DenseShard::FirstBehind(int64_t step) const {
+  for (const auto& [key, chunk] : chunks_) {
+    std::lock_guard<std::mutex> lock(chunk->mu);
+    if (chunk->policy.version() < step) return "chunk " + std::to_string(chunk->where.index);
+  }
+  return "";
+}
+
+std::map<uint64_t, ChunkState> DenseShard::Snapshot() const {
+  std::map<uint64_t, ChunkState> saved;
+  for (const auto& [key, chunk] : chunks_) {
+    std::lock_guard<std::mutex> lock(chunk->mu);
+    saved[chunk->where.index] = {chunk->values, chunk->state};
+  }
+  return saved;
+}
+
+void DenseShard::Restore(std::map<uint64_t, ChunkState> saved, int64_t step) {
+  for (auto& [key, chunk] : chunks_) {
+    Ready ready;
+    {
+      std::lock_guard<std::mutex> lock(chunk->mu);
+      ChunkState& mine = saved.at(chunk->where.index);
+      chunk->values = std::move(mine.values);
+      chunk->state = std::move(mine.state);
+      chunk->policy.Restore(step);
+      chunk->held.clear();
+      ReleaseReady(chunk.get(), &ready);
+    }
+    Send(ready);
+  }
+}
+
+}  // namespace tessera::server

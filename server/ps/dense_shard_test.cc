@@ -1,0 +1,195 @@
+#include "server/ps/dense_shard.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <optional>
+#include <thread>
+
+#include "common/metrics/metrics.h"
+
+namespace tessera::server {
+namespace {
+
+using Floats = std::vector<float>;
+
+// 10 floats in chunks of 4 (sizes 4, 4, 2); SGD lr 0.5.
+PsJobConfig Config(PsConsistency consistency, int num_workers) {
+  PsJobConfig config;
+  config.consistency = consistency;
+  config.num_workers = num_workers;
+  config.optimizer = DefaultOptimizerOptions(OptimizerKind::kSgd);
+  config.optimizer.lr = 0.5f;
+  config.dense_elements = 10;
+  config.chunk_elements = 4;
+  return config;
+}
+
+TensorData Chunk(uint64_t key, Floats values) { return TensorData::Floats("chunk", key, values); }
+TensorData Ask(uint64_t key) { return TensorData{"chunk", key, DataType::kFloat32, {}, Payload()}; }
+
+// A reply, once it came.
+struct Captured {
+  std::shared_ptr<std::optional<PsPushPullReply>> reply =
+      std::make_shared<std::optional<PsPushPullReply>>();
+  DenseShard::ReplyCallback Callback() const {
+    return [reply = reply](PsPushPullReply r) {
+      ASSERT_FALSE(reply->has_value()) << "answered twice";
+      *reply = std::move(r);
+    };
+  }
+  bool came() const { return reply->has_value(); }
+  Floats Values(size_t i) const { return (*reply)->tensors.at(i).Read<float>(); }
+};
+
+class DenseShardTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto metrics = PsMetrics::Register(&registry_);
+    ASSERT_TRUE(metrics.ok()) << metrics.status();
+    metrics_ = std::move(metrics).value();
+  }
+
+  // Server 0 of 1 (keys 0, 1, 2) with chunk c's values all c + 1.
+  std::unique_ptr<DenseShard> Create(const PsJobConfig& config) {
+    auto shard = DenseShard::Create(config, {0, 1, 100},
+                                    {Chunk(0, Floats(4, 1)), Chunk(1, Floats(4, 2)),
+                                     Chunk(2, Floats(2, 3))},
+                                    metrics_.get());
+    EXPECT_TRUE(shard.ok()) << shard.status();
+    return shard.ok() ? std::move(shard).value() : nullptr;
+  }
+
+  Captured Push(DenseShard& shard, int rank, int64_t step, std::vector<TensorData> grads) {
+    Captured captured;
+    Status status = shard.PushPull(rank, step, grads, true, captured.Callback());
+    EXPECT_TRUE(status.ok()) << status;
+    return captured;
+  }
+
+  MetricsRegistry registry_;
+  std::unique_ptr<PsMetrics> metrics_;
+};
+
+TEST_F(DenseShardTest, CreateNeedsExactlyTheChunksOfThisServer) {
+  const PsJobConfig config = Config(PsConsistency::kSync, 1);
+  auto missing = DenseShard::Create(config, {0, 1, 100}, {Chunk(0, Floats(4)), Chunk(1, Floats(4))},
+                                    metrics_.get());
+  EXPECT_EQ(missing.status().message(),
+            "init: chunk 2 (key 2, 2 floats) is missing or has the wrong size");
+  auto short_chunk = DenseShard::Create(
+      config, {0, 1, 100}, {Chunk(0, Floats(3)), Chunk(1, Floats(4)), Chunk(2, Floats(2))},
+      metrics_.get());
+  EXPECT_EQ(short_chunk.status().code(), StatusCode::kInvalidArgument);
+  // Server 1 of 2 owns chunk 1 only (key 50).
+  auto extra = DenseShard::Create(config, {1, 2, 100}, {Chunk(50, Floats(4)), Chunk(0, Floats(4))},
+                                  metrics_.get());
+  EXPECT_EQ(extra.status().message(), "init: 2 chunks sent, this server owns 1");
+  auto mine = DenseShard::Create(config, {1, 2, 100}, {Chunk(50, Floats(4))}, metrics_.get());
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  ASSERT_EQ((*mine)->chunks().size(), 1u);
+  EXPECT_EQ((*mine)->chunks()[0].index, 1u);
+}
+
+TEST_F(DenseShardTest, SyncRepliesOnceEveryWorkerPushedWithTheChunksInRequestOrder) {
+  auto shard = Create(Config(PsConsistency::kSync, 2));
+  Captured first = Push(*shard, 1, 1, {Chunk(2, {2, 2}), Chunk(0, {1, 1, 1, 1})});
+  EXPECT_FALSE(first.came());
+  EXPECT_EQ(shard->FirstBehind(1), "chunk 0");
+  Captured second = Push(*shard, 0, 1, {Chunk(0, {3, 3, 3, 3}), Chunk(2, {0, 4})});
+  ASSERT_TRUE(first.came());
+  ASSERT_TRUE(second.came());
+  EXPECT_EQ((*first.reply)->tensors[0].key, 2u);
+  EXPECT_EQ((*first.reply)->tensors[0].name, "chunk2");
+  EXPECT_EQ(first.Values(0), (Floats{2.5f, 1.5f}));   // 3 - 0.5 * mean(2, 0), mean(2, 4)
+  EXPECT_EQ(first.Values(1), (Floats{0, 0, 0, 0}));   // 1 - 0.5 * 2
+  EXPECT_EQ(second.Values(0), first.Values(1));
+  EXPECT_EQ(shard->FirstBehind(1), "chunk 1");        // never pushed
+}
+
+TEST_F(DenseShardTest, RefusesBadPushesBeforeChangingAnything) {
+  auto shard = Create(Config(PsConsistency::kAsync, 2));
+  Captured never;
+  Status early = shard->PushPull(0, 0, {Chunk(0, Floats(4))}, true, never.Callback());
+  EXPECT_EQ(early.message(), "push of step 0; steps start at 1");
+  Status size = shard->PushPull(0, 1, {Chunk(0, Floats(4)), Chunk(1, Floats(3))}, true,
+                                never.Callback());
+  EXPECT_EQ(size.message(), "chunk 1 has 4 floats; the push carries 12 bytes of float32");
+  Status key = shard->PushPull(0, 1, {Chunk(7, Floats(4))}, true, never.Callback());
+  EXPECT_EQ(key.code(), StatusCode::kNotFound);
+  EXPECT_EQ(key.message(), "key 7 is not a chunk of this job on server 0 (3 chunks here)");
+  EXPECT_FALSE(never.came());
+  Captured pull;
+  ASSERT_TRUE(shard->PushPull(0, 1, {Ask(0)}, false, pull.Callback()).ok());
+  EXPECT_EQ(pull.Values(0), Floats(4, 1));  // chunk 0 took nothing
+
+  auto other = DenseShard::Create(Config(PsConsistency::kAsync, 2), {1, 2, 100},
+                                  {Chunk(50, Floats(4))}, metrics_.get());
+  ASSERT_TRUE(other.ok());
+  Status foreign = (*other)->PushPull(0, 1, {Ask(3)}, false, never.Callback());
+  EXPECT_EQ(foreign.message(), "key 3 belongs to server 0, not server 1");
+}
+
+TEST_F(DenseShardTest, APullWaitsForTheStepBeforeItsOwn) {
+  auto shard = Create(Config(PsConsistency::kSync, 1));
+  Captured pull;
+  ASSERT_TRUE(shard->PushPull(0, 2, {Ask(1)}, false, pull.Callback()).ok());
+  EXPECT_FALSE(pull.came());
+  Captured push = Push(*shard, 0, 1, {Chunk(1, {2, 2, 2, 2})});
+  ASSERT_TRUE(pull.came());
+  EXPECT_EQ(pull.Values(0), Floats(4, 1));  // 2 - 0.5 * 2
+  Captured empty;
+  ASSERT_TRUE(shard->PushPull(0, 5, {}, false, empty.Callback()).ok());
+  ASSERT_TRUE(empty.came());
+  EXPECT_TRUE((*empty.reply)->tensors.empty());
+}
+
+TEST_F(DenseShardTest, RestoreReplacesValuesDropsHeldGradientsAndReleasesWaiters) {
+  auto shard = Create(Config(PsConsistency::kSync, 2));
+  Captured held = Push(*shard, 0, 1, {Chunk(0, Floats(4, 100))});
+  Captured pull;
+  ASSERT_TRUE(shard->PushPull(1, 6, {Ask(0)}, false, pull.Callback()).ok());
+  std::map<uint64_t, ChunkState> saved = shard->Snapshot();
+  ASSERT_EQ(saved.size(), 3u);
+  EXPECT_EQ(saved.at(2).values, Floats(2, 3));
+  EXPECT_TRUE(saved.at(2).state.empty());  // SGD keeps none
+  saved.at(0).values = Floats(4, 9);
+  shard->Restore(saved, 5);
+  ASSERT_TRUE(pull.came());  // step 6 needs step 5: restored
+  EXPECT_EQ(pull.Values(0), Floats(4, 9));
+  // The held push's step was dropped, and its reply (it waited for version 1) carries the
+  // restored values: it was a push of a step the checkpoint already holds.
+  ASSERT_TRUE(held.came());
+  EXPECT_EQ(held.Values(0), Floats(4, 9));
+  EXPECT_EQ(shard->FirstBehind(5), "");
+  // Step 6 goes on from the restored values, with worker 0's gradient of step 1 gone.
+  Captured a = Push(*shard, 0, 6, {Chunk(0, Floats(4, 2))});
+  Captured b = Push(*shard, 1, 6, {Chunk(0, Floats(4, 4))});
+  ASSERT_TRUE(b.came());
+  EXPECT_EQ(b.Values(0), Floats(4, 7.5f));
+}
+
+TEST_F(DenseShardTest, ConcurrentPushesToOneChunkAreEachAppliedOnce) {
+  // ps-async: every push is one update; lr 0.5 and gradients of 1 keep the sums exact.
+  auto shard = Create(Config(PsConsistency::kAsync, 4));
+  std::atomic<int> replies{0};
+  std::vector<std::thread> threads;
+  for (int w = 0; w < 4; ++w) {
+    threads.emplace_back([&, w] {
+      for (int64_t step = 1; step <= 200; ++step) {
+        Status status = shard->PushPull(w, step, {Chunk(0, Floats(4, 1)), Chunk(1, Floats(4, 1))},
+                                        true, [&](PsPushPullReply) { ++replies; });
+        EXPECT_TRUE(status.ok()) << status;
+        if (step % 50 == 0) shard->Snapshot();
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(replies.load(), 800);
+  std::map<uint64_t, ChunkState> saved = shard->Snapshot();
+  EXPECT_EQ(saved.at(0).values, Floats(4, 1 - 0.5f * 800));
+  EXPECT_EQ(saved.at(1).values, Floats(4, 2 - 0.5f * 800));
+}
+
+}  // namespace
+}  // namespace tessera::server

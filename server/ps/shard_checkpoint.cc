@@ -1,0 +1,123 @@
+#include "server/ps/shard_checkpoint.h"
+
+#include <chrono>
+#include <map>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "common/base/deadline.h"
+#include "common/base/logging.h"
+
+namespace tessera::server {
+namespace {
+
+// How often a ps-sync save looks again at the versions it waits for.
+constexpr int64_t kBehindPollMs = 2;
+
+std::string ChunkEntry(uint64_t index) { return "chunk" + std::to_string(index); }
+
+// The first chunk or table whose version is below `step` ("chunk 3", "table 'emb.0'").
+std::string FirstBehind(const ShardParts& parts, int64_t step) {
+  std::string behind = parts.dense->FirstBehind(step);
+  return behind.empty() ? parts.tables->FirstBehind(step) : behind;
+}
+
+}  // namespace
+
+std::string ShardFileName(int server_rank) {
+  return "server-" + std::to_string(server_rank) + ".ckpt";
+}
+
+StatusOr<ShardFileInfo> SaveShard(const ShardParts& parts, const std::string& root, int64_t step,
+                                  int64_t wait_ms) {
+  if (parts.config->consistency == PsConsistency::kSync) {
+    const Deadline deadline = Deadline::AfterMillis(wait_ms);
+    std::string behind = FirstBehind(parts, step);
+    while (!behind.empty() && !deadline.Expired()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(kBehindPollMs));
+      behind = FirstBehind(parts, step);
+    }
+    if (!behind.empty()) {
+      return DeadlineExceededError("checkpoint of step " + std::to_string(step) + ": " + behind +
+                                   " has not applied that step after " +
+                                   std::to_string(wait_ms) + " ms");
+    }
+  }
+  CheckpointShard shard;
+  for (auto& [index, saved] : parts.dense->Snapshot()) {
+    shard.floats[ChunkEntry(index) + ".values"] = std::move(saved.values);
+    shard.floats[ChunkEntry(index) + ".state"] = std::move(saved.state);
+  }
+  for (auto& [name, rows] : parts.tables->Snapshot()) {
+    shard.ints[name + ".ids"] = std::move(rows.ids);
+    shard.floats[name + ".values"] = std::move(rows.values);
+    shard.floats[name + ".state"] = std::move(rows.state);
+  }
+  RETURN_IF_ERROR(PrepareCheckpointStep(root, step));
+  ASSIGN_OR_RETURN(ShardFileInfo info,
+                   WriteCheckpointShard(CheckpointStepDirectory(root, step) + "/" +
+                                            ShardFileName(parts.server_rank),
+                                        shard));
+  TLOG(INFO) << "checkpoint of step " << step << ": " << info.file << " (" << info.bytes
+             << " bytes)";
+  return info;
+}
+
+StatusOr<ShardFileInfo> RestoreShard(const ShardParts& parts, const std::string& root,
+                                     int64_t step) {
+  ASSIGN_OR_RETURN(CheckpointManifest manifest, ReadCheckpointManifest(root, step));
+  const std::string directory = CheckpointStepDirectory(root, step);
+  const PsJobConfig& config = *parts.config;
+  if (manifest.num_servers != parts.num_servers ||
+      manifest.chunk_elements != config.chunk_elements ||
+      manifest.dense_elements != config.dense_elements ||
+      manifest.layout_fingerprint != config.layout_fingerprint) {
+    return FailedPreconditionError(
+        "checkpoint " + directory + " was written by " + std::to_string(manifest.num_servers) +
+        " servers with chunks of " + std::to_string(manifest.chunk_elements) + " floats for a "
+        "model of " + std::to_string(manifest.dense_elements) + " parameters; this job has " +
+        std::to_string(parts.num_servers) + " servers, chunks of " +
+        std::to_string(config.chunk_elements) + ", " + std::to_string(config.dense_elements) +
+        " parameters");
+  }
+  const std::string file_name = ShardFileName(parts.server_rank);
+  const ShardFileInfo* mine = nullptr;
+  for (const ShardFileInfo& file : manifest.files) {
+    if (file.file == file_name) mine = &file;
+  }
+  if (mine == nullptr) return DataLossError(directory + "/MANIFEST.json lists no " + file_name);
+  const std::string path = directory + "/" + mine->file;
+  ASSIGN_OR_RETURN(CheckpointShard shard, ReadCheckpointShard(path, *mine));
+  // An entry of `size` floats (0: any size).
+  auto take = [&](const std::string& name, size_t size) -> StatusOr<std::vector<float>> {
+    auto it = shard.floats.find(name);
+    if (it == shard.floats.end() || (size > 0 && it->second.size() != size)) {
+      return DataLossError(path + ": entry '" + name + "' is missing or has the wrong size");
+    }
+    return std::move(it->second);
+  };
+  // Everything is checked before anything changes.
+  std::map<uint64_t, ChunkState> chunks;
+  for (const DenseChunk& chunk : parts.dense->chunks()) {
+    ChunkState& saved = chunks[chunk.index];
+    ASSIGN_OR_RETURN(saved.values, take(ChunkEntry(chunk.index) + ".values", chunk.size));
+    ASSIGN_OR_RETURN(saved.state, take(ChunkEntry(chunk.index) + ".state",
+                                       parts.dense->state_per_element() * chunk.size));
+  }
+  std::map<std::string, TableRows> rows;
+  for (const EmbeddingTableSpec& table : config.tables) {
+    TableRows& saved = rows[table.name];
+    saved.ids = std::move(shard.ints[table.name + ".ids"]);
+    ASSIGN_OR_RETURN(saved.values, take(table.name + ".values", 0));
+    ASSIGN_OR_RETURN(saved.state, take(table.name + ".state", 0));
+  }
+  StatusOr<SparseTables::Restored> tables = parts.tables->PrepareRestore(rows);
+  if (!tables.ok()) return tables.status().WithContext(path);
+  parts.dense->Restore(std::move(chunks), step);
+  parts.tables->CommitRestore(std::move(tables).value(), step);
+  TLOG(INFO) << "restored the checkpoint of step " << step << " from " << path;
+  return *mine;
+}
+
+}  // namespace tessera::server

@@ -1,0 +1,223 @@
+#include "server/ps/sparse_tables.h"
+
+#include <utility>
+
+#include "common/base/logging.h"
+#include "common/training/lr_schedule.h"
+
+namespace tessera::server {
+
+struct SparseTables::Table {
+  Table(size_t index, const EmbeddingTableSpec& spec, const PsJobConfig& config)
+      : index(index),
+        spec(spec),
+        rows(std::make_unique<EmbeddingTable>(spec, config.optimizer)),
+        policy(config.consistency, config.num_workers, config.staleness) {}
+
+  const size_t index;  // in the job's tables, for SparseRowOwner
+  const EmbeddingTableSpec spec;
+  mutable std::mutex mu;
+  std::unique_ptr<EmbeddingTable> rows;  // guarded by mu (a restore replaces it)
+  ConsistencyPolicy policy;              // guarded by mu
+  struct RankRows {
+    std::vector<int64_t> ids;
+    std::vector<float> grads;
+  };
+  // ps-sync: the rows of a step not applied yet, by rank.
+  std::map<int64_t, std::vector<RankRows>> held;  // guarded by mu
+  std::vector<Waiter> waiters;                    // guarded by mu
+};
+
+SparseTables::SparseTables(const PsJobConfig& config, int server_rank, int num_servers,
+                           PsMetrics* metrics)
+    : config_(config), server_rank_(server_rank), num_servers_(num_servers), metrics_(metrics) {
+  for (size_t t = 0; t < config.tables.size(); ++t) {
+    tables_[config.tables[t].name] = std::make_unique<Table>(t, config.tables[t], config);
+  }
+}
+
+SparseTables::~SparseTables() = default;
+
+StatusOr<SparseTables::Table*> SparseTables::Find(const std::string& name) const {
+  auto it = tables_.find(name);
+  if (it == tables_.end()) return NotFoundError("no embedding table '" + name + "' in this job");
+  return it->second.get();
+}
+
+// Rows outside the table would fail the whole ps-sync step at its last push, so they are
+// refused on arrival, as are rows hashed to another server.
+Status SparseTables::CheckRows(const Table& table, const std::vector<int64_t>& ids) const {
+  for (int64_t id : ids) {
+    if (id < 0 || id >= table.spec.rows) {
+      return InvalidArgumentError("row " + std::to_string(id) + " of table '" + table.spec.name +
+                                  "' is outside [0, " + std::to_string(table.spec.rows) + ")");
+    }
+  }
+  for (int64_t id : ids) {
+    const int owner = SparseRowOwner(table.index, id, num_servers_);
+    if (owner != server_rank_) {
+      return InvalidArgumentError("row " + std::to_string(id) + " of table '" + table.spec.name +
+                                  "' belongs to server " + std::to_string(owner) +
+                                  ", not server " + std::to_string(server_rank_));
+    }
+  }
+  return OkStatus();
+}
+
+Status SparseTables::Push(const std::string& name, int rank, int64_t step,
+                          const TensorData& row_ids, const TensorData& values) {
+  ASSIGN_OR_RETURN(Table * found, Find(name));
+  Table& table = *found;
+  if (row_ids.dtype != DataType::kInt64 || values.dtype != DataType::kFloat32) {
+    return InvalidArgumentError("sparse push to table '" + name + "': row ids of " +
+                                std::string(DataTypeName(row_ids.dtype)) + " and values of " +
+                                std::string(DataTypeName(values.dtype)) +
+                                ", expected int64 and float32");
+  }
+  std::vector<int64_t> ids = row_ids.Read<int64_t>();
+  std::vector<float> grads = values.Read<float>();
+  const size_t dim = static_cast<size_t>(table.spec.dim);
+  if (grads.size() != ids.size() * dim) {
+    return InvalidArgumentError("sparse push to table '" + name + "': " +
+                                std::to_string(ids.size()) + " rows but " +
+                                std::to_string(grads.size()) + " floats (dim " +
+                                std::to_string(dim) + ")");
+  }
+  RETURN_IF_ERROR(CheckRows(table, ids));
+  metrics_->SparseGradientBytes(static_cast<double>(grads.size() * sizeof(float)));
+  Status applied = OkStatus();
+  std::vector<Release> ready;
+  {
+    std::lock_guard<std::mutex> lock(table.mu);
+    StatusOr<PushDecision> decision = table.policy.Push(rank, step);
+    if (!decision.ok()) return decision.status().WithContext("table '" + name + "'");
+    if (decision->action == PushAction::kApplyNow) {
+      const float lr = LearningRate(config_.schedule, config_.optimizer.lr, decision->update - 1);
+      applied = table.rows->ApplyGradients(lr, decision->update, ids.data(), grads.data(),
+                                           ids.size());
+      metrics_->SparseUpdate();
+    } else {
+      auto& slots = table.held[step];
+      slots.resize(static_cast<size_t>(config_.num_workers));
+      slots[rank] = {std::move(ids), std::move(grads)};
+      if (decision->action == PushAction::kApplyHeld) applied = ApplyHeld(step, &table);
+    }
+    ReleaseReady(&table, &ready);
+  }
+  Send(&ready);
+  return applied;
+}
+
+// ps-sync: every worker's rows of `step` are here: concatenate in rank order, average, apply.
+Status SparseTables::ApplyHeld(int64_t step, Table* table) {
+  auto held = table->held.find(step);
+  std::vector<int64_t> all_ids;
+  std::vector<float> all_grads;
+  for (const Table::RankRows& part : held->second) {  // rank order
+    all_ids.insert(all_ids.end(), part.ids.begin(), part.ids.end());
+    all_grads.insert(all_grads.end(), part.grads.begin(), part.grads.end());
+  }
+  table->held.erase(held);
+  const float scale = 1.0f / static_cast<float>(config_.num_workers);
+  for (float& g : all_grads) g *= scale;
+  const float lr = LearningRate(config_.schedule, config_.optimizer.lr, step - 1);
+  metrics_->SparseUpdate();
+  // Every id was checked on arrival, so this does not fail.
+  return table->rows->ApplyGradients(lr, step, all_ids.data(), all_grads.data(), all_ids.size());
+}
+
+Status SparseTables::Pull(const std::string& name, int64_t step, const TensorData& row_ids,
+                          ReplyCallback reply) {
+  ASSIGN_OR_RETURN(Table * found, Find(name));
+  Table& table = *found;
+  if (row_ids.dtype != DataType::kInt64) {
+    return InvalidArgumentError("sparse pull from table '" + name + "': row ids of " +
+                                std::string(DataTypeName(row_ids.dtype)) + ", expected int64");
+  }
+  Waiter waiter;
+  waiter.ids = row_ids.Read<int64_t>();
+  waiter.reply = std::move(reply);
+  RETURN_IF_ERROR(CheckRows(table, waiter.ids));
+  std::vector<Release> ready;
+  {
+    std::lock_guard<std::mutex> lock(table.mu);
+    waiter.rule = table.policy.RowPull(step);
+    table.waiters.push_back(std::move(waiter));
+    ReleaseReady(&table, &ready);
+  }
+  Send(&ready);
+  return OkStatus();
+}
+
+void SparseTables::ReleaseReady(Table* table, std::vector<Release>* ready) {
+  std::vector<Waiter> keep;
+  const size_t dim = static_cast<size_t>(table->spec.dim);
+  for (Waiter& waiter : table->waiters) {
+    if (!table->policy.MayRelease(waiter.rule)) {
+      keep.push_back(std::move(waiter));
+      continue;
+    }
+    std::vector<float> values(waiter.ids.size() * dim);
+    Status looked_up = table->rows->Lookup(waiter.ids.data(), waiter.ids.size(), values.data());
+    if (!looked_up.ok()) {  // checked on arrival; kept for safety
+      TLOG(ERROR) << "sparse pull: " << looked_up;
+      continue;
+    }
+    ready->push_back({std::move(waiter.reply),
+                      SparsePullReply{table->spec.name,
+                                      TensorData::Int64s("row_ids", std::move(waiter.ids)),
+                                      TensorData::Floats("values", 0, std::move(values))}});
+  }
+  table->waiters.swap(keep);
+}
+
+void SparseTables::Send(std::vector<Release>* ready) {
+  for (Release& release : *ready) release.reply(std::move(release.body));
+}
+
+std::string SparseTables::FirstBehind(int64_t step) const {
+  for (const auto& [name, table] : tables_) {
+    std::lock_guard<std::mutex> lock(table->mu);
+    if (table->policy.version() < step) return "table '" + name + "'";
+  }
+  return "";
+}
+
+std::map<std::string, TableRows> SparseTables::Snapshot() const {
+  std::map<std::string, TableRows> saved;
+  for (const auto& [name, table] : tables_) {
+    std::lock_guard<std::mutex> lock(table->mu);
+    TableRows& rows = saved[name];
+    table->rows->Export(&rows.ids, &rows.values, &rows.state);
+  }
+  return saved;
+}
+
+StatusOr<SparseTables::Restored> SparseTables::PrepareRestore(
+    const std::map<std::string, TableRows>& saved) const {
+  Restored restored;
+  for (const auto& [name, table] : tables_) {
+    auto it = saved.find(name);
+    if (it == saved.end()) return InvalidArgumentError("no rows of table '" + name + "'");
+    auto rows = std::make_unique<EmbeddingTable>(table->spec, config_.optimizer);
+    RETURN_IF_ERROR(rows->Import(it->second.ids, it->second.values, it->second.state));
+    restored[name] = std::move(rows);
+  }
+  return restored;
+}
+
+void SparseTables::CommitRestore(Restored restored, int64_t step) {
+  for (auto& [name, table] : tables_) {
+    std::vector<Release> ready;
+    {
+      std::lock_guard<std::mutex> lock(table->mu);
+      table->rows = std::move(restored.at(name));
+      table->policy.Restore(step);
+      table->held.clear();
+      ReleaseReady(table.get(), &ready);
+    }
+    Send(&ready);
+  }
+}
+
+}  // namespace tessera::server

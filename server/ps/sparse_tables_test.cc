@@ -1,0 +1,195 @@
+#include "server/ps/sparse_tables.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <optional>
+#include <thread>
+
+#include "common/metrics/metrics.h"
+
+namespace tessera::server {
+namespace {
+
+using Floats = std::vector<float>;
+using Ids = std::vector<int64_t>;
+
+// One table of 100 rows of 2 (seed 42); SGD lr 0.5; server 1 of 2.
+PsJobConfig Config(PsConsistency consistency, int num_workers) {
+  PsJobConfig config;
+  config.consistency = consistency;
+  config.num_workers = num_workers;
+  config.optimizer = DefaultOptimizerOptions(OptimizerKind::kSgd);
+  config.optimizer.lr = 0.5f;
+  config.dense_elements = 1;
+  config.tables = {{"emb.0", 100, 2, 42}};
+  return config;
+}
+
+Ids RowsOwnedBy(int owner, size_t count) {
+  Ids rows;
+  for (int64_t id = 0; rows.size() < count; ++id) {
+    if (SparseRowOwner(0, id, 2) == owner) rows.push_back(id);
+  }
+  return rows;
+}
+
+Floats Initial(int64_t id) {
+  Floats row(2);
+  InitializeEmbeddingRow(42, id, 2, row.data());
+  return row;
+}
+
+struct Captured {
+  std::shared_ptr<std::optional<SparsePullReply>> reply =
+      std::make_shared<std::optional<SparsePullReply>>();
+  SparseTables::ReplyCallback Callback() const {
+    return [reply = reply](SparsePullReply r) { *reply = std::move(r); };
+  }
+  bool came() const { return reply->has_value(); }
+  Floats Values() const { return (*reply)->values.Read<float>(); }
+};
+
+class SparseTablesTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto metrics = PsMetrics::Register(&registry_);
+    ASSERT_TRUE(metrics.ok()) << metrics.status();
+    metrics_ = std::move(metrics).value();
+  }
+  std::unique_ptr<SparseTables> Create(PsConsistency consistency, int num_workers) {
+    return std::make_unique<SparseTables>(Config(consistency, num_workers), 1, 2, metrics_.get());
+  }
+  static Status Push(SparseTables& tables, int rank, int64_t step, const Ids& ids,
+                     const Floats& grads) {
+    return tables.Push("emb.0", rank, step, TensorData::Int64s("row_ids", ids),
+                       TensorData::Floats("values", 0, grads));
+  }
+  static Captured Pull(SparseTables& tables, int64_t step, const Ids& ids) {
+    Captured captured;
+    Status status = tables.Pull("emb.0", step, TensorData::Int64s("row_ids", ids),
+                                captured.Callback());
+    EXPECT_TRUE(status.ok()) << status;
+    return captured;
+  }
+
+  MetricsRegistry registry_;
+  std::unique_ptr<PsMetrics> metrics_;
+};
+
+TEST_F(SparseTablesTest, SyncAppliesEveryWorkersRowsOfAStepAtOnceAveraged) {
+  auto tables = Create(PsConsistency::kSync, 2);
+  const Ids rows = RowsOwnedBy(1, 3);
+  ASSERT_TRUE(Push(*tables, 1, 1, {rows[0]}, {2, 2}).ok());
+  Captured pull = Pull(*tables, 2, {rows[0], rows[2]});
+  EXPECT_FALSE(pull.came());
+  EXPECT_EQ(tables->FirstBehind(1), "table 'emb.0'");
+  ASSERT_TRUE(Push(*tables, 0, 1, {rows[0], rows[1]}, {4, 0, 6, 6}).ok());
+  ASSERT_TRUE(pull.came());
+  EXPECT_EQ((*pull.reply)->row_ids.Read<int64_t>(), (Ids{rows[0], rows[2]}));
+  const Floats values = pull.Values();
+  ASSERT_EQ(values.size(), 4u);
+  EXPECT_FLOAT_EQ(values[0], Initial(rows[0])[0] - 0.5f * 3.0f);  // (4 + 2) / 2
+  EXPECT_FLOAT_EQ(values[1], Initial(rows[0])[1] - 0.5f * 1.0f);  // (0 + 2) / 2
+  EXPECT_EQ(values[2], Initial(rows[2])[0]);                       // never pushed
+  EXPECT_EQ(tables->FirstBehind(1), "");
+  // Rows exist once touched: the pushed ones and the pulled one.
+  EXPECT_EQ(tables->Snapshot().at("emb.0").ids.size(), 3u);
+}
+
+TEST_F(SparseTablesTest, SyncRefusesASecondPushOfAStepNamingTheTable) {
+  auto tables = Create(PsConsistency::kSync, 2);
+  const Ids rows = RowsOwnedBy(1, 1);
+  ASSERT_TRUE(Push(*tables, 0, 1, rows, {1, 1}).ok());
+  Status twice = Push(*tables, 0, 1, rows, {1, 1});
+  EXPECT_EQ(twice.code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(twice.message(), "table 'emb.0': worker 0 pushed step 1 twice");
+  Captured pull = Pull(*tables, 2, rows);
+  EXPECT_FALSE(pull.came()) << "the second push must not count as worker 1's";
+}
+
+TEST_F(SparseTablesTest, AsyncAppliesEachPushAndPullsGoAtOnce) {
+  auto tables = Create(PsConsistency::kAsync, 2);
+  const Ids rows = RowsOwnedBy(1, 1);
+  ASSERT_TRUE(Push(*tables, 1, 1, rows, {1, 1}).ok());
+  ASSERT_TRUE(Push(*tables, 1, 2, rows, {1, 1}).ok());
+  Captured pull = Pull(*tables, 9, rows);
+  ASSERT_TRUE(pull.came());
+  EXPECT_FLOAT_EQ(pull.Values()[0], Initial(rows[0])[0] - 1.0f);
+}
+
+TEST_F(SparseTablesTest, RefusesBadRowsBeforeChangingAnything) {
+  auto tables = Create(PsConsistency::kSync, 1);
+  const Ids mine = RowsOwnedBy(1, 1);
+  const int64_t foreign = RowsOwnedBy(0, 1)[0];
+  Status other = Push(*tables, 0, 1, {mine[0], foreign}, {1, 1, 1, 1});
+  EXPECT_EQ(other.message(), "row " + std::to_string(foreign) +
+                                 " of table 'emb.0' belongs to server 0, not server 1");
+  Status outside = Push(*tables, 0, 1, {mine[0], 100}, {1, 1, 1, 1});
+  EXPECT_EQ(outside.message(), "row 100 of table 'emb.0' is outside [0, 100)");
+  Status size = Push(*tables, 0, 1, mine, {1, 1, 1});
+  EXPECT_EQ(size.message(), "sparse push to table 'emb.0': 1 rows but 3 floats (dim 2)");
+  Status dtype = tables->Push("emb.0", 0, 1, TensorData::Floats("row_ids", 0, {1}),
+                              TensorData::Floats("values", 0, {1, 1}));
+  EXPECT_EQ(dtype.code(), StatusCode::kInvalidArgument);
+  Status table = tables->Push("emb.9", 0, 1, TensorData::Int64s("row_ids", mine),
+                              TensorData::Floats("values", 0, {1, 1}));
+  EXPECT_EQ(table.code(), StatusCode::kNotFound);
+  EXPECT_EQ(table.message(), "no embedding table 'emb.9' in this job");
+  Captured never;
+  Status pull = tables->Pull("emb.0", 1, TensorData::Int64s("row_ids", {-1}), never.Callback());
+  EXPECT_EQ(pull.message(), "row -1 of table 'emb.0' is outside [0, 100)");
+  EXPECT_EQ(tables->FirstBehind(1), "table 'emb.0'");  // nothing was taken
+  EXPECT_TRUE(tables->Snapshot().at("emb.0").ids.empty());
+}
+
+TEST_F(SparseTablesTest, RestoreIsPreparedAsideThenCommittedAtTheStep) {
+  auto tables = Create(PsConsistency::kSync, 1);
+  const Ids rows = RowsOwnedBy(1, 2);
+  ASSERT_TRUE(Push(*tables, 0, 1, {rows[0]}, {2, 2}).ok());
+  const std::map<std::string, TableRows> saved = tables->Snapshot();
+  ASSERT_TRUE(Push(*tables, 0, 2, {rows[0]}, {2, 2}).ok());
+  Captured waiting = Pull(*tables, 9, {rows[0]});
+  EXPECT_FALSE(waiting.came());
+
+  std::map<std::string, TableRows> broken = saved;
+  broken["emb.0"].values.pop_back();
+  auto refused = tables->PrepareRestore(broken);
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("emb.0"), std::string::npos) << refused.status();
+  EXPECT_FALSE(tables->PrepareRestore({}).ok());
+
+  auto restored = tables->PrepareRestore(saved);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_FALSE(waiting.came());  // preparing changes nothing
+  tables->CommitRestore(std::move(restored).value(), 8);
+  ASSERT_TRUE(waiting.came());
+  EXPECT_FLOAT_EQ(waiting.Values()[0], Initial(rows[0])[0] - 1.0f);  // after step 1 only
+  ASSERT_TRUE(Push(*tables, 0, 9, {rows[1]}, {2, 2}).ok());             // goes on at step 9
+}
+
+TEST_F(SparseTablesTest, ConcurrentPushesAndPullsOfOneTable) {
+  auto tables = Create(PsConsistency::kSync, 4);
+  const Ids rows = RowsOwnedBy(1, 2);
+  std::atomic<int> pulled{0};
+  std::vector<std::thread> threads;
+  for (int w = 0; w < 4; ++w) {
+    threads.emplace_back([&, w] {
+      for (int64_t step = 1; step <= 100; ++step) {
+        EXPECT_TRUE(Push(*tables, w, step, rows, {1, 1, 1, 1}).ok());
+        Status status = tables->Pull("emb.0", step, TensorData::Int64s("row_ids", rows),
+                                     [&](SparsePullReply) { ++pulled; });
+        EXPECT_TRUE(status.ok()) << status;
+        if (step % 25 == 0) tables->Snapshot();
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(pulled.load(), 400);
+  Captured last = Pull(*tables, 101, {rows[1]});
+  ASSERT_TRUE(last.came());
+  EXPECT_NEAR(last.Values()[1], Initial(rows[1])[1] - 0.5f * 100, 1e-3);
+}
+
+}  // namespace
+}  // namespace tessera::server
