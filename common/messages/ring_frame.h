@@ -57,6 +57,10 @@ struct RingFrame {
   DataType dtype = DataType::kFloat32;
   uint64_t buffer_elements = 0;  // the whole buffer's element count on the sender
   uint32_t slot = 0;             // the frame's number among the call's frames on this link
+  // The transport channel's number of the frame among those it sent this receiver (its
+  // receiver drops a frame the transport delivered twice); 0 on the direct channels, which
+  // cannot deliver twice.
+  uint64_t sequence = 0;
   // kData: which elements `data` holds.
   uint32_t block = 0;
   uint64_t element_offset = 0;

@@ -189,7 +189,9 @@ using Encoded = std::pair<proto::Body, Offset<void>>;
 
 template <typename Table>
 Encoded As(Offset<Table> table) {
-  return {proto::BodyTraits<Table>::enum_value, table.Union()};
+  // A copy of the constant: binding the static member to the pair's reference parameter would
+  // need its out-of-line definition, which flatc does not emit (links only when inlined).
+  return {proto::Body(proto::BodyTraits<Table>::enum_value), table.Union()};
 }
 
 class BodyEncoder {
@@ -285,6 +287,7 @@ class BodyEncoder {
     chunk.add_block(b.block);
     chunk.add_element_offset(b.element_offset);
     chunk.add_element_count(b.element_count);
+    chunk.add_sequence(b.sequence);
     if (!data.IsNull()) chunk.add_data(data);
     if (b.kind == RingFrameKind::kAbort) {
       chunk.add_abort_origin(b.notice.origin);
@@ -346,6 +349,7 @@ StatusOr<MessageBody> DecodeRingFrame(const proto::CollectiveChunk& wire,
   frame.block = wire.block();
   frame.element_offset = wire.element_offset();
   frame.element_count = wire.element_count();
+  frame.sequence = wire.sequence();
   frame.data = DecodeTensor(wire.data(), message).bytes;
   if (frame.kind == RingFrameKind::kAbort) {
     frame.notice.origin = wire.abort_origin();

@@ -154,6 +154,7 @@ TEST(WireCodecTest, RoundTripRingFrames) {
   data.block = 2;
   data.element_offset = 6;
   data.element_count = 2;
+  data.sequence = 0x1234567800000009;
   data.data = Payload::FromString("abcd");
   RingFrame got = std::get<RingFrame>(Decoded(EncodeMessage(WorkerHeader(1), data)).body);
   EXPECT_EQ(got.kind, RingFrameKind::kData);
@@ -166,6 +167,7 @@ TEST(WireCodecTest, RoundTripRingFrames) {
   EXPECT_EQ(got.block, 2u);
   EXPECT_EQ(got.element_offset, 6u);
   EXPECT_EQ(got.element_count, 2u);
+  EXPECT_EQ(got.sequence, 0x1234567800000009u);
   EXPECT_EQ(std::string(reinterpret_cast<const char*>(got.data.data()), got.data.size()), "abcd");
 
   RingFrame abort;

@@ -28,9 +28,11 @@
 #include <tuple>
 #include <vector>
 
+#include "common/base/failure_bus.h"
 #include "common/cuda/cuda_device.h"
 #include "common/transport/rpc_endpoint.h"
 #include "common/transport/zmq/zmq_endpoint.h"
+#include "worker/collectives/channel/ring_channel_setup.h"
 #include "worker/collectives/channel/zmq/collective_mailbox.h"
 #include "worker/collectives/half_float.h"
 #include "worker/collectives/ring_collectives.h"
@@ -77,25 +79,33 @@ class HostRing {
   explicit HostRing(int world) {
     for (int rank = 0; rank < world; ++rank) {
       ZmqTransportOptions options;
-      options.role = proto::Role::Worker;
+      options.role = Role::kWorker;
       options.rank = rank;
       auto endpoint = StartZmqEndpoint(options, nullptr);
       EXPECT_TRUE(endpoint.ok()) << endpoint.status();
-      auto mailbox = std::make_shared<CollectiveMailbox>();
-      (*endpoint)->SetHandler(proto::Body::CollectiveChunk, [mailbox](Envelope envelope) {
-        mailbox->Deliver(ToReceivedChunk(envelope));
-      });
+      failures_.push_back(std::make_shared<FailureBus>());
+      mailboxes_.push_back(std::make_shared<CollectiveMailbox>(failures_.back()));
+      (*endpoint)->SetHandler(MessageType::kRingFrame,
+                              CollectiveMailbox::Handler(mailboxes_.back()));
       addresses_.push_back((*endpoint)->address());
       endpoints_.push_back(std::move(endpoint).value());
-      mailboxes_.push_back(std::move(mailbox));
     }
     for (int rank = 0; rank < world; ++rank) {
+      // Frames through the transport: that channel needs no exchange, so no thread per rank.
+      RingChannelSetupOptions setup;
+      setup.kind = "zmq";
+      setup.rank = rank;
+      setup.world_size = world;
+      setup.peer_addresses = addresses_;
+      setup.transport = &endpoints_[rank]->transport();
+      setup.mailbox = mailboxes_[rank];
+      setup.failures = failures_[rank];
+      StatusOr<ConnectedRingChannel> channel = ConnectRingChannel(setup);
+      EXPECT_TRUE(channel.ok()) << channel.status();
       RingCollectivesOptions options;
       options.rank = rank;
       options.world_size = world;
-      options.peer_addresses = addresses_;
-      options.transport = &endpoints_[rank]->transport();
-      options.mailbox = mailboxes_[rank].get();
+      options.channel = channel.ok() ? channel->channel : nullptr;
       options.timeout_ms = kTimeoutMs;
       auto ring = RingCollectives::Create(options);
       EXPECT_TRUE(ring.ok()) << ring.status();
@@ -103,6 +113,7 @@ class HostRing {
     }
   }
   ~HostRing() {
+    rings_.clear();  // their channels refer to the transports
     for (auto& endpoint : endpoints_) endpoint->Shutdown();
   }
 
@@ -110,6 +121,7 @@ class HostRing {
 
  private:
   std::vector<std::unique_ptr<RpcEndpoint>> endpoints_;
+  std::vector<std::shared_ptr<FailureBus>> failures_;
   std::vector<std::shared_ptr<CollectiveMailbox>> mailboxes_;
   std::vector<std::string> addresses_;
   std::vector<std::unique_ptr<RingCollectives>> rings_;
@@ -235,6 +247,7 @@ float Get(DataType dtype, const uint8_t* buffer, size_t i) {
       std::memcpy(&bits, buffer + 2 * i, 2);
       return dtype == DataType::kFloat16 ? HalfToFloat(bits) : BFloat16ToFloat(bits);
     }
+    default: break;  // these tests reduce floating-point elements only
   }
   return 0;
 }
@@ -252,6 +265,7 @@ void Set(DataType dtype, uint8_t* buffer, size_t i, float value) {
       std::memcpy(buffer + 2 * i, &bits, 2);
       return;
     }
+    default: return;  // these tests reduce floating-point elements only
   }
 }
 
@@ -311,8 +325,8 @@ double Tolerance(DataType dtype, ReduceOp op) {
     case DataType::kFloat32: return 1e-4;
     case DataType::kFloat16: return 8 * std::ldexp(1.0, -8);   // 8 ulps at 4
     case DataType::kBFloat16: return 8 * std::ldexp(1.0, -5);  // 8 ulps at 4
+    default: return 0.0;
   }
-  return 0.0;
 }
 
 void ExpectNear(DataType dtype, double tolerance, const Bytes& want, const Bytes& got,

@@ -189,7 +189,7 @@ RingLinks::Listener::~Listener() {
 StatusOr<std::unique_ptr<RingLinks::Listener>> RingLinks::Listen(const std::string& host) {
   const std::string where = "ring links: listening on " + host + ": ";
   sockaddr_in local{};
-  RETURN_IF_ERROR(Resolve(host, 0, &local).WithContext(where));
+  RETURN_IF_ERROR(Resolve(host, 0, &local).WithContext("ring links: listening on " + host));
   auto listener = std::make_unique<Listener>();
   listener->fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (listener->fd < 0) return UnavailableError(where + "socket: " + Errno(errno));

@@ -13,28 +13,28 @@
 #include <thread>
 #include <vector>
 
-#include "common/transport/rpc_endpoint.h"
-#include "common/transport/zmq/zmq_endpoint.h"
+#include "common/base/failure_bus.h"
 
 namespace tessera::worker {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
-ReceivedChunk Frame(int sender, uint64_t tag, uint32_t slot, std::vector<uint8_t> bytes = {}) {
-  ReceivedChunk frame;
-  frame.sender_role = proto::Role::Worker;
+RingFrame Frame(int sender, uint64_t tag, uint32_t slot, std::vector<uint8_t> bytes = {}) {
+  RingFrame frame;
+  frame.kind = bytes.empty() ? RingFrameKind::kHandshake : RingFrameKind::kData;
   frame.sender_rank = sender;
   frame.tag = tag;
-  frame.op = proto::CollectiveOp::AllReduce;
-  frame.reduce_op = proto::ReduceOp::Max;
-  frame.step = slot;
-  frame.chunk = 3;
-  frame.dtype = proto::DType::BFloat16;
+  frame.op = CollectiveOp::kAllReduce;
+  frame.reduce_op = ReduceOp::kMax;
+  frame.slot = slot;
+  frame.block = 3;
+  frame.dtype = DataType::kBFloat16;
   frame.element_offset = 17;
   frame.element_count = bytes.size() / 2;
-  frame.fingerprint = 1234;
+  frame.buffer_elements = 1234;
   if (!bytes.empty()) frame.data = Payload::FromVector(std::move(bytes));
   return frame;
 }
@@ -63,39 +63,6 @@ struct Pair {
   int raw_to_zero = -1;  // rank 1's socket to rank 0 (owned by links[1])
 };
 
-TEST(LinkFrameTest, HeaderRoundTripsEveryField) {
-  ReceivedChunk sent = Frame(2, 0x1122334455667788, 9, Pattern(10, 1));
-  uint8_t header[kLinkFrameHeaderBytes];
-  EncodeLinkFrameHeader(sent, header);
-  ReceivedChunk got;
-  uint64_t payload_bytes = 0;
-  ASSERT_TRUE(DecodeLinkFrameHeader(header, 1 << 20, &got, &payload_bytes).ok());
-  EXPECT_EQ(payload_bytes, 10u);
-  EXPECT_EQ(got.sender_role, proto::Role::Worker);
-  EXPECT_EQ(got.sender_rank, 2);
-  EXPECT_EQ(got.tag, sent.tag);
-  EXPECT_EQ(got.step, 9u);
-  EXPECT_EQ(got.chunk, 3u);
-  EXPECT_EQ(got.op, proto::CollectiveOp::AllReduce);
-  EXPECT_EQ(got.reduce_op, proto::ReduceOp::Max);
-  EXPECT_EQ(got.dtype, proto::DType::BFloat16);
-  EXPECT_EQ(got.element_offset, 17u);
-  EXPECT_EQ(got.element_count, 5u);
-  EXPECT_EQ(got.fingerprint, 1234u);
-}
-
-TEST(LinkFrameTest, RejectsABadMagicAndAnOversizedPayload) {
-  uint8_t header[kLinkFrameHeaderBytes];
-  EncodeLinkFrameHeader(Frame(0, 1, 0, Pattern(100, 0)), header);
-  ReceivedChunk got;
-  uint64_t payload_bytes = 0;
-  EXPECT_EQ(DecodeLinkFrameHeader(header, 99, &got, &payload_bytes).message(),
-            "a frame declares 100 payload bytes, more than the limit of 99");
-  std::memcpy(header, "GET ", 4);
-  EXPECT_THAT(DecodeLinkFrameHeader(header, 1000, &got, &payload_bytes).message(),
-              StartsWith("a frame header starts with 0x20544547, not the ring link magic"));
-}
-
 TEST(RingLinksTest, FramesArriveByTagAndSlotInAnyOrder) {
   Pair pair;
   ASSERT_TRUE(pair.links[0]->Send(Frame(0, 5, 0, Pattern(8, 1))).ok());
@@ -116,6 +83,41 @@ TEST(RingLinksTest, FramesArriveByTagAndSlotInAnyOrder) {
   EXPECT_EQ(five_zero->data.size(), 8u);
   EXPECT_EQ(pair.links[1]->kept(), 0u);
   EXPECT_TRUE(pair.links[0]->Flush(deadline).ok());
+}
+
+// Every field of every kind of frame travels; the sender rank is the link's own.
+TEST(RingLinksTest, EveryKindOfFrameArrivesWithEveryField) {
+  Pair pair;
+  RingFrame data = Frame(/*sender=*/5, 9, 0, Pattern(6, 3));  // Send sets the sender
+  RingFrame abort = Frame(0, 9, 1);
+  abort.kind = RingFrameKind::kAbort;
+  abort.notice = AbortNotice{1, StatusCode::kDeadlineExceeded, "worker 1 timed out"};
+  ASSERT_TRUE(pair.links[0]->Send(data).ok());
+  ASSERT_TRUE(pair.links[0]->Send(Frame(0, 9, 2)).ok());
+  ASSERT_TRUE(pair.links[0]->Send(abort).ok());
+  const Deadline deadline = Deadline::AfterMillis(5000);
+  auto got = pair.links[1]->Recv(9, 0, deadline);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->kind, RingFrameKind::kData);
+  EXPECT_EQ(got->sender_rank, 0);
+  EXPECT_EQ(got->op, CollectiveOp::kAllReduce);
+  EXPECT_EQ(got->reduce_op, ReduceOp::kMax);
+  EXPECT_EQ(got->dtype, DataType::kBFloat16);
+  EXPECT_EQ(got->block, 3u);
+  EXPECT_EQ(got->element_offset, 17u);
+  EXPECT_EQ(got->element_count, 3u);
+  EXPECT_EQ(got->buffer_elements, 1234u);
+  EXPECT_EQ(std::vector<uint8_t>(got->data.data(), got->data.data() + got->data.size()),
+            Pattern(6, 3));
+  auto handshake = pair.links[1]->Recv(9, 2, deadline);
+  ASSERT_TRUE(handshake.ok()) << handshake.status();
+  EXPECT_EQ(handshake->kind, RingFrameKind::kHandshake);
+  auto notice = pair.links[1]->Recv(9, 1, deadline);
+  ASSERT_TRUE(notice.ok()) << notice.status();
+  EXPECT_EQ(notice->kind, RingFrameKind::kAbort);
+  EXPECT_EQ(notice->notice.origin, 1);
+  EXPECT_EQ(notice->notice.code, StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(notice->notice.message, "worker 1 timed out");
 }
 
 // A frame not read yet when its Recv starts lands straight in the caller's buffer, if its size
@@ -205,7 +207,8 @@ TEST(RingLinksTest, CopyUnsentPayloadsLetsTheCallerReuseBorrowedMemory) {
   constexpr size_t kBytes = 8 << 20;  // far more than a socket pair buffers
   const std::vector<uint8_t> expected = Pattern(kBytes, 9);
   std::vector<uint8_t> borrowed = expected;
-  ReceivedChunk frame = Frame(0, 5, 0);
+  RingFrame frame = Frame(0, 5, 0);
+  frame.kind = RingFrameKind::kData;
   frame.data = Payload::Borrow(borrowed.data(), borrowed.size(), nullptr);
   frame.element_count = kBytes / 2;
   ASSERT_TRUE(pair.links[0]->Send(std::move(frame)).ok());
@@ -239,11 +242,11 @@ TEST(RingLinksTest, FramesWrittenInOddPiecesArriveWhole) {
     std::thread writer([&] {
       uint32_t slot = 0;
       for (size_t size : sizes) {
-        std::vector<uint8_t> bytes(kLinkFrameHeaderBytes + size);
-        EncodeLinkFrameHeader(Frame(0, 2, slot++, Pattern(size, static_cast<uint8_t>(size))),
-                              bytes.data());
+        std::vector<uint8_t> bytes(kFrameHeaderBytes + size);
+        EncodeFrameHeader(Frame(0, 2, slot++, Pattern(size, static_cast<uint8_t>(size))), size,
+                          bytes.data());
         const std::vector<uint8_t> payload = Pattern(size, static_cast<uint8_t>(size));
-        std::copy(payload.begin(), payload.end(), bytes.begin() + kLinkFrameHeaderBytes);
+        std::copy(payload.begin(), payload.end(), bytes.begin() + kFrameHeaderBytes);
         // Pieces of 7, 61 and 1000 bytes in turn, with a pause now and then.
         const size_t pieces[] = {7, 61, 1000};
         size_t at = 0;
@@ -295,8 +298,8 @@ TEST(RingLinksTest, FlushTimesOutNamingAPeerThatDoesNotRead) {
 // stays failed.
 TEST(RingLinksTest, APeerThatClosesMidFrameFailsTheLinkNamingIt) {
   Pair pair;
-  uint8_t header[kLinkFrameHeaderBytes];
-  EncodeLinkFrameHeader(Frame(0, 1, 0, Pattern(100, 0)), header);
+  uint8_t header[kFrameHeaderBytes];
+  EncodeFrameHeader(Frame(0, 1, 0, Pattern(100, 0)), 100, header);
   ASSERT_EQ(write(pair.raw_to_one, header, sizeof(header)), static_cast<ssize_t>(sizeof(header)));
   std::thread dies([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -318,8 +321,8 @@ TEST(RingLinksTest, APeerThatClosesMidFrameFailsTheLinkNamingIt) {
 
 TEST(RingLinksTest, AFrameFromAnotherSenderFailsTheLink) {
   Pair pair;
-  uint8_t header[kLinkFrameHeaderBytes];
-  EncodeLinkFrameHeader(Frame(7, 1, 0), header);
+  uint8_t header[kFrameHeaderBytes];
+  EncodeFrameHeader(Frame(7, 1, 0), 0, header);
   ASSERT_EQ(write(pair.raw_to_one, header, sizeof(header)), static_cast<ssize_t>(sizeof(header)));
   auto got = pair.links[1]->Recv(1, 0, Deadline::AfterMillis(5000));
   EXPECT_EQ(got.status().code(), StatusCode::kDataLoss);
@@ -327,58 +330,110 @@ TEST(RingLinksTest, AFrameFromAnotherSenderFailsTheLink) {
             "ring link from worker 0 (zero): a frame names sender rank 7");
 }
 
-TEST(RingLinksTest, AMailboxFailureWakesAWaiter) {
+// Bytes that are no ring frame (another program, a bug) fail the link for good, naming the
+// peer: a byte stream cannot be resynchronised.
+TEST(RingLinksTest, BytesThatAreNoFrameFailTheLinkNamingThePeer) {
+  Pair pair;
+  char request[kFrameHeaderBytes];
+  std::memset(request, '.', sizeof(request));
+  std::memcpy(request, "GET / HTTP/1.1\r\n", 16);
+  ASSERT_EQ(write(pair.raw_to_one, request, sizeof(request)),
+            static_cast<ssize_t>(sizeof(request)));
+  auto got = pair.links[1]->Recv(1, 0, Deadline::AfterMillis(5000));
+  EXPECT_EQ(got.status().code(), StatusCode::kDataLoss);
+  EXPECT_EQ(got.status().message(),
+            "ring link from worker 0 (zero): a frame header starts with 0x20544547, not the ring "
+            "frame magic (is another program connected?)");
+  EXPECT_EQ(pair.links[1]->failure(), got.status());
+
+  Pair short_notice;
+  RingFrame abort = Frame(0, 1, 0);
+  abort.kind = RingFrameKind::kAbort;
+  uint8_t header[kFrameHeaderBytes];
+  EncodeFrameHeader(abort, 3, header);
+  ASSERT_EQ(write(short_notice.raw_to_one, header, sizeof(header)),
+            static_cast<ssize_t>(sizeof(header)));
+  ASSERT_EQ(write(short_notice.raw_to_one, "abc", 3), 3);
+  got = short_notice.links[1]->Recv(1, 0, Deadline::AfterMillis(5000));
+  EXPECT_EQ(got.status().code(), StatusCode::kDataLoss);
+  EXPECT_EQ(got.status().message(),
+            "ring link from worker 0 (zero): an abort frame's notice has 3 bytes, fewer than its "
+            "fields need");
+}
+
+TEST(RingLinksTest, AFailureOnTheBusWakesAWaiterWithTheRootCause) {
   int a[2], b[2];
   ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, a), 0);
   ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, b), 0);
-  CollectiveMailbox mailbox;
-  auto links = RingLinks::FromSockets(1, 2, a[0], b[1], "x", "y", &mailbox);
+  auto failures = std::make_shared<FailureBus>();
+  auto links = RingLinks::FromSockets(1, 2, a[0], b[1], "x", "y", failures);
   std::thread coordinator([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    mailbox.Fail(AbortedError("worker 0 failed: no heartbeat"));
+    failures->Fail(AbortedError("worker 0 failed: no heartbeat"));
   });
   const auto started = SteadyClock::now();
   auto got = links->Recv(1, 0, Deadline::AfterMillis(10000));
   coordinator.join();
   EXPECT_LT(SteadyClock::now() - started, std::chrono::milliseconds(2000));
   EXPECT_EQ(got.status(), AbortedError("worker 0 failed: no heartbeat"));
+  EXPECT_EQ(links->failure(), got.status());
+  // A later wait fails at once, and so does Flush.
+  EXPECT_EQ(links->Recv(1, 1, Deadline::AfterMillis(10000)).status(), got.status());
+  ASSERT_TRUE(links->Send(Frame(1, 1, 0, Pattern(8 << 20, 1))).ok());
+  EXPECT_EQ(links->Flush(Deadline::AfterMillis(10000)), got.status());
   links.reset();
   close(a[1]);
   close(b[0]);
 }
 
-// Three workers with real endpoints find each other through the transport and pass a frame
-// round the ring.
-TEST(RingLinksTest, ConnectBuildsTheRingOverTcp) {
-  constexpr int kWorld = 3;
-  std::vector<std::unique_ptr<RpcEndpoint>> endpoints;
-  std::vector<std::shared_ptr<CollectiveMailbox>> mailboxes;
-  std::vector<std::string> addresses;
-  for (int rank = 0; rank < kWorld; ++rank) {
-    ZmqTransportOptions options;
-    options.role = proto::Role::Worker;
-    options.rank = rank;
-    auto endpoint = StartZmqEndpoint(options, nullptr);
-    ASSERT_TRUE(endpoint.ok()) << endpoint.status();
-    auto mailbox = std::make_shared<CollectiveMailbox>();
-    (*endpoint)->SetHandler(proto::Body::CollectiveChunk, CollectiveMailbox::Handler(mailbox));
-    addresses.push_back((*endpoint)->address());
-    endpoints.push_back(std::move(endpoint).value());
-    mailboxes.push_back(mailbox);
+// Connect: each rank runs on its own thread with a real loopback listener, as ring channel
+// setup does once the ranks have swapped their listeners' addresses.
+struct Listeners {
+  explicit Listeners(int world) {
+    for (int rank = 0; rank < world; ++rank) {
+      auto listener = RingLinks::Listen("127.0.0.1");
+      EXPECT_TRUE(listener.ok()) << listener.status();
+      addresses.push_back((*listener)->address);
+      listeners.push_back(std::move(listener).value());
+    }
   }
+  std::vector<std::unique_ptr<RingLinks::Listener>> listeners;
+  std::vector<std::string> addresses;
+};
+
+RingLinksOptions ConnectOptions(int rank, int world, std::string next_address,
+                                int64_t timeout_ms = 10000) {
+  RingLinksOptions options;
+  options.rank = rank;
+  options.world_size = world;
+  options.next_address = std::move(next_address);
+  options.timeout_ms = timeout_ms;
+  return options;
+}
+
+TEST(RingLinksConnectTest, ListenReportsTheAddressToConnectTo) {
+  auto listener = RingLinks::Listen("127.0.0.1");
+  ASSERT_TRUE(listener.ok()) << listener.status();
+  EXPECT_THAT((*listener)->address, StartsWith("tcp://127.0.0.1:"));
+  EXPECT_NE((*listener)->address, "tcp://127.0.0.1:0");
+  // An address of another machine: nothing to bind to here.
+  EXPECT_EQ(RingLinks::Listen("192.0.2.1").status().message(),
+            "ring links: listening on 192.0.2.1: Cannot assign requested address");
+}
+
+// Three ranks connect at once and pass a frame round the ring; each names its peers.
+TEST(RingLinksConnectTest, ConnectBuildsTheRingOverTcp) {
+  constexpr int kWorld = 3;
+  Listeners listeners(kWorld);
   std::vector<std::unique_ptr<RingLinks>> links(kWorld);
   std::vector<Status> results(kWorld);
   std::vector<std::thread> threads;
   for (int rank = 0; rank < kWorld; ++rank) {
     threads.emplace_back([&, rank] {
-      RingLinksOptions options;
-      options.rank = rank;
-      options.world_size = kWorld;
-      options.peer_addresses = addresses;
-      options.transport = &endpoints[rank]->transport();
-      options.mailbox = mailboxes[rank].get();
-      options.timeout_ms = 10000;
-      auto connected = RingLinks::Connect(options);
+      RingLinksOptions options =
+          ConnectOptions(rank, kWorld, listeners.addresses[(rank + 1) % kWorld]);
+      options.failures = std::make_shared<FailureBus>();
+      auto connected = RingLinks::Connect(options, std::move(listeners.listeners[rank]));
       if (!connected.ok()) {
         results[rank] = connected.status();
         return;
@@ -391,7 +446,7 @@ TEST(RingLinksTest, ConnectBuildsTheRingOverTcp) {
       if (!got.ok()) {
         results[rank] = got.status();
       } else if (got->sender_rank != (rank + kWorld - 1) % kWorld ||
-                 std::vector<uint8_t>(got->data.data(), got->data.data() + 1000) !=
+                 std::vector<uint8_t>(got->data.data(), got->data.data() + got->data.size()) !=
                      Pattern(1000, static_cast<uint8_t>(got->sender_rank))) {
         results[rank] = InternalError("wrong frame");
       } else {
@@ -401,32 +456,84 @@ TEST(RingLinksTest, ConnectBuildsTheRingOverTcp) {
   }
   for (auto& thread : threads) thread.join();
   for (int rank = 0; rank < kWorld; ++rank) {
-    EXPECT_TRUE(results[rank].ok()) << "rank " << rank << ": " << results[rank];
-    EXPECT_EQ(mailboxes[rank]->queued(), 0u);
+    ASSERT_TRUE(results[rank].ok()) << "rank " << rank << ": " << results[rank];
+    EXPECT_EQ(links[rank]->rank(), rank);
+    EXPECT_EQ(links[rank]->next(), (rank + 1) % kWorld);
+    EXPECT_EQ(links[rank]->prev(), (rank + kWorld - 1) % kWorld);
+    EXPECT_EQ(links[rank]->kept(), 0u);
   }
-  links.clear();
-  for (auto& endpoint : endpoints) endpoint->Shutdown();
+  // Errors name the peer by its link address (to next) or where it connected from (from prev).
+  links[2].reset();
+  auto closed = links[0]->Recv(4, 1, Deadline::AfterMillis(10000));
+  EXPECT_THAT(closed.status().message(),
+              AllOf(StartsWith("ring link from worker 2 (tcp://127.0.0.1:"),
+                    HasSubstr("closed by the peer")));
 }
 
-TEST(RingLinksTest, ConnectTimesOutNamingASilentSuccessor) {
-  ZmqTransportOptions options;
-  options.role = proto::Role::Worker;
-  auto endpoint = StartZmqEndpoint(options, nullptr);
-  ASSERT_TRUE(endpoint.ok()) << endpoint.status();
-  CollectiveMailbox mailbox;
-  RingLinksOptions link_options;
-  link_options.rank = 0;
-  link_options.world_size = 2;
-  // Worker 1 listens nowhere that answers: its setup message never comes.
-  link_options.peer_addresses = {(*endpoint)->address(), "tcp://127.0.0.1:1"};
-  link_options.transport = &(*endpoint)->transport();
-  link_options.mailbox = &mailbox;
-  link_options.timeout_ms = 200;
-  auto connected = RingLinks::Connect(link_options);
+TEST(RingLinksConnectTest, RejectsOptionsThatCannotWork) {
+  Listeners listeners(1);
+  auto connected = RingLinks::Connect(ConnectOptions(0, 1, listeners.addresses[0]),
+                                      std::move(listeners.listeners[0]));
+  EXPECT_EQ(connected.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(connected.status().message(),
+            "ring links rank=0: needs world_size >= 2, a rank in it, a listener and a positive "
+            "timeout");
+  auto listener = RingLinks::Listen("127.0.0.1");
+  ASSERT_TRUE(listener.ok());
+  connected = RingLinks::Connect(ConnectOptions(0, 2, "127.0.0.1:1"), std::move(listener).value());
+  EXPECT_EQ(connected.status().message(),
+            "ring links rank=0: worker 1's link address: address 127.0.0.1:1 is not "
+            "tcp://HOST:PORT");
+}
+
+TEST(RingLinksConnectTest, ASuccessorThatDoesNotListenFailsNamingIt) {
+  std::string gone;
+  {
+    Listeners closed(1);
+    gone = closed.addresses[0];
+  }  // nobody listens there any more
+  Listeners listeners(1);
+  auto connected = RingLinks::Connect(ConnectOptions(0, 2, gone),
+                                      std::move(listeners.listeners[0]));
+  EXPECT_EQ(connected.status().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(connected.status().message(),
+            "ring links rank=0: cannot connect to worker 1 at " + gone + ": Connection refused");
+}
+
+// The successor listens (its kernel accepts the connection) but its predecessor, worker 1,
+// never connects to us: Connect ends at its timeout naming the rank it waited for.
+TEST(RingLinksConnectTest, ConnectTimesOutNamingASilentPredecessor) {
+  Listeners listeners(2);
+  const auto started = SteadyClock::now();
+  auto connected = RingLinks::Connect(ConnectOptions(0, 2, listeners.addresses[1], 200),
+                                      std::move(listeners.listeners[0]));
+  EXPECT_LT(SteadyClock::now() - started, std::chrono::milliseconds(5000));
   EXPECT_EQ(connected.status().code(), StatusCode::kDeadlineExceeded);
   EXPECT_EQ(connected.status().message(),
-            "ring links rank=0: waiting for worker 1's link address: no answer within 200 ms");
-  (*endpoint)->Shutdown();
+            "ring links rank=0: worker 1 did not connect within 200 ms");
+}
+
+// Rank 0 of three expects worker 2's connection; worker 1 connects instead (as if it had the
+// wrong successor address): its hello gives it away.
+TEST(RingLinksConnectTest, AConnectionFromAnotherRankIsRejected) {
+  Listeners listeners(3);
+  Status one_result;
+  std::thread one([&] {
+    // Worker 1 takes rank 0's listener for its successor's; it waits for its own predecessor
+    // in vain, briefly.
+    one_result = RingLinks::Connect(ConnectOptions(1, 3, listeners.addresses[0], 300),
+                                    std::move(listeners.listeners[1]))
+                     .status();
+  });
+  auto connected = RingLinks::Connect(ConnectOptions(0, 3, listeners.addresses[2], 10000),
+                                      std::move(listeners.listeners[0]));
+  one.join();
+  EXPECT_EQ(connected.status().code(), StatusCode::kInternal);
+  EXPECT_THAT(connected.status().message(),
+              AllOf(StartsWith("ring links rank=0: the connection from 127.0.0.1:"),
+                    HasSubstr("is not from worker 2 (hello names rank 1)")));
+  EXPECT_EQ(one_result.code(), StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(one_result.message(), "ring links rank=1: worker 0 did not connect within 300 ms");
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -15,8 +16,7 @@
 #include <thread>
 #include <vector>
 
-#include "common/transport/rpc_endpoint.h"
-#include "common/transport/zmq/zmq_endpoint.h"
+#include "common/base/failure_bus.h"
 
 namespace tessera::worker {
 namespace {
@@ -26,40 +26,40 @@ using ::testing::StartsWith;
 
 constexpr size_t kPage = 4096;
 
-ReceivedChunk Frame(int sender, uint64_t tag, uint32_t slot, size_t bytes, uint8_t seed) {
-  ReceivedChunk frame;
-  frame.sender_role = proto::Role::Worker;
+RingFrame Frame(int sender, uint64_t tag, uint32_t slot, size_t bytes, uint8_t seed) {
+  RingFrame frame;
   frame.sender_rank = sender;
   frame.tag = tag;
-  frame.op = proto::CollectiveOp::AllGather;
-  frame.reduce_op = proto::ReduceOp::Max;
-  frame.step = slot;
-  frame.chunk = slot + 7;
-  frame.dtype = proto::DType::BFloat16;
+  frame.op = CollectiveOp::kAllGather;
+  frame.reduce_op = ReduceOp::kMax;
+  frame.slot = slot;
+  frame.block = slot + 7;
+  frame.dtype = DataType::kBFloat16;
   frame.element_offset = 3 * slot;
   frame.element_count = bytes / 2;
-  frame.fingerprint = 1000 + slot;
+  frame.buffer_elements = 1000 + slot;
   std::vector<uint8_t> data(bytes);
   for (size_t i = 0; i < bytes; ++i) data[i] = static_cast<uint8_t>(seed + i * 31);
   frame.data = Payload::FromVector(std::move(data));
   return frame;
 }
 
-void ExpectSame(const ReceivedChunk& got, const ReceivedChunk& sent) {
+void ExpectSame(const RingFrame& got, const RingFrame& sent) {
+  EXPECT_EQ(got.kind, sent.kind);
   EXPECT_EQ(got.sender_rank, sent.sender_rank);
   EXPECT_EQ(got.tag, sent.tag);
-  EXPECT_EQ(got.step, sent.step);
-  EXPECT_EQ(got.chunk, sent.chunk);
+  EXPECT_EQ(got.slot, sent.slot);
+  EXPECT_EQ(got.block, sent.block);
   EXPECT_EQ(got.op, sent.op);
   EXPECT_EQ(got.reduce_op, sent.reduce_op);
   EXPECT_EQ(got.dtype, sent.dtype);
   EXPECT_EQ(got.element_offset, sent.element_offset);
   EXPECT_EQ(got.element_count, sent.element_count);
-  EXPECT_EQ(got.fingerprint, sent.fingerprint);
-  ASSERT_EQ(got.data.size(), sent.data.size()) << "slot " << sent.step;
+  EXPECT_EQ(got.buffer_elements, sent.buffer_elements);
+  ASSERT_EQ(got.data.size(), sent.data.size()) << "slot " << sent.slot;
   if (!sent.data.empty()) {
     EXPECT_EQ(std::memcmp(got.data.data(), sent.data.data(), sent.data.size()), 0)
-        << "slot " << sent.step;
+        << "slot " << sent.slot;
   }
 }
 
@@ -74,13 +74,13 @@ bool AnySegmentLeft() {
 
 // Two ranks in this process, attached to each other.
 struct Pair {
-  explicit Pair(size_t ring_bytes, CollectiveMailbox* mailbox0 = nullptr) {
+  explicit Pair(size_t ring_bytes, std::shared_ptr<FailureBus> failures0 = nullptr) {
     auto own0 = RingShm::Create(0, ring_bytes);
     auto own1 = RingShm::Create(1, ring_bytes);
     EXPECT_TRUE(own0.ok() && own1.ok()) << own0.status() << own1.status();
     const RingShmSegmentName name0 = RingShm::NameOf(**own0);
     const RingShmSegmentName name1 = RingShm::NameOf(**own1);
-    auto shm0 = RingShm::Attach(0, 2, *own0, name1, name1, mailbox0);
+    auto shm0 = RingShm::Attach(0, 2, *own0, name1, name1, std::move(failures0));
     auto shm1 = RingShm::Attach(1, 2, *own1, name0, name0, nullptr);
     EXPECT_TRUE(shm0.ok() && shm1.ok()) << shm0.status() << shm1.status();
     rank0 = std::move(shm0).value();
@@ -175,6 +175,30 @@ TEST(RingShmTest, SpaceHeldByAPayloadIsFreedWhenItIsDropped) {
   ExpectSame(*third, Frame(0, 1, 2, 1984, 3));
 }
 
+// A frame that borrows its caller's memory (no owner), larger than the ring and so half
+// streamed when the call fails: once CopyUnsentPayloads ran, the caller may overwrite that
+// memory and the frame still arrives whole and unchanged.
+TEST(RingShmTest, CopyUnsentPayloadsLetsTheCallerReuseBorrowedMemory) {
+  Pair pair(kPage);
+  const RingFrame expected = Frame(0, 5, 0, 3 * kPage + 10, 9);
+  std::vector<uint8_t> borrowed(expected.data.data(), expected.data.data() + expected.data.size());
+  RingFrame frame = expected;
+  frame.data = Payload::Borrow(borrowed.data(), borrowed.size(), nullptr);
+  ASSERT_TRUE(pair.rank0->Send(std::move(frame)).ok());
+  EXPECT_EQ(pair.rank0->Flush(Deadline::AfterMillis(20)).code(), StatusCode::kDeadlineExceeded);
+  pair.rank0->CopyUnsentPayloads();
+  std::fill(borrowed.begin(), borrowed.end(), 0xee);
+  borrowed.clear();
+  borrowed.shrink_to_fit();
+  Status flushed;
+  std::thread sender([&] { flushed = pair.rank0->Flush(Deadline::AfterMillis(10000)); });
+  auto got = pair.rank1->Recv(5, 0, Deadline::AfterMillis(10000));
+  sender.join();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(flushed.ok()) << flushed;
+  ExpectSame(*got, expected);
+}
+
 TEST(RingShmTest, DeadlinesAreEmptyForRecvAndNameThePeerForFlush) {
   Pair pair(kPage);
   const auto started = SteadyClock::now();
@@ -213,18 +237,44 @@ TEST(RingShmTest, APeerThatClosesFailsBothDirectionsNamingIt) {
             "ring shm to worker 0 (pid " + std::to_string(getpid()) + "): closed by the peer");
 }
 
-TEST(RingShmTest, AMailboxFailureWakesAWaitingRecv) {
-  CollectiveMailbox mailbox;
-  Pair pair(kPage, &mailbox);
+TEST(RingShmTest, AFailureOnTheBusWakesAWaitingRecv) {
+  auto failures = std::make_shared<FailureBus>();
+  Pair pair(kPage, failures);
   std::thread failing([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    mailbox.Fail(UnavailableError("worker 1 failed (the coordinator says)"));
+    failures->Fail(UnavailableError("worker 1 failed (the coordinator says)"));
   });
   const auto started = SteadyClock::now();
   auto got = pair.rank0->Recv(6, 0, Deadline::AfterMillis(10000));
   failing.join();
   EXPECT_LT(SteadyClock::now() - started, std::chrono::milliseconds(2000));
-  EXPECT_EQ(got.status().message(), "worker 1 failed (the coordinator says)");
+  EXPECT_EQ(got.status(), UnavailableError("worker 1 failed (the coordinator says)"));
+  EXPECT_EQ(pair.rank0->failure(), got.status());
+  // The root cause comes first even where the channel itself would have something to say.
+  ASSERT_TRUE(pair.rank0->Send(Frame(0, 6, 0, 10000, 1)).ok());
+  EXPECT_EQ(pair.rank0->Flush(Deadline::AfterMillis(10000)), got.status());
+}
+
+// Worker 0's ring carries a frame stamped by another rank (here a channel that took worker 0's
+// segment for its own but calls itself worker 2): worker 1 fails the direction, naming the
+// peer it expected and the sender the frame claims.
+TEST(RingShmTest, AFrameFromAnotherSenderFailsTheDirectionNamingThePeer) {
+  auto zero = RingShm::Create(0, kPage);
+  auto one = RingShm::Create(1, kPage);
+  auto two = RingShm::Create(2, kPage);
+  ASSERT_TRUE(zero.ok() && one.ok() && two.ok());
+  auto impostor = RingShm::Attach(2, 3, *zero, RingShm::NameOf(**one), RingShm::NameOf(**zero),
+                                  nullptr);
+  auto receiver = RingShm::Attach(1, 3, *one, RingShm::NameOf(**zero), RingShm::NameOf(**two),
+                                  nullptr);
+  ASSERT_TRUE(impostor.ok() && receiver.ok()) << impostor.status() << receiver.status();
+  ASSERT_TRUE((*impostor)->Send(Frame(2, 1, 0, 10, 1)).ok());
+  auto got = (*receiver)->Recv(1, 0, Deadline::AfterMillis(5000));
+  EXPECT_EQ(got.status().code(), StatusCode::kDataLoss);
+  EXPECT_EQ(got.status().message(), "ring shm from worker 0 (pid " + std::to_string(getpid()) +
+                                        "): a frame claims to come from worker 2");
+  EXPECT_EQ((*receiver)->failure(), got.status());
+  EXPECT_EQ((*receiver)->Recv(1, 1, Deadline::AfterMillis(5000)).status(), got.status());
 }
 
 TEST(RingShmTest, RejectsASegmentWithAnotherToken) {
@@ -252,26 +302,18 @@ TEST(RingShmTest, ASegmentThatDoesNotFitInDevShmFailsClearly) {
   EXPECT_FALSE(AnySegmentLeft());
 }
 
-// Writes a name to a pipe / reads one: "name token0 token1".
+// Sends a segment's name through a pipe as its text, one line, as setup sends it as a frame.
 void WriteName(int fd, const RingShmSegmentName& name) {
-  char line[512];
-  const int n = std::snprintf(line, sizeof(line), "%s %llx %llx\n", name.name.c_str(),
-                              static_cast<unsigned long long>(name.token[0]),
-                              static_cast<unsigned long long>(name.token[1]));
-  ASSERT_EQ(write(fd, line, n), n);
+  const std::string line = EncodeSegmentName(name) + "\n";
+  ASSERT_EQ(write(fd, line.data(), line.size()), static_cast<ssize_t>(line.size()));
 }
 RingShmSegmentName ReadName(int fd) {
   std::string line;
   char c;
   while (read(fd, &c, 1) == 1 && c != '\n') line += c;
-  char name[256];
-  unsigned long long t0 = 0, t1 = 0;
-  RingShmSegmentName result;
-  if (std::sscanf(line.c_str(), "%255s %llx %llx", name, &t0, &t1) == 3) {
-    result.name = name;
-    result.token = {t0, t1};
-  }
-  return result;
+  StatusOr<RingShmSegmentName> name = DecodeSegmentName(line);
+  EXPECT_TRUE(name.ok()) << name.status();
+  return name.ok() ? *name : RingShmSegmentName();
 }
 
 // Rank 1 runs in a child process and is killed while it writes a frame larger than the ring:
@@ -326,88 +368,73 @@ TEST(RingShmTest, APeerProcessKilledMidFrameFailsRecvNamingIt) {
   for (int fd : {to_child[1], to_parent[0]}) close(fd);
 }
 
-// Connect over a real transport, three ranks in threads; then one rank that cannot make its
-// segment: every rank fails alike, naming it.
-struct Connected {
-  ~Connected() {
-    results.clear();  // before the mailboxes they refer to
-    for (auto& endpoint : endpoints) endpoint->Shutdown();
+TEST(RingShmTest, SegmentNamesRoundTripAsText) {
+  auto own = RingShm::Create(0, kPage);
+  ASSERT_TRUE(own.ok()) << own.status();
+  const RingShmSegmentName name = RingShm::NameOf(**own);
+  EXPECT_THAT(name.name, StartsWith("/tessera-ring-" + std::to_string(getpid()) + "-0-"));
+  const std::string text = EncodeSegmentName(name);
+  StatusOr<RingShmSegmentName> decoded = DecodeSegmentName(text);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(decoded->name, name.name);
+  EXPECT_EQ(decoded->token, name.token);
+  // No segment: no text, and back.
+  EXPECT_EQ(EncodeSegmentName(RingShmSegmentName()), "");
+  decoded = DecodeSegmentName("");
+  ASSERT_TRUE(decoded.ok());
+  EXPECT_TRUE(decoded->name.empty());
+  const std::vector<std::string> malformed = {"/tessera-ring-1", "/tessera-ring-1 12", "/x 1 zz",
+                                              std::string(300, 'a') + " 1 2"};
+  for (const std::string& bad : malformed) {
+    EXPECT_EQ(DecodeSegmentName(bad).status().code(), StatusCode::kInvalidArgument) << bad;
   }
-  std::vector<std::unique_ptr<RpcEndpoint>> endpoints;
-  std::vector<std::shared_ptr<CollectiveMailbox>> mailboxes;
-  std::vector<StatusOr<std::unique_ptr<RingShm>>> results;
-};
-
-void ConnectAll(int world, std::vector<size_t> ring_bytes, Connected* connected) {
-  auto& endpoints = connected->endpoints;
-  auto& mailboxes = connected->mailboxes;
-  std::vector<std::string> addresses;
-  for (int rank = 0; rank < world; ++rank) {
-    ZmqTransportOptions options;
-    options.role = proto::Role::Worker;
-    options.rank = rank;
-    auto endpoint = StartZmqEndpoint(options, nullptr);
-    EXPECT_TRUE(endpoint.ok()) << endpoint.status();
-    auto mailbox = std::make_shared<CollectiveMailbox>();
-    (*endpoint)->SetHandler(proto::Body::CollectiveChunk, CollectiveMailbox::Handler(mailbox));
-    addresses.push_back((*endpoint)->address());
-    endpoints.push_back(std::move(endpoint).value());
-    mailboxes.push_back(mailbox);
-  }
-  auto& results = connected->results;
-  for (int rank = 0; rank < world; ++rank) results.emplace_back(InternalError("not run"));
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < world; ++rank) {
-    threads.emplace_back([&, rank] {
-      RingShmOptions options;
-      options.rank = rank;
-      options.world_size = world;
-      options.peer_addresses = addresses;
-      options.transport = &endpoints[rank]->transport();
-      options.mailbox = mailboxes[rank].get();
-      options.timeout_ms = 10000;
-      options.ring_bytes = ring_bytes[rank];
-      results[rank] = RingShm::Connect(options);
-    });
-  }
-  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(DecodeSegmentName("/x").status().message(), "a segment name is malformed: /x");
 }
 
-TEST(RingShmConnectTest, ConnectsARingAndLeavesNothingInDevShm) {
-  Connected connected;
-  ConnectAll(3, {kPage, kPage, kPage}, &connected);
-  auto& results = connected.results;
-  for (int rank = 0; rank < 3; ++rank) ASSERT_TRUE(results[rank].ok()) << results[rank].status();
-  EXPECT_FALSE(AnySegmentLeft());
-  RingShm& r0 = **results[0];
-  RingShm& r1 = **results[1];
-  RingShm& r2 = **results[2];
-  ASSERT_TRUE(r0.Send(Frame(0, 1, 0, 100, 1)).ok());
-  ASSERT_TRUE(r1.Send(Frame(1, 1, 0, 100, 2)).ok());
-  ASSERT_TRUE(r2.Send(Frame(2, 1, 0, 100, 3)).ok());
-  auto at1 = r1.Recv(1, 0, Deadline::AfterMillis(5000));
-  auto at2 = r2.Recv(1, 0, Deadline::AfterMillis(5000));
-  auto at0 = r0.Recv(1, 0, Deadline::AfterMillis(5000));
-  ASSERT_TRUE(at0.ok() && at1.ok() && at2.ok());
-  ExpectSame(*at1, Frame(0, 1, 0, 100, 1));
-  ExpectSame(*at2, Frame(1, 1, 0, 100, 2));
-  ExpectSame(*at0, Frame(2, 1, 0, 100, 3));
+TEST(RingShmTest, AttachRejectsAWorldOfOne) {
+  auto own = RingShm::Create(0, kPage);
+  ASSERT_TRUE(own.ok()) << own.status();
+  const RingShmSegmentName name = RingShm::NameOf(**own);
+  auto attached = RingShm::Attach(0, 1, *own, name, name, nullptr);
+  EXPECT_EQ(attached.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(attached.status().message(),
+            "ring shm rank=0: needs world_size >= 2, a rank in it and its segment");
 }
 
-TEST(RingShmConnectTest, EveryRankFailsAlikeWhenOneCannotMapItsNeighbours) {
-  Connected connected;
-  ConnectAll(3, {kPage, size_t{1} << 50, kPage}, &connected);
-  auto& results = connected.results;
-  for (int rank = 0; rank < 3; ++rank) {
-    ASSERT_FALSE(results[rank].ok());
-    EXPECT_EQ(results[rank].status().code(), StatusCode::kFailedPrecondition);
-    EXPECT_THAT(results[rank].status().message(),
-                StartsWith("ring shm rank=" + std::to_string(rank) +
-                           ": not every rank can map its ring neighbours' shared memory "
-                           "(worker 1 cannot)"));
+// Three ranks, each with its own segment, attached to both neighbours' (the second maps only
+// next's doorbell): a frame goes round, and once every rank unlinked its name nothing is left
+// in /dev/shm.
+TEST(RingShmTest, ThreeRanksAttachInARingAndLeaveNothingInDevShm) {
+  constexpr int kWorld = 3;
+  std::vector<std::shared_ptr<RingShm::Segment>> own;
+  std::vector<RingShmSegmentName> names;
+  for (int rank = 0; rank < kWorld; ++rank) {
+    auto created = RingShm::Create(rank, kPage);
+    ASSERT_TRUE(created.ok()) << created.status();
+    names.push_back(RingShm::NameOf(**created));
+    own.push_back(std::move(created).value());
   }
-  EXPECT_THAT(results[1].status().message(), HasSubstr("this rank: shared memory segment"));
+  std::vector<std::unique_ptr<RingShm>> shm;
+  for (int rank = 0; rank < kWorld; ++rank) {
+    auto attached = RingShm::Attach(rank, kWorld, own[rank], names[(rank + kWorld - 1) % kWorld],
+                                    names[(rank + 1) % kWorld], nullptr);
+    ASSERT_TRUE(attached.ok()) << attached.status();
+    shm.push_back(std::move(attached).value());
+  }
+  own.clear();  // the channels hold them
+  EXPECT_TRUE(AnySegmentLeft());
+  for (auto& channel : shm) channel->UnlinkOwnSegment();
   EXPECT_FALSE(AnySegmentLeft());
+  for (int rank = 0; rank < kWorld; ++rank) {
+    ASSERT_TRUE(shm[rank]->Send(Frame(rank, 1, 0, 100, static_cast<uint8_t>(rank))).ok());
+  }
+  for (int rank = 0; rank < kWorld; ++rank) {
+    const int prev = (rank + kWorld - 1) % kWorld;
+    auto got = shm[rank]->Recv(1, 0, Deadline::AfterMillis(5000));
+    ASSERT_TRUE(got.ok()) << got.status();
+    ExpectSame(*got, Frame(prev, 1, 0, 100, static_cast<uint8_t>(prev)));
+    EXPECT_TRUE(shm[rank]->Flush(Deadline::AfterMillis(5000)).ok());
+  }
 }
 
 }  // namespace

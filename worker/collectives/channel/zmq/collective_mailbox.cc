@@ -30,11 +30,38 @@ MessageHandler CollectiveMailbox::Handler(std::shared_ptr<CollectiveMailbox> mai
   };
 }
 
+bool CollectiveMailbox::IsNew(int32_t sender, uint64_t number) {
+  Seen& seen = seen_[sender];
+  if ((number >> 32) != (seen.newest >> 32) || seen.newest == 0) {  // a channel's first frame
+    seen = Seen{number, {}};
+    return true;
+  }
+  // Counts compare modulo 2^32, so that they may wrap.
+  const int64_t ahead = static_cast<int32_t>(static_cast<uint32_t>(number) -
+                                             static_cast<uint32_t>(seen.newest));
+  if (ahead > 0) {
+    seen.below <<= static_cast<size_t>(ahead);
+    if (ahead <= static_cast<int64_t>(kRepeatWindow)) seen.below.set(ahead - 1);  // the old newest
+    seen.newest = number;
+    return true;
+  }
+  if (ahead == 0) return false;
+  const size_t behind = static_cast<size_t>(-ahead - 1);
+  if (behind >= kRepeatWindow || seen.below.test(behind)) return false;
+  seen.below.set(behind);
+  return true;
+}
+
 void CollectiveMailbox::Deliver(RingFrame frame) {
+  const uint64_t number = frame.sequence;
   Status overflow;
+  bool repeat = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (frames_.size() >= max_queued_frames_) {
+    if (number != 0 && !IsNew(frame.sender_rank, number)) {
+      repeat = true;
+      ++repeats_;
+    } else if (frames_.size() >= max_queued_frames_) {
       overflow = UnavailableError(
           "collective mailbox full (" + std::to_string(max_queued_frames_) +
           " frames waiting) when " + MemberName(Role::kWorker, frame.sender_rank) +
@@ -43,6 +70,13 @@ void CollectiveMailbox::Deliver(RingFrame frame) {
     } else {
       frames_.Keep(std::move(frame));
     }
+  }
+  if (repeat) {
+    TLOG(WARNING) << "dropped a ring frame (tag=" << frame.tag << " slot " << frame.slot
+                  << ") from " << MemberName(Role::kWorker, frame.sender_rank)
+                  << ": its number came before (the transport delivered it twice) or is more "
+                  << "than " << kRepeatWindow << " below the newest from that channel";
+    return;
   }
   if (!overflow.ok()) {
     TLOG(ERROR) << overflow.message();
@@ -59,7 +93,7 @@ StatusOr<RingFrame> CollectiveMailbox::Pop(uint64_t tag, uint32_t slot, Deadline
     if (frames_.Has(tag, slot)) return frames_.Take(tag, slot);
     if (arrived_.wait_until(lock, deadline.when()) == std::cv_status::timeout &&
         !frames_.Has(tag, slot) && failures_->failure().ok()) {
-      return DeadlineExceededError("deadline passed");
+      return DeadlineExceededError("");
     }
   }
 }
@@ -72,6 +106,11 @@ void CollectiveMailbox::Discard(uint64_t tag) {
 size_t CollectiveMailbox::queued() const {
   std::lock_guard<std::mutex> lock(mu_);
   return frames_.size();
+}
+
+uint64_t CollectiveMailbox::repeats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return repeats_;
 }
 
 }  // namespace tessera::worker

@@ -1,5 +1,6 @@
 #include "worker/collectives/channel/zmq/ring_zmq.h"
 
+#include <random>
 #include <utility>
 
 namespace tessera::worker {
@@ -18,21 +19,34 @@ StatusOr<std::unique_ptr<RingZmq>> RingZmq::Create(RingZmqOptions options) {
   if (options.transport == nullptr || options.mailbox == nullptr) {
     return InvalidArgumentError(where + "needs a transport and a mailbox");
   }
-  return std::unique_ptr<RingZmq>(new RingZmq(std::move(options)));
+  std::random_device random;
+  return std::unique_ptr<RingZmq>(new RingZmq(std::move(options), random()));
 }
 
-RingZmq::RingZmq(RingZmqOptions options)
-    : options_(std::move(options)), next_((options_.rank + 1) % options_.world_size) {}
+RingZmq::RingZmq(RingZmqOptions options, uint32_t id)
+    : options_(std::move(options)),
+      next_((options_.rank + 1) % options_.world_size),
+      id_(id),
+      sent_(static_cast<size_t>(options_.world_size), 0) {}
 
 Status RingZmq::SendTo(int peer, RingFrame frame) {
+  if (peer < 0 || peer >= options_.world_size) {
+    return InvalidArgumentError("ring zmq: no worker " + std::to_string(peer) +
+                                " in a world of " + std::to_string(options_.world_size));
+  }
   frame.sender_rank = options_.rank;
   // See the file comment: the caller may reuse a borrowed buffer once Send returns.
   if (!frame.data.empty() && frame.data.owner() == nullptr) {
     frame.data = Payload::Copy(frame.data.data(), frame.data.size());
   }
   const std::string& address = options_.peer_addresses[static_cast<size_t>(peer)];
-  return options_.transport->Send(address, OutgoingMessage{0, -1, std::move(frame)})
-      .WithContext("ring zmq to " + MemberName(Role::kWorker, peer) + " at " + address);
+  Status sent;
+  {
+    std::lock_guard<std::mutex> lock(send_mu_);
+    frame.sequence = RingFrameNumber(id_, ++sent_[static_cast<size_t>(peer)]);
+    sent = options_.transport->Send(address, OutgoingMessage{0, -1, std::move(frame)});
+  }
+  return sent.WithContext("ring zmq to " + MemberName(Role::kWorker, peer) + " at " + address);
 }
 
 StatusOr<RingFrame> RingZmq::Recv(uint64_t tag, uint32_t slot, Deadline deadline,

@@ -14,11 +14,17 @@
 // Borrowed payloads (no owner) are copied when sent, since the transport hands frames to
 // ZeroMQ on its own thread later; so Flush has nothing to wait for.
 //
+// Each frame to a peer carries its number (RingFrame::sequence, RingFrameNumber in
+// collective_mailbox.h), by which the peer's mailbox drops a frame the transport delivered
+// twice.
+//
 // Thread-safety: thread-safe.
 #ifndef TESSERA_WORKER_COLLECTIVES_CHANNEL_ZMQ_RING_ZMQ_H_
 #define TESSERA_WORKER_COLLECTIVES_CHANNEL_ZMQ_RING_ZMQ_H_
 
+#include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -46,6 +52,7 @@ class RingZmq final : public RingChannel {
   int rank() const override { return options_.rank; }
   Status Send(RingFrame frame) override { return SendTo(next_, std::move(frame)); }
   // Sends `frame` to any rank of the ring (ring channel setup tells its predecessor too).
+  // InvalidArgument for a rank outside the world.
   Status SendTo(int peer, RingFrame frame);
   StatusOr<RingFrame> Recv(uint64_t tag, uint32_t slot, Deadline deadline, uint8_t* into = nullptr,
                            size_t into_bytes = 0) override;
@@ -56,10 +63,15 @@ class RingZmq final : public RingChannel {
   size_t kept() const override { return options_.mailbox->queued(); }
 
  private:
-  explicit RingZmq(RingZmqOptions options);
+  RingZmq(RingZmqOptions options, uint32_t id);
 
   const RingZmqOptions options_;
   const int next_;
+  const uint32_t id_;  // the channel part of its frames' numbers, drawn at random
+  // Held from numbering a frame until the transport has queued it, so that the numbers to
+  // each peer leave in order.
+  std::mutex send_mu_;
+  std::vector<uint32_t> sent_;  // frames sent to each rank so far; guarded by send_mu_
 };
 
 }  // namespace tessera::worker
