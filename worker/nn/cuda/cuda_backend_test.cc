@@ -172,8 +172,7 @@ TEST_F(CudaBackendTest, AllocateTooMuchIsAnErrorNamingBytesAndDeviceAndLeavesThe
   const size_t too_much = size_t{1} << 50;  // 1 PiB
   StatusOr<void*> memory = gpu_->Allocate(too_much);
   ASSERT_FALSE(memory.ok());
-  // RESOURCE_EXHAUSTED in the interface; common/base/status.h has no such code, see cuda_backend.cu.
-  EXPECT_EQ(memory.status().code(), StatusCode::kUnavailable) << memory.status();
+  EXPECT_EQ(memory.status().code(), StatusCode::kResourceExhausted) << memory.status();
   EXPECT_NE(memory.status().message().find(std::to_string(too_much) + " bytes"),
             std::string::npos)
       << memory.status();
