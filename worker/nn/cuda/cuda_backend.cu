@@ -610,7 +610,7 @@ Status CudaBackend::Init() {
   RETURN_IF_ERROR(status.WithContext(name_));
   RETURN_IF_ERROR(restore.WithContext(name_));
   TLOG(INFO) << name_ << ": compute backend ready, GEMM in "
-             << (allow_tf32_ ? "TF32 (TESSERA_CUDA_TF32=1)" : "float32");
+             << (allow_tf32_ ? "TF32 (--cuda-tf32=1)" : "float32");
   return OkStatus();
 }
 
@@ -946,22 +946,10 @@ void CudaBackend::ScatterAddRows(int64_t rows, int64_t dim, const float* dout, i
   CheckLaunch("ScatterAddRows", "ScatterAddRowsKernel");
 }
 
-// TESSERA_CUDA_TF32: unset, empty or "0" keeps GEMM in float32; "1" allows TF32 tensor cores;
-// anything else is rejected. Read here, once per backend, because it is a numerics switch of
-// this adapter alone and CreateCudaBackend takes no options (should the config struct grow a
-// field for it, this is the one place to replace).
-StatusOr<bool> AllowTf32FromEnvironment() {
-  const char* value = std::getenv("TESSERA_CUDA_TF32");
-  if (value == nullptr || std::string_view(value).empty() || std::string_view(value) == "0") {
-    return false;
-  }
-  if (std::string_view(value) == "1") return true;
-  return InvalidArgumentError("TESSERA_CUDA_TF32=" + std::string(value) + ": expected 0 or 1");
-}
-
 }  // namespace
 
-StatusOr<std::unique_ptr<ComputeBackend>> CreateCudaBackend(int device) {
+StatusOr<std::unique_ptr<ComputeBackend>> CreateCudaBackend(int device,
+                                                            const CudaBackendOptions& options) {
   const std::string name = "cuda:" + std::to_string(device);
   int count = 0;
   RETURN_IF_ERROR(CudaStatus(cudaGetDeviceCount(&count), "cudaGetDeviceCount").WithContext(name));
@@ -973,8 +961,7 @@ StatusOr<std::unique_ptr<ComputeBackend>> CreateCudaBackend(int device) {
                                 " out of range: this machine has " + std::to_string(count) +
                                 " CUDA device(s)");
   }
-  ASSIGN_OR_RETURN(const bool allow_tf32, AllowTf32FromEnvironment());
-  auto backend = std::make_unique<CudaBackend>(device, allow_tf32);
+  auto backend = std::make_unique<CudaBackend>(device, options.allow_tf32);
   RETURN_IF_ERROR(backend->Init());
   return std::unique_ptr<ComputeBackend>(std::move(backend));
 }
