@@ -156,11 +156,12 @@ void AddTrainingFlags(CLI::App* app, TrainingFlags* f) {
                   "there is none yet)");
 }
 
-StatusOr<std::unique_ptr<ComputeBackend>> MakeBackend(const std::string& device, int local_rank) {
+StatusOr<std::unique_ptr<ComputeBackend>> MakeBackend(const std::string& device, int local_rank,
+                                                      const CudaBackendOptions& cuda) {
   if (device == "cpu") return std::unique_ptr<ComputeBackend>(new CpuBackend());
   const int index = local_rank >= 0 ? local_rank : 0;
   if (device == "cuda") {
-    auto backend = CreateCudaBackend(index);
+    auto backend = CreateCudaBackend(index, cuda);
     if (!backend.ok()) return backend.status().WithContext("--device cuda");
     return backend;
   }
@@ -168,7 +169,7 @@ StatusOr<std::unique_ptr<ComputeBackend>> MakeBackend(const std::string& device,
     return InvalidArgumentError("--device " + device + ": expected cpu, cuda or auto");
   }
   if (CudaDeviceCount() > 0) {
-    auto backend = CreateCudaBackend(index % CudaDeviceCount());
+    auto backend = CreateCudaBackend(index % CudaDeviceCount(), cuda);
     if (backend.ok()) return backend;
     TLOG(WARNING) << "--device auto: a CUDA device is present but unusable (" << backend.status()
                   << "); training on the CPU";

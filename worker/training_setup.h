@@ -17,6 +17,7 @@
 #include "common/training/optimizer.h"
 #include "worker/data/dataset.h"
 #include "worker/nn/compute_backend.h"
+#include "worker/nn/cuda/cuda_backend.h"
 #include "worker/nn/model.h"
 #include "worker/trainer.h"
 
@@ -69,7 +70,9 @@ void AddTrainingFlags(CLI::App* app, TrainingFlags* flags);
 
 // The backend for --device: "cpu"; "cuda" (device local_rank, or 0; Unavailable with the
 // CUDA runtime's reason when there is none); "auto" (CUDA when a device is there, else CPU).
-StatusOr<std::unique_ptr<ComputeBackend>> MakeBackend(const std::string& device, int local_rank);
+// A CUDA backend gets `cuda`.
+StatusOr<std::unique_ptr<ComputeBackend>> MakeBackend(const std::string& device, int local_rank,
+                                                      const CudaBackendOptions& cuda);
 
 struct Datasets {
   std::unique_ptr<data::Dataset> train;

@@ -237,8 +237,10 @@ Status RunTraining(ProcessRuntime& runtime, const WorkerFlags& worker_flags,
   const bool local = worker_flags.mode == "local";
   const int rank = local ? 0 : client->rank();
   const int world = local ? 1 : client->view().num_workers;
+  CudaBackendOptions cuda;
+  cuda.allow_tf32 = runtime.config().cuda_tf32;
   ASSIGN_OR_RETURN(std::unique_ptr<ComputeBackend> backend,
-                   MakeBackend(flags.device, runtime.config().local_rank));
+                   MakeBackend(flags.device, runtime.config().local_rank, cuda));
   ASSIGN_OR_RETURN(Datasets data, MakeDatasets(flags));
   ASSIGN_OR_RETURN(std::unique_ptr<Model> model, MakeModel(flags, *data.train, backend.get()));
   TrainerOptions trainer = MakeTrainerOptions(flags, rank, world);

@@ -100,6 +100,7 @@ enum FieldId : int {
   kMaxMessageBytes,
   kLogLevel,
   kLinger,
+  kCudaTf32,
   kNumFields,
 };
 
@@ -275,6 +276,17 @@ const Field kFields[kNumFields] = {
      [](const ProcessConfig& c) { return FormatSeconds(c.linger_seconds); },
      [](Role) -> const char* {
        return "Keep serving (e.g. /metrics) this long after the work is done, then exit";
+     }},
+    {kCudaTf32, "--cuda-tf32", nullptr, "0|1", kForWorker, false,
+     [](std::string_view n, std::string_view t, ProcessConfig* c) {
+       if (t != "" && t != "0" && t != "1") return BadValue(n, t, "expected 0 or 1");
+       c->cuda_tf32 = t == "1";
+       return OkStatus();
+     },
+     [](const ProcessConfig& c) { return std::string(c.cuda_tf32 ? "1" : "0"); },
+     [](Role) -> const char* {
+       return "1: GEMMs on a CUDA device may use TF32 tensor cores (~1e-3 relative error); "
+              "0: float32. Env: TESSERA_CUDA_TF32";
      }},
 };
 
@@ -473,6 +485,9 @@ Status ApplyEnvironment(const Environment& env, ProcessConfig* config) {
   RETURN_IF_ERROR(ApplyVariable(env, "TESSERA_NUM_SERVERS", kNumServers, config));
   RETURN_IF_ERROR(ApplyVariable(env, "TESSERA_JOB", kJob, config));
   RETURN_IF_ERROR(ApplyVariable(env, "TESSERA_LOG_LEVEL", kLogLevel, config));
+  if (config->role == Role::kWorker) {
+    RETURN_IF_ERROR(ApplyVariable(env, "TESSERA_CUDA_TF32", kCudaTf32, config));
+  }
   return OkStatus();
 }
 

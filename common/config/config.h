@@ -28,6 +28,7 @@
 //   num_servers    TESSERA_NUM_SERVERS
 //   job            TESSERA_JOB
 //   log_level      TESSERA_LOG_LEVEL
+//   cuda_tf32      TESSERA_CUDA_TF32                                           (workers only)
 //
 // Launcher families: rank, local_rank and num_workers are read from ONE family, the first of
 // torchrun > OpenMPI > Slurm that has any of its three variables set; the other families are
@@ -114,6 +115,10 @@ struct ProcessConfig {
   // Seconds to keep serving (e.g. /metrics for a last scrape) after the work is done.
   // Flag --linger.
   double linger_seconds = 0;
+  // Worker: GEMMs on a CUDA device may use TF32 tensor cores (~1e-3 relative error: a 10-bit
+  // mantissa on the inputs) instead of float32. Flag --cuda-tf32 0|1; env TESSERA_CUDA_TF32
+  // (empty counts as 0). Not for servers or the coordinator, which compute on the CPU.
+  bool cuda_tf32 = false;
 
   // Where each value came from, keyed by flag name: "flag" (given on the command line) or
   // "env RANK" (etc.); fields absent here hold their default. Filled by ProcessFlags::ApplyTo

@@ -65,6 +65,7 @@ TEST(ProcessConfigTest, WorkerDefaults) {
   EXPECT_EQ(config->max_message_bytes, uint64_t{1} << 30);
   EXPECT_EQ(config->log_level, LogLevel::kInfo);
   EXPECT_EQ(config->linger_seconds, 0);
+  EXPECT_FALSE(config->cuda_tf32);
   EXPECT_EQ(config->sources.size(), 1u);
   EXPECT_EQ(config->sources.at("--coordinator"), "flag");
 }
@@ -92,7 +93,7 @@ TEST(ProcessConfigTest, EveryFlagIsApplied) {
        "--coordinator=[::1]:7000", "--bind-host=0.0.0.0", "--port=5000", "--metrics-port=9100",
        "--job=exp-7.a_b", "--rendezvous-timeout-ms=5000", "--heartbeat-interval-ms=200",
        "--heartbeat-timeout-ms=900", "--request-timeout-ms=1234", "--max-message-bytes=4096",
-       "--log-level=warn", "--linger=2.5"});
+       "--log-level=warn", "--linger=2.5", "--cuda-tf32=1"});
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->rank, 2);
   EXPECT_EQ(config->local_rank, 1);
@@ -110,7 +111,8 @@ TEST(ProcessConfigTest, EveryFlagIsApplied) {
   EXPECT_EQ(config->max_message_bytes, 4096u);
   EXPECT_EQ(config->log_level, LogLevel::kWarning);
   EXPECT_EQ(config->linger_seconds, 2.5);
-  EXPECT_EQ(config->sources.size(), 16u);
+  EXPECT_TRUE(config->cuda_tf32);
+  EXPECT_EQ(config->sources.size(), 17u);
 }
 
 TEST(ProcessConfigTest, WorldSizeIsAnAliasOfNumWorkers) {
@@ -315,6 +317,10 @@ TEST(ProcessConfigTest, BadValuesNameTheFlagOrVariable) {
        {"--max-message-bytes=\"-5\": must not be negative"}},
       {Role::kWorker, {c, "--log-level=verbose"}, {}, {"--log-level=\"verbose\"", "debug, info"}},
       {Role::kWorker, {c}, {{"TESSERA_LOG_LEVEL", "loud"}}, {"TESSERA_LOG_LEVEL=\"loud\""}},
+      {Role::kWorker, {c, "--cuda-tf32=true"}, {}, {"--cuda-tf32=\"true\": expected 0 or 1"}},
+      {Role::kWorker, {c}, {{"TESSERA_CUDA_TF32", "yes"}},
+       {"TESSERA_CUDA_TF32=\"yes\": expected 0 or 1"}},
+      {Role::kWorker, {c}, {{"TESSERA_CUDA_TF32", " 1"}}, {"TESSERA_CUDA_TF32=\" 1\""}},
       // Negative / out of range.
       {Role::kWorker, {c, "--rank=-2"}, {}, {"--rank=-2 is out of range: must be >= 0, or -1"}},
       {Role::kWorker, {c, "--rank=5", "--num-workers=4"}, {},
@@ -400,11 +406,37 @@ TEST(ProcessConfigTest, HelpListsEveryFlagWithDefaultAndEnvironment) {
         "--rendezvous-timeout-ms MS=60000", "--heartbeat-interval-ms MS=1000",
         "--heartbeat-timeout-ms MS=10000", "--request-timeout-ms MS=30000",
         "--max-message-bytes BYTES=1073741824", "--log-level LEVEL=info", "--linger SECONDS=0",
-        "RANK | OMPI_COMM_WORLD_RANK | SLURM_PROCID", "LOCAL_RANK", "WORLD_SIZE",
-        "MASTER_ADDR + MASTER_PORT", "TESSERA_NUM_SERVERS", "TESSERA_JOB", "TESSERA_LOG_LEVEL",
+        "--cuda-tf32 0|1=0", "RANK | OMPI_COMM_WORLD_RANK | SLURM_PROCID", "LOCAL_RANK",
+        "WORLD_SIZE", "MASTER_ADDR + MASTER_PORT", "TESSERA_NUM_SERVERS", "TESSERA_JOB",
+        "TESSERA_LOG_LEVEL", "TESSERA_CUDA_TF32",
         "Precedence: flags > environment > defaults"}) {
     EXPECT_THAT(out, HasSubstr(expected));
   }
+}
+
+TEST(ProcessConfigTest, CudaTf32FromTheEnvironmentOrItsFlag) {
+  for (const auto& [value, want] :
+       {std::pair<const char*, bool>{"1", true}, {"0", false}, {"", false}}) {
+    SCOPED_TRACE(std::string("TESSERA_CUDA_TF32=") + value);
+    StatusOr<ProcessConfig> config =
+        Parse(Role::kWorker, {kCoordinatorFlag}, {{"TESSERA_CUDA_TF32", value}});
+    ASSERT_TRUE(config.ok()) << config.status();
+    EXPECT_EQ(config->cuda_tf32, want);
+    EXPECT_EQ(config->sources.at("--cuda-tf32"), "env TESSERA_CUDA_TF32");
+  }
+  StatusOr<ProcessConfig> flag =
+      Parse(Role::kWorker, {kCoordinatorFlag, "--cuda-tf32=0"}, {{"TESSERA_CUDA_TF32", "1"}});
+  ASSERT_TRUE(flag.ok()) << flag.status();
+  EXPECT_FALSE(flag->cuda_tf32);
+  EXPECT_EQ(flag->sources.at("--cuda-tf32"), "flag");
+  // Servers and the coordinator have no CUDA backend: they neither read the variable nor take
+  // the flag.
+  StatusOr<ProcessConfig> server =
+      Parse(Role::kServer, {kCoordinatorFlag}, {{"TESSERA_CUDA_TF32", "garbage"}});
+  ASSERT_TRUE(server.ok()) << server.status();
+  EXPECT_FALSE(server->cuda_tf32);
+  EXPECT_THAT(ParseError(Role::kServer, {kCoordinatorFlag, "--cuda-tf32=1"}),
+              HasSubstr("--cuda-tf32"));
 }
 
 TEST(ProcessConfigTest, HelpWinsOverBadValues) {
@@ -508,7 +540,8 @@ TEST(DescribeConfigTest, OneLinePerFieldWithSource) {
   EXPECT_THAT(text, HasSubstr("--coordinator=\"10.0.0.1:29500\" (flag)\n"));
   EXPECT_THAT(text, HasSubstr("--max-message-bytes=1073741824 (default)\n"));
   EXPECT_THAT(text, HasSubstr("--log-level=info (default)\n"));
-  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 17);  // role + 16 flags
+  EXPECT_THAT(text, HasSubstr("--cuda-tf32=0 (default)\n"));
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 18);  // role + 17 flags
 }
 
 TEST(CurrentEnvironmentTest, ReadsTheProcessEnvironment) {

@@ -1,8 +1,7 @@
 // CUDA implementation of common/cuda/cuda_device.h, compiled by nvcc (//third_party/cuda:cuda.bzl).
 // cuda_device_cpu.cc serves the same header in builds without the toolkit.
 //
-// Every CUDA runtime call's result goes through CudaCall(), the one place where a cudaError_t
-// becomes a Status: the message names the call and quotes the runtime's error name and string.
+// Every CUDA runtime call's result goes through CudaStatus (common/cuda/cuda_status.h).
 #include "common/cuda/cuda_device.h"
 
 #include <cuda_runtime.h>
@@ -13,40 +12,15 @@
 #include <utility>
 #include <vector>
 
+#include "common/cuda/cuda_status.h"
+
 namespace tessera {
 namespace {
-
-// The adapter. `call` says what was called, e.g. "cudaMalloc(x, 4194304 bytes)"; the result
-// reads "cudaMalloc(x, 4194304 bytes): cudaErrorMemoryAllocation: out of memory".
-Status CudaCall(cudaError_t err, std::string_view call) {
-  if (err == cudaSuccess) return OkStatus();
-  std::string message(call);
-  message += ": ";
-  message += cudaGetErrorName(err);
-  message += ": ";
-  message += cudaGetErrorString(err);
-  switch (err) {
-    // No usable driver or device on this machine: a normal condition, not a bug.
-    case cudaErrorNoDevice:
-    case cudaErrorInsufficientDriver:
-    case cudaErrorCallRequiresNewerDriver:
-    case cudaErrorStubLibrary:
-    case cudaErrorDevicesUnavailable:
-    case cudaErrorSystemNotReady:
-    case cudaErrorSystemDriverMismatch:
-    case cudaErrorCompatNotSupportedOnDevice:
-      return UnavailableError(std::move(message));
-    case cudaErrorInvalidDevice:
-      return InvalidArgumentError(std::move(message));
-    default:
-      return InternalError(std::move(message));
-  }
-}
 
 // The number of devices, or the runtime's reason it cannot tell (no driver, no device).
 StatusOr<int> DeviceCount() {
   int count = 0;
-  RETURN_IF_ERROR(CudaCall(cudaGetDeviceCount(&count), "cudaGetDeviceCount"));
+  RETURN_IF_ERROR(CudaStatus(cudaGetDeviceCount(&count), "cudaGetDeviceCount"));
   return count;
 }
 
@@ -69,18 +43,18 @@ class DeviceFloats {
   DeviceFloats(const DeviceFloats&) = delete;
   DeviceFloats& operator=(const DeviceFloats&) = delete;
   ~DeviceFloats() {
-    if (ptr_ != nullptr) (void)CudaCall(cudaFree(ptr_), "cudaFree");
+    if (ptr_ != nullptr) (void)CudaStatus(cudaFree(ptr_), "cudaFree");
   }
 
   Status Allocate(size_t n, std::string_view what) {
     const size_t bytes = n * sizeof(float);
-    return CudaCall(cudaMalloc(&ptr_, bytes),
-                    "cudaMalloc(" + std::string(what) + ", " + std::to_string(bytes) + " bytes)");
+    return CudaStatus(cudaMalloc(&ptr_, bytes),
+                      "cudaMalloc(" + std::string(what) + ", " + std::to_string(bytes) + " bytes)");
   }
 
   Status Free(std::string_view what) {
     float* ptr = std::exchange(ptr_, nullptr);
-    return CudaCall(cudaFree(ptr), "cudaFree(" + std::string(what) + ")");
+    return CudaStatus(cudaFree(ptr), "cudaFree(" + std::string(what) + ")");
   }
 
   float* get() const { return ptr_; }
@@ -116,18 +90,19 @@ Status RunSaxpy() {
   DeviceFloats device_x, device_y;
   RETURN_IF_ERROR(device_x.Allocate(n, "x"));
   RETURN_IF_ERROR(device_y.Allocate(n, "y"));
-  RETURN_IF_ERROR(CudaCall(cudaMemcpy(device_x.get(), x.data(), bytes, cudaMemcpyHostToDevice),
-                           "cudaMemcpy(x, host to device)"));
-  RETURN_IF_ERROR(CudaCall(cudaMemcpy(device_y.get(), y.data(), bytes, cudaMemcpyHostToDevice),
-                           "cudaMemcpy(y, host to device)"));
+  RETURN_IF_ERROR(CudaStatus(cudaMemcpy(device_x.get(), x.data(), bytes, cudaMemcpyHostToDevice),
+                             "cudaMemcpy(x, host to device)"));
+  RETURN_IF_ERROR(CudaStatus(cudaMemcpy(device_y.get(), y.data(), bytes, cudaMemcpyHostToDevice),
+                             "cudaMemcpy(y, host to device)"));
 
   const int blocks = (n + kThreadsPerBlock - 1) / kThreadsPerBlock;
   SaxpyKernel<<<blocks, kThreadsPerBlock>>>(n, kSelfTestA, device_x.get(), device_y.get());
-  RETURN_IF_ERROR(CudaCall(cudaGetLastError(), "saxpy kernel launch"));
-  RETURN_IF_ERROR(CudaCall(cudaDeviceSynchronize(), "cudaDeviceSynchronize(saxpy kernel)"));
+  RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "saxpy kernel launch"));
+  RETURN_IF_ERROR(CudaStatus(cudaDeviceSynchronize(), "cudaDeviceSynchronize(saxpy kernel)"));
 
-  RETURN_IF_ERROR(CudaCall(cudaMemcpy(got.data(), device_y.get(), bytes, cudaMemcpyDeviceToHost),
-                           "cudaMemcpy(y, device to host)"));
+  RETURN_IF_ERROR(
+      CudaStatus(cudaMemcpy(got.data(), device_y.get(), bytes, cudaMemcpyDeviceToHost),
+                 "cudaMemcpy(y, device to host)"));
   RETURN_IF_ERROR(device_x.Free("x"));
   RETURN_IF_ERROR(device_y.Free("y"));
 
@@ -150,11 +125,13 @@ Status RunSaxpy() {
 Status SelfTestOnDevice(int index) {
   RETURN_IF_ERROR(CheckDeviceIndex(index));
   int previous = 0;
-  RETURN_IF_ERROR(CudaCall(cudaGetDevice(&previous), "cudaGetDevice"));
-  RETURN_IF_ERROR(CudaCall(cudaSetDevice(index), "cudaSetDevice(" + std::to_string(index) + ")"));
+  RETURN_IF_ERROR(CudaStatus(cudaGetDevice(&previous), "cudaGetDevice"));
+  RETURN_IF_ERROR(
+      CudaStatus(cudaSetDevice(index), "cudaSetDevice(" + std::to_string(index) + ")"));
   Status test = RunSaxpy();
-  Status restore = CudaCall(cudaSetDevice(previous),
-                            "cudaSetDevice(" + std::to_string(previous) + ", the previous device)");
+  Status restore =
+      CudaStatus(cudaSetDevice(previous),
+                 "cudaSetDevice(" + std::to_string(previous) + ", the previous device)");
   // A failed test can leave the context unusable, so restoring may fail too: the test's error
   // is the root cause and the one reported.
   return test.ok() ? restore : test;
@@ -172,8 +149,8 @@ int CudaDeviceCount() {
 StatusOr<CudaDeviceInfo> QueryCudaDevice(int index) {
   RETURN_IF_ERROR(CheckDeviceIndex(index));
   cudaDeviceProp prop;
-  RETURN_IF_ERROR(CudaCall(cudaGetDeviceProperties(&prop, index),
-                           "cudaGetDeviceProperties(" + std::to_string(index) + ")"));
+  RETURN_IF_ERROR(CudaStatus(cudaGetDeviceProperties(&prop, index),
+                             "cudaGetDeviceProperties(" + std::to_string(index) + ")"));
   CudaDeviceInfo info;
   info.index = index;
   info.name = prop.name;

@@ -128,8 +128,11 @@ def cuda_library(
     Args:
       name: target name, as for cc_library.
       cuda_srcs: .cu files (and private .cuh/.h headers) compiled by nvcc.
-      cpu_srcs: .cc files implementing the same `hdrs` without CUDA.
-      hdrs: public headers; must not include CUDA headers, so both variants can serve them.
+      cpu_srcs: .cc files implementing the same `hdrs` without CUDA; empty for a library that
+        only CUDA sources use (an adapter whose header names CUDA types), whose CPU variant is
+        then the bare header, never included in a CPU-only build.
+      hdrs: public headers; must not include CUDA headers, so both variants can serve them
+        (unless cpu_srcs is empty).
       deps: cc deps, visible to both the .cu and the .cc sources.
       nvcc_copts: extra nvcc flags (e.g. ["-lineinfo"]).
       visibility: as for cc_library.

@@ -91,12 +91,10 @@ StatusOr<std::unique_ptr<AllReduceEngine>> AllReduceEngine::Create(
 }
 
 AllReduceEngine::~AllReduceEngine() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stopping_ = true;
-  }
-  cv_.notify_all();
-  if (comm_thread_.joinable()) comm_thread_.join();
+  // The collectives not started yet are dropped: after a failure they could only wait for peers
+  // that will not join them. The one running ends within its deadline; comm_, destroyed first,
+  // joins it.
+  comm_.CancelPending(std::string(name()) + " engine shutting down");
 }
 
 Status AllReduceEngine::Initialize(const ParameterLayout& layout,
@@ -152,7 +150,6 @@ Status AllReduceEngine::Initialize(const ParameterLayout& layout,
     state_bytes_[i]->Set(bytes[i]);
     peak_bytes_[i]->Set(bytes[i]);
   }
-  comm_thread_ = std::thread([this] { CommLoop(); });
   TLOG(INFO) << "allreduce among " << collectives_->world_size() << " workers: " << size_
              << " parameters in " << buckets_.size() << " buckets of up to "
              << options_.bucket_bytes << " bytes, overlap " << (options_.overlap ? "on" : "off");
@@ -160,12 +157,11 @@ Status AllReduceEngine::Initialize(const ParameterLayout& layout,
 }
 
 void AllReduceEngine::OnBackwardStart(int64_t step, float* grads) {
-  std::lock_guard<std::mutex> lock(mu_);
   grads_ = grads;
   step_ = step;
-  done_ = 0;
-  comm_seconds_ = 0;
   tracker_.Reset();
+  std::lock_guard<std::mutex> lock(mu_);
+  comm_seconds_ = 0;
 }
 
 void AllReduceEngine::OnGradientsReady(uint64_t offset, uint64_t size) {
@@ -175,50 +171,18 @@ void AllReduceEngine::OnGradientsReady(uint64_t offset, uint64_t size) {
 
 void AllReduceEngine::Enqueue(size_t bucket) {
   tracker_.set_started(bucket);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back({CommWork::kAllReduce, bucket});
-    in_flight_->Add(1);
-  }
-  cv_.notify_all();
-}
-
-void AllReduceEngine::CommLoop() {
-  while (true) {
-    CommWork work;
-    float* data;
-    int64_t step;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-      if (stopping_) return;
-      work = queue_.front();
-      queue_.pop_front();
-      data = work.kind == CommWork::kAllReduce ? grads_ : gather_params_;
-      step = work.kind == CommWork::kAllReduce ? step_ : gather_step_;
-    }
-    if (work.kind == CommWork::kAllGather) {
-      Status status = RunAllGather(work.index, data, step);
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        ++gathered_;
-        if (!status.ok() && gather_error_.ok()) gather_error_ = status;
-      }
-      cv_.notify_all();
-      continue;
-    }
+  in_flight_->Add(1);
+  reductions_.push_back(comm_.Submit([this, bucket, grads = grads_, step = step_] {
     const auto started = SteadyClock::now();
-    Status status = RunAllReduce(work.index, data, step);
+    Status status = RunAllReduce(bucket, grads, step);
     const double seconds = std::chrono::duration<double>(SteadyClock::now() - started).count();
     {
       std::lock_guard<std::mutex> lock(mu_);
-      ++done_;
       comm_seconds_ += seconds;
-      if (!status.ok() && first_error_.ok()) first_error_ = status;
-      in_flight_->Add(-1);
     }
-    cv_.notify_all();
-  }
+    in_flight_->Add(-1);
+    return status;
+  }));
 }
 
 Status AllReduceEngine::RunAllReduce(size_t bucket, float* grads, int64_t step) {
@@ -274,30 +238,31 @@ Status AllReduceEngine::Step(int64_t step, float* params, float* grads,
     return InvalidArgumentError("allreduce mode got embedding rows; it holds no tables");
   }
   const auto backward_done = SteadyClock::now();
+  if (grads_ != grads || step_ != step) {
+    // The trainer did not announce this backward (or another buffer): nothing was started.
+    OnBackwardStart(step, grads);
+  }
   double hidden_seconds = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (grads_ != grads || step_ != step) {
-      // The trainer did not announce this backward (or another buffer): nothing was started.
-      grads_ = grads;
-      step_ = step;
-      done_ = 0;
-      comm_seconds_ = 0;
-      tracker_.Reset();
-    }
     hidden_seconds = comm_seconds_;  // finished before backward ended
   }
   for (size_t b = 0; b < buckets_.size(); ++b) {
     if (!tracker_.started(b)) Enqueue(b);
   }
+  // Every bucket's all-reduce ends, failed or not, before the step goes on; the first to fail
+  // (they run in order) is the step's error.
   Status error;
+  for (const std::shared_future<Status>& reduction : reductions_) {
+    const Status& status = reduction.get();
+    if (error.ok() && !status.ok()) error = status;
+  }
+  reductions_.clear();
+  grads_ = nullptr;
   double comm_seconds = 0;
   {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [this] { return done_ == buckets_.size(); });
-    error = first_error_;
+    std::lock_guard<std::mutex> lock(mu_);
     comm_seconds = comm_seconds_;
-    grads_ = nullptr;
   }
   const double waited =
       std::chrono::duration<double>(SteadyClock::now() - backward_done).count();
@@ -322,14 +287,23 @@ Status AllReduceEngine::Step(int64_t step, float* params, float* grads,
                 slice.size, state_.data() + state_offset);
     state_offset += k * slice.size;
   }
+  gather_step_ = step;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    gather_params_ = params;
-    gather_step_ = step;
     gathered_ = 0;
-    for (size_t t = 0; t < tensors_.size(); ++t) queue_.push_back({CommWork::kAllGather, t});
   }
-  cv_.notify_all();
+  for (size_t t = 0; t < tensors_.size(); ++t) {
+    comm_.Submit([this, t, params, step] {
+      Status status = RunAllGather(t, params, step);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        ++gathered_;
+        if (!status.ok() && gather_error_.ok()) gather_error_ = status;
+      }
+      cv_.notify_all();
+      return status;
+    });
+  }
   return OkStatus();
 }
 

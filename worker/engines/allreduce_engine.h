@@ -35,16 +35,15 @@
 // (collectives.h); the step returns that error with the bucket.
 //
 // Thread-safety: the training thread calls the TrainingEngine methods; the engine's
-// communication thread runs the all-reduces and zero1's all-gathers, in the order handed over
-// (the same on every rank).
+// communication thread (comm_thread.h) runs the all-reduces and zero1's all-gathers, in the
+// order handed over (the same on every rank).
 #ifndef TESSERA_WORKER_ENGINES_ALLREDUCE_ENGINE_H_
 #define TESSERA_WORKER_ENGINES_ALLREDUCE_ENGINE_H_
 
 #include <condition_variable>
-#include <deque>
+#include <future>
 #include <memory>
 #include <mutex>
-#include <thread>
 #include <vector>
 
 #include "common/metrics/metrics.h"
@@ -52,6 +51,7 @@
 #include "common/training/optimizer.h"
 #include "common/training/parameter_layout.h"
 #include "worker/collectives/collectives.h"
+#include "worker/engines/comm_thread.h"
 #include "worker/engines/gradient_buckets.h"
 #include "worker/engines/training_engine.h"
 
@@ -97,14 +97,8 @@ class AllReduceEngine final : public TrainingEngine {
  private:
   AllReduceEngine(const AllReduceEngineOptions& options, Collectives* collectives)
       : options_(options), collectives_(collectives), tracker_(&buckets_) {}
-  // Work for the communication thread: all-reduce a gradient bucket, or all-gather the
-  // updated parameters of one tensor (zero1).
-  struct CommWork {
-    enum Kind { kAllReduce, kAllGather } kind;
-    size_t index;  // bucket or tensor
-  };
+  // Hands the all-reduce of `bucket` to the communication thread.
   void Enqueue(size_t bucket);
-  void CommLoop();
   Status RunAllReduce(size_t bucket, float* grads, int64_t step);
   Status RunAllGather(size_t tensor, float* params, int64_t step);
 
@@ -120,23 +114,21 @@ class AllReduceEngine final : public TrainingEngine {
   std::vector<ParameterView> tensors_;
   std::vector<Partition> owned_;
 
-  // The current step's work, shared with the communication thread.
+  // The current step, on the training thread only: the gradient buffer and step its
+  // all-reduces work on (set in OnBackwardStart) and their results, in the order handed over.
+  float* grads_ = nullptr;
+  int64_t step_ = 0;
+  std::vector<std::shared_future<Status>> reductions_;
+  int64_t gather_step_ = 0;  // the step whose updated parameters zero1 is gathering
+
+  // What the work on the communication thread reports back.
   std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<CommWork> queue_;   // guarded by mu_
-  size_t done_ = 0;              // buckets finished this step; guarded by mu_
-  Status first_error_;           // guarded by mu_
-  bool stopping_ = false;        // guarded by mu_
-  float* grads_ = nullptr;       // guarded by mu_ (set in OnBackwardStart)
-  int64_t step_ = 0;             // guarded by mu_
-  double comm_seconds_ = 0;      // this step's all-reduce time; guarded by mu_
+  std::condition_variable cv_;  // gathered_ or gather_error_ changed
+  double comm_seconds_ = 0;     // this step's all-reduce time so far; guarded by mu_
   // zero1's parameter all-gathers, started by Step: tensors [0, gathered_) are done, the rest
   // up to tensors_.size() pending (the communication thread runs them in order).
-  float* gather_params_ = nullptr;  // guarded by mu_
-  int64_t gather_step_ = 0;         // guarded by mu_
-  size_t gathered_ = 0;             // guarded by mu_
-  Status gather_error_;             // guarded by mu_
-  std::thread comm_thread_;
+  size_t gathered_ = 0;  // guarded by mu_
+  Status gather_error_;  // guarded by mu_
 
   Histogram* allreduce_seconds_[4] = {};
   Counter* allreduce_bytes_ = nullptr;
@@ -145,6 +137,10 @@ class AllReduceEngine final : public TrainingEngine {
   Histogram* wait_seconds_ = nullptr;
   Gauge* state_bytes_[3] = {};  // parameters, gradients, optimizer_state
   Gauge* peak_bytes_[3] = {};
+
+  // Runs the all-reduces and zero1's all-gathers. Last, so that it is destroyed (and its
+  // thread joined) before anything its work touches.
+  CommThread comm_;
 };
 
 }  // namespace tessera::worker

@@ -1,5 +1,8 @@
 #include "worker/engines/comm_thread.h"
 
+#include <exception>
+#include <utility>
+
 namespace tessera::worker {
 
 CommThread::CommThread() : thread_([this] { Loop(); }) {}
@@ -14,8 +17,8 @@ CommThread::~CommThread() {
 }
 
 std::shared_future<Status> CommThread::Submit(std::function<Status()> work) {
-  std::packaged_task<Status()> task(std::move(work));
-  std::shared_future<Status> done = task.get_future().share();
+  Task task{std::move(work), std::promise<Status>()};
+  std::shared_future<Status> done = task.done.get_future().share();
   {
     std::lock_guard<std::mutex> lock(mu_);
     queue_.push_back(std::move(task));
@@ -24,9 +27,18 @@ std::shared_future<Status> CommThread::Submit(std::function<Status()> work) {
   return done;
 }
 
+void CommThread::CancelPending(const std::string& reason) {
+  std::deque<Task> dropped;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    dropped.swap(queue_);
+  }
+  for (Task& task : dropped) task.done.set_value(CancelledError(reason + ": not started"));
+}
+
 void CommThread::Loop() {
   while (true) {
-    std::packaged_task<Status()> task;
+    Task task;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
@@ -34,7 +46,12 @@ void CommThread::Loop() {
       task = std::move(queue_.front());
       queue_.pop_front();
     }
-    task();
+    // As a packaged_task would: what the work throws reaches the future's reader.
+    try {
+      task.done.set_value(task.work());
+    } catch (...) {
+      task.done.set_exception(std::current_exception());
+    }
   }
 }
 

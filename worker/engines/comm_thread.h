@@ -7,7 +7,7 @@
 //   ... compute ...
 //   Status status = done.get();  // or wait_for with a deadline
 //
-// Thread-safety: Submit from any thread; the work runs on the comm thread.
+// Thread-safety: Submit and CancelPending from any thread; the work runs on the comm thread.
 #ifndef TESSERA_WORKER_ENGINES_COMM_THREAD_H_
 #define TESSERA_WORKER_ENGINES_COMM_THREAD_H_
 
@@ -16,6 +16,7 @@
 #include <functional>
 #include <future>
 #include <mutex>
+#include <string>
 #include <thread>
 
 #include "common/base/status.h"
@@ -25,20 +26,32 @@ namespace tessera::worker {
 class CommThread {
  public:
   CommThread();
-  // Runs the work already submitted, then joins.
+  // Runs the work already submitted (none after CancelPending), then joins.
   ~CommThread();
   CommThread(const CommThread&) = delete;
   CommThread& operator=(const CommThread&) = delete;
 
+  // Queues `work`; the future holds what it returns once it has run.
   std::shared_future<Status> Submit(std::function<Status()> work);
 
+  // Drops the work submitted but not started: it never runs, and its futures hold CANCELLED,
+  // "<reason>: not started". The work running now, if any, runs to its end; work submitted
+  // later runs as usual. For an owner going away whose queued collectives could only wait for
+  // peers that will not join them.
+  void CancelPending(const std::string& reason);
+
  private:
+  struct Task {
+    std::function<Status()> work;
+    std::promise<Status> done;
+  };
+
   void Loop();
 
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::packaged_task<Status()>> queue_;  // guarded by mu_
-  bool stopping_ = false;                           // guarded by mu_
+  std::deque<Task> queue_;  // guarded by mu_
+  bool stopping_ = false;   // guarded by mu_
   std::thread thread_;
 };
 

@@ -1,10 +1,10 @@
 // CUDA implementation of worker/collectives/nccl/nccl_collectives.h, compiled by nvcc (//third_party/cuda:cuda.bzl).
 // nccl_collectives_cpu.cc serves the same header in builds without the toolkit.
 //
-// Layout of this file: NCCL loaded at run time; the error adapter (the one place where an
-// ncclResult_t or a cudaError_t becomes a Status); the call descriptor of the agreement check;
-// the NcclCollectives class, whose every operation runs as prepare -> agree -> execute -> wait;
-// CreateNcclCollectives with the id broadcast.
+// Layout of this file: NCCL loaded at run time, and its words for the NCCL error adapter
+// (nccl_status.h; CUDA runtime errors go through common/cuda/cuda_status.h); the call descriptor
+// of the agreement check; the NcclCollectives class, whose every operation runs as prepare ->
+// agree -> execute -> wait; CreateNcclCollectives with the id broadcast.
 //
 // No kernels of our own: padding and unpadding are cudaMemcpyAsync / cudaMemcpy2DAsync /
 // cudaMemsetAsync on the object's stream, ordered with NCCL's kernels by the stream.
@@ -31,6 +31,8 @@
 #include "common/base/deadline.h"
 #include "common/base/logging.h"
 #include "common/base/shared_library.h"
+#include "common/cuda/cuda_status.h"
+#include "worker/collectives/nccl/nccl_status.h"
 
 namespace tessera::worker {
 namespace {
@@ -108,55 +110,16 @@ StatusOr<const NcclApi*> LoadNccl() {
 // Only called once LoadNccl succeeded (a communicator exists or is being made).
 const NcclApi& Nccl() { return **LoadNccl(); }
 
-// ---- Error adapter ------------------------------------------------------------------------------
+// ---- Errors -------------------------------------------------------------------------------------
 
-// "ncclAllReduce(count=10, float32, sum): remote process exited or there was a network error
-// (NCCL: <ncclGetLastError>)": the call, ncclGetErrorString, and NCCL's own last message when it
-// has one (it often names the peer or the system call).
-Status NcclStatus(ncclResult_t result, std::string_view call, ncclComm_t comm) {
+// The adapter's Status (nccl_status.h) for an NCCL call's result, with the loaded library's
+// words: its description of the result and its last error message (which often names the peer
+// or the system call that failed).
+Status NcclCallStatus(ncclResult_t result, std::string_view call, ncclComm_t comm) {
   if (result == ncclSuccess) return OkStatus();
-  std::string message(call);
-  message += ": ";
-  message += Nccl().get_error_string(result);
-  const char* last = Nccl().get_last_error(comm);
-  if (last != nullptr && *last != '\0') {
-    message += " (NCCL: ";
-    message += last;
-    message += ")";
-  }
-  switch (result) {
-    case ncclInvalidArgument: return InvalidArgumentError(std::move(message));
-    case ncclInvalidUsage: return FailedPreconditionError(std::move(message));
-    case ncclSystemError:  // sockets, the network, shared memory
-    case ncclRemoteError:  // a peer went away
-      return UnavailableError(std::move(message));
-    default: return InternalError(std::move(message));
-  }
-}
-
-// "cudaStreamQuery: cudaErrorLaunchFailure: unspecified launch failure".
-Status CudaStatus(cudaError_t err, std::string_view call) {
-  if (err == cudaSuccess) return OkStatus();
-  std::string message(call);
-  message += ": ";
-  message += cudaGetErrorName(err);
-  message += ": ";
-  message += cudaGetErrorString(err);
-  switch (err) {
-    // No usable driver or device on this machine: a normal condition, not a bug.
-    case cudaErrorNoDevice:
-    case cudaErrorInsufficientDriver:
-    case cudaErrorCallRequiresNewerDriver:
-    case cudaErrorStubLibrary:
-    case cudaErrorDevicesUnavailable:
-    case cudaErrorSystemNotReady:
-    case cudaErrorSystemDriverMismatch:
-    case cudaErrorCompatNotSupportedOnDevice:
-      return UnavailableError(std::move(message));
-    case cudaErrorInvalidDevice: return InvalidArgumentError(std::move(message));
-    case cudaErrorMemoryAllocation: return ResourceExhaustedError(std::move(message));
-    default: return InternalError(std::move(message));
-  }
+  const char* detail = Nccl().get_last_error(comm);
+  return NcclStatus(result, call, Nccl().get_error_string(result),
+                    detail != nullptr ? detail : "");
 }
 
 // Makes `device` current on the calling thread until destroyed, then restores the previous one.
@@ -548,7 +511,7 @@ NcclCollectives::~NcclCollectives() {
     const Deadline deadline = Deadline::AfterMillis(options_.timeout_ms);
     const Status finalized = Enqueued(Nccl().comm_finalize(comm_), "ncclCommFinalize", deadline);
     if (finalized.ok()) {
-      const Status destroyed = NcclStatus(Nccl().comm_destroy(comm_), "ncclCommDestroy", comm_);
+      const Status destroyed = NcclCallStatus(Nccl().comm_destroy(comm_), "ncclCommDestroy", comm_);
       if (!destroyed.ok()) TLOG(ERROR) << name_ << " shutdown: " << destroyed.message();
     } else {
       TLOG(ERROR) << name_ << " shutdown: " << finalized.message() << "; aborting instead";
@@ -556,24 +519,25 @@ NcclCollectives::~NcclCollectives() {
     }
     comm_ = nullptr;
   }
-  auto report = [this](cudaError_t err, const char* call) {
-    if (err != cudaSuccess) {
-      TLOG(ERROR) << name_ << " shutdown: " << call << ": " << cudaGetErrorName(err) << ": "
-                  << cudaGetErrorString(err);
-    }
+  auto report = [this](const Status& status) {
+    if (!status.ok()) TLOG(ERROR) << name_ << " shutdown: " << status.message();
   };
   if (stream_ != nullptr) {
-    if (scratch_ != nullptr) report(cudaFreeAsync(scratch_, stream_), "cudaFreeAsync(scratch)");
-    report(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    if (scratch_ != nullptr) {
+      report(CudaStatus(cudaFreeAsync(scratch_, stream_), "cudaFreeAsync(scratch)"));
+    }
+    report(CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"));
   }
-  if (barrier_value_ != nullptr) report(cudaFree(barrier_value_), "cudaFree(barrier value)");
+  if (barrier_value_ != nullptr) {
+    report(CudaStatus(cudaFree(barrier_value_), "cudaFree(barrier value)"));
+  }
   if (device_descriptors_ != nullptr) {
-    report(cudaFree(device_descriptors_), "cudaFree(call descriptors)");
+    report(CudaStatus(cudaFree(device_descriptors_), "cudaFree(call descriptors)"));
   }
   if (host_descriptors_ != nullptr) {
-    report(cudaFreeHost(host_descriptors_), "cudaFreeHost(call descriptors)");
+    report(CudaStatus(cudaFreeHost(host_descriptors_), "cudaFreeHost(call descriptors)"));
   }
-  if (stream_ != nullptr) report(cudaStreamDestroy(stream_), "cudaStreamDestroy");
+  if (stream_ != nullptr) report(CudaStatus(cudaStreamDestroy(stream_), "cudaStreamDestroy"));
 }
 
 // ---- Waiting, failing, memory ----
@@ -589,10 +553,10 @@ Status NcclCollectives::AwaitCommunicator(const std::string& what, const Deadlin
   Backoff backoff;
   while (true) {
     ncclResult_t state = ncclSuccess;
-    RETURN_IF_ERROR(NcclStatus(Nccl().comm_get_async_error(comm_, &state),
-                               "ncclCommGetAsyncError", comm_));
+    RETURN_IF_ERROR(NcclCallStatus(Nccl().comm_get_async_error(comm_, &state),
+                                   "ncclCommGetAsyncError", comm_));
     if (state == ncclSuccess) return OkStatus();
-    if (state != ncclInProgress) return NcclStatus(state, what, comm_);
+    if (state != ncclInProgress) return NcclCallStatus(state, what, comm_);
     if (deadline.Expired()) return Timeout(what);
     backoff.Wait();
   }
@@ -602,7 +566,7 @@ Status NcclCollectives::Enqueued(ncclResult_t result, const std::string& call,
                                  const Deadline& deadline) {
   if (result == ncclSuccess) return OkStatus();
   if (result == ncclInProgress) return AwaitCommunicator(call, deadline);
-  return NcclStatus(result, call, comm_);
+  return NcclCallStatus(result, call, comm_);
 }
 
 Status NcclCollectives::AwaitStream(const std::string& what, const Deadline& deadline) {
@@ -610,10 +574,10 @@ Status NcclCollectives::AwaitStream(const std::string& what, const Deadline& dea
   while (true) {
     // NCCL's errors first: a peer that went away shows up there, not in the stream.
     ncclResult_t state = ncclSuccess;
-    RETURN_IF_ERROR(NcclStatus(Nccl().comm_get_async_error(comm_, &state),
-                               "ncclCommGetAsyncError", comm_));
+    RETURN_IF_ERROR(NcclCallStatus(Nccl().comm_get_async_error(comm_, &state),
+                                   "ncclCommGetAsyncError", comm_));
     if (state != ncclSuccess && state != ncclInProgress) {
-      return NcclStatus(state, what + " (ncclCommGetAsyncError)", comm_);
+      return NcclCallStatus(state, what + " (ncclCommGetAsyncError)", comm_);
     }
     const cudaError_t query = cudaStreamQuery(stream_);
     if (query == cudaSuccess) return OkStatus();
@@ -627,11 +591,9 @@ Status NcclCollectives::Fail(const Status& failure) {
   const Status cause(failure.code(), failure.message() + "; the NCCL communicator was aborted");
   if (comm_ != nullptr) {
     // Sets NCCL's abort flag, which its kernels poll, then frees the communicator.
-    const ncclResult_t result = Nccl().comm_abort(comm_);
+    const Status aborted = NcclCallStatus(Nccl().comm_abort(comm_), "ncclCommAbort", nullptr);
     comm_ = nullptr;
-    if (result != ncclSuccess) {
-      TLOG(ERROR) << name_ << ": ncclCommAbort: " << Nccl().get_error_string(result);
-    }
+    if (!aborted.ok()) TLOG(ERROR) << name_ << ": " << aborted.message();
   }
   // Let the aborted kernels leave the stream, so that the caller's buffers are out of use when
   // the call returns; bounded, since a kernel that ignores the flag must not hang us either.
@@ -978,7 +940,7 @@ Status PrepareLocally(const NcclCollectivesOptions& options, ncclUniqueId* id) {
   }
   RETURN_IF_ERROR(LoadNccl().status());
   if (options.rank == 0) {
-    RETURN_IF_ERROR(NcclStatus(Nccl().get_unique_id(id), "ncclGetUniqueId", nullptr));
+    RETURN_IF_ERROR(NcclCallStatus(Nccl().get_unique_id(id), "ncclGetUniqueId", nullptr));
   }
   return OkStatus();
 }

@@ -173,7 +173,7 @@ class NcclWorld {
       options.device = share_device_0 ? 0 : rank;
       options.timeout_ms = timeout_ms;
       options.verify_agreement = verify_agreement;
-      ASSIGN_OR_RETURN(w->memory_[rank], CreateCudaBackend(options.device));
+      ASSIGN_OR_RETURN(w->memory_[rank], CreateCudaBackend(options.device, CudaBackendOptions()));
       ASSIGN_OR_RETURN(w->collectives_[rank], CreateNcclCollectives(options, w->host_.at(rank)));
       return OkStatus();
     });

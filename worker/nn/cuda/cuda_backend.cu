@@ -1,9 +1,10 @@
 // CUDA implementation of worker/nn/cuda/cuda_backend.h, compiled by nvcc (//third_party/cuda:cuda.bzl).
 // cuda_backend_cpu.cc serves the same header in builds without the toolkit.
 //
-// Layout of this file: the error adapter (the one place where a cudaError_t or cublasStatus_t
-// becomes a Status or an abort), device-side reduction helpers, the kernels in the order of
-// compute_backend.h, then the CudaBackend class that launches them on its stream.
+// Layout of this file: cuBLAS loaded at run time and its error adapter (the one place where a
+// cublasStatus_t becomes a Status; CUDA runtime errors go through common/cuda/cuda_status.h),
+// device-side reduction helpers, the kernels in the order of compute_backend.h, then the
+// CudaBackend class that launches them on its stream.
 //
 // Determinism: every reduction here has a fixed shape that depends only on the op's sizes:
 // column sums (SumRows, LayerNorm's dgamma/dbeta) are one thread per column adding the rows in
@@ -26,6 +27,7 @@
 
 #include "common/base/logging.h"
 #include "common/base/shared_library.h"
+#include "common/cuda/cuda_status.h"
 
 namespace tessera::worker {
 namespace {
@@ -69,61 +71,23 @@ StatusOr<const CublasApi*> LoadCublas() {
 // Only called once LoadCublas succeeded (a backend exists).
 const CublasApi& Cublas() { return **LoadCublas(); }
 
-// ---- Error adapter ------------------------------------------------------------------------------
+// ---- cuBLAS error adapter -----------------------------------------------------------------------
 
-std::string CudaErrorText(cudaError_t err) {
-  return std::string(cudaGetErrorName(err)) + ": " + cudaGetErrorString(err);
-}
-
-std::string CublasErrorText(cublasStatus_t status) {
-  return std::string(Cublas().status_name(status)) + ": " + Cublas().status_string(status);
-}
-
-// For the calls whose failure the interface can return (creating a backend, Allocate). `call`
-// says what was called; the message reads "cudaSetDevice(1): cudaErrorNoDevice: no CUDA-capable
-// device is detected".
-Status CudaStatus(cudaError_t err, std::string_view call) {
-  if (err == cudaSuccess) return OkStatus();
-  std::string message(call);
-  message += ": ";
-  message += CudaErrorText(err);
-  switch (err) {
-    // No usable driver or device on this machine: a normal condition, not a bug.
-    case cudaErrorNoDevice:
-    case cudaErrorInsufficientDriver:
-    case cudaErrorCallRequiresNewerDriver:
-    case cudaErrorStubLibrary:
-    case cudaErrorDevicesUnavailable:
-    case cudaErrorSystemNotReady:
-    case cudaErrorSystemDriverMismatch:
-    case cudaErrorCompatNotSupportedOnDevice:
-      return UnavailableError(std::move(message));
-    case cudaErrorInvalidDevice:
-      return InvalidArgumentError(std::move(message));
-    default:
-      return InternalError(std::move(message));
-  }
-}
-
+// "cublasCreate: CUBLAS_STATUS_NOT_INITIALIZED: the library was not initialized".
 Status CublasStatus(cublasStatus_t status, std::string_view call) {
   if (status == CUBLAS_STATUS_SUCCESS) return OkStatus();
-  return InternalError(std::string(call) + ": " + CublasErrorText(status));
+  return InternalError(std::string(call) + ": " + Cublas().status_name(status) + ": " +
+                       Cublas().status_string(status));
 }
 
 // For the calls whose failure an op cannot return: the device state is unknown afterwards (a
 // faulting kernel leaves the context unusable), so the process stops with the whole story.
+// `error` names the call that failed.
 [[noreturn]] void DieOnDeviceError(std::string_view backend, std::string_view op,
-                                   std::string_view call, const std::string& error) {
-  TLOG(ERROR) << backend << " " << op << ": " << call << ": " << error
+                                   const Status& error) {
+  TLOG(ERROR) << backend << " " << op << ": " << error.message()
               << " (aborting: an op cannot return this error and the device state is unknown)";
   std::abort();
-}
-
-// ComputeBackend::Allocate promises RESOURCE_EXHAUSTED; common/base/status.h has no such code yet,
-// so UNAVAILABLE, the nearest it has (the memory may be had once other buffers are freed),
-// stands in, as in CpuBackend. Here only, so that switching is one line.
-Status OutOfDeviceMemoryError(std::string message) {
-  return UnavailableError(std::move(message));
 }
 
 // ---- Launch shapes ------------------------------------------------------------------------------
@@ -587,10 +551,10 @@ class CudaBackend final : public ComputeBackend {
   };
 
   void Check(cudaError_t err, const char* op, std::string_view call) const {
-    if (err != cudaSuccess) DieOnDeviceError(name_, op, call, CudaErrorText(err));
+    if (err != cudaSuccess) DieOnDeviceError(name_, op, CudaStatus(err, call));
   }
   void CheckCublas(cublasStatus_t status, const char* op, std::string_view call) const {
-    if (status != CUBLAS_STATUS_SUCCESS) DieOnDeviceError(name_, op, call, CublasErrorText(status));
+    if (status != CUBLAS_STATUS_SUCCESS) DieOnDeviceError(name_, op, CublasStatus(status, call));
   }
   // After a <<<...>>> launch: a bad configuration shows up here, a fault inside the kernel at
   // the next synchronising call.
@@ -646,7 +610,7 @@ Status CudaBackend::Init() {
   RETURN_IF_ERROR(status.WithContext(name_));
   RETURN_IF_ERROR(restore.WithContext(name_));
   TLOG(INFO) << name_ << ": compute backend ready, GEMM in "
-             << (allow_tf32_ ? "TF32 (TESSERA_CUDA_TF32=1)" : "float32");
+             << (allow_tf32_ ? "TF32 (--cuda-tf32=1)" : "float32");
   return OkStatus();
 }
 
@@ -656,29 +620,30 @@ CudaBackend::~CudaBackend() {
   int previous = 0;
   const bool switched = cudaGetDevice(&previous) == cudaSuccess && previous != device_ &&
                         cudaSetDevice(device_) == cudaSuccess;
-  auto report = [this](cudaError_t err, const char* call) {
-    if (err != cudaSuccess) {
-      TLOG(ERROR) << name_ << " shutdown: " << call << ": " << CudaErrorText(err);
-    }
+  auto report = [this](const Status& status) {
+    if (!status.ok()) TLOG(ERROR) << name_ << " shutdown: " << status.message();
   };
-  if (stream_ != nullptr) report(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
-  if (row_loss_ != nullptr) report(cudaFree(row_loss_), "cudaFree(row losses)");
-  if (row_correct_ != nullptr) report(cudaFree(row_correct_), "cudaFree(row correct)");
-  if (device_totals_ != nullptr) report(cudaFree(device_totals_), "cudaFree(loss totals)");
-  if (host_totals_ != nullptr) report(cudaFreeHost(host_totals_), "cudaFreeHost(loss totals)");
-  if (cublas_ != nullptr) {
-    const cublasStatus_t status = Cublas().destroy(cublas_);
-    if (status != CUBLAS_STATUS_SUCCESS) {
-      TLOG(ERROR) << name_ << " shutdown: cublasDestroy: " << CublasErrorText(status);
-    }
+  if (stream_ != nullptr) {
+    report(CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"));
   }
-  if (stream_ != nullptr) report(cudaStreamDestroy(stream_), "cudaStreamDestroy");
-  if (switched) report(cudaSetDevice(previous), "cudaSetDevice(previous)");
+  if (row_loss_ != nullptr) report(CudaStatus(cudaFree(row_loss_), "cudaFree(row losses)"));
+  if (row_correct_ != nullptr) report(CudaStatus(cudaFree(row_correct_), "cudaFree(row correct)"));
+  if (device_totals_ != nullptr) {
+    report(CudaStatus(cudaFree(device_totals_), "cudaFree(loss totals)"));
+  }
+  if (host_totals_ != nullptr) {
+    report(CudaStatus(cudaFreeHost(host_totals_), "cudaFreeHost(loss totals)"));
+  }
+  if (cublas_ != nullptr) report(CublasStatus(Cublas().destroy(cublas_), "cublasDestroy"));
+  if (stream_ != nullptr) report(CudaStatus(cudaStreamDestroy(stream_), "cudaStreamDestroy"));
+  if (switched) report(CudaStatus(cudaSetDevice(previous), "cudaSetDevice(previous)"));
 }
 
 unsigned CudaBackend::RowBlocks(int64_t rows, const char* op) const {
   if (rows > INT_MAX) {
-    DieOnDeviceError(name_, op, "launch", std::to_string(rows) + " rows exceed the grid limit");
+    DieOnDeviceError(name_, op,
+                     InternalError("launch: " + std::to_string(rows) +
+                                   " rows exceed the grid limit"));
   }
   return static_cast<unsigned>(rows);
 }
@@ -694,21 +659,20 @@ StatusOr<void*> CudaBackend::Allocate(size_t bytes) {
   // An allocation failure is not sticky: clear it, or the next kernel launch check would
   // report it as its own.
   (void)cudaGetLastError();
-  const std::string what = name_ + ": cannot allocate " + std::to_string(bytes) +
-                           " bytes of device memory: cudaMalloc";
+  Status failure = CudaStatus(err, name_ + ": cannot allocate " + std::to_string(bytes) +
+                                        " bytes of device memory: cudaMalloc");
   if (err == cudaErrorMemoryAllocation) {
     size_t free_bytes = 0;
     size_t total_bytes = 0;
-    std::string detail;
     if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
-      detail = " (" + std::to_string(free_bytes) + " of " + std::to_string(total_bytes) +
-               " bytes free on the device)";
+      failure = Status(failure.code(), failure.message() + " (" + std::to_string(free_bytes) +
+                                           " of " + std::to_string(total_bytes) +
+                                           " bytes free on the device)");
     } else {
       (void)cudaGetLastError();
     }
-    return OutOfDeviceMemoryError(what + ": " + CudaErrorText(err) + detail);
   }
-  return CudaStatus(err, what);
+  return failure;
 }
 
 void CudaBackend::Free(void* pointer) {
@@ -774,7 +738,8 @@ void CudaBackend::Gemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n,
                             ", m=" + std::to_string(m) + ", n=" + std::to_string(n) +
                             ", k=" + std::to_string(k) + ")";
   if (m > INT_MAX || n > INT_MAX || k > INT_MAX) {
-    DieOnDeviceError(name_, "Gemm", shape, "a dimension exceeds cuBLAS's int range");
+    DieOnDeviceError(name_, "Gemm",
+                     InternalError(shape + ": a dimension exceeds cuBLAS's int range"));
   }
   const int lda = static_cast<int>(transpose_a ? m : k);
   const int ldb = static_cast<int>(transpose_b ? k : n);
@@ -981,22 +946,10 @@ void CudaBackend::ScatterAddRows(int64_t rows, int64_t dim, const float* dout, i
   CheckLaunch("ScatterAddRows", "ScatterAddRowsKernel");
 }
 
-// TESSERA_CUDA_TF32: unset, empty or "0" keeps GEMM in float32; "1" allows TF32 tensor cores;
-// anything else is rejected. Read here, once per backend, because it is a numerics switch of
-// this adapter alone and CreateCudaBackend takes no options (should the config struct grow a
-// field for it, this is the one place to replace).
-StatusOr<bool> AllowTf32FromEnvironment() {
-  const char* value = std::getenv("TESSERA_CUDA_TF32");
-  if (value == nullptr || std::string_view(value).empty() || std::string_view(value) == "0") {
-    return false;
-  }
-  if (std::string_view(value) == "1") return true;
-  return InvalidArgumentError("TESSERA_CUDA_TF32=" + std::string(value) + ": expected 0 or 1");
-}
-
 }  // namespace
 
-StatusOr<std::unique_ptr<ComputeBackend>> CreateCudaBackend(int device) {
+StatusOr<std::unique_ptr<ComputeBackend>> CreateCudaBackend(int device,
+                                                            const CudaBackendOptions& options) {
   const std::string name = "cuda:" + std::to_string(device);
   int count = 0;
   RETURN_IF_ERROR(CudaStatus(cudaGetDeviceCount(&count), "cudaGetDeviceCount").WithContext(name));
@@ -1008,8 +961,7 @@ StatusOr<std::unique_ptr<ComputeBackend>> CreateCudaBackend(int device) {
                                 " out of range: this machine has " + std::to_string(count) +
                                 " CUDA device(s)");
   }
-  ASSIGN_OR_RETURN(const bool allow_tf32, AllowTf32FromEnvironment());
-  auto backend = std::make_unique<CudaBackend>(device, allow_tf32);
+  auto backend = std::make_unique<CudaBackend>(device, options.allow_tf32);
   RETURN_IF_ERROR(backend->Init());
   return std::unique_ptr<ComputeBackend>(std::move(backend));
 }

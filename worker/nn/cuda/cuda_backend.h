@@ -8,8 +8,8 @@
 //
 // Numerics (what to expect against CpuBackend):
 //   - Gemm is cublasSgemm in full float32 (results agree with OpenBLAS to ~1e-5 relative).
-//     TESSERA_CUDA_TF32=1 in the environment lets cuBLAS use TF32 tensor cores instead
-//     (~1e-3 relative: a 10-bit mantissa on the inputs); unset or 0 keeps float32.
+//     CudaBackendOptions::allow_tf32 lets cuBLAS use TF32 tensor cores instead (~1e-3
+//     relative: a 10-bit mantissa on the inputs).
 //   - Every op except ScatterAddRows is deterministic: the same inputs on the same device give
 //     bit-identical results on every run (reductions use a fixed order that depends only on the
 //     shape). ScatterAddRows adds with atomics, so when several rows share a slot their order,
@@ -39,13 +39,19 @@
 
 namespace tessera::worker {
 
+struct CudaBackendOptions {
+  // GEMMs may use TF32 tensor cores instead of float32 (see Numerics above). The worker sets it
+  // from its config (--cuda-tf32 or TESSERA_CUDA_TF32, common/config/config.h).
+  bool allow_tf32 = false;
+};
+
 // A backend on CUDA device `device` (a runtime ordinal, after CUDA_VISIBLE_DEVICES); its name()
 // is "cuda:<device>" and host_memory() is false.
 // Errors: UNAVAILABLE when this build has no CUDA or the runtime finds no driver or no device
 // (the message quotes the runtime's reason); INVALID_ARGUMENT when `device` is not in
-// [0, device count) or TESSERA_CUDA_TF32 is set to something other than 0 or 1; INTERNAL when
-// the stream or the cuBLAS handle cannot be created.
-StatusOr<std::unique_ptr<ComputeBackend>> CreateCudaBackend(int device);
+// [0, device count); INTERNAL when the stream or the cuBLAS handle cannot be created.
+StatusOr<std::unique_ptr<ComputeBackend>> CreateCudaBackend(int device,
+                                                            const CudaBackendOptions& options);
 
 }  // namespace tessera::worker
 

@@ -6,7 +6,8 @@
 
 namespace tessera::worker {
 
-StatusOr<std::unique_ptr<ComputeBackend>> CreateCudaBackend(int device) {
+StatusOr<std::unique_ptr<ComputeBackend>> CreateCudaBackend(int device,
+                                                            const CudaBackendOptions& options) {
   return UnavailableError("this build has no CUDA (built without nvcc, or with "
                           "--repo_env=TESSERA_DISABLE_CUDA=1): cannot create backend cuda:" +
                           std::to_string(device));

@@ -4,7 +4,7 @@
 // warp or a block, 1000+). Each comparison states its tolerance and why.
 //
 // Without a CUDA device (or in a CPU-only build, where CudaDeviceCount() is 0) every test skips.
-// The GEMM tolerances assume float32 GEMM: do not run this with TESSERA_CUDA_TF32=1.
+// The GEMM tolerances assume float32 GEMM, the default CudaBackendOptions.
 #include "worker/nn/cuda/cuda_backend.h"
 
 #include <gtest/gtest.h>
@@ -64,7 +64,7 @@ class CudaBackendTest : public testing::Test {
     if (CudaDeviceCount() == 0) {
       GTEST_SKIP() << "no CUDA device: " << QueryCudaDevice(0).status();
     }
-    StatusOr<std::unique_ptr<ComputeBackend>> backend = CreateCudaBackend(0);
+    StatusOr<std::unique_ptr<ComputeBackend>> backend = CreateCudaBackend(0, CudaBackendOptions());
     ASSERT_TRUE(backend.ok()) << backend.status();
     gpu_ = std::move(backend).value();
   }
@@ -136,7 +136,7 @@ TEST_F(CudaBackendTest, NameAndBadDeviceIndex) {
   EXPECT_FALSE(gpu_->host_memory());
   const int count = CudaDeviceCount();
   for (int bad : {-1, count}) {
-    StatusOr<std::unique_ptr<ComputeBackend>> backend = CreateCudaBackend(bad);
+    StatusOr<std::unique_ptr<ComputeBackend>> backend = CreateCudaBackend(bad, CudaBackendOptions());
     ASSERT_FALSE(backend.ok()) << "device " << bad;
     EXPECT_EQ(backend.status().code(), StatusCode::kInvalidArgument) << backend.status();
     EXPECT_NE(backend.status().message().find("cuda:" + std::to_string(bad)), std::string::npos)
@@ -172,8 +172,7 @@ TEST_F(CudaBackendTest, AllocateTooMuchIsAnErrorNamingBytesAndDeviceAndLeavesThe
   const size_t too_much = size_t{1} << 50;  // 1 PiB
   StatusOr<void*> memory = gpu_->Allocate(too_much);
   ASSERT_FALSE(memory.ok());
-  // RESOURCE_EXHAUSTED in the interface; common/base/status.h has no such code, see cuda_backend.cu.
-  EXPECT_EQ(memory.status().code(), StatusCode::kUnavailable) << memory.status();
+  EXPECT_EQ(memory.status().code(), StatusCode::kResourceExhausted) << memory.status();
   EXPECT_NE(memory.status().message().find(std::to_string(too_much) + " bytes"),
             std::string::npos)
       << memory.status();
