@@ -2,6 +2,9 @@
 // all three chunks, three workers, random gradients, bitwise equality (SGD).
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <thread>
+
 #include "server/ps/ps_test_fleet.h"
 
 namespace tessera::server {
@@ -89,10 +92,20 @@ TEST_F(ConsistencyTest, SspHoldsAReplyUntilTheSlowestWorkerIsWithinTheBound) {
   ASSERT_TRUE(Init(config, initial).ok());
   Reference reference(config, initial);
   std::mt19937 random(4);
+  double updates = 0;  // dense updates the server has applied (3 chunks per push)
   auto push = [&](int worker, int64_t step) {
     ByKey grads = RandomGrads(random, initial);
     reference.ApplyOne(grads);  // applied on arrival, even when the reply waits
-    return PushPull(worker, step, grads);
+    Reply reply = PushPull(worker, step, grads);
+    // Applied before the next push is sent, so the server's order of updates is the test's
+    // even when this reply is held (the work queue's two threads could reorder them).
+    updates += 3;
+    for (Deadline deadline = Deadline::AfterMillis(10000);
+         DenseUpdates() < updates && !deadline.Expired();) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    EXPECT_EQ(DenseUpdates(), updates);
+    return reply;
   };
   // Workers 0 and 1 run to step 2; worker 2 is still at step 0: a push of step 2 needs the
   // slowest worker at step 1 (2 - K).
