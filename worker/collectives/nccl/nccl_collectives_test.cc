@@ -28,14 +28,9 @@
 #include <tuple>
 #include <vector>
 
-#include "common/base/failure_bus.h"
 #include "common/cuda/cuda_device.h"
-#include "common/transport/rpc_endpoint.h"
-#include "common/transport/zmq/zmq_endpoint.h"
-#include "worker/collectives/channel/ring_channel_setup.h"
-#include "worker/collectives/channel/zmq/collective_mailbox.h"
 #include "worker/collectives/half_float.h"
-#include "worker/collectives/ring_collectives.h"
+#include "worker/collectives/ring_test_harness.h"
 #include "worker/nn/compute_backend.h"
 #include "worker/nn/cuda/cuda_backend.h"
 
@@ -45,9 +40,6 @@ namespace {
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-using Bytes = std::vector<uint8_t>;
-
-constexpr int64_t kTimeoutMs = 30000;
 
 // Runs body(rank) for ranks 0..world-1 at once, each on its own thread.
 std::vector<Status> RunRanks(int world, const std::function<Status(int)>& body) {
@@ -70,62 +62,6 @@ bool AllOk(const std::vector<Status>& results) {
   }
   return ok;
 }
-
-// ---------------------------------------------------------------------------------------------
-// Host collectives: W RingCollectives on loopback, wired as in worker_main.
-
-class HostRing {
- public:
-  explicit HostRing(int world) {
-    for (int rank = 0; rank < world; ++rank) {
-      ZmqTransportOptions options;
-      options.role = Role::kWorker;
-      options.rank = rank;
-      auto endpoint = StartZmqEndpoint(options, nullptr);
-      EXPECT_TRUE(endpoint.ok()) << endpoint.status();
-      failures_.push_back(std::make_shared<FailureBus>());
-      mailboxes_.push_back(std::make_shared<CollectiveMailbox>(failures_.back()));
-      (*endpoint)->SetHandler(MessageType::kRingFrame,
-                              CollectiveMailbox::Handler(mailboxes_.back()));
-      addresses_.push_back((*endpoint)->address());
-      endpoints_.push_back(std::move(endpoint).value());
-    }
-    for (int rank = 0; rank < world; ++rank) {
-      // Frames through the transport: that channel needs no exchange, so no thread per rank.
-      RingChannelSetupOptions setup;
-      setup.kind = "zmq";
-      setup.rank = rank;
-      setup.world_size = world;
-      setup.peer_addresses = addresses_;
-      setup.transport = &endpoints_[rank]->transport();
-      setup.mailbox = mailboxes_[rank];
-      setup.failures = failures_[rank];
-      StatusOr<ConnectedRingChannel> channel = ConnectRingChannel(setup);
-      EXPECT_TRUE(channel.ok()) << channel.status();
-      RingCollectivesOptions options;
-      options.rank = rank;
-      options.world_size = world;
-      options.channel = channel.ok() ? channel->channel : nullptr;
-      options.timeout_ms = kTimeoutMs;
-      auto ring = RingCollectives::Create(options);
-      EXPECT_TRUE(ring.ok()) << ring.status();
-      rings_.push_back(std::move(ring).value());
-    }
-  }
-  ~HostRing() {
-    rings_.clear();  // their channels refer to the transports
-    for (auto& endpoint : endpoints_) endpoint->Shutdown();
-  }
-
-  Collectives* at(int rank) { return rings_[rank].get(); }
-
- private:
-  std::vector<std::unique_ptr<RpcEndpoint>> endpoints_;
-  std::vector<std::shared_ptr<FailureBus>> failures_;
-  std::vector<std::shared_ptr<CollectiveMailbox>> mailboxes_;
-  std::vector<std::string> addresses_;
-  std::vector<std::unique_ptr<RingCollectives>> rings_;
-};
 
 // Stands in for the host collectives where only rank() and world_size() are looked at.
 class FakeHost final : public Collectives {
@@ -162,7 +98,7 @@ class NcclWorld {
  public:
   // Creates every rank at once (NCCL initialisation needs them all). On failure, the error of
   // the lowest failing rank.
-  static StatusOr<std::unique_ptr<NcclWorld>> Create(int world, int64_t timeout_ms = kTimeoutMs,
+  static StatusOr<std::unique_ptr<NcclWorld>> Create(int world, int64_t timeout_ms = kTestTimeoutMs,
                                                      bool verify_agreement = true,
                                                      bool share_device_0 = false) {
     std::unique_ptr<NcclWorld> w(new NcclWorld(world));
@@ -174,7 +110,7 @@ class NcclWorld {
       options.timeout_ms = timeout_ms;
       options.verify_agreement = verify_agreement;
       ASSIGN_OR_RETURN(w->memory_[rank], CreateCudaBackend(options.device, CudaBackendOptions()));
-      ASSIGN_OR_RETURN(w->collectives_[rank], CreateNcclCollectives(options, w->host_.at(rank)));
+      ASSIGN_OR_RETURN(w->collectives_[rank], CreateNcclCollectives(options, &w->host_.at(rank)));
       return OkStatus();
     });
     for (const Status& status : results) RETURN_IF_ERROR(status);
@@ -191,9 +127,10 @@ class NcclWorld {
   }
 
  private:
-  explicit NcclWorld(int world) : host_(world), memory_(world), collectives_(world) {}
+  explicit NcclWorld(int world)
+      : host_(world, TestRingOptions()), memory_(world), collectives_(world) {}
 
-  HostRing host_;
+  TestRing host_;  // the host collectives, over the transport
   std::vector<std::unique_ptr<ComputeBackend>> memory_;
   // Destroyed before memory_ and host_ (declared after them).
   std::vector<std::unique_ptr<Collectives>> collectives_;
@@ -234,40 +171,6 @@ class DeviceBytes {
 // ---------------------------------------------------------------------------------------------
 // Values and the naive reference
 
-float Get(DataType dtype, const uint8_t* buffer, size_t i) {
-  switch (dtype) {
-    case DataType::kFloat32: {
-      float value;
-      std::memcpy(&value, buffer + 4 * i, 4);
-      return value;
-    }
-    case DataType::kFloat16:
-    case DataType::kBFloat16: {
-      uint16_t bits;
-      std::memcpy(&bits, buffer + 2 * i, 2);
-      return dtype == DataType::kFloat16 ? HalfToFloat(bits) : BFloat16ToFloat(bits);
-    }
-    default: break;  // these tests reduce floating-point elements only
-  }
-  return 0;
-}
-
-void Set(DataType dtype, uint8_t* buffer, size_t i, float value) {
-  switch (dtype) {
-    case DataType::kFloat32: std::memcpy(buffer + 4 * i, &value, 4); return;
-    case DataType::kFloat16: {
-      const uint16_t bits = FloatToHalf(value);
-      std::memcpy(buffer + 2 * i, &bits, 2);
-      return;
-    }
-    case DataType::kBFloat16: {
-      const uint16_t bits = FloatToBFloat16(value);
-      std::memcpy(buffer + 2 * i, &bits, 2);
-      return;
-    }
-    default: return;  // these tests reduce floating-point elements only
-  }
-}
 
 uint64_t Mix(uint64_t x) {  // splitmix64's finaliser: deterministic, well spread
   x += 0x9e3779b97f4a7c15ull;
@@ -280,17 +183,17 @@ uint64_t Mix(uint64_t x) {  // splitmix64's finaliser: deterministic, well sprea
 // maxima and minima can be compared bit for bit whatever order NCCL reduces in: integers in
 // [-20, 20] for float32, multiples of 1/4 in [-4, 4] for the 16-bit types (a sum has at most 8
 // significant bits, which bfloat16 holds).
-float InputValue(DataType dtype, int rank, size_t i, uint64_t salt) {
+float ExactInputValue(DataType dtype, int rank, size_t i, uint64_t salt) {
   const uint64_t h = Mix(salt * 1000003 + static_cast<uint64_t>(rank) * 7919 + i);
   if (dtype == DataType::kFloat32) return static_cast<float>(static_cast<int>(h % 41) - 20);
   return static_cast<float>(static_cast<int>(h % 33) - 16) / 4.0f;
 }
 
-std::vector<Bytes> Inputs(DataType dtype, int world, size_t count, uint64_t salt) {
+std::vector<Bytes> ExactInputs(DataType dtype, int world, size_t count, uint64_t salt) {
   std::vector<Bytes> inputs(world, Bytes(count * DataTypeSize(dtype)));
   for (int rank = 0; rank < world; ++rank) {
     for (size_t i = 0; i < count; ++i) {
-      Set(dtype, inputs[rank].data(), i, InputValue(dtype, rank, i, salt));
+      Set(dtype, inputs[rank].data(), i, ExactInputValue(dtype, rank, i, salt));
     }
   }
   return inputs;
@@ -367,15 +270,15 @@ TEST(CreateNcclCollectivesTest, UnavailableWithoutADevice) {
   EXPECT_EQ(single.status().code(), StatusCode::kUnavailable) << single.status();
 
   // Two ranks: both fail the same way, neither waits for the other's deadline.
-  HostRing host(2);
+  TestRing host(2, TestRingOptions());
   const auto start = std::chrono::steady_clock::now();
   std::vector<Status> results = RunRanks(2, [&](int rank) -> Status {
     NcclCollectivesOptions mine;
     mine.rank = rank;
     mine.world_size = 2;
-    return CreateNcclCollectives(mine, host.at(rank)).status();
+    return CreateNcclCollectives(mine, &host.at(rank)).status();
   });
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(kTimeoutMs / 2));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(kTestTimeoutMs / 2));
   for (int rank = 0; rank < 2; ++rank) {
     EXPECT_EQ(results[rank].code(), StatusCode::kUnavailable) << results[rank];
   }
@@ -445,7 +348,7 @@ TEST_P(NcclCollectivesTest, AllReduceMatchesNaive) {
   for (size_t count : Lengths(world())) {
     for (ReduceOp op : kReduceOps) {
       const std::string what = Label("allreduce", count) + " " + std::string(ReduceOpName(op));
-      const std::vector<Bytes> inputs = Inputs(dtype(), world(), count, count + 7);
+      const std::vector<Bytes> inputs = ExactInputs(dtype(), world(), count, count + 7);
       const uint64_t tag = nccl_->NextTag();
       std::vector<Bytes> outputs(world());
       ASSERT_TRUE(AllOk(nccl_->Run([&](int rank) -> Status {
@@ -472,7 +375,7 @@ TEST_P(NcclCollectivesTest, ReduceScatterMatchesNaive) {
       for (bool in_place : {false, true}) {
         const std::string what = Label("reducescatter", count) + " " +
                                  std::string(ReduceOpName(op)) + (in_place ? " in place" : "");
-        const std::vector<Bytes> inputs = Inputs(dtype(), world(), count, count + 11);
+        const std::vector<Bytes> inputs = ExactInputs(dtype(), world(), count, count + 11);
         const uint64_t tag = nccl_->NextTag();
         std::vector<Bytes> outputs(world());
         ASSERT_TRUE(AllOk(nccl_->Run([&](int rank) -> Status {
@@ -504,7 +407,7 @@ TEST_P(NcclCollectivesTest, AllGatherMatchesNaive) {
     for (bool in_place : {false, true}) {
       const std::string what = Label("allgather", count) + (in_place ? " in place" : "");
       // Rank q contributes its partition of `whole`; everyone must end up with all of it.
-      const Bytes whole = Inputs(dtype(), 1, count, count + 13)[0];
+      const Bytes whole = ExactInputs(dtype(), 1, count, count + 13)[0];
       const uint64_t tag = nccl_->NextTag();
       std::vector<Bytes> outputs(world());
       ASSERT_TRUE(AllOk(nccl_->Run([&](int rank) -> Status {
@@ -533,7 +436,7 @@ TEST_P(NcclCollectivesTest, BroadcastFromEveryRoot) {
   for (size_t count : Lengths(world())) {
     for (int root = 0; root < world(); ++root) {
       const std::string what = Label("broadcast", count) + " root " + std::to_string(root);
-      const std::vector<Bytes> inputs = Inputs(dtype(), world(), count, count + 17);
+      const std::vector<Bytes> inputs = ExactInputs(dtype(), world(), count, count + 17);
       const uint64_t tag = nccl_->NextTag();
       std::vector<Bytes> outputs(world());
       ASSERT_TRUE(AllOk(nccl_->Run([&](int rank) -> Status {
@@ -573,7 +476,7 @@ INSTANTIATE_TEST_SUITE_P(
 class NcclFailureTest : public ::testing::Test {
  protected:
   // Two ranks, or a skip when the machine has fewer than two devices.
-  void Make(int64_t timeout_ms = kTimeoutMs, bool verify_agreement = true) {
+  void Make(int64_t timeout_ms = kTestTimeoutMs, bool verify_agreement = true) {
     auto created = NcclWorld::Create(2, timeout_ms, verify_agreement);
     ASSERT_TRUE(created.ok()) << created.status();
     nccl_ = std::move(created).value();
@@ -669,9 +572,9 @@ TEST_F(NcclFailureTest, HungPeerIsCutOffByTheDeadline) {
 }
 
 TEST_F(NcclFailureTest, WorksWithoutTheAgreementCheck) {
-  Make(kTimeoutMs, /*verify_agreement=*/false);
+  Make(kTestTimeoutMs, /*verify_agreement=*/false);
   const size_t count = 7;  // not a multiple of 2: padded
-  const std::vector<Bytes> inputs = Inputs(DataType::kFloat32, 2, count, 3);
+  const std::vector<Bytes> inputs = ExactInputs(DataType::kFloat32, 2, count, 3);
   std::vector<Bytes> outputs(2);
   ASSERT_TRUE(AllOk(nccl_->Run([&](int rank) -> Status {
     const Partition own = PartitionOf(count, 2, rank);
@@ -695,13 +598,13 @@ TEST_F(NcclFailureTest, WorksWithoutTheAgreementCheck) {
 
 TEST(CreateNcclCollectivesOnDeviceTest, RankZeroFailureReachesThePeers) {
   if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
-  HostRing host(2);
+  TestRing host(2, TestRingOptions());
   std::vector<Status> results = RunRanks(2, [&](int rank) -> Status {
     NcclCollectivesOptions options;
     options.rank = rank;
     options.world_size = 2;
     options.device = rank == 0 ? 1000 : 0;  // rank 0 asks for a device the machine lacks
-    return CreateNcclCollectives(options, host.at(rank)).status();
+    return CreateNcclCollectives(options, &host.at(rank)).status();
   });
   EXPECT_EQ(results[0].code(), StatusCode::kInvalidArgument) << results[0];
   EXPECT_THAT(results[0].message(), HasSubstr("device=1000"));
