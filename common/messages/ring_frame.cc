@@ -19,6 +19,7 @@ std::string_view ReduceOpName(ReduceOp op) {
     case ReduceOp::kAverage: return "average";
     case ReduceOp::kMax: return "max";
     case ReduceOp::kMin: return "min";
+    case ReduceOp::kProduct: return "product";
   }
   return "invalid";
 }

@@ -26,13 +26,15 @@ namespace tessera {
 
 enum class CollectiveOp { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kBarrier };
 
-// How AllReduce and ReduceScatter combine the ranks' elements. kAverage is the sum divided by
-// the world size (once, at the end, in float32).
-enum class ReduceOp { kSum, kAverage, kMax, kMin };
+// How AllReduce and ReduceScatter combine the ranks' elements (what each means for each dtype:
+// worker/collectives/collectives.h). kAverage is the sum divided by the world size, once, at the
+// end; floating-point dtypes only. The numbering is part of the direct ring channels' frame
+// header (a byte): new ops go at the end.
+enum class ReduceOp { kSum, kAverage, kMax, kMin, kProduct };
 
 // "allreduce", "reducescatter", "allgather", "broadcast", "barrier" ("invalid" otherwise).
 std::string_view CollectiveOpName(CollectiveOp op);
-// "sum", "average", "max", "min" ("invalid" outside the enum).
+// "sum", "average", "max", "min", "product" ("invalid" outside the enum).
 std::string_view ReduceOpName(ReduceOp op);
 
 enum class RingFrameKind { kData, kHandshake, kAbort };

@@ -24,6 +24,9 @@ proto::DType WireDType(DataType dtype) {
     case DataType::kInt64: return proto::DType::Int64;
     case DataType::kInt32: return proto::DType::Int32;
     case DataType::kUInt8: return proto::DType::UInt8;
+    case DataType::kFloat64: return proto::DType::Float64;
+    case DataType::kInt8: return proto::DType::Int8;
+    case DataType::kBool: return proto::DType::Bool;
   }
   return proto::DType::Float32;
 }
@@ -90,6 +93,7 @@ proto::ReduceOp WireReduceOp(ReduceOp op) {
     case ReduceOp::kAverage: return proto::ReduceOp::Average;
     case ReduceOp::kMax: return proto::ReduceOp::Max;
     case ReduceOp::kMin: return proto::ReduceOp::Min;
+    case ReduceOp::kProduct: return proto::ReduceOp::Product;
   }
   return proto::ReduceOp::Sum;
 }
@@ -100,6 +104,7 @@ StatusOr<ReduceOp> ReduceOpOf(proto::ReduceOp op) {
     case proto::ReduceOp::Average: return ReduceOp::kAverage;
     case proto::ReduceOp::Max: return ReduceOp::kMax;
     case proto::ReduceOp::Min: return ReduceOp::kMin;
+    case proto::ReduceOp::Product: return ReduceOp::kProduct;
   }
   return OutOfRange("reduce op", static_cast<int>(op));
 }
@@ -390,6 +395,9 @@ std::optional<DataType> DataTypeOf(proto::DType dtype) {
     case proto::DType::Int64: return DataType::kInt64;
     case proto::DType::Int32: return DataType::kInt32;
     case proto::DType::UInt8: return DataType::kUInt8;
+    case proto::DType::Float64: return DataType::kFloat64;
+    case proto::DType::Int8: return DataType::kInt8;
+    case proto::DType::Bool: return DataType::kBool;
   }
   return std::nullopt;
 }

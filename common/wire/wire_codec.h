@@ -29,7 +29,10 @@ namespace tessera {
 
 // Envelope version; receivers reject any other. Bump on incompatible schema changes.
 // 2: PushRequest/PullRequest gone, PullReply is PsPushPullReply, CollectiveChunk has a kind.
-inline constexpr uint16_t kWireVersion = 2;
+// 3: DType Float64, Int8 and Bool, ReduceOp Product (torch.distributed's dtypes and ops): a
+//    version-2 peer would reject them as out of range only once a call used them, mid-job,
+//    instead of at the first message.
+inline constexpr uint16_t kWireVersion = 3;
 
 // Largest header we accept, independent of the message cap: headers carry metadata only.
 inline constexpr uint64_t kMaxHeaderBytes = 16u << 20;

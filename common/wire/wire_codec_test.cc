@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <string>
 
 #include "proto/wire_generated.h"
 
@@ -187,6 +188,37 @@ TEST(WireCodecTest, RoundTripRingFrames) {
   EXPECT_EQ(got.kind, RingFrameKind::kHandshake);
 }
 
+// Every dtype and every reduce op survives the wire, the data frame's bytes with it (their
+// TensorMeta carries the dtype too, checked against the byte count).
+TEST(WireCodecTest, RoundTripRingFramesOfEveryDTypeAndReduceOp) {
+  for (DataType dtype : {DataType::kFloat32, DataType::kFloat16, DataType::kBFloat16,
+                         DataType::kInt64, DataType::kInt32, DataType::kUInt8,
+                         DataType::kFloat64, DataType::kInt8, DataType::kBool}) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMax, ReduceOp::kMin,
+                        ReduceOp::kProduct}) {
+      SCOPED_TRACE(std::string(DataTypeName(dtype)) + " " + std::string(ReduceOpName(op)));
+      RingFrame data;
+      data.kind = RingFrameKind::kData;
+      data.op = CollectiveOp::kAllReduce;
+      data.reduce_op = op;
+      data.dtype = dtype;
+      data.buffer_elements = 9;
+      data.element_offset = 6;
+      data.element_count = 3;
+      std::string bytes(3 * DataTypeSize(dtype), '\0');
+      for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i % 2);
+      data.data = Payload::FromString(bytes);
+      DecodeResult r = DecodeMessage(EncodeMessage(WorkerHeader(1), data), kMax);
+      ASSERT_TRUE(r.status.ok()) << r.status;
+      const RingFrame& got = std::get<RingFrame>(r.message->body);
+      EXPECT_EQ(got.dtype, dtype);
+      EXPECT_EQ(got.reduce_op, op);
+      EXPECT_EQ(std::string(reinterpret_cast<const char*>(got.data.data()), got.data.size()),
+                bytes);
+    }
+  }
+}
+
 // A data frame's bytes must be exactly its element count of its dtype.
 TEST(WireCodecTest, RejectsRingFrameWhoseBytesDisagreeWithItsCount) {
   RingFrame data;
@@ -269,6 +301,26 @@ TEST(WireCodecTest, RejectsEnumsOutsideTheirRange) {
     DecodeResult r = DecodeMessage(RawWith(fbb, chunk), kMax);
     EXPECT_EQ(r.reason, bad_message_reason::kField);
     EXPECT_NE(r.status.message().find("collective op 7"), std::string::npos) << r.status;
+  }
+  {
+    // The values after the last ones wire version 3 added.
+    flatbuffers::FlatBufferBuilder fbb;
+    auto chunk = proto::CreateCollectiveChunk(fbb, proto::FrameKind::Handshake, 1,
+                                              proto::CollectiveOp::AllReduce,
+                                              static_cast<proto::ReduceOp>(5));
+    DecodeResult r = DecodeMessage(RawWith(fbb, chunk), kMax);
+    EXPECT_EQ(r.reason, bad_message_reason::kField);
+    EXPECT_NE(r.status.message().find("reduce op 5"), std::string::npos) << r.status;
+  }
+  {
+    flatbuffers::FlatBufferBuilder fbb;
+    auto chunk = proto::CreateCollectiveChunk(fbb, proto::FrameKind::Handshake, 1,
+                                              proto::CollectiveOp::AllReduce,
+                                              proto::ReduceOp::Product,
+                                              static_cast<proto::DType>(9));
+    DecodeResult r = DecodeMessage(RawWith(fbb, chunk), kMax);
+    EXPECT_EQ(r.reason, bad_message_reason::kField);
+    EXPECT_NE(r.status.message().find("frame dtype 9"), std::string::npos) << r.status;
   }
   {
     flatbuffers::FlatBufferBuilder fbb;

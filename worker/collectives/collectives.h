@@ -47,9 +47,24 @@
 namespace tessera::worker {
 
 // DataType (common/base/data_type.h) and ReduceOp (common/messages/ring_frame.h, as ring
-// frames carry it) are tessera:: types; 16-bit floating types travel in their 16-bit form and
-// reductions are computed in float32 and rounded back (round to nearest, ties to even)
-// wherever a partial result is stored.
+// frames carry it) are tessera:: types. Every operation takes every dtype; AllReduce and
+// ReduceScatter combine two elements a and b as PyTorch's Gloo backend does on the CPU (what
+// torch.distributed users expect):
+//
+//   dtype               combined in         sum       product    max, min       average
+//   float32, float64    float, double       a + b     a * b      a NaN wins     sum / W
+//   float16, bfloat16   float32, rounded back to 16 bits (to nearest, ties to even) wherever a
+//                       partial result is stored; travel in their 16-bit form
+//   int8, uint8,        the type, wrapping  a + b     a * b      exact          InvalidArgument
+//   int32, int64        around (two's complement, modulo 2^bits)
+//   bool (0 or 1)       logical             a or b    a and b    or, and        InvalidArgument
+//
+// A NaN wins a max or a min whichever rank holds it (like torch.maximum; Gloo's std::max keeps
+// or drops it depending on the operand order). An average divides the sum by the world size W
+// once, at the end; it is defined for floating dtypes only, and every rank rejects one of
+// another dtype itself (InvalidArgument naming the dtype) before it sends anything. Float sums
+// and products depend on the backend's order of combination (every rank still gets the same
+// bits); NcclCollectives differs in places (nccl_collectives.h).
 
 // A contiguous range of elements: [offset, offset + size).
 struct Partition {

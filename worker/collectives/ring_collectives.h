@@ -31,7 +31,9 @@
 // write them again during the call (all of an all-reduce, all-gather and broadcast; a
 // reduce-scatter's first step), and received into them; the call's final Flush hands every
 // frame on before it returns (a failed call copies what is left): "borrowing" in
-// ring_collectives.cc. All-reduces and reduce-scatters combine float32, float16 and bfloat16;
+// ring_collectives.cc. All-reduces and reduce-scatters combine every dtype with every reduce
+// op exactly as collectives.h's table says (bit for bit what Gloo computes for a combination in
+// the ring's order; an average of a non-floating dtype is InvalidArgument on every rank);
 // all-gathers and broadcasts move any dtype.
 //
 // Thread-safety: thread-safe; concurrent calls need different tags.

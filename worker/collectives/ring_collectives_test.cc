@@ -263,6 +263,43 @@ TEST(RingCollectivesTest, AllGatherAndBroadcastMoveAnyDType) {
   EXPECT_TRUE(NothingKept(ring));
 }
 
+// Every dtype and reduce op over this channel (whose frames carry them: the direct channels'
+// header checks their ranges); the full matrix is ring_reductions_test.cc's, in process.
+TEST(RingCollectivesTest, EveryDTypeAndReduceOpTravels) {
+  constexpr int kWorld = 3;
+  TestRing ring(kWorld, Over());
+  const size_t count = 1009;
+  for (DataType dtype : {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16,
+                         DataType::kBFloat16, DataType::kInt8, DataType::kUInt8,
+                         DataType::kInt32, DataType::kInt64, DataType::kBool}) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMax, ReduceOp::kMin,
+                        ReduceOp::kProduct}) {
+      if (op == ReduceOp::kAverage && !IsFloatingPoint(dtype)) continue;
+      const std::string what = Describe(count, dtype, op);
+      SCOPED_TRACE(what);
+      const size_t bytes = DataTypeSize(dtype);
+      const uint64_t tag = ring.NextTag();
+      const std::vector<Bytes> inputs = Inputs(dtype, kWorld, count, tag);
+      std::vector<Bytes> reduced = inputs, scattered(kWorld);
+      std::vector<Status> results = ring.RunAll([&](int rank) {
+        scattered[rank].resize(PartitionOf(count, kWorld, rank).size * bytes);
+        RETURN_IF_ERROR(ring.at(rank).ReduceScatter(inputs[rank].data(), scattered[rank].data(),
+                                                    count, dtype, op, "w", tag));
+        return ring.at(rank).AllReduce(reduced[rank].data(), count, dtype, op, "w", tag);
+      });
+      ASSERT_TRUE(AllOk(results, ring.AllRanks()));
+      for (int rank = 0; rank < kWorld; ++rank) {
+        const Partition own = PartitionOf(count, kWorld, rank);
+        ASSERT_TRUE(MatchesReference(dtype, op, inputs, 0, count, reduced[rank].data(),
+                                     "allreduce " + what));
+        ASSERT_TRUE(MatchesReference(dtype, op, inputs, own.offset, own.size,
+                                     scattered[rank].data(), "reducescatter " + what));
+      }
+    }
+  }
+  EXPECT_TRUE(NothingKept(ring));
+}
+
 // Each rank's channel is the one this build asked ConnectRingChannel for.
 TEST(RingCollectivesTest, TheChannelIsTheOneAskedFor) {
   TestRing ring(2, Over());
@@ -633,18 +670,19 @@ TEST(RingCollectivesMismatchTest, AnotherSegmentSizeFailsEveryRank) {
   EXPECT_THAT(results[0].message(), HasSubstr("rank=0: worker 2 reported a failure"));
 }
 
-// Every rank rejects a reduction of integers itself, before it sends a byte.
-TEST(RingCollectivesMismatchTest, AReductionOfIntegersFailsOnEveryRank) {
+// Every rank rejects an average of integers itself, before it sends a byte.
+TEST(RingCollectivesMismatchTest, AnAverageOfIntegersFailsOnEveryRank) {
   TestRing ring(3, Over());
   std::vector<Bytes> buffers(3, Bytes(4 * 30));
   std::vector<Status> results = RunExpectingFailures(ring, kInvalid, [&](int rank) {
-    return ring.at(rank).AllReduce(buffers[rank].data(), 30, DataType::kInt32, ReduceOp::kSum,
-                                   "steps", 13);
+    return ring.at(rank).AllReduce(buffers[rank].data(), 30, DataType::kInt32,
+                                   ReduceOp::kAverage, "steps", 13);
   });
   for (int rank = 0; rank < 3; ++rank) {
     EXPECT_EQ(results[rank].message(),
               "allreduce tag=13 tensor=steps rank=" + std::to_string(rank) +
-                  ": ring reductions combine float32, float16 or bfloat16 elements, not int32");
+                  ": average needs a floating-point dtype (float32, float64, float16 or "
+                  "bfloat16), not int32");
   }
 }
 
@@ -853,14 +891,17 @@ TEST(RingCollectivesTest, RejectsBadArguments) {
                             static_cast<ReduceOp>(7), "", 3)
                 .message(),
             "reducescatter tag=3 rank=0: unknown reduce op 7");
-  // Reductions combine floating-point elements only, whatever the world.
-  EXPECT_EQ(c.AllReduce(buffer.data(), 8, DataType::kInt32, ReduceOp::kSum, "", 2).message(),
-            "allreduce tag=2 rank=0: ring reductions combine float32, float16 or bfloat16 "
-            "elements, not int32");
-  EXPECT_EQ(c.ReduceScatter(buffer.data(), buffer.data(), 32, DataType::kUInt8, ReduceOp::kMax,
-                            "", 3)
+  // Averages are of floating-point elements only, whatever the world.
+  EXPECT_EQ(c.AllReduce(buffer.data(), 8, DataType::kInt32, ReduceOp::kAverage, "", 2).message(),
+            "allreduce tag=2 rank=0: average needs a floating-point dtype (float32, float64, "
+            "float16 or bfloat16), not int32");
+  EXPECT_EQ(c.ReduceScatter(buffer.data(), buffer.data(), 32, DataType::kBool,
+                            ReduceOp::kAverage, "", 3)
                 .code(),
             StatusCode::kInvalidArgument);
+  EXPECT_TRUE(c.ReduceScatter(buffer.data(), buffer.data(), 32, DataType::kUInt8, ReduceOp::kMax,
+                              "", 3)
+                  .ok());
   EXPECT_EQ(c.Broadcast(buffer.data(), 8, DataType::kFloat32, 1, "", 4).message(),
             "broadcast tag=4 rank=0: root 1 is not a rank in [0, 1)");
   EXPECT_EQ(c.AllGather(buffer.data() + 1, buffer.data(), 4, DataType::kFloat32, "", 5).message(),

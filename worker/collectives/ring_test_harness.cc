@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <thread>
@@ -253,22 +254,173 @@ uint64_t Mix(uint64_t x) {  // splitmix64's finaliser: deterministic, well sprea
   return x ^ (x >> 31);
 }
 
-float InputValue(DataType dtype, int rank, size_t i, uint64_t salt) {
-  const uint64_t h = Mix(salt * 1000003 + static_cast<uint64_t>(rank) * 7919 + i);
-  if (dtype == DataType::kFloat32) return static_cast<float>(static_cast<int>(h % 41) - 20);
-  return static_cast<float>(static_cast<int>(h % 511) - 255) / 256.0f;
+uint64_t Hash(int rank, size_t i, uint64_t salt) {
+  return Mix(salt * 1000003 + static_cast<uint64_t>(rank) * 7919 + i);
 }
 
-// The stated tolerance. float32 (integer inputs): exact. float16 / bfloat16: every partial
-// result is rounded to 16 bits once per ring step, at most W times in all, each time by at most
-// half an ulp, 2^-11 (float16) or 2^-8 (bfloat16) relative, of a value no larger than
-// sum|x_q|; so |got - exact| <= W * 2^-p * sum|x_q| for a sum, that divided by W for an average
-// (plus float32's own rounding of the division). Max and min are exact in every dtype.
-double Tolerance(DataType dtype, ReduceOp op, int world, double sum_of_magnitudes) {
-  if (dtype == DataType::kFloat32 || op == ReduceOp::kMax || op == ReduceOp::kMin) return 0;
-  const double half_ulp = dtype == DataType::kFloat16 ? std::ldexp(1.0, -11) : std::ldexp(1.0, -8);
-  const double bound = world * half_ulp * sum_of_magnitudes;
+double InputValue(DataType dtype, int rank, size_t i, uint64_t salt) {
+  const uint64_t h = Hash(rank, i, salt);
+  const double integer = static_cast<double>(static_cast<int>(h % 41) - 20);
+  switch (dtype) {
+    case DataType::kFloat32: return integer;
+    case DataType::kFloat64: return integer + std::ldexp(static_cast<double>((h >> 8) % 1024), -30);
+    default: return static_cast<double>(static_cast<int>(h % 511) - 255) / 256.0;
+  }
+}
+
+// Element i of a floating-point buffer, as a double (exactly).
+double Real(DataType dtype, const uint8_t* buffer, size_t i) {
+  if (dtype == DataType::kFloat64) {
+    double value;
+    std::memcpy(&value, buffer + 8 * i, 8);
+    return value;
+  }
+  return Get(dtype, buffer, i);
+}
+
+// Element i of an integer or bool buffer, as an int64 (exactly).
+int64_t Integer(DataType dtype, const uint8_t* buffer, size_t i) {
+  switch (dtype) {
+    case DataType::kInt8: return static_cast<int8_t>(buffer[i]);
+    case DataType::kUInt8:
+    case DataType::kBool: return buffer[i];
+    case DataType::kInt32: {
+      int32_t value;
+      std::memcpy(&value, buffer + 4 * i, 4);
+      return value;
+    }
+    case DataType::kInt64: {
+      int64_t value;
+      std::memcpy(&value, buffer + 8 * i, 8);
+      return value;
+    }
+    default:
+      ADD_FAILURE() << "Integer of " << DataTypeName(dtype);
+      return 0;
+  }
+}
+
+// `value` modulo 2^bits of `dtype`, read as `dtype` reads it (two's complement).
+int64_t Wrapped(DataType dtype, uint64_t value) {
+  switch (dtype) {
+    case DataType::kInt8: return static_cast<int8_t>(static_cast<uint8_t>(value));
+    case DataType::kUInt8: return static_cast<uint8_t>(value);
+    case DataType::kInt32: return static_cast<int32_t>(static_cast<uint32_t>(value));
+    default: return static_cast<int64_t>(value);
+  }
+}
+
+// Integers: sums and products modulo 2^bits (computed modulo 2^64, which 2^bits divides); bool:
+// sum and max are or, product and min are and. Exact.
+bool MatchesIntegers(DataType dtype, ReduceOp op, const std::vector<Bytes>& inputs,
+                     size_t begin, size_t n, const uint8_t* got, const std::string& what) {
+  for (size_t j = 0; j < n; ++j) {
+    uint64_t sum = 0, product = 1;
+    int64_t max = std::numeric_limits<int64_t>::min();
+    int64_t min = std::numeric_limits<int64_t>::max();
+    for (const Bytes& input : inputs) {
+      const int64_t x = Integer(dtype, input.data(), begin + j);
+      sum += static_cast<uint64_t>(x);
+      product *= static_cast<uint64_t>(x);
+      max = std::max(max, x);
+      min = std::min(min, x);
+    }
+    int64_t want = 0;
+    if (dtype == DataType::kBool) {
+      const bool any = max != 0, all = min != 0;
+      want = op == ReduceOp::kSum || op == ReduceOp::kMax ? any : all;
+    } else {
+      switch (op) {
+        case ReduceOp::kSum: want = Wrapped(dtype, sum); break;
+        case ReduceOp::kProduct: want = Wrapped(dtype, product); break;
+        case ReduceOp::kMax: want = max; break;
+        case ReduceOp::kMin: want = min; break;
+        case ReduceOp::kAverage:
+          ADD_FAILURE() << what << ": no average of " << DataTypeName(dtype);
+          return false;
+      }
+    }
+    const int64_t value = Integer(dtype, got, j);
+    if (value != want) {
+      ADD_FAILURE() << what << ": element " << begin + j << " is " << value << ", expected "
+                    << want;
+      return false;
+    }
+  }
+  return true;
+}
+
+// Half an ulp, relative: what one rounding to `dtype` may change a value by at most.
+double UnitRoundoff(DataType dtype) {
+  switch (dtype) {
+    case DataType::kFloat64: return std::ldexp(1.0, -53);
+    case DataType::kFloat16: return std::ldexp(1.0, -11);
+    case DataType::kBFloat16: return std::ldexp(1.0, -8);
+    default: return std::ldexp(1.0, -24);  // float32
+  }
+}
+
+// The stated tolerance. Max and min are exact in every dtype; so are float32 and float64 sums
+// and averages (Inputs' values sum exactly in any order; an average divides once, as the
+// reference does).
+// float16 / bfloat16 sums: every partial result is rounded to 16 bits once per ring step, at
+// most W times in all, each time by at most u (half an ulp, relative) of a value no larger than
+// sum|x_q|; so |got - exact| <= W * u * sum|x_q| for a sum, that divided by W for an average
+// (plus float32's own rounding of the division).
+// Products, every dtype: each of at most W roundings multiplies the result by some (1 + d),
+// |d| <= u, so |got - exact| <= ((1 + u)^W - 1) |exact| (with a margin for the reference's own
+// rounding in long double); float16 products of inputs below 1 may underflow, which costs at most
+// half the smallest subnormal (2^-25) per step, and later factors below 1 only shrink it.
+double Tolerance(DataType dtype, ReduceOp op, int world, double sum_of_magnitudes, double want) {
+  if (op == ReduceOp::kMax || op == ReduceOp::kMin) return 0;
+  const double u = UnitRoundoff(dtype);
+  if (op == ReduceOp::kProduct) {
+    const double relative = std::expm1(world * std::log1p(u)) * (1 + std::ldexp(1.0, -8));
+    const double underflow = dtype == DataType::kFloat16 ? 2 * world * std::ldexp(1.0, -25) : 0;
+    return relative * std::fabs(want) + underflow;
+  }
+  if (dtype == DataType::kFloat32 || dtype == DataType::kFloat64) return 0;
+  const double bound = world * u * sum_of_magnitudes;
   return op == ReduceOp::kAverage ? bound / world * (1 + std::ldexp(1.0, -20)) : bound;
+}
+
+bool MatchesReals(DataType dtype, ReduceOp op, const std::vector<Bytes>& inputs, size_t begin,
+                  size_t n, const uint8_t* got, const std::string& what) {
+  const int world = static_cast<int>(inputs.size());
+  for (size_t j = 0; j < n; ++j) {
+    double sum = 0, magnitudes = 0;
+    long double product = 1;
+    double max = -std::numeric_limits<double>::infinity();
+    double min = std::numeric_limits<double>::infinity();
+    for (int q = 0; q < world; ++q) {
+      const double x = Real(dtype, inputs[q].data(), begin + j);
+      sum += x;
+      magnitudes += std::fabs(x);
+      product *= x;
+      max = std::max(max, x);
+      min = std::min(min, x);
+    }
+    double want = sum;
+    switch (op) {
+      case ReduceOp::kSum: break;
+      case ReduceOp::kMax: want = max; break;
+      case ReduceOp::kMin: want = min; break;
+      case ReduceOp::kProduct: want = static_cast<double>(product); break;
+      case ReduceOp::kAverage:
+        want = dtype == DataType::kFloat32
+                   ? static_cast<double>(static_cast<float>(sum) / static_cast<float>(world))
+                   : sum / world;
+        break;
+    }
+    const double value = Real(dtype, got, j);
+    const double tolerance = Tolerance(dtype, op, world, magnitudes, want);
+    if (!(std::fabs(value - want) <= tolerance)) {
+      ADD_FAILURE() << what << ": element " << begin + j << " is " << value << ", expected "
+                    << want << " within " << tolerance;
+      return false;
+    }
+  }
+  return true;
 }
 
 }  // namespace
@@ -277,13 +429,21 @@ std::vector<Bytes> Inputs(DataType dtype, int world, size_t count, uint64_t salt
   const size_t element_bytes = DataTypeSize(dtype);
   std::vector<Bytes> inputs(world, Bytes(count * element_bytes));
   for (int rank = 0; rank < world; ++rank) {
-    if (IsFloatingPoint(dtype)) {
+    uint8_t* input = inputs[rank].data();
+    if (dtype == DataType::kFloat64) {
       for (size_t i = 0; i < count; ++i) {
-        Set(dtype, inputs[rank].data(), i, InputValue(dtype, rank, i, salt));
+        const double value = InputValue(dtype, rank, i, salt);
+        std::memcpy(input + 8 * i, &value, 8);
       }
+    } else if (IsFloatingPoint(dtype)) {
+      for (size_t i = 0; i < count; ++i) {
+        Set(dtype, input, i, static_cast<float>(InputValue(dtype, rank, i, salt)));
+      }
+    } else if (dtype == DataType::kBool) {
+      for (size_t i = 0; i < count; ++i) input[i] = Hash(rank, i, salt) % 4 != 0 ? 1 : 0;
     } else {
       for (size_t i = 0; i < inputs[rank].size(); ++i) {
-        inputs[rank][i] = static_cast<uint8_t>(Mix(salt * 1000003 + rank * 7919 + i));
+        input[i] = static_cast<uint8_t>(Hash(rank, i, salt));
       }
     }
   }
@@ -292,35 +452,8 @@ std::vector<Bytes> Inputs(DataType dtype, int world, size_t count, uint64_t salt
 
 bool MatchesReference(DataType dtype, ReduceOp op, const std::vector<Bytes>& inputs, size_t begin,
                       size_t n, const uint8_t* got, const std::string& what) {
-  const int world = static_cast<int>(inputs.size());
-  for (size_t j = 0; j < n; ++j) {
-    double sum = 0, magnitudes = 0;
-    double max = -std::numeric_limits<double>::infinity();
-    double min = std::numeric_limits<double>::infinity();
-    for (int q = 0; q < world; ++q) {
-      const double x = Get(dtype, inputs[q].data(), begin + j);
-      sum += x;
-      magnitudes += std::fabs(x);
-      max = std::max(max, x);
-      min = std::min(min, x);
-    }
-    double want = sum;
-    if (op == ReduceOp::kMax) want = max;
-    if (op == ReduceOp::kMin) want = min;
-    if (op == ReduceOp::kAverage) {
-      want = dtype == DataType::kFloat32
-                 ? static_cast<double>(static_cast<float>(sum) / static_cast<float>(world))
-                 : sum / world;
-    }
-    const double value = Get(dtype, got, j);
-    const double tolerance = Tolerance(dtype, op, world, magnitudes);
-    if (!(std::fabs(value - want) <= tolerance)) {
-      ADD_FAILURE() << what << ": element " << begin + j << " is " << value << ", expected "
-                    << want << " within " << tolerance;
-      return false;
-    }
-  }
-  return true;
+  return IsFloatingPoint(dtype) ? MatchesReals(dtype, op, inputs, begin, n, got, what)
+                                : MatchesIntegers(dtype, op, inputs, begin, n, got, what);
 }
 
 std::vector<size_t> AwkwardLengths(int world) {

@@ -139,14 +139,22 @@ bool NothingKept(TestRing& ring);
 float Get(DataType dtype, const uint8_t* buffer, size_t i);
 void Set(DataType dtype, uint8_t* buffer, size_t i, float value);
 
-// Each of `world` ranks' `count` input elements of a floating dtype, exactly representable:
-// integers in [-20, 20] for float32 (so that float32 sums are exact in any order and can be
-// compared bit for bit), multiples of 2^-8 in (-1, 1) for the 16-bit types. Any other dtype
-// gets bytes that depend on rank, element and salt. Deterministic in `salt`.
+// Each of `world` ranks' `count` input elements, deterministic in `salt`:
+//   float32             integers in [-20, 20], so that sums are exact in any order and can be
+//                       compared bit for bit;
+//   float64             the same plus a multiple of 2^-30 below 2^-20: sums are still exact in
+//                       double, but float32 would round every element;
+//   float16, bfloat16   multiples of 2^-8 in (-1, 1);
+//   integers            any value (bytes that depend on rank, element and salt): sums and
+//                       products overflow;
+//   bool                0 or 1, three times in four 1 (so that an and over a few ranks is
+//                       often 1 too).
 std::vector<Bytes> Inputs(DataType dtype, int world, size_t count, uint64_t salt);
 
-// Checks got[j] (j = 0 .. n-1) against the reduction over ranks of inputs[q][begin + j],
-// within the stated tolerance (ring_test_harness.cc); ADD_FAILURE naming `what` otherwise.
+// Checks got[j] (j = 0 .. n-1) against the reduction over ranks of inputs[q][begin + j] as
+// collectives.h defines it for the dtype and op: exactly for integers, bool, max, min and the
+// sums and averages of float32 and float64 (of Inputs' values), within the stated tolerance
+// (ring_test_harness.cc) for products and 16-bit sums; ADD_FAILURE naming `what` otherwise.
 bool MatchesReference(DataType dtype, ReduceOp op, const std::vector<Bytes>& inputs, size_t begin,
                       size_t n, const uint8_t* got, const std::string& what);
 

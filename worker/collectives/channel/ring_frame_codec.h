@@ -8,6 +8,10 @@
 //   40 element count u64, 48 buffer elements u64, 56 payload bytes u64.
 // Payload: a data frame's elements; an abort frame's notice (origin i32, status code u32, then
 //   the message's bytes); nothing for a handshake.
+// The enum bytes are the enums' own numbers (CollectiveOp, ReduceOp, DataType, RingFrameKind),
+// which only ever grow at the end; the header has no version of its own because the channel is
+// set up through the transport, whose messages carry kWireVersion (common/wire/wire_codec.h),
+// bumped with them.
 //
 // Decoding checks everything before anything is allocated or used: the magic, every enum's
 // range, the payload size against a cap, and that the kind and the payload agree. A byte

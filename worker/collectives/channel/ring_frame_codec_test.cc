@@ -94,12 +94,14 @@ TEST(RingFrameCodecTest, EveryEnumValueRoundTrips) {
     frame.op = op;
     EXPECT_EQ(RoundTrip(frame)->op, op);
   }
-  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMax, ReduceOp::kMin}) {
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMax, ReduceOp::kMin,
+                      ReduceOp::kProduct}) {
     frame.reduce_op = op;
     EXPECT_EQ(RoundTrip(frame)->reduce_op, op);
   }
   for (DataType dtype : {DataType::kFloat32, DataType::kFloat16, DataType::kBFloat16,
-                         DataType::kInt64, DataType::kInt32, DataType::kUInt8}) {
+                         DataType::kInt64, DataType::kInt32, DataType::kUInt8,
+                         DataType::kFloat64, DataType::kInt8, DataType::kBool}) {
     frame.dtype = dtype;
     EXPECT_EQ(RoundTrip(frame)->dtype, dtype);
   }
@@ -174,10 +176,12 @@ TEST(RingFrameCodecTest, RejectsEachEnumOutOfRange) {
   const RingFrame frame = Frame(RingFrameKind::kHandshake);
   EXPECT_EQ(DecodeWithByte(frame, 24, 5).message(),
             "a frame header's collective op 5 is outside its range");
-  EXPECT_EQ(DecodeWithByte(frame, 25, 4).message(),
-            "a frame header's reduce op 4 is outside its range");
-  EXPECT_EQ(DecodeWithByte(frame, 26, 6).message(),
-            "a frame header's dtype 6 is outside its range");
+  // The first values after the last ones (product, bool).
+  EXPECT_EQ(DecodeWithByte(frame, 25, 5).message(),
+            "a frame header's reduce op 5 is outside its range");
+  EXPECT_EQ(DecodeWithByte(frame, 26, 9).message(),
+            "a frame header's dtype 9 is outside its range");
+  EXPECT_EQ(DecodeWithByte(frame, 26, 255).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(DecodeWithByte(frame, 27, 3).message(),
             "a frame header's kind 3 is outside its range");
   EXPECT_EQ(DecodeWithByte(frame, 27, 255).code(), StatusCode::kInvalidArgument);

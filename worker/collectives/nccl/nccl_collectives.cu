@@ -150,24 +150,48 @@ class DeviceScope {
 ncclDataType_t NcclType(DataType dtype) {
   switch (dtype) {
     case DataType::kFloat32: return ncclFloat32;
+    case DataType::kFloat64: return ncclFloat64;
     case DataType::kFloat16: return ncclFloat16;
     case DataType::kBFloat16: return ncclBfloat16;
+    case DataType::kInt8: return ncclInt8;
+    case DataType::kUInt8: return ncclUint8;
+    case DataType::kInt32: return ncclInt32;
+    case DataType::kInt64: return ncclInt64;
+    case DataType::kBool: return ncclUint8;  // bytes of 0 or 1; NcclOp makes sums ors
   }
   return ncclFloat32;  // unreachable: arguments are checked first
 }
 
-ncclRedOp_t NcclOp(ReduceOp op) {
+// collectives.h's ops: a bool sum is an or (the max of bytes 0 and 1), a bool product an and
+// (their min).
+ncclRedOp_t NcclOp(ReduceOp op, DataType dtype) {
+  if (dtype == DataType::kBool) {
+    if (op == ReduceOp::kSum) return ncclMax;
+    if (op == ReduceOp::kProduct) return ncclMin;
+  }
   switch (op) {
     case ReduceOp::kSum: return ncclSum;
     case ReduceOp::kAverage: return ncclAvg;
     case ReduceOp::kMax: return ncclMax;
     case ReduceOp::kMin: return ncclMin;
+    case ReduceOp::kProduct: return ncclProd;
   }
   return ncclSum;  // unreachable: arguments are checked first
 }
 
 bool ValidDataType(DataType dtype) { return DataTypeSize(dtype) != 0; }
 bool ValidReduceOp(ReduceOp op) { return ReduceOpName(op) != "invalid"; }
+
+// InvalidArgument for a reduce op outside the enum, or an average of a non-floating dtype (no
+// average of integers or bools, as in the ring backend).
+Status CheckReduceOp(ReduceOp op, DataType dtype) {
+  if (!ValidReduceOp(op)) return InvalidArgumentError("invalid reduce op");
+  if (op == ReduceOp::kAverage && !IsFloatingPoint(dtype)) {
+    return InvalidArgumentError("average needs a floating-point dtype (float32, float64, "
+                                "float16 or bfloat16), not " + std::string(DataTypeName(dtype)));
+  }
+  return OkStatus();
+}
 
 bool Overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
   if (a_bytes == 0 || b_bytes == 0) return false;
@@ -769,8 +793,10 @@ Status NcclCollectives::AllReduce(void* data, size_t count, DataType dtype, Redu
   const Call call{OpKind::kAllReduce, tag, &tensor, count, static_cast<uint64_t>(dtype),
                   static_cast<uint64_t>(op)};
   Status arguments = OkStatus();
-  if (!ValidDataType(dtype) || !ValidReduceOp(op)) {
-    arguments = InvalidArgumentError("invalid dtype or reduce op");
+  if (!ValidDataType(dtype)) {
+    arguments = InvalidArgumentError("invalid dtype");
+  } else if (Status reduce = CheckReduceOp(op, dtype); !reduce.ok()) {
+    arguments = std::move(reduce);
   } else if (data == nullptr && count > 0) {
     arguments = InvalidArgumentError("data is null but should hold " + std::to_string(count) +
                                      " elements");
@@ -780,8 +806,8 @@ Status NcclCollectives::AllReduce(void* data, size_t count, DataType dtype, Redu
             std::string(DataTypeName(dtype)) + ", " + std::string(ReduceOpName(op)) + ")";
     if (count == 0) return OkStatus();
     return Enqueued(
-        Nccl().all_reduce(data, data, count, NcclType(dtype), NcclOp(op), comm_, stream_), *what,
-        deadline);
+        Nccl().all_reduce(data, data, count, NcclType(dtype), NcclOp(op, dtype), comm_, stream_),
+        *what, deadline);
   });
 }
 
@@ -792,10 +818,8 @@ Status NcclCollectives::ReduceScatter(const void* input, void* output, size_t co
                   static_cast<uint64_t>(op)};
   const Partition own = PartitionOf(count, options_.world_size, options_.rank);
   const Blocks b(count, options_.world_size, dtype);
-  Status arguments =
-      ValidReduceOp(op)
-          ? CheckPartitioned("input", input, "output", output, count, dtype, own)
-          : InvalidArgumentError("invalid reduce op");
+  Status arguments = CheckPartitioned("input", input, "output", output, count, dtype, own);
+  if (arguments.ok()) arguments = CheckReduceOp(op, dtype);
   return Run(call, std::move(arguments), b.scratch_bytes(),
              [&](const Deadline& deadline, std::string* what) -> Status {
                *what = "ncclReduceScatter(recvcount=" + std::to_string(b.block) + ", " +
@@ -804,15 +828,15 @@ Status NcclCollectives::ReduceScatter(const void* input, void* output, size_t co
                if (count == 0) return OkStatus();
                if (!b.padded()) {  // NCCL's blocks are the partitions; its in place is ours
                  return Enqueued(Nccl().reduce_scatter(input, output, b.block, NcclType(dtype),
-                                                       NcclOp(op), comm_, stream_),
+                                                       NcclOp(op, dtype), comm_, stream_),
                                  *what, deadline);
                }
                auto* scratch = static_cast<uint8_t*>(scratch_);
                uint8_t* own_block = scratch + b.offset_bytes(options_.rank);
                RETURN_IF_ERROR(Pad(b, static_cast<const uint8_t*>(input), scratch));
                RETURN_IF_ERROR(Enqueued(Nccl().reduce_scatter(scratch, own_block, b.block,
-                                                              NcclType(dtype), NcclOp(op), comm_,
-                                                              stream_),
+                                                              NcclType(dtype),
+                                                              NcclOp(op, dtype), comm_, stream_),
                                         *what, deadline));
                return CopyAsync(output, own_block, own.size * b.es, "unpad this rank's partition");
              });

@@ -50,7 +50,10 @@
 //   - Numerics are NCCL's: 16-bit sums are rounded to 16 bits at each step of NCCL's reduction
 //     (its order depends on topology, not on rank order), and kAverage is ncclAvg, which for
 //     floating types scales every input by 1/W before summing rather than dividing the sum once.
-//     All ranks still get bit-identical results.
+//     Whether a NaN wins a max or a min is NCCL's choice. Integer sums and products wrap around,
+//     bool sums and products are ors and ands (ncclMax and ncclMin on the bytes), and an average
+//     of a non-floating dtype is rejected, as in the ring. All ranks still get bit-identical
+//     results.
 //   - Padding: NCCL's reduce-scatter and all-gather give every rank an equal block, while
 //     PartitionOf gives the first (count mod W) ranks one element more. When count is a multiple
 //     of W the two agree and the caller's buffers go to NCCL directly (in place included).

@@ -211,6 +211,7 @@ Bytes NaiveReduce(DataType dtype, ReduceOp op, const std::vector<Bytes>& inputs,
         case ReduceOp::kAverage: acc += v; break;
         case ReduceOp::kMax: acc = std::max(acc, v); break;
         case ReduceOp::kMin: acc = std::min(acc, v); break;
+        case ReduceOp::kProduct: acc *= v; break;
       }
     }
     if (op == ReduceOp::kAverage) acc /= static_cast<double>(inputs.size());
