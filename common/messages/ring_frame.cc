@@ -9,6 +9,8 @@ std::string_view CollectiveOpName(CollectiveOp op) {
     case CollectiveOp::kAllGather: return "allgather";
     case CollectiveOp::kBroadcast: return "broadcast";
     case CollectiveOp::kBarrier: return "barrier";
+    case CollectiveOp::kSendRecv: return "sendrecv";
+    case CollectiveOp::kAllToAll: return "alltoall";
   }
   return "invalid";
 }

@@ -24,7 +24,18 @@
 
 namespace tessera {
 
-enum class CollectiveOp { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kBarrier };
+// kSendRecv and kAllToAll are not ring calls: they mark the point-to-point frames of a torch
+// process group (worker/torch/group_member.h), which travel on the same channels. New ops go at
+// the end (the numbering is a byte of the direct channels' frame header).
+enum class CollectiveOp {
+  kAllReduce,
+  kReduceScatter,
+  kAllGather,
+  kBroadcast,
+  kBarrier,
+  kSendRecv,
+  kAllToAll,
+};
 
 // How AllReduce and ReduceScatter combine the ranks' elements (what each means for each dtype:
 // worker/collectives/collectives.h). kAverage is the sum divided by the world size, once, at the
@@ -32,7 +43,8 @@ enum class CollectiveOp { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kB
 // header (a byte): new ops go at the end.
 enum class ReduceOp { kSum, kAverage, kMax, kMin, kProduct };
 
-// "allreduce", "reducescatter", "allgather", "broadcast", "barrier" ("invalid" otherwise).
+// "allreduce", "reducescatter", "allgather", "broadcast", "barrier", "sendrecv", "alltoall"
+// ("invalid" otherwise).
 std::string_view CollectiveOpName(CollectiveOp op);
 // "sum", "average", "max", "min", "product" ("invalid" outside the enum).
 std::string_view ReduceOpName(ReduceOp op);

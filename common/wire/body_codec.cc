@@ -72,6 +72,8 @@ proto::CollectiveOp WireOp(CollectiveOp op) {
     case CollectiveOp::kAllGather: return proto::CollectiveOp::AllGather;
     case CollectiveOp::kBroadcast: return proto::CollectiveOp::Broadcast;
     case CollectiveOp::kBarrier: return proto::CollectiveOp::Barrier;
+    case CollectiveOp::kSendRecv: return proto::CollectiveOp::SendRecv;
+    case CollectiveOp::kAllToAll: return proto::CollectiveOp::AllToAll;
   }
   return proto::CollectiveOp::AllReduce;
 }
@@ -83,6 +85,8 @@ StatusOr<CollectiveOp> OpOf(proto::CollectiveOp op) {
     case proto::CollectiveOp::AllGather: return CollectiveOp::kAllGather;
     case proto::CollectiveOp::Broadcast: return CollectiveOp::kBroadcast;
     case proto::CollectiveOp::Barrier: return CollectiveOp::kBarrier;
+    case proto::CollectiveOp::SendRecv: return CollectiveOp::kSendRecv;
+    case proto::CollectiveOp::AllToAll: return CollectiveOp::kAllToAll;
   }
   return OutOfRange("collective op", static_cast<int>(op));
 }

@@ -219,6 +219,22 @@ TEST(WireCodecTest, RoundTripRingFramesOfEveryDTypeAndReduceOp) {
   }
 }
 
+// The point-to-point frames of torch process groups are marked with ops of their own.
+TEST(WireCodecTest, RoundTripRingFramesOfEveryCollectiveOp) {
+  for (CollectiveOp op : {CollectiveOp::kAllReduce, CollectiveOp::kReduceScatter,
+                          CollectiveOp::kAllGather, CollectiveOp::kBroadcast,
+                          CollectiveOp::kBarrier, CollectiveOp::kSendRecv,
+                          CollectiveOp::kAllToAll}) {
+    SCOPED_TRACE(std::string(CollectiveOpName(op)));
+    RingFrame frame;
+    frame.kind = RingFrameKind::kHandshake;
+    frame.op = op;
+    DecodeResult r = DecodeMessage(EncodeMessage(WorkerHeader(1), frame), kMax);
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    EXPECT_EQ(std::get<RingFrame>(r.message->body).op, op);
+  }
+}
+
 // A data frame's bytes must be exactly its element count of its dtype.
 TEST(WireCodecTest, RejectsRingFrameWhoseBytesDisagreeWithItsCount) {
   RingFrame data;

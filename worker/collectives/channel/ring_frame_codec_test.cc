@@ -90,7 +90,8 @@ TEST(RingFrameCodecTest, EveryEnumValueRoundTrips) {
   RingFrame frame = Frame(RingFrameKind::kHandshake);
   for (CollectiveOp op : {CollectiveOp::kAllReduce, CollectiveOp::kReduceScatter,
                           CollectiveOp::kAllGather, CollectiveOp::kBroadcast,
-                          CollectiveOp::kBarrier}) {
+                          CollectiveOp::kBarrier, CollectiveOp::kSendRecv,
+                          CollectiveOp::kAllToAll}) {
     frame.op = op;
     EXPECT_EQ(RoundTrip(frame)->op, op);
   }
@@ -174,9 +175,9 @@ TEST(RingFrameCodecTest, RejectsAPayloadOverTheCap) {
 
 TEST(RingFrameCodecTest, RejectsEachEnumOutOfRange) {
   const RingFrame frame = Frame(RingFrameKind::kHandshake);
-  EXPECT_EQ(DecodeWithByte(frame, 24, 5).message(),
-            "a frame header's collective op 5 is outside its range");
-  // The first values after the last ones (product, bool).
+  // The first values after the last ones (alltoall, product, bool).
+  EXPECT_EQ(DecodeWithByte(frame, 24, 7).message(),
+            "a frame header's collective op 7 is outside its range");
   EXPECT_EQ(DecodeWithByte(frame, 25, 5).message(),
             "a frame header's reduce op 5 is outside its range");
   EXPECT_EQ(DecodeWithByte(frame, 26, 9).message(),
