@@ -22,6 +22,7 @@ packages=(
   chromium                 # headless browser for the dashboard's test
   openmpi-bin libopenmpi-dev  # mpirun-started jobs (tests); MPI_Allreduce peer (tessera-bench)
   curl python3 ca-certificates  # scripts
+  python3-torch libtorch-dev pybind11-dev  # the torch.distributed backend (PyTorch 1.13, CPU)
 )
 
 is_installed() {
