@@ -1,0 +1,95 @@
+// ProcessGroupTessera: the "tessera" torch.distributed backend, a c10d::ProcessGroup (torch
+// 1.13) over a GroupMember (group_member.h): Tessera's ring and point-to-point messages.
+//
+//   import tessera.torch            # registers the backend (tessera/torch/__init__.py)
+//   dist.init_process_group("tessera", init_method="env://")
+//
+// Every operation is asynchronous: it returns a Work completed by the member's comm thread
+// (receives by its receive thread), whose future carries the output tensors, so DDP's
+// bucketed overlap and communication hooks work. Tensors are CPU tensors of float32,
+// float64, float16, bfloat16, int8, uint8, int32, int64 or bool, contiguous or not (a
+// non-contiguous one is copied to a contiguous one and back); one tensor per rank and call.
+// Anything else is refused at the call, with a RuntimeError saying what and why.
+//
+// A failure (a peer that died or disagrees, a timeout) completes the Work with a RuntimeError
+// naming the operation, the rank and the peer; every rank of the group gets one.
+//
+// Thread-safety: as c10d requires of a process group: calls from any thread; collectives
+// must be issued in the same order on every rank.
+#ifndef TESSERA_WORKER_TORCH_PROCESS_GROUP_TESSERA_H_
+#define TESSERA_WORKER_TORCH_PROCESS_GROUP_TESSERA_H_
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "worker/torch/group_member.h"
+
+namespace tessera::worker {
+
+class ProcessGroupTessera final : public c10d::ProcessGroup {
+ public:
+  // Joins the group through `store` (torch's PrefixStore of this group): throws a c10::Error
+  // naming what failed (a peer that never published its address within `timeout`, ...).
+  ProcessGroupTessera(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                      std::chrono::milliseconds timeout, const GroupMemberOptions& defaults);
+  ~ProcessGroupTessera() override;
+
+  const std::string getBackendName() const override { return "tessera"; }
+  // The ring's channel, as set up: "shm (shared-memory rings ...)", "links (...)", ...
+  const std::string& channel_description() const { return member_->channel_description(); }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                        const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                        std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& output_split_sizes,
+                                               std::vector<int64_t>& input_split_sizes,
+                                               const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
+                                          std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst,
+                                      int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src,
+                                      int tag) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override;
+  void setSequenceNumberForGroup() override;
+  uint64_t getSequenceNumberForGroup() override;
+
+ private:
+  const std::chrono::milliseconds timeout_;
+  std::unique_ptr<GroupMember> member_;
+  std::atomic<uint64_t> sequence_{0};  // collectives issued (getSequenceNumberForGroup)
+};
+
+}  // namespace tessera::worker
+
+#endif  // TESSERA_WORKER_TORCH_PROCESS_GROUP_TESSERA_H_

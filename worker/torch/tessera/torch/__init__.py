@@ -1,0 +1,26 @@
+"""The "tessera" torch.distributed backend.
+
+    import tessera.torch
+    torch.distributed.init_process_group("tessera", init_method="env://")
+
+Importing this module registers the backend (as torch-ccl and torch-ucc do); after that every
+torch.distributed call on a tessera group runs on Tessera's ring: shared memory between ranks of
+one host, TCP links between hosts. See docs/pytorch.md.
+"""
+
+import torch.distributed as _dist
+
+from tessera.torch import _C
+
+__all__ = ["BACKEND"]
+
+# The name to give torch.distributed.init_process_group.
+BACKEND = "tessera"
+
+
+def _create(store, rank, world_size, timeout):
+    return _C.create_process_group(store, rank, world_size, timeout)
+
+
+if BACKEND.upper() not in _dist.Backend._plugins:
+    _dist.Backend.register_backend(BACKEND, _create)
