@@ -16,14 +16,13 @@
 
 #include "common/base/host_port.h"
 #include "common/base/logging.h"
+#include "common/base/version.h"
 #include "common/messages/fleet_view.h"
 #include "common/metrics/metric_names.h"
 #include "common/transport/zmq/zmq_endpoint.h"
 
 namespace tessera {
 namespace {
-
-constexpr const char* kVersion = "0.1.0";
 
 // SIGINT/SIGTERM are blocked in every thread and taken by one thread with sigwait, so stopping
 // is ordinary code rather than a signal handler.
