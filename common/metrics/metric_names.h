@@ -108,13 +108,18 @@ inline constexpr MetricName kPsClientBytesReceivedTotal{
 
 // --- Collectives and the all-reduce (DDP) engine ---
 
-// histogram (seconds); labels: op (allreduce, broadcast, allgather, reducescatter), size_class
-// (<64KiB, <1MiB, <16MiB, >=16MiB).
+// histogram (seconds); labels: op (allreduce, broadcast, allgather, reducescatter; the torch
+// backend's ops by torch's names: reduce, gather, scatter, reduce_scatter, alltoall, barrier,
+// send, recv), size_class (<64KiB, <1MiB, <16MiB, >=16MiB).
 inline constexpr MetricName kCollectiveSeconds{
     "tessera_collective_seconds", "Time of one collective operation, by operation and size."};
 // counter; labels: op.
 inline constexpr MetricName kCollectiveBytesTotal{
     "tessera_collective_bytes_total", "Bytes of the buffers reduced or gathered, by operation."};
+// counter; labels: op (as kCollectiveSeconds).
+inline constexpr MetricName kCollectiveErrorsTotal{
+    "tessera_collective_errors_total",
+    "Collective and point-to-point operations that ended with an error, by operation."};
 // gauge.
 inline constexpr MetricName kDdpBucketsInFlight{
     "tessera_ddp_buckets_in_flight", "Gradient buckets queued or being all-reduced right now."};

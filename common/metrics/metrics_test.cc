@@ -313,6 +313,7 @@ void PopulateWithAllMetrics(MetricsRegistry* registry) {
       .value()
       ->Observe(0.002);
   counter(names::kCollectiveBytesTotal, {"op"})->WithLabels({"allreduce"}).value()->Increment(4096);
+  counter(names::kCollectiveErrorsTotal, {"op"})->WithLabels({"recv"}).value()->Increment();
   gauge(names::kDdpBucketsInFlight, {})->WithLabels({}).value()->Set(2);
   gauge(names::kDdpOverlapRatio, {})->WithLabels({}).value()->Set(0.75);
   histogram(names::kDdpWaitSeconds, {})->WithLabels({}).value()->Observe(0.001);

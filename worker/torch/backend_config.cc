@@ -1,13 +1,35 @@
 #include "worker/torch/backend_config.h"
 
 #include <cctype>
+#include <charconv>
 
+#include "common/base/host_port.h"
 #include "common/base/quote.h"
 
 namespace tessera::worker {
+namespace {
 
-StatusOr<GroupMemberOptions> BackendOptionsFrom(const Environment& env) {
-  GroupMemberOptions options;
+// The backend's default timeout: a dead peer is noticed at once (its links close, its pid is
+// gone), so this bounds only a live peer that stopped calling, e.g. one still saving a large
+// checkpoint while the others wait in a barrier.
+constexpr int64_t kDefaultTimeoutMs = 5 * 60 * 1000;
+
+StatusOr<int64_t> ParseInteger(const std::string& name, const std::string& text, int64_t min,
+                               int64_t max, const std::string& what) {
+  int64_t value = 0;
+  auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc() || end != text.data() + text.size() || value < min || value > max) {
+    return InvalidArgumentError(name + "=" + Quote(text) + " is not " + what);
+  }
+  return value;
+}
+
+}  // namespace
+
+StatusOr<BackendConfig> BackendConfigFrom(const Environment& env) {
+  BackendConfig config;
+  GroupMemberOptions& member = config.member;
+  member.timeout_ms = kDefaultTimeoutMs;
   if (auto it = env.find("TESSERA_BIND_HOST"); it != env.end()) {
     const std::string& host = it->second;
     bool plain = !host.empty();
@@ -18,7 +40,7 @@ StatusOr<GroupMemberOptions> BackendOptionsFrom(const Environment& env) {
           ": give this host's address that its peers can reach (a name or an IP address; not "
           "0.0.0.0, which peers cannot connect to)");
     }
-    options.bind_host = host;
+    member.bind_host = host;
   }
   if (auto it = env.find("TESSERA_RING_TRANSPORT"); it != env.end()) {
     const std::string& kind = it->second;
@@ -26,9 +48,35 @@ StatusOr<GroupMemberOptions> BackendOptionsFrom(const Environment& env) {
       return InvalidArgumentError("TESSERA_RING_TRANSPORT=" + Quote(kind) +
                                   " is not one of auto, shm, links, zmq");
     }
-    options.ring_transport = kind;
+    member.ring_transport = kind;
   }
-  return options;
+  if (auto it = env.find("TESSERA_TIMEOUT_MS"); it != env.end()) {
+    ASSIGN_OR_RETURN(member.timeout_ms,
+                     ParseInteger("TESSERA_TIMEOUT_MS", it->second, 1, int64_t{1} << 40,
+                                  "a positive number of milliseconds"));
+  }
+  if (auto it = env.find("TESSERA_METRICS_PORT"); it != env.end()) {
+    ASSIGN_OR_RETURN(int64_t port, ParseInteger("TESSERA_METRICS_PORT", it->second, 0, 65535,
+                                                "a port (0-65535; 0: the OS picks one)"));
+    config.metrics_port = static_cast<int>(port);
+  }
+  if (auto it = env.find("TESSERA_COORDINATOR"); it != env.end() && !it->second.empty()) {
+    StatusOr<std::pair<std::string, int>> host_port = ParseHostPort(it->second);
+    if (!host_port.ok() || host_port->second == 0) {
+      return InvalidArgumentError(
+          "TESSERA_COORDINATOR=" + Quote(it->second) +
+          " is not the HOST:PORT of a running tessera-coordinator" +
+          (host_port.ok() ? std::string(" (port 0)") : ": " + host_port.status().message()));
+    }
+    config.coordinator = it->second;
+    // The coordinator lists each rank by its /metrics: one is served if none was asked for.
+    if (!config.metrics_port) config.metrics_port = 0;
+  }
+  return config;
+}
+
+int64_t EffectiveTimeoutMs(const BackendConfig& config, int64_t torch_ms) {
+  return torch_ms == kTorchDefaultTimeoutMs ? config.member.timeout_ms : torch_ms;
 }
 
 }  // namespace tessera::worker

@@ -3,12 +3,24 @@
 // flags to give it):
 //
 //   TESSERA_BIND_HOST       where each rank's transport and ring links listen, and the
-//                           address its peers get (default 127.0.0.1: one host)
+//                           address its peers get (default 127.0.0.1: one host); also the
+//                           interface of /metrics
 //   TESSERA_RING_TRANSPORT  auto (default), shm, links or zmq, as tessera-worker's flag
+//   TESSERA_METRICS_PORT    serve Prometheus /metrics on this port (0: the OS picks one, and
+//                           the URL is logged); unset: no /metrics
+//   TESSERA_COORDINATOR     HOST:PORT of a running tessera-coordinator: each rank registers
+//                           there as a worker, so its dashboard and /sd list the ranks
+//                           (needs TESSERA_METRICS_PORT, which a default of 0 supplies)
+//   TESSERA_TIMEOUT_MS      the default timeout of every operation when init_process_group is
+//                           given none (default 300000, 5 minutes, instead of torch's 30)
 //
 // Thread-safety: a pure function of the environment it is given.
 #ifndef TESSERA_WORKER_TORCH_BACKEND_CONFIG_H_
 #define TESSERA_WORKER_TORCH_BACKEND_CONFIG_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
 
 #include "common/base/status.h"
 #include "common/config/config.h"
@@ -16,9 +28,23 @@
 
 namespace tessera::worker {
 
-// The options every process group of this process starts from (rank, world size, store and
-// timeout come from torch). InvalidArgument naming the variable for a bad value.
-StatusOr<GroupMemberOptions> BackendOptionsFrom(const Environment& env);
+// torch's default process-group timeout (30 minutes), which the backend replaces with its
+// own: a process group created with exactly this timeout was given none.
+inline constexpr int64_t kTorchDefaultTimeoutMs = 30 * 60 * 1000;
+
+struct BackendConfig {
+  // What every process group of this process starts from (rank, world size, store come from
+  // torch; timeout_ms from torch unless it is torch's default).
+  GroupMemberOptions member;
+  std::optional<int> metrics_port;  // unset: no /metrics
+  std::string coordinator;          // HOST:PORT; empty: none
+};
+
+// InvalidArgument naming the variable and what it should hold for a bad value.
+StatusOr<BackendConfig> BackendConfigFrom(const Environment& env);
+
+// The timeout a group gets: `torch_ms` unless it is torch's default, then the backend's.
+int64_t EffectiveTimeoutMs(const BackendConfig& config, int64_t torch_ms);
 
 }  // namespace tessera::worker
 

@@ -12,10 +12,17 @@ import torch.distributed as _dist
 
 from tessera.torch import _C
 
-__all__ = ["BACKEND"]
+__all__ = ["BACKEND", "metrics_url"]
 
 # The name to give torch.distributed.init_process_group.
 BACKEND = "tessera"
+
+
+def metrics_url():
+    """http://HOST:PORT/metrics where this process serves its Prometheus metrics (when
+    TESSERA_METRICS_PORT or TESSERA_COORDINATOR is set), or "" before the first tessera group
+    exists or without them."""
+    return _C.metrics_url()
 
 
 def _create(store, rank, world_size, timeout):

@@ -1,0 +1,62 @@
+#include "worker/torch/backend_config.h"
+
+#include <gtest/gtest.h>
+
+namespace tessera::worker {
+namespace {
+
+TEST(BackendConfigTest, DefaultsWithAnEmptyEnvironment) {
+  StatusOr<BackendConfig> config = BackendConfigFrom({});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->member.bind_host, "127.0.0.1");
+  EXPECT_EQ(config->member.ring_transport, "auto");
+  EXPECT_EQ(config->member.timeout_ms, 5 * 60 * 1000);
+  EXPECT_FALSE(config->metrics_port.has_value());
+  EXPECT_TRUE(config->coordinator.empty());
+}
+
+TEST(BackendConfigTest, ReadsEveryVariable) {
+  StatusOr<BackendConfig> config = BackendConfigFrom({{"TESSERA_BIND_HOST", "10.0.0.7"},
+                                                      {"TESSERA_RING_TRANSPORT", "links"},
+                                                      {"TESSERA_TIMEOUT_MS", "2500"},
+                                                      {"TESSERA_METRICS_PORT", "9100"},
+                                                      {"TESSERA_COORDINATOR", "10.0.0.1:29500"}});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->member.bind_host, "10.0.0.7");
+  EXPECT_EQ(config->member.ring_transport, "links");
+  EXPECT_EQ(config->member.timeout_ms, 2500);
+  EXPECT_EQ(config->metrics_port, 9100);
+  EXPECT_EQ(config->coordinator, "10.0.0.1:29500");
+}
+
+TEST(BackendConfigTest, ACoordinatorGetsMetricsOnAPortTheOsPicks) {
+  StatusOr<BackendConfig> config = BackendConfigFrom({{"TESSERA_COORDINATOR", "host:1"}});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->metrics_port, 0);
+}
+
+TEST(BackendConfigTest, TorchsDefaultTimeoutMeansNoneWasGiven) {
+  StatusOr<BackendConfig> config = BackendConfigFrom({{"TESSERA_TIMEOUT_MS", "7000"}});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(EffectiveTimeoutMs(*config, kTorchDefaultTimeoutMs), 7000);
+  EXPECT_EQ(EffectiveTimeoutMs(*config, 12000), 12000);
+}
+
+TEST(BackendConfigTest, BadValuesNameTheVariable) {
+  const std::pair<const char*, const char*> bad[] = {
+      {"TESSERA_BIND_HOST", "0.0.0.0"},      {"TESSERA_BIND_HOST", ""},
+      {"TESSERA_RING_TRANSPORT", "tcp"},     {"TESSERA_TIMEOUT_MS", "0"},
+      {"TESSERA_TIMEOUT_MS", "5s"},          {"TESSERA_METRICS_PORT", "70000"},
+      {"TESSERA_METRICS_PORT", "-1"},        {"TESSERA_COORDINATOR", "host"},
+      {"TESSERA_COORDINATOR", "host:0"},
+  };
+  for (const auto& [name, value] : bad) {
+    StatusOr<BackendConfig> config = BackendConfigFrom({{name, value}});
+    ASSERT_FALSE(config.ok()) << name << "=" << value;
+    EXPECT_EQ(config.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(config.status().message().find(name), std::string::npos) << config.status();
+  }
+}
+
+}  // namespace
+}  // namespace tessera::worker
