@@ -1,7 +1,9 @@
 #include "worker/torch/group_member.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <thread>
 #include <utility>
 
 #include "common/base/logging.h"
@@ -214,6 +216,60 @@ Status GroupMember::Recv(void* data, size_t bytes, int src, uint32_t tag,
                    Deadline::AfterMillis(options_.timeout_ms), what);
 }
 
+StatusOr<int> GroupMember::RecvAny(void* data, size_t bytes, uint32_t tag,
+                                   const std::string& what) {
+  if (world_size() == 1) {
+    return InvalidArgumentError(what + ": rank 0 is alone in its group; no rank can send to it");
+  }
+  // The mailbox waits for one (tag, slot) at a time, so each other rank's next frame with
+  // `tag` is looked for in turn, without waiting, and the look repeats with a growing pause
+  // (up to 1 ms) until one is there. The turn starts after the rank last taken from, so a
+  // rank that sends often does not starve the others.
+  const Deadline deadline = Deadline::AfterMillis(options_.timeout_ms);
+  std::chrono::microseconds pause(20);
+  int start = (last_any_source_ + 1) % world_size();
+  while (true) {
+    for (int i = 0; i < world_size(); ++i) {
+      const int src = (start + i) % world_size();
+      if (src == rank()) continue;
+      uint32_t slot;
+      {
+        std::lock_guard<std::mutex> lock(p2p_mu_);
+        slot = received_[{src, tag}];
+      }
+      StatusOr<RingFrame> frame =
+          parts_->peers->Recv(PeerTag(kPeerSpace, src, tag), slot, Deadline::AfterMillis(0));
+      if (!frame.ok()) {
+        if (frame.status().code() == StatusCode::kDeadlineExceeded &&
+            frame.status().message().empty()) {
+          continue;  // nothing from `src` yet
+        }
+        return frame.status().WithContext(what + ": waiting for any rank");
+      }
+      {
+        std::lock_guard<std::mutex> lock(p2p_mu_);
+        ++received_[{src, tag}];
+      }
+      if (frame->data.size() != bytes) {
+        return InvalidArgumentError(what + ": " + Worker(src) + " sent " +
+                                    std::to_string(frame->data.size()) + " bytes; rank " +
+                                    std::to_string(rank()) + " expects " + std::to_string(bytes));
+      }
+      if (bytes > 0) std::memcpy(data, frame->data.data(), bytes);
+      last_any_source_ = src;
+      return src;
+    }
+    if (deadline.Expired()) {
+      return DeadlineExceededError(what + ": nothing with tag " + std::to_string(tag) +
+                                   " from any rank within " +
+                                   std::to_string(options_.timeout_ms) + " ms");
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(1000));
+    start = (last_any_source_ + 1) % world_size();
+  }
+}
+
 Status GroupMember::AllToAll(const void* input, const std::vector<size_t>& send_counts,
                              void* output, const std::vector<size_t>& recv_counts,
                              size_t element_bytes, const std::string& what) {
@@ -274,6 +330,11 @@ Status GroupMember::MonitoredBarrier(int64_t timeout_ms, bool wait_all_ranks) {
                         .WithContext(what));
     return TakeFrame(releases, 0, 0, nullptr, 0, deadline, what + ": release by rank 0");
   }
+  // The wording is Gloo's, which scripts and torch's own tests match.
+  if (timeout_ms <= 0 && world_size() > 1) {
+    return DeadlineExceededError("Rank 0 timed out in monitoredBarrier after " +
+                                 std::to_string(timeout_ms) + " ms (the timeout left no time)");
+  }
   std::vector<int> missing;
   for (int q = 1; q < world_size(); ++q) {
     Status arrived = TakeFrame(arrivals, static_cast<uint32_t>(q), q, nullptr, 0, deadline, what);
@@ -285,11 +346,10 @@ Status GroupMember::MonitoredBarrier(int64_t timeout_ms, bool wait_all_ranks) {
   if (!missing.empty()) {
     std::string ranks;
     for (int q : missing) ranks += (ranks.empty() ? "" : ", ") + std::to_string(q);
-    return DeadlineExceededError("rank 0: monitored barrier timed out after " +
-                                 std::to_string(timeout_ms) + " ms: rank" +
-                                 (missing.size() > 1 ? "s " : " ") + ranks +
-                                 (missing.size() > 1 ? " have" : " has") +
-                                 " not arrived" + (wait_all_ranks ? "" : " (the first found)"));
+    return DeadlineExceededError(std::string(missing.size() > 1 ? "Ranks " : "Rank ") + ranks +
+                                 " failed to pass monitoredBarrier in " +
+                                 std::to_string(timeout_ms) + " ms (rank 0 waited for " +
+                                 (wait_all_ranks ? "all ranks" : "the first missing rank") + ")");
   }
   for (int q = 1; q < world_size(); ++q) {
     RETURN_IF_ERROR(SendFrame(q, releases, 0, nullptr, 0, CollectiveOp::kBarrier).WithContext(what));

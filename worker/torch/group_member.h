@@ -112,6 +112,9 @@ class GroupMember {
   // SubmitRecv's closures, waits for them: a size other than `bytes` fails naming both.
   Status Send(const void* data, size_t bytes, int dst, uint32_t tag, const std::string& what);
   Status Recv(void* data, size_t bytes, int src, uint32_t tag, const std::string& what);
+  // Like Recv, from whichever other rank's message with `tag` comes first (the next of that
+  // rank's (rank, tag) order); the rank it came from. Only from SubmitRecv's closures.
+  StatusOr<int> RecvAny(void* data, size_t bytes, uint32_t tag, const std::string& what);
 
  private:
   struct Parts;  // endpoint, bus, mailbox, ring, point-to-point channel
@@ -132,6 +135,7 @@ class GroupMember {
   std::mutex p2p_mu_;
   std::map<std::pair<int, uint32_t>, uint32_t> sent_;      // slots by (dst, tag); p2p_mu_
   std::map<std::pair<int, uint32_t>, uint32_t> received_;  // slots by (src, tag); p2p_mu_
+  int last_any_source_ = 0;  // the rank RecvAny last took from; receive thread only
   // Last members: their threads end (running what is queued) before the parts go.
   CommThread recv_thread_;
   CommThread comm_thread_;

@@ -210,7 +210,7 @@ TEST(GroupMemberTest, MonitoredBarrierNamesTheMissingRank) {
   auto one = group.at(1).Submit([&] { return group.at(1).MonitoredBarrier(300, true); });
   Status status = zero.get();
   EXPECT_EQ(status.code(), StatusCode::kDeadlineExceeded);
-  EXPECT_THAT(status.message(), HasSubstr("rank 2 has not arrived"));
+  EXPECT_THAT(status.message(), HasSubstr("Rank 2 failed to pass monitoredBarrier"));
   EXPECT_FALSE(one.get().ok());
 }
 

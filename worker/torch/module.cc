@@ -67,7 +67,7 @@ c10::intrusive_ptr<ProcessGroupTessera> CreateProcessGroup(
   defaults.metrics = presence->metrics();
   return c10::make_intrusive<ProcessGroupTessera>(store, rank, size,
                                                   std::chrono::milliseconds(timeout_ms),
-                                                  defaults);
+                                                  defaults, presence->backend_metrics());
 }
 
 }  // namespace

@@ -1,8 +1,11 @@
 #include "worker/torch/process_group_tessera.h"
 
 #include <ATen/ATen.h>
+#include <Python.h>
 #include <c10/util/Exception.h>
 
+#include <atomic>
+#include <chrono>
 #include <functional>
 #include <stdexcept>
 #include <utility>
@@ -22,6 +25,9 @@ class TesseraWork final : public c10d::Work {
 
   std::vector<at::Tensor> result() override { return outputs_; }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  // The rank a receive's message came from (torch's recv(src=None) returns it); -1 before.
+  int sourceRank() const override { return source_rank_.load(); }
+  void set_source_rank(int rank) { source_rank_ = rank; }
 
   void Complete(const Status& status) {
     if (status.ok()) {
@@ -29,7 +35,11 @@ class TesseraWork final : public c10d::Work {
       finish();
       return;
     }
-    auto error = std::make_exception_ptr(std::runtime_error("tessera: " + status.ToString()));
+    // A deadline reads as torch's own timeouts do ("Timed out ..."), which scripts match.
+    const std::string text = status.code() == StatusCode::kDeadlineExceeded
+                                 ? "Timed out in " + status.message()
+                                 : status.ToString();
+    auto error = std::make_exception_ptr(std::runtime_error("tessera: " + text));
     future_->setError(error);
     finish(error);
   }
@@ -37,6 +47,7 @@ class TesseraWork final : public c10d::Work {
  private:
   const std::vector<at::Tensor> outputs_;
   const c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::atomic<int> source_rank_{-1};
 };
 
 StatusOr<DataType> DataTypeOf(const at::Tensor& tensor) {
@@ -138,13 +149,45 @@ void Unflatten(const at::Tensor& flat, std::vector<at::Tensor>& list) {
   }
 }
 
-// Runs `body` (which returns its Status, or throws) and completes `work` with the outcome.
-Status Finish(TesseraWork& work, const std::function<Status()>& body) {
+// The metrics' name of a c10d op: the base and coalesced forms count as the op itself.
+TorchOp TorchOpOf(c10d::OpType type) {
+  switch (type) {
+    case c10d::OpType::BROADCAST: return TorchOp::kBroadcast;
+    case c10d::OpType::ALLREDUCE:
+    case c10d::OpType::ALLREDUCE_COALESCED: return TorchOp::kAllReduce;
+    case c10d::OpType::REDUCE: return TorchOp::kReduce;
+    case c10d::OpType::ALLGATHER:
+    case c10d::OpType::_ALLGATHER_BASE:
+    case c10d::OpType::ALLGATHER_COALESCED: return TorchOp::kAllGather;
+    case c10d::OpType::GATHER: return TorchOp::kGather;
+    case c10d::OpType::SCATTER: return TorchOp::kScatter;
+    case c10d::OpType::REDUCE_SCATTER:
+    case c10d::OpType::_REDUCE_SCATTER_BASE: return TorchOp::kReduceScatter;
+    case c10d::OpType::ALLTOALL:
+    case c10d::OpType::ALLTOALL_BASE: return TorchOp::kAllToAll;
+    case c10d::OpType::SEND: return TorchOp::kSend;
+    case c10d::OpType::RECV:
+    case c10d::OpType::RECVANYSOURCE: return TorchOp::kRecv;
+    default: return TorchOp::kBarrier;
+  }
+}
+
+// Runs `body` (which returns its Status, or throws), completes `work` with the outcome and
+// records it in `metrics` (if any): the op's time on its thread and its outputs' bytes.
+Status Finish(BackendMetrics* metrics, TesseraWork& work, const std::function<Status()>& body) {
+  const auto start = std::chrono::steady_clock::now();
   Status status;
   try {
     status = body();
   } catch (const std::exception& e) {
     status = InternalError(e.what());
+  }
+  if (metrics != nullptr) {
+    size_t bytes = 0;
+    for (const at::Tensor& tensor : work.result()) bytes += tensor.numel() * tensor.element_size();
+    metrics->Record(TorchOpOf(work.retrieveOpType()), bytes,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+                    status.ok());
   }
   work.Complete(status);
   return status;
@@ -189,8 +232,9 @@ class TorchStore final : public RendezvousStore {
 
 ProcessGroupTessera::ProcessGroupTessera(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                          int size, std::chrono::milliseconds timeout,
-                                         const GroupMemberOptions& defaults)
-    : c10d::ProcessGroup(rank, size), timeout_(timeout) {
+                                         const GroupMemberOptions& defaults,
+                                         BackendMetrics* metrics)
+    : c10d::ProcessGroup(rank, size), timeout_(timeout), metrics_(metrics) {
   TorchStore rendezvous(store);
   GroupMemberOptions options = defaults;
   options.rank = rank;
@@ -203,7 +247,15 @@ ProcessGroupTessera::ProcessGroupTessera(const c10::intrusive_ptr<c10d::Store>& 
   init();
 }
 
-ProcessGroupTessera::~ProcessGroupTessera() = default;
+ProcessGroupTessera::~ProcessGroupTessera() {
+  // The member's threads end before it goes, and what they run last may free a tensor that
+  // Python made or complete a future whose callbacks are Python's: both take the GIL. When
+  // Python drops the group, this thread holds it, so it lets go while the threads finish.
+  PyThreadState* saved =
+      Py_IsInitialized() && PyGILState_Check() ? PyEval_SaveThread() : nullptr;
+  member_.reset();
+  if (saved != nullptr) PyEval_RestoreThread(saved);
+}
 
 // ---------------------------------------------------------------------------------------------
 // Collectives
@@ -218,7 +270,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTessera::broadcast(
   const std::string what = Describe("broadcast", tensor);
   ++sequence_;
   member_->Submit([this, work, tensor, dtype, root, what]() mutable {
-    return Finish(*work, [&] {
+    return Finish(metrics_, *work, [&] {
       at::Tensor buffer = Contiguous(tensor);
       RETURN_IF_ERROR(member_->Broadcast(buffer.data_ptr(), buffer.numel(), dtype, root, what));
       CopyBack(tensor, buffer);
@@ -239,7 +291,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTessera::allreduce(
   const std::string what = Describe("allreduce", tensor);
   ++sequence_;
   member_->Submit([this, work, tensor, dtype, op = *op, what]() mutable {
-    return Finish(*work, [&] {
+    return Finish(metrics_, *work, [&] {
       at::Tensor buffer = Contiguous(tensor);
       RETURN_IF_ERROR(member_->AllReduce(buffer.data_ptr(), buffer.numel(), dtype, op, what));
       CopyBack(tensor, buffer);
@@ -264,7 +316,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTessera::allreduce_coalesced(
   auto work = c10::make_intrusive<TesseraWork>(rank_, c10d::OpType::ALLREDUCE_COALESCED, tensors);
   ++sequence_;
   member_->Submit([this, work, tensors, dtype, op = *op]() mutable {
-    return Finish(*work, [&] {
+    return Finish(metrics_, *work, [&] {
       at::Tensor flat = Flatten(tensors);
       RETURN_IF_ERROR(member_->AllReduce(flat.data_ptr(), flat.numel(), dtype, op,
                                          Describe("allreduce_coalesced", flat)));
@@ -288,7 +340,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTessera::reduce(std::vector<at::Tenso
   const std::string what = Describe("reduce", tensor);
   ++sequence_;
   member_->Submit([this, work, tensor, dtype, op = *op, root, what]() mutable {
-    return Finish(*work, [&] {
+    return Finish(metrics_, *work, [&] {
       // An all-reduce; only the root keeps the result (the others' tensors stay as given).
       at::Tensor buffer = rank_ == root ? Contiguous(tensor) : tensor.contiguous().clone();
       RETURN_IF_ERROR(member_->AllReduce(buffer.data_ptr(), buffer.numel(), dtype, op, what));
@@ -312,11 +364,59 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTessera::allgather(
   const std::string what = Describe("allgather", input);
   ++sequence_;
   member_->Submit([this, work, input, gathered, dtype, what]() mutable {
-    return Finish(*work, [&] {
+    return Finish(metrics_, *work, [&] {
       at::Tensor in = Contiguous(input);
       at::Tensor flat = at::empty({in.numel() * size_}, in.options());
       RETURN_IF_ERROR(member_->AllGather(in.data_ptr(), flat.data_ptr(), in.numel(), dtype, what));
       Unflatten(flat, gathered);
+      return OkStatus();
+    });
+  });
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTessera::allgather_coalesced(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  TORCH_CHECK(!inputs.empty(), "tessera: allgather_coalesced: no input tensors");
+  const DataType dtype = CheckTensor(inputs[0], "allgather_coalesced");
+  TORCH_CHECK(outputs.size() == static_cast<size_t>(size_),
+              "tessera: allgather_coalesced: ", outputs.size(),
+              " output lists for a group of ", size_);
+  std::vector<at::Tensor> gathered;
+  for (size_t r = 0; r < outputs.size(); ++r) {
+    TORCH_CHECK(outputs[r].size() == inputs.size(), "tessera: allgather_coalesced: output list ",
+                r, " holds ", outputs[r].size(), " tensors for ", inputs.size(), " inputs");
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      CheckTensor(inputs[i], "allgather_coalesced");
+      CheckTensor(outputs[r][i], "allgather_coalesced");
+      TORCH_CHECK(inputs[i].scalar_type() == inputs[0].scalar_type(),
+                  "tessera: allgather_coalesced: input ", i, " is ",
+                  c10::toString(inputs[i].scalar_type()), ", input 0 ",
+                  c10::toString(inputs[0].scalar_type()), " (one dtype per call)");
+      TORCH_CHECK(outputs[r][i].scalar_type() == inputs[i].scalar_type() &&
+                      outputs[r][i].numel() == inputs[i].numel(),
+                  "tessera: allgather_coalesced: output list ", r, " tensor ", i, " holds ",
+                  outputs[r][i].numel(), " x ", c10::toString(outputs[r][i].scalar_type()),
+                  "; input ", i, " has ", inputs[i].numel(), " x ",
+                  c10::toString(inputs[i].scalar_type()));
+      gathered.push_back(outputs[r][i]);
+    }
+  }
+  auto work = c10::make_intrusive<TesseraWork>(rank_, c10d::OpType::ALLGATHER_COALESCED,
+                                               gathered);
+  std::vector<at::Tensor> in_list = inputs;
+  std::vector<std::vector<at::Tensor>> out_lists = outputs;
+  ++sequence_;
+  member_->Submit([this, work, in_list, out_lists, dtype]() mutable {
+    return Finish(metrics_, *work, [&] {
+      at::Tensor in = Flatten(in_list);
+      const std::string what = Describe("allgather_coalesced", in);
+      at::Tensor flat = at::empty({in.numel() * size_}, in.options());
+      RETURN_IF_ERROR(member_->AllGather(in.data_ptr(), flat.data_ptr(), in.numel(), dtype, what));
+      for (int r = 0; r < size_; ++r) {
+        Unflatten(flat.narrow(0, r * in.numel(), in.numel()), out_lists[r]);
+      }
       return OkStatus();
     });
   });
@@ -337,7 +437,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTessera::_allgather_base(
   const std::string what = Describe("allgather", input);
   ++sequence_;
   member_->Submit([this, work, input, output, dtype, what]() mutable {
-    return Finish(*work, [&] {
+    return Finish(metrics_, *work, [&] {
       at::Tensor in = Contiguous(input);
       at::Tensor out = Contiguous(output);
       RETURN_IF_ERROR(member_->AllGather(in.data_ptr(), out.data_ptr(), in.numel(), dtype, what));
@@ -369,7 +469,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTessera::gather(
   const std::string what = Describe("gather", input);
   ++sequence_;
   member_->Submit([this, work, input, gathered, dtype, what]() mutable {
-    return Finish(*work, [&] {
+    return Finish(metrics_, *work, [&] {
       at::Tensor in = Contiguous(input);
       at::Tensor flat = at::empty({in.numel() * size_}, in.options());
       RETURN_IF_ERROR(member_->AllGather(in.data_ptr(), flat.data_ptr(), in.numel(), dtype, what));
@@ -402,7 +502,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTessera::scatter(
   const std::string what = Describe("scatter", output);
   ++sequence_;
   member_->Submit([this, work, output, pieces, dtype, root, what]() mutable {
-    return Finish(*work, [&] {
+    return Finish(metrics_, *work, [&] {
       // The root's pieces travel to every rank (a broadcast); each keeps its own.
       at::Tensor flat = pieces.empty() ? at::empty({output.numel() * size_}, output.options())
                                        : Flatten(pieces);
@@ -430,7 +530,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTessera::reduce_scatter(
   const std::string what = Describe("reduce_scatter", output);
   ++sequence_;
   member_->Submit([this, work, output, pieces, dtype, op = *op, what]() mutable {
-    return Finish(*work, [&] {
+    return Finish(metrics_, *work, [&] {
       at::Tensor flat = Flatten(pieces);
       at::Tensor out = Contiguous(output);
       RETURN_IF_ERROR(member_->ReduceScatter(flat.data_ptr(), out.data_ptr(), out.numel(), dtype,
@@ -458,7 +558,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTessera::_reduce_scatter_base(
   const std::string what = Describe("reduce_scatter", output);
   ++sequence_;
   member_->Submit([this, work, input, output, dtype, op = *op, what]() mutable {
-    return Finish(*work, [&] {
+    return Finish(metrics_, *work, [&] {
       at::Tensor in = Contiguous(input);
       at::Tensor out = Contiguous(output);
       RETURN_IF_ERROR(member_->ReduceScatter(in.data_ptr(), out.data_ptr(), out.numel(), dtype,
@@ -515,7 +615,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTessera::alltoall_base(
   const std::string what = Describe("alltoall", input);
   ++sequence_;
   member_->Submit([this, work, input, output, send, recv, what]() mutable {
-    return Finish(*work, [&] {
+    return Finish(metrics_, *work, [&] {
       at::Tensor in = Contiguous(input);
       at::Tensor out = Contiguous(output);
       RETURN_IF_ERROR(member_->AllToAll(in.data_ptr(), send, out.data_ptr(), recv,
@@ -548,7 +648,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTessera::alltoall(std::vector<at::Ten
   const std::string what = Describe("alltoall", inputs[0]);
   ++sequence_;
   member_->Submit([this, work, inputs, outputs, send, recv, what]() mutable {
-    return Finish(*work, [&] {
+    return Finish(metrics_, *work, [&] {
       at::Tensor in = Flatten(inputs);
       at::Tensor out = Flatten(outputs);  // the right size and dtype; overwritten
       RETURN_IF_ERROR(member_->AllToAll(in.data_ptr(), send, out.data_ptr(), recv,
@@ -570,7 +670,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTessera::send(std::vector<at::Tensor>
                                                std::vector<at::Tensor>{tensor});
   // The bytes are copied as the message is queued: the send is complete at once.
   at::Tensor buffer = Contiguous(tensor);
-  Finish(*work, [&] {
+  Finish(metrics_, *work, [&] {
     return member_->Send(buffer.data_ptr(), buffer.numel() * buffer.element_size(), dst,
                          static_cast<uint32_t>(tag),
                          Describe("send", tensor) + " to rank " + std::to_string(dst));
@@ -585,11 +685,33 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTessera::recv(std::vector<at::Tensor>
                                                std::vector<at::Tensor>{tensor});
   const std::string what = Describe("recv", tensor) + " from rank " + std::to_string(src);
   member_->SubmitRecv([this, work, tensor, src, tag, what]() mutable {
-    return Finish(*work, [&] {
+    return Finish(metrics_, *work, [&] {
       at::Tensor buffer = Contiguous(tensor);
       RETURN_IF_ERROR(member_->Recv(buffer.data_ptr(), buffer.numel() * buffer.element_size(),
                                     src, static_cast<uint32_t>(tag), what));
       CopyBack(tensor, buffer);
+      work->set_source_rank(src);
+      return OkStatus();
+    });
+  });
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTessera::recvAnysource(
+    std::vector<at::Tensor>& tensors, int tag) {
+  at::Tensor tensor = Single(tensors, "recv");
+  auto work = c10::make_intrusive<TesseraWork>(rank_, c10d::OpType::RECVANYSOURCE,
+                                               std::vector<at::Tensor>{tensor});
+  const std::string what = Describe("recv", tensor) + " from any rank by rank " +
+                           std::to_string(rank_);
+  member_->SubmitRecv([this, work, tensor, tag, what]() mutable {
+    return Finish(metrics_, *work, [&] {
+      at::Tensor buffer = Contiguous(tensor);
+      ASSIGN_OR_RETURN(const int src,
+                       member_->RecvAny(buffer.data_ptr(), buffer.numel() * buffer.element_size(),
+                                        static_cast<uint32_t>(tag), what));
+      CopyBack(tensor, buffer);
+      work->set_source_rank(src);
       return OkStatus();
     });
   });
@@ -601,7 +723,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTessera::barrier(const c10d::BarrierO
                                                std::vector<at::Tensor>{});
   ++sequence_;
   member_->Submit([this, work]() {
-    return Finish(*work, [&] { return member_->Barrier("barrier"); });
+    return Finish(metrics_, *work, [&] { return member_->Barrier("barrier"); });
   });
   return work;
 }

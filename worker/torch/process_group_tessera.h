@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "worker/torch/backend_metrics.h"
 #include "worker/torch/group_member.h"
 
 namespace tessera::worker {
@@ -36,8 +37,10 @@ class ProcessGroupTessera final : public c10d::ProcessGroup {
  public:
   // Joins the group through `store` (torch's PrefixStore of this group): throws a c10::Error
   // naming what failed (a peer that never published its address within `timeout`, ...).
+  // Each finished op is recorded in `metrics` unless it is null; it must outlive the group.
   ProcessGroupTessera(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                      std::chrono::milliseconds timeout, const GroupMemberOptions& defaults);
+                      std::chrono::milliseconds timeout, const GroupMemberOptions& defaults,
+                      BackendMetrics* metrics);
   ~ProcessGroupTessera() override;
 
   const std::string getBackendName() const override { return "tessera"; }
@@ -55,6 +58,10 @@ class ProcessGroupTessera final : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                            std::vector<at::Tensor>& inputs,
                                            const c10d::AllgatherOptions& opts) override;
+  // One allgather of every input tensor (of one dtype); outputs[r] receives rank r's inputs.
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(
+      std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
                                                  const c10d::AllgatherOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -79,6 +86,10 @@ class ProcessGroupTessera final : public c10d::ProcessGroup {
                                       int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src,
                                       int tag) override;
+  // Receives the next message with `tag` from whichever rank sends first; the Work's
+  // sourceRank() names it (torch's recv(src=None)).
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors,
+                                               int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override;
   void setSequenceNumberForGroup() override;
@@ -86,6 +97,7 @@ class ProcessGroupTessera final : public c10d::ProcessGroup {
 
  private:
   const std::chrono::milliseconds timeout_;
+  BackendMetrics* const metrics_;  // may be null
   std::unique_ptr<GroupMember> member_;
   std::atomic<uint64_t> sequence_{0};  // collectives issued (getSequenceNumberForGroup)
 };

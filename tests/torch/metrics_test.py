@@ -1,0 +1,115 @@
+"""What a tessera process group shows the outside: Prometheus /metrics per rank
+(TESSERA_METRICS_PORT), promtool-clean, and registration with a running tessera-coordinator
+(TESSERA_COORDINATOR), whose service discovery then lists every torch rank."""
+
+import json
+import os
+import subprocess
+import tempfile
+import time
+import unittest
+import urllib.request
+
+import torch
+import torch.distributed as dist
+
+import torch_testing
+
+_RUNFILES = os.path.join(os.environ.get("TEST_SRCDIR", ""), os.environ.get("TEST_WORKSPACE",
+                                                                             "tessera"))
+
+
+def _fetch(url):
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        return reply.read().decode()
+
+
+def _ops_then_metrics(rank, world_size):
+    import tessera.torch
+
+    t = torch.zeros(1024)  # 4 KiB
+    for _ in range(3):
+        dist.all_reduce(t)
+    dist.broadcast(torch.zeros(10, dtype=torch.int64), src=0)
+    dist.barrier()
+    return tessera.torch.metrics_url(), _fetch(tessera.torch.metrics_url())
+
+
+def _sample(text, name):
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return None
+
+
+class MetricsTest(unittest.TestCase):
+    def test_each_rank_serves_its_ops_promtool_clean(self):
+        results = torch_testing.run_ranks(_ops_then_metrics, 2,
+                                          env={"TESSERA_METRICS_PORT": "0"})
+        urls = [url for url, _ in results]
+        self.assertEqual(len(set(urls)), 2, urls)
+        for rank, (url, text) in enumerate(results):
+            with self.subTest(rank=rank):
+                self.assertTrue(url.startswith("http://127.0.0.1:"), url)
+                self.assertEqual(_sample(text, 'tessera_collective_seconds_count{op="allreduce",'
+                                               'size_class="<64KiB"}'), 3, text)
+                self.assertEqual(_sample(text, 'tessera_collective_bytes_total{op="allreduce"}'),
+                                 3 * 4096)
+                self.assertEqual(_sample(text, 'tessera_collective_bytes_total{op="broadcast"}'),
+                                 80)
+                self.assertEqual(_sample(text, 'tessera_collective_errors_total{op="allreduce"}'),
+                                 0)
+                self.assertEqual(_sample(text, 'tessera_collective_seconds_count{op="barrier",'
+                                               'size_class="<64KiB"}'), 1)
+                with tempfile.NamedTemporaryFile("w", suffix=".prom") as f:
+                    f.write(text)
+                    f.flush()
+                    with open(f.name) as stdin:
+                        check = subprocess.run(["promtool", "check", "metrics"], stdin=stdin,
+                                               capture_output=True, text=True, timeout=60)
+                self.assertEqual(check.returncode, 0, check.stdout + check.stderr)
+
+
+def _registered(rank, world_size):
+    import tessera.torch
+
+    dist.barrier()  # every rank has registered before the group existed
+    sd = _fetch(os.environ["TEST_COORDINATOR_SD"]) if rank == 0 else None
+    dist.barrier()
+    return tessera.torch.metrics_url(), sd
+
+
+class CoordinatorTest(unittest.TestCase):
+    def test_the_coordinators_service_discovery_lists_every_rank(self):
+        binary = os.path.join(_RUNFILES, "server/coordinator/tessera-coordinator")
+        coordinator = subprocess.Popen(
+            [binary, "--num-workers", "0", "--coordinator", "127.0.0.1:0", "--job", "torchjob"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        try:
+            ready = {}
+            deadline = time.monotonic() + 30
+            while not ready and time.monotonic() < deadline:
+                line = coordinator.stdout.readline()
+                if not line:
+                    break
+                if line.startswith("TESSERA_READY "):
+                    ready = dict(f.split("=", 1) for f in line.split()[1:] if "=" in f)
+            self.assertTrue(ready, "the coordinator never printed TESSERA_READY")
+            address = ready["address"][len("tcp://"):]
+            sd_url = ready["metrics"].replace("/metrics", "/sd")
+            results = torch_testing.run_ranks(
+                _registered, 2,
+                env={"TESSERA_COORDINATOR": address, "TEST_COORDINATOR_SD": sd_url})
+            groups = json.loads(results[0][1])
+            workers = {g["labels"]["rank"]: g["targets"][0] for g in groups
+                       if g["labels"]["role"] == "worker"}
+            for rank, (url, _) in enumerate(results):
+                host_port = url[len("http://"):].split("/")[0]
+                self.assertEqual(workers.get(str(rank)), host_port, groups)
+        finally:
+            coordinator.terminate()
+            coordinator.wait(timeout=30)
+
+
+if __name__ == "__main__":
+    torch_testing.main()
