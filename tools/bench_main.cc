@@ -7,6 +7,7 @@
 //   tessera-bench allreduce ...   tools/bench/allreduce_bench.h
 //   tessera-bench memory ...      tools/bench/memory_bench.h
 //   tessera-bench exit ...        tools/bench/exit_bench.h
+//   tessera-bench torch ...       tools/bench/torch_bench.h
 //
 // To add one: a tools/bench/<name>_bench.{h,cc} with `BenchCommand Add<Name>Bench(CLI::App*)`,
 // a cc_library in tools/BUILD, and a line in the list below.
@@ -19,6 +20,7 @@
 #include "tools/bench/bench_util.h"
 #include "tools/bench/exit_bench.h"
 #include "tools/bench/memory_bench.h"
+#include "tools/bench/torch_bench.h"
 #include "tools/bench/train_bench.h"
 #include "tools/bench/transport_bench.h"
 
@@ -33,6 +35,7 @@ int main(int argc, char** argv) {
       tessera::tools::AddAllReduceBench(&app),
       tessera::tools::AddMemoryBench(&app),
       tessera::tools::AddExitBench(&app),
+      tessera::tools::AddTorchBench(&app),
   };
   CLI11_PARSE(app, argc, argv);
   tessera::SetMinLogLevel(tessera::LogLevel::kWarning);
