@@ -7,6 +7,9 @@
 #   tools/quickstart.sh                          # the default job below
 #   tools/quickstart.sh [launcher flags...] [-- worker flags...]
 #       e.g. tools/quickstart.sh --mode ps-async -- --model ctr --dataset synthetic-ctr
+#   tools/quickstart.sh --torch                  # PyTorch instead: builds the tessera backend,
+#       makes `import tessera.torch` work (tools/install_python.sh) and runs the DDP tutorial's
+#       two-process example on it (examples/torch/ddp_tutorial.py)
 #
 # Exits non-zero when the build, the launcher or any check fails. Workers are scraped as soon
 # as they are ready (they keep /metrics up for a few seconds after their work with their own
@@ -26,6 +29,16 @@ step() { echo "==> $*"; }
 
 step "checking build dependencies (tools/install_deps.sh)"
 tools/install_deps.sh
+
+if [[ "${1:-}" == --torch ]]; then
+  python="${TESSERA_PYTHON:-/usr/bin/python3}"
+  step "building the tessera torch.distributed backend (tools/install_python.sh)"
+  tools/install_python.sh
+  step "DDP on the tessera backend, two processes: $python examples/torch/ddp_tutorial.py"
+  OMP_NUM_THREADS=1 "$python" examples/torch/ddp_tutorial.py
+  step "quickstart OK: DistributedDataParallel trained on tessera (see docs/pytorch.md)"
+  exit 0
+fi
 
 # The launcher's runfiles bring the three binaries it starts (coordinator, server, worker):
 # nothing else is built (no tests, benchmarks or tools).
