@@ -90,8 +90,16 @@ StatusOr<std::string> FindRunfile(const std::string& workspace_path) {
   }
   const std::string self(buffer.data(), static_cast<size_t>(length));
   const std::string self_dir = self.substr(0, self.rfind('/'));
+  std::vector<std::string> roots = {self + ".runfiles/tessera"};
+  // Started by a test (which has our data in its runfiles) the binary has no runfiles of its
+  // own, and /proc/self/exe names the target outside them: the test's are in the environment.
+  for (const char* variable : {"RUNFILES_DIR", "TEST_SRCDIR"}) {
+    const char* dir = std::getenv(variable);
+    if (dir != nullptr && *dir != '\0') roots.push_back(std::string(dir) + "/tessera");
+  }
+  roots.push_back(self_dir + "/..");
   std::string tried;
-  for (const std::string& root : {self + ".runfiles/tessera", self_dir + "/.."}) {
+  for (const std::string& root : roots) {
     const std::string path = root + "/" + workspace_path;
     if (access(path.c_str(), R_OK) == 0) return path;
     tried += "\n  " + path;

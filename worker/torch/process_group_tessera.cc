@@ -668,9 +668,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTessera::send(std::vector<at::Tensor>
   at::Tensor tensor = Single(tensors, "send");
   auto work = c10::make_intrusive<TesseraWork>(rank_, c10d::OpType::SEND,
                                                std::vector<at::Tensor>{tensor});
-  // The bytes are copied as the message is queued: the send is complete at once.
+  // The bytes are copied as the message is queued: the send is complete at once, and its
+  // outcome is in the Work.
   at::Tensor buffer = Contiguous(tensor);
-  Finish(metrics_, *work, [&] {
+  (void)Finish(metrics_, *work, [&] {
     return member_->Send(buffer.data_ptr(), buffer.numel() * buffer.element_size(), dst,
                          static_cast<uint32_t>(tag),
                          Describe("send", tensor) + " to rank " + std::to_string(dst));
