@@ -125,6 +125,15 @@ void CheckLike(const std::vector<at::Tensor>& list, const at::Tensor& like, size
   }
 }
 
+// Checks that `whole` (the `which` of a _base op) holds `group` x `part`'s elements and dtype.
+void CheckGroupSized(const at::Tensor& whole, const char* which, const at::Tensor& part,
+                     int group, const std::string& op) {
+  TORCH_CHECK(whole.scalar_type() == part.scalar_type() && whole.numel() == part.numel() * group,
+              "tessera: ", op, ": the ", which, " holds ", whole.numel(), " x ",
+              c10::toString(whole.scalar_type()), "; it must hold ", group, " x ", part.numel(),
+              " x ", c10::toString(part.scalar_type()));
+}
+
 // The tensor itself if it is contiguous, else a contiguous copy (written back by CopyBack).
 at::Tensor Contiguous(const at::Tensor& tensor) {
   return tensor.is_contiguous() ? tensor : tensor.contiguous();
@@ -427,11 +436,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTessera::_allgather_base(
     at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
   const DataType dtype = CheckTensor(input, "_allgather_base");
   CheckTensor(output, "_allgather_base");
-  TORCH_CHECK(output.scalar_type() == input.scalar_type() &&
-                  output.numel() == input.numel() * size_,
-              "tessera: _allgather_base: the output holds ", output.numel(), " x ",
-              c10::toString(output.scalar_type()), "; it must hold ", size_, " x ",
-              input.numel(), " x ", c10::toString(input.scalar_type()));
+  CheckGroupSized(output, "output", input, size_, "_allgather_base");
   auto work = c10::make_intrusive<TesseraWork>(rank_, c10d::OpType::_ALLGATHER_BASE,
                                                std::vector<at::Tensor>{output});
   const std::string what = Describe("allgather", input);
@@ -546,11 +551,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTessera::_reduce_scatter_base(
     at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
   const DataType dtype = CheckTensor(output, "_reduce_scatter_base");
   CheckTensor(input, "_reduce_scatter_base");
-  TORCH_CHECK(input.scalar_type() == output.scalar_type() &&
-                  input.numel() == output.numel() * size_,
-              "tessera: _reduce_scatter_base: the input holds ", input.numel(), " x ",
-              c10::toString(input.scalar_type()), "; it must hold ", size_, " x ",
-              output.numel(), " x ", c10::toString(output.scalar_type()));
+  CheckGroupSized(input, "input", output, size_, "_reduce_scatter_base");
   StatusOr<ReduceOp> op = ReduceOpOf(opts.reduceOp);
   Check(op.status(), "_reduce_scatter_base");
   auto work = c10::make_intrusive<TesseraWork>(rank_, c10d::OpType::_REDUCE_SCATTER_BASE,
