@@ -1,5 +1,7 @@
 #include "common/base/host_port.h"
 
+#include <unistd.h>
+
 #include <cctype>
 
 #include "common/base/quote.h"
@@ -87,6 +89,11 @@ std::string JoinHostPort(std::string_view host, int port) {
     out = std::string(host);
   }
   return out + ":" + std::to_string(port);
+}
+
+std::string LocalHostName() {
+  char name[256] = {0};
+  return gethostname(name, sizeof(name) - 1) == 0 ? std::string(name) : std::string();
 }
 
 }  // namespace tessera

@@ -22,6 +22,9 @@ StatusOr<std::pair<std::string, int>> ParseHostPort(std::string_view text);
 // The inverse: brackets `host` when it contains ':' (IPv6).
 std::string JoinHostPort(std::string_view host, int port);
 
+// This machine's name (gethostname), or "" when it cannot be had.
+std::string LocalHostName();
+
 }  // namespace tessera
 
 #endif  // TESSERA_COMMON_BASE_HOST_PORT_H_

@@ -7,6 +7,7 @@
 #include <future>
 #include <vector>
 
+#include "common/base/host_port.h"
 #include "common/base/logging.h"
 #include "common/metrics/metric_names.h"
 
@@ -33,8 +34,6 @@ RendezvousOptions RendezvousOptionsFrom(const ProcessConfig& config) {
   options.heartbeat_interval_ms = config.heartbeat_interval_ms;
   options.heartbeat_timeout_ms = config.heartbeat_timeout_ms;
   options.request_timeout_ms = config.request_timeout_ms;
-  char host[256] = {0};
-  if (gethostname(host, sizeof(host) - 1) == 0) options.host = host;
   return options;
 }
 
@@ -74,7 +73,7 @@ StatusOr<std::unique_ptr<RendezvousClient>> RendezvousClient::Join(
   request.requested_rank = options.requested_rank;
   request.address = endpoint->address();
   request.metrics_address = options.metrics_address;
-  request.host = options.host;
+  request.host = options.host.empty() ? LocalHostName() : options.host;
   request.pid = static_cast<int64_t>(getpid());
   request.num_workers = options.num_workers;
   TLOG(INFO) << "registering as " << me << " with the coordinator at "

@@ -38,7 +38,7 @@ struct RendezvousOptions {
   // from the registrations; 0 for servers.
   int num_workers = 0;
   std::string metrics_address;      // http://HOST:PORT/metrics
-  std::string host;
+  std::string host;                 // empty: this machine's name (LocalHostName)
   int64_t rendezvous_timeout_ms = 60000;
   int64_t heartbeat_interval_ms = 1000;
   int64_t heartbeat_timeout_ms = 10000;

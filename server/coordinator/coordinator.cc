@@ -4,12 +4,17 @@
 #include <iterator>
 #include <thread>
 
+#include "common/base/host_port.h"
 #include "common/base/logging.h"
+#include "common/base/process_alive.h"
 #include "common/metrics/metric_names.h"
 #include "common/transport/zmq/zmq_transport.h"
 
 namespace tessera::server {
 namespace {
+
+// How often CheckLocalProcesses looks (a kill() and a /proc read per member of this host).
+constexpr int64_t kLocalCheckMs = 200;
 
 // The requests the coordinator serves.
 constexpr MessageType kHandledTypes[] = {MessageType::kRegisterRequest, MessageType::kHeartbeat,
@@ -85,6 +90,9 @@ Status Coordinator::RegisterMetrics(MetricsRegistry* metrics) {
   return OkStatus();
 }
 
+Coordinator::Coordinator(RpcEndpoint* endpoint, const CoordinatorOptions& options)
+    : endpoint_(endpoint), options_(options), host_(LocalHostName()) {}
+
 Status Coordinator::Run(const std::function<bool()>& stop_requested) {
   if (IsFleet()) {
     TLOG(INFO) << "long-running fleet: waiting for " << options_.num_servers
@@ -119,6 +127,9 @@ Status Coordinator::Run(const std::function<bool()>& stop_requested) {
       }
     }
   }
+  // A fleet is often stopped because one of its processes died (tessera-launch stops the
+  // rest at once): whoever is still attached learns which, instead of a lost coordinator.
+  CheckLocalProcesses();
   inbox_.Close();
   return OkStatus();
 }
@@ -478,6 +489,21 @@ void Coordinator::TryReleaseBarriers() {
   }
 }
 
+void Coordinator::CheckLocalProcesses() {
+  if (host_.empty()) return;
+  bool failed = false;
+  for (auto& [key, member] : members_) {
+    if (member.info.state != MemberState::kAlive || member.info.host != host_ ||
+        member.info.pid <= 0 || ProcessAlive(static_cast<pid_t>(member.info.pid))) {
+      continue;
+    }
+    DeclareFailed(member, "its process (pid " + std::to_string(member.info.pid) + " on " + host_ +
+                              ") is gone: it crashed or was killed");
+    failed = true;
+  }
+  if (failed) MaybeEndJob();  // not inside the loop: it erases members
+}
+
 void Coordinator::DeclareFailed(Member& member, const std::string& reason) {
   member.info.state = MemberState::kFailed;
   ++epoch_;
@@ -549,6 +575,10 @@ Status Coordinator::CheckTimers() {
     }
     TLOG(ERROR) << failure.message();
     return failure;
+  }
+  if (now >= next_local_check_) {
+    next_local_check_ = now + std::chrono::milliseconds(kLocalCheckMs);
+    CheckLocalProcesses();
   }
   for (auto& [key, member] : members_) {
     if (member.info.state != MemberState::kAlive) continue;

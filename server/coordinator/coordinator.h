@@ -4,7 +4,11 @@
 // process has registered, each gets the FleetView: everyone's rank and address, and for
 // servers their key ranges. After that the coordinator
 //   - answers heartbeats, and declares a member failed when it has been silent for
-//     heartbeat_timeout; every other live member then gets a FailureNotice naming it;
+//     heartbeat_timeout, or at once when it registered from the coordinator's own host and
+//     its process is gone (crashed or killed: checked every kLocalCheckMs, and once more when
+//     the coordinator stops, so that a fleet shut down because one of its processes died
+//     still tells the others which); every other live member then gets a FailureNotice
+//     naming it;
 //   - runs barriers over all members or one role, releasing them when every live participant
 //     has arrived, or failing them naming who is missing (timeout) or who failed;
 //   - records clean departures (Goodbye), which are not failures.
@@ -103,8 +107,7 @@ class Coordinator {
     std::map<MemberKey, Arrival> arrived;
   };
 
-  Coordinator(RpcEndpoint* endpoint, const CoordinatorOptions& options)
-      : endpoint_(endpoint), options_(options) {}
+  Coordinator(RpcEndpoint* endpoint, const CoordinatorOptions& options);
   Status RegisterMetrics(MetricsRegistry* metrics);
 
   void Handle(const Envelope& envelope);
@@ -113,6 +116,8 @@ class Coordinator {
   void HandleBarrier(const Envelope& envelope);
   void HandleGoodbye(const Envelope& envelope);
   Status CheckTimers();
+  // Declares failed every live member of this host whose process is gone.
+  void CheckLocalProcesses();
 
   void CompleteRendezvous();
   bool IsFleet() const { return options_.num_workers == 0; }
@@ -154,6 +159,8 @@ class Coordinator {
   int jobs_done_ = 0;
   SteadyClock::time_point job_started_;
   SteadyClock::time_point started_ = SteadyClock::now();
+  const std::string host_;  // LocalHostName(): members registered with it are checked by pid
+  SteadyClock::time_point next_local_check_;
 
   GaugeFamily* members_gauge_ = nullptr;
   Counter* heartbeats_ = nullptr;

@@ -2,12 +2,15 @@
 #include "server/coordinator/coordinator.h"
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <future>
 #include <set>
 #include <thread>
 
+#include "common/messages/rendezvous_messages.h"
 #include "common/rendezvous/rendezvous_client.h"
 #include "common/transport/zmq/zmq_endpoint.h"
 
@@ -198,6 +201,49 @@ TEST(CoordinatorTest, SilentMemberIsDeclaredFailedAndOthersAreTold) {
   EXPECT_NE(barrier.message().find("worker 1"), std::string::npos) << barrier;
   EXPECT_NE(fleet.metrics.RenderText().find("tessera_failures_detected_total{role=\"worker\"} 1"),
             std::string::npos);
+}
+
+// A member registered from the coordinator's host whose process is gone is declared failed at
+// once, not after the heartbeat timeout (10 s here).
+TEST(CoordinatorTest, GoneLocalProcessIsDeclaredFailedAtOnce) {
+  Fleet fleet(0, 2, 10000, /*heartbeat_ms=*/10000);
+  char name[256] = {0};
+  ASSERT_EQ(gethostname(name, sizeof(name) - 1), 0);
+  const std::string host = name;
+  // A pid that no process has any more: a child that exited and was reaped.
+  const pid_t dead = fork();
+  if (dead == 0) _exit(0);
+  ASSERT_GT(dead, 0);
+  ASSERT_EQ(waitpid(dead, nullptr, 0), dead);
+  // worker 1 registers by hand, with the dead pid; worker 0 as usual, from this host.
+  auto raw = NewEndpoint();
+  RegisterRequest request;
+  request.role = Role::kWorker;
+  request.requested_rank = 1;
+  request.address = raw->address();
+  request.host = host;
+  request.pid = dead;
+  auto registered = raw->CallAsync(fleet.coordinator_endpoint->address(), request, 0,
+                                   Deadline::AfterMillis(10000), "registration of worker 1");
+  auto endpoint = NewEndpoint();
+  RendezvousOptions options = fleet.Options(Role::kWorker, 0, /*heartbeat_timeout_ms=*/10000);
+  options.host = host;
+  auto client = RendezvousClient::Join(endpoint.get(), options, nullptr);
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE(registered.get().ok());
+  std::promise<Status> told;
+  (*client)->SetFailureCallback([&](const Status& s) { told.set_value(s); });
+  auto future = told.get_future();
+  ASSERT_EQ(future.wait_for(std::chrono::seconds(3)), std::future_status::ready);
+  Status s = future.get();
+  EXPECT_EQ(s.code(), StatusCode::kAborted);
+  EXPECT_NE(s.message().find("worker 1"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("its process (pid " + std::to_string(dead) + " on " + host +
+                             ") is gone"),
+            std::string::npos)
+      << s;
+  endpoint->FailAll(CancelledError("test over"));
+  raw->FailAll(CancelledError("test over"));
 }
 
 TEST(CoordinatorTest, LostCoordinatorIsDetectedByClients) {

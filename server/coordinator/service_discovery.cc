@@ -1,7 +1,5 @@
 #include "server/coordinator/service_discovery.h"
 
-#include <unistd.h>
-
 #include <nlohmann/json.hpp>
 
 #include "common/base/atomic_file.h"
@@ -16,12 +14,6 @@ constexpr std::string_view kHttpScheme = "http://";
 
 bool IsUnspecifiedHost(std::string_view host) {
   return host == "0.0.0.0" || host == "::" || host == "0:0:0:0:0:0:0:0";
-}
-
-std::string LocalHostName() {
-  char name[256] = {};
-  if (gethostname(name, sizeof(name) - 1) != 0) return "";
-  return name;
 }
 
 }  // namespace

@@ -1,7 +1,5 @@
 #include "worker/torch/fleet_presence.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 
@@ -58,8 +56,6 @@ StatusOr<std::unique_ptr<FleetPresence>> FleetPresence::Start(
     join.requested_rank = options.rank;
     join.num_workers = options.world_size;
     join.metrics_address = presence->metrics_url();
-    char host[256] = {0};
-    if (gethostname(host, sizeof(host) - 1) == 0) join.host = host;
     join.rendezvous_timeout_ms = options.timeout_ms;
     join.request_timeout_ms = std::min<int64_t>(options.timeout_ms, 30000);
     // The torch ranks detect their own failures (the ring); another member's failure is the

@@ -49,6 +49,8 @@ class FleetPresence {
 
   MetricsRegistry* metrics() { return &metrics_; }
   BackendMetrics* backend_metrics() { return backend_metrics_.get(); }
+  // True when registered with a coordinator (TESSERA_COORDINATOR).
+  bool registered() const { return client_ != nullptr; }
   // http://HOST:PORT/metrics, or empty without a metrics port.
   std::string metrics_url() const { return http_ ? http_->url() : std::string(); }
 

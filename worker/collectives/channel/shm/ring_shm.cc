@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <sched.h>
-#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -16,9 +15,9 @@
 #include <climits>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <random>
 
+#include "common/base/process_alive.h"
 #include "common/base/role.h"
 
 namespace tessera::worker {
@@ -67,19 +66,6 @@ void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, int64_t timeout_u
 void RingBell(ControlBlock* control) {
   control->doorbell.fetch_add(1);
   if (control->sleepers.load() > 0) FutexWake(&control->doorbell);
-}
-
-// Whether `pid` is a live process here: a killed process that its parent has not reaped yet
-// still answers kill(pid, 0), so its state in /proc counts too.
-bool Alive(pid_t pid) {
-  if (kill(pid, 0) != 0 && errno == ESRCH) return false;
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!std::getline(stat, line)) return true;  // no /proc: trust kill
-  const size_t paren = line.rfind(')');
-  if (paren == std::string::npos || paren + 2 >= line.size()) return true;
-  const char state = line[paren + 2];
-  return state != 'Z' && state != 'X';
 }
 
 std::string Hex(uint64_t value) {
@@ -175,7 +161,7 @@ class RingShm::Segment {
       close(fd);
       return FailedPreconditionError(where + "its size or creator rank does not match its header");
     }
-    if (!Alive(pid)) {
+    if (!ProcessAlive(pid)) {
       close(fd);
       return FailedPreconditionError(where + "its creator, pid " + std::to_string(pid) +
                                      ", is not a live process here (another PID namespace?)");
@@ -567,12 +553,12 @@ Status RingShm::PeerStatus(bool for_recv) {
     if (inbound_->segment().control()->producer_closed.load() != 0) {
       return UnavailableError(From() + ": closed by the peer");
     }
-    if (!Alive(prev_pid_)) return UnavailableError(From() + ": the process exited");
+    if (!ProcessAlive(prev_pid_)) return UnavailableError(From() + ": the process exited");
   } else {
     if (own_->control()->consumer_closed.load() != 0) {
       return UnavailableError(To() + ": closed by the peer");
     }
-    if (!Alive(next_pid_)) return UnavailableError(To() + ": the process exited");
+    if (!ProcessAlive(next_pid_)) return UnavailableError(To() + ": the process exited");
   }
   return OkStatus();
 }
