@@ -78,27 +78,35 @@ TEST(FleetTest, FleetRegistersExchangesTensorsAndFinishes) {
 
 TEST(FleetTest, ProcessThatNeverArrivesIsNamedByEveryone) {
   FleetHarness fleet;
+  // Long enough for the three that come to register first even on a loaded machine (a
+  // sanitizer build starts a process in seconds there); the test checks that they did, or the
+  // coordinator would rightly name them as missing too.
+  const std::string timeout_ms = "6000";
   auto coordinator = fleet.StartCoordinator(
-      {"--num-servers", "1", "--num-workers", "3", "--rendezvous-timeout-ms", "2000"});
+      {"--num-servers", "1", "--num-workers", "3", "--rendezvous-timeout-ms", timeout_ms});
   ASSERT_TRUE(coordinator.ok()) << coordinator.status();
   std::vector<std::string> join = {"--coordinator", *coordinator, "--num-servers", "1",
-                                   "--num-workers", "3", "--rendezvous-timeout-ms", "2000"};
+                                   "--num-workers", "3", "--rendezvous-timeout-ms", timeout_ms};
   std::vector<int> started;
   started.push_back(*fleet.Start("server 0", "server/ps/tessera-server", Concat(join, {"--rank", "0"})));
   for (int r : {0, 2}) {  // worker 1 never comes
     started.push_back(*fleet.Start("worker " + std::to_string(r), "worker/tessera-worker",
                                    Concat(join, {"--mode", "smoke", "--rank", std::to_string(r)})));
   }
+  for (const char* member : {"server 0 registered", "worker 0 registered", "worker 2 registered"}) {
+    ASSERT_TRUE(fleet.WaitForLine(0, member, Deadline::AfterMillis(kJobMs)).ok())
+        << fleet.Output(0);
+  }
   for (int id : started) {
     auto exit = fleet.WaitExit(id, Deadline::AfterMillis(kJobMs));
     ASSERT_TRUE(exit.ok()) << exit.status();
     EXPECT_FALSE(exit->success()) << fleet.Output(id);
-    EXPECT_NE(fleet.Output(id).find("missing worker 1"), std::string::npos) << fleet.Output(id);
+    EXPECT_NE(fleet.Output(id).find("missing worker 1 "), std::string::npos) << fleet.Output(id);
   }
   auto coordinator_exit = fleet.WaitExit(0, Deadline::AfterMillis(kJobMs));
   ASSERT_TRUE(coordinator_exit.ok());
   EXPECT_FALSE(coordinator_exit->success());
-  EXPECT_NE(fleet.Output(0).find("missing worker 1"), std::string::npos);
+  EXPECT_NE(fleet.Output(0).find("missing worker 1 "), std::string::npos) << fleet.Output(0);
 }
 
 TEST(FleetTest, KilledWorkerIsReportedToEveryOtherProcessByRoleAndRank) {
