@@ -235,9 +235,11 @@ TEST(FleetTest, ServerAnswersGarbageWithErrorsAndKeepsServing) {
   }
 
   // A correct request on the same connection: pull the probe worker 0 pushed (chunk 0 of the
-  // smoke job's ps-async probe job, key 0 on server 0; the job token names the job's workers).
+  // smoke job's ps-async probe job, key 0 on server 0; the job token names the job's workers:
+  // rank, pid and address).
   FleetView view;
-  view.members.push_back({Role::kWorker, 0, "", "", "", fleet.process(ids.workers[0]).pid});
+  view.members.push_back({Role::kWorker, 0, fleet.process(ids.workers[0]).address, "", "",
+                          fleet.process(ids.workers[0]).pid});
   PsPushPullRequest pull{{}, false, PsJobToken(view)};
   pull.tensors.push_back(TensorData{"worker0.probe", 0, DataType::kFloat32, {1024}, Payload()});
   MessageHeader header;

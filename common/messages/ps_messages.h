@@ -30,6 +30,7 @@ struct PsPushPullRequest {
   std::vector<TensorData> tensors;  // chunks by key; bytes only with gradients
   bool has_gradients = false;
   uint64_t job_token = 0;  // a request of another job than the servers' waits for its init
+  std::string model;       // a worker's first pull: DescribePsModel of its model, else empty
 };
 
 struct PsPushPullReply {

@@ -98,10 +98,10 @@ inline constexpr MetricName kPsWaitingRequests{
 inline constexpr MetricName kPsClientLatencySeconds{
     "tessera_ps_client_latency_seconds",
     "Worker-side time from sending a parameter-server request to its reply."};
-// counter; labels: op.
+// counter; labels: op (push_pull, sparse_push, sparse_pull; sparse ops count row ids too).
 inline constexpr MetricName kPsClientBytesSentTotal{
     "tessera_ps_client_bytes_sent_total", "Tensor bytes workers sent to servers, by operation."};
-// counter; labels: op.
+// counter; labels: op (as kPsClientBytesSentTotal).
 inline constexpr MetricName kPsClientBytesReceivedTotal{
     "tessera_ps_client_bytes_received_total",
     "Tensor bytes workers received from servers, by operation."};

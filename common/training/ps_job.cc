@@ -1,7 +1,10 @@
 #include "common/training/ps_job.h"
 
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
+#include "common/base/quote.h"
 #include "common/messages/fleet_view.h"
 
 namespace tessera {
@@ -48,6 +51,7 @@ std::string EncodePsJobConfig(const PsJobConfig& c) {
       {"layout_fingerprint", c.layout_fingerprint},
       {"chunk_elements", c.chunk_elements},
       {"tables", tables},
+      {"model", c.model},
   };
   return j.dump();
 }
@@ -83,6 +87,7 @@ StatusOr<PsJobConfig> DecodePsJobConfig(std::string_view json) {
     c.dense_elements = j.at("dense_elements").get<uint64_t>();
     c.layout_fingerprint = j.at("layout_fingerprint").get<uint64_t>();
     c.chunk_elements = j.at("chunk_elements").get<uint64_t>();
+    c.model = j.value("model", std::string());
     for (const auto& t : j.at("tables")) {
       c.tables.push_back({t.at("name").get<std::string>(), t.at("rows").get<int64_t>(),
                           t.at("dim").get<int64_t>(), t.at("init_seed").get<uint64_t>()});
@@ -102,6 +107,14 @@ Status ValidatePsJobConfig(const PsJobConfig& c) {
     return InvalidArgumentError("--staleness=" + std::to_string(c.staleness) + " is negative");
   }
   if (c.chunk_elements < 1) return InvalidArgumentError("ps job config: chunk_elements is 0");
+  for (size_t t = 0; t < c.tables.size(); ++t) {
+    for (size_t u = 0; u < t; ++u) {
+      if (c.tables[u].name == c.tables[t].name) {
+        return InvalidArgumentError("ps job config: two embedding tables are named '" +
+                                    c.tables[t].name + "'");
+      }
+    }
+  }
   for (const EmbeddingTableSpec& t : c.tables) {
     if (t.rows < 1 || t.dim < 1) {
       return InvalidArgumentError("ps job config: embedding table '" + t.name + "' has " +
@@ -118,6 +131,9 @@ uint64_t PsJobToken(const FleetView& view) {
     for (uint64_t part : {static_cast<uint64_t>(worker->rank), static_cast<uint64_t>(worker->pid)}) {
       token = (token ^ part) * 0x100000001b3ULL;
     }
+    // A process may run one job after another (a notebook, a benchmark): its endpoint, and so
+    // its address, is new for each.
+    for (char c : worker->address) token = (token ^ static_cast<uint8_t>(c)) * 0x100000001b3ULL;
   }
   return token;
 }
@@ -157,6 +173,64 @@ int SparseRowOwner(size_t table, int64_t id, int num_servers) {
   x *= 0x94d049bb133111ebULL;
   x ^= x >> 29;
   return static_cast<int>(x % static_cast<uint64_t>(num_servers));
+}
+
+std::string DescribePsModel(const ParameterLayout& layout,
+                            const std::vector<EmbeddingTableSpec>& tables) {
+  nlohmann::json params = nlohmann::json::array();
+  for (const ParameterView& view : layout.views()) params.push_back({view.name, view.shape});
+  nlohmann::json specs = nlohmann::json::array();
+  for (const EmbeddingTableSpec& t : tables) specs.push_back({t.name, t.rows, t.dim});
+  return nlohmann::json{{"parameters", params}, {"tables", specs}}.dump();
+}
+
+namespace {
+
+// "'0.weight' [16, 8]"; for a table "'users' (1000 rows of 16)".
+std::string DescribeEntry(const nlohmann::json& entry, bool table) {
+  std::string text = Quote(entry.at(0).get<std::string>());
+  if (table) {
+    return text + " (" + std::to_string(entry.at(1).get<int64_t>()) + " rows of " +
+           std::to_string(entry.at(2).get<int64_t>()) + ")";
+  }
+  text += " [";
+  bool first = true;
+  for (const auto& d : entry.at(1)) {
+    text += (first ? "" : ", ") + std::to_string(d.get<int64_t>());
+    first = false;
+  }
+  return text + "]";
+}
+
+}  // namespace
+
+Status CheckPsModel(std::string_view job_model, std::string_view worker_model, int worker_rank) {
+  const std::string worker = "worker " + std::to_string(worker_rank);
+  try {
+    const nlohmann::json job = nlohmann::json::parse(job_model);
+    const nlohmann::json mine = nlohmann::json::parse(worker_model);
+    for (const char* part : {"parameters", "tables"}) {
+      const bool table = std::string_view(part) == "tables";
+      const char* noun = table ? "embedding table" : "parameter";
+      const auto& expected = job.at(part);
+      const auto& got = mine.at(part);
+      for (size_t i = 0; i < std::max(expected.size(), got.size()); ++i) {
+        const std::string on_worker =
+            i < got.size() ? DescribeEntry(got[i], table) : std::string("missing");
+        const std::string on_rank0 =
+            i < expected.size() ? DescribeEntry(expected[i], table) : std::string("missing");
+        if (on_worker == on_rank0) continue;
+        return FailedPreconditionError(
+            worker + "'s model differs from rank 0's: " + noun + " " + std::to_string(i) + " is " +
+            on_worker + " on " + worker + ", " + on_rank0 + " on rank 0 (" +
+            std::to_string(got.size()) + " and " + std::to_string(expected.size()) + " " + part +
+            "); every worker of a job must build the same model");
+      }
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return InvalidArgumentError(worker + "'s model description: " + e.what());
+  }
+  return OkStatus();
 }
 
 }  // namespace tessera

@@ -22,6 +22,7 @@
 #include "common/training/embedding_table.h"
 #include "common/training/lr_schedule.h"
 #include "common/training/optimizer.h"
+#include "common/training/parameter_layout.h"
 
 namespace tessera {
 
@@ -41,6 +42,8 @@ struct PsJobConfig {
   uint64_t layout_fingerprint = 0; // ParameterLayout::Fingerprint of the model
   uint64_t chunk_elements = 1 << 16;
   std::vector<EmbeddingTableSpec> tables;
+  // DescribePsModel of rank 0's model; empty from a writer that predates it (not checked).
+  std::string model;
 };
 
 std::string EncodePsJobConfig(const PsJobConfig& config);
@@ -64,9 +67,20 @@ StatusOr<std::vector<DenseChunk>> PlanDenseChunks(uint64_t elements, uint64_t ch
                                                   int num_servers, uint64_t key_space);
 
 // The job token of PsInitRequest and PsPushPullRequest: the same on every worker of a job (it
-// hashes the ranks and pids of the workers in the fleet view), different for the next job's
-// workers, so long-running servers tell one job's requests from the next's.
+// hashes the ranks, pids and addresses of the workers in the fleet view), different for the
+// next job's workers, even from the same processes, so long-running servers tell one job's
+// requests from the next's.
 uint64_t PsJobToken(const FleetView& view);
+
+// A model as the servers check it: its dense parameters' names and shapes in order and its
+// embedding tables' names, rows and dims, as JSON.
+std::string DescribePsModel(const ParameterLayout& layout,
+                            const std::vector<EmbeddingTableSpec>& tables);
+// OK when `worker_model` (a DescribePsModel) equals `job_model` (rank 0's), else
+// FailedPrecondition naming the first difference on both sides, e.g. "worker 1's model
+// differs from rank 0's: parameter 0 is '0.weight' [3, 8] on worker 1, '0.weight' [16, 8] on
+// rank 0"; InvalidArgument when `worker_model` is not a model description.
+Status CheckPsModel(std::string_view job_model, std::string_view worker_model, int worker_rank);
 
 // The server holding row `id` of embedding table `table` (its index in the job's tables).
 int SparseRowOwner(size_t table, int64_t id, int num_servers);

@@ -21,12 +21,14 @@ TEST(PsJobTest, ConfigRoundTripsThroughJson) {
   config.layout_fingerprint = 0xfedcba9876543210ULL;
   config.chunk_elements = 1000;
   config.tables = {{"emb.0", 50, 8, 17}};
+  config.model = "{\"parameters\": []}";
   auto decoded = DecodePsJobConfig(EncodePsJobConfig(config));
   ASSERT_TRUE(decoded.ok()) << decoded.status();
   EXPECT_EQ(EncodePsJobConfig(*decoded), EncodePsJobConfig(config));
   EXPECT_EQ(decoded->optimizer.lr, 0.0123f);
   EXPECT_EQ(decoded->layout_fingerprint, 0xfedcba9876543210ULL);
   EXPECT_EQ(decoded->tables[0].init_seed, 17u);
+  EXPECT_EQ(decoded->model, config.model);
   EXPECT_FALSE(DecodePsJobConfig("{\"mode\": \"ps-sync\"}").ok());
   EXPECT_NE(DecodePsJobConfig("{}").status().message().find("ps job config"), std::string::npos);
   config.staleness = -1;
@@ -56,6 +58,60 @@ TEST(PsJobTest, ChunksCoverTheBufferRoundRobinWithKeysInTheOwnersRange) {
   Status too_many = PlanDenseChunks(1000000, 1, 2, 100).status();
   EXPECT_NE(too_many.message().find("--ps-chunk-elements"), std::string::npos) << too_many;
   EXPECT_FALSE(PlanDenseChunks(10, 1, 0, 100).ok());
+}
+
+TEST(PsJobTest, ModelChecksNameTheFirstDifferenceOnBothSides) {
+  ParameterLayout job;
+  ASSERT_TRUE(job.Add("0.weight", {16, 8}).ok());
+  ASSERT_TRUE(job.Add("0.bias", {16}).ok());
+  const std::vector<EmbeddingTableSpec> tables = {{"users", 1000, 4, 0}};
+  const std::string rank0 = DescribePsModel(job, tables);
+  EXPECT_TRUE(CheckPsModel(rank0, rank0, 1).ok());
+
+  ParameterLayout other_shape;
+  ASSERT_TRUE(other_shape.Add("0.weight", {3, 8}).ok());
+  ASSERT_TRUE(other_shape.Add("0.bias", {16}).ok());
+  Status s = CheckPsModel(rank0, DescribePsModel(other_shape, tables), 2);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("worker 2's model differs from rank 0's: parameter 0 is "
+                             "\"0.weight\" [3, 8] on worker 2, \"0.weight\" [16, 8] on rank 0"),
+            std::string::npos)
+      << s;
+
+  ParameterLayout fewer;
+  ASSERT_TRUE(fewer.Add("0.weight", {16, 8}).ok());
+  s = CheckPsModel(rank0, DescribePsModel(fewer, tables), 1);
+  EXPECT_NE(s.message().find("parameter 1 is missing on worker 1, \"0.bias\" [16] on rank 0"),
+            std::string::npos)
+      << s;
+
+  s = CheckPsModel(rank0, DescribePsModel(job, {{"users", 999, 4, 0}}), 1);
+  EXPECT_NE(s.message().find("embedding table 0 is \"users\" (999 rows of 4) on worker 1, "
+                             "\"users\" (1000 rows of 4) on rank 0"),
+            std::string::npos)
+      << s;
+
+  EXPECT_EQ(CheckPsModel(rank0, "not json", 1).code(), StatusCode::kInvalidArgument);
+}
+
+// The same processes running a second job (new endpoints, so new addresses) get a new token:
+// a long-running server must not take the second job's init for a copy of the first's.
+TEST(PsJobTest, JobTokensDifferForTheNextJobOfTheSameProcesses) {
+  FleetView first;
+  MemberInfo worker;
+  worker.role = Role::kWorker;
+  worker.rank = 0;
+  worker.pid = 1234;
+  worker.address = "tcp://127.0.0.1:40001";
+  first.members.push_back(worker);
+  FleetView same = first;
+  EXPECT_EQ(PsJobToken(first), PsJobToken(same));
+  FleetView next = first;
+  next.members[0].address = "tcp://127.0.0.1:40002";
+  EXPECT_NE(PsJobToken(first), PsJobToken(next));
+  FleetView other_pid = first;
+  other_pid.members[0].pid = 1235;
+  EXPECT_NE(PsJobToken(first), PsJobToken(other_pid));
 }
 
 TEST(PsJobTest, SparseRowsSpreadOverServers) {

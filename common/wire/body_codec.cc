@@ -245,8 +245,8 @@ class BodyEncoder {
   }
   Encoded operator()(PsPushPullRequest& b) {
     auto tensors = EncodeTensors(fbb_, std::move(b.tensors), payloads_);
-    return As(proto::CreatePsPushPullRequestDirect(fbb_, &tensors, b.has_gradients,
-                                                   b.job_token));
+    return As(proto::CreatePsPushPullRequestDirect(
+        fbb_, &tensors, b.has_gradients, b.job_token, b.model.empty() ? nullptr : b.model.c_str()));
   }
   Encoded operator()(PsPushPullReply& b) {
     auto tensors = EncodeTensors(fbb_, std::move(b.tensors), payloads_);
@@ -459,7 +459,7 @@ StatusOr<MessageBody> DecodeBody(const proto::Header& header, const Message& mes
     case proto::Body::PsPushPullRequest: {
       const auto& b = *header.body_as_PsPushPullRequest();
       return MessageBody(PsPushPullRequest{DecodeTensors(b.tensors(), message), b.has_gradients(),
-                               b.job_token()});
+                                           b.job_token(), Str(b.model())});
     }
     case proto::Body::PsPushPullReply:
       return MessageBody(PsPushPullReply{DecodeTensors(header.body_as_PsPushPullReply()->tensors(), message)});

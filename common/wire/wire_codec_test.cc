@@ -28,6 +28,7 @@ Message PushOf(std::vector<float> values, std::vector<int64_t> shape) {
   push.tensors.push_back(std::move(tensor));
   push.has_gradients = true;
   push.job_token = 11;
+  push.model = "{}";
   return EncodeMessage(WorkerHeader(3), std::move(push));
 }
 
@@ -74,6 +75,7 @@ TEST(WireCodecTest, RoundTripPushPull) {
   const auto& push = std::get<PsPushPullRequest>(d.body);
   EXPECT_TRUE(push.has_gradients);
   EXPECT_EQ(push.job_token, 11u);
+  EXPECT_EQ(push.model, "{}");
   ASSERT_EQ(push.tensors.size(), 1u);
   EXPECT_EQ(push.tensors[0].name, "layer0.w");
   EXPECT_EQ(push.tensors[0].key, 7u);

@@ -114,6 +114,9 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
     switch (type) {
       case MessageType::kPsPushPullRequest:
         status = CheckRank(*job, request);
+        if (status.ok() && !push_pull->model.empty() && !job->config.model.empty()) {
+          status = CheckPsModel(job->config.model, push_pull->model, request.header.sender_rank);
+        }
         if (status.ok()) {
           status = job->dense->PushPull(request.header.sender_rank, request.header.step,
                                         push_pull->tensors, push_pull->has_gradients,

@@ -1,5 +1,6 @@
 #include "worker/engines/ps_engine.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <future>
@@ -69,11 +70,13 @@ StatusOr<std::unique_ptr<PsEngine>> PsEngine::Create(const PsEngineOptions& opti
   ASSIGN_OR_RETURN(CounterFamily * sent,
                    metrics->RegisterCounter(names::kPsClientBytesSentTotal.name,
                                             names::kPsClientBytesSentTotal.help, {"op"}));
-  ASSIGN_OR_RETURN(engine->bytes_sent_, sent->WithLabels({"push_pull"}));
   ASSIGN_OR_RETURN(CounterFamily * received,
                    metrics->RegisterCounter(names::kPsClientBytesReceivedTotal.name,
                                             names::kPsClientBytesReceivedTotal.help, {"op"}));
-  ASSIGN_OR_RETURN(engine->bytes_received_, received->WithLabels({"push_pull"}));
+  for (int i = 0; i < 3; ++i) {
+    ASSIGN_OR_RETURN(engine->bytes_sent_[i], sent->WithLabels({ops[i]}));
+    ASSIGN_OR_RETURN(engine->bytes_received_[i], received->WithLabels({ops[i]}));
+  }
   return engine;
 }
 
@@ -126,6 +129,7 @@ Status PsEngine::Initialize(const ParameterLayout& layout,
   config.layout_fingerprint = layout.Fingerprint();
   config.chunk_elements = options_.chunk_elements;
   config.tables = tables;
+  config.model = DescribePsModel(layout, tables);
   RETURN_IF_ERROR(ValidatePsJobConfig(config));
   // A server is in the fleet view from the moment it registers but serves ps-* requests only
   // once its PsService is installed, a moment later: a job attaching to a fleet that is still
@@ -175,7 +179,7 @@ Status PsEngine::Initialize(const ParameterLayout& layout,
   }
   // Everyone, rank 0 included, starts from the servers' values.
   while (true) {
-    Status pulled = PushPull(/*step=*/1, /*grads=*/nullptr, params);
+    Status pulled = PushPull(/*step=*/1, /*grads=*/nullptr, params, config.model);
     if (pulled.ok()) break;
     if (!IsStillStarting(pulled, serving_deadline)) return pulled.WithContext("initial pull");
     std::this_thread::sleep_for(std::chrono::milliseconds(kStartingRetryMs));
@@ -183,28 +187,82 @@ Status PsEngine::Initialize(const ParameterLayout& layout,
   return OkStatus();
 }
 
-Status PsEngine::PushPull(int64_t step, const float* grads, float* params) {
+std::pair<PsEngine::Reply, std::string> PsEngine::SendChunks(int64_t step,
+                                                             const std::vector<size_t>& group,
+                                                             const float* grads,
+                                                             const std::string& model,
+                                                             double* sent) {
+  const bool push = grads != nullptr;
+  const int server = chunks_[group[0]].server;
+  PsPushPullRequest request{{}, push, job_token_, model};
+  for (size_t i : group) {
+    const DenseChunk& chunk = chunks_[i];
+    request.tensors.push_back(ChunkTensor(chunk, push ? grads + chunk.offset : nullptr));
+    if (push) *sent += static_cast<double>(chunk.size * sizeof(float));
+  }
+  std::string what = std::string(push ? "push-pull" : "pull") + " of step " +
+                     std::to_string(step) + " (" + std::to_string(group.size()) +
+                     " chunks from chunk " + std::to_string(chunks_[group[0]].index) +
+                     ") with server " + std::to_string(server);
+  Reply reply = Send(server, std::move(request), step, what);
+  return {std::move(reply), std::move(what)};
+}
+
+void PsEngine::OnBackwardStart(int64_t step, float* grads) {
+  early_step_ = grads != nullptr ? step : 0;
+  early_grads_ = grads;
+  unready_.resize(chunks_.size());
+  for (size_t i = 0; i < chunks_.size(); ++i) unready_[i] = chunks_[i].size;
+  early_sent_.assign(chunks_.size(), false);
+  early_replies_.clear();
+  early_groups_.clear();
+  early_bytes_ = 0;
+}
+
+void PsEngine::OnGradientsReady(uint64_t offset, uint64_t size) {
+  if (early_step_ == 0 || chunks_.empty() || size == 0) return;
+  const uint64_t end = offset + size;
+  // Chunks are contiguous and in order: the first one that reaches past `offset`, on.
+  auto first = std::upper_bound(
+      chunks_.begin(), chunks_.end(), offset,
+      [](uint64_t at, const DenseChunk& c) { return at < c.offset + c.size; });
+  for (auto it = first; it != chunks_.end() && it->offset < end; ++it) {
+    const size_t i = static_cast<size_t>(it - chunks_.begin());
+    const uint64_t covered = std::min(end, it->offset + it->size) - std::max(offset, it->offset);
+    unready_[i] -= std::min(unready_[i], covered);
+    if (unready_[i] != 0 || early_sent_[i]) continue;
+    early_sent_[i] = true;
+    early_groups_.push_back({i});
+    early_replies_.push_back(SendChunks(early_step_, {i}, early_grads_, "", &early_bytes_));
+  }
+}
+
+Status PsEngine::PushPull(int64_t step, const float* grads, float* params,
+                          const std::string& model) {
   const bool push = grads != nullptr;
   std::vector<std::pair<Reply, std::string>> replies;
   std::vector<std::vector<size_t>> groups;  // the chunks of each request
   double sent = 0;
+  const bool early = push && early_step_ == step;
+  if (early) {
+    replies = std::move(early_replies_);
+    groups = std::move(early_groups_);
+    sent = early_bytes_;
+  }
+  early_step_ = 0;
+  early_replies_.clear();
+  early_groups_.clear();
+  const size_t per = static_cast<size_t>(std::max(1, options_.chunks_per_request));
   for (int s = 0; s < view_.num_servers; ++s) {
-    const auto& mine = chunks_of_server_[s];
-    const size_t per = static_cast<size_t>(std::max(1, options_.chunks_per_request));
-    for (size_t begin = 0; begin < mine.size(); begin += per) {
-      std::vector<size_t> group(mine.begin() + begin,
-                                mine.begin() + std::min(mine.size(), begin + per));
-      PsPushPullRequest request{{}, push, job_token_};
-      for (size_t i : group) {
-        const DenseChunk& chunk = chunks_[i];
-        request.tensors.push_back(ChunkTensor(chunk, push ? grads + chunk.offset : nullptr));
-        if (push) sent += static_cast<double>(chunk.size * sizeof(float));
-      }
-      std::string what = std::string(push ? "push-pull" : "pull") + " of step " +
-                         std::to_string(step) + " (" + std::to_string(group.size()) +
-                         " chunks from chunk " + std::to_string(chunks_[group[0]].index) +
-                         ") with server " + std::to_string(s);
-      replies.emplace_back(Send(s, std::move(request), step, what), what);
+    std::vector<size_t> left;
+    for (size_t i : chunks_of_server_[s]) {
+      if (!early || !early_sent_[i]) left.push_back(i);
+    }
+    for (size_t begin = 0; begin < left.size(); begin += per) {
+      std::vector<size_t> group(left.begin() + static_cast<std::ptrdiff_t>(begin),
+                                left.begin() + static_cast<std::ptrdiff_t>(
+                                                   std::min(left.size(), begin + per)));
+      replies.push_back(SendChunks(step, group, grads, model, &sent));
       groups.push_back(std::move(group));
     }
   }
@@ -212,7 +270,7 @@ Status PsEngine::PushPull(int64_t step, const float* grads, float* params) {
   std::vector<StatusOr<Envelope>> results;
   RETURN_IF_ERROR(WaitAll(&replies, &results));
   latency_[kPushPull]->Observe(std::chrono::duration<double>(SteadyClock::now() - started).count());
-  bytes_sent_->Increment(sent);
+  bytes_sent_[kPushPull]->Increment(sent);
   for (size_t r = 0; r < results.size(); ++r) {
     ASSIGN_OR_RETURN(PsPushPullReply reply,
                      TakeBody<PsPushPullReply>(std::move(results[r]).value(), replies[r].second));
@@ -232,7 +290,7 @@ Status PsEngine::PushPull(int64_t step, const float* grads, float* params) {
                              std::string(DataTypeName(values.dtype)));
       }
       std::memcpy(params + chunk.offset, values.bytes.data(), values.bytes.size());
-      bytes_received_->Increment(static_cast<double>(values.bytes.size()));
+      bytes_received_[kPushPull]->Increment(static_cast<double>(values.bytes.size()));
     }
   }
   return OkStatus();
@@ -259,6 +317,7 @@ Status PsEngine::LookupRows(size_t table, const std::vector<int64_t>& ids, float
                        spec.name + "' from server " + std::to_string(s);
     // Copied: see ChunkTensor.
     SparsePullRequest request{spec.name, TensorData::Int64s("row_ids", ids_of[s])};
+    bytes_sent_[kSparsePull]->Increment(static_cast<double>(ids_of[s].size() * sizeof(int64_t)));
     replies.emplace_back(Send(s, std::move(request), last_step_ + 1, what), what);
     servers.push_back(s);
   }
@@ -276,6 +335,7 @@ Status PsEngine::LookupRows(size_t table, const std::vector<int64_t>& ids, float
                            std::to_string(ids_of[s].size()) + " rows of " + std::to_string(dim) +
                            " floats");
     }
+    bytes_received_[kSparsePull]->Increment(static_cast<double>(reply.values.bytes.size()));
     const uint8_t* bytes = reply.values.bytes.data();
     for (size_t k = 0; k < positions_of[s].size(); ++k) {
       std::memcpy(values + positions_of[s][k] * dim, bytes + k * dim * sizeof(float),
@@ -290,6 +350,16 @@ Status PsEngine::Step(int64_t step, float* params, float* grads,
   if (sparse.size() != tables_.size()) {
     return InvalidArgumentError("gradients for " + std::to_string(sparse.size()) +
                                 " embedding tables, the job has " + std::to_string(tables_.size()));
+  }
+  for (size_t t = 0; t < tables_.size(); ++t) {
+    const size_t dim = static_cast<size_t>(tables_[t].dim);
+    if (sparse[t].grads.size() != sparse[t].ids.size() * dim) {
+      return InvalidArgumentError("step " + std::to_string(step) + ": embedding table '" +
+                                  tables_[t].name + "': " +
+                                  std::to_string(sparse[t].grads.size()) +
+                                  " gradient floats for " + std::to_string(sparse[t].ids.size()) +
+                                  " rows of " + std::to_string(dim));
+    }
   }
   // Sparse rows first (their acks are waited for below, with the dense replies): ps-sync
   // servers need a push, possibly empty, from every worker for every table.
@@ -311,6 +381,8 @@ Status PsEngine::Step(int64_t step, float* params, float* grads,
       std::string what = "push of " + std::to_string(ids_of[s].size()) + " rows of table '" +
                          tables_[t].name + "' at step " + std::to_string(step) + " to server " +
                          std::to_string(s);
+      bytes_sent_[kSparsePush]->Increment(
+          static_cast<double>(ids_of[s].size() * (sizeof(int64_t) + dim * sizeof(float))));
       SparsePushRequest request{tables_[t].name,
                                 TensorData::Int64s("row_ids", std::move(ids_of[s])),
                                 TensorData::Floats("values", 0, std::move(grads_of[s]))};

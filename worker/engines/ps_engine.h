@@ -1,13 +1,15 @@
 // PsEngine: the worker side of the parameter-server modes (ps-sync, ps-async, ps-ssp).
 //
 // Initialize: rank 0 sends each server the job (PsJobConfig) and the initial values of the
-// dense chunks it owns (common/training/ps_job.h); then every rank pulls the initial parameters, so all
-// start from rank 0's values. Step: the dense gradients go out chunk by chunk, each copied once
-// out of the trainer's gradient buffer (a request may outlive the call that sent it: see
-// AddFloats), several requests in flight per server; each reply carries the
-// chunks' values after the step (the server decides when, by the consistency model: see
-// server/ps/ps_service.h). Embedding rows: LookupRows pulls only the rows a batch touches from
-// their owners; Step pushes only those rows' gradients.
+// dense chunks it owns (common/training/ps_job.h); then every rank pulls the initial
+// parameters, so all start from rank 0's values. Each worker's first pull carries its model's
+// description, which the servers check against rank 0's: a worker that built another model
+// fails naming the first differing parameter or table on both sides. Step: the dense gradients
+// go out chunk by chunk, each copied once out of the trainer's gradient buffer (a request may
+// outlive the call that sent it: see AddFloats), several requests in flight per server; each
+// reply carries the chunks' values after the step (the server decides when, by the
+// consistency model: see server/ps/ps_service.h). Embedding rows: LookupRows pulls only the
+// rows a batch touches from their owners; Step pushes only those rows' gradients.
 //
 // A server or peer worker that fails makes the pending calls fail with the coordinator's
 // failure notice (RendezvousClient fails the endpoint), naming the lost process; otherwise a
@@ -61,6 +63,11 @@ class PsEngine final : public TrainingEngine {
   Status Initialize(const ParameterLayout& layout, const std::vector<EmbeddingTableSpec>& tables,
                     float* params) override;
   Status LookupRows(size_t table, const std::vector<int64_t>& ids, float* values) override;
+  // Overlap: once every element of a dense chunk was reported ready during the backward pass
+  // of `step`, its gradient goes to its server at once (a request of its own), so the servers
+  // apply it while backward goes on; Step sends the rest and waits for every reply.
+  void OnBackwardStart(int64_t step, float* grads) override;
+  void OnGradientsReady(uint64_t offset, uint64_t size) override;
   Status Step(int64_t step, float* params, float* grads,
               const std::vector<SparseRows>& sparse) override;
   // Rank 0 asks every server to write its shard (ps-sync: once the step is applied
@@ -78,7 +85,15 @@ class PsEngine final : public TrainingEngine {
   PsEngine(const PsEngineOptions& options, RpcEndpoint* endpoint, const FleetView& view, int rank)
       : options_(options), endpoint_(endpoint), view_(view), rank_(rank) {}
   // Sends one request per group of a server's chunks; with grads, they carry the gradients.
-  Status PushPull(int64_t step, const float* grads, float* params);
+  // With `model` (the initial pull), each request carries the worker's model description,
+  // which the servers check against rank 0's. Chunks pushed early (OnGradientsReady) of the
+  // same step are not sent again; their replies are waited for with the others.
+  Status PushPull(int64_t step, const float* grads, float* params,
+                  const std::string& model = std::string());
+  // The request for `group` (chunk indices of one server) of `step`: its reply, what it is.
+  std::pair<Reply, std::string> SendChunks(int64_t step, const std::vector<size_t>& group,
+                                           const float* grads, const std::string& model,
+                                           double* sent);
   // Sends a CheckpointRequest to every server; their shards' files in server order.
   StatusOr<std::vector<ShardFileInfo>> CheckpointServers(const std::string& root, int64_t step,
                                                          bool restore);
@@ -99,9 +114,19 @@ class PsEngine final : public TrainingEngine {
   uint64_t fingerprint_ = 0;  // of the layout
   uint64_t dense_elements_ = 0;
   int64_t last_step_ = 0;  // the last step whose values the engine has
+  // The backward pass being reported (OnBackwardStart): its step and gradients, the elements of
+  // each chunk not reported ready yet, and the requests already sent with their chunks.
+  int64_t early_step_ = 0;  // 0: none
+  const float* early_grads_ = nullptr;
+  std::vector<uint64_t> unready_;
+  std::vector<bool> early_sent_;
+  std::vector<std::pair<Reply, std::string>> early_replies_;
+  std::vector<std::vector<size_t>> early_groups_;
+  double early_bytes_ = 0;
   Histogram* latency_[3] = {nullptr, nullptr, nullptr};  // push_pull, sparse_push, sparse_pull
-  Counter* bytes_sent_ = nullptr;
-  Counter* bytes_received_ = nullptr;
+  // Tensor bytes (row ids and values included) by op: push_pull, sparse_push, sparse_pull.
+  Counter* bytes_sent_[3] = {nullptr, nullptr, nullptr};
+  Counter* bytes_received_[3] = {nullptr, nullptr, nullptr};
 };
 
 }  // namespace tessera::worker
