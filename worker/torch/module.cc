@@ -12,6 +12,7 @@
 #include "worker/torch/backend_config.h"
 #include "worker/torch/fleet_presence.h"
 #include "worker/torch/process_group_tessera.h"
+#include "worker/torch/ps_client.h"
 
 namespace py = pybind11;
 
@@ -23,6 +24,9 @@ namespace {
 // still count into its registry while the interpreter shuts down; LeaveFleet says goodbye.
 std::mutex presence_mu;
 FleetPresence* presence = nullptr;  // presence_mu
+// A ParameterServerOptimizer registered this process with the coordinator: the presence must
+// not register it again (one rank, one registration).
+bool ps_registered = false;  // presence_mu
 
 FleetPresence* Presence(const BackendConfig& config, int rank, int size, int64_t timeout_ms) {
   std::lock_guard<std::mutex> lock(presence_mu);
@@ -32,7 +36,7 @@ FleetPresence* Presence(const BackendConfig& config, int rank, int size, int64_t
     options.world_size = size;
     options.bind_host = config.member.bind_host;
     options.metrics_port = config.metrics_port;
-    options.coordinator = config.coordinator;
+    options.coordinator = ps_registered ? std::string() : config.coordinator;
     options.timeout_ms = timeout_ms;
     StatusOr<std::unique_ptr<FleetPresence>> started = FleetPresence::Start(options);
     TORCH_CHECK(started.ok(), "tessera: ", started.status().message());
@@ -70,6 +74,169 @@ c10::intrusive_ptr<ProcessGroupTessera> CreateProcessGroup(
                                                   defaults, presence->backend_metrics());
 }
 
+// The flat float32 CPU buffer of `what`, with `elements` floats.
+float* FloatBuffer(const at::Tensor& tensor, size_t elements, const char* what) {
+  TORCH_CHECK(tensor.device().is_cpu() && tensor.scalar_type() == at::kFloat &&
+                  tensor.is_contiguous() && static_cast<size_t>(tensor.numel()) == elements,
+              "tessera: ", what, ": expected a contiguous float32 CPU tensor of ", elements,
+              " elements, got ", c10::toString(tensor.scalar_type()), " on ", tensor.device(),
+              " with ", tensor.numel());
+  return tensor.data_ptr<float>();
+}
+
+std::vector<int64_t> Ids(const at::Tensor& ids, const char* what) {
+  TORCH_CHECK(ids.device().is_cpu() && ids.scalar_type() == at::kLong && ids.dim() == 1,
+              "tessera: ", what, ": row ids must be a 1-d int64 CPU tensor, got ",
+              c10::toString(ids.scalar_type()), " of ", ids.dim(), " dimensions on ", ids.device());
+  at::Tensor dense = ids.contiguous();
+  return std::vector<int64_t>(dense.data_ptr<int64_t>(), dense.data_ptr<int64_t>() + dense.numel());
+}
+
+void Check(const Status& status) {
+  if (status.ok()) return;
+  // Python's ValueError for what the caller passed, RuntimeError for what happened.
+  if (status.code() == StatusCode::kInvalidArgument || status.code() == StatusCode::kOutOfRange) {
+    throw py::value_error("tessera: " + status.message());
+  }
+  TORCH_CHECK(false, "tessera: ", status.ToString());
+}
+
+// The Python face of PsClient (tessera/torch/ps.py wraps it).
+class PyPsClient {
+ public:
+  explicit PyPsClient(const PsClientOptions& options) {
+    std::lock_guard<std::mutex> lock(presence_mu);
+    if (presence != nullptr && presence->registered()) {
+      throw py::value_error(
+          "tessera: this process's tessera process group already registered it with the "
+          "coordinator (TESSERA_COORDINATOR); create the ParameterServerOptimizer before "
+          "init_process_group, or leave TESSERA_COORDINATOR unset and pass coordinator=");
+    }
+    StatusOr<std::unique_ptr<PsClient>> joined = PsClient::Join(options);
+    Check(joined.status());
+    client_ = std::move(joined).value();
+    ps_registered = true;
+  }
+
+  int rank() const { return client_->rank(); }
+  int world_size() const { return client_->world_size(); }
+  int num_servers() const { return client_->num_servers(); }
+  std::string description() const {
+    return client_->mode() + " with " + client_->optimizer_description() + " on " +
+           std::to_string(client_->num_servers()) + " servers";
+  }
+
+  // tables: (name, rows, dim, init_seed) each.
+  void Initialize(const std::vector<std::string>& names,
+                  const std::vector<std::vector<int64_t>>& shapes,
+                  const std::vector<std::tuple<std::string, int64_t, int64_t, uint64_t>>& tables,
+                  const at::Tensor& params) {
+    std::vector<EmbeddingTableSpec> specs;
+    for (const auto& [name, rows, dim, seed] : tables) specs.push_back({name, rows, dim, seed});
+    const size_t count = static_cast<size_t>(params.numel());
+    float* data = FloatBuffer(params, count, "the parameters");
+    py::gil_scoped_release release;
+    Check(client_->Initialize(names, shapes, specs, data, count));
+  }
+
+  // The rows `ids` of table `table`: a new (len(ids), dim) float32 tensor.
+  at::Tensor LookupRows(size_t table, const at::Tensor& ids) {
+    const int64_t dim = client_->RowFloats(table);
+    TORCH_CHECK(dim > 0, "tessera: lookup: no embedding table ", table);
+    std::vector<int64_t> wanted = Ids(ids, "lookup");
+    at::Tensor values = at::empty({static_cast<int64_t>(wanted.size()), dim},
+                                  at::TensorOptions().dtype(at::kFloat));
+    float* out = values.data_ptr<float>();
+    py::gil_scoped_release release;
+    Check(client_->LookupRows(table, wanted, out));
+    return values;
+  }
+
+  // grads[offset, offset + size) of update `step` are final (a backward hook).
+  void GradientsReady(int64_t step, const at::Tensor& grads, uint64_t offset, uint64_t size) {
+    float* g = FloatBuffer(grads, static_cast<size_t>(grads.numel()), "the gradients");
+    py::gil_scoped_release release;
+    Check(client_->GradientsReady(step, g, offset, size));
+  }
+
+  // sparse: per table (distinct row ids, their (n, dim) gradients).
+  void Step(int64_t step, const at::Tensor& params, const at::Tensor& grads,
+            const std::vector<std::pair<at::Tensor, at::Tensor>>& sparse) {
+    TORCH_CHECK(params.numel() == grads.numel(), "tessera: step: ", params.numel(),
+                " parameters but ", grads.numel(), " gradients");
+    float* p = FloatBuffer(params, static_cast<size_t>(params.numel()), "the parameters");
+    float* g = FloatBuffer(grads, static_cast<size_t>(grads.numel()), "the gradients");
+    std::vector<SparseRows> rows(sparse.size());
+    for (size_t t = 0; t < sparse.size(); ++t) {
+      rows[t].ids = Ids(sparse[t].first, "step");
+      at::Tensor row_grads = sparse[t].second.contiguous();
+      TORCH_CHECK(row_grads.device().is_cpu() && row_grads.scalar_type() == at::kFloat,
+                  "tessera: step: the row gradients of embedding table ", t,
+                  " must be float32 on the CPU");
+      rows[t].grads.assign(row_grads.data_ptr<float>(),
+                           row_grads.data_ptr<float>() + row_grads.numel());
+    }
+    py::gil_scoped_release release;
+    Check(client_->Step(step, p, g, rows));
+  }
+
+  void SaveCheckpoint(const std::string& root, int64_t step) {
+    py::gil_scoped_release release;
+    Check(client_->SaveCheckpoint(root, step));
+  }
+
+  int64_t RestoreCheckpoint(const std::string& root, int64_t step, const at::Tensor& params) {
+    float* p = FloatBuffer(params, static_cast<size_t>(params.numel()), "the parameters");
+    py::gil_scoped_release release;
+    StatusOr<int64_t> restored = client_->RestoreCheckpoint(root, step, p);
+    Check(restored.status());
+    return *restored;
+  }
+
+  std::string MetricsText() const { return client_->MetricsText(); }
+
+  void Leave(const std::string& reason) {
+    py::gil_scoped_release release;
+    client_->Leave(reason);
+  }
+
+ private:
+  std::unique_ptr<PsClient> client_;
+};
+
+PsClientOptions MakePsClientOptions(const std::string& coordinator, int rank, int world_size,
+                                    const std::string& mode, int64_t staleness,
+                                    const std::string& optimizer,
+                                    const std::string& optimizer_params,
+                                    const std::string& lr_schedule, int64_t warmup_steps,
+                                    int64_t lr_step_size, double lr_gamma, int64_t total_steps,
+                                    double min_lr, uint64_t chunk_elements,
+                                    double timeout_s, const std::string& bind_host) {
+  PsClientOptions options;
+  options.coordinator = coordinator;
+  options.rank = rank;
+  options.world_size = world_size;
+  options.mode = mode;
+  options.staleness = staleness;
+  options.optimizer = optimizer;
+  options.optimizer_params = optimizer_params;
+  StatusOr<LrScheduleKind> kind = ParseLrScheduleKind(lr_schedule);
+  Check(kind.status());
+  options.schedule.kind = *kind;
+  options.schedule.warmup_steps = warmup_steps;
+  options.schedule.step_size = lr_step_size;
+  options.schedule.gamma = static_cast<float>(lr_gamma);
+  options.schedule.total_steps = total_steps;
+  options.schedule.min_lr = static_cast<float>(min_lr);
+  options.chunk_elements = chunk_elements;
+  if (!(timeout_s > 0)) throw py::value_error("tessera: timeout must be positive");
+  const int64_t timeout_ms = static_cast<int64_t>(timeout_s * 1000);
+  options.rendezvous_timeout_ms = timeout_ms;
+  options.request_timeout_ms = timeout_ms;
+  options.bind_host = bind_host;
+  return options;
+}
+
 }  // namespace
 }  // namespace tessera::worker
 
@@ -90,6 +257,43 @@ PYBIND11_MODULE(_C, module) {
              "torch.distributed's creator of a tessera process group");
   module.def("metrics_url", &tessera::worker::MetricsUrl,
              "http://HOST:PORT/metrics of this process (TESSERA_METRICS_PORT), or ''");
+  using tessera::worker::PyPsClient;
+  py::class_<PyPsClient>(module, "PsClient",
+                         "A worker of a parameter-server job (tessera.torch.ps wraps it)")
+      .def(py::init([](const std::string& coordinator, int rank, int world_size,
+                       const std::string& mode, int64_t staleness, const std::string& optimizer,
+                       const std::string& optimizer_params, const std::string& lr_schedule,
+                       int64_t warmup_steps, int64_t lr_step_size, double lr_gamma,
+                       int64_t total_steps, double min_lr, uint64_t chunk_elements,
+                       double timeout_s, const std::string& bind_host) {
+             tessera::worker::PsClientOptions options = tessera::worker::MakePsClientOptions(
+                 coordinator, rank, world_size, mode, staleness, optimizer, optimizer_params,
+                 lr_schedule, warmup_steps, lr_step_size, lr_gamma, total_steps, min_lr,
+                 chunk_elements, timeout_s, bind_host);
+             py::gil_scoped_release release;  // joining waits for the job's other workers
+             return std::make_unique<PyPsClient>(options);
+           }),
+           py::arg("coordinator"), py::arg("rank"), py::arg("world_size"), py::arg("mode"),
+           py::arg("staleness"), py::arg("optimizer"), py::arg("optimizer_params"),
+           py::arg("lr_schedule"), py::arg("warmup_steps"), py::arg("lr_step_size"),
+           py::arg("lr_gamma"), py::arg("total_steps"), py::arg("min_lr"),
+           py::arg("chunk_elements"), py::arg("timeout_s"), py::arg("bind_host"))
+      .def_property_readonly("rank", &PyPsClient::rank)
+      .def_property_readonly("world_size", &PyPsClient::world_size)
+      .def_property_readonly("num_servers", &PyPsClient::num_servers)
+      .def_property_readonly("description", &PyPsClient::description)
+      .def("initialize", &PyPsClient::Initialize, py::arg("names"), py::arg("shapes"),
+           py::arg("tables"), py::arg("params"))
+      .def("lookup_rows", &PyPsClient::LookupRows, py::arg("table"), py::arg("ids"))
+      .def("gradients_ready", &PyPsClient::GradientsReady, py::arg("step"), py::arg("grads"),
+           py::arg("offset"), py::arg("size"))
+      .def("step", &PyPsClient::Step, py::arg("step"), py::arg("params"), py::arg("grads"),
+           py::arg("sparse"))
+      .def("save_checkpoint", &PyPsClient::SaveCheckpoint, py::arg("root"), py::arg("step"))
+      .def("restore_checkpoint", &PyPsClient::RestoreCheckpoint, py::arg("root"),
+           py::arg("step"), py::arg("params"))
+      .def("metrics_text", &PyPsClient::MetricsText)
+      .def("leave", &PyPsClient::Leave, py::arg("reason"));
   py::module::import("atexit").attr("register")(
       py::cpp_function(&tessera::worker::LeaveFleet, py::call_guard<py::gil_scoped_release>()));
 }

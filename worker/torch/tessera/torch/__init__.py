@@ -5,14 +5,18 @@
 
 Importing this module registers the backend (as torch-ccl and torch-ucc do); after that every
 torch.distributed call on a tessera group runs on Tessera's ring: shared memory between ranks of
-one host, TCP links between hosts. See docs/pytorch.md.
+one host, TCP links between hosts. It also holds the parameter-server client for any
+nn.Module (ParameterServerOptimizer, ShardedEmbedding: tessera/torch/ps.py). See
+docs/pytorch.md.
 """
 
 import torch.distributed as _dist
 
 from tessera.torch import _C
+from tessera.torch.ps import ParameterServerOptimizer, ShardedEmbedding, ShardedEmbeddingBag
 
-__all__ = ["BACKEND", "metrics_url"]
+__all__ = ["BACKEND", "metrics_url", "ParameterServerOptimizer", "ShardedEmbedding",
+           "ShardedEmbeddingBag"]
 
 # The name to give torch.distributed.init_process_group.
 BACKEND = "tessera"
