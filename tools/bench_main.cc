@@ -8,6 +8,7 @@
 //   tessera-bench memory ...      tools/bench/memory_bench.h
 //   tessera-bench exit ...        tools/bench/exit_bench.h
 //   tessera-bench torch ...       tools/bench/torch_bench.h
+//   tessera-bench ps ...          tools/bench/ps_bench.h
 //
 // To add one: a tools/bench/<name>_bench.{h,cc} with `BenchCommand Add<Name>Bench(CLI::App*)`,
 // a cc_library in tools/BUILD, and a line in the list below.
@@ -20,6 +21,7 @@
 #include "tools/bench/bench_util.h"
 #include "tools/bench/exit_bench.h"
 #include "tools/bench/memory_bench.h"
+#include "tools/bench/ps_bench.h"
 #include "tools/bench/torch_bench.h"
 #include "tools/bench/train_bench.h"
 #include "tools/bench/transport_bench.h"
@@ -36,6 +38,7 @@ int main(int argc, char** argv) {
       tessera::tools::AddMemoryBench(&app),
       tessera::tools::AddExitBench(&app),
       tessera::tools::AddTorchBench(&app),
+      tessera::tools::AddPsBench(&app),
   };
   CLI11_PARSE(app, argc, argv);
   tessera::SetMinLogLevel(tessera::LogLevel::kWarning);

@@ -17,6 +17,8 @@
 //             servers, verified ring all-reduces among the workers, exit.
 //   bench-allreduce
 //             timed ring all-reduces for `tessera-bench allreduce` (allreduce_bench_job.h).
+//   bench-ps  timed push+pull steps against the servers for `tessera-bench ps`
+//             (ps_bench_job.h).
 // Any error ends the process with that error (exit 1); it does not say goodbye, so the
 // coordinator declares it failed and tells the rest of the fleet, which then fail naming it
 // instead of waiting for it.
@@ -49,6 +51,7 @@
 #include "worker/engines/ps_engine.h"
 #include "worker/engines/zero_engine.h"
 #include "worker/jobs/allreduce_bench_job.h"
+#include "worker/jobs/ps_bench_job.h"
 #include "worker/jobs/smoke_job.h"
 #include "worker/params_file.h"
 #include "worker/trainer.h"
@@ -78,17 +81,18 @@ void AddWorkerFlags(CLI::App* app, WorkerFlags* flags) {
                   "all-reduce (no servers); zero1, zero2, zero3: the same with the optimizer "
                   "state, + gradients, + parameters partitioned (ZeRO stages 1-3); smoke: the "
                   "fleet smoke job (push/pull through the servers, verified all-reduces, exit); "
-                  "bench-allreduce: timed all-reduces for tessera-bench allreduce")
+                  "bench-allreduce: timed all-reduces for tessera-bench allreduce; bench-ps: "
+                  "timed push+pull steps for tessera-bench ps")
       ->check(CLI::Validator(
           [](std::string& mode) -> std::string {
             if (mode == "local" || mode == "smoke" || mode == "allreduce" || mode == "zero1" ||
                 mode == "zero2" || mode == "zero3" || mode == "bench-allreduce" ||
-                ParsePsMode(mode).ok()) {
+                mode == "bench-ps" || ParsePsMode(mode).ok()) {
               return "";
             }
             return "mode " + mode + " is not available in this version; available: local, "
                    "ps-sync, ps-async, ps-ssp, allreduce, zero1, zero2, zero3, smoke, "
-                   "bench-allreduce";
+                   "bench-allreduce, bench-ps";
           },
           "MODE", "mode"))
       ->capture_default_str();
@@ -362,6 +366,16 @@ Status RunWorker(ProcessRuntime& runtime, const WorkerFlags& flags) {
         std::printf("%s\n", line.c_str());
         std::fflush(stdout);
       }));
+    } else if (flags.mode == "bench-ps") {
+      PsBenchOptions bench;
+      bench.flags = flags.bench;
+      bench.chunk_elements = flags.ps_chunk_elements;
+      bench.request_timeout_ms = runtime.config().request_timeout_ms;
+      RETURN_IF_ERROR(RunPsBench(&endpoint, *client, &runtime.metrics(), bench,
+                                 [](const std::string& line) {
+                                   std::printf("%s\n", line.c_str());
+                                   std::fflush(stdout);
+                                 }));
     } else {
       RETURN_IF_ERROR(RunTraining(runtime, flags, client.get(), wiring));
     }

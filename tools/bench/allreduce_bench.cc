@@ -53,38 +53,7 @@ struct SystemResult {
 
 // "4096", "4K", "16M" (binary units), comma-separated.
 StatusOr<std::vector<size_t>> ParseSizes(const std::string& text) {
-  std::vector<size_t> sizes;
-  std::stringstream in(text);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    char* end = nullptr;
-    errno = 0;
-    unsigned long long value = std::strtoull(item.c_str(), &end, 10);
-    std::string unit(end);
-    if (unit == "K" || unit == "KiB") value <<= 10;
-    else if (unit == "M" || unit == "MiB") value <<= 20;
-    else if (unit == "G" || unit == "GiB") value <<= 30;
-    else if (!unit.empty()) value = 0;
-    if (item.empty() || errno == ERANGE || value < 4 || value % 4 != 0 || value > (1ull << 30)) {
-      return InvalidArgumentError("--sizes=\"" + text + "\": \"" + item +
-                                  "\" is not a multiple of 4 bytes between 4 and 1G");
-    }
-    sizes.push_back(static_cast<size_t>(value));
-  }
-  if (sizes.empty()) return InvalidArgumentError("--sizes is empty");
-  return sizes;
-}
-
-std::string JoinSizes(const std::vector<size_t>& sizes) {
-  std::string text;
-  for (size_t s : sizes) text += (text.empty() ? "" : ",") + std::to_string(s);
-  return text;
-}
-
-std::string HumanBytes(size_t bytes) {
-  if (bytes >= (1u << 20) && bytes % (1u << 20) == 0) return std::to_string(bytes >> 20) + " MiB";
-  if (bytes >= (1u << 10) && bytes % (1u << 10) == 0) return std::to_string(bytes >> 10) + " KiB";
-  return std::to_string(bytes) + " B";
+  return ParseList<size_t>("--sizes", text, ParseByteSize);
 }
 
 // An executable named `name` on PATH, or nothing.

@@ -165,4 +165,32 @@ StatusOr<int64_t> ParsePositive(const std::string& item) {
   return static_cast<int64_t>(value);
 }
 
+StatusOr<size_t> ParseByteSize(const std::string& item) {
+  char* end = nullptr;
+  errno = 0;
+  unsigned long long value = std::strtoull(item.c_str(), &end, 10);
+  const std::string unit(end);
+  if (unit == "K" || unit == "KiB") value <<= 10;
+  else if (unit == "M" || unit == "MiB") value <<= 20;
+  else if (unit == "G" || unit == "GiB") value <<= 30;
+  else if (!unit.empty()) value = 0;
+  if (item.empty() || end == item.c_str() || errno == ERANGE || value < 4 || value % 4 != 0 ||
+      value > (1ull << 30)) {
+    return InvalidArgumentError("\"" + item + "\" is not a multiple of 4 bytes between 4 and 1G");
+  }
+  return static_cast<size_t>(value);
+}
+
+std::string JoinSizes(const std::vector<size_t>& sizes) {
+  std::string text;
+  for (size_t s : sizes) text += (text.empty() ? "" : ",") + std::to_string(s);
+  return text;
+}
+
+std::string HumanBytes(size_t bytes) {
+  if (bytes >= (1u << 20) && bytes % (1u << 20) == 0) return std::to_string(bytes >> 20) + " MiB";
+  if (bytes >= (1u << 10) && bytes % (1u << 10) == 0) return std::to_string(bytes >> 10) + " KiB";
+  return std::to_string(bytes) + " B";
+}
+
 }  // namespace tessera::tools

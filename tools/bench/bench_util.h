@@ -109,6 +109,16 @@ StatusOr<std::vector<T>> ParseList(const std::string& flag, const std::string& t
 // An integer in [1, 1048576].
 StatusOr<int64_t> ParsePositive(const std::string& item);
 
+// "4096", "4K", "16M" (binary units; also KiB, MiB, G, GiB): a multiple of 4 bytes (float32)
+// between 4 and 1 GiB.
+StatusOr<size_t> ParseByteSize(const std::string& item);
+
+// "4096,16777216": byte counts as child processes take them.
+std::string JoinSizes(const std::vector<size_t>& sizes);
+
+// "16 MiB", "4 KiB", "100 B".
+std::string HumanBytes(size_t bytes);
+
 }  // namespace tessera::tools
 
 #endif  // TESSERA_TOOLS_BENCH_BENCH_UTIL_H_

@@ -24,15 +24,12 @@
 #include <nlohmann/json.hpp>
 
 #include "common/base/status.h"
+#include "tools/bench/torch_python.h"
 
 namespace tessera::tools {
 namespace {
 
 constexpr char kScript[] = "tools/bench/torch_dist_bench.py";
-// The extension module of the package `tessera` (//worker/torch/tessera/torch:package); the
-// package's parent, <runfiles>/worker/torch, goes on the children's PYTHONPATH.
-constexpr char kPackageModule[] = "worker/torch/tessera/torch/_C.so";
-constexpr char kPackageSuffix[] = "/tessera/torch/_C.so";
 constexpr char kOpenBlasPthreadDir[] = "/usr/lib/x86_64-linux-gnu/openblas-pthread";
 const std::vector<std::string> kBackends = {"gloo", "tessera"};
 
@@ -63,23 +60,6 @@ struct TorchBenchOptions {
   std::vector<size_t> sizes;
 };
 
-// "4096", "4K", "16M" (binary units): a multiple of 4 bytes (float32) up to 1 GiB.
-StatusOr<size_t> ParseSize(const std::string& item) {
-  char* end = nullptr;
-  errno = 0;
-  unsigned long long value = std::strtoull(item.c_str(), &end, 10);
-  const std::string unit(end);
-  if (unit == "K" || unit == "KiB") value <<= 10;
-  else if (unit == "M" || unit == "MiB") value <<= 20;
-  else if (unit == "G" || unit == "GiB") value <<= 30;
-  else if (!unit.empty()) value = 0;
-  if (item.empty() || end == item.c_str() || errno == ERANGE || value < 4 || value % 4 != 0 ||
-      value > (1ull << 30)) {
-    return InvalidArgumentError("\"" + item + "\" is not a multiple of 4 bytes between 4 and 1G");
-  }
-  return static_cast<size_t>(value);
-}
-
 std::function<StatusOr<std::string>(const std::string&)> OneOf(std::vector<std::string> names) {
   return [names](const std::string& item) -> StatusOr<std::string> {
     if (std::find(names.begin(), names.end(), item) != names.end()) return item;
@@ -103,17 +83,11 @@ Status ParseOptions(TorchBenchOptions* o) {
                                OneOf({"all_reduce", "all_gather", "broadcast"})));
   ASSIGN_OR_RETURN(o->models,
                    ParseList<std::string>("--models", o->models_text, OneOf({"mlp", "cnn"})));
-  ASSIGN_OR_RETURN(o->sizes, ParseList<size_t>("--sizes", o->sizes_text, ParseSize));
+  ASSIGN_OR_RETURN(o->sizes, ParseList<size_t>("--sizes", o->sizes_text, ParseByteSize));
   if (o->no_collectives && o->no_train) {
     return InvalidArgumentError("--no-collectives and --no-train together leave nothing to run");
   }
   return OkStatus();
-}
-
-std::string HumanBytes(size_t bytes) {
-  if (bytes >= (1u << 20) && bytes % (1u << 20) == 0) return std::to_string(bytes >> 20) + " MiB";
-  if (bytes >= (1u << 10) && bytes % (1u << 10) == 0) return std::to_string(bytes >> 10) + " KiB";
-  return std::to_string(bytes) + " B";
 }
 
 template <typename T>
@@ -121,67 +95,6 @@ std::string Join(const std::vector<T>& values) {
   std::ostringstream text;
   for (size_t i = 0; i < values.size(); ++i) text << (i ? "," : "") << values[i];
   return text.str();
-}
-
-// Where the children find torch and the package `tessera`, and what the probe found.
-struct PythonSetup {
-  std::string pythonpath;   // empty: the interpreter's own path (an installed package)
-  std::string skipped;      // non-empty: nothing can run, and why
-  std::string torch_version;
-  std::string tessera_package;  // tessera/torch/__init__.py as imported
-};
-
-// The probe: prints one JSON line saying what imports; always exits 0.
-constexpr char kProbe[] = R"(import json, sys
-r = {}
-try:
-    import torch, torch.distributed
-    r["torch"] = torch.__version__
-except Exception as e:
-    r["torch_error"] = "%s: %s" % (type(e).__name__, e)
-if "torch" in r:
-    try:
-        import tessera.torch
-        r["tessera"] = tessera.torch.__file__
-    except Exception as e:
-        r["tessera_error"] = "%s: %s" % (type(e).__name__, e)
-print(json.dumps(r))
-)";
-
-StatusOr<PythonSetup> ProbePython() {
-  PythonSetup setup;
-  if (access(kPython, X_OK) != 0) {
-    setup.skipped = std::string(kPython) + " is missing (apt-get install python3-torch)";
-    return setup;
-  }
-  StatusOr<std::string> module = FindRunfile(kPackageModule);
-  if (module.ok()) {
-    setup.pythonpath = module->substr(0, module->size() - std::string(kPackageSuffix).size());
-  }
-  std::vector<std::string> argv = {"/usr/bin/env"};
-  if (!setup.pythonpath.empty()) argv.push_back("PYTHONPATH=" + setup.pythonpath);
-  for (const char* arg : {kPython, "-c", kProbe}) argv.push_back(arg);
-  ASSIGN_OR_RETURN(ChildOutput output, RunToCompletion("python3 import probe", argv, 120'000));
-  ASSIGN_OR_RETURN(nlohmann::json probe, LastJsonLine("python3 import probe", output));
-  if (probe.contains("torch_error")) {
-    setup.skipped = std::string(kPython) + " cannot import torch.distributed (" +
-                    probe.value("torch_error", "") + "); install it with `apt-get install " +
-                    "python3-torch` (as root)";
-    return setup;
-  }
-  setup.torch_version = probe.value("torch", "");
-  if (probe.contains("tessera_error")) {
-    setup.skipped = std::string(kPython) + " cannot import tessera.torch (" +
-                    probe.value("tessera_error", "") + ") from " +
-                    (setup.pythonpath.empty() ? "its own path (no " + std::string(kPackageModule) +
-                                                    " in this binary's runfiles)"
-                                              : setup.pythonpath) +
-                    "; build it with `bazel build //tools:tessera-bench` (its runfiles hold the "
-                    "package) or install it with tools/install_python.sh";
-    return setup;
-  }
-  setup.tessera_package = probe.value("tessera", "");
-  return setup;
 }
 
 // One run's children: `np` ranks of torch_dist_bench.py with `mode_args`.

@@ -18,30 +18,6 @@ constexpr size_t kMaxBytes = size_t{1} << 30;
 constexpr int64_t kMinIters = 5;
 constexpr int64_t kMaxIters = 10000;
 
-StatusOr<std::vector<size_t>> ParseSizes(const std::string& text) {
-  std::vector<size_t> sizes;
-  std::stringstream in(text);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    char* end = nullptr;
-    const unsigned long long value = std::strtoull(item.c_str(), &end, 10);
-    if (item.empty() || *end != '\0' || value < sizeof(float) || value % sizeof(float) != 0 ||
-        value > kMaxBytes) {
-      return InvalidArgumentError("--bench-sizes=\"" + text + "\": \"" + item +
-                                  "\" is not a multiple of 4 bytes between 4 and 1 GiB");
-    }
-    sizes.push_back(static_cast<size_t>(value));
-  }
-  if (sizes.empty()) return InvalidArgumentError("--bench-sizes is empty");
-  return sizes;
-}
-
-double Median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
-}
-
 // One size: verify, warm up, time, reduce the times, report (see the header).
 class SizeRun {
  public:
@@ -97,7 +73,7 @@ class SizeRun {
                           {"bytes", bytes_},
                           {"ranks", w},
                           {"iters", iters},
-                          {"median_s", Median(seconds)},
+                          {"median_s", BenchMedian(seconds)},
                           {"min_s", *std::min_element(seconds.begin(), seconds.end())},
                           {"mean_s", total / static_cast<double>(seconds.size())}};
   }
@@ -118,8 +94,32 @@ class SizeRun {
 
 }  // namespace
 
+StatusOr<std::vector<size_t>> ParseBenchSizes(const std::string& text) {
+  std::vector<size_t> sizes;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    char* end = nullptr;
+    const unsigned long long value = std::strtoull(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || value < sizeof(float) || value % sizeof(float) != 0 ||
+        value > kMaxBytes) {
+      return InvalidArgumentError("--bench-sizes=\"" + text + "\": \"" + item +
+                                  "\" is not a multiple of 4 bytes between 4 and 1 GiB");
+    }
+    sizes.push_back(static_cast<size_t>(value));
+  }
+  if (sizes.empty()) return InvalidArgumentError("--bench-sizes is empty");
+  return sizes;
+}
+
+double BenchMedian(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+}
+
 void AddAllReduceBenchFlags(CLI::App* app, AllReduceBenchFlags* flags) {
-  auto* group = app->add_option_group("All-reduce benchmark (--mode bench-allreduce)");
+  auto* group = app->add_option_group("Benchmarks (--mode bench-allreduce, bench-ps)");
   group->add_option("--bench-sizes", flags->sizes, "Buffer sizes in bytes, comma-separated")
       ->capture_default_str();
   group->add_option("--bench-warmup", flags->warmup, "Untimed all-reduces per size")
@@ -136,7 +136,7 @@ void AddAllReduceBenchFlags(CLI::App* app, AllReduceBenchFlags* flags) {
 
 Status RunAllReduceBench(Collectives& collectives, const AllReduceBenchFlags& flags,
                          const std::function<void(const std::string&)>& print) {
-  ASSIGN_OR_RETURN(std::vector<size_t> sizes, ParseSizes(flags.sizes));
+  ASSIGN_OR_RETURN(std::vector<size_t> sizes, ParseBenchSizes(flags.sizes));
   uint64_t next_tag = 1;
   for (size_t bytes : sizes) {
     SizeRun run(collectives, flags, bytes, &next_tag);

@@ -39,7 +39,13 @@ struct AllReduceBenchFlags {
   double seconds = 1;
 };
 
+// Also the flags of --mode bench-ps (ps_bench_job.h).
 void AddAllReduceBenchFlags(CLI::App* app, AllReduceBenchFlags* flags);
+
+// --bench-sizes: byte counts, multiples of 4 between 4 and 1 GiB; InvalidArgument otherwise.
+StatusOr<std::vector<size_t>> ParseBenchSizes(const std::string& text);
+// REQUIRES: !values.empty().
+double BenchMedian(std::vector<double> values);
 
 // Runs the job on `collectives` (every rank of the fleet calls it with the same flags); rank 0
 // writes the JSON lines through `print`.

@@ -1,0 +1,415 @@
+#include "tools/bench/ps_bench.h"
+
+#include <algorithm>
+#include <iomanip>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "common/base/status.h"
+#include "tools/bench/torch_python.h"
+
+namespace tessera::tools {
+namespace {
+
+constexpr char kScript[] = "tools/bench/torch_ps_bench.py";
+constexpr double kPsLiteGbps = 1.09;  // ps-lite, 16 MiB, 1 server x 1 worker (the issue's)
+constexpr size_t kGoalBytes = size_t{16} << 20;
+
+struct PsBenchOptions {
+  std::string configs_text = "1x1,2x2";
+  std::string sizes_text = "4K,64K,1M,16M,64M";
+  int warmup = 3;
+  int iters = 0;
+  double seconds = 1.0;
+  int64_t chunk_elements = 1 << 16;
+  std::string python_bytes_text = "16M";
+  int mlp_steps = 40;
+  bool no_zmq = false;
+  bool no_python = false;
+  bool json = false;
+  int timeout_s = 600;
+
+  std::vector<std::pair<int, int>> configs;  // (servers, workers)
+  std::vector<size_t> sizes;
+  size_t python_bytes = 0;
+};
+
+StatusOr<std::pair<int, int>> ParseConfig(const std::string& item) {
+  const size_t x = item.find('x');
+  if (x != std::string::npos) {
+    StatusOr<int64_t> servers = ParsePositive(item.substr(0, x));
+    StatusOr<int64_t> workers = ParsePositive(item.substr(x + 1));
+    if (servers.ok() && workers.ok() && *servers <= 64 && *workers <= 64) {
+      return std::make_pair(static_cast<int>(*servers), static_cast<int>(*workers));
+    }
+  }
+  return InvalidArgumentError("\"" + item + "\" is not SERVERSxWORKERS with each in [1, 64]");
+}
+
+Status ParseOptions(PsBenchOptions* o) {
+  using Config = std::pair<int, int>;
+  ASSIGN_OR_RETURN(o->configs, ParseList<Config>("--configs", o->configs_text, ParseConfig));
+  ASSIGN_OR_RETURN(o->sizes, ParseList<size_t>("--sizes", o->sizes_text, ParseByteSize));
+  StatusOr<size_t> python = ParseByteSize(o->python_bytes_text);
+  if (!python.ok()) return InvalidArgumentError("--python-bytes: " + python.status().message());
+  o->python_bytes = *python;
+  return OkStatus();
+}
+
+// The {"bench":"ps",...} objects of `outputs` (after any "[worker N] " prefix).
+std::vector<nlohmann::json> BenchLines(const std::vector<ChildOutput>& outputs,
+                                       const std::string& bench) {
+  std::vector<nlohmann::json> lines;
+  for (const ChildOutput& output : outputs) {
+    for (const std::string& line : output.stdout_lines) {
+      const size_t start = line.find("{\"bench\"");
+      if (start == std::string::npos) continue;
+      nlohmann::json j = nlohmann::json::parse(line.substr(start), nullptr, false);
+      if (j.is_object() && j.value("bench", "") == bench) lines.push_back(std::move(j));
+    }
+  }
+  return lines;
+}
+
+// Per (system, servers, workers, bytes): each worker's line.
+using Key = std::tuple<std::string, int, int, size_t>;
+struct Results {
+  std::map<Key, std::vector<nlohmann::json>> rows;
+  nlohmann::json python;  // {"bench":"ps_python",...} or null
+  nlohmann::json mlp;     // {"bench":"ps_mlp",...} or null
+  std::string python_skipped;
+};
+
+// Per-worker GB/s of push+pull (2 x bytes per step) and requests/s, from one worker's line.
+double Gbps(const nlohmann::json& line) {
+  return 2.0 * line.value("bytes", 0.0) / line.value("median_s", 1.0) / 1e9;
+}
+
+Status Check(const std::vector<nlohmann::json>& lines, const PsBenchOptions& o, int workers,
+             const std::string& what) {
+  for (size_t size : o.sizes) {
+    int found = 0;
+    for (const nlohmann::json& line : lines) {
+      if (line.value("bytes", size_t{0}) == size && line.value("median_s", 0.0) > 0) ++found;
+    }
+    if (found != workers) {
+      return DataLossError(what + ": " + std::to_string(found) + " of " +
+                           std::to_string(workers) + " workers reported " +
+                           std::to_string(size) + " bytes");
+    }
+  }
+  return OkStatus();
+}
+
+Status MeasureTessera(const PsBenchOptions& o, int servers, int workers, Results* results) {
+  ASSIGN_OR_RETURN(std::string launch, FindRunfile("tools/tessera-launch"));
+  const std::string what = "tessera-launch --servers " + std::to_string(servers) +
+                           " --workers " + std::to_string(workers) + " --mode bench-ps";
+  ASSIGN_OR_RETURN(
+      std::vector<ChildOutput> outputs,
+      RunAllToCompletion({{what,
+                           {launch, "--servers", std::to_string(servers), "--workers",
+                            std::to_string(workers), "--mode", "bench-ps", "--log-level",
+                            "warning", "--", "--bench-sizes=" + JoinSizes(o.sizes),
+                            "--bench-warmup=" + std::to_string(o.warmup),
+                            "--bench-iters=" + std::to_string(o.iters),
+                            "--bench-seconds=" + std::to_string(o.seconds),
+                            "--ps-chunk-elements=" + std::to_string(o.chunk_elements)}}},
+                         int64_t{o.timeout_s} * 1000));
+  std::vector<nlohmann::json> lines = BenchLines(outputs, "ps");
+  RETURN_IF_ERROR(Check(lines, o, workers, what));
+  for (nlohmann::json& line : lines) {
+    results->rows[{"tessera", servers, workers, line.value("bytes", size_t{0})}].push_back(line);
+  }
+  return OkStatus();
+}
+
+Status MeasureZmq(const PsBenchOptions& o, int servers, int workers, Results* results) {
+  ASSIGN_OR_RETURN(std::string limit, FindRunfile("tools/ps-zmq-limit"));
+  std::vector<ChildSpec> children;
+  std::string addresses;
+  for (int s = 0; s < servers; ++s) {
+    ASSIGN_OR_RETURN(int port, FreePort());
+    addresses += (addresses.empty() ? "" : ",") + std::string("tcp://127.0.0.1:") +
+                 std::to_string(port);
+    children.push_back({"ps-zmq-limit echo " + std::to_string(s),
+                        {limit, "echo", "--port", std::to_string(port), "--clients",
+                         std::to_string(workers)}});
+  }
+  const int first_client = static_cast<int>(children.size());
+  for (int w = 0; w < workers; ++w) {
+    children.push_back(
+        {"ps-zmq-limit client " + std::to_string(w),
+         {limit, "client", "--servers", addresses, "--rank", std::to_string(w), "--sizes",
+          JoinSizes(o.sizes), "--chunk-bytes", std::to_string(o.chunk_elements * 4),
+          "--warmup", std::to_string(o.warmup), "--iters", std::to_string(o.iters),
+          "--seconds", std::to_string(o.seconds)}});
+  }
+  ASSIGN_OR_RETURN(std::vector<ChildOutput> outputs,
+                   RunAllToCompletion(children, int64_t{o.timeout_s} * 1000));
+  outputs.erase(outputs.begin(), outputs.begin() + first_client);
+  std::vector<nlohmann::json> lines = BenchLines(outputs, "ps");
+  RETURN_IF_ERROR(Check(lines, o, workers, "ps-zmq-limit"));
+  for (nlohmann::json& line : lines) {
+    results->rows[{"zmq", servers, workers, line.value("bytes", size_t{0})}].push_back(line);
+  }
+  return OkStatus();
+}
+
+Status MeasurePython(const PsBenchOptions& o, Results* results) {
+  ASSIGN_OR_RETURN(PythonSetup py, ProbePython());
+  if (!py.skipped.empty()) {
+    results->python_skipped = py.skipped;
+    return OkStatus();
+  }
+  ASSIGN_OR_RETURN(std::string script, FindRunfile(kScript));
+  ASSIGN_OR_RETURN(std::string launch, FindRunfile("tools/tessera-launch"));
+  std::vector<std::string> argv = {"/usr/bin/env", "OMP_NUM_THREADS=1", "OPENBLAS_NUM_THREADS=1"};
+  if (!py.pythonpath.empty()) argv.push_back("PYTHONPATH=" + py.pythonpath);
+  for (const std::string& arg :
+       {std::string(kPython), script, "--launcher=" + launch,
+        "--bytes=" + std::to_string(o.python_bytes), "--warmup=" + std::to_string(o.warmup),
+        "--iters=" + std::to_string(o.iters), "--seconds=" + std::to_string(o.seconds),
+        "--chunk-elements=" + std::to_string(o.chunk_elements),
+        "--mlp-steps=" + std::to_string(o.mlp_steps)}) {
+    argv.push_back(arg);
+  }
+  ASSIGN_OR_RETURN(ChildOutput output,
+                   RunToCompletion("torch_ps_bench.py", argv, int64_t{o.timeout_s} * 1000));
+  for (const nlohmann::json& line : BenchLines({output}, "ps_python")) results->python = line;
+  for (const nlohmann::json& line : BenchLines({output}, "ps_mlp")) results->mlp = line;
+  if (results->python.is_null() || results->mlp.is_null()) {
+    return DataLossError("torch_ps_bench.py reported no push+pull or no MLP figures");
+  }
+  return OkStatus();
+}
+
+// Per worker (mean over the workers) and aggregate (sum) GB/s, and per-worker requests/s.
+struct Figures {
+  double worker_gbps = 0, aggregate_gbps = 0, requests_per_s = 0;
+};
+Figures FiguresOf(const std::vector<nlohmann::json>& lines) {
+  Figures f;
+  for (const nlohmann::json& line : lines) {
+    f.aggregate_gbps += Gbps(line);
+    f.requests_per_s += line.value("requests_per_step", 0.0) / line.value("median_s", 1.0);
+  }
+  if (!lines.empty()) {
+    f.worker_gbps = f.aggregate_gbps / static_cast<double>(lines.size());
+    f.requests_per_s /= static_cast<double>(lines.size());
+  }
+  return f;
+}
+
+nlohmann::json Goal(const std::string& goal, bool measured, bool met, const std::string& detail) {
+  return {{"benchmark", "ps"}, {"kind", "goal"}, {"goal", goal}, {"met", measured && met},
+          {"detail", measured ? detail : "not measured in this run"}};
+}
+
+std::string Fixed(double value, int digits) {
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(digits) << value;
+  return out.str();
+}
+
+std::vector<nlohmann::json> Goals(const PsBenchOptions& o, const Results& r) {
+  std::vector<nlohmann::json> goals;
+  const auto tessera = r.rows.find({"tessera", 1, 1, kGoalBytes});
+  const auto zmq = r.rows.find({"zmq", 1, 1, kGoalBytes});
+  const bool have_tessera = tessera != r.rows.end();
+  const double ours = have_tessera ? FiguresOf(tessera->second).worker_gbps : 0;
+  if (zmq != r.rows.end() && have_tessera) {
+    const double ratio = ours / FiguresOf(zmq->second).worker_gbps;
+    goals.push_back(Goal("16 MiB push+pull, 1 server x 1 worker, >= 70% of raw ZeroMQ", true,
+                         ratio >= 0.7, Fixed(ratio * 100, 0) + "%"));
+  } else {
+    goals.push_back(Goal("16 MiB push+pull, 1 server x 1 worker, >= 70% of raw ZeroMQ", false,
+                         false, ""));
+  }
+  goals.push_back(Goal("16 MiB push+pull, 1 x 1, >= 2x ps-lite (1.09 GB/s per worker, the "
+                       "issue's measurement)",
+                       have_tessera, ours >= 2 * kPsLiteGbps,
+                       Fixed(ours, 2) + " GB/s = " + Fixed(ours / kPsLiteGbps, 2) + "x"));
+  const bool python_here = !r.python.is_null() && have_tessera && o.python_bytes == kGoalBytes;
+  const double python_ratio = python_here ? Gbps(r.python) / ours : 0;
+  goals.push_back(Goal("from Python >= 90% of C++ at 16 MiB", python_here, python_ratio >= 0.9,
+                       Fixed(python_ratio * 100, 0) + "%"));
+  const bool mlp_here = !r.mlp.is_null();
+  const double mlp_ratio =
+      mlp_here ? r.mlp.value("ps_sync_s", 0.0) / r.mlp.value("alone_s", 1.0) : 0;
+  goals.push_back(Goal("MLP in ps-sync (1 x 1) within 1.5x the step time alone", mlp_here,
+                       mlp_ratio <= 1.5, Fixed(mlp_ratio, 2) + "x"));
+  return goals;
+}
+
+void Report(const PsBenchOptions& o, const Results& r) {
+  const std::vector<nlohmann::json> goals = Goals(o, r);
+  if (o.json) {
+    std::cout << nlohmann::json({{"benchmark", "ps"}, {"kind", "config"},
+                                 {"sizes", o.sizes}, {"chunk_elements", o.chunk_elements},
+                                 {"seconds", o.seconds}})
+                     .dump()
+              << "\n";
+    for (const auto& [key, lines] : r.rows) {
+      const auto& [system, servers, workers, bytes] = key;
+      const Figures f = FiguresOf(lines);
+      nlohmann::json row = {{"benchmark", "ps"}, {"kind", "row"}, {"system", system},
+                            {"servers", servers}, {"workers", workers}, {"bytes", bytes},
+                            {"worker_gbps", f.worker_gbps}, {"aggregate_gbps", f.aggregate_gbps},
+                            {"requests_per_s", f.requests_per_s}, {"workers_lines", lines}};
+      std::cout << row.dump() << "\n";
+    }
+    if (!r.python_skipped.empty()) {
+      std::cout << nlohmann::json({{"benchmark", "ps"}, {"kind", "python_skipped"},
+                                   {"skipped", r.python_skipped}})
+                       .dump()
+                << "\n";
+    }
+    if (!r.python.is_null()) {
+      std::cout << nlohmann::json({{"benchmark", "ps"}, {"kind", "python"},
+                                   {"gbps", Gbps(r.python)}, {"figures", r.python}})
+                       .dump()
+                << "\n";
+    }
+    if (!r.mlp.is_null()) {
+      std::cout << nlohmann::json({{"benchmark", "ps"}, {"kind", "mlp"}, {"figures", r.mlp}})
+                       .dump()
+                << "\n";
+    }
+    for (const nlohmann::json& goal : goals) std::cout << goal.dump() << "\n";
+    return;
+  }
+  std::cout << "ps: push+pull on the loopback; a step pushes `size` bytes of gradients and "
+               "pulls `size` bytes of parameters\n"
+            << "GB/s = 2 x size / median step time per worker; aggregate = sum over the "
+               "workers; tessera = PsEngine through tessera-server (ps-async, SGD), zmq = raw "
+               "ZeroMQ, same chunks (" << o.chunk_elements * 4 / 1024
+            << " KiB) and requests, no header, checks or optimizer\n\n";
+  std::cout << std::left << std::setw(7) << "S x W" << std::setw(9) << "size" << std::right
+            << std::setw(12) << "GB/s/wkr" << std::setw(11) << "aggr GB/s" << std::setw(10)
+            << "req/s" << std::setw(12) << "zmq GB/s" << std::setw(11) << "zmq aggr"
+            << std::setw(10) << "vs zmq" << "\n";
+  for (const auto& [servers, workers] : o.configs) {
+    for (size_t size : o.sizes) {
+      const auto t = r.rows.find({"tessera", servers, workers, size});
+      const auto z = r.rows.find({"zmq", servers, workers, size});
+      if (t == r.rows.end()) continue;
+      const Figures ft = FiguresOf(t->second);
+      std::cout << std::left << std::setw(7)
+                << (std::to_string(servers) + " x " + std::to_string(workers)) << std::setw(9)
+                << HumanBytes(size) << std::right << std::setw(12) << Fixed(ft.worker_gbps, 3)
+                << std::setw(11) << Fixed(ft.aggregate_gbps, 3) << std::setw(10)
+                << Fixed(ft.requests_per_s, 0);
+      if (z != r.rows.end()) {
+        const Figures fz = FiguresOf(z->second);
+        std::cout << std::setw(12) << Fixed(fz.worker_gbps, 3) << std::setw(11)
+                  << Fixed(fz.aggregate_gbps, 3) << std::setw(9)
+                  << Fixed(ft.worker_gbps / fz.worker_gbps, 2) << "x";
+      }
+      std::cout << "\n";
+    }
+  }
+  if (!r.python_skipped.empty()) {
+    std::cout << "\nPython: skipped (" << r.python_skipped << ")\n";
+  } else if (!r.python.is_null()) {
+    const auto t = r.rows.find({"tessera", 1, 1, o.python_bytes});
+    std::cout << "\nPython (tessera.torch.ParameterServerOptimizer, 1 x 1, "
+              << HumanBytes(o.python_bytes) << "): " << Fixed(Gbps(r.python), 3) << " GB/s";
+    if (t != r.rows.end()) {
+      std::cout << " = " << Fixed(Gbps(r.python) / FiguresOf(t->second).worker_gbps * 100, 0)
+                << "% of C++";
+    }
+    std::cout << "\nMLP 784-1024-1024-10, batch " << r.mlp.value("batch_size", 0)
+              << ", SGD: alone " << Fixed(r.mlp.value("alone_s", 0.0) * 1e3, 2)
+              << " ms/step, ps-sync 1 x 1 " << Fixed(r.mlp.value("ps_sync_s", 0.0) * 1e3, 2)
+              << " ms/step ("
+              << Fixed(r.mlp.value("ps_sync_s", 0.0) / r.mlp.value("alone_s", 1.0), 2)
+              << "x)\n";
+  }
+  std::cout << "\ngoals:\n";
+  for (const nlohmann::json& goal : goals) {
+    std::cout << "  " << (goal.value("met", false) ? "met    " : "MISSED ")
+              << goal.value("goal", "") << ": " << goal.value("detail", "") << "\n";
+  }
+}
+
+int RunPsBench(const PsBenchOptions& o) {
+  Results results;
+  for (const auto& [servers, workers] : o.configs) {
+    Status status = MeasureTessera(o, servers, workers, &results);
+    if (status.ok() && !o.no_zmq) status = MeasureZmq(o, servers, workers, &results);
+    if (!status.ok()) {
+      std::cerr << "tessera-bench ps: " << status << "\n";
+      return 1;
+    }
+  }
+  if (!o.no_python) {
+    Status status = MeasurePython(o, &results);
+    if (!status.ok()) {
+      std::cerr << "tessera-bench ps: " << status << "\n";
+      return 1;
+    }
+  }
+  Report(o, results);
+  return 0;
+}
+
+}  // namespace
+
+BenchCommand AddPsBench(CLI::App* parent) {
+  auto o = std::make_shared<PsBenchOptions>();
+  CLI::App* app = parent->add_subcommand(
+      "ps", "Parameter-server push+pull throughput (servers x workers) beside raw ZeroMQ, and "
+            "the Python client's cost");
+  app->footer("Quick look:  tessera-bench ps --configs 1x1 --sizes 1M,16M --no-python");
+  app->add_option("--configs", o->configs_text,
+                  "Servers x workers, comma-separated, e.g. 1x1,2x2")
+      ->capture_default_str();
+  app->add_option("--sizes", o->sizes_text,
+                  "Model bytes (float32), comma-separated; K, M, G suffixes (binary)")
+      ->capture_default_str();
+  app->add_option("--warmup", o->warmup, "Untimed steps per size")
+      ->check(CLI::Range(0, 1000))
+      ->capture_default_str();
+  app->add_option("--iters", o->iters, "Timed steps per size; 0: as fit in --seconds")
+      ->check(CLI::Range(0, 100000))
+      ->capture_default_str();
+  app->add_option("--seconds", o->seconds, "Time per size when --iters is 0 (5 to 10000 steps)")
+      ->check(CLI::Range(0.0, 600.0))
+      ->capture_default_str();
+  app->add_option("--chunk-elements", o->chunk_elements,
+                  "Floats per chunk (tessera-worker --ps-chunk-elements)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 28))
+      ->capture_default_str();
+  app->add_option("--python-bytes", o->python_bytes_text,
+                  "Model bytes of the Python push+pull (K, M, G suffixes)")
+      ->capture_default_str();
+  app->add_option("--mlp-steps", o->mlp_steps, "Timed steps of each MLP run (after 5 untimed)")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  app->add_flag("--no-zmq", o->no_zmq, "Skip the raw ZeroMQ limit");
+  app->add_flag("--no-python", o->no_python, "Skip the Python path and the MLP");
+  app->add_option("--timeout-s", o->timeout_s, "Deadline of each run of child processes")
+      ->check(CLI::Range(1, 86400))
+      ->capture_default_str();
+  app->add_flag("--json", o->json,
+                "One JSON object per line (config, rows, Python figures, goals)");
+  return {app, [o]() -> int {
+            Status status = ParseOptions(o.get());
+            if (!status.ok()) {
+              std::cerr << "tessera-bench ps: " << status.message() << "\n";
+              return 2;
+            }
+            return RunPsBench(*o);
+          }};
+}
+
+}  // namespace tessera::tools

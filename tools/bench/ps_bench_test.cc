@@ -1,0 +1,66 @@
+// Smoke test of `tessera-bench ps`: 1x1 and 2x2 fleets (real servers and workers under
+// tessera-launch), the raw ZeroMQ processes and, where /usr/bin/python3 has torch and no
+// sanitizer is on, the Python path; checks the shape of the --json report, not its figures:
+// benchmarks are not tests.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tools/bench/bench_util.h"
+
+namespace tessera::tools {
+namespace {
+
+TEST(PsBenchTest, JsonShape) {
+  const char* sanitizer = std::getenv("TESSERA_SANITIZER");  // set by .bazelrc's configs
+  const bool python = sanitizer == nullptr || *sanitizer == '\0';
+  StatusOr<std::string> bench = FindRunfile("tools/tessera-bench");
+  ASSERT_TRUE(bench.ok()) << bench.status();
+  std::vector<std::string> argv = {*bench,  "ps",         "--configs",      "1x1,2x2",
+                                   "--sizes", "4K,64K",   "--iters",        "5",
+                                   "--warmup", "1",       "--python-bytes", "64K",
+                                   "--mlp-steps", "2",    "--json"};
+  if (!python) argv.push_back("--no-python");  // the interpreter is not instrumented
+  StatusOr<ChildOutput> output = RunToCompletion("tessera-bench ps", argv, 240'000);
+  ASSERT_TRUE(output.ok()) << output.status();
+  std::map<std::string, std::vector<nlohmann::json>> by_kind;
+  for (const std::string& line : output->stdout_lines) {
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    ASSERT_TRUE(j.is_object()) << "not a JSON object: " << line;
+    EXPECT_EQ(j.value("benchmark", ""), "ps") << line;
+    by_kind[j.value("kind", "")].push_back(j);
+  }
+  ASSERT_EQ(by_kind["config"].size(), 1u);
+  // tessera and zmq, two configurations, two sizes.
+  ASSERT_EQ(by_kind["row"].size(), 8u);
+  for (const nlohmann::json& row : by_kind["row"]) {
+    const int workers = row.value("workers", 0);
+    EXPECT_EQ(row.value("servers", 0), workers) << row.dump();
+    EXPECT_EQ(row["workers_lines"].size(), static_cast<size_t>(workers)) << row.dump();
+    for (const nlohmann::json& line : row["workers_lines"]) {
+      EXPECT_EQ(line.value("iters", 0), 5) << row.dump();
+    }
+    EXPECT_GT(row.value("worker_gbps", 0.0), 0.0) << row.dump();
+    EXPECT_NEAR(row.value("aggregate_gbps", 0.0), workers * row.value("worker_gbps", 0.0),
+                1e-9 * workers)
+        << row.dump();
+    EXPECT_GT(row.value("requests_per_s", 0.0), 0.0) << row.dump();
+  }
+  EXPECT_EQ(by_kind["goal"].size(), 4u);
+  if (python && by_kind["python_skipped"].empty()) {
+    ASSERT_EQ(by_kind["python"].size(), 1u);
+    EXPECT_GT(by_kind["python"][0].value("gbps", 0.0), 0.0);
+    EXPECT_EQ(by_kind["python"][0]["figures"].value("bytes", 0), 65536);
+    ASSERT_EQ(by_kind["mlp"].size(), 1u);
+    EXPECT_GT(by_kind["mlp"][0]["figures"].value("alone_s", 0.0), 0.0);
+    EXPECT_GT(by_kind["mlp"][0]["figures"].value("ps_sync_s", 0.0), 0.0);
+  }
+}
+
+}  // namespace
+}  // namespace tessera::tools
