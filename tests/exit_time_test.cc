@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -48,18 +49,26 @@ int64_t ExitMillisAfter(FleetHarness& harness, int id, const std::string& work_d
 
 // Waits until the server at `metrics_url` holds a request back (ps-sync waiting for a peer).
 Status WaitForHeldRequest(const std::string& metrics_url) {
+  // Held for this long without a break: a hold that a push already on its way (sent just
+  // before the peer was stopped) ends lasts a step, well under a millisecond here.
+  constexpr int64_t kSteadyMs = 300;
   const std::string gauge = "\ntessera_ps_waiting_requests ";
+  std::optional<SteadyClock::time_point> held_since;
   for (Deadline deadline = Deadline::AfterMillis(kRunMs); !deadline.Expired();) {
     StatusOr<HttpResult> metrics = HttpGet(metrics_url, 5000);
     if (metrics.ok()) {
       const size_t at = metrics->body.find(gauge);
       if (at != std::string::npos && std::stod(metrics->body.substr(at + gauge.size())) >= 1) {
-        return OkStatus();
+        if (!held_since) held_since = SteadyClock::now();
+        if (MillisBetween(*held_since, SteadyClock::now()) >= kSteadyMs) return OkStatus();
+      } else {
+        held_since.reset();
       }
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  return DeadlineExceededError("the server at " + metrics_url + " held no request within " +
+  return DeadlineExceededError("the server at " + metrics_url + " held no request for " +
+                               std::to_string(kSteadyMs) + " ms within " +
                                std::to_string(kRunMs) + " ms");
 }
 
