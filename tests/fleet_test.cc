@@ -240,7 +240,7 @@ TEST(FleetTest, ServerAnswersGarbageWithErrorsAndKeepsServing) {
   FleetView view;
   view.members.push_back({Role::kWorker, 0, fleet.process(ids.workers[0]).address, "", "",
                           fleet.process(ids.workers[0]).pid});
-  PsPushPullRequest pull{{}, false, PsJobToken(view)};
+  PsPushPullRequest pull{{}, false, PsJobToken(view), {}};
   pull.tensors.push_back(TensorData{"worker0.probe", 0, DataType::kFloat32, {1024}, Payload()});
   MessageHeader header;
   header.sender_role = Role::kWorker;

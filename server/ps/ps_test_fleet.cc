@@ -166,7 +166,7 @@ Status PsServiceTest::Init(const PsJobConfig& config, const ByKey& values) {
 }
 
 Reply PsServiceTest::PushPull(int worker, int64_t step, const ByKey& grads, int64_t timeout_ms) {
-  PsPushPullRequest request{{}, true, kTestToken};
+  PsPushPullRequest request{{}, true, kTestToken, {}};
   for (const auto& [key, g] : grads) request.tensors.push_back(TensorData::Floats("chunk", key, g));
   return Send(worker, std::move(request), step,
               "push-pull of step " + std::to_string(step) + " by worker " + std::to_string(worker),
@@ -174,7 +174,7 @@ Reply PsServiceTest::PushPull(int worker, int64_t step, const ByKey& grads, int6
 }
 
 Reply PsServiceTest::Pull(int worker, int64_t step, const std::vector<uint64_t>& keys) {
-  PsPushPullRequest request{{}, false, kTestToken};
+  PsPushPullRequest request{{}, false, kTestToken, {}};
   for (uint64_t key : keys) {
     request.tensors.push_back(TensorData{"chunk", key, DataType::kFloat32, {}, Payload()});
   }

@@ -173,7 +173,7 @@ class SmokeJob {
     const DenseChunk& chunk = chunks_[static_cast<size_t>(rank_)];
     std::vector<float> gradient(elements_);
     for (size_t i = 0; i < elements_; ++i) gradient[i] = -ProbeValue(rank_, i);
-    PsPushPullRequest push{{}, true, PsJobToken(view_)};
+    PsPushPullRequest push{{}, true, PsJobToken(view_), {}};
     push.tensors.push_back(Chunk(rank_, std::move(gradient)));
     const std::string what = "push of " + ProbeName(rank_) + " to server " +
                              std::to_string(chunk.server);
@@ -201,7 +201,7 @@ class SmokeJob {
     for (int worker = 0; worker < view_.num_workers; ++worker) {
       if (worker == rank_) continue;
       const DenseChunk& chunk = chunks_[static_cast<size_t>(worker)];
-      PsPushPullRequest pull{{}, false, PsJobToken(view_)};
+      PsPushPullRequest pull{{}, false, PsJobToken(view_), {}};
       pull.tensors.push_back(Chunk(worker, {}));
       Pull p{worker, "pull of " + ProbeName(worker) + " from server " +
                          std::to_string(chunk.server), {}};
