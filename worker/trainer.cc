@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <iomanip>
+#include <memory>
 #include <sstream>
 
 #include "common/base/logging.h"
@@ -222,7 +223,12 @@ StatusOr<TrainingSummary> Train(const TrainerOptions& options, const data::Datas
     params->clear();
     params->shrink_to_fit();
   }
-  std::vector<float> host_grads(engine_storage != nullptr ? 0 : layout.total_size());
+  // Shared, never resized: an engine that sends gradients may send them from here without a
+  // copy, keeping the buffer alive while its transport holds them (SetGradientOwner).
+  auto grads_owner =
+      std::make_shared<std::vector<float>>(engine_storage != nullptr ? 0 : layout.total_size());
+  std::vector<float>& host_grads = *grads_owner;
+  if (engine_storage == nullptr) engine->SetGradientOwner(grads_owner);
   ModelBuffers buffers(backend, params, &host_grads);
   RETURN_IF_ERROR(buffers.Allocate());
   buffers.UploadParams();

@@ -82,6 +82,11 @@ inline constexpr MetricName kPsUpdatesTotal{
 // counter; labels: kind (dense, sparse).
 inline constexpr MetricName kPsGradientBytesTotal{
     "tessera_ps_gradient_bytes_total", "Gradient bytes received by pushes."};
+// counter.
+inline constexpr MetricName kPsValuesCopiesTotal{
+    "tessera_ps_values_copies_total",
+    "Dense chunks whose values were copied before an update because a reply was still sending "
+    "them (replies send the values without a copy; an update then writes a fresh copy)."};
 // gauge.
 inline constexpr MetricName kPsStaleness{
     "tessera_ps_staleness_steps",

@@ -1,6 +1,7 @@
 #include "server/ps/dense_shard.h"
 
 #include <atomic>
+#include <cstdint>
 #include <utility>
 
 #include "common/messages/fleet_view.h"
@@ -8,14 +9,36 @@
 #include "common/training/optimizer.h"
 
 namespace tessera::server {
+namespace {
+
+// The floats of `tensor` where they are, when its frame is aligned for them (a received
+// ZeroMQ frame of any size worth avoiding a copy is), else copied into `scratch`.
+const float* FloatsOf(const TensorData& tensor, std::vector<float>* scratch) {
+  if (reinterpret_cast<uintptr_t>(tensor.bytes.data()) % alignof(float) == 0) {
+    return reinterpret_cast<const float*>(tensor.bytes.data());
+  }
+  *scratch = tensor.Read<float>();
+  return scratch->data();
+}
+
+}  // namespace
+
+// A chunk's values. Replies send them without a copy: each holds a lease (`readers`) until
+// its transport is done with them, and an update while a lease is out writes to a fresh copy
+// (Writable), so the values a reply carries never change under it.
+struct DenseShard::Values {
+  explicit Values(std::vector<float> floats) : floats(std::move(floats)) {}
+  std::vector<float> floats;
+  std::atomic<int64_t> readers{0};
+};
 
 // A push-pull reply assembled from one part per chunk, sent when the last part is filled.
 struct DenseShard::PendingReply {
   ReplyCallback send;
   std::vector<std::string> names;  // per part: "chunk<index>"
   std::vector<uint64_t> keys;
-  std::vector<std::vector<float>> values;  // part i written once, under chunk i's lock
-  std::atomic<int> remaining{0};           // parts not filled yet
+  std::vector<TensorData> parts;   // part i written once, under chunk i's lock
+  std::atomic<int> remaining{0};   // parts not filled yet
 };
 
 // A part of a PendingReply, with the rule that releases it.
@@ -31,12 +54,12 @@ struct DenseShard::Chunk {
 
   const DenseChunk where;
   mutable std::mutex mu;
-  std::vector<float> values;  // guarded by mu
-  std::vector<float> state;   // guarded by mu
-  ConsistencyPolicy policy;   // guarded by mu
-  // ps-sync: the gradients of a step not applied yet, by rank (empty: not pushed yet).
-  std::map<int64_t, std::vector<std::vector<float>>> held;  // guarded by mu
-  std::vector<Waiter> waiters;                              // guarded by mu
+  std::shared_ptr<Values> values;  // guarded by mu; never null
+  std::vector<float> state;        // guarded by mu
+  ConsistencyPolicy policy;        // guarded by mu
+  // ps-sync: the gradients of a step not applied yet, by rank, as they arrived (their frames).
+  std::map<int64_t, std::vector<TensorData>> held;  // guarded by mu
+  std::vector<Waiter> waiters;                      // guarded by mu
 };
 
 StatusOr<std::unique_ptr<DenseShard>> DenseShard::Create(const PsJobConfig& config,
@@ -59,7 +82,7 @@ StatusOr<std::unique_ptr<DenseShard>> DenseShard::Create(const PsJobConfig& conf
                                   " floats) is missing or has the wrong size");
     }
     auto chunk = std::make_unique<Chunk>(where, config);
-    chunk->values = it->second->Read<float>();
+    chunk->values = std::make_shared<Values>(it->second->Read<float>());
     chunk->state.resize(shard->state_per_element_ * where.size);
     InitOptimizerState(config.optimizer, chunk->state.data(), where.size);
     shard->chunks_[where.key] = std::move(chunk);
@@ -95,7 +118,6 @@ Status DenseShard::PushPull(int rank, int64_t step, const std::vector<TensorData
     return InvalidArgumentError("push of step " + std::to_string(step) + "; steps start at 1");
   }
   std::vector<Chunk*> chunks;
-  std::vector<std::vector<float>> grads;
   for (const TensorData& tensor : tensors) {
     auto it = chunks_.find(tensor.key);
     if (it == chunks_.end()) return NotFoundError(OwnerMessage(tensor.key));
@@ -108,11 +130,10 @@ Status DenseShard::PushPull(int rank, int64_t step, const std::vector<TensorData
                                   " bytes of " + std::string(DataTypeName(tensor.dtype)));
     }
     chunks.push_back(chunk);
-    if (push) grads.push_back(tensor.Read<float>());
   }
   auto pending = std::make_shared<PendingReply>();
   pending->send = std::move(reply);
-  pending->values.resize(chunks.size());
+  pending->parts.resize(chunks.size());
   for (const Chunk* chunk : chunks) {
     pending->names.push_back("chunk" + std::to_string(chunk->where.index));
     pending->keys.push_back(chunk->where.key);
@@ -131,20 +152,22 @@ Status DenseShard::PushPull(int rank, int64_t step, const std::vector<TensorData
       // at the checkpoint's step).
       Waiter waiter{pending, i, chunk.policy.Pull(step)};
       if (push) {
-        metrics_->DenseGradientBytes(static_cast<double>(grads[i].size() * sizeof(float)));
+        metrics_->DenseGradientBytes(static_cast<double>(tensors[i].bytes.size()));
         ASSIGN_OR_RETURN(PushDecision decision, chunk.policy.Push(rank, step));
         switch (decision.action) {
           case PushAction::kHold:
           case PushAction::kApplyHeld: {
             auto& slots = chunk.held[decision.update];
             slots.resize(static_cast<size_t>(config_.num_workers));
-            slots[rank] = std::move(grads[i]);
+            slots[rank] = tensors[i];  // shares the frame: no copy
             if (decision.action == PushAction::kApplyHeld) ApplyHeld(decision.update, &chunk);
             break;
           }
-          case PushAction::kApplyNow:
-            ApplyOne(decision.update, grads[i].data(), &chunk);
+          case PushAction::kApplyNow: {
+            std::vector<float> scratch;
+            ApplyOne(decision.update, FloatsOf(tensors[i], &scratch), &chunk);
             break;
+          }
         }
         waiter.rule = decision.reply;
       }
@@ -170,18 +193,28 @@ std::string DenseShard::OwnerMessage(uint64_t key) const {
          std::to_string(self) + " (" + std::to_string(chunks_.size()) + " chunks here)";
 }
 
-// ps-sync: every worker's gradient of `step` is here: sum in rank order, average, apply.
+// ps-sync: every worker's gradient of `step` is here: sum in rank order, average, apply. One
+// worker's gradient is the average as it came (the sum and the scaling by 1 would not change
+// a bit), applied from its frame.
 void DenseShard::ApplyHeld(int64_t step, Chunk* chunk) {
   auto held = chunk->held.find(step);
-  std::vector<std::vector<float>>& slots = held->second;
-  std::vector<float>& sum = slots[0];
-  for (size_t r = 1; r < slots.size(); ++r) {
-    for (size_t j = 0; j < sum.size(); ++j) sum[j] += slots[r][j];
+  const std::vector<TensorData>& slots = held->second;
+  std::vector<float> sum, scratch;
+  const float* grad = nullptr;
+  if (slots.size() == 1) {
+    grad = FloatsOf(slots[0], &scratch);
+  } else {
+    sum = slots[0].Read<float>();
+    for (size_t r = 1; r < slots.size(); ++r) {
+      const float* g = FloatsOf(slots[r], &scratch);
+      for (size_t j = 0; j < sum.size(); ++j) sum[j] += g[j];
+    }
+    const float scale = 1.0f / static_cast<float>(config_.num_workers);
+    for (float& g : sum) g *= scale;
+    grad = sum.data();
   }
-  const float scale = 1.0f / static_cast<float>(config_.num_workers);
-  for (float& g : sum) g *= scale;
   const float lr = LearningRate(config_.schedule, config_.optimizer.lr, step - 1);
-  DenseUpdate(config_.optimizer, lr, step, chunk->values.data(), sum.data(), sum.size(),
+  DenseUpdate(config_.optimizer, lr, step, Writable(chunk), grad, chunk->where.size,
               chunk->state.data());
   chunk->held.erase(held);
   metrics_->DenseUpdate();
@@ -190,9 +223,19 @@ void DenseShard::ApplyHeld(int64_t step, Chunk* chunk) {
 // ps-async / ps-ssp: one worker's gradient, applied at once as update `update`.
 void DenseShard::ApplyOne(int64_t update, const float* grad, Chunk* chunk) {
   const float lr = LearningRate(config_.schedule, config_.optimizer.lr, update - 1);
-  DenseUpdate(config_.optimizer, lr, update, chunk->values.data(), grad, chunk->values.size(),
+  DenseUpdate(config_.optimizer, lr, update, Writable(chunk), grad, chunk->where.size,
               chunk->state.data());
   metrics_->DenseUpdate();
+}
+
+float* DenseShard::Writable(Chunk* chunk) {
+  // The acquire pairs with a lease's release: a reply's transport is done reading before
+  // these values are written.
+  if (chunk->values->readers.load(std::memory_order_acquire) != 0) {
+    chunk->values = std::make_shared<Values>(chunk->values->floats);
+    metrics_->DenseValuesCopied();
+  }
+  return chunk->values->floats.data();
 }
 
 // Fills the part of every waiter the policy releases now; replies whose last part that was go
@@ -206,7 +249,15 @@ void DenseShard::ReleaseReady(Chunk* chunk, Ready* ready) {
       continue;
     }
     if (waiter.rule.min_clock >= 0) metrics_->RecordReleasedLead(chunk->policy.Lead(waiter.rule));
-    waiter.reply->values[waiter.part] = chunk->values;
+    // A lease on the current values: the reply sends them as they are, without a copy.
+    std::shared_ptr<Values> values = chunk->values;
+    values->readers.fetch_add(1, std::memory_order_relaxed);
+    std::shared_ptr<const void> lease(values->floats.data(), [values](const void*) {
+      values->readers.fetch_sub(1, std::memory_order_release);
+    });
+    waiter.reply->parts[waiter.part] =
+        TensorData::Floats(waiter.reply->names[waiter.part], waiter.reply->keys[waiter.part],
+                           values->floats.data(), values->floats.size(), std::move(lease));
     if (--waiter.reply->remaining == 0) ready->push_back(waiter.reply);
   }
   metrics_->AddWaiting(-static_cast<int64_t>(chunk->waiters.size() - keep.size()));
@@ -216,10 +267,7 @@ void DenseShard::ReleaseReady(Chunk* chunk, Ready* ready) {
 void DenseShard::Send(const Ready& ready) {
   for (const std::shared_ptr<PendingReply>& pending : ready) {
     PsPushPullReply reply;
-    for (size_t i = 0; i < pending->values.size(); ++i) {
-      reply.tensors.push_back(
-          TensorData::Floats(pending->names[i], pending->keys[i], std::move(pending->values[i])));
-    }
+    reply.tensors = std::move(pending->parts);
     pending->send(std::move(reply));
   }
 }
@@ -236,7 +284,7 @@ std::map<uint64_t, ChunkState> DenseShard::Snapshot() const {
   std::map<uint64_t, ChunkState> saved;
   for (const auto& [key, chunk] : chunks_) {
     std::lock_guard<std::mutex> lock(chunk->mu);
-    saved[chunk->where.index] = {chunk->values, chunk->state};
+    saved[chunk->where.index] = {chunk->values->floats, chunk->state};
   }
   return saved;
 }
@@ -247,7 +295,7 @@ void DenseShard::Restore(std::map<uint64_t, ChunkState> saved, int64_t step) {
     {
       std::lock_guard<std::mutex> lock(chunk->mu);
       ChunkState& mine = saved.at(chunk->where.index);
-      chunk->values = std::move(mine.values);
+      chunk->values = std::make_shared<Values>(std::move(mine.values));
       chunk->state = std::move(mine.state);
       chunk->policy.Restore(step);
       chunk->held.clear();

@@ -87,6 +87,7 @@ class DenseShard {
   void Restore(std::map<uint64_t, ChunkState> saved, int64_t step);
 
  private:
+  struct Values;
   struct PendingReply;
   struct Waiter;
   struct Chunk;
@@ -97,6 +98,9 @@ class DenseShard {
   // REQUIRES: chunk->mu held.
   void ApplyHeld(int64_t step, Chunk* chunk);
   void ApplyOne(int64_t update, const float* grad, Chunk* chunk);
+  // The chunk's values, ready to be updated in place: a fresh copy when a reply still holds
+  // the current ones.
+  float* Writable(Chunk* chunk);
   void ReleaseReady(Chunk* chunk, Ready* ready);
   static void Send(const Ready& ready);
 

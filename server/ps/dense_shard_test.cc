@@ -3,7 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cmath>
+#include <mutex>
 #include <optional>
+#include <set>
+#include <string>
 #include <thread>
 
 #include "common/metrics/metrics.h"
@@ -189,6 +193,73 @@ TEST_F(DenseShardTest, ConcurrentPushesToOneChunkAreEachAppliedOnce) {
   std::map<uint64_t, ChunkState> saved = shard->Snapshot();
   EXPECT_EQ(saved.at(0).values, Floats(4, 1 - 0.5f * 800));
   EXPECT_EQ(saved.at(1).values, Floats(4, 2 - 0.5f * 800));
+}
+
+// Replies carry the chunk's values without a copy; an update while a reply still holds them
+// writes to a fresh copy, so what the reply carries never changes.
+TEST_F(DenseShardTest, RepliesShareTheValuesUntilAnUpdateCopiesThem) {
+  auto copies = [this] {
+    const std::string text = registry_.RenderText();
+    const std::string name = "tessera_ps_values_copies_total ";
+    const size_t at = text.find("\n" + name);
+    return at == std::string::npos ? -1.0 : std::stod(text.substr(at + 1 + name.size()));
+  };
+  auto shard = Create(Config(PsConsistency::kAsync, 1));
+  Captured first = Push(*shard, 0, 1, {Chunk(0, Floats(4, 1))});  // 1 - 0.5 * 1
+  Captured pull;
+  ASSERT_TRUE(shard->PushPull(0, 2, {Ask(0)}, false, pull.Callback()).ok());
+  ASSERT_TRUE(first.came() && pull.came());
+  EXPECT_EQ((*first.reply)->tensors.at(0).bytes.data(), (*pull.reply)->tensors.at(0).bytes.data());
+  EXPECT_EQ(copies(), 0);
+
+  Captured second = Push(*shard, 0, 2, {Chunk(0, Floats(4, 1))});  // while both hold 0.5
+  EXPECT_EQ(copies(), 1);
+  EXPECT_EQ(first.Values(0), Floats(4, 0.5f));
+  EXPECT_EQ(pull.Values(0), Floats(4, 0.5f));
+  EXPECT_EQ(second.Values(0), Floats(4, 0.0f));
+
+  first.reply->reset();
+  pull.reply->reset();
+  second.reply->reset();
+  Captured third = Push(*shard, 0, 3, {Chunk(0, Floats(4, 1))});  // nothing held: in place
+  EXPECT_EQ(copies(), 1);
+  EXPECT_EQ(third.Values(0), Floats(4, -0.5f));
+}
+
+// Two workers update a chunk while the replies of earlier updates are held or dropped (their
+// leases end on the pushing threads, beside the other's update): each held reply keeps the
+// values of its own update.
+TEST_F(DenseShardTest, HeldRepliesKeepTheirValuesWhileOtherWorkersUpdate) {
+  auto shard = Create(Config(PsConsistency::kAsync, 2));
+  std::mutex mu;
+  std::vector<std::pair<PsPushPullReply, float>> kept;  // with the value read when it came
+  std::vector<std::thread> threads;
+  for (int w = 0; w < 2; ++w) {
+    threads.emplace_back([&, w] {
+      for (int64_t step = 1; step <= 200; ++step) {
+        Status status = shard->PushPull(
+            w, step, {Chunk(0, Floats(4, 1))}, true, [&, step](PsPushPullReply reply) {
+              const float value = reply.tensors.at(0).Read<float>().at(0);
+              if (step % 2 == 0) return;  // dropped here: its lease ends at once
+              std::lock_guard<std::mutex> lock(mu);
+              kept.emplace_back(std::move(reply), value);
+            });
+        EXPECT_TRUE(status.ok()) << status;
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  ASSERT_EQ(kept.size(), 200u);
+  std::set<float> values;
+  for (const auto& [reply, value] : kept) {
+    EXPECT_EQ(reply.tensors.at(0).Read<float>(), Floats(4, value));
+    values.insert(value);
+  }
+  EXPECT_EQ(values.size(), 200u);  // each reply has the values of its own update
+  for (float value : values) {
+    const float updates = (1 - value) / 0.5f;
+    EXPECT_EQ(updates, std::round(updates)) << value;
+  }
 }
 
 }  // namespace

@@ -26,6 +26,10 @@ StatusOr<std::unique_ptr<PsMetrics>> PsMetrics::Register(MetricsRegistry* regist
                                              names::kPsGradientBytesTotal.help, {"kind"}));
   ASSIGN_OR_RETURN(m->dense_gradient_bytes_, bytes->WithLabels({"dense"}));
   ASSIGN_OR_RETURN(m->sparse_gradient_bytes_, bytes->WithLabels({"sparse"}));
+  ASSIGN_OR_RETURN(CounterFamily * copies,
+                   registry->RegisterCounter(names::kPsValuesCopiesTotal.name,
+                                             names::kPsValuesCopiesTotal.help, {}));
+  ASSIGN_OR_RETURN(m->values_copies_, copies->WithLabels({}));
   return m;
 }
 

@@ -29,6 +29,8 @@ class PsMetrics {
   void SparseUpdate() { sparse_updates_->Increment(); }
   void DenseGradientBytes(double bytes) { dense_gradient_bytes_->Increment(bytes); }
   void SparseGradientBytes(double bytes) { sparse_gradient_bytes_->Increment(bytes); }
+  // A chunk's values were copied before an update: a reply still held them.
+  void DenseValuesCopied() { values_copies_->Increment(); }
 
   // ps-ssp: the current gap between the fastest and the slowest worker, and the lead of a
   // reply just released (the gauge keeps the largest).
@@ -50,6 +52,7 @@ class PsMetrics {
   Counter* sparse_updates_ = nullptr;
   Counter* dense_gradient_bytes_ = nullptr;
   Counter* sparse_gradient_bytes_ = nullptr;
+  Counter* values_copies_ = nullptr;
 
   std::mutex lead_mu_;
   int64_t max_lead_ = 0;  // guarded by lead_mu_ (so the gauge never moves down)

@@ -21,13 +21,17 @@ enum OpIndex { kPushPull = 0, kSparsePush = 1, kSparsePull = 2 };
 // timeout while the transport still queues it for a dead server). The copy costs nothing
 // extra: the transport sends an owned payload without copying, a borrowed one it would have
 // copied into ZeroMQ.
-TensorData ChunkTensor(const DenseChunk& chunk, const float* data) {
-  const std::string name = "chunk" + std::to_string(chunk.index);
+// Chunk `chunk` of `data` (null: no values); borrowed from `owner`'s memory when there is
+// one, else copied.
+TensorData ChunkTensor(const DenseChunk& chunk, const float* data,
+                       const std::shared_ptr<const void>& owner) {
+  std::string name = "chunk" + std::to_string(chunk.index);
   if (data == nullptr) {
-    return TensorData{name, chunk.key, DataType::kFloat32,
+    return TensorData{std::move(name), chunk.key, DataType::kFloat32,
                       {static_cast<int64_t>(chunk.size)}, Payload()};
   }
-  return TensorData::Floats(name, chunk.key, std::vector<float>(data, data + chunk.size));
+  if (owner != nullptr) return TensorData::Floats(std::move(name), chunk.key, data, chunk.size, owner);
+  return TensorData::Floats(std::move(name), chunk.key, std::vector<float>(data, data + chunk.size));
 }
 
 constexpr int64_t kStartingRetryMs = 20;
@@ -142,7 +146,7 @@ Status PsEngine::Initialize(const ParameterLayout& layout,
       PsInitRequest request{json, {}, job_token_};
       for (size_t i : chunks_of_server_[s]) {
         const DenseChunk& chunk = chunks_[i];
-        request.tensors.push_back(ChunkTensor(chunk, params + chunk.offset));
+        request.tensors.push_back(ChunkTensor(chunk, params + chunk.offset, nullptr));
       }
       return std::make_pair(
           Send(s, std::move(request), 0, "init of server " + std::to_string(s)),
@@ -197,7 +201,8 @@ std::pair<PsEngine::Reply, std::string> PsEngine::SendChunks(int64_t step,
   PsPushPullRequest request{{}, push, job_token_, model};
   for (size_t i : group) {
     const DenseChunk& chunk = chunks_[i];
-    request.tensors.push_back(ChunkTensor(chunk, push ? grads + chunk.offset : nullptr));
+    request.tensors.push_back(
+        ChunkTensor(chunk, push ? grads + chunk.offset : nullptr, grads_owner_));
     if (push) *sent += static_cast<double>(chunk.size * sizeof(float));
   }
   std::string what = std::string(push ? "push-pull" : "pull") + " of step " +
@@ -315,7 +320,7 @@ Status PsEngine::LookupRows(size_t table, const std::vector<int64_t>& ids, float
     if (ids_of[s].empty()) continue;
     std::string what = "pull of " + std::to_string(ids_of[s].size()) + " rows of table '" +
                        spec.name + "' from server " + std::to_string(s);
-    // Copied: see ChunkTensor.
+    // The ids are copied: a request may outlive this call (see SetGradientOwner).
     SparsePullRequest request{spec.name, TensorData::Int64s("row_ids", ids_of[s])};
     bytes_sent_[kSparsePull]->Increment(static_cast<double>(ids_of[s].size() * sizeof(int64_t)));
     replies.emplace_back(Send(s, std::move(request), last_step_ + 1, what), what);

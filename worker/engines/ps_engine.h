@@ -5,10 +5,10 @@
 // parameters, so all start from rank 0's values. Each worker's first pull carries its model's
 // description, which the servers check against rank 0's: a worker that built another model
 // fails naming the first differing parameter or table on both sides. Step: the dense gradients
-// go out chunk by chunk, each copied once out of the trainer's gradient buffer (a request may
-// outlive the call that sent it: see AddFloats), several requests in flight per server; each
-// reply carries the chunks' values after the step (the server decides when, by the
-// consistency model: see server/ps/ps_service.h). Embedding rows: LookupRows pulls only the
+// go out chunk by chunk, straight from the trainer's gradient buffer when it has an owner
+// (SetGradientOwner; else each chunk is copied once), several requests in flight per server;
+// each reply carries the chunks' values after the step (the server decides when, by the
+// consistency model: see server/ps/ps_service.h), copied once into the parameters. Embedding rows: LookupRows pulls only the
 // rows a batch touches from their owners; Step pushes only those rows' gradients.
 //
 // A server or peer worker that fails makes the pending calls fail with the coordinator's
@@ -67,6 +67,11 @@ class PsEngine final : public TrainingEngine {
   // of `step`, its gradient goes to its server at once (a request of its own), so the servers
   // apply it while backward goes on; Step sends the rest and waits for every reply.
   void OnBackwardStart(int64_t step, float* grads) override;
+  // With an owner, dense gradients are pushed straight from the caller's buffer (borrowed
+  // frames); without one, each chunk is copied once into its request.
+  void SetGradientOwner(std::shared_ptr<const void> owner) override {
+    grads_owner_ = std::move(owner);
+  }
   void OnGradientsReady(uint64_t offset, uint64_t size) override;
   Status Step(int64_t step, float* params, float* grads,
               const std::vector<SparseRows>& sparse) override;
@@ -113,6 +118,7 @@ class PsEngine final : public TrainingEngine {
   uint64_t job_token_ = 0;    // PsInitRequest.job_token (see Create)
   uint64_t fingerprint_ = 0;  // of the layout
   uint64_t dense_elements_ = 0;
+  std::shared_ptr<const void> grads_owner_;  // SetGradientOwner's
   int64_t last_step_ = 0;  // the last step whose values the engine has
   // The backward pass being reported (OnBackwardStart): its step and gradients, the elements of
   // each chunk not reported ready yet, and the requests already sent with their chunks.

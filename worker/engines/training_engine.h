@@ -19,6 +19,7 @@
 #define TESSERA_WORKER_ENGINES_TRAINING_ENGINE_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -53,6 +54,15 @@ class TrainingEngine {
   // Before the backward pass of update `step` whose gradients go to `grads` (host memory,
   // layout size): the buffer OnGradientsReady's ranges refer to until Step returns.
   virtual void OnBackwardStart(int64_t step, float* grads) {}
+
+  // The gradient buffers given to OnBackwardStart and Step from now on lie in memory that
+  // `owner` keeps alive (null: no owner, the default). An engine that sends gradients may then
+  // send them from there without a copy, holding `owner` while the transport does; the bytes
+  // are read only until Step returns (its replies prove them received), so the caller may
+  // write the next step's gradients there. Without an owner a sent gradient is copied: a
+  // request can outlive the step that sent it (a stop or timeout ends the wait while the
+  // transport still holds it), and the buffer may be gone by then.
+  virtual void SetGradientOwner(std::shared_ptr<const void> owner) {}
 
   // During backward: grads[offset, offset + size) are final (last layer first). The default
   // does nothing; an engine that overlaps communication with backward starts it here.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <memory>
 
 #include <nlohmann/json.hpp>
 
@@ -40,7 +41,11 @@ StatusOr<nlohmann::json> RunSize(RpcEndpoint* endpoint, RendezvousClient& client
                    PsEngine::Create(engine_options, endpoint, view, rank, metrics));
   ParameterLayout layout;
   RETURN_IF_ERROR(layout.Add("bench" + size, {static_cast<int64_t>(count)}).status());
-  std::vector<float> params(count), grads(count, 1.0f);
+  // The gradients are sent without a copy, as the trainer's are (SetGradientOwner).
+  auto grads_owner = std::make_shared<std::vector<float>>(count, 1.0f);
+  std::vector<float>& grads = *grads_owner;
+  engine->SetGradientOwner(grads_owner);
+  std::vector<float> params(count);
   for (size_t i = 0; i < count; ++i) params[i] = static_cast<float>(i % 1000);
   const std::vector<float> initial = params;
   if (rank != 0) std::fill(params.begin(), params.end(), -1.0f);

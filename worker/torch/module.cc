@@ -84,6 +84,13 @@ float* FloatBuffer(const at::Tensor& tensor, size_t elements, const char* what) 
   return tensor.data_ptr<float>();
 }
 
+// Keeps `tensor`'s memory alive for as long as the transport sends from it. The storage, not
+// the tensor: the last reference may drop on a transport thread, and a storage's release needs
+// no GIL (a tensor made in Python may).
+std::shared_ptr<const void> StorageOwner(const at::Tensor& tensor) {
+  return std::make_shared<const c10::Storage>(tensor.storage());
+}
+
 std::vector<int64_t> Ids(const at::Tensor& ids, const char* what) {
   TORCH_CHECK(ids.device().is_cpu() && ids.scalar_type() == at::kLong && ids.dim() == 1,
               "tessera: ", what, ": row ids must be a 1-d int64 CPU tensor, got ",
@@ -155,8 +162,9 @@ class PyPsClient {
   // grads[offset, offset + size) of update `step` are final (a backward hook).
   void GradientsReady(int64_t step, const at::Tensor& grads, uint64_t offset, uint64_t size) {
     float* g = FloatBuffer(grads, static_cast<size_t>(grads.numel()), "the gradients");
+    std::shared_ptr<const void> owner = StorageOwner(grads);
     py::gil_scoped_release release;
-    Check(client_->GradientsReady(step, g, offset, size));
+    Check(client_->GradientsReady(step, g, std::move(owner), offset, size));
   }
 
   // sparse: per table (distinct row ids, their (n, dim) gradients).
@@ -176,8 +184,9 @@ class PyPsClient {
       rows[t].grads.assign(row_grads.data_ptr<float>(),
                            row_grads.data_ptr<float>() + row_grads.numel());
     }
+    std::shared_ptr<const void> owner = StorageOwner(grads);
     py::gil_scoped_release release;
-    Check(client_->Step(step, p, g, rows));
+    Check(client_->Step(step, p, g, std::move(owner), rows));
   }
 
   void SaveCheckpoint(const std::string& root, int64_t step) {

@@ -164,7 +164,9 @@ Status PsClient::LookupRows(size_t table, const std::vector<int64_t>& ids, float
   return engine_->LookupRows(table, ids, values);
 }
 
-Status PsClient::GradientsReady(int64_t step, float* grads, uint64_t offset, uint64_t size) {
+Status PsClient::GradientsReady(int64_t step, float* grads,
+                                std::shared_ptr<const void> grads_owner, uint64_t offset,
+                                uint64_t size) {
   std::lock_guard<std::mutex> lock(mu_);
   RETURN_IF_ERROR(Usable("gradients of step " + std::to_string(step)));
   if (step != last_step_ + 1) {
@@ -178,6 +180,7 @@ Status PsClient::GradientsReady(int64_t step, float* grads, uint64_t offset, uin
                                 std::to_string(layout_.total_size()));
   }
   if (backward_step_ != step) {
+    engine_->SetGradientOwner(std::move(grads_owner));
     engine_->OnBackwardStart(step, grads);
     backward_step_ = step;
   }
@@ -186,6 +189,7 @@ Status PsClient::GradientsReady(int64_t step, float* grads, uint64_t offset, uin
 }
 
 Status PsClient::Step(int64_t step, float* params, float* grads,
+                      std::shared_ptr<const void> grads_owner,
                       const std::vector<SparseRows>& sparse) {
   std::lock_guard<std::mutex> lock(mu_);
   RETURN_IF_ERROR(Usable("step " + std::to_string(step)));
@@ -198,6 +202,7 @@ Status PsClient::Step(int64_t step, float* params, float* grads,
         CheckRowIds(tables_[t], sparse[t].ids).WithContext("step " + std::to_string(step)));
   }
   backward_step_ = 0;
+  engine_->SetGradientOwner(std::move(grads_owner));
   RETURN_IF_ERROR(engine_->Step(step, params, grads, sparse));
   last_step_ = step;
   return OkStatus();

@@ -88,12 +88,15 @@ class PsClient {
   Status LookupRows(size_t table, const std::vector<int64_t>& ids, float* values);
   // During the backward pass of update `step`: grads[offset, offset + size) are final. Each
   // dense chunk whose elements are all final goes to its server at once (PsEngine's overlap),
-  // read from `grads`, which must be the buffer Step then gets.
-  Status GradientsReady(int64_t step, float* grads, uint64_t offset, uint64_t size);
-  // Update number `step` (1-based, consecutive): pushes `grads` (the layout's size) and the
-  // tables' row gradients (`sparse[t]`: ids, distinct, and ids.size() x dim grads), pulls the
-  // parameters after the step into `params`. `grads` may be overwritten.
-  Status Step(int64_t step, float* params, float* grads,
+  // read from `grads`, which must be the buffer Step then gets. `grads_owner` keeps `grads`
+  // alive: the chunks are sent from there without a copy (null: each is copied).
+  Status GradientsReady(int64_t step, float* grads, std::shared_ptr<const void> grads_owner,
+                        uint64_t offset, uint64_t size);
+  // Update number `step` (1-based, consecutive): pushes `grads` (the layout's size; sent
+  // without a copy when `grads_owner` keeps them alive) and the tables' row gradients
+  // (`sparse[t]`: ids, distinct, and ids.size() x dim grads), pulls the parameters after the
+  // step into `params`. `grads` may be overwritten once Step returns.
+  Status Step(int64_t step, float* params, float* grads, std::shared_ptr<const void> grads_owner,
               const std::vector<SparseRows>& sparse);
   // Rank 0 has every server write its shard of the state after `step`, and commits the
   // checkpoint under `root` (step-N/, MANIFEST.json, LATEST); other ranks return at once.
