@@ -16,11 +16,6 @@ namespace {
 
 enum OpIndex { kPushPull = 0, kSparsePush = 1, kSparsePull = 2 };
 
-// Chunk `chunk` of a request, with its `count` floats at `data`, or none (a pull). Copied, not
-// borrowed: a request may outlive the call that sent it (WaitAll gives up on a stop or a
-// timeout while the transport still queues it for a dead server). The copy costs nothing
-// extra: the transport sends an owned payload without copying, a borrowed one it would have
-// copied into ZeroMQ.
 // Chunk `chunk` of `data` (null: no values); borrowed from `owner`'s memory when there is
 // one, else copied.
 TensorData ChunkTensor(const DenseChunk& chunk, const float* data,
@@ -90,23 +85,30 @@ PsEngine::Reply PsEngine::Send(int server, MessageBody request, int64_t step,
                               Deadline::AfterMillis(options_.request_timeout_ms), what);
 }
 
+Status PsEngine::AwaitReply(const Reply& reply, const std::string& what,
+                            std::optional<Deadline>* stop_grace) {
+  while (options_.stop_requested &&
+         reply.wait_for(std::chrono::milliseconds(kStopCheckMs)) != std::future_status::ready) {
+    if (!stop_grace->has_value() && options_.stop_requested()) {
+      *stop_grace = Deadline::AfterMillis(kStopGraceMs);
+    }
+    if (stop_grace->has_value() && (*stop_grace)->Expired()) {
+      return CancelledError(what + ": stopped while waiting (the process was asked to stop, "
+                            "and no reply came within " + std::to_string(kStopGraceMs) +
+                            " ms)");
+    }
+  }
+  reply.wait();
+  return OkStatus();
+}
+
 Status PsEngine::WaitAll(std::vector<std::pair<Reply, std::string>>* replies,
                          std::vector<StatusOr<Envelope>>* results) {
   Status first = OkStatus();
   results->clear();
   std::optional<Deadline> stop_grace;  // set once a stop is seen
   for (auto& [reply, what] : *replies) {
-    while (options_.stop_requested &&
-           reply.wait_for(std::chrono::milliseconds(kStopCheckMs)) != std::future_status::ready) {
-      if (!stop_grace.has_value() && options_.stop_requested()) {
-        stop_grace = Deadline::AfterMillis(kStopGraceMs);
-      }
-      if (stop_grace.has_value() && stop_grace->Expired()) {
-        return CancelledError(what + ": stopped while waiting (the process was asked to stop, "
-                              "and no reply came within " + std::to_string(kStopGraceMs) +
-                              " ms)");
-      }
-    }
+    RETURN_IF_ERROR(AwaitReply(reply, what, &stop_grace));
     StatusOr<Envelope> result = reply.get();
     if (!result.ok() && first.ok()) first = result.status().WithContext(what);
     results->push_back(std::move(result));
@@ -271,14 +273,18 @@ Status PsEngine::PushPull(int64_t step, const float* grads, float* params,
       groups.push_back(std::move(group));
     }
   }
+  // Each reply's values go into the parameters as soon as it is here, while the later ones
+  // are still on their way: the copy overlaps the transfer instead of following it. A failed
+  // reply ends the step; requests still out keep what they borrowed (SetGradientOwner).
   auto started = SteadyClock::now();
-  std::vector<StatusOr<Envelope>> results;
-  RETURN_IF_ERROR(WaitAll(&replies, &results));
-  latency_[kPushPull]->Observe(std::chrono::duration<double>(SteadyClock::now() - started).count());
-  bytes_sent_[kPushPull]->Increment(sent);
-  for (size_t r = 0; r < results.size(); ++r) {
+  std::optional<Deadline> stop_grace;  // set once a stop is seen
+  double received = 0;
+  for (size_t r = 0; r < replies.size(); ++r) {
+    RETURN_IF_ERROR(AwaitReply(replies[r].first, replies[r].second, &stop_grace));
+    StatusOr<Envelope> result = replies[r].first.get();
+    if (!result.ok()) return result.status().WithContext(replies[r].second);
     ASSIGN_OR_RETURN(PsPushPullReply reply,
-                     TakeBody<PsPushPullReply>(std::move(results[r]).value(), replies[r].second));
+                     TakeBody<PsPushPullReply>(std::move(result).value(), replies[r].second));
     if (reply.tensors.size() != groups[r].size()) {
       return DataLossError(replies[r].second + ": the reply has " +
                            std::to_string(reply.tensors.size()) + " chunks, not " +
@@ -295,9 +301,12 @@ Status PsEngine::PushPull(int64_t step, const float* grads, float* params,
                              std::string(DataTypeName(values.dtype)));
       }
       std::memcpy(params + chunk.offset, values.bytes.data(), values.bytes.size());
-      bytes_received_[kPushPull]->Increment(static_cast<double>(values.bytes.size()));
+      received += static_cast<double>(values.bytes.size());
     }
   }
+  latency_[kPushPull]->Observe(std::chrono::duration<double>(SteadyClock::now() - started).count());
+  bytes_sent_[kPushPull]->Increment(sent);
+  bytes_received_[kPushPull]->Increment(received);
   return OkStatus();
 }
 

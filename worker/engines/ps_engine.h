@@ -22,6 +22,7 @@
 #include <future>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -103,7 +104,12 @@ class PsEngine final : public TrainingEngine {
   StatusOr<std::vector<ShardFileInfo>> CheckpointServers(const std::string& root, int64_t step,
                                                          bool restore);
   Reply Send(int server, MessageBody request, int64_t step, const std::string& what);
-  // Waits for every reply (so no request still reads caller memory), returns the first error.
+  // Waits until `reply` is ready; Cancelled naming `what` once a stop was seen
+  // (options_.stop_requested) and `*stop_grace` (set then, shared by the waits of one call)
+  // expired.
+  Status AwaitReply(const Reply& reply, const std::string& what,
+                    std::optional<Deadline>* stop_grace);
+  // Waits for every reply and returns the first error (with its `what`); the results in order.
   Status WaitAll(std::vector<std::pair<Reply, std::string>>* replies,
                  std::vector<StatusOr<Envelope>>* results);
 

@@ -106,7 +106,10 @@ std::unique_ptr<Worker> StartWorker(const std::string& name, const StandInServer
   view.key_space = 100;
   view.members.push_back({Role::kServer, 0, server.address(), "", "", 0, MemberState::kAlive,
                           0, 100});
-  view.members.push_back({Role::kWorker, 0, worker->endpoint->address()});
+  MemberInfo self;
+  self.address = worker->endpoint->address();
+  self.rank = 0;
+  view.members.push_back(self);
   PsEngineOptions options;
   options.consistency = PsConsistency::kAsync;
   options.chunk_elements = kChunk;
