@@ -25,8 +25,11 @@ TensorData ChunkTensor(const DenseChunk& chunk, const float* data,
     return TensorData{std::move(name), chunk.key, DataType::kFloat32,
                       {static_cast<int64_t>(chunk.size)}, Payload()};
   }
-  if (owner != nullptr) return TensorData::Floats(std::move(name), chunk.key, data, chunk.size, owner);
-  return TensorData::Floats(std::move(name), chunk.key, std::vector<float>(data, data + chunk.size));
+  if (owner != nullptr) {
+    return TensorData::Floats(std::move(name), chunk.key, data, chunk.size, owner);
+  }
+  return TensorData::Floats(std::move(name), chunk.key,
+                            std::vector<float>(data, data + chunk.size));
 }
 
 constexpr int64_t kStartingRetryMs = 20;

@@ -8,8 +8,9 @@
 // go out chunk by chunk, straight from the trainer's gradient buffer when it has an owner
 // (SetGradientOwner; else each chunk is copied once), several requests in flight per server;
 // each reply carries the chunks' values after the step (the server decides when, by the
-// consistency model: see server/ps/ps_service.h), copied once into the parameters. Embedding rows: LookupRows pulls only the
-// rows a batch touches from their owners; Step pushes only those rows' gradients.
+// consistency model: see server/ps/ps_service.h), copied once into the parameters as it
+// arrives. Embedding rows: LookupRows pulls only the rows a batch touches from their owners;
+// Step pushes only those rows' gradients.
 //
 // A server or peer worker that fails makes the pending calls fail with the coordinator's
 // failure notice (RendezvousClient fails the endpoint), naming the lost process; otherwise a

@@ -57,11 +57,12 @@ class TrainingEngine {
 
   // The gradient buffers given to OnBackwardStart and Step from now on lie in memory that
   // `owner` keeps alive (null: no owner, the default). An engine that sends gradients may then
-  // send them from there without a copy, holding `owner` while the transport does; the bytes
-  // are read only until Step returns (its replies prove them received), so the caller may
-  // write the next step's gradients there. Without an owner a sent gradient is copied: a
-  // request can outlive the step that sent it (a stop or timeout ends the wait while the
-  // transport still holds it), and the buffer may be gone by then.
+  // send them from there without a copy, holding `owner` while the transport does. A Step
+  // that succeeds returns once its replies prove the bytes received, so the caller may write
+  // the next step's gradients there; after a failed Step, requests still out may yet send
+  // whatever the buffer holds by then (the job has failed). Without an owner a sent gradient
+  // is copied: a request can outlive the step that sent it (a stop or timeout ends the wait
+  // while the transport still holds it), and the buffer may be gone by then.
   virtual void SetGradientOwner(std::shared_ptr<const void> owner) {}
 
   // During backward: grads[offset, offset + size) are final (last layer first). The default
