@@ -194,21 +194,41 @@ StatusOr<TrainingSummary> Train(const TrainerOptions& options, const data::Datas
   model->InitializeParameters(options.seed, params->data());
   RETURN_IF_ERROR(engine->Initialize(layout, model->embedding_tables(), params->data())
                       .WithContext(std::string(engine->name()) + " engine initialisation"));
-  if ((options.resume || options.checkpoint_every > 0) && options.checkpoint_dir.empty()) {
-    return InvalidArgumentError("--resume and --checkpoint-every need --checkpoint-dir");
+  const bool resume = options.resume || options.resume_step.has_value();
+  if ((resume || options.checkpoint_every > 0) && options.checkpoint_dir.empty()) {
+    return InvalidArgumentError(
+        "--resume, --resume-step and --checkpoint-every need --checkpoint-dir");
   }
   int64_t first_step = 1;
-  if (options.resume) {
-    StatusOr<int64_t> latest = LatestCheckpointStep(options.checkpoint_dir);
-    if (latest.ok()) {
-      RETURN_IF_ERROR(engine->RestoreCheckpoint(options.checkpoint_dir, *latest, params->data()));
-      first_step = *latest + 1;
-      TLOG(INFO) << "resumed from the checkpoint of step " << *latest << " in "
-                 << options.checkpoint_dir;
-    } else if (latest.status().code() == StatusCode::kNotFound) {
-      TLOG(INFO) << latest.status().message() << "; starting from step 1";
+  if (resume) {
+    const std::string& dir = options.checkpoint_dir;
+    StatusOr<int64_t> from = LatestCheckpointStep(dir);
+    if (options.resume_step.has_value()) {
+      from = *options.resume_step;
+      const std::vector<int64_t> steps = CheckpointSteps(dir);
+      if (std::find(steps.begin(), steps.end(), *from) == steps.end()) {
+        std::string have;
+        for (int64_t step : steps) have += (have.empty() ? "" : ", ") + std::to_string(step);
+        return NotFoundError("--resume-step " + std::to_string(*from) + ": no checkpoint of step " +
+                             std::to_string(*from) + " in " + dir + " (" +
+                             (have.empty() ? "it has none" : "it has steps " + have) + ")");
+      }
+    }
+    if (from.ok()) {
+      Status restored = engine->RestoreCheckpoint(dir, *from, params->data());
+      if (restored.code() == StatusCode::kDataLoss) {
+        return Status(restored.code(), restored.message() + ResumeAdvice(dir, *from));
+      }
+      RETURN_IF_ERROR(restored);
+      first_step = *from + 1;
+      TLOG(INFO) << "resumed from the checkpoint of step " << *from << " in " << dir;
+    } else if (from.status().code() == StatusCode::kNotFound) {
+      TLOG(INFO) << from.status().message() << "; starting from step 1";
+    } else if (from.status().code() == StatusCode::kDataLoss) {  // LATEST is unreadable
+      return Status(from.status().code(), from.status().message() +
+                                              ResumeAdvice(dir, std::nullopt));
     } else {
-      return latest.status();
+      return from.status();
     }
   }
   const int64_t micro = options.accumulation_steps;

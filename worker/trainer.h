@@ -11,8 +11,10 @@
 //     engine.Step(step, params, grads, rows)   <- where the mode plugs in
 //     every `log_every` steps: a progress line; every `eval_every` steps: evaluation;
 //     every `checkpoint_every` steps: engine.SaveCheckpoint
-// With `resume`, the engine restores the newest checkpoint and the loop continues after its
-// step, with the data order exactly as if it had never stopped.
+// With `resume`, the engine restores the newest checkpoint (or `resume_step`'s) and the loop
+// continues after its step, with the data order exactly as if it had never stopped. A
+// checkpoint that does not verify fails naming the file, and the error names the newest
+// earlier checkpoint that does.
 // Progress goes to the log; the summary is returned for the binary to print (and as JSON).
 // On a GPU backend the model runs on device copies of the parameters and gradients; the
 // engine always sees host memory (the trainer copies gradients down after backward and
@@ -24,6 +26,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -51,6 +54,8 @@ struct TrainerOptions {
   int64_t checkpoint_every = 0;   // > 0: save after every N steps and after the last
   bool resume = false;            // continue after the newest checkpoint in checkpoint_dir
                                   // (from step 1 when there is none yet)
+  std::optional<int64_t> resume_step;  // continue after this step's checkpoint instead (it
+                                       // must exist); implies resume
   MetricsRegistry* metrics = nullptr;  // training metrics (metric_names.h) when set
   // Polled after every step: true ends training with Cancelled (a signal, preemption). With
   // checkpoint_on_stop (and checkpoint_dir), the finished step is checkpointed first.

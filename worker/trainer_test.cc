@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <optional>
 
 #include "worker/data/synthetic_classification.h"
 #include "worker/engines/local_engine.h"
@@ -135,7 +136,7 @@ TEST(TrainerTest, ResumingFromACheckpointIsBitwiseLikeNeverStopping) {
   CpuBackend backend;
   auto train = Synthetic(300, 4);  // 300 / 32: epochs end mid-batch
   auto run = [&](int64_t steps, const std::string& dir, int64_t every, bool resume,
-                 std::vector<float>* params) {
+                 std::vector<float>* params, std::optional<int64_t> resume_step = std::nullopt) {
     auto model = std::move(Mlp::Create({16, {32}, 4}, &backend)).value();
     auto engine = Engine(OptimizerKind::kAdam, 0.01f);
     TrainerOptions options;
@@ -145,6 +146,7 @@ TEST(TrainerTest, ResumingFromACheckpointIsBitwiseLikeNeverStopping) {
     options.checkpoint_dir = dir;
     options.checkpoint_every = every;
     options.resume = resume;
+    options.resume_step = resume_step;
     return Train(options, *train, nullptr, model.get(), &backend, engine.get(), params);
   };
   std::vector<float> uninterrupted, resumed;
@@ -166,6 +168,23 @@ TEST(TrainerTest, ResumingFromACheckpointIsBitwiseLikeNeverStopping) {
   EXPECT_EQ(corrupted.status().code(), StatusCode::kDataLoss);
   EXPECT_NE(corrupted.status().message().find("step-000000000017/local.ckpt"), std::string::npos)
       << corrupted.status();
+  // ... and so is the way forward: the newest checkpoint that verifies, and the flag.
+  EXPECT_NE(corrupted.status().message().find("the newest checkpoint before step 17 that "
+                                              "verifies is step 15: resume from it with "
+                                              "--resume-step 15"),
+            std::string::npos)
+      << corrupted.status();
+  std::vector<float> from_15;
+  auto resumed_15 = run(30, dir, 0, false, &from_15, 15);
+  ASSERT_TRUE(resumed_15.ok()) << resumed_15.status();
+  EXPECT_EQ(resumed_15->first_step, 16);
+  EXPECT_EQ(from_15, uninterrupted);
+  auto missing = run(30, dir, 0, false, &from_15, 12);
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find("--resume-step 12: no checkpoint of step 12 in " +
+                                            dir + " (it has steps 17, 15, 10, 5)"),
+            std::string::npos)
+      << missing.status();
   // --resume without a directory is an error, not a silent fresh start.
   EXPECT_NE(run(30, "", 0, true, &resumed).status().message().find("--checkpoint-dir"),
             std::string::npos);

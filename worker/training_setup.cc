@@ -154,6 +154,12 @@ void AddTrainingFlags(CLI::App* app, TrainingFlags* f) {
   train->add_flag("--resume", f->resume,
                   "Continue after the newest checkpoint in --checkpoint-dir (from step 1 if "
                   "there is none yet)");
+  train->add_option_function<int64_t>(
+          "--resume-step", [f](const int64_t& step) { f->resume_step = step; },
+          "Continue after the checkpoint of step N in --checkpoint-dir instead of the newest "
+          "(e.g. when the newest does not verify: the error names the newest that does)")
+      ->type_name("N")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
 }
 
 StatusOr<std::unique_ptr<ComputeBackend>> MakeBackend(const std::string& device, int local_rank,
@@ -321,6 +327,7 @@ TrainerOptions MakeTrainerOptions(const TrainingFlags& flags, int rank, int worl
   options.checkpoint_dir = flags.checkpoint_dir;
   options.checkpoint_every = flags.checkpoint_every;
   options.resume = flags.resume;
+  options.resume_step = flags.resume_step;
   options.checkpoint_on_stop = flags.checkpoint_on_sigterm;
   return options;
 }

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -62,6 +63,7 @@ struct TrainingFlags {
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;
   bool resume = false;
+  std::optional<int64_t> resume_step;  // --resume-step; absent: the newest checkpoint
   bool checkpoint_on_sigterm = false;
 };
 

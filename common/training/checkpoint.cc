@@ -1,7 +1,11 @@
 #include "common/training/checkpoint.h"
 
+#include <dirent.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 
 #include <nlohmann/json.hpp>
 
@@ -60,9 +64,11 @@ StatusOr<ShardFileInfo> WriteCheckpointShard(const std::string& path,
   return ShardFileInfo{BaseName(path), bytes.size(), Fnv1a(bytes)};
 }
 
-StatusOr<CheckpointShard> ReadCheckpointShard(const std::string& path,
-                                              const ShardFileInfo& expected) {
-  ASSIGN_OR_RETURN(std::string bytes, ReadWholeFile(path));
+namespace {
+
+// The file at `path` holds `bytes`: do they match what the manifest says of it?
+Status CheckShardBytes(const std::string& path, const std::string& bytes,
+                       const ShardFileInfo& expected) {
   if (bytes.size() != expected.bytes) {
     return DataLossError("checkpoint file " + path + " has " + std::to_string(bytes.size()) +
                          " bytes; its manifest says " + std::to_string(expected.bytes) +
@@ -72,6 +78,15 @@ StatusOr<CheckpointShard> ReadCheckpointShard(const std::string& path,
     return DataLossError("checkpoint file " + path + " does not match its manifest's checksum "
                          "(corrupted)");
   }
+  return OkStatus();
+}
+
+}  // namespace
+
+StatusOr<CheckpointShard> ReadCheckpointShard(const std::string& path,
+                                              const ShardFileInfo& expected) {
+  ASSIGN_OR_RETURN(std::string bytes, ReadWholeFile(path));
+  RETURN_IF_ERROR(CheckShardBytes(path, bytes, expected));
   ByteCursor cursor(path, bytes);
   std::string_view magic;
   RETURN_IF_ERROR(cursor.ReadBytes("magic", 8, &magic));
@@ -210,6 +225,45 @@ StatusOr<CheckpointManifest> ReadCheckpointManifest(const std::string& root, int
                          std::to_string(step));
   }
   return m;
+}
+
+Status VerifyCheckpoint(const std::string& root, int64_t step) {
+  ASSIGN_OR_RETURN(CheckpointManifest manifest, ReadCheckpointManifest(root, step));
+  const std::string directory = CheckpointStepDirectory(root, step);
+  for (const ShardFileInfo& file : manifest.files) {
+    const std::string path = directory + "/" + file.file;
+    ASSIGN_OR_RETURN(std::string bytes, ReadWholeFile(path));
+    RETURN_IF_ERROR(CheckShardBytes(path, bytes, file));
+  }
+  return OkStatus();
+}
+
+std::vector<int64_t> CheckpointSteps(const std::string& root) {
+  std::vector<int64_t> steps;
+  DIR* dir = opendir(root.c_str());
+  if (dir == nullptr) return steps;
+  while (const struct dirent* entry = readdir(dir)) {
+    long long step = -1;
+    char rest = 0;
+    if (std::sscanf(entry->d_name, "step-%lld%c", &step, &rest) == 1 && step >= 0 &&
+        CheckpointStepDirectory(root, step) == root + "/" + entry->d_name) {
+      steps.push_back(static_cast<int64_t>(step));
+    }
+  }
+  closedir(dir);
+  std::sort(steps.begin(), steps.end(), std::greater<int64_t>());
+  return steps;
+}
+
+std::string ResumeAdvice(const std::string& root, std::optional<int64_t> failed) {
+  const std::string which =
+      failed.has_value() ? " before step " + std::to_string(*failed) : std::string();
+  for (int64_t step : CheckpointSteps(root)) {
+    if ((failed.has_value() && step >= *failed) || !VerifyCheckpoint(root, step).ok()) continue;
+    return "; the newest checkpoint" + which + " that verifies is step " + std::to_string(step) +
+           ": resume from it with --resume-step " + std::to_string(step);
+  }
+  return "; no checkpoint" + which + " in " + root + " verifies";
 }
 
 }  // namespace tessera

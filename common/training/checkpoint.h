@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -80,6 +81,15 @@ Status CommitCheckpoint(const std::string& root, const CheckpointManifest& manif
 StatusOr<int64_t> LatestCheckpointStep(const std::string& root);
 // The manifest of `step`; errors name the file.
 StatusOr<CheckpointManifest> ReadCheckpointManifest(const std::string& root, int64_t step);
+// Reads the manifest and every file of `step`'s checkpoint and checks each file's size and
+// checksum against it: OK, or the first problem, naming the file.
+Status VerifyCheckpoint(const std::string& root, int64_t step);
+// The steps that have a directory under `root` (step-N), newest first; empty when none.
+std::vector<int64_t> CheckpointSteps(const std::string& root);
+// What to do when a checkpoint under `root` cannot be restored (the one of step `failed`, or
+// LATEST itself when absent), to append to that error: "; the newest checkpoint before step
+// 30 that verifies is step 20: resume from it with --resume-step 20", or that none does.
+std::string ResumeAdvice(const std::string& root, std::optional<int64_t> failed);
 
 }  // namespace tessera
 

@@ -3,6 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <optional>
+#include <vector>
+
+#include "common/base/atomic_file.h"
 
 namespace tessera {
 namespace {
@@ -87,6 +91,46 @@ TEST(CheckpointTest, OptionalManifestFieldsRoundTrip) {
   EXPECT_EQ(read->world_size, 4);
   EXPECT_EQ(read->optimizer, "adam");
   EXPECT_EQ(read->tensors, manifest.tensors);
+}
+
+// The steps under a root, newest first (other names ignored), each checked whole by
+// VerifyCheckpoint, and the advice that names the newest one that verifies.
+TEST(CheckpointTest, StepsVerifyAndTheAdviceNamesTheNewestGoodOne) {
+  const std::string root = Root("ckpt_steps");
+  for (int64_t step : {3, 12, 7}) {
+    ASSERT_TRUE(PrepareCheckpointStep(root, step).ok());
+    CheckpointShard shard;
+    shard.floats["params"] = std::vector<float>(50, static_cast<float>(step));
+    auto info = WriteCheckpointShard(CheckpointStepDirectory(root, step) + "/local.ckpt", shard);
+    ASSERT_TRUE(info.ok()) << info.status();
+    CheckpointManifest manifest;
+    manifest.step = step;
+    manifest.mode = "local";
+    manifest.files = {*info};
+    ASSERT_TRUE(CommitCheckpoint(root, manifest).ok());
+  }
+  ASSERT_TRUE(MakeDirectories(root + "/step-5").ok());        // not a checkpoint's name
+  ASSERT_TRUE(MakeDirectories(root + "/step-00000000000x").ok());
+  EXPECT_EQ(CheckpointSteps(root), (std::vector<int64_t>{12, 7, 3}));
+  EXPECT_TRUE(CheckpointSteps(root + "/none").empty());
+  for (int64_t step : {12, 7, 3}) EXPECT_TRUE(VerifyCheckpoint(root, step).ok()) << step;
+
+  {  // step 7's file loses a byte in the middle
+    std::fstream file(CheckpointStepDirectory(root, 7) + "/local.ckpt",
+                      std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(80);
+    file.put('\x01');
+  }
+  Status bad = VerifyCheckpoint(root, 7);
+  EXPECT_EQ(bad.code(), StatusCode::kDataLoss);
+  EXPECT_NE(bad.message().find("step-000000000007/local.ckpt"), std::string::npos) << bad;
+  EXPECT_EQ(ResumeAdvice(root, 12),
+            "; the newest checkpoint before step 12 that verifies is step 3: resume from it "
+            "with --resume-step 3");
+  EXPECT_EQ(ResumeAdvice(root, std::nullopt),
+            "; the newest checkpoint that verifies is step 12: resume from it with "
+            "--resume-step 12");
+  EXPECT_EQ(ResumeAdvice(root, 3), "; no checkpoint before step 3 in " + root + " verifies");
 }
 
 }  // namespace
