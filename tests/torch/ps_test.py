@@ -331,7 +331,9 @@ def _train_steps(rank, world_size, address, first, last, directory, save_at, res
 
 
 def _two_jobs(rank, world_size, address):
-    """Two jobs one after the other from the same processes (as a notebook would)."""
+    """Two jobs one after the other from the same processes (as a notebook would). A fleet
+    takes the next job's workers once every worker of the running one has left (a worker that
+    comes earlier is refused), so each rank waits for the others' close() first."""
     values = []
     for job in range(2):
         model = _mlp()
@@ -342,6 +344,15 @@ def _two_jobs(rank, world_size, address):
         opt.step()
         values.append(model[0].weight.detach().clone())
         opt.close()
+        directory = os.environ["TESSERA_TEST_DIR"]
+        with open(os.path.join(directory, f"closed.{job}.{rank}"), "w"):
+            pass
+        deadline = time.monotonic() + 20
+        while not all(os.path.exists(os.path.join(directory, f"closed.{job}.{r}"))
+                      for r in range(world_size)):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"rank {rank}: the other ranks did not close job {job}")
+            time.sleep(0.01)
     return values
 
 
@@ -375,8 +386,9 @@ class SuccessiveJobsTest(unittest.TestCase):
         self.assertEqual(steps, [1, 2])
 
     def test_the_same_processes_run_a_second_job(self):
-        with Fleet(1) as fleet:
+        with Fleet(1) as fleet, tempfile.TemporaryDirectory() as directory:
             results = torch_testing.run_ranks(_two_jobs, 2, init=False, args=(fleet.address,),
+                                              env={"TESSERA_TEST_DIR": directory},
                                               timeout_s=30)
         for rank, (first, second) in enumerate(results):
             with self.subTest(rank=rank):
