@@ -1,7 +1,10 @@
 #include "worker/torch/ps_client.h"
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 
+#include "common/base/deadline.h"
 #include "common/base/logging.h"
 #include "common/base/quote.h"
 #include "common/base/role.h"
@@ -120,6 +123,23 @@ Status PsClient::Usable(const std::string& what) const {
   return client_->health().WithContext(what);
 }
 
+Status PsClient::WithRootCause(Status error) const {
+  constexpr int64_t kNoticeWaitMs = 1000;
+  const StatusCode code = error.code();
+  if (code != StatusCode::kUnimplemented && code != StatusCode::kUnavailable &&
+      code != StatusCode::kDeadlineExceeded && code != StatusCode::kAborted) {
+    return error;
+  }
+  const Deadline deadline = Deadline::AfterMillis(kNoticeWaitMs);
+  Status health = client_->health();
+  while (health.ok() && !deadline.Expired()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    health = client_->health();
+  }
+  if (health.ok() || health.message() == error.message()) return error;
+  return Status(health.code(), health.message() + " (then: " + error.message() + ")");
+}
+
 Status PsClient::Initialize(const std::vector<std::string>& names,
                             const std::vector<std::vector<int64_t>>& shapes,
                             const std::vector<EmbeddingTableSpec>& tables, float* params,
@@ -161,7 +181,7 @@ Status PsClient::LookupRows(size_t table, const std::vector<int64_t>& ids, float
   }
   RETURN_IF_ERROR(CheckRowIds(tables_[table], ids));
   if (ids.empty()) return OkStatus();
-  return engine_->LookupRows(table, ids, values);
+  return WithRootCause(engine_->LookupRows(table, ids, values));
 }
 
 Status PsClient::GradientsReady(int64_t step, float* grads,
@@ -203,7 +223,7 @@ Status PsClient::Step(int64_t step, float* params, float* grads,
   }
   backward_step_ = 0;
   engine_->SetGradientOwner(std::move(grads_owner));
-  RETURN_IF_ERROR(engine_->Step(step, params, grads, sparse));
+  RETURN_IF_ERROR(WithRootCause(engine_->Step(step, params, grads, sparse)));
   last_step_ = step;
   return OkStatus();
 }

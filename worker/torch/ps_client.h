@@ -113,6 +113,11 @@ class PsClient {
  private:
   PsClient(const PsClientOptions& options) : options_(options) {}
   Status Usable(const std::string& what) const;
+  // `error` of a request, or the fleet failure behind it: a server that stops because another
+  // member failed can answer (or vanish) before the coordinator's notice of that failure
+  // reaches this worker, so an error that may come from a stopping peer waits up to a second
+  // for the notice, which names the root cause, and returns it with `error` after it.
+  Status WithRootCause(Status error) const;
 
   const PsClientOptions options_;
   OptimizerOptions optimizer_;
