@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <thread>
+
 #include "common/training/checkpoint.h"
 #include "server/ps/ps_test_fleet.h"
 
@@ -45,6 +48,13 @@ TEST_F(PsServiceTest, SyncRefusesASecondPushOfTheSameStep) {
   ASSERT_NO_FATAL_FAILURE(Start({}));
   ASSERT_TRUE(Init(TestConfig(PsConsistency::kSync, 2), {{50, {0, 0, 0, 0}}}).ok());
   Reply first = PushPull(0, 1, {{50, {1, 1, 1, 1}}});
+  // Held (waiting for worker 1) before the second push goes: the work queue's two threads
+  // could otherwise take the two in either order, and the test is about the second.
+  for (Deadline deadline = Deadline::AfterMillis(10000);
+       GaugeValue(metric_names::kPsWaitingRequests) < 1 && !deadline.Expired();) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_EQ(GaugeValue(metric_names::kPsWaitingRequests), 1);
   auto again = PushPull(0, 1, {{50, {5, 5, 5, 5}}}).get();  // a new request, not a duplicate
   EXPECT_EQ(again.status().code(), StatusCode::kAlreadyExists);
   EXPECT_NE(again.status().message().find("worker 0 pushed step 1 twice"), std::string::npos)
