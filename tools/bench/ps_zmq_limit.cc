@@ -31,6 +31,7 @@
 #include <nlohmann/json.hpp>
 #include <zmq.hpp>
 
+#include "common/training/ps_job.h"
 #include "tools/bench/bench_util.h"
 
 namespace {
@@ -92,14 +93,22 @@ struct Request {
   size_t bytes = 0;
 };
 
-// The requests of one step for `bytes`, as PsEngine plans them: chunks of chunk_bytes dealt
-// round robin over the servers, each server's chunks grouped chunks_per_request at a time.
+// The requests of one step for `bytes` (float32s), as PsEngine makes them: its chunk plan
+// (PlanDenseChunks), each server's chunks grouped chunks_per_request at a time.
 std::vector<Request> Plan(size_t bytes, size_t chunk_bytes, int servers, int chunks_per_request) {
+  if (bytes % sizeof(float) != 0 || chunk_bytes % sizeof(float) != 0) {
+    throw std::invalid_argument("sizes and --chunk-bytes are float32 buffers: multiples of 4, "
+                                "not " + std::to_string(bytes) + " and " +
+                                std::to_string(chunk_bytes));
+  }
+  constexpr uint64_t kKeySpace = uint64_t{1} << 40;  // never the limit here
+  tessera::StatusOr<std::vector<tessera::DenseChunk>> plan = tessera::PlanDenseChunks(
+      bytes / sizeof(float), chunk_bytes / sizeof(float), servers, kKeySpace);
+  if (!plan.ok()) throw std::invalid_argument(plan.status().message());
   std::vector<std::vector<std::pair<size_t, size_t>>> of(static_cast<size_t>(servers));
-  size_t index = 0;
-  for (size_t offset = 0; offset < bytes; offset += chunk_bytes, ++index) {
-    of[index % static_cast<size_t>(servers)].push_back(
-        {offset, std::min(chunk_bytes, bytes - offset)});
+  for (const tessera::DenseChunk& chunk : *plan) {
+    of[static_cast<size_t>(chunk.server)].push_back(
+        {chunk.offset * sizeof(float), chunk.size * sizeof(float)});
   }
   std::vector<Request> requests;
   for (int s = 0; s < servers; ++s) {
