@@ -202,9 +202,10 @@ StatusOr<TrainingSummary> Train(const TrainerOptions& options, const data::Datas
   int64_t first_step = 1;
   if (resume) {
     const std::string& dir = options.checkpoint_dir;
-    StatusOr<int64_t> from = LatestCheckpointStep(dir);
+    StatusOr<int64_t> from = options.resume_step.has_value()
+                                 ? StatusOr<int64_t>(*options.resume_step)
+                                 : LatestCheckpointStep(dir);
     if (options.resume_step.has_value()) {
-      from = *options.resume_step;
       const std::vector<int64_t> steps = CheckpointSteps(dir);
       if (std::find(steps.begin(), steps.end(), *from) == steps.end()) {
         std::string have;
