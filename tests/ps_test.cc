@@ -50,6 +50,15 @@ void RunToSuccess(FleetHarness& harness, const std::string& label, const std::st
   ASSERT_TRUE(exit->success()) << label << ": " << exit->Describe() << "\n" << harness.Output(*id);
 }
 
+// How often `needle` occurs in `text`.
+int CountOf(const std::string& text, const std::string& needle) {
+  int count = 0;
+  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) {
+    ++count;
+  }
+  return count;
+}
+
 void ExpectClose(const std::string& ps_path, const std::string& local_path) {
   auto ps = worker::LoadParams(ps_path);
   auto local = worker::LoadParams(local_path);
@@ -94,6 +103,37 @@ INSTANTIATE_TEST_SUITE_P(Models, PsSyncMatchesLocal,
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_" + std::get<1>(info.param);
                          });
+
+// The default path, where the servers on the workers' host take the gradients from and put the
+// values into memory each worker shares with them, trains bitwise the model the sockets train
+// (--ps-shared-memory=false), and each run took the path it says.
+TEST(PsTest, SharedMemoryAndSocketsTrainTheSameModel) {
+  FleetHarness harness;
+  std::string outputs[2];
+  for (int shared = 0; shared < 2; ++shared) {
+    const std::string path = TempPath(shared ? "ps_shm.bin" : "ps_sockets.bin");
+    auto id = harness.Start(
+        shared ? "shm" : "sockets", "tools/tessera-launch",
+        Concat({"--servers", "2", "--workers", "3", "--mode", "ps-sync", "--"},
+               Concat(TrainingFlags("mlp", "sgd"),
+                      {"--batch-size", "16", "--save-params", path,
+                       shared ? "--ps-shared-memory=true" : "--ps-shared-memory=false"})));
+    ASSERT_TRUE(id.ok()) << id.status();
+    auto exit = harness.WaitExit(*id, Deadline::AfterMillis(kRunMs));
+    ASSERT_TRUE(exit.ok() && exit->success()) << harness.Output(*id);
+    outputs[shared] = harness.Output(*id);
+  }
+  EXPECT_EQ(CountOf(outputs[1], "2 of 2 servers share memory with this worker"), 3)
+      << outputs[1];
+  EXPECT_EQ(CountOf(outputs[0], "share memory"), 0) << outputs[0];
+  auto sockets = worker::LoadParams(TempPath("ps_sockets.bin"));
+  auto shm = worker::LoadParams(TempPath("ps_shm.bin"));
+  ASSERT_TRUE(sockets.ok() && shm.ok());
+  ASSERT_EQ(sockets->values.size(), shm->values.size());
+  for (size_t i = 0; i < shm->values.size(); ++i) {
+    ASSERT_EQ(shm->values[i], sockets->values[i]) << "parameter " << i;
+  }
+}
 
 // ps-sync stopped after a checkpoint and resumed (new fleet, servers restored from their
 // shards) ends bitwise where an uninterrupted run ends: the servers' chunks, optimizer state and

@@ -67,6 +67,7 @@ struct WorkerFlags {
   TrainingFlags training;
   int64_t staleness = 2;
   uint64_t ps_chunk_elements = 1 << 16;
+  bool ps_shared_memory = true;
   double bucket_mb = 25;
   bool no_overlap = false;
   uint64_t segment_kb = 1024;
@@ -105,6 +106,10 @@ void AddWorkerFlags(CLI::App* app, WorkerFlags* flags) {
   ps->add_option("--ps-chunk-elements", flags->ps_chunk_elements,
                  "Dense parameters travel and are sharded in chunks of this many floats")
       ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 28))
+      ->capture_default_str();
+  ps->add_option("--ps-shared-memory", flags->ps_shared_memory,
+                 "Servers on this host exchange gradients and values with this worker through "
+                 "shared memory instead of sockets (false: always sockets)")
       ->capture_default_str();
   auto* ddp = app->add_option_group("All-reduce (--mode allreduce, zero1-3)");
   ddp->add_option("--bucket-mb", flags->bucket_mb,
@@ -284,6 +289,7 @@ Status RunTraining(ProcessRuntime& runtime, const WorkerFlags& worker_flags,
     ASSIGN_OR_RETURN(options.consistency, ParsePsMode(worker_flags.mode));
     options.staleness = worker_flags.staleness;
     options.chunk_elements = worker_flags.ps_chunk_elements;
+    options.shared_memory = worker_flags.ps_shared_memory;
     options.optimizer = optimizer;
     options.schedule = schedule;
     options.request_timeout_ms = runtime.config().request_timeout_ms;
@@ -370,6 +376,7 @@ Status RunWorker(ProcessRuntime& runtime, const WorkerFlags& flags) {
       PsBenchOptions bench;
       bench.flags = flags.bench;
       bench.chunk_elements = flags.ps_chunk_elements;
+      bench.shared_memory = flags.ps_shared_memory;
       bench.request_timeout_ms = runtime.config().request_timeout_ms;
       RETURN_IF_ERROR(RunPsBench(&endpoint, *client, &runtime.metrics(), bench,
                                  [](const std::string& line) {

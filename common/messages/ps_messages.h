@@ -31,10 +31,21 @@ struct PsPushPullRequest {
   bool has_gradients = false;
   uint64_t job_token = 0;  // a request of another job than the servers' waits for its init
   std::string model;       // a worker's first pull: DescribePsModel of its model, else empty
+  // An offer of a shared region for this server's chunks (the worker is on its host; see
+  // server/ps/worker_regions.h): its creator's pid and fd, and its token. fd -1: no offer.
+  int64_t region_pid = 0;
+  int64_t region_fd = -1;
+  uint64_t region_token_high = 0;
+  uint64_t region_token_low = 0;
+  // Gradients and values travel in the mapped region; the tensors carry no bytes.
+  bool in_region = false;
 };
 
 struct PsPushPullReply {
-  std::vector<TensorData> tensors;  // the chunks asked for, in the request's order, with values
+  // The chunks asked for, in the request's order, with values (none: in_region).
+  std::vector<TensorData> tensors;
+  bool region_mapped = false;  // to an offer: mapped, else region_refusal says why
+  std::string region_refusal;
 };
 
 struct SparsePushRequest {

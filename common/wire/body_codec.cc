@@ -246,11 +246,14 @@ class BodyEncoder {
   Encoded operator()(PsPushPullRequest& b) {
     auto tensors = EncodeTensors(fbb_, std::move(b.tensors), payloads_);
     return As(proto::CreatePsPushPullRequestDirect(
-        fbb_, &tensors, b.has_gradients, b.job_token, b.model.empty() ? nullptr : b.model.c_str()));
+        fbb_, &tensors, b.has_gradients, b.job_token, b.model.empty() ? nullptr : b.model.c_str(),
+        b.region_pid, b.region_fd, b.region_token_high, b.region_token_low, b.in_region));
   }
   Encoded operator()(PsPushPullReply& b) {
     auto tensors = EncodeTensors(fbb_, std::move(b.tensors), payloads_);
-    return As(proto::CreatePsPushPullReplyDirect(fbb_, &tensors));
+    return As(proto::CreatePsPushPullReplyDirect(
+        fbb_, &tensors, b.region_mapped,
+        b.region_refusal.empty() ? nullptr : b.region_refusal.c_str()));
   }
   Encoded operator()(SparsePushRequest& b) {
     auto ids = EncodeTensor(fbb_, std::move(b.row_ids), payloads_);
@@ -459,10 +462,15 @@ StatusOr<MessageBody> DecodeBody(const proto::Header& header, const Message& mes
     case proto::Body::PsPushPullRequest: {
       const auto& b = *header.body_as_PsPushPullRequest();
       return MessageBody(PsPushPullRequest{DecodeTensors(b.tensors(), message), b.has_gradients(),
-                                           b.job_token(), Str(b.model())});
+                                           b.job_token(), Str(b.model()), b.region_pid(),
+                                           b.region_fd(), b.region_token_high(),
+                                           b.region_token_low(), b.in_region()});
     }
-    case proto::Body::PsPushPullReply:
-      return MessageBody(PsPushPullReply{DecodeTensors(header.body_as_PsPushPullReply()->tensors(), message)});
+    case proto::Body::PsPushPullReply: {
+      const auto& b = *header.body_as_PsPushPullReply();
+      return MessageBody(PsPushPullReply{DecodeTensors(b.tensors(), message), b.region_mapped(),
+                                         Str(b.region_refusal())});
+    }
     case proto::Body::SparsePushRequest: {
       const auto& b = *header.body_as_SparsePushRequest();
       return MessageBody(SparsePushRequest{Str(b.table()), DecodeTensor(b.row_ids(), message),

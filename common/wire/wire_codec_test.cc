@@ -29,6 +29,11 @@ Message PushOf(std::vector<float> values, std::vector<int64_t> shape) {
   push.has_gradients = true;
   push.job_token = 11;
   push.model = "{}";
+  push.region_pid = 1234;
+  push.region_fd = 9;
+  push.region_token_high = 5;
+  push.region_token_low = 6;
+  push.in_region = true;
   return EncodeMessage(WorkerHeader(3), std::move(push));
 }
 
@@ -76,6 +81,11 @@ TEST(WireCodecTest, RoundTripPushPull) {
   EXPECT_TRUE(push.has_gradients);
   EXPECT_EQ(push.job_token, 11u);
   EXPECT_EQ(push.model, "{}");
+  EXPECT_EQ(push.region_pid, 1234);
+  EXPECT_EQ(push.region_fd, 9);
+  EXPECT_EQ(push.region_token_high, 5u);
+  EXPECT_EQ(push.region_token_low, 6u);
+  EXPECT_TRUE(push.in_region);
   ASSERT_EQ(push.tensors.size(), 1u);
   EXPECT_EQ(push.tensors[0].name, "layer0.w");
   EXPECT_EQ(push.tensors[0].key, 7u);
@@ -107,7 +117,7 @@ TEST(WireCodecTest, RoundTripEveryBody) {
       BarrierRelease{"start", 2},
       Goodbye{"done"},
       PsInitRequest{"{}", {TensorData::Floats("chunk0", 5, {1.5f})}, 99},
-      PsPushPullReply{{TensorData::Floats("chunk0", 5, {2.5f, 3.5f})}},
+      PsPushPullReply{{TensorData::Floats("chunk0", 5, {2.5f, 3.5f})}, true, "refused"},
       SparsePushRequest{"emb", TensorData::Int64s("row_ids", {3, 4}),
                         TensorData::Floats("values", 0, {1, 2, 3, 4})},
       SparsePullRequest{"emb", TensorData::Int64s("row_ids", {8})},
@@ -143,6 +153,10 @@ TEST(WireCodecTest, RoundTripEveryBody) {
       WorkerHeader(0), CheckpointReply{"/ckpt", 12, {"a", "b"}, {1, 2}, {3, 4}})).body);
   EXPECT_EQ(reply.files, (std::vector<std::string>{"a", "b"}));
   EXPECT_EQ(reply.checksums, (std::vector<uint64_t>{3, 4}));
+  const auto pulled = std::get<PsPushPullReply>(
+      Decoded(EncodeMessage(WorkerHeader(0), PsPushPullReply{{}, true, "not here"})).body);
+  EXPECT_TRUE(pulled.region_mapped);
+  EXPECT_EQ(pulled.region_refusal, "not here");
 }
 
 TEST(WireCodecTest, RoundTripRingFrames) {

@@ -13,6 +13,7 @@
 #include "server/ps/shard_checkpoint.h"
 #include "server/ps/sparse_tables.h"
 #include "server/ps/work_queue.h"
+#include "server/ps/worker_regions.h"
 
 namespace tessera::server {
 namespace {
@@ -26,6 +27,7 @@ struct Job {
   uint64_t init_request_id = 0;
   std::unique_ptr<DenseShard> dense;
   std::unique_ptr<SparseTables> tables;
+  std::unique_ptr<WorkerRegions> regions;  // of the workers on this host that offered one
   RequestLedger ledger;  // pushes and checkpoints taken, so a copy is dropped
 };
 
@@ -114,14 +116,14 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
     switch (type) {
       case MessageType::kPsPushPullRequest:
         status = CheckRank(*job, request);
+        if (status.ok() && push_pull->region_fd >= 0) {
+          ServeRegionOffer(request, *job);
+          return;
+        }
         if (status.ok() && !push_pull->model.empty() && !job->config.model.empty()) {
           status = CheckPsModel(job->config.model, push_pull->model, request.header.sender_rank);
         }
-        if (status.ok()) {
-          status = job->dense->PushPull(request.header.sender_rank, request.header.step,
-                                        push_pull->tensors, push_pull->has_gradients,
-                                        ReplyLater<PsPushPullReply>(request));
-        }
+        if (status.ok()) status = ServePushPull(request, *job);
         break;
       case MessageType::kSparsePushRequest: {
         const SparsePushRequest* body = request.As<SparsePushRequest>();
@@ -148,6 +150,37 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
     if (!status.ok()) AnswerError(request, status);
   }
 
+  Status ServePushPull(const Envelope& request, const Job& job) {
+    const PsPushPullRequest* body = request.As<PsPushPullRequest>();
+    const int rank = request.header.sender_rank;
+    if (!body->in_region) {
+      return job.dense->PushPull(rank, request.header.step, body->tensors, body->has_gradients,
+                                 ReplyLater<PsPushPullReply>(request));
+    }
+    ASSIGN_OR_RETURN(std::vector<TensorData> tensors,
+                     job.regions->Tensors(rank, body->tensors, body->has_gradients));
+    return job.dense->PushPull(rank, request.header.step, tensors, body->has_gradients,
+                               job.regions->ReplyInto(rank, ReplyLater<PsPushPullReply>(request)));
+  }
+
+  // A worker on this host offers its shared region; a refusal is an answer, not an error (its
+  // chunks then travel in frames).
+  void ServeRegionOffer(const Envelope& request, const Job& job) {
+    const int rank = request.header.sender_rank;
+    Status mapped = job.regions->Map(rank, *request.As<PsPushPullRequest>());
+    PsPushPullReply reply;
+    reply.region_mapped = mapped.ok();
+    if (mapped.ok()) {
+      TLOG(INFO) << "worker " << rank << " shares a region with this server: its chunks "
+                 << "travel through shared memory";
+    } else {
+      reply.region_refusal = mapped.message();
+      TLOG(INFO) << "worker " << rank << "'s shared region is not mapped, its chunks travel "
+                 << "over the transport: " << mapped.message();
+    }
+    endpoint_->Reply(request, std::move(reply));
+  }
+
   void ServeInit(const Envelope& request) {
     const PsInitRequest* init = request.As<PsInitRequest>();
     StatusOr<PsJobConfig> config = DecodePsJobConfig(init->config);
@@ -161,6 +194,7 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
         DenseShard::Create(*config, placement_, init->tensors, metrics_.get());
     if (!dense.ok()) return AnswerError(request, dense.status());
     job->dense = std::move(dense).value();
+    job->regions = std::make_unique<WorkerRegions>(job->dense->chunks());
     job->tables = std::make_unique<SparseTables>(*config, options_.server_rank,
                                                  options_.num_servers, metrics_.get());
     double bytes = 0;

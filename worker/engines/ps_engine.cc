@@ -7,6 +7,8 @@
 #include <optional>
 #include <thread>
 
+#include <unistd.h>
+
 #include "common/base/deadline.h"
 #include "common/base/logging.h"
 #include "common/metrics/metric_names.h"
@@ -125,6 +127,15 @@ Status PsEngine::Initialize(const ParameterLayout& layout,
                                             view_.num_servers, view_.key_space));
   chunks_of_server_.assign(static_cast<size_t>(view_.num_servers), {});
   for (size_t i = 0; i < chunks_.size(); ++i) chunks_of_server_[chunks_[i].server].push_back(i);
+  regions_.assign(chunks_of_server_.size(), nullptr);
+  region_floats_.assign(chunks_of_server_.size(), 0);
+  region_offset_.assign(chunks_.size(), 0);
+  for (size_t s = 0; s < chunks_of_server_.size(); ++s) {
+    for (size_t i : chunks_of_server_[s]) {  // by chunk index, as the server lays them out
+      region_offset_[i] = region_floats_[s];
+      region_floats_[s] += chunks_[i].size;
+    }
+  }
   tables_ = tables;
   fingerprint_ = layout.Fingerprint();
   dense_elements_ = layout.total_size();
@@ -193,6 +204,50 @@ Status PsEngine::Initialize(const ParameterLayout& layout,
     if (!IsStillStarting(pulled, serving_deadline)) return pulled.WithContext("initial pull");
     std::this_thread::sleep_for(std::chrono::milliseconds(kStartingRetryMs));
   }
+  return options_.shared_memory ? OfferRegions(/*step=*/1) : OkStatus();
+}
+
+Status PsEngine::OfferRegions(int64_t step) {
+  std::vector<std::pair<Reply, std::string>> replies;
+  std::vector<std::pair<int, std::shared_ptr<SharedRegion>>> offered;  // server, region
+  for (int s = 0; s < view_.num_servers; ++s) {
+    StatusOr<std::shared_ptr<SharedRegion>> region =
+        SharedRegion::Create(2 * region_floats_[s] * sizeof(float));
+    if (!region.ok()) {
+      TLOG(INFO) << "server " << s << ": no shared region (" << region.status()
+                 << "); its chunks travel over the transport";
+      continue;
+    }
+    PsPushPullRequest offer{{}, false, job_token_, ""};
+    offer.region_pid = getpid();
+    offer.region_fd = (*region)->fd();
+    offer.region_token_high = (*region)->token().high;
+    offer.region_token_low = (*region)->token().low;
+    std::string what = "shared-region offer to server " + std::to_string(s);
+    replies.emplace_back(Send(s, std::move(offer), step, what), what);
+    offered.emplace_back(s, std::move(region).value());
+  }
+  std::vector<StatusOr<Envelope>> results;
+  RETURN_IF_ERROR(WaitAll(&replies, &results));
+  int mapped = 0;
+  for (size_t r = 0; r < results.size(); ++r) {
+    ASSIGN_OR_RETURN(PsPushPullReply reply,
+                     TakeBody<PsPushPullReply>(std::move(results[r]).value(), replies[r].second));
+    auto& [server, region] = offered[r];
+    region->CloseFd();  // the server has mapped it, or never will
+    if (reply.region_mapped) {
+      regions_[server] = std::move(region);
+      ++mapped;
+    } else {
+      TLOG(INFO) << "server " << server << " did not map this worker's shared region ("
+                 << (reply.region_refusal.empty() ? "an older server" : reply.region_refusal)
+                 << "); its chunks travel over the transport";
+    }
+  }
+  if (mapped > 0) {
+    TLOG(INFO) << mapped << " of " << view_.num_servers
+               << " servers share memory with this worker: their chunks pass through it";
+  }
   return OkStatus();
 }
 
@@ -204,10 +259,16 @@ std::pair<PsEngine::Reply, std::string> PsEngine::SendChunks(int64_t step,
   const bool push = grads != nullptr;
   const int server = chunks_[group[0]].server;
   PsPushPullRequest request{{}, push, job_token_, model};
+  const SharedRegion* region = regions_[server].get();
+  request.in_region = region != nullptr;
   for (size_t i : group) {
     const DenseChunk& chunk = chunks_[i];
-    request.tensors.push_back(
-        ChunkTensor(chunk, push ? grads + chunk.offset : nullptr, grads_owner_));
+    if (region != nullptr && push) {
+      std::memcpy(region->data() + region_offset_[i] * sizeof(float), grads + chunk.offset,
+                  chunk.size * sizeof(float));
+    }
+    request.tensors.push_back(ChunkTensor(
+        chunk, push && region == nullptr ? grads + chunk.offset : nullptr, grads_owner_));
     if (push) *sent += static_cast<double>(chunk.size * sizeof(float));
   }
   std::string what = std::string(push ? "push-pull" : "pull") + " of step " +
@@ -294,17 +355,27 @@ Status PsEngine::PushPull(int64_t step, const float* grads, float* params,
                            std::to_string(groups[r].size()));
     }
     for (size_t k = 0; k < groups[r].size(); ++k) {
-      const DenseChunk& chunk = chunks_[groups[r][k]];
+      const size_t i = groups[r][k];
+      const DenseChunk& chunk = chunks_[i];
       const TensorData& values = reply.tensors[k];
+      const size_t bytes = chunk.size * sizeof(float);
+      // From a server that mapped this worker's region, the values are there (unless the
+      // reply carries them after all).
+      const SharedRegion* region = regions_[chunk.server].get();
+      const bool in_region = region != nullptr && values.bytes.empty();
       if (values.key != chunk.key || values.dtype != DataType::kFloat32 ||
-          values.bytes.size() != chunk.size * sizeof(float)) {
+          (!in_region && values.bytes.size() != bytes)) {
         return DataLossError(replies[r].second + ": chunk " + std::to_string(chunk.index) +
                              " came back as key " + std::to_string(values.key) + " with " +
                              std::to_string(values.bytes.size()) + " bytes of " +
                              std::string(DataTypeName(values.dtype)));
       }
-      std::memcpy(params + chunk.offset, values.bytes.data(), values.bytes.size());
-      received += static_cast<double>(values.bytes.size());
+      const uint8_t* from =
+          in_region ? region->data() + (region_floats_[chunk.server] + region_offset_[i]) *
+                                           sizeof(float)
+                    : values.bytes.data();
+      std::memcpy(params + chunk.offset, from, bytes);
+      received += static_cast<double>(bytes);
     }
   }
   latency_[kPushPull]->Observe(std::chrono::duration<double>(SteadyClock::now() - started).count());

@@ -9,7 +9,9 @@
 // (SetGradientOwner; else each chunk is copied once), several requests in flight per server;
 // each reply carries the chunks' values after the step (the server decides when, by the
 // consistency model: see server/ps/ps_service.h), copied once into the parameters as it
-// arrives. Embedding rows: LookupRows pulls only the rows a batch touches from their owners;
+// arrives. With a server on the same host, the chunks it owns travel through a region both
+// map (OfferRegions): the request names them, gradients and values are in the region.
+// Embedding rows: LookupRows pulls only the rows a batch touches from their owners;
 // Step pushes only those rows' gradients.
 //
 // A server or peer worker that fails makes the pending calls fail with the coordinator's
@@ -32,6 +34,7 @@
 #include "common/training/checkpoint.h"
 #include "common/training/ps_job.h"
 #include "common/transport/rpc_endpoint.h"
+#include "common/transport/shm/shared_region.h"
 #include "worker/engines/training_engine.h"
 
 namespace tessera::worker {
@@ -44,6 +47,11 @@ struct PsEngineOptions {
   OptimizerOptions optimizer;
   LrScheduleOptions schedule;
   int64_t request_timeout_ms = 30000;
+  // Offer each server a shared region (common/transport/shm/shared_region.h) for its chunks:
+  // a server on this host maps it, and then gradients and values pass through memory instead
+  // of the sockets (the kernel's copies out and back on both sides); other servers refuse and
+  // get frames.
+  bool shared_memory = true;
   // True once the process was asked to stop. Requests in flight then get kStopGraceMs more to
   // be answered (so a healthy fleet finishes its step, and --checkpoint-on-sigterm can write
   // its checkpoint); after that the wait fails with Cancelled naming what it waited for, e.g.
@@ -101,6 +109,9 @@ class PsEngine final : public TrainingEngine {
   std::pair<Reply, std::string> SendChunks(int64_t step, const std::vector<size_t>& group,
                                            const float* grads, const std::string& model,
                                            double* sent);
+  // Offers every server a shared region of its chunks (options_.shared_memory); a server that
+  // maps it gets in-region requests from then on.
+  Status OfferRegions(int64_t step);
   // Sends a CheckpointRequest to every server; their shards' files in server order.
   StatusOr<std::vector<ShardFileInfo>> CheckpointServers(const std::string& root, int64_t step,
                                                          bool restore);
@@ -121,6 +132,11 @@ class PsEngine final : public TrainingEngine {
   std::vector<std::string> server_addresses_;  // by server rank
   std::vector<DenseChunk> chunks_;
   std::vector<std::vector<size_t>> chunks_of_server_;  // indices into chunks_
+  // By server: the region it mapped (null: its chunks travel in frames), and the floats of
+  // each half (gradients, then values); by chunk: its offset in its server's halves.
+  std::vector<std::shared_ptr<SharedRegion>> regions_;
+  std::vector<uint64_t> region_floats_;
+  std::vector<uint64_t> region_offset_;
   std::vector<EmbeddingTableSpec> tables_;
   uint64_t job_token_ = 0;    // PsInitRequest.job_token (see Create)
   uint64_t fingerprint_ = 0;  // of the layout

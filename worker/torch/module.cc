@@ -220,7 +220,8 @@ PsClientOptions MakePsClientOptions(const std::string& coordinator, int rank, in
                                     const std::string& lr_schedule, int64_t warmup_steps,
                                     int64_t lr_step_size, double lr_gamma, int64_t total_steps,
                                     double min_lr, uint64_t chunk_elements,
-                                    double timeout_s, const std::string& bind_host) {
+                                    double timeout_s, const std::string& bind_host,
+                                    bool shared_memory) {
   PsClientOptions options;
   options.coordinator = coordinator;
   options.rank = rank;
@@ -238,6 +239,7 @@ PsClientOptions MakePsClientOptions(const std::string& coordinator, int rank, in
   options.schedule.total_steps = total_steps;
   options.schedule.min_lr = static_cast<float>(min_lr);
   options.chunk_elements = chunk_elements;
+  options.shared_memory = shared_memory;
   if (!(timeout_s > 0)) throw py::value_error("tessera: timeout must be positive");
   const int64_t timeout_ms = static_cast<int64_t>(timeout_s * 1000);
   options.rendezvous_timeout_ms = timeout_ms;
@@ -274,11 +276,11 @@ PYBIND11_MODULE(_C, module) {
                        const std::string& optimizer_params, const std::string& lr_schedule,
                        int64_t warmup_steps, int64_t lr_step_size, double lr_gamma,
                        int64_t total_steps, double min_lr, uint64_t chunk_elements,
-                       double timeout_s, const std::string& bind_host) {
+                       double timeout_s, const std::string& bind_host, bool shared_memory) {
              tessera::worker::PsClientOptions options = tessera::worker::MakePsClientOptions(
                  coordinator, rank, world_size, mode, staleness, optimizer, optimizer_params,
                  lr_schedule, warmup_steps, lr_step_size, lr_gamma, total_steps, min_lr,
-                 chunk_elements, timeout_s, bind_host);
+                 chunk_elements, timeout_s, bind_host, shared_memory);
              py::gil_scoped_release release;  // joining waits for the job's other workers
              return std::make_unique<PyPsClient>(options);
            }),
@@ -286,7 +288,8 @@ PYBIND11_MODULE(_C, module) {
            py::arg("staleness"), py::arg("optimizer"), py::arg("optimizer_params"),
            py::arg("lr_schedule"), py::arg("warmup_steps"), py::arg("lr_step_size"),
            py::arg("lr_gamma"), py::arg("total_steps"), py::arg("min_lr"),
-           py::arg("chunk_elements"), py::arg("timeout_s"), py::arg("bind_host"))
+           py::arg("chunk_elements"), py::arg("timeout_s"), py::arg("bind_host"),
+           py::arg("shared_memory") = true)
       .def_property_readonly("rank", &PyPsClient::rank)
       .def_property_readonly("world_size", &PyPsClient::world_size)
       .def_property_readonly("num_servers", &PyPsClient::num_servers)

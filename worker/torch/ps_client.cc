@@ -96,6 +96,7 @@ StatusOr<std::unique_ptr<PsClient>> PsClient::Join(const PsClientOptions& option
   engine.consistency = consistency;
   engine.staleness = options.staleness;
   engine.chunk_elements = options.chunk_elements;
+  engine.shared_memory = options.shared_memory;
   engine.optimizer = client->optimizer_;
   engine.schedule = options.schedule;
   engine.request_timeout_ms = options.request_timeout_ms;

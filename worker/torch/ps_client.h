@@ -49,6 +49,7 @@ struct PsClientOptions {
   std::string optimizer_params;  // "lr=0.1,momentum=0.9,weight_decay=1e-4" (optimizer.h)
   LrScheduleOptions schedule;
   uint64_t chunk_elements = 1 << 16;
+  bool shared_memory = true;  // PsEngineOptions::shared_memory
   int64_t rendezvous_timeout_ms = 60000;  // joining: the coordinator and the job's workers
   int64_t request_timeout_ms = 30000;     // each push, pull or checkpoint
   int64_t heartbeat_timeout_ms = 10000;

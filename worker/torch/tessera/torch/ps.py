@@ -191,6 +191,9 @@ class ParameterServerOptimizer:
         parameters' gradient accumulation), so the servers apply it while backward goes on;
         step() sends the rest and waits. A step then has one backward pass: to accumulate
         gradients over several passes before a step, pass overlap=False.
+    shared_memory: a server on this host exchanges gradients and values with this worker
+        through shared memory (a sealed memfd both map) instead of its sockets, which saves the
+        kernel's copies; servers elsewhere use the sockets. False: always the sockets.
     """
 
     def __init__(self, params, optimizer="sgd", lr=None, *, mode="ps-sync", staleness=0,
@@ -198,7 +201,7 @@ class ParameterServerOptimizer:
                  initial_accumulator_value=None, lr_schedule="constant", warmup_steps=0,
                  lr_step_size=0, lr_gamma=0.1, total_steps=0, min_lr=0.0, embeddings=None,
                  coordinator=None, rank=None, world_size=None, chunk_elements=1 << 16,
-                 timeout=60.0, bind_host=None, overlap=True):
+                 timeout=60.0, bind_host=None, overlap=True, shared_memory=True):
         if mode not in _MODES:
             raise ValueError(f"tessera: mode={mode!r}: expected one of {', '.join(_MODES)}")
         if optimizer not in _OPTIMIZERS:
@@ -241,7 +244,8 @@ class ParameterServerOptimizer:
             staleness=staleness, optimizer=kind, optimizer_params=fields,
             lr_schedule=lr_schedule, warmup_steps=warmup_steps, lr_step_size=lr_step_size,
             lr_gamma=lr_gamma, total_steps=total_steps, min_lr=min_lr,
-            chunk_elements=chunk_elements, timeout_s=float(timeout), bind_host=bind_host)
+            chunk_elements=chunk_elements, timeout_s=float(timeout), bind_host=bind_host,
+            shared_memory=bool(shared_memory))
         specs = []
         for index, (name, table) in enumerate(tables):
             table._bind(self._client, index, name)

@@ -1,0 +1,92 @@
+#include "server/ps/worker_regions.h"
+
+#include <algorithm>
+#include <cstring>
+#include <unordered_set>
+
+
+namespace tessera::server {
+
+WorkerRegions::WorkerRegions(const std::vector<DenseChunk>& chunks) {
+  std::vector<DenseChunk> by_index = chunks;
+  std::sort(by_index.begin(), by_index.end(),
+            [](const DenseChunk& a, const DenseChunk& b) { return a.index < b.index; });
+  auto places = std::make_shared<std::unordered_map<uint64_t, Place>>();
+  for (const DenseChunk& chunk : by_index) {
+    (*places)[chunk.key] = Place{floats_, chunk.size};
+    floats_ += chunk.size;
+  }
+  places_ = std::move(places);
+}
+
+Status WorkerRegions::Map(int rank, const PsPushPullRequest& offer) {
+  ASSIGN_OR_RETURN(std::shared_ptr<SharedRegion> region,
+                   SharedRegion::Open(offer.region_pid, offer.region_fd,
+                                      2 * floats_ * sizeof(float),
+                                      SharedRegionToken{offer.region_token_high,
+                                                        offer.region_token_low}));
+  std::lock_guard<std::mutex> lock(mu_);
+  regions_[rank] = std::move(region);
+  return OkStatus();
+}
+
+std::shared_ptr<SharedRegion> WorkerRegions::RegionOf(int rank) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = regions_.find(rank);
+  return it == regions_.end() ? nullptr : it->second;
+}
+
+StatusOr<std::vector<TensorData>> WorkerRegions::Tensors(int rank,
+                                                         const std::vector<TensorData>& tensors,
+                                                         bool push) const {
+  std::shared_ptr<SharedRegion> region = RegionOf(rank);
+  if (region == nullptr) {
+    return FailedPreconditionError("worker " + std::to_string(rank) +
+                                   " sent chunks in a shared region this server has not mapped");
+  }
+  const float* gradients = reinterpret_cast<const float*>(region->data());
+  std::vector<TensorData> views;
+  views.reserve(tensors.size());
+  std::unordered_set<uint64_t> named;
+  for (const TensorData& tensor : tensors) {
+    auto it = places_->find(tensor.key);
+    if (it == places_->end()) {
+      return InvalidArgumentError("key " + std::to_string(tensor.key) + " (" + tensor.name +
+                                  ") is not a chunk of this job on this server");
+    }
+    if (!named.insert(tensor.key).second) {
+      return InvalidArgumentError("key " + std::to_string(tensor.key) + " (" + tensor.name +
+                                  ") is named twice in one request");
+    }
+    const Place& place = it->second;
+    // A chunk of another type or shape goes as named, without bytes, for the shard to refuse
+    // in its own words.
+    const bool fits = tensor.dtype == DataType::kFloat32 && tensor.shape.size() == 1 &&
+                      tensor.shape[0] == static_cast<int64_t>(place.size);
+    TensorData view = push && fits ? TensorData::Floats(tensor.name, tensor.key,
+                                                        gradients + place.offset, place.size,
+                                                        region)
+                                   : tensor;
+    views.push_back(std::move(view));
+  }
+  return views;
+}
+
+WorkerRegions::ReplyCallback WorkerRegions::ReplyInto(int rank, ReplyCallback send) const {
+  return [region = RegionOf(rank), places = places_, floats = floats_,
+          send = std::move(send)](PsPushPullReply reply) {
+    float* values = reinterpret_cast<float*>(region->data()) + floats;
+    for (TensorData& tensor : reply.tensors) {
+      // Values that do not fit their place (none should) stay in the reply's frames.
+      auto it = places->find(tensor.key);
+      if (it == places->end() || tensor.bytes.size() != it->second.size * sizeof(float)) {
+        continue;
+      }
+      std::memcpy(values + it->second.offset, tensor.bytes.data(), tensor.bytes.size());
+      tensor.bytes = Payload();
+    }
+    send(std::move(reply));
+  };
+}
+
+}  // namespace tessera::server
