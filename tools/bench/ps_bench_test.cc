@@ -36,8 +36,11 @@ TEST(PsBenchTest, JsonShape) {
     by_kind[j.value("kind", "")].push_back(j);
   }
   ASSERT_EQ(by_kind["config"].size(), 1u);
-  // tessera and zmq, two configurations, two sizes.
-  ASSERT_EQ(by_kind["row"].size(), 8u);
+  // tessera (sockets), shm (shared memory) and zmq, two configurations, two sizes.
+  ASSERT_EQ(by_kind["row"].size(), 12u);
+  std::map<std::string, int> rows_of;
+  for (const nlohmann::json& row : by_kind["row"]) ++rows_of[row.value("system", "")];
+  EXPECT_EQ(rows_of, (std::map<std::string, int>{{"shm", 4}, {"tessera", 4}, {"zmq", 4}}));
   for (const nlohmann::json& row : by_kind["row"]) {
     const int workers = row.value("workers", 0);
     EXPECT_EQ(row.value("servers", 0), workers) << row.dump();
