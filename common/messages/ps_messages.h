@@ -32,7 +32,7 @@ struct PsPushPullRequest {
   uint64_t job_token = 0;  // a request of another job than the servers' waits for its init
   std::string model;       // a worker's first pull: DescribePsModel of its model, else empty
   // An offer of a shared region for this server's chunks (the worker is on its host; see
-  // server/ps/worker_regions.h): its creator's pid and fd, and its token. fd -1: no offer.
+  // docs/parameter-server.md): its creator's pid and fd, and its token. fd -1: no offer.
   int64_t region_pid = 0;
   int64_t region_fd = -1;
   uint64_t region_token_high = 0;
