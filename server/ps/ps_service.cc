@@ -171,8 +171,9 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
     PsPushPullReply reply;
     reply.region_mapped = mapped.ok();
     if (mapped.ok()) {
-      TLOG(INFO) << "worker " << rank << " shares a region with this server: its chunks "
-                 << "travel through shared memory";
+      // The worker says so, once for all its servers (quiet output: issue 22).
+      TLOG(DEBUG) << "worker " << rank << " shares a region with this server: its chunks "
+                  << "travel through shared memory";
     } else {
       reply.region_refusal = mapped.message();
       TLOG(INFO) << "worker " << rank << "'s shared region is not mapped, its chunks travel "
