@@ -138,6 +138,20 @@ uint64_t PsJobToken(const FleetView& view) {
   return token;
 }
 
+std::vector<uint64_t> PsRegionOffsets(const std::vector<DenseChunk>& chunks, uint64_t* floats) {
+  std::vector<size_t> by_index(chunks.size());
+  for (size_t i = 0; i < chunks.size(); ++i) by_index[i] = i;
+  std::sort(by_index.begin(), by_index.end(),
+            [&chunks](size_t a, size_t b) { return chunks[a].index < chunks[b].index; });
+  std::vector<uint64_t> offsets(chunks.size());
+  *floats = 0;
+  for (size_t i : by_index) {
+    offsets[i] = *floats;
+    *floats += chunks[i].size;
+  }
+  return offsets;
+}
+
 StatusOr<std::vector<DenseChunk>> PlanDenseChunks(uint64_t elements, uint64_t chunk_elements,
                                                   int num_servers, uint64_t key_space) {
   if (num_servers < 1) {

@@ -1,20 +1,15 @@
 #include "server/ps/worker_regions.h"
 
-#include <algorithm>
 #include <cstring>
 #include <unordered_set>
-
 
 namespace tessera::server {
 
 WorkerRegions::WorkerRegions(const std::vector<DenseChunk>& chunks) {
-  std::vector<DenseChunk> by_index = chunks;
-  std::sort(by_index.begin(), by_index.end(),
-            [](const DenseChunk& a, const DenseChunk& b) { return a.index < b.index; });
+  const std::vector<uint64_t> offsets = PsRegionOffsets(chunks, &floats_);
   auto places = std::make_shared<std::unordered_map<uint64_t, Place>>();
-  for (const DenseChunk& chunk : by_index) {
-    (*places)[chunk.key] = Place{floats_, chunk.size};
-    floats_ += chunk.size;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    (*places)[chunks[i].key] = Place{offsets[i], chunks[i].size};
   }
   places_ = std::move(places);
 }

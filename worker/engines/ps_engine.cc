@@ -131,10 +131,10 @@ Status PsEngine::Initialize(const ParameterLayout& layout,
   region_floats_.assign(chunks_of_server_.size(), 0);
   region_offset_.assign(chunks_.size(), 0);
   for (size_t s = 0; s < chunks_of_server_.size(); ++s) {
-    for (size_t i : chunks_of_server_[s]) {  // by chunk index, as the server lays them out
-      region_offset_[i] = region_floats_[s];
-      region_floats_[s] += chunks_[i].size;
-    }
+    std::vector<DenseChunk> own;
+    for (size_t i : chunks_of_server_[s]) own.push_back(chunks_[i]);
+    const std::vector<uint64_t> offsets = PsRegionOffsets(own, &region_floats_[s]);
+    for (size_t k = 0; k < own.size(); ++k) region_offset_[chunks_of_server_[s][k]] = offsets[k];
   }
   tables_ = tables;
   fingerprint_ = layout.Fingerprint();
