@@ -168,6 +168,9 @@ void RendezvousClient::HeartbeatLoop() {
       const StatusOr<Envelope>& result = it->get();
       if (result.ok()) {
         last_ack = SteadyClock::now();
+      } else if (result.status().code() == StatusCode::kUnavailable) {
+        // The coordinator answered that it has stopped (or its address cannot be reached).
+        Fail(UnavailableError("lost contact with the coordinator: " + result.status().message()));
       } else if (result.status().code() != StatusCode::kDeadlineExceeded &&
                  result.status().code() != StatusCode::kAborted &&
                  result.status().code() != StatusCode::kCancelled) {

@@ -60,9 +60,15 @@ void RpcEndpoint::SetHandler(MessageType type, MessageHandler handler) {
   handlers_[type] = std::move(handler);
 }
 
-void RpcEndpoint::ClearHandler(MessageType type) {
+void RpcEndpoint::ClearHandler(MessageType type) { ReplaceHandler(type, nullptr); }
+
+void RpcEndpoint::ReplaceHandler(MessageType type, MessageHandler handler) {
   std::unique_lock<std::mutex> lock(mu_);
-  handlers_.erase(type);
+  if (handler) {
+    handlers_[type] = std::move(handler);
+  } else {
+    handlers_.erase(type);
+  }
   handlers_idle_cv_.wait(lock, [this] { return handlers_running_ == 0; });
 }
 

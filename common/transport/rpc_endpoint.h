@@ -56,6 +56,9 @@ class RpcEndpoint {
   // Removes the handler of `type` and waits until no handler is running, so whatever the
   // handler refers to may be destroyed afterwards. REQUIRES: not called from a handler.
   void ClearHandler(MessageType type);
+  // Replaces the handler of `type` with `handler` (null: none) and waits like ClearHandler,
+  // with no moment in which `type` is unhandled. REQUIRES: not called from a handler.
+  void ReplaceHandler(MessageType type, MessageHandler handler);
 
   // Sends `request` (of training step `step`, -1 for none) to `address` and returns a future
   // for its reply. The future is completed with DeadlineExceeded naming `what` and `address`

@@ -67,8 +67,27 @@ StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(RpcEndpoint* endpoint
   return coordinator;
 }
 
-Coordinator::~Coordinator() {
-  for (MessageType type : kHandledTypes) endpoint_->ClearHandler(type);
+Coordinator::~Coordinator() { StopServing(OkStatus()); }
+
+void Coordinator::StopServing(const Status& why) {
+  if (stopped_serving_) return;
+  stopped_serving_ = true;
+  const Status stopped = UnavailableError("the coordinator of job '" + options_.job +
+                                          "' has stopped" +
+                                          (why.ok() ? "" : ": " + why.message()));
+  // The responder refers to the endpoint only (which owns it), so it may outlive this.
+  RpcEndpoint* endpoint = endpoint_;
+  for (MessageType type : kHandledTypes) {
+    endpoint_->ReplaceHandler(type, [endpoint, stopped](Envelope envelope) {
+      if (envelope.origin.IsRequest()) endpoint->ReplyError(envelope, stopped);
+    });
+  }
+  inbox_.Close();
+  for (;;) {  // what arrived before the switch and was never handled
+    StatusOr<Envelope> queued = inbox_.Pop(Deadline::AfterMillis(0), "queued request");
+    if (!queued.ok()) break;
+    if (queued->origin.IsRequest()) endpoint_->ReplyError(*queued, stopped);
+  }
 }
 
 Status Coordinator::RegisterMetrics(MetricsRegistry* metrics) {
@@ -94,6 +113,12 @@ Coordinator::Coordinator(RpcEndpoint* endpoint, const CoordinatorOptions& option
     : endpoint_(endpoint), options_(options), host_(LocalHostName()) {}
 
 Status Coordinator::Run(const std::function<bool()>& stop_requested) {
+  Status result = Serve(stop_requested);
+  StopServing(result);
+  return result;
+}
+
+Status Coordinator::Serve(const std::function<bool()>& stop_requested) {
   if (IsFleet()) {
     TLOG(INFO) << "long-running fleet: waiting for " << options_.num_servers
                << " servers to register at " << endpoint_->address()
@@ -117,7 +142,6 @@ Status Coordinator::Run(const std::function<bool()>& stop_requested) {
         if (member.info.state == MemberState::kFailed) failed.push_back(member.info.Name());
       }
       if (!alive) {
-        inbox_.Close();
         if (!failed.empty()) {
           return AbortedError("job '" + options_.job + "' is over, but " + JoinNames(failed) +
                               " failed (--exit-when-workers-leave)");
@@ -130,7 +154,6 @@ Status Coordinator::Run(const std::function<bool()>& stop_requested) {
   // A fleet is often stopped because one of its processes died (tessera-launch stops the
   // rest at once): whoever is still attached learns which, instead of a lost coordinator.
   CheckLocalProcesses();
-  inbox_.Close();
   return OkStatus();
 }
 

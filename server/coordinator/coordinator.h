@@ -72,11 +72,13 @@ class Coordinator {
   static StatusOr<std::unique_ptr<Coordinator>> Create(RpcEndpoint* endpoint,
                                                        const CoordinatorOptions& options,
                                                        MetricsRegistry* metrics);
-  // Stops routing the endpoint's messages here (later ones are answered Unimplemented).
+  // Stops serving (as Run does when it returns) if Run never ran.
   ~Coordinator();
 
   // Serves until `stop_requested()` returns true (checked every few milliseconds): OK. Returns
-  // the error if the rendezvous times out.
+  // the error if the rendezvous times out. Then stops serving: every request that reaches the
+  // endpoint later (or was queued unanswered) is answered Unavailable, saying the coordinator
+  // stopped and why, so a member learns that instead of waiting out its heartbeat limit.
   Status Run(const std::function<bool()>& stop_requested);
 
   // The current membership, from any thread.
@@ -110,6 +112,9 @@ class Coordinator {
   Coordinator(RpcEndpoint* endpoint, const CoordinatorOptions& options);
   Status RegisterMetrics(MetricsRegistry* metrics);
 
+  Status Serve(const std::function<bool()>& stop_requested);
+  // Answers this coordinator's requests with Unavailable naming `why` from now on.
+  void StopServing(const Status& why);
   void Handle(const Envelope& envelope);
   void HandleRegister(const Envelope& envelope);
   void HandleHeartbeat(const Envelope& envelope);
@@ -147,6 +152,7 @@ class Coordinator {
   RpcEndpoint* const endpoint_;
   const CoordinatorOptions options_;
   EnvelopeQueue inbox_;
+  bool stopped_serving_ = false;  // Run thread (or the destructor's)
 
   // Run-thread state.
   std::map<MemberKey, Member> members_;

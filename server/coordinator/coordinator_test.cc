@@ -258,6 +258,28 @@ TEST(CoordinatorTest, LostCoordinatorIsDetectedByClients) {
   EXPECT_NE(s.message().find("lost contact with the coordinator"), std::string::npos) << s;
 }
 
+// A coordinator whose Run ends while its endpoint still listens (its process is exiting)
+// answers heartbeats that it has stopped: members learn it at once, not after their heartbeat
+// limit (10 s here).
+TEST(CoordinatorTest, StoppedCoordinatorTellsItsMembersAtOnce) {
+  Fleet fleet(0, 1);
+  auto endpoint = NewEndpoint();
+  auto client = RendezvousClient::Join(
+      endpoint.get(), fleet.Options(Role::kWorker, 0, /*heartbeat_timeout_ms=*/10000), nullptr);
+  ASSERT_TRUE(client.ok()) << client.status();
+  std::promise<Status> told;
+  (*client)->SetFailureCallback([&](const Status& s) { told.set_value(s); });
+  fleet.stop = true;
+  fleet.run_thread.join();
+  auto future = told.get_future();
+  ASSERT_EQ(future.wait_for(std::chrono::seconds(5)), std::future_status::ready);
+  Status s = future.get();
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
+  EXPECT_NE(s.message().find("lost contact with the coordinator"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("the coordinator of job 'test' has stopped"), std::string::npos) << s;
+  fleet.run_thread = std::thread([] {});  // for ~Fleet
+}
+
 // A long-running fleet (num_workers 0): the server rendezvouses alone; two jobs attach one
 // after the other with the same ranks; a job's unscoped barrier is its workers'; a worker of
 // another job is refused while one runs; the server stays healthy throughout.
