@@ -3,7 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <fstream>
+#include <optional>
 #include <regex>
 #include <sstream>
 
@@ -283,6 +285,62 @@ TEST(LaunchTest, AWorkerFailingOnOneNodeFailsBothLaunchersNamingIt) {
   EXPECT_TRUE(std::regex_search(
       out0, std::regex(R"(\[worker [01]\] .*(worker 3 .*failed|failed: .*worker 3))")))
       << out0;
+}
+
+// Two launchers whose workers build different models (issue 19's first finding): in every
+// mode each worker names the first differing tensor or quotes the rank that did, and every
+// process exits within 2 s of the first error, not a heartbeat timeout (10 s) later.
+TEST(LaunchTest, AModelMismatchAcrossLaunchersStopsEveryoneAtOnceNamingIt) {
+  using namespace multi;
+  constexpr int64_t kStopBoundMs = 2000;
+  for (const std::string mode : {"ps-sync", "ps-async", "allreduce", "zero2"}) {
+    SCOPED_TRACE(mode);
+    FleetHarness harness;
+    const bool ps = mode.rfind("ps-", 0) == 0;
+    const std::vector<std::string> node = {"--nnodes", "2", "--nproc-per-node", "1", "--mode",
+                                           mode};
+    const std::vector<std::string> training = {
+        "--", "--steps", "20", "--batch-size", "16", "--device", "cpu", "--train-samples", "320",
+        "--input-dim", "16", "--classes", "4", "--hidden"};
+    auto node0 = harness.Start(
+        "node 0", "tools/tessera-launch",
+        Concat(node, Concat(ps ? std::vector<std::string>{"--servers", "1"}
+                               : std::vector<std::string>{},
+                            Concat({"--node-rank", "0", "--coordinator", "127.0.0.1:0"},
+                                   Concat(training, {"32,32"})))));
+    ASSERT_TRUE(node0.ok());
+    const std::string address = CoordinatorAddress(harness, *node0);
+    ASSERT_FALSE(address.empty()) << harness.Output(*node0);
+    auto node1 = harness.Start(
+        "node 1", "tools/tessera-launch",
+        Concat(node, Concat({"--node-rank", "1", "--coordinator", address},
+                            Concat(training, {"64,32"}))));
+    ASSERT_TRUE(node1.ok());
+    for (int id : {*node0, *node1}) {
+      auto exit = harness.WaitExit(id, Deadline::AfterMillis(kRunMs));
+      ASSERT_TRUE(exit.ok()) << exit.status();
+      EXPECT_EQ(exit->status, 1) << exit->Describe() << "\n" << harness.Output(id);
+    }
+    const std::string out = harness.Output(*node0) + "\n" + harness.Output(*node1);
+    for (int rank = 0; rank < 2; ++rank) {
+      // Its own finding ("... differs ... 'mlp.0.weight' [32, 16] ...") or the other's, quoted.
+      EXPECT_TRUE(std::regex_search(
+          out, std::regex("\\[worker " + std::to_string(rank) +
+                          "\\] .* E .*differs.*mlp\\.0\\.weight.*\\[(32|64), 16\\]")))
+          << out;
+    }
+    EXPECT_EQ(out.find("no heartbeat"), std::string::npos) << out;
+    std::optional<SteadyClock::time_point> first_error;
+    for (int id : {*node0, *node1}) {
+      auto at = harness.LineTime(id, " E ");
+      if (at.ok() && (!first_error || *at < *first_error)) first_error = *at;
+    }
+    ASSERT_TRUE(first_error.has_value()) << out;
+    for (int id : {*node0, *node1}) {
+      EXPECT_LT(*harness.ExitTime(id) - *first_error, std::chrono::milliseconds(kStopBoundMs))
+          << harness.Output(id);
+    }
+  }
 }
 
 // A long-running fleet (2 servers, --workers 0) serves two jobs one after the other: the first

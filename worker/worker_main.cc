@@ -323,6 +323,39 @@ Status RunTraining(ProcessRuntime& runtime, const WorkerFlags& worker_flags,
   return OkStatus();
 }
 
+// A fleet member's work after it joined: the smoke job, a benchmark or training.
+Status RunMember(ProcessRuntime& runtime, const WorkerFlags& flags, RendezvousClient& client,
+                 const PeerWiring& wiring) {
+  if (flags.mode == "smoke") {
+    return RunSmokeJob(runtime, client, wiring.mailbox, wiring.failures, flags.smoke);
+  }
+  // The whole fleet starts together (servers wait for this barrier too).
+  RETURN_IF_ERROR(client.Barrier("start", std::nullopt, runtime.config().rendezvous_timeout_ms));
+  const auto print_line = [](const std::string& line) {
+    std::printf("%s\n", line.c_str());
+    std::fflush(stdout);
+  };
+  if (flags.mode == "bench-allreduce") {
+    std::string channel;
+    ASSIGN_OR_RETURN(std::unique_ptr<RingCollectives> ring,
+                     MakeRing(runtime, flags, client, wiring, &channel));
+    // For tessera-bench, which runs the workers at --log-level warning.
+    if (client.rank() == 0) {
+      print_line(nlohmann::json({{"bench", "ring_channel"}, {"channel", channel}}).dump());
+    }
+    return RunAllReduceBench(*ring, flags.bench, print_line);
+  }
+  if (flags.mode == "bench-ps") {
+    PsBenchOptions bench;
+    bench.flags = flags.bench;
+    bench.chunk_elements = flags.ps_chunk_elements;
+    bench.shared_memory = flags.ps_shared_memory;
+    bench.request_timeout_ms = runtime.config().request_timeout_ms;
+    return RunPsBench(&runtime.endpoint(), client, &runtime.metrics(), bench, print_line);
+  }
+  return RunTraining(runtime, flags, &client, wiring);
+}
+
 Status RunWorker(ProcessRuntime& runtime, const WorkerFlags& flags) {
   if (runtime.config().coordinator.empty()) {
     if (flags.mode != "local") {
@@ -351,41 +384,12 @@ Status RunWorker(ProcessRuntime& runtime, const WorkerFlags& flags) {
       [failures = wiring.failures](const Status& status) { failures->Fail(status); });
   SetLogIdentity("worker", client->rank());
   runtime.AnnounceReady(client->rank());
-
-  if (flags.mode == "smoke") {
-    RETURN_IF_ERROR(RunSmokeJob(runtime, *client, wiring.mailbox, wiring.failures, flags.smoke));
-  } else {
-    // The whole fleet starts together (servers wait for this barrier too).
-    RETURN_IF_ERROR(client->Barrier("start", std::nullopt,
-                                    runtime.config().rendezvous_timeout_ms));
-    if (flags.mode == "bench-allreduce") {
-      std::string channel;
-      ASSIGN_OR_RETURN(std::unique_ptr<RingCollectives> ring,
-                       MakeRing(runtime, flags, *client, wiring, &channel));
-      // For tessera-bench, which runs the workers at --log-level warning.
-      if (client->rank() == 0) {
-        std::printf("%s\n", nlohmann::json({{"bench", "ring_channel"}, {"channel", channel}})
-                                .dump()
-                                .c_str());
-      }
-      RETURN_IF_ERROR(RunAllReduceBench(*ring, flags.bench, [](const std::string& line) {
-        std::printf("%s\n", line.c_str());
-        std::fflush(stdout);
-      }));
-    } else if (flags.mode == "bench-ps") {
-      PsBenchOptions bench;
-      bench.flags = flags.bench;
-      bench.chunk_elements = flags.ps_chunk_elements;
-      bench.shared_memory = flags.ps_shared_memory;
-      bench.request_timeout_ms = runtime.config().request_timeout_ms;
-      RETURN_IF_ERROR(RunPsBench(&endpoint, *client, &runtime.metrics(), bench,
-                                 [](const std::string& line) {
-                                   std::printf("%s\n", line.c_str());
-                                   std::fflush(stdout);
-                                 }));
-    } else {
-      RETURN_IF_ERROR(RunTraining(runtime, flags, client.get(), wiring));
-    }
+  Status outcome = RunMember(runtime, flags, *client, wiring);
+  if (!outcome.ok()) {
+    // An error (not a stop we were asked for: under one launcher everyone is stopping, and
+    // all-reduce ranks agree to stop together) is the root cause the others hear at once.
+    if (!runtime.StopRequested()) client->LeaveWithError(outcome);
+    return outcome;
   }
   double linger = runtime.config().linger_seconds;
   if (linger > 0) {

@@ -29,6 +29,12 @@ Status::Status(StatusCode code, std::string message) : code_(code), message_(std
 
 Status Status::WithContext(std::string_view context) const {
   if (ok() || context.empty()) return *this;
+  // Added once: a layer that names what it waited for and its caller that names the same
+  // call (an RPC's `what`, then the engine's) would otherwise repeat it.
+  if (message_.size() > context.size() && message_.compare(0, context.size(), context) == 0 &&
+      message_.compare(context.size(), 2, ": ") == 0) {
+    return *this;
+  }
   std::string message(context);
   message += ": ";
   message += message_;

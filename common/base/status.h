@@ -49,7 +49,8 @@ class [[nodiscard]] Status {
   StatusCode code() const { return code_; }
   const std::string& message() const { return message_; }
 
-  // Returns a copy whose message is "context: message". No-op on OK.
+  // Returns a copy whose message is "context: message". No-op on OK, and when the message
+  // already begins with "context: ".
   Status WithContext(std::string_view context) const;
 
   // "DEADLINE_EXCEEDED: rank=1: ..." or "OK".

@@ -22,6 +22,15 @@ TEST(StatusTest, ContextReadsOutermostFirst) {
 
 TEST(StatusTest, ContextOnOkIsNoop) { EXPECT_TRUE(OkStatus().WithContext("rank=1").ok()); }
 
+TEST(StatusTest, TheSameContextIsAddedOnce) {
+  Status s = NotFoundError("no key 3").WithContext("pull of step 1").WithContext("pull of step 1");
+  EXPECT_EQ(s.message(), "pull of step 1: no key 3");
+  // Only a whole leading context counts: a longer one, or one not followed by ": ", is added.
+  EXPECT_EQ(s.WithContext("pull of step").message(), "pull of step: pull of step 1: no key 3");
+  EXPECT_EQ(NotFoundError("pull of step 1").WithContext("pull of step 1").message(),
+            "pull of step 1: pull of step 1");
+}
+
 StatusOr<int> Half(int x) {
   if (x % 2 != 0) return InvalidArgumentError("odd value " + std::to_string(x));
   return x / 2;

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "common/base/role.h"
+#include "common/base/status.h"
 
 namespace tessera {
 
@@ -54,8 +55,11 @@ struct BarrierRelease {
   uint64_t generation = 0;
 };
 
+// kOk: a clean departure, `reason` says why; else the process is stopping because of the
+// error (`code`, `reason`).
 struct Goodbye {
   std::string reason;
+  StatusCode code = StatusCode::kOk;
 };
 
 }  // namespace tessera

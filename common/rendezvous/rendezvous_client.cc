@@ -227,11 +227,18 @@ StatusOr<Envelope> RendezvousClient::AwaitReply(
   return call.get();
 }
 
-void RendezvousClient::Leave(const std::string& reason) {
+void RendezvousClient::Leave(const std::string& reason) { SendGoodbye(Goodbye{reason}); }
+
+void RendezvousClient::LeaveWithError(const Status& error) {
+  SendGoodbye(Goodbye{std::string(StatusCodeName(error.code())) + ": " + error.message(),
+                      error.ok() ? StatusCode::kUnknown : error.code()});
+}
+
+void RendezvousClient::SendGoodbye(Goodbye goodbye) {
   StopHeartbeats();
   if (!health().ok()) return;  // the coordinator is gone or the fleet failed: nobody to tell
   StatusOr<Envelope> reply = endpoint_->Call(
-      options_.coordinator_address, Goodbye{reason}, -1,
+      options_.coordinator_address, std::move(goodbye), -1,
       Deadline::AfterMillis(std::min<int64_t>(options_.request_timeout_ms, kGoodbyeTimeoutMs)),
       "goodbye");
   if (!reply.ok()) TLOG(WARNING) << "leaving: " << reply.status();

@@ -85,9 +85,14 @@ class RendezvousClient {
 
   // Says goodbye to the coordinator (a clean exit, not a failure) and stops heartbeating.
   void Leave(const std::string& reason);
+  // Tells the coordinator this process is stopping because of `error`, which it relays to
+  // every other process at once, and stops heartbeating. Sends nothing when the fleet has
+  // already failed: `error` is then a consequence, and the coordinator knows the cause.
+  void LeaveWithError(const Status& error);
 
  private:
   RendezvousClient(RpcEndpoint* endpoint, const RendezvousOptions& options);
+  void SendGoodbye(Goodbye goodbye);
   // The reply to `call`, or Cancelled naming `what` once a stop is requested.
   StatusOr<Envelope> AwaitReply(const std::shared_future<StatusOr<Envelope>>& call,
                                 const std::string& what) const;

@@ -237,7 +237,8 @@ class BodyEncoder {
     return As(proto::CreateBarrierReleaseDirect(fbb_, b.name.c_str(), b.generation));
   }
   Encoded operator()(Goodbye& b) {
-    return As(proto::CreateGoodbyeDirect(fbb_, b.reason.c_str()));
+    return As(proto::CreateGoodbyeDirect(fbb_, b.reason.c_str(),
+                                         static_cast<proto::ErrorCode>(b.code)));
   }
   Encoded operator()(PsInitRequest& b) {
     auto tensors = EncodeTensors(fbb_, std::move(b.tensors), payloads_);
@@ -454,7 +455,10 @@ StatusOr<MessageBody> DecodeBody(const proto::Header& header, const Message& mes
       const auto& b = *header.body_as_BarrierRelease();
       return MessageBody(BarrierRelease{Str(b.name()), b.generation()});
     }
-    case proto::Body::Goodbye: return MessageBody(Goodbye{Str(header.body_as_Goodbye()->reason())});
+    case proto::Body::Goodbye: {
+      const auto& b = *header.body_as_Goodbye();
+      return MessageBody(Goodbye{Str(b.reason()), CodeOf(b.code())});
+    }
     case proto::Body::PsInitRequest: {
       const auto& b = *header.body_as_PsInitRequest();
       return MessageBody(PsInitRequest{Str(b.config()), DecodeTensors(b.tensors(), message), b.job_token()});

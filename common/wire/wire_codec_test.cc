@@ -157,6 +157,12 @@ TEST(WireCodecTest, RoundTripEveryBody) {
       Decoded(EncodeMessage(WorkerHeader(0), PsPushPullReply{{}, true, "not here"})).body);
   EXPECT_TRUE(pulled.region_mapped);
   EXPECT_EQ(pulled.region_refusal, "not here");
+  const auto clean = std::get<Goodbye>(Decoded(EncodeMessage(WorkerHeader(0), Goodbye{"done"})).body);
+  EXPECT_EQ(clean.code, StatusCode::kOk);
+  const auto failed = std::get<Goodbye>(Decoded(EncodeMessage(
+      WorkerHeader(0), Goodbye{"out of data", StatusCode::kOutOfRange})).body);
+  EXPECT_EQ(failed.reason, "out of data");
+  EXPECT_EQ(failed.code, StatusCode::kOutOfRange);
 }
 
 TEST(WireCodecTest, RoundTripRingFrames) {

@@ -424,9 +424,18 @@ void Coordinator::HandleGoodbye(const Envelope& envelope) {
   if (member == nullptr) {
     return ReplyAck(envelope.origin, envelope.header.request_id, "not a live member");
   }
+  const Goodbye& goodbye = *envelope.As<Goodbye>();
+  if (goodbye.code != StatusCode::kOk) {
+    // Its error is the root cause of whatever fails next: every other process hears it now,
+    // not a heartbeat timeout later.
+    DeclareFailed(*member, "it stopped with " + goodbye.reason);
+    ReplyAck(envelope.origin, envelope.header.request_id, "failure relayed");
+    MaybeEndJob();
+    return;
+  }
   member->info.state = MemberState::kLeft;
   ++epoch_;
-  TLOG(INFO) << member->info.Name() << " left: " << envelope.As<Goodbye>()->reason;
+  TLOG(INFO) << member->info.Name() << " left: " << goodbye.reason;
   ReplyAck(envelope.origin, envelope.header.request_id, "goodbye");
   UpdateMemberGauges();
   PublishSnapshot();
@@ -608,7 +617,8 @@ Status Coordinator::CheckTimers() {
     int64_t silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - member.last_seen).count();
     if (silent > options_.heartbeat_timeout_ms) {
       DeclareFailed(member, "no heartbeat for " + std::to_string(silent) + " ms (limit " +
-                                std::to_string(options_.heartbeat_timeout_ms) + " ms)");
+                                std::to_string(options_.heartbeat_timeout_ms) +
+                                " ms): crashed, hung or unreachable");
     }
   }
   MaybeEndJob();  // not inside the loop: it erases members

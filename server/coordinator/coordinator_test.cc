@@ -203,6 +203,39 @@ TEST(CoordinatorTest, SilentMemberIsDeclaredFailedAndOthersAreTold) {
             std::string::npos);
 }
 
+// A member that stops because of an error says why as it leaves; the coordinator relays it
+// to every other process at once (here within 1 s, against a 10 s heartbeat limit).
+TEST(CoordinatorTest, AFailingMembersErrorReachesEveryoneAtOnce) {
+  Fleet fleet(1, 2, 10000, /*heartbeat_ms=*/10000);
+  auto processes = JoinAll(fleet, {{Role::kServer, 0}, {Role::kWorker, 0}, {Role::kWorker, 1}});
+  std::promise<Status> told;
+  processes[1].client->SetFailureCallback([&](const Status& s) { told.set_value(s); });
+  const auto start = SteadyClock::now();
+  processes[2].client->LeaveWithError(NotFoundError("key 1 is not a chunk of this job"));
+  auto future = told.get_future();
+  ASSERT_EQ(future.wait_for(std::chrono::seconds(1)), std::future_status::ready);
+  Status s = future.get();
+  EXPECT_LT(SteadyClock::now() - start, std::chrono::seconds(1));
+  EXPECT_EQ(s.code(), StatusCode::kAborted);
+  EXPECT_NE(s.message().find("worker 1 ("), std::string::npos) << s;
+  EXPECT_NE(s.message().find("failed: it stopped with NOT_FOUND: key 1 is not a chunk of this job"),
+            std::string::npos)
+      << s;
+  // The server hears it too (and carries on: peer failures are not fatal to its client here).
+  Deadline deadline = Deadline::AfterMillis(1000);
+  while (processes[0].client->health().ok() && !deadline.Expired()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_NE(processes[0].client->health().message().find("NOT_FOUND: key 1"), std::string::npos)
+      << processes[0].client->health();
+  EXPECT_EQ(fleet.coordinator->Snapshot().Find(Role::kWorker, 1)->state, MemberState::kFailed);
+  EXPECT_NE(fleet.metrics.RenderText().find("tessera_failures_detected_total{role=\"worker\"} 1"),
+            std::string::npos);
+  // A member told of a failure sends no error of its own: the root cause stays the first.
+  processes[1].client->LeaveWithError(AbortedError("a consequence"));
+  EXPECT_EQ(fleet.coordinator->Snapshot().Find(Role::kWorker, 0)->state, MemberState::kAlive);
+}
+
 // A member registered from the coordinator's host whose process is gone is declared failed at
 // once, not after the heartbeat timeout (10 s here).
 TEST(CoordinatorTest, GoneLocalProcessIsDeclaredFailedAtOnce) {

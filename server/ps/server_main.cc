@@ -74,8 +74,12 @@ Status Serve(ProcessRuntime& runtime) {
   ps_options.server_rank = rank;
   ps_options.num_servers = client->view().num_servers;
   ps_options.key_space = client->view().key_space;
-  ASSIGN_OR_RETURN(std::unique_ptr<PsService> ps,
-                   PsService::Start(ps_options, &endpoint, &runtime.metrics()));
+  StatusOr<std::unique_ptr<PsService>> ps =
+      PsService::Start(ps_options, &endpoint, &runtime.metrics());
+  if (!ps.ok()) {
+    client->LeaveWithError(ps.status());  // the workers stop now, quoting it
+    return ps.status();
+  }
   runtime.AnnounceReady(rank);
 
   // Workers begin with a barrier of the whole fleet, servers included. A failure here (a
