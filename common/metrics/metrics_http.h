@@ -34,7 +34,9 @@ namespace tessera {
 struct MetricsHttpOptions {
   std::string bind_host = "127.0.0.1";  // an IPv4 address or "localhost"
   int port = 0;                         // 0: the OS picks a free port; see port()
-  int num_threads = 2;                  // civetweb worker threads, >= 1
+  // civetweb worker threads, >= 1. Idle ones cost a stack; each connection reading a request
+  // holds one (see kRequestTimeoutMs in metrics_http.cc).
+  int num_threads = 64;
 };
 
 struct HttpRequest {

@@ -6,7 +6,10 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -22,8 +25,10 @@ struct Reply {
   std::string body;
 };
 
-// A blocking HTTP/1.1 client for one request: connect to 127.0.0.1:port, send, read to EOF.
-Reply Fetch(int port, const std::string& method, const std::string& target) {
+// A blocking HTTP/1.1 client for one request: connect to 127.0.0.1:port, send, wait
+// `read_delay_ms` (a slow reader), read to EOF.
+Reply Fetch(int port, const std::string& method, const std::string& target,
+            int read_delay_ms = 0) {
   Reply reply;
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return reply;
@@ -45,6 +50,7 @@ Reply Fetch(int port, const std::string& method, const std::string& target) {
     if (n <= 0) break;
     sent += static_cast<size_t>(n);
   }
+  if (read_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(read_delay_ms));
   std::string response;
   char buffer[4096];
   for (ssize_t n; (n = recv(fd, buffer, sizeof(buffer), 0)) > 0;) response.append(buffer, n);
@@ -102,6 +108,57 @@ TEST_F(MetricsHttpServerTest, ServesMetrics) {
       ->Increment();
   EXPECT_THAT(Fetch(server_->port(), "GET", "/metrics?x=1").body,
               HasSubstr("requests_total{path=\"/x\"} 4\n"));
+}
+
+// Opens `count` connections that each send the start of a request and never finish it (a slow
+// client, a stuck scraper, a slowloris); returns their sockets.
+std::vector<int> OpenStalledConnections(int port, int count) {
+  std::vector<int> fds;
+  for (int i = 0; i < count; ++i) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) break;
+    sockaddr_in address = {};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(static_cast<uint16_t>(port));
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+      close(fd);
+      break;
+    }
+    const std::string partial = "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n";
+    (void)send(fd, partial.data(), partial.size(), MSG_NOSIGNAL);
+    fds.push_back(fd);
+  }
+  return fds;
+}
+
+TEST_F(MetricsHttpServerTest, AnswersWithinASecondWhile200ConnectionsStall) {
+  std::vector<int> stalled = OpenStalledConnections(server_->port(), 200);
+  ASSERT_EQ(stalled.size(), 200u);
+  for (int round = 0; round < 3; ++round) {
+    const auto start = std::chrono::steady_clock::now();
+    Reply reply = Fetch(server_->port(), "GET", "/metrics");
+    const auto took = std::chrono::steady_clock::now() - start;
+    EXPECT_EQ(reply.status, 200) << "round " << round;
+    EXPECT_LT(took, std::chrono::seconds(1)) << "round " << round;
+  }
+  for (int fd : stalled) close(fd);
+  // And after they are gone.
+  EXPECT_EQ(Fetch(server_->port(), "GET", "/metrics").status, 200);
+}
+
+// The short deadline is for receiving a request, not for sending the answer: a reader that
+// takes its time still gets a page far larger than the socket buffers whole.
+TEST_F(MetricsHttpServerTest, ASlowReaderGetsAWholeLargePage) {
+  const std::string big(32 << 20, 'x');
+  ASSERT_TRUE(server_->AddHandler("/big", [big](const HttpRequest&) {
+                       HttpResponse response;
+                       response.body = big;
+                       return response;
+                     }).ok());
+  Reply reply = Fetch(server_->port(), "GET", "/big", /*read_delay_ms=*/1500);
+  EXPECT_EQ(reply.status, 200);
+  EXPECT_EQ(reply.body.size(), big.size());
 }
 
 TEST_F(MetricsHttpServerTest, UnknownPathIs404AndOtherMethodsAre405) {
