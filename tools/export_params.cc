@@ -10,6 +10,7 @@
 #include <CLI/CLI.hpp>
 
 #include <iostream>
+#include <optional>
 
 #include "common/base/status.h"
 #include "common/training/checkpoint.h"
@@ -23,13 +24,15 @@ namespace {
 
 struct ExportConfig {
   std::string checkpoint_dir;
-  int64_t step = -1;  // -1: LATEST
+  std::optional<int64_t> step;  // absent: LATEST
   std::string out;
 };
 
 Status Export(const ExportConfig& config) {
-  int64_t step = config.step;
-  if (step < 0) {
+  int64_t step = 0;
+  if (config.step) {
+    step = *config.step;
+  } else {
     ASSIGN_OR_RETURN(step, LatestCheckpointStep(config.checkpoint_dir));
   }
   ASSIGN_OR_RETURN(CheckpointManifest manifest, ReadCheckpointManifest(config.checkpoint_dir, step));
@@ -62,7 +65,10 @@ int Main(int argc, char** argv) {
                "tessera-export-params");
   app.add_option("--checkpoint-dir", config.checkpoint_dir, "The --checkpoint-dir of the run")
       ->required();
-  app.add_option("--step", config.step, "Which checkpoint (default: the newest, LATEST)");
+  app.add_option_function<int64_t>(
+         "--step", [&config](const int64_t& step) { config.step = step; },
+         "Which checkpoint (default: the newest, LATEST)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   app.add_option("--out", config.out, "The params file to write (and OUT.json)")->required();
   try {
     app.parse(argc, argv);

@@ -26,6 +26,7 @@
 #include "common/base/host_port.h"
 #include "common/base/logging.h"
 #include "common/base/status.h"
+#include "common/config/flag_checks.h"
 #include "tools/process_group.h"
 
 namespace tessera {
@@ -33,6 +34,10 @@ namespace tools {
 namespace {
 
 constexpr std::string_view kReadyPrefix = "TESSERA_READY";
+// Largest --servers, --workers, --nnodes, --nproc-per-node; and of any time in seconds (a
+// week). Far past any real job, so that a few digits too many are caught.
+constexpr int kMaxProcesses = 65536;
+constexpr double kMaxSeconds = 7 * 24 * 3600;
 
 // ---------------------------------------------------------------------------------------------
 // Configuration: parsed from flags in one place, validated once.
@@ -50,14 +55,14 @@ struct LaunchConfig {
   // Multi-node (torchrun's --nnodes/--node-rank/--nproc-per-node/--rdzv-endpoint).
   int nnodes = 1;
   int node_rank = 0;
-  int nproc_per_node = -1;   // -1: not given; then --workers is this node's count
+  std::optional<int> nproc_per_node;  // absent: --workers is this node's count
   std::string coordinator;   // HOST:PORT; empty: 127.0.0.1:0 on a single node
   std::string attach;        // HOST:PORT of a running fleet's coordinator
   std::string bind_host;     // empty: the children's default (127.0.0.1)
   std::vector<std::string> worker_args;  // forwarded unchanged to every worker
 
   // Workers this launcher starts.
-  int LocalWorkers() const { return nproc_per_node >= 0 ? nproc_per_node : workers; }
+  int LocalWorkers() const { return nproc_per_node.value_or(workers); }
   // Workers in the job, over all nodes (0: a long-running fleet with no job of its own).
   int WorldSize() const { return attach.empty() ? nnodes * LocalWorkers() : LocalWorkers(); }
   int FirstRank() const { return node_rank * LocalWorkers(); }
@@ -148,11 +153,13 @@ void AddFlags(CLI::App& app, LaunchConfig* config) {
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.add_option("--servers", config->servers, "Parameter servers to start")
       ->type_name("N")
+      ->check(CLI::Range(0, kMaxProcesses))
       ->capture_default_str();
   CLI::Option* workers =
       app.add_option("--workers", config->workers,
                      "Workers to start (0: a long-running fleet, until interrupted)")
           ->type_name("N")
+          ->check(CLI::Range(0, kMaxProcesses))
           ->capture_default_str();
   app.add_option("--mode", config->mode,
                  "Passed to workers as --mode: local (train alone; use --workers 1), ps-sync, "
@@ -163,34 +170,42 @@ void AddFlags(CLI::App& app, LaunchConfig* config) {
   app.add_option("--linger", config->linger_s,
                  "Keep coordinator and servers up this long after the workers succeed")
       ->type_name("SECONDS")
+      ->check(FiniteRange(0, kMaxSeconds))
       ->capture_default_str();
   app.add_option("--bin-dir", config->bin_dir, "Where tessera-{coordinator,server,worker} are")
       ->type_name("DIR");
   app.add_option("--start-timeout", config->start_timeout_s,
-                 "Time each child has to print TESSERA_READY")
+                 "Time each child has to print TESSERA_READY (more than 0)")
       ->type_name("SECONDS")
+      ->check(FiniteRange(0, kMaxSeconds))
       ->capture_default_str();
   app.add_option("--log-level", config->log_level, "debug|info|warning|error, for every child")
       ->type_name("LEVEL");
   app.add_option("--grace", config->grace_s, "Time between SIGTERM and SIGKILL when stopping")
       ->type_name("SECONDS")
+      ->check(FiniteRange(0, kMaxSeconds))
       ->capture_default_str();
   app.add_option("--max-restarts", config->max_restarts,
                  "When a process fails, stop the fleet and start it again, up to N times; the "
                  "workers get --resume, so with --checkpoint-dir they continue from the last "
                  "checkpoint (as torchrun's --max-restarts)")
       ->type_name("N")
+      ->check(CLI::Range(0, 1000))
       ->capture_default_str();
   app.add_option("--nnodes", config->nnodes, "Nodes in the job, one launcher on each")
       ->type_name("N")
+      ->check(CLI::Range(1, kMaxProcesses))
       ->capture_default_str();
   app.add_option("--node-rank", config->node_rank,
                  "This node's index in [0, --nnodes); node 0 hosts the coordinator and servers")
       ->type_name("R")
+      ->check(CLI::Range(0, kMaxProcesses - 1))
       ->capture_default_str();
-  app.add_option("--nproc-per-node", config->nproc_per_node,
-                 "Workers on each node (instead of --workers)")
+  app.add_option_function<int>(
+         "--nproc-per-node", [config](const int& n) { config->nproc_per_node = n; },
+         "Workers on each node (instead of --workers)")
       ->type_name("P")
+      ->check(CLI::Range(1, kMaxProcesses))
       ->excludes(workers);
   app.add_option("--coordinator", config->coordinator,
                  "Where the coordinator listens (node 0) and every node connects; required with "
@@ -226,9 +241,6 @@ Status Validate(const LaunchConfig& config) {
   };
   if (config.servers < 0) return reject("--servers", "0 or more", config.servers);
   if (config.workers < 0) return reject("--workers", "0 or more", config.workers);
-  if (config.nproc_per_node < -1 || config.nproc_per_node == 0) {
-    return reject("--nproc-per-node", "1 or more", config.nproc_per_node);
-  }
   if (config.nnodes < 1) return reject("--nnodes", "1 or more", config.nnodes);
   if (config.node_rank < 0 || config.node_rank >= config.nnodes) {
     return reject("--node-rank", "in [0, --nnodes=" + std::to_string(config.nnodes) + ")",

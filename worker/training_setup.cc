@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 
 #include "common/base/logging.h"
+#include "common/config/flag_checks.h"
 #include "common/cuda/cuda_device.h"
 #include "worker/data/binary_dataset.h"
 #include "worker/data/mnist_reader.h"
@@ -107,24 +108,36 @@ void AddTrainingFlags(CLI::App* app, TrainingFlags* f) {
   train->add_option("--optimizer", f->optimizer, "sgd, momentum, adam, adamw or adagrad")
       ->check(OneOf({"sgd", "momentum", "adam", "adamw", "adagrad"}))
       ->capture_default_str();
-  train->add_option("--lr", f->lr, "Learning rate (default: the optimizer's, as in PyTorch)");
+  // Largest --lr, --weight-decay and --min-lr accepted: far past any that trains, and a typo
+  // of a few digits too many is caught.
+  constexpr double kMaxRate = 1e6;
+  train->add_option_function<double>(
+          "--lr", [f](const double& lr) { f->lr = lr; },
+          "Learning rate (default: the optimizer's, as in PyTorch)")
+      ->check(FiniteRange(0, kMaxRate));
   train->add_option("--optimizer-params", f->optimizer_params,
                     "Other optimizer fields, e.g. momentum=0.9,nesterov=true or "
                     "beta2=0.98,eps=1e-6");
-  train->add_option("--weight-decay", f->weight_decay,
-                    "Weight decay (L2; decoupled for adamw); default: the optimizer's");
+  train->add_option_function<double>(
+          "--weight-decay", [f](const double& decay) { f->weight_decay = decay; },
+          "Weight decay (L2; decoupled for adamw); default: the optimizer's")
+      ->check(FiniteRange(0, kMaxRate));
   train->add_option("--lr-schedule", f->lr_schedule, "constant, step or cosine")
       ->check(OneOf({"constant", "step", "cosine"}))
       ->capture_default_str();
   train->add_option("--warmup-steps", f->warmup_steps, "Linear warmup steps")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
       ->capture_default_str();
-  train->add_option("--lr-step-size", f->lr_step_size, "step schedule: steps between decays");
-  train->add_option("--lr-gamma", f->lr_gamma, "step schedule: decay factor")
+  train->add_option("--lr-step-size", f->lr_step_size, "step schedule: steps between decays")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  train->add_option("--lr-gamma", f->lr_gamma, "step schedule: decay factor, in (0, 1]")
+      ->check(FiniteRange(0, 1))
       ->capture_default_str();
   train->add_option("--min-lr", f->min_lr, "cosine schedule: final learning rate")
+      ->check(FiniteRange(0, kMaxRate))
       ->capture_default_str();
   train->add_option("--seed", f->seed, "Seed of the parameters, the data order and synthetic data")
+      ->check(UnsignedRange(0, UINT64_MAX))
       ->capture_default_str();
   train->add_option("--device", f->device, "cpu, cuda or auto (cuda when a GPU is there)")
       ->check(OneOf({"cpu", "cuda", "auto"}))
@@ -290,13 +303,13 @@ StatusOr<OptimizerOptions> MakeOptimizerOptions(const TrainingFlags& flags) {
   auto append = [&params](const std::string& field) {
     params += (params.empty() ? "" : ",") + field;
   };
-  if (flags.lr >= 0) append("lr=" + std::to_string(flags.lr));
-  if (flags.weight_decay >= 0) append("weight_decay=" + std::to_string(flags.weight_decay));
+  if (flags.lr) append("lr=" + std::to_string(*flags.lr));
+  if (flags.weight_decay) append("weight_decay=" + std::to_string(*flags.weight_decay));
   auto options = ParseOptimizerOptions(flags.optimizer, params);
   if (!options.ok()) return options.status().WithContext("--optimizer " + flags.optimizer);
   // std::to_string rounds to 6 decimals: take the exact values from the flags.
-  if (flags.lr >= 0) options->lr = static_cast<float>(flags.lr);
-  if (flags.weight_decay >= 0) options->weight_decay = static_cast<float>(flags.weight_decay);
+  if (flags.lr) options->lr = static_cast<float>(*flags.lr);
+  if (flags.weight_decay) options->weight_decay = static_cast<float>(*flags.weight_decay);
   RETURN_IF_ERROR(ValidateOptimizerOptions(*options).WithContext("--optimizer"));
   return options;
 }

@@ -45,12 +45,12 @@ struct TrainingFlags {
   int64_t steps = 100;
   int64_t epochs = 0;
   std::string optimizer = "sgd";
-  double lr = -1;  // < 0: the optimizer's default
-  std::string optimizer_params;  // "momentum=0.9,nesterov=true"
-  double weight_decay = -1;      // < 0: the optimizer's default
+  std::optional<double> lr;            // absent: the optimizer's default
+  std::string optimizer_params;        // "momentum=0.9,nesterov=true"
+  std::optional<double> weight_decay;  // absent: the optimizer's default
   std::string lr_schedule = "constant";
   int64_t warmup_steps = 0;
-  int64_t lr_step_size = 0;
+  int64_t lr_step_size = 0;  // 0: not given (the step schedule then says it needs one)
   double lr_gamma = 0.1;
   double min_lr = 0;
   uint64_t seed = 0;

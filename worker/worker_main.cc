@@ -37,6 +37,7 @@
 #include "common/base/logging.h"
 #include "common/base/status.h"
 #include "common/config/config.h"
+#include "common/config/flag_checks.h"
 #include "common/metrics/metric_names.h"
 #include "common/process/process_runtime.h"
 #include "common/rendezvous/rendezvous_client.h"
@@ -114,7 +115,7 @@ void AddWorkerFlags(CLI::App* app, WorkerFlags* flags) {
   auto* ddp = app->add_option_group("All-reduce (--mode allreduce, zero1-3)");
   ddp->add_option("--bucket-mb", flags->bucket_mb,
                   "Gradient bucket size in MiB (PyTorch DDP's bucket_cap_mb)")
-      ->check(CLI::Range(0.0, 4096.0))
+      ->check(FiniteRange(0, 4096))
       ->capture_default_str();
   ddp->add_flag("--no-overlap", flags->no_overlap,
                 "allreduce, zero1: start all buckets after backward instead of during it; "

@@ -133,11 +133,11 @@ const Field kFields[kNumFields] = {
      [](const ProcessConfig& c) { return std::to_string(c.rank); },
      [](Role role) -> const char* {
        if (role == Role::kServer) {
-         return "This server's shard index, < --num-servers; -1: the coordinator assigns one. "
-                "Never read from RANK etc. (those describe workers)";
+         return "This server's shard index, 0 .. --num-servers - 1 (default: the coordinator "
+                "assigns one). Never read from RANK etc. (those describe workers)";
        }
-       return "This worker's rank, < --num-workers; -1: the coordinator assigns one. "
-              "Env: RANK | OMPI_COMM_WORLD_RANK | SLURM_PROCID";
+       return "This worker's rank, 0 .. --num-workers - 1 (default: the coordinator assigns "
+              "one). Env: RANK | OMPI_COMM_WORLD_RANK | SLURM_PROCID";
      }},
     {kLocalRank, "--local-rank", nullptr, "INT", kForServer | kForWorker, false,
      [](std::string_view n, std::string_view t, ProcessConfig* c) {
@@ -146,9 +146,10 @@ const Field kFields[kNumFields] = {
      [](const ProcessConfig& c) { return std::to_string(c.local_rank); },
      [](Role role) -> const char* {
        if (role == Role::kServer) {
-         return "Index among this host's processes; -1: unknown. Not read from the environment";
+         return "Index among this host's processes (default: unknown). Not read from the "
+                "environment";
        }
-       return "Rank among this host's workers (picks the GPU); -1: unknown. "
+       return "Rank among this host's workers (picks the GPU; default: unknown). "
               "Env: LOCAL_RANK | OMPI_COMM_WORLD_LOCAL_RANK | SLURM_LOCALID";
      }},
     {kNumWorkers, "--num-workers", "--world-size", "INT", kForAll, false,
@@ -431,7 +432,8 @@ ProcessFlags::ProcessFlags(Role role, CLI::App* app) : role_(role) {
     CLI::Option* option = app->add_option(names);
     option->description(field.help(role));
     option->type_name(field.type_name);
-    option->default_str(field.get(defaults));  // an empty one (no default) shows nothing
+    // An empty default shows nothing: so for the ranks, whose -1 stands for "not given" only.
+    option->default_str(field.id == kRank || field.id == kLocalRank ? "" : field.get(defaults));
     option->group(kProcessOptionsGroup);
     bindings_.push_back({option, field.id});
   }
@@ -515,8 +517,9 @@ Status ValidateConfig(const ProcessConfig& c) {
                       "must be >= 0 (0: a long-running fleet that jobs' workers attach to)");
   }
   if (c.num_servers < 0) return OutOfRange(c, kNumServers, "must be >= 0");
-  if (c.rank < -1) {
-    return OutOfRange(c, kRank, "must be >= 0, or -1 to let the coordinator assign one");
+  // -1 means "not given" (the coordinator assigns one), never a value a user gives.
+  if (c.rank < 0 && (c.rank != -1 || c.sources.count(kFields[kRank].flag) != 0)) {
+    return OutOfRange(c, kRank, "must be >= 0 (leave it out to let the coordinator assign one)");
   }
   if (c.role == Role::kWorker && c.rank >= c.num_workers) {
     return OutOfRange(c, kRank, "must be < " + Named(c, kNumWorkers));
@@ -524,7 +527,9 @@ Status ValidateConfig(const ProcessConfig& c) {
   if (c.role == Role::kServer && c.rank >= c.num_servers) {
     return OutOfRange(c, kRank, "must be < " + Named(c, kNumServers));
   }
-  if (c.local_rank < -1) return OutOfRange(c, kLocalRank, "must be >= 0, or -1 for unknown");
+  if (c.local_rank < 0 && (c.local_rank != -1 || c.sources.count(kFields[kLocalRank].flag) != 0)) {
+    return OutOfRange(c, kLocalRank, "must be >= 0 (leave it out when unknown)");
+  }
   if (c.role == Role::kWorker && c.local_rank >= c.num_workers) {
     return OutOfRange(c, kLocalRank, "must be < " + Named(c, kNumWorkers));
   }

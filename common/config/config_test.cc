@@ -121,12 +121,22 @@ TEST(ProcessConfigTest, WorldSizeIsAnAliasOfNumWorkers) {
   EXPECT_EQ(config->num_workers, 8);
 }
 
-TEST(ProcessConfigTest, NegativeValueAfterSpace) {
+// "-1" after a space is the flag's value (not an option), and -1 is no sentinel: a rank left
+// to the coordinator is a --rank left out.
+TEST(ProcessConfigTest, NegativeValueAfterSpaceIsTheValueAndRefused) {
   StatusOr<ProcessConfig> config =
       Parse(Role::kWorker, {kCoordinatorFlag, "--rank", "-1", "--num-workers", "2"});
-  ASSERT_TRUE(config.ok()) << config.status();
-  EXPECT_EQ(config->rank, -1);
-  EXPECT_EQ(config->num_workers, 2);
+  ASSERT_FALSE(config.ok());
+  EXPECT_NE(config.status().message().find(
+                "--rank=-1 is out of range: must be >= 0 (leave it out to let the coordinator "
+                "assign one)"),
+            std::string::npos)
+      << config.status();
+  StatusOr<ProcessConfig> local = Parse(Role::kWorker, {kCoordinatorFlag, "--local-rank", "-1"});
+  ASSERT_FALSE(local.ok());
+  EXPECT_NE(local.status().message().find("--local-rank=-1 is out of range: must be >= 0"),
+            std::string::npos)
+      << local.status();
 }
 
 TEST(ProcessConfigTest, FlagsOverrideEnvironment) {
@@ -322,7 +332,7 @@ TEST(ProcessConfigTest, BadValuesNameTheFlagOrVariable) {
        {"TESSERA_CUDA_TF32=\"yes\": expected 0 or 1"}},
       {Role::kWorker, {c}, {{"TESSERA_CUDA_TF32", " 1"}}, {"TESSERA_CUDA_TF32=\" 1\""}},
       // Negative / out of range.
-      {Role::kWorker, {c, "--rank=-2"}, {}, {"--rank=-2 is out of range: must be >= 0, or -1"}},
+      {Role::kWorker, {c, "--rank=-2"}, {}, {"--rank=-2 is out of range: must be >= 0 (leave it out"}},
       {Role::kWorker, {c, "--rank=5", "--num-workers=4"}, {},
        {"--rank=5 is out of range: must be < --num-workers=4"}},
       {Role::kWorker, {c}, {{"RANK", "5"}, {"WORLD_SIZE", "4"}},
@@ -400,7 +410,7 @@ TEST(ProcessConfigTest, HelpListsEveryFlagWithDefaultAndEnvironment) {
   EXPECT_TRUE(help);
   EXPECT_EQ(config.status().code(), StatusCode::kCancelled);
   for (const char* expected :
-       {"--rank INT=-1", "--local-rank INT=-1", "--num-workers,--world-size INT=1",
+       {"--rank INT ", "--local-rank INT ", "--num-workers,--world-size INT=1",
         "--num-servers INT=0", "--coordinator HOST:PORT", "--bind-host HOST=127.0.0.1",
         "--port PORT=0", "--metrics-port PORT=0", "--job NAME=tessera",
         "--rendezvous-timeout-ms MS=60000", "--heartbeat-interval-ms MS=1000",

@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/base/status.h"
+#include "common/config/flag_checks.h"
 
 namespace tessera::tools {
 namespace {
@@ -369,7 +370,7 @@ BenchCommand AddAllReduceBench(CLI::App* parent) {
       ->capture_default_str();
   app->add_option("--seconds", o->seconds,
                   "Time per size and system when --iters is 0 (at least 5 iterations)")
-      ->check(CLI::Range(0.0, 600.0))
+      ->check(FiniteRange(0, 600))
       ->capture_default_str();
   app->add_option("--segment-kb", o->segment_kb, "Tessera's ring segment (tessera-worker flag)")
       ->check(CLI::Range(1, 64 << 10))

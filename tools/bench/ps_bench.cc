@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/base/status.h"
+#include "common/config/flag_checks.h"
 #include "tools/bench/torch_python.h"
 
 namespace tessera::tools {
@@ -410,7 +411,7 @@ BenchCommand AddPsBench(CLI::App* parent) {
       ->check(CLI::Range(0, 100000))
       ->capture_default_str();
   app->add_option("--seconds", o->seconds, "Time per size when --iters is 0 (5 to 10000 steps)")
-      ->check(CLI::Range(0.0, 600.0))
+      ->check(FiniteRange(0, 600))
       ->capture_default_str();
   app->add_option("--chunk-elements", o->chunk_elements,
                   "Floats per chunk (tessera-worker --ps-chunk-elements)")

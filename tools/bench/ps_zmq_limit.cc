@@ -31,6 +31,7 @@
 #include <nlohmann/json.hpp>
 #include <zmq.hpp>
 
+#include "common/config/flag_checks.h"
 #include "common/training/ps_job.h"
 #include "tools/bench/bench_util.h"
 
@@ -228,7 +229,7 @@ int main(int argc, char** argv) {
   auto* echo = app.add_subcommand("echo", "A server: answer every request");
   echo->add_option("--port", port)->required();
   echo->add_option("--clients", clients)->check(CLI::Range(1, 1024));
-  echo->add_option("--idle-s", idle_s)->check(CLI::Range(0.1, 86400.0));
+  echo->add_option("--idle-s", idle_s)->check(tessera::FiniteRange(0.1, 86400));
   auto* client = app.add_subcommand("client", "A worker: time push+pull steps");
   client->add_option("--servers", servers)->required();
   client->add_option("--rank", rank);
@@ -237,7 +238,7 @@ int main(int argc, char** argv) {
   client->add_option("--chunks-per-request", chunks_per_request)->check(CLI::Range(1, 1024));
   client->add_option("--warmup", warmup)->check(CLI::Range(0, 1000));
   client->add_option("--iters", iters)->check(CLI::Range(0, 100000));
-  client->add_option("--seconds", seconds)->check(CLI::Range(0.0, 600.0));
+  client->add_option("--seconds", seconds)->check(tessera::FiniteRange(0, 600));
   CLI11_PARSE(app, argc, argv);
   try {
     if (echo->parsed()) return Echo(port, clients, idle_s);

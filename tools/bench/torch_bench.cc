@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/base/status.h"
+#include "common/config/flag_checks.h"
 #include "tools/bench/torch_python.h"
 
 namespace tessera::tools {
@@ -512,7 +513,7 @@ BenchCommand AddTorchBench(CLI::App* parent) {
       ->capture_default_str();
   app->add_option("--seconds", o->seconds,
                   "Time per (op, size, backend) when --iters is 0 (5 to 10000 iterations)")
-      ->check(CLI::Range(0.0, 600.0))
+      ->check(FiniteRange(0, 600))
       ->capture_default_str();
   app->add_option("--models", o->models_text, "DDP models, comma-separated: mlp, cnn")
       ->capture_default_str();

@@ -18,6 +18,7 @@
 
 #include "common/base/deadline.h"
 #include "common/base/status.h"
+#include "common/config/flag_checks.h"
 #include "common/transport/rpc_endpoint.h"
 #include "common/transport/zmq/zmq_endpoint.h"
 
@@ -207,7 +208,7 @@ BenchCommand AddTransportBench(CLI::App* parent) {
       "Request/ack throughput of Tessera's transport vs raw ZeroMQ and memcpy, per message size");
   transport->add_option("--sizes", o->sizes, "Comma-separated payload sizes in bytes")->capture_default_str();
   transport->add_option("--seconds", o->seconds, "Time per figure")
-      ->check(CLI::Range(0.1, 600.0))
+      ->check(FiniteRange(0.1, 600))
       ->capture_default_str();
   transport->add_option("--window", o->window, "Requests in flight")
       ->check(CLI::Range(1, 1024))

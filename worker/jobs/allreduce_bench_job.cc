@@ -9,6 +9,8 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "common/config/flag_checks.h"
+
 namespace tessera::worker {
 namespace {
 
@@ -130,7 +132,7 @@ void AddAllReduceBenchFlags(CLI::App* app, AllReduceBenchFlags* flags) {
       ->check(CLI::Range(int64_t{0}, kMaxIters))
       ->capture_default_str();
   group->add_option("--bench-seconds", flags->seconds, "Time per size when --bench-iters is 0")
-      ->check(CLI::Range(0.0, 3600.0))
+      ->check(FiniteRange(0, 3600))
       ->capture_default_str();
 }
 
