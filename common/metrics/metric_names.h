@@ -87,6 +87,10 @@ inline constexpr MetricName kPsValuesCopiesTotal{
     "tessera_ps_values_copies_total",
     "Dense chunks whose values were copied before an update because a reply was still sending "
     "them (replies send the values without a copy; an update then writes a fresh copy)."};
+// counter; labels: kind (dense, sparse).
+inline constexpr MetricName kPsNonFinitePushesTotal{
+    "tessera_ps_nonfinite_pushes_total",
+    "Pushes refused because a gradient held NaN or Inf (nothing of them was applied)."};
 // gauge.
 inline constexpr MetricName kPsStaleness{
     "tessera_ps_staleness_steps",

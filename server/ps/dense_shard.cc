@@ -2,10 +2,12 @@
 
 #include <atomic>
 #include <cstdint>
+#include <optional>
 #include <utility>
 
 #include "common/messages/fleet_view.h"
 #include "common/training/lr_schedule.h"
+#include "common/training/nonfinite.h"
 #include "common/training/optimizer.h"
 
 namespace tessera::server {
@@ -128,6 +130,18 @@ Status DenseShard::PushPull(int rank, int64_t step, const std::vector<TensorData
                                   std::to_string(chunk->where.size) + " floats; the push "
                                   "carries " + std::to_string(tensor.bytes.size()) +
                                   " bytes of " + std::string(DataTypeName(tensor.dtype)));
+    }
+    // One NaN or Inf applied would reach every worker's next pull: refuse the whole request
+    // before any chunk of it is touched.
+    if (push) {
+      if (std::optional<size_t> at = FirstNonFinite(tensor.bytes.data(), chunk->where.size)) {
+        metrics_->DenseNonFinitePush();
+        return InvalidArgumentError(
+            "worker " + std::to_string(rank) + "'s push of step " + std::to_string(step) +
+            ": the gradient of chunk " + std::to_string(chunk->where.index) + " (key " +
+            std::to_string(tensor.key) + ") holds " + DescribeNonFinite(tensor.bytes.data(), *at) +
+            "; refused, nothing of this push was applied");
+      }
     }
     chunks.push_back(chunk);
   }

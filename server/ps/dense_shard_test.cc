@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -126,6 +127,26 @@ TEST_F(DenseShardTest, RefusesBadPushesBeforeChangingAnything) {
   Captured pull;
   ASSERT_TRUE(shard->PushPull(0, 1, {Ask(0)}, false, pull.Callback()).ok());
   EXPECT_EQ(pull.Values(0), Floats(4, 1));  // chunk 0 took nothing
+
+  // A gradient with a NaN or Inf anywhere, in any chunk of the request: nothing is applied,
+  // the error names the worker, step, chunk, key and element, and the refusal is counted.
+  for (float bad : {std::nanf(""), std::numeric_limits<float>::infinity()}) {
+    Status poisoned = shard->PushPull(
+        1, 1, {Chunk(0, Floats(4, 0.25f)), Chunk(1, Floats{0.5f, 0.5f, bad, 0.5f})}, true,
+        never.Callback());
+    EXPECT_EQ(poisoned.code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(poisoned.message(),
+              "worker 1's push of step 1: the gradient of chunk 1 (key 1) holds " +
+                  std::string(std::isnan(bad) ? "nan" : "inf") +
+                  " at element 2; refused, nothing of this push was applied");
+  }
+  EXPECT_NE(registry_.RenderText().find("tessera_ps_nonfinite_pushes_total{kind=\"dense\"} 2"),
+            std::string::npos);
+  EXPECT_FALSE(never.came());
+  Captured after;
+  ASSERT_TRUE(shard->PushPull(1, 1, {Ask(0), Ask(1)}, false, after.Callback()).ok());
+  EXPECT_EQ(after.Values(0), Floats(4, 1));  // neither chunk took anything
+  EXPECT_EQ(after.Values(1), Floats(4, 2));
 
   auto other = DenseShard::Create(Config(PsConsistency::kAsync, 2), {1, 2, 100},
                                   {Chunk(50, Floats(4))}, metrics_.get());

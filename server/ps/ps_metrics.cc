@@ -30,6 +30,11 @@ StatusOr<std::unique_ptr<PsMetrics>> PsMetrics::Register(MetricsRegistry* regist
                    registry->RegisterCounter(names::kPsValuesCopiesTotal.name,
                                              names::kPsValuesCopiesTotal.help, {}));
   ASSIGN_OR_RETURN(m->values_copies_, copies->WithLabels({}));
+  ASSIGN_OR_RETURN(CounterFamily * nonfinite,
+                   registry->RegisterCounter(names::kPsNonFinitePushesTotal.name,
+                                             names::kPsNonFinitePushesTotal.help, {"kind"}));
+  ASSIGN_OR_RETURN(m->dense_nonfinite_, nonfinite->WithLabels({"dense"}));
+  ASSIGN_OR_RETURN(m->sparse_nonfinite_, nonfinite->WithLabels({"sparse"}));
   return m;
 }
 

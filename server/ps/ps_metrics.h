@@ -31,6 +31,9 @@ class PsMetrics {
   void SparseGradientBytes(double bytes) { sparse_gradient_bytes_->Increment(bytes); }
   // A chunk's values were copied before an update: a reply still held them.
   void DenseValuesCopied() { values_copies_->Increment(); }
+  // A push refused because a gradient held NaN or Inf.
+  void DenseNonFinitePush() { dense_nonfinite_->Increment(); }
+  void SparseNonFinitePush() { sparse_nonfinite_->Increment(); }
 
   // ps-ssp: the current gap between the fastest and the slowest worker, and the lead of a
   // reply just released (the gauge keeps the largest).
@@ -53,6 +56,8 @@ class PsMetrics {
   Counter* dense_gradient_bytes_ = nullptr;
   Counter* sparse_gradient_bytes_ = nullptr;
   Counter* values_copies_ = nullptr;
+  Counter* dense_nonfinite_ = nullptr;
+  Counter* sparse_nonfinite_ = nullptr;
 
   std::mutex lead_mu_;
   int64_t max_lead_ = 0;  // guarded by lead_mu_ (so the gauge never moves down)

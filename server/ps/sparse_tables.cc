@@ -1,9 +1,11 @@
 #include "server/ps/sparse_tables.h"
 
+#include <optional>
 #include <utility>
 
 #include "common/base/logging.h"
 #include "common/training/lr_schedule.h"
+#include "common/training/nonfinite.h"
 
 namespace tessera::server {
 
@@ -84,6 +86,14 @@ Status SparseTables::Push(const std::string& name, int rank, int64_t step,
                                 std::to_string(dim) + ")");
   }
   RETURN_IF_ERROR(CheckRows(table, ids));
+  if (std::optional<size_t> at = FirstNonFinite(grads.data(), grads.size())) {
+    metrics_->SparseNonFinitePush();
+    return InvalidArgumentError("worker " + std::to_string(rank) + "'s sparse push of step " +
+                                std::to_string(step) + " to table '" + name + "': the gradient "
+                                "of row " + std::to_string(ids[*at / dim]) + " holds " +
+                                DescribeNonFinite(grads.data(), *at) +
+                                "; refused, nothing of this push was applied");
+  }
   metrics_->SparseGradientBytes(static_cast<double>(grads.size() * sizeof(float)));
   Status applied = OkStatus();
   std::vector<Release> ready;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <limits>
 #include <optional>
 #include <thread>
 
@@ -139,6 +140,13 @@ TEST_F(SparseTablesTest, RefusesBadRowsBeforeChangingAnything) {
   Captured never;
   Status pull = tables->Pull("emb.0", 1, TensorData::Int64s("row_ids", {-1}), never.Callback());
   EXPECT_EQ(pull.message(), "row -1 of table 'emb.0' is outside [0, 100)");
+  const Ids two = RowsOwnedBy(1, 2);
+  Status poisoned = Push(*tables, 0, 1, two, {1, 1, 1, -std::numeric_limits<float>::infinity()});
+  EXPECT_EQ(poisoned.message(), "worker 0's sparse push of step 1 to table 'emb.0': the gradient "
+                                "of row " + std::to_string(two[1]) + " holds -inf at element 3; "
+                                "refused, nothing of this push was applied");
+  EXPECT_NE(registry_.RenderText().find("tessera_ps_nonfinite_pushes_total{kind=\"sparse\"} 1"),
+            std::string::npos);
   EXPECT_EQ(tables->FirstBehind(1), "table 'emb.0'");  // nothing was taken
   EXPECT_TRUE(tables->Snapshot().at("emb.0").ids.empty());
 }

@@ -1,0 +1,28 @@
+// Finding NaN and Inf in float buffers, fast enough to run on every gradient of every step:
+// one read of the buffer, vectorised (the exponent bits of every float, OR-ed together),
+// then a scan only when something was found.
+//
+//   if (std::optional<size_t> at = FirstNonFinite(grads, n)) {
+//     return InvalidArgumentError("gradient " + name + ": " + DescribeNonFinite(grads, *at));
+//   }
+//
+// Thread-safety: plain functions.
+#ifndef TESSERA_COMMON_TRAINING_NONFINITE_H_
+#define TESSERA_COMMON_TRAINING_NONFINITE_H_
+
+#include <cstddef>
+#include <optional>
+#include <string>
+
+namespace tessera {
+
+// The index of the first NaN or ±Inf among values[0, count); nullopt when all are finite.
+// `values` need not be aligned.
+std::optional<size_t> FirstNonFinite(const void* values, size_t count);
+
+// "nan at element 12", "inf at element 3", "-inf at element 0".
+std::string DescribeNonFinite(const void* values, size_t index);
+
+}  // namespace tessera
+
+#endif  // TESSERA_COMMON_TRAINING_NONFINITE_H_
