@@ -1,14 +1,18 @@
 #include "worker/trainer.h"
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <iomanip>
+#include <limits>
 #include <memory>
+#include <optional>
 #include <sstream>
 
 #include "common/base/logging.h"
 #include "common/metrics/metric_names.h"
 #include "common/training/checkpoint.h"
+#include "common/training/nonfinite.h"
 #include "worker/data/distributed_sampler.h"
 #include "worker/nn/device_buffer.h"
 
@@ -99,6 +103,7 @@ struct TrainingMetrics {
   Histogram* compute = nullptr;
   Histogram* engine = nullptr;
   Gauge* eval_accuracy = nullptr;
+  Counter* nonfinite_steps = nullptr;
 
   static StatusOr<TrainingMetrics> Register(MetricsRegistry* registry) {
     TrainingMetrics m;
@@ -115,6 +120,10 @@ struct TrainingMetrics {
                      registry->RegisterCounter(names::kTrainSamplesTotal.name,
                                                names::kTrainSamplesTotal.help));
     ASSIGN_OR_RETURN(m.samples, samples->WithLabels({}));
+    ASSIGN_OR_RETURN(CounterFamily * nonfinite,
+                     registry->RegisterCounter(names::kTrainNonFiniteStepsTotal.name,
+                                               names::kTrainNonFiniteStepsTotal.help));
+    ASSIGN_OR_RETURN(m.nonfinite_steps, nonfinite->WithLabels({}));
     ASSIGN_OR_RETURN(HistogramFamily * phases,
                      registry->RegisterHistogram(names::kTrainStepPhaseSeconds.name,
                                                  names::kTrainStepPhaseSeconds.help, {"phase"},
@@ -142,6 +151,13 @@ int64_t TotalSteps(const TrainerOptions& options, size_t train_size) {
   const int64_t per_rank = (static_cast<int64_t>(train_size) + world - 1) / world;
   const int64_t per_step = options.batch_size * std::max<int64_t>(1, options.accumulation_steps);
   return options.epochs * ((per_rank + per_step - 1) / per_step);
+}
+
+StatusOr<NonFinitePolicy> ParseNonFinitePolicy(const std::string& text) {
+  if (text == "error") return NonFinitePolicy::kError;
+  if (text == "skip") return NonFinitePolicy::kSkip;
+  if (text == "off") return NonFinitePolicy::kOff;
+  return InvalidArgumentError("--on-nonfinite " + text + ": expected error, skip or off");
 }
 
 StatusOr<TrainingSummary> Train(const TrainerOptions& options, const data::Dataset& train,
@@ -274,6 +290,41 @@ StatusOr<TrainingSummary> Train(const TrainerOptions& options, const data::Datas
 
   ASSIGN_OR_RETURN(TrainingMetrics metrics, TrainingMetrics::Register(options.metrics));
   TrainingSummary summary;
+  int64_t skipped_step = 0;  // the last step the gradient check skipped
+  if (options.on_nonfinite != NonFinitePolicy::kOff) {
+    // All-reduce and ZeRO engines check what the reduction gave them, not this rank's own.
+    const std::string_view mode = engine->name();
+    const bool reduced = mode == "allreduce" || mode.rfind("zero", 0) == 0;
+    engine->SetGradientCheck([&layout, &options, &metrics, &skipped_step, &summary, reduced](
+                                 int64_t step, const float* grads, uint64_t offset,
+                                 uint64_t size) -> StatusOr<bool> {
+      const auto scan_started = Clock::now();
+      std::optional<size_t> at = FirstNonFinite(grads, size);
+      summary.nonfinite_check_seconds += Seconds(scan_started, Clock::now());
+      if (!at) return true;
+      const uint64_t element = offset + *at;
+      std::string where = "element " + std::to_string(element);
+      for (const ParameterView& view : layout.views()) {
+        if (element >= view.offset && element < view.offset + view.size) {
+          where = "'" + view.name + "' (element " + std::to_string(element - view.offset) +
+                  " of " + std::to_string(view.size) + ")";
+          break;
+        }
+      }
+      const std::string what = "rank " + std::to_string(options.rank) + ": the " +
+                               std::string(reduced ? "reduced gradient" : "gradient") + " of " +
+                               where + " is " + NonFiniteName(grads[*at]) +
+                               (reduced ? " (a NaN or Inf of any rank reaches every rank)" : "");
+      if (options.on_nonfinite == NonFinitePolicy::kSkip) {
+        TLOG(WARNING) << "step " << step << " skipped: " << what << " (--on-nonfinite skip)";
+        if (metrics.nonfinite_steps != nullptr) metrics.nonfinite_steps->Increment();
+        skipped_step = step;
+        return false;
+      }
+      return InvalidArgumentError(what + "; stopping, nothing of this step was applied here "
+                                  "(--on-nonfinite skip drops such steps instead)");
+    });
+  }
   uint64_t epoch = 0;
   std::vector<size_t> order = sampler.Indices(epoch);
   size_t cursor = 0;
@@ -318,6 +369,9 @@ StatusOr<TrainingSummary> Train(const TrainerOptions& options, const data::Datas
       }
       const auto data_started = Clock::now();
       RETURN_IF_ERROR(data::MakeBatch(train, indices, &batch).WithContext(where));
+      if (step == options.inject_nonfinite_step && m == 0 && !batch.features.empty()) {
+        batch.features[0] = std::numeric_limits<float>::quiet_NaN();
+      }
       RETURN_IF_ERROR(FetchRows(batch, *model, engine, &sparse).WithContext(where));
       const auto compute_started = Clock::now();
       data_seconds += Seconds(data_started, compute_started);
@@ -347,6 +401,11 @@ StatusOr<TrainingSummary> Train(const TrainerOptions& options, const data::Datas
     const auto engine_started = Clock::now();
     compute_seconds += Seconds(compute_mark, engine_started);
     RETURN_IF_ERROR(engine->Step(step, params->data(), host_grads.data(), sparse).WithContext(where));
+    if (options.on_nonfinite == NonFinitePolicy::kError && !std::isfinite(stats.loss)) {
+      return InvalidArgumentError(where + ": rank " + std::to_string(options.rank) +
+                                  ": the loss is " + NonFiniteName(static_cast<float>(stats.loss)));
+    }
+    if (skipped_step == step) ++summary.skipped_steps;
     if (metrics.step != nullptr) {
       metrics.data->Observe(data_seconds);
       metrics.compute->Observe(compute_seconds);

@@ -39,6 +39,14 @@
 
 namespace tessera::worker {
 
+// What a NaN or Inf in the gradients does (--on-nonfinite).
+enum class NonFinitePolicy {
+  kError,  // stop, naming the step, the rank and the tensor
+  kSkip,   // drop the step's update on every rank (modes whose ranks see the same gradients)
+  kOff,    // no check (to measure what the check costs)
+};
+StatusOr<NonFinitePolicy> ParseNonFinitePolicy(const std::string& text);
+
 struct TrainerOptions {
   int64_t batch_size = 64;   // per worker and micro-batch
   int64_t accumulation_steps = 1;  // micro-batches per optimizer step (gradients averaged)
@@ -61,12 +69,18 @@ struct TrainerOptions {
   // checkpoint_on_stop (and checkpoint_dir), the finished step is checkpointed first.
   std::function<bool()> should_stop;
   bool checkpoint_on_stop = false;
+  NonFinitePolicy on_nonfinite = NonFinitePolicy::kError;
+  // Tests: from this step on (0: never) one feature of this rank's first sample is NaN, so
+  // that the step's loss and gradients are.
+  int64_t inject_nonfinite_step = 0;
 };
 
 struct TrainingSummary {
   int64_t first_step = 1;       // > 1 after resuming from a checkpoint
   int64_t steps = 0;            // the last step (global numbering)
   int64_t samples = 0;          // trained on by this rank
+  int64_t skipped_steps = 0;    // dropped for a NaN or Inf gradient (--on-nonfinite skip)
+  double nonfinite_check_seconds = 0;  // spent scanning gradients for NaN and Inf
   double final_loss = 0;        // mean training loss of the last step
   double eval_loss = 0;
   double eval_accuracy = 0;

@@ -139,6 +139,16 @@ void AddTrainingFlags(CLI::App* app, TrainingFlags* f) {
   train->add_option("--seed", f->seed, "Seed of the parameters, the data order and synthetic data")
       ->check(UnsignedRange(0, UINT64_MAX))
       ->capture_default_str();
+  train->add_option("--on-nonfinite", f->on_nonfinite,
+                    "A NaN or Inf gradient or loss: error (stop, naming the step, rank and "
+                    "tensor), skip (drop that step's update on every rank; local, allreduce "
+                    "and zero1) or off (no check)")
+      ->check(OneOf({"error", "skip", "off"}))
+      ->capture_default_str();
+  // Tests only (so not in --help): makes the step's loss and gradients NaN on this rank.
+  train->add_option("--inject-nonfinite-step", f->inject_nonfinite_step)
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
+      ->group("");
   train->add_option("--device", f->device, "cpu, cuda or auto (cuda when a GPU is there)")
       ->check(OneOf({"cpu", "cuda", "auto"}))
       ->capture_default_str();
@@ -342,6 +352,9 @@ TrainerOptions MakeTrainerOptions(const TrainingFlags& flags, int rank, int worl
   options.resume = flags.resume;
   options.resume_step = flags.resume_step;
   options.checkpoint_on_stop = flags.checkpoint_on_sigterm;
+  // --on-nonfinite's check (OneOf) admits only the three names.
+  options.on_nonfinite = ParseNonFinitePolicy(flags.on_nonfinite).value();
+  options.inject_nonfinite_step = flags.inject_nonfinite_step;
   return options;
 }
 

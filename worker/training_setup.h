@@ -64,6 +64,8 @@ struct TrainingFlags {
   int64_t checkpoint_every = 0;
   bool resume = false;
   std::optional<int64_t> resume_step;  // --resume-step; absent: the newest checkpoint
+  std::string on_nonfinite = "error";  // error | skip | off
+  int64_t inject_nonfinite_step = 0;   // tests (hidden flag): a NaN input at this step
   bool checkpoint_on_sigterm = false;
 };
 

@@ -224,6 +224,8 @@ std::string FormatSummary(const TrainingSummary& s, const TrainingFlags& flags,
         {"eval_accuracy", s.eval_accuracy},
         {"seconds", s.seconds},
         {"samples_per_second", s.samples_per_second},
+        {"skipped_steps", s.skipped_steps},
+        {"nonfinite_check_seconds", s.nonfinite_check_seconds},
     };
     if (!flags.save_params.empty()) j["params_path"] = flags.save_params;
     if (!model_state.is_null()) j["model_state_bytes"] = model_state;
@@ -235,6 +237,9 @@ std::string FormatSummary(const TrainingSummary& s, const TrainingFlags& flags,
        << s.steps << " steps, " << s.samples << " samples in " << s.seconds << " s ("
        << static_cast<int64_t>(s.samples_per_second) << " samples/s); final loss " << s.final_loss
        << ", eval loss " << s.eval_loss << ", eval accuracy " << s.eval_accuracy;
+  if (s.skipped_steps > 0) {
+    line << "; " << s.skipped_steps << " steps skipped for a NaN or Inf gradient";
+  }
   if (!flags.save_params.empty()) line << "; parameters in " << flags.save_params;
   return line.str();
 }
@@ -254,6 +259,12 @@ Status RunTraining(ProcessRuntime& runtime, const WorkerFlags& worker_flags,
   ASSIGN_OR_RETURN(Datasets data, MakeDatasets(flags));
   ASSIGN_OR_RETURN(std::unique_ptr<Model> model, MakeModel(flags, *data.train, backend.get()));
   TrainerOptions trainer = MakeTrainerOptions(flags, rank, world);
+  if (trainer.on_nonfinite == NonFinitePolicy::kSkip && !local &&
+      worker_flags.mode != "allreduce" && worker_flags.mode != "zero1") {
+    return InvalidArgumentError(
+        "--on-nonfinite skip needs every rank to see the same gradients (--mode local, "
+        "allreduce or zero1); in --mode " + worker_flags.mode + " use error, the default");
+  }
   trainer.metrics = &runtime.metrics();
   trainer.should_stop = [&runtime] { return runtime.StopRequested(); };
   ASSIGN_OR_RETURN(OptimizerOptions optimizer, MakeOptimizerOptions(flags));

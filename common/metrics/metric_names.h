@@ -158,6 +158,10 @@ inline constexpr MetricName kTrainStep{"tessera_train_step", "The last finished 
 inline constexpr MetricName kTrainLoss{"tessera_train_loss",
                                        "Mean training loss of the last step's batch."};
 // counter.
+inline constexpr MetricName kTrainNonFiniteStepsTotal{
+    "tessera_nonfinite_steps_total",
+    "Steps whose gradients held NaN or Inf and were skipped (--on-nonfinite skip)."};
+// counter.
 inline constexpr MetricName kTrainSamplesTotal{"tessera_train_samples_total",
                                                "Training samples this worker has processed."};
 // histogram (seconds); labels: phase (data, compute, engine).

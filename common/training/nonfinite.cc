@@ -16,15 +16,39 @@ float FloatAt(const void* values, size_t index) {
   return value;
 }
 
-// Whether any of values[0, count) is non-finite: branch-free, so the compiler vectorises it.
+// Four floats' bits at once: GCC's vector extension in the width of one SSE2 register (wider
+// vectors are lowered lane by lane without AVX; unsigned lanes are compared in scalar code).
+typedef int32_t Lanes __attribute__((vector_size(16)));
+constexpr int32_t kExponentLanes = static_cast<int32_t>(kExponent);
+
+// Whether any of values[0, count) is non-finite: the exponent bits compared sixteen floats a
+// round, in four independent accumulators, branch-free (GCC -O2 leaves the scalar loop as it
+// is: 5 GB/s).
 bool AnyNonFinite(const unsigned char* bytes, size_t count) {
-  uint32_t found = 0;
-  for (size_t i = 0; i < count; ++i) {
+  const Lanes exponent = {kExponentLanes, kExponentLanes, kExponentLanes, kExponentLanes};
+  // Named, not an array: GCC keeps an array of vectors in memory, one store per round.
+  Lanes f0 = {}, f1 = {}, f2 = {}, f3 = {};
+  const auto at = [bytes](size_t element) {
+    Lanes bits;
+    std::memcpy(&bits, bytes + element * sizeof(uint32_t), sizeof(bits));
+    return bits;
+  };
+  size_t i = 0;
+  for (; i + 16 <= count; i += 16) {
+    f0 |= (at(i) & exponent) == exponent;
+    f1 |= (at(i + 4) & exponent) == exponent;
+    f2 |= (at(i + 8) & exponent) == exponent;
+    f3 |= (at(i + 12) & exponent) == exponent;
+  }
+  const Lanes all = f0 | f1 | f2 | f3;
+  uint32_t any = 0;
+  for (int lane = 0; lane < 4; ++lane) any |= static_cast<uint32_t>(all[lane]);
+  for (; i < count; ++i) {
     uint32_t bits;
     std::memcpy(&bits, bytes + i * sizeof(bits), sizeof(bits));
-    found |= static_cast<uint32_t>((bits & kExponent) == kExponent);
+    any |= static_cast<uint32_t>((bits & kExponent) == kExponent);
   }
-  return found != 0;
+  return any != 0;
 }
 
 }  // namespace
@@ -41,10 +65,14 @@ std::optional<size_t> FirstNonFinite(const void* values, size_t count) {
   return std::nullopt;
 }
 
+std::string NonFiniteName(float value) {
+  if (std::isnan(value)) return "nan";
+  if (std::isinf(value)) return value > 0 ? "inf" : "-inf";
+  return std::to_string(value);
+}
+
 std::string DescribeNonFinite(const void* values, size_t index) {
-  const float value = FloatAt(values, index);
-  const char* what = std::isnan(value) ? "nan" : (value > 0 ? "inf" : "-inf");
-  return std::string(what) + " at element " + std::to_string(index);
+  return NonFiniteName(FloatAt(values, index)) + " at element " + std::to_string(index);
 }
 
 }  // namespace tessera

@@ -23,6 +23,9 @@ std::optional<size_t> FirstNonFinite(const void* values, size_t count);
 // "nan at element 12", "inf at element 3", "-inf at element 0".
 std::string DescribeNonFinite(const void* values, size_t index);
 
+// "nan", "inf" or "-inf" (for a finite value, its decimal form).
+std::string NonFiniteName(float value);
+
 }  // namespace tessera
 
 #endif  // TESSERA_COMMON_TRAINING_NONFINITE_H_

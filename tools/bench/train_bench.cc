@@ -21,6 +21,7 @@
 
 #include "common/base/status.h"
 #include "tools/bench/train_run.h"
+#include "tools/bench/train_nonfinite_bench.h"
 #include "tools/bench/train_zero_bench.h"
 
 namespace tessera::tools {
@@ -158,6 +159,7 @@ Status MeasureRow(const std::string& worker, const std::string& launch,
 
 
 Status RunTrainBench(const TrainBenchOptions& o) {
+  if (o.nonfinite_check) return RunTrainNonFiniteBench(o);
   if (o.zero()) return RunTrainZeroBench(o);
   ASSIGN_OR_RETURN(std::string worker, FindRunfile("worker/tessera-worker"));
   std::string launch;
@@ -375,6 +377,9 @@ BenchCommand AddTrainBench(CLI::App* parent) {
       ->capture_default_str();
   train->add_flag("--json", train_options.json, "Print one JSON object instead of the table");
   train->add_flag("--no-torch", train_options.no_torch, "Measure Tessera alone");
+  train->add_flag("--nonfinite-check", train_options.nonfinite_check,
+                  "Instead: what --on-nonfinite error costs against off (no check), Tessera "
+                  "alone, in --mode local, allreduce and ps-sync (--np workers, 1 server)");
   train->add_option("--mode", train_options.mode,
                     "local: single process; allreduce: also --np processes on each side "
                     "(tessera-launch --mode allreduce vs PyTorch DDP over gloo); zero1, zero2, "

@@ -62,11 +62,14 @@ StatusOr<double> WriteBatchPool(const TrainBenchOptions& o, int64_t batch,
 StatusOr<TrainRun> RunTessera(const std::string& worker, const std::string& launch,
                               const std::string& data_path, const TrainBenchOptions& o,
                               int64_t batch, const std::string& optimizer, int np,
-                              const std::string& mode) {
+                              const std::string& mode,
+                              const std::vector<std::string>& worker_args) {
   const int64_t total = o.warmup_steps + o.steps;
+  const bool ps = mode.rfind("ps-", 0) == 0;
   std::vector<std::string> argv = ChildEnvironment(o.threads);
   if (np > 1) {
     for (const std::string& arg : {launch, std::string("--workers"), std::to_string(np),
+                                   std::string("--servers"), std::string(ps ? "1" : "0"),
                                    std::string("--mode"), mode, std::string("--")}) {
       argv.push_back(arg);
     }
@@ -84,6 +87,7 @@ StatusOr<TrainRun> RunTessera(const std::string& worker, const std::string& laun
         std::string("--json")}) {
     argv.push_back(arg);
   }
+  argv.insert(argv.end(), worker_args.begin(), worker_args.end());
   const std::string label =
       (np > 1 ? "tessera-launch --workers " + std::to_string(np) + " --mode " + mode
               : std::string("tessera-worker")) +
@@ -103,7 +107,7 @@ StatusOr<TrainRun> RunTessera(const std::string& worker, const std::string& laun
       run.peak_bytes[k] = std::max(run.peak_bytes[k], bytes["peak"].value(kStateKinds[k], 0.0));
     }
   }
-  if (np > 1 && reports != np) {
+  if (np > 1 && !ps && reports != np) {  // ps-* summaries carry no model-state bytes
     return DataLossError(label + ": " + std::to_string(reports) + " of " + std::to_string(np) +
                          " workers reported their model-state bytes");
   }

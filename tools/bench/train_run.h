@@ -38,6 +38,9 @@ struct TrainBenchOptions {
   // that ZeRO stage (step time and model-state bytes), no single-process or PyTorch runs.
   std::string mode = "local";
   int np = 2;
+  // --nonfinite-check: --on-nonfinite error against off in local, allreduce and ps-sync
+  // (train_nonfinite_bench.h) instead of the comparison with PyTorch.
+  bool nonfinite_check = false;
   bool zero() const { return mode.rfind("zero", 0) == 0; }
   bool distributed() const { return mode == "allreduce" || zero(); }
 };
@@ -73,13 +76,15 @@ StatusOr<double> WriteBatchPool(const TrainBenchOptions& o, int64_t batch,
 
 // tessera-worker --mode local on the batch pool (`worker`), a progress line per step; the timed
 // steps' rates are read back from those lines. With np > 1: `launch` --workers np --mode `mode`
-// (allreduce, zero1, zero2, zero3), the rates read from worker 0's lines (every step is
-// synchronous) times np, the model-state bytes the largest over the workers' summaries (every
-// worker must report them).
+// (allreduce, zero1, zero2, zero3; ps-sync with one server), the rates read from worker 0's
+// lines (every step is synchronous) times np, the model-state bytes the largest over the
+// workers' summaries (every worker but a ps-* one must report them). `worker_args` go to
+// every worker after the benchmark's own.
 StatusOr<TrainRun> RunTessera(const std::string& worker, const std::string& launch,
                               const std::string& data_path, const TrainBenchOptions& o,
                               int64_t batch, const std::string& optimizer, int np,
-                              const std::string& mode = "allreduce");
+                              const std::string& mode = "allreduce",
+                              const std::vector<std::string>& worker_args = {});
 
 // The median of one field over `runs` (not empty).
 double MedianOf(const std::vector<TrainRun>& runs, double TrainRun::*field);

@@ -288,6 +288,18 @@ void PsEngine::OnBackwardStart(int64_t step, float* grads) {
   early_replies_.clear();
   early_groups_.clear();
   early_bytes_ = 0;
+  early_check_ = OkStatus();
+}
+
+Status PsEngine::CheckChunks(int64_t step, const std::vector<size_t>& group,
+                             const float* grads) const {
+  for (size_t i : group) {
+    const DenseChunk& chunk = chunks_[i];
+    RETURN_IF_ERROR(
+        CheckGradients(step, grads + chunk.offset, chunk.offset, chunk.size, /*can_skip=*/false)
+            .status());
+  }
+  return OkStatus();
 }
 
 void PsEngine::OnGradientsReady(uint64_t offset, uint64_t size) {
@@ -301,7 +313,9 @@ void PsEngine::OnGradientsReady(uint64_t offset, uint64_t size) {
     const size_t i = static_cast<size_t>(it - chunks_.begin());
     const uint64_t covered = std::min(end, it->offset + it->size) - std::max(offset, it->offset);
     unready_[i] -= std::min(unready_[i], covered);
-    if (unready_[i] != 0 || early_sent_[i]) continue;
+    if (unready_[i] != 0 || early_sent_[i] || !early_check_.ok()) continue;
+    early_check_ = CheckChunks(early_step_, {i}, early_grads_);  // while the chunk is in cache
+    if (!early_check_.ok()) continue;  // Step reports it; nothing more goes out
     early_sent_[i] = true;
     early_groups_.push_back({i});
     early_replies_.push_back(SendChunks(early_step_, {i}, early_grads_, "", &early_bytes_));
@@ -323,6 +337,7 @@ Status PsEngine::PushPull(int64_t step, const float* grads, float* params,
   early_step_ = 0;
   early_replies_.clear();
   early_groups_.clear();
+  if (early) RETURN_IF_ERROR(early_check_);
   const size_t per = static_cast<size_t>(std::max(1, options_.chunks_per_request));
   for (int s = 0; s < view_.num_servers; ++s) {
     std::vector<size_t> left;
@@ -333,6 +348,7 @@ Status PsEngine::PushPull(int64_t step, const float* grads, float* params,
       std::vector<size_t> group(left.begin() + static_cast<std::ptrdiff_t>(begin),
                                 left.begin() + static_cast<std::ptrdiff_t>(
                                                    std::min(left.size(), begin + per)));
+      if (push) RETURN_IF_ERROR(CheckChunks(step, group, grads));
       replies.push_back(SendChunks(step, group, grads, model, &sent));
       groups.push_back(std::move(group));
     }

@@ -105,6 +105,8 @@ class PsEngine final : public TrainingEngine {
   // same step are not sent again; their replies are waited for with the others.
   Status PushPull(int64_t step, const float* grads, float* params,
                   const std::string& model = std::string());
+  // The installed gradient check on each chunk of `group` (indices) before it is sent.
+  Status CheckChunks(int64_t step, const std::vector<size_t>& group, const float* grads) const;
   // The request for `group` (chunk indices of one server) of `step`: its reply, what it is.
   std::pair<Reply, std::string> SendChunks(int64_t step, const std::vector<size_t>& group,
                                            const float* grads, const std::string& model,
@@ -152,6 +154,7 @@ class PsEngine final : public TrainingEngine {
   std::vector<std::pair<Reply, std::string>> early_replies_;
   std::vector<std::vector<size_t>> early_groups_;
   double early_bytes_ = 0;
+  Status early_check_;  // the gradient check of this backward's early chunks: the first error
   Histogram* latency_[3] = {nullptr, nullptr, nullptr};  // push_pull, sparse_push, sparse_pull
   // Tensor bytes (row ids and values included) by op: push_pull, sparse_push, sparse_pull.
   Counter* bytes_sent_[3] = {nullptr, nullptr, nullptr};

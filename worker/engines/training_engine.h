@@ -19,6 +19,7 @@
 #define TESSERA_WORKER_ENGINES_TRAINING_ENGINE_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -32,9 +33,22 @@
 
 namespace tessera::worker {
 
+// Checks the dense gradients of update `step` that are the layout's elements [offset,
+// offset + size), at grads[0, size), before an engine applies or sends them (the trainer
+// installs it for --on-nonfinite): true to go on, false to skip this step's update on this
+// rank, an error to stop.
+using GradientCheck = std::function<StatusOr<bool>(int64_t step, const float* grads,
+                                                   uint64_t offset, uint64_t size)>;
+
 class TrainingEngine {
  public:
   virtual ~TrainingEngine() = default;
+
+  // Installs `check`, which every engine runs on the gradients its update reads: local and
+  // allreduce (zero1 too) on the whole reduced gradient, the same on every rank, so a skip
+  // is every rank's; zero2/3 on this rank's reduced shard, ps-* on each chunk before it is
+  // sent. Only the first two can skip a step; the others stop.
+  void SetGradientCheck(GradientCheck check) { gradient_check_ = std::move(check); }
 
   virtual std::string_view name() const = 0;
 
@@ -112,6 +126,22 @@ class TrainingEngine {
   virtual Status RestoreCheckpoint(const std::string& root, int64_t step, float* params) {
     return UnimplementedError(std::string(name()) + " mode cannot restore a checkpoint");
   }
+
+ protected:
+  // The installed check's verdict (true without one). `can_skip`: false turns a skip into an
+  // error saying this mode cannot skip.
+  StatusOr<bool> CheckGradients(int64_t step, const float* grads, uint64_t offset,
+                                uint64_t size, bool can_skip) const {
+    if (!gradient_check_) return true;
+    ASSIGN_OR_RETURN(bool go_on, gradient_check_(step, grads, offset, size));
+    if (!go_on && !can_skip) {
+      return FailedPreconditionError(std::string(name()) + " mode cannot skip a step");
+    }
+    return go_on;
+  }
+
+ private:
+  GradientCheck gradient_check_;
 };
 
 }  // namespace tessera::worker

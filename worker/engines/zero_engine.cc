@@ -345,6 +345,13 @@ Status ZeroEngine::Step(int64_t step, float* params, float* grads,
     }
   }
   std::fill(reduced_times_.begin(), reduced_times_.end(), 0);
+  // Each rank sees only its shard of the reduced gradients: it can stop the job, but a skip
+  // would need every rank's word.
+  for (const Tensor& t : tensors_) {
+    RETURN_IF_ERROR(CheckGradients(step, grads_.data() + t.owned_at, t.offset + t.slice.offset,
+                                   t.slice.size, /*can_skip=*/false)
+                        .status());
+  }
   const float lr = LearningRate(options_.schedule, options_.optimizer.lr, step - 1);
   const size_t k = StateFloatsPerElement(options_.optimizer.kind);
   for (const Tensor& t : tensors_) {
