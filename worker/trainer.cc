@@ -321,8 +321,8 @@ StatusOr<TrainingSummary> Train(const TrainerOptions& options, const data::Datas
         skipped_step = step;
         return false;
       }
-      return InvalidArgumentError(what + "; stopping, nothing of this step was applied here "
-                                  "(--on-nonfinite skip drops such steps instead)");
+      return InvalidArgumentError(what + "; stopping (--on-nonfinite skip drops such steps "
+                                  "instead, in --mode local, allreduce and zero1)");
     });
   }
   uint64_t epoch = 0;
