@@ -11,7 +11,9 @@
 //     naming it;
 //   - runs barriers over all members or one role, releasing them when every live participant
 //     has arrived, or failing them naming who is missing (timeout) or who failed;
-//   - records clean departures (Goodbye), which are not failures.
+//   - records departures (Goodbye): a clean one is not a failure; one that carries an error
+//     (the member is stopping because of it) declares the member failed at once, and the
+//     FailureNotice the others get quotes that error.
 // If the fleet is not complete within rendezvous_timeout, every registered process gets an
 // error naming the roles and ranks that never arrived, and Run() returns that error.
 //
