@@ -262,7 +262,12 @@ ProcessGroupTessera::~ProcessGroupTessera() {
   // Python drops the group, this thread holds it, so it lets go while the threads finish.
   PyThreadState* saved =
       Py_IsInitialized() && PyGILState_Check() ? PyEval_SaveThread() : nullptr;
-  member_.reset();
+  // Not member_.reset(): that nulls member_ before the member's destructor joins its threads,
+  // and an op already running on one of them reads member_ (a null dereference, seen under
+  // ASan in tests/torch/collectives_test's teardown). The member goes while member_ still
+  // points at it; its threads are joined before the parts an op uses.
+  delete member_.get();
+  (void)member_.release();
   if (saved != nullptr) PyEval_RestoreThread(saved);
 }
 
