@@ -25,13 +25,10 @@ struct Reply {
   std::string body;
 };
 
-// A blocking HTTP/1.1 client for one request: connect to 127.0.0.1:port, send, wait
-// `read_delay_ms` (a slow reader), read to EOF.
-Reply Fetch(int port, const std::string& method, const std::string& target,
-            int read_delay_ms = 0) {
-  Reply reply;
+// A TCP socket connected to 127.0.0.1:port (reads time out after 10 s), or -1.
+int ConnectLoopback(int port) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return reply;
+  if (fd < 0) return -1;
   timeval timeout = {10, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
   sockaddr_in address = {};
@@ -40,8 +37,18 @@ Reply Fetch(int port, const std::string& method, const std::string& target,
   address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
     close(fd);
-    return reply;
+    return -1;
   }
+  return fd;
+}
+
+// A blocking HTTP/1.1 client for one request: connect to 127.0.0.1:port, send, wait
+// `read_delay_ms` (a slow reader), read to EOF.
+Reply Fetch(int port, const std::string& method, const std::string& target,
+            int read_delay_ms = 0) {
+  Reply reply;
+  int fd = ConnectLoopback(port);
+  if (fd < 0) return reply;
   std::string request = method + " " + target +
                         " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n"
                         "Connection: close\r\n\r\n";
@@ -115,16 +122,8 @@ TEST_F(MetricsHttpServerTest, ServesMetrics) {
 std::vector<int> OpenStalledConnections(int port, int count) {
   std::vector<int> fds;
   for (int i = 0; i < count; ++i) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    int fd = ConnectLoopback(port);
     if (fd < 0) break;
-    sockaddr_in address = {};
-    address.sin_family = AF_INET;
-    address.sin_port = htons(static_cast<uint16_t>(port));
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
-      close(fd);
-      break;
-    }
     const std::string partial = "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n";
     (void)send(fd, partial.data(), partial.size(), MSG_NOSIGNAL);
     fds.push_back(fd);
