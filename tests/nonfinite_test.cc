@@ -2,15 +2,19 @@
 // as separate processes on the loopback, one of them fed a NaN input at a chosen step (the
 // hidden --inject-nonfinite-step): with --on-nonfinite error every process stops within 1 s
 // naming the step, the rank and the tensor (in ps-sync the other worker learns it from the
-// failing one's goodbye, item 1); with skip the step leaves no trace on any rank; in ps-sync
-// without the worker's check (off) the server refuses the push naming the key.
+// failing one's goodbye, item 1); with skip the step leaves no trace on any rank (in ps-async,
+// only the skipping worker's update is dropped); in ps-sync without the worker's check (off)
+// the server refuses the push naming the key.
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
+#include <cstring>
 #include <fstream>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tests/fleet_harness.h"
@@ -110,34 +114,74 @@ TEST(NonFiniteTest, ErrorStopsEveryRankNamingTheStepRankAndTensor) {
 // A skipped step leaves no trace: a NaN in rank 1's last batch gives, on every rank, the
 // parameters of the same run one step shorter (SGD, constant lr: bitwise).
 TEST(NonFiniteTest, SkipDropsTheStepOnEveryRank) {
-  for (const std::string mode : {"allreduce", "zero1"}) {
-    SCOPED_TRACE(mode);
-    const std::string shorter = TempPath(mode + "_5_steps.bin");
-    const std::string skipped = TempPath(mode + "_6th_skipped.bin");
+  const std::vector<std::pair<std::string, std::vector<std::string>>> runs = {
+      {"allreduce", {}}, {"zero1", {}}, {"zero2", {}}, {"zero3", {}}, {"ps-sync", {}},
+      {"ps-sync", {"--ps-shared-memory", "false"}}};  // the skip in frames, not in the region
+  for (const auto& [mode, flags] : runs) {
+    SCOPED_TRACE(mode + (flags.empty() ? "" : " " + flags[0]));
+    const int servers = mode == "ps-sync" ? 1 : 0;
+    const std::string name = mode + std::to_string(flags.size());
+    const std::string shorter = TempPath(name + "_5_steps.bin");
+    const std::string skipped = TempPath(name + "_6th_skipped.bin");
     {
       FleetHarness harness;
-      Job job = StartJob(harness, mode, 0,
-                         {{"--steps", "5", "--save-params", shorter}, {"--steps", "5"}});
+      Job job = StartJob(harness, mode, servers,
+                         {Concat({"--steps", "5", "--save-params", shorter}, flags),
+                          Concat({"--steps", "5"}, flags)});
       ASSERT_EQ(job.workers.size(), 2u);
       for (int id : job.workers) ASSERT_EQ(ExitStatus(harness, id), 0) << harness.Output(id);
     }
     FleetHarness harness;
-    Job job = StartJob(harness, mode, 0,
-                       {{"--steps", "6", "--on-nonfinite", "skip", "--save-params", skipped},
-                        {"--steps", "6", "--on-nonfinite", "skip", "--inject-nonfinite-step",
-                         "6"}});
+    Job job = StartJob(
+        harness, mode, servers,
+        {Concat({"--steps", "6", "--on-nonfinite", "skip", "--save-params", skipped}, flags),
+         Concat({"--steps", "6", "--on-nonfinite", "skip", "--inject-nonfinite-step", "6"},
+                flags)});
     ASSERT_EQ(job.workers.size(), 2u);
+    // The injected NaN reaches every gradient: in allreduce and ZeRO each rank finds it in
+    // what the reduction gave it (in zero2/3 its shard; the ranks then agree); in ps-sync rank 1
+    // before it pushes, and rank 0 hears it from the server, which dropped the step.
     for (int r = 0; r < 2; ++r) {
       const int id = job.workers[r];
       EXPECT_EQ(ExitStatus(harness, id), 0) << harness.Output(id);
-      EXPECT_NE(harness.Output(id).find("step 6 skipped: rank " + std::to_string(r) +
-                                        ": the reduced gradient of 'mlp.0."),
+      std::string expected =
+          "step 6 skipped: rank " + std::to_string(r) + ": the reduced gradient of 'mlp.";
+      if (servers > 0) {
+        expected = r == 1 ? "step 6 skipped: rank 1: the gradient of 'mlp."
+                          : "step 6 skipped: rank 1 found a NaN or Inf in its gradients";
+      }
+      EXPECT_NE(harness.Output(id).find(expected), std::string::npos) << harness.Output(id);
+      EXPECT_NE(harness.Output(id).find("1 steps skipped for a NaN or Inf gradient"),
                 std::string::npos)
           << harness.Output(id);
     }
     const std::string a = ReadFile(shorter), b = ReadFile(skipped);
     ASSERT_FALSE(a.empty());
     EXPECT_TRUE(a == b) << "a skipped 6th step changed the parameters";
+  }
+}
+
+// ps-async: a skip drops only the skipping worker's update (each worker's updates are its own
+// in this model); both finish, and the parameters stay finite.
+TEST(NonFiniteTest, PsAsyncSkipDropsOnlyThatWorkersUpdate) {
+  const std::string params = TempPath("ps_async_params.bin");
+  FleetHarness harness;
+  Job job = StartJob(harness, "ps-async", 1,
+                     {{"--steps", "6", "--on-nonfinite", "skip", "--save-params", params},
+                      {"--steps", "6", "--on-nonfinite", "skip", "--inject-nonfinite-step",
+                       "3"}});
+  ASSERT_EQ(job.workers.size(), 2u);
+  for (int id : job.workers) EXPECT_EQ(ExitStatus(harness, id), 0) << harness.Output(id);
+  const std::string bad = harness.Output(job.workers[1]);
+  EXPECT_NE(bad.find("step 3 skipped: rank 1: the gradient of 'mlp."), std::string::npos) << bad;
+  EXPECT_EQ(harness.Output(job.workers[0]).find("step 3 skipped"), std::string::npos);
+  EXPECT_EQ(harness.Output(job.servers[0]).find("non-finite"), std::string::npos);
+  const std::string saved = ReadFile(params);  // raw float32 (docs/params-format.md)
+  ASSERT_FALSE(saved.empty());
+  for (size_t at = 0; at + sizeof(float) <= saved.size(); at += sizeof(float)) {
+    float value;
+    std::memcpy(&value, saved.data() + at, sizeof(float));
+    ASSERT_TRUE(std::isfinite(value)) << "float " << at / sizeof(float) << " is " << value;
   }
 }
 
@@ -158,18 +202,19 @@ TEST(NonFiniteTest, PsServerRefusesAPushWithNaNNamingTheKey) {
   EXPECT_NE(bad.find("refused, nothing of this push was applied"), std::string::npos) << bad;
 }
 
-// skip needs every rank to reach the same verdict: modes where they would not are refused.
-TEST(NonFiniteTest, SkipIsRefusedWhereRanksSeeDifferentGradients) {
+// A model with embedding tables pushes its rows apart from the dense chunks: ps-* cannot drop
+// such a step everywhere, and says so at start.
+TEST(NonFiniteTest, PsSkipIsRefusedForModelsWithEmbeddingTables) {
   FleetHarness harness;
-  Job job = StartJob(harness, "ps-sync", 1,
-                     {{"--steps", "2", "--on-nonfinite", "skip"},
-                      {"--steps", "2", "--on-nonfinite", "skip"}});
+  const std::vector<std::string> ctr = {"--steps",         "2",       "--on-nonfinite", "skip",
+                                        "--model",         "ctr",     "--dataset",
+                                        "synthetic-ctr"};
+  Job job = StartJob(harness, "ps-sync", 1, {ctr, ctr});
   ASSERT_EQ(job.workers.size(), 2u);
   for (int id : job.workers) {
     EXPECT_EQ(ExitStatus(harness, id), 1);
-    EXPECT_NE(harness.Output(id).find("--on-nonfinite skip needs every rank to see the same "
-                                      "gradients (--mode local, allreduce or zero1); in --mode "
-                                      "ps-sync use error"),
+    EXPECT_NE(harness.Output(id).find("--on-nonfinite skip cannot drop a step of a model with "
+                                      "embedding tables in --mode ps-sync; use error"),
               std::string::npos)
         << harness.Output(id);
   }

@@ -295,35 +295,52 @@ StatusOr<TrainingSummary> Train(const TrainerOptions& options, const data::Datas
     // All-reduce and ZeRO engines check what the reduction gave them, not this rank's own.
     const std::string_view mode = engine->name();
     const bool reduced = mode == "allreduce" || mode.rfind("zero", 0) == 0;
-    engine->SetGradientCheck([&layout, &options, &metrics, &skipped_step, &summary, reduced](
-                                 int64_t step, const float* grads, uint64_t offset,
-                                 uint64_t size) -> StatusOr<bool> {
+    const bool skip = options.on_nonfinite == NonFinitePolicy::kSkip;
+    auto tensor_at = [&layout](uint64_t element) -> std::optional<const ParameterView*> {
+      for (const ParameterView& view : layout.views()) {
+        if (element >= view.offset && element < view.offset + view.size) return &view;
+      }
+      return std::nullopt;
+    };
+    GradientCheck check;
+    check.may_skip = skip;
+    check.scan = [&options, &metrics, &skipped_step, &summary, reduced, skip, tensor_at](
+                     int64_t step, const float* grads, uint64_t offset,
+                     uint64_t size) -> StatusOr<bool> {
       const auto scan_started = Clock::now();
       std::optional<size_t> at = FirstNonFinite(grads, size);
       summary.nonfinite_check_seconds += Seconds(scan_started, Clock::now());
       if (!at) return true;
       const uint64_t element = offset + *at;
       std::string where = "element " + std::to_string(element);
-      for (const ParameterView& view : layout.views()) {
-        if (element >= view.offset && element < view.offset + view.size) {
-          where = "'" + view.name + "' (element " + std::to_string(element - view.offset) +
-                  " of " + std::to_string(view.size) + ")";
-          break;
-        }
+      if (auto view = tensor_at(element)) {
+        where = "'" + (*view)->name + "' (element " + std::to_string(element - (*view)->offset) +
+                " of " + std::to_string((*view)->size) + ")";
       }
       const std::string what = "rank " + std::to_string(options.rank) + ": the " +
                                std::string(reduced ? "reduced gradient" : "gradient") + " of " +
                                where + " is " + NonFiniteName(grads[*at]) +
                                (reduced ? " (a NaN or Inf of any rank reaches every rank)" : "");
-      if (options.on_nonfinite == NonFinitePolicy::kSkip) {
+      if (skip) {
         TLOG(WARNING) << "step " << step << " skipped: " << what << " (--on-nonfinite skip)";
         if (metrics.nonfinite_steps != nullptr) metrics.nonfinite_steps->Increment();
         skipped_step = step;
         return false;
       }
       return InvalidArgumentError(what + "; stopping (--on-nonfinite skip drops such steps "
-                                  "instead, in --mode local, allreduce and zero1)");
-    });
+                                  "instead)");
+    };
+    check.skipped_by_peer = [&metrics, &skipped_step, tensor_at](
+                                int64_t step, int rank, std::optional<uint64_t> offset) {
+      std::string what = "rank " + std::to_string(rank) + " found a NaN or Inf in its gradients";
+      if (offset) {
+        if (auto view = tensor_at(*offset)) what += " of '" + (*view)->name + "'";
+      }
+      TLOG(WARNING) << "step " << step << " skipped: " << what << " (--on-nonfinite skip)";
+      if (metrics.nonfinite_steps != nullptr) metrics.nonfinite_steps->Increment();
+      skipped_step = step;
+    };
+    engine->SetGradientCheck(std::move(check));
   }
   uint64_t epoch = 0;
   std::vector<size_t> order = sampler.Indices(epoch);

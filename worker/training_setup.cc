@@ -141,8 +141,8 @@ void AddTrainingFlags(CLI::App* app, TrainingFlags* f) {
       ->capture_default_str();
   train->add_option("--on-nonfinite", f->on_nonfinite,
                     "A NaN or Inf gradient or loss: error (stop, naming the step, rank and "
-                    "tensor), skip (drop that step's update on every rank; local, allreduce "
-                    "and zero1) or off (no check)")
+                    "tensor), skip (drop that step's update on every rank; in ps-async and "
+                    "ps-ssp only this worker's) or off (no check)")
       ->check(OneOf({"error", "skip", "off"}))
       ->capture_default_str();
   // Tests only (so not in --help): makes the step's loss and gradients NaN on this rank.

@@ -259,11 +259,12 @@ Status RunTraining(ProcessRuntime& runtime, const WorkerFlags& worker_flags,
   ASSIGN_OR_RETURN(Datasets data, MakeDatasets(flags));
   ASSIGN_OR_RETURN(std::unique_ptr<Model> model, MakeModel(flags, *data.train, backend.get()));
   TrainerOptions trainer = MakeTrainerOptions(flags, rank, world);
-  if (trainer.on_nonfinite == NonFinitePolicy::kSkip && !local &&
-      worker_flags.mode != "allreduce" && worker_flags.mode != "zero1") {
+  if (trainer.on_nonfinite == NonFinitePolicy::kSkip && worker_flags.mode.rfind("ps-", 0) == 0 &&
+      !model->embedding_tables().empty()) {
+    // Their rows go to the servers apart from the dense chunks, before the dense check.
     return InvalidArgumentError(
-        "--on-nonfinite skip needs every rank to see the same gradients (--mode local, "
-        "allreduce or zero1); in --mode " + worker_flags.mode + " use error, the default");
+        "--on-nonfinite skip cannot drop a step of a model with embedding tables in --mode " +
+        worker_flags.mode + "; use error, the default");
   }
   trainer.metrics = &runtime.metrics();
   trainer.should_stop = [&runtime] { return runtime.StopRequested(); };

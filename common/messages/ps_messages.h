@@ -39,6 +39,9 @@ struct PsPushPullRequest {
   uint64_t region_token_low = 0;
   // Gradients and values travel in the mapped region; the tensors carry no bytes.
   bool in_region = false;
+  // With has_gradients: this worker skips the step (its gradients held a NaN or Inf,
+  // --on-nonfinite skip); the tensors name the chunks and carry no bytes.
+  bool skip = false;
 };
 
 struct PsPushPullReply {
@@ -46,6 +49,7 @@ struct PsPushPullReply {
   std::vector<TensorData> tensors;
   bool region_mapped = false;  // to an offer: mapped, else region_refusal says why
   std::string region_refusal;
+  int skipped_by = -1;  // ps-sync: the worker that skipped the step this push was of (-1: none)
 };
 
 struct SparsePushRequest {

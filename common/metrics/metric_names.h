@@ -91,6 +91,11 @@ inline constexpr MetricName kPsValuesCopiesTotal{
 inline constexpr MetricName kPsNonFinitePushesTotal{
     "tessera_ps_nonfinite_pushes_total",
     "Pushes refused because a gradient held NaN or Inf (nothing of them was applied)."};
+// counter.
+inline constexpr MetricName kPsSkippedUpdatesTotal{
+    "tessera_ps_skipped_updates_total",
+    "ps-sync chunk updates dropped because a worker skipped the step (a NaN or Inf in its "
+    "gradients, --on-nonfinite skip)."};
 // gauge.
 inline constexpr MetricName kPsStaleness{
     "tessera_ps_staleness_steps",

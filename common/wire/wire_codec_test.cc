@@ -34,6 +34,7 @@ Message PushOf(std::vector<float> values, std::vector<int64_t> shape) {
   push.region_token_high = 5;
   push.region_token_low = 6;
   push.in_region = true;
+  push.skip = true;
   return EncodeMessage(WorkerHeader(3), std::move(push));
 }
 
@@ -86,6 +87,7 @@ TEST(WireCodecTest, RoundTripPushPull) {
   EXPECT_EQ(push.region_token_high, 5u);
   EXPECT_EQ(push.region_token_low, 6u);
   EXPECT_TRUE(push.in_region);
+  EXPECT_TRUE(push.skip);
   ASSERT_EQ(push.tensors.size(), 1u);
   EXPECT_EQ(push.tensors[0].name, "layer0.w");
   EXPECT_EQ(push.tensors[0].key, 7u);
@@ -154,8 +156,9 @@ TEST(WireCodecTest, RoundTripEveryBody) {
   EXPECT_EQ(reply.files, (std::vector<std::string>{"a", "b"}));
   EXPECT_EQ(reply.checksums, (std::vector<uint64_t>{3, 4}));
   const auto pulled = std::get<PsPushPullReply>(
-      Decoded(EncodeMessage(WorkerHeader(0), PsPushPullReply{{}, true, "not here"})).body);
+      Decoded(EncodeMessage(WorkerHeader(0), PsPushPullReply{{}, true, "not here", 1})).body);
   EXPECT_TRUE(pulled.region_mapped);
+  EXPECT_EQ(pulled.skipped_by, 1);
   EXPECT_EQ(pulled.region_refusal, "not here");
   const auto clean = std::get<Goodbye>(Decoded(EncodeMessage(WorkerHeader(0), Goodbye{"done"})).body);
   EXPECT_EQ(clean.code, StatusCode::kOk);

@@ -12,11 +12,19 @@ ConsistencyPolicy::ConsistencyPolicy(PsConsistency model, int num_workers, int64
       clocks_(static_cast<size_t>(num_workers), 0) {}
 
 StatusOr<PushDecision> ConsistencyPolicy::Push(int rank, int64_t step) {
+  return Arrive(rank, step, /*skip=*/false);
+}
+
+StatusOr<PushDecision> ConsistencyPolicy::Skip(int rank, int64_t step) {
+  return Arrive(rank, step, /*skip=*/true);
+}
+
+StatusOr<PushDecision> ConsistencyPolicy::Arrive(int rank, int64_t step, bool skip) {
   PushDecision decision;
   if (model_ != PsConsistency::kSync) {
     clocks_[rank] = std::max(clocks_[rank], step);
-    decision.action = PushAction::kApplyNow;
-    decision.update = ++version_;
+    decision.action = skip ? PushAction::kNone : PushAction::kApplyNow;
+    decision.update = skip ? version_ : ++version_;
     if (model_ == PsConsistency::kSsp) {
       decision.reply.min_clock = step - staleness_;
       decision.reply.step = step;
@@ -37,6 +45,7 @@ StatusOr<PushDecision> ConsistencyPolicy::Push(int rank, int64_t step) {
                               std::to_string(step) + " twice");
   }
   pushed[rank] = true;
+  if (skip) skipped_by_.emplace(step, rank);  // the first one's
   clocks_[rank] = std::max(clocks_[rank], step);
   decision.update = step;
   decision.reply.min_version = step;
@@ -45,6 +54,11 @@ StatusOr<PushDecision> ConsistencyPolicy::Push(int rank, int64_t step) {
     return decision;
   }
   decision.action = PushAction::kApplyHeld;
+  if (auto skipped = skipped_by_.find(step); skipped != skipped_by_.end()) {
+    decision.action = PushAction::kDropHeld;
+    decision.skipped_by = skipped->second;
+    skipped_by_.erase(skipped);
+  }
   pushed_.erase(step);
   version_ = step;
   return decision;
@@ -78,6 +92,7 @@ void ConsistencyPolicy::Restore(int64_t step) {
   version_ = step;
   std::fill(clocks_.begin(), clocks_.end(), step);
   pushed_.clear();
+  skipped_by_.clear();
 }
 
 int64_t ConsistencyPolicy::SlowestClock() const {

@@ -15,6 +15,10 @@
 //             worker's clock is at least t - K (K = the job's staleness).
 //   A pull of step t (no gradients) waits until the version is at least t - 1, in every model.
 // ps-sync also refuses a worker's second push of a step, and a push of a step already applied.
+// A skip (a worker's gradients of step t held a NaN or Inf, --on-nonfinite skip) counts as its
+// push of step t: in ps-sync the step is then dropped for every worker (nothing applied, the
+// version still becomes t, so every reply goes with the values of step t - 1); elsewhere it
+// applies nothing and moves only that worker's clock.
 //
 //   ConsistencyPolicy policy(PsConsistency::kSync, /*num_workers=*/2, /*staleness=*/0);
 //   ASSIGN_OR_RETURN(PushDecision push, policy.Push(rank, step));
@@ -45,6 +49,9 @@ enum class PushAction {
   kHold,       // ps-sync: keep the gradient for step `update`; not every worker has pushed it
   kApplyHeld,  // ps-sync: the last one: apply every worker's gradient of step `update`
   kApplyNow,   // ps-async / ps-ssp: apply this gradient alone as update `update`
+  kDropHeld,   // ps-sync: the last push of step `update`, which worker `skipped_by` skipped:
+               // drop every held gradient of it, apply nothing
+  kNone,       // ps-async / ps-ssp: a skip: nothing to apply
 };
 
 struct PushDecision {
@@ -53,6 +60,7 @@ struct PushDecision {
   // updates applied, common/training/lr_schedule.h).
   int64_t update = 0;
   ReleaseRule reply;  // when the push's reply may go
+  int skipped_by = -1;  // kDropHeld: the first worker that skipped the step
 };
 
 class ConsistencyPolicy {
@@ -65,6 +73,8 @@ class ConsistencyPolicy {
   // 3 twice") and a push of a step the part has applied already; nothing changes then.
   // REQUIRES: 0 <= rank < num_workers, step >= 1.
   StatusOr<PushDecision> Push(int rank, int64_t step);
+  // Worker `rank`'s skip of step `step`: a push without gradients, refused as Push refuses.
+  StatusOr<PushDecision> Skip(int rank, int64_t step);
 
   // A pull of the dense values after step `step` - 1.
   ReleaseRule Pull(int64_t step) const;
@@ -88,6 +98,7 @@ class ConsistencyPolicy {
   int64_t version() const { return version_; }
 
  private:
+  StatusOr<PushDecision> Arrive(int rank, int64_t step, bool skip);
   int64_t SlowestClock() const;
 
   const PsConsistency model_;
@@ -96,6 +107,7 @@ class ConsistencyPolicy {
   int64_t version_ = 0;
   std::vector<int64_t> clocks_;                  // by rank
   std::map<int64_t, std::vector<bool>> pushed_;  // ps-sync: who pushed a step not yet applied
+  std::map<int64_t, int> skipped_by_;            // ps-sync: the first who skipped such a step
 };
 
 }  // namespace tessera::server

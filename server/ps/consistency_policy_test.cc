@@ -89,6 +89,40 @@ TEST(ConsistencyPolicyTest, SspReleasesAPushOfStepTOnceTheSlowestPushedTMinusK) 
   }
 }
 
+// A skip counts as the worker's push: in ps-sync the step's last arrival drops it for everyone
+// (naming the first who skipped) and the version still moves, so every reply goes; the next
+// step is applied as usual. A skip is refused as a push is.
+TEST(ConsistencyPolicyTest, SyncDropsAStepAnyWorkerSkippedAndGoesOn) {
+  ConsistencyPolicy policy(PsConsistency::kSync, 3, 0);
+  PushDecision pushed = MustPush(policy, 0, 1);
+  StatusOr<PushDecision> first = policy.Skip(2, 1);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->action, PushAction::kHold);
+  EXPECT_EQ(policy.Skip(2, 1).status().message(), "worker 2 pushed step 1 twice");
+  StatusOr<PushDecision> last = policy.Skip(1, 1);
+  ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_EQ(last->action, PushAction::kDropHeld);
+  EXPECT_EQ(last->update, 1);
+  EXPECT_EQ(last->skipped_by, 2);  // the first who skipped
+  EXPECT_EQ(policy.version(), 1);
+  for (const PushDecision& d : {pushed, *first, *last}) EXPECT_TRUE(policy.MayRelease(d.reply));
+  for (int rank = 0; rank < 2; ++rank) MustPush(policy, rank, 2);
+  PushDecision applied = MustPush(policy, 2, 2);
+  EXPECT_EQ(applied.action, PushAction::kApplyHeld);
+  EXPECT_EQ(applied.skipped_by, -1);
+}
+
+TEST(ConsistencyPolicyTest, AsyncSkipAppliesNothingAndMovesOnlyTheClock) {
+  ConsistencyPolicy policy(PsConsistency::kSsp, 2, 1);
+  MustPush(policy, 0, 1);
+  StatusOr<PushDecision> skip = policy.Skip(1, 1);
+  ASSERT_TRUE(skip.ok()) << skip.status();
+  EXPECT_EQ(skip->action, PushAction::kNone);
+  EXPECT_EQ(policy.version(), 1);  // one update applied, not two
+  EXPECT_EQ(policy.Spread(), 0);   // worker 1's clock moved to step 1
+  EXPECT_TRUE(policy.MayRelease(skip->reply));
+}
+
 TEST(ConsistencyPolicyTest, PullsWaitForTheStepBeforeTheirsAndRowPullsOnlyInSync) {
   ConsistencyPolicy sync(PsConsistency::kSync, 2, 0);
   EXPECT_TRUE(sync.MayRelease(sync.Pull(1)));

@@ -41,6 +41,8 @@ struct DenseShard::PendingReply {
   std::vector<uint64_t> keys;
   std::vector<TensorData> parts;   // part i written once, under chunk i's lock
   std::atomic<int> remaining{0};   // parts not filled yet
+  bool push = false;               // the request gave gradients (or skipped them)
+  std::atomic<int> skipped_by{-1};  // ps-sync: who skipped the step this push was of
 };
 
 // A part of a PendingReply, with the rule that releases it.
@@ -62,6 +64,9 @@ struct DenseShard::Chunk {
   // ps-sync: the gradients of a step not applied yet, by rank, as they arrived (their frames).
   std::map<int64_t, std::vector<TensorData>> held;  // guarded by mu
   std::vector<Waiter> waiters;                      // guarded by mu
+  // ps-sync: the last step dropped because a worker skipped it, and that worker.
+  int64_t dropped_step = 0;  // guarded by mu
+  int dropped_by = -1;       // guarded by mu
 };
 
 StatusOr<std::unique_ptr<DenseShard>> DenseShard::Create(const PsJobConfig& config,
@@ -116,6 +121,19 @@ DenseShard::~DenseShard() {
 
 Status DenseShard::PushPull(int rank, int64_t step, const std::vector<TensorData>& tensors,
                             bool push, ReplyCallback reply) {
+  return Serve(rank, step, tensors, push ? Gradients::kGiven : Gradients::kNone,
+               std::move(reply));
+}
+
+Status DenseShard::Skip(int rank, int64_t step, const std::vector<TensorData>& tensors,
+                        ReplyCallback reply) {
+  return Serve(rank, step, tensors, Gradients::kSkipped, std::move(reply));
+}
+
+Status DenseShard::Serve(int rank, int64_t step, const std::vector<TensorData>& tensors,
+                         Gradients gradients, ReplyCallback reply) {
+  const bool push = gradients != Gradients::kNone;
+  const bool given = gradients == Gradients::kGiven;
   if (push && step < 1) {
     return InvalidArgumentError("push of step " + std::to_string(step) + "; steps start at 1");
   }
@@ -124,7 +142,7 @@ Status DenseShard::PushPull(int rank, int64_t step, const std::vector<TensorData
     auto it = chunks_.find(tensor.key);
     if (it == chunks_.end()) return NotFoundError(OwnerMessage(tensor.key));
     Chunk* chunk = it->second.get();
-    if (push && (tensor.dtype != DataType::kFloat32 ||
+    if (given && (tensor.dtype != DataType::kFloat32 ||
                  tensor.bytes.size() != chunk->where.size * sizeof(float))) {
       return InvalidArgumentError("chunk " + std::to_string(chunk->where.index) + " has " +
                                   std::to_string(chunk->where.size) + " floats; the push "
@@ -133,7 +151,7 @@ Status DenseShard::PushPull(int rank, int64_t step, const std::vector<TensorData
     }
     // One NaN or Inf applied would reach every worker's next pull: refuse the whole request
     // before any chunk of it is touched.
-    if (push) {
+    if (given) {
       if (std::optional<size_t> at = FirstNonFinite(tensor.bytes.data(), chunk->where.size)) {
         metrics_->DenseNonFinitePush();
         return InvalidArgumentError(
@@ -147,6 +165,7 @@ Status DenseShard::PushPull(int rank, int64_t step, const std::vector<TensorData
   }
   auto pending = std::make_shared<PendingReply>();
   pending->send = std::move(reply);
+  pending->push = push;
   pending->parts.resize(chunks.size());
   for (const Chunk* chunk : chunks) {
     pending->names.push_back("chunk" + std::to_string(chunk->where.index));
@@ -166,15 +185,25 @@ Status DenseShard::PushPull(int rank, int64_t step, const std::vector<TensorData
       // at the checkpoint's step).
       Waiter waiter{pending, i, chunk.policy.Pull(step)};
       if (push) {
-        metrics_->DenseGradientBytes(static_cast<double>(tensors[i].bytes.size()));
-        ASSIGN_OR_RETURN(PushDecision decision, chunk.policy.Push(rank, step));
+        if (given) {
+          metrics_->DenseGradientBytes(static_cast<double>(tensors[i].bytes.size()));
+        }
+        ASSIGN_OR_RETURN(PushDecision decision, given ? chunk.policy.Push(rank, step)
+                                                      : chunk.policy.Skip(rank, step));
         switch (decision.action) {
           case PushAction::kHold:
-          case PushAction::kApplyHeld: {
+          case PushAction::kApplyHeld:
+          case PushAction::kDropHeld: {
             auto& slots = chunk.held[decision.update];
             slots.resize(static_cast<size_t>(config_.num_workers));
-            slots[rank] = tensors[i];  // shares the frame: no copy
+            if (given) slots[rank] = tensors[i];  // shares the frame: no copy
             if (decision.action == PushAction::kApplyHeld) ApplyHeld(decision.update, &chunk);
+            if (decision.action == PushAction::kDropHeld) {
+              chunk.held.erase(decision.update);
+              chunk.dropped_step = decision.update;
+              chunk.dropped_by = decision.skipped_by;
+              metrics_->DenseUpdateSkipped();
+            }
             break;
           }
           case PushAction::kApplyNow: {
@@ -182,6 +211,8 @@ Status DenseShard::PushPull(int rank, int64_t step, const std::vector<TensorData
             ApplyOne(decision.update, FloatsOf(tensors[i], &scratch), &chunk);
             break;
           }
+          case PushAction::kNone:
+            break;
         }
         waiter.rule = decision.reply;
       }
@@ -263,6 +294,12 @@ void DenseShard::ReleaseReady(Chunk* chunk, Ready* ready) {
       continue;
     }
     if (waiter.rule.min_clock >= 0) metrics_->RecordReleasedLead(chunk->policy.Lead(waiter.rule));
+    // ps-sync releases a push of step t when the version becomes t (the next step needs this
+    // worker's push again): the step just dropped, if it was.
+    if (waiter.reply->push && chunk->dropped_step > 0 &&
+        waiter.rule.min_version == chunk->dropped_step) {
+      waiter.reply->skipped_by.store(chunk->dropped_by, std::memory_order_relaxed);
+    }
     // A lease on the current values: the reply sends them as they are, without a copy.
     std::shared_ptr<Values> values = chunk->values;
     values->readers.fetch_add(1, std::memory_order_relaxed);
@@ -282,6 +319,7 @@ void DenseShard::Send(const Ready& ready) {
   for (const std::shared_ptr<PendingReply>& pending : ready) {
     PsPushPullReply reply;
     reply.tensors = std::move(pending->parts);
+    reply.skipped_by = pending->skipped_by.load(std::memory_order_relaxed);
     pending->send(std::move(reply));
   }
 }
@@ -313,6 +351,8 @@ void DenseShard::Restore(std::map<uint64_t, ChunkState> saved, int64_t step) {
       chunk->state = std::move(mine.state);
       chunk->policy.Restore(step);
       chunk->held.clear();
+      chunk->dropped_step = 0;
+      chunk->dropped_by = -1;
       ReleaseReady(chunk.get(), &ready);
     }
     Send(ready);

@@ -69,6 +69,13 @@ class DenseShard {
   // REQUIRES: 0 <= rank < the job's workers.
   Status PushPull(int rank, int64_t step, const std::vector<TensorData>& tensors, bool push,
                   ReplyCallback reply);
+  // Worker `rank` skips step `step` (its gradients held a NaN or Inf, --on-nonfinite skip):
+  // as a push of the chunks `tensors` names (their bytes are not read) that gives no
+  // gradient. ps-sync drops the step on these chunks for every worker, and each reply to a
+  // push of it says who skipped it (PsPushPullReply::skipped_by); ps-async and ps-ssp apply
+  // nothing of this worker's. Errors as PushPull's.
+  Status Skip(int rank, int64_t step, const std::vector<TensorData>& tensors,
+              ReplyCallback reply);
 
   // "chunk 3" for the first chunk whose version is below `step`; empty when none is.
   std::string FirstBehind(int64_t step) const;
@@ -93,7 +100,11 @@ class DenseShard {
   struct Chunk;
   using Ready = std::vector<std::shared_ptr<PendingReply>>;
 
+  enum class Gradients { kNone, kGiven, kSkipped };
+
   DenseShard(const PsJobConfig& config, const ServerPlacement& placement, PsMetrics* metrics);
+  Status Serve(int rank, int64_t step, const std::vector<TensorData>& tensors,
+               Gradients gradients, ReplyCallback reply);
   std::string OwnerMessage(uint64_t key) const;
   // REQUIRES: chunk->mu held.
   void ApplyHeld(int64_t step, Chunk* chunk);

@@ -155,6 +155,39 @@ TEST_F(DenseShardTest, RefusesBadPushesBeforeChangingAnything) {
   EXPECT_EQ(foreign.message(), "key 3 belongs to server 0, not server 1");
 }
 
+// ps-sync: a worker's skip of a step drops it for every worker: nothing applied, every reply
+// goes with the values of the step before and names who skipped; the next step applies.
+TEST_F(DenseShardTest, SyncSkipDropsTheStepForEveryWorkerAndNamesWhoSkipped) {
+  auto shard = Create(Config(PsConsistency::kSync, 2));
+  Captured pushed = Push(*shard, 0, 1, {Chunk(0, Floats(4, 1)), Chunk(2, Floats(2, 1))});
+  Captured skipped;
+  ASSERT_TRUE(shard->Skip(1, 1, {Ask(0), Ask(2)}, skipped.Callback()).ok());
+  ASSERT_TRUE(pushed.came());
+  ASSERT_TRUE(skipped.came());
+  for (const Captured* reply : {&pushed, &skipped}) {
+    EXPECT_EQ((*reply->reply)->skipped_by, 1);
+    EXPECT_EQ(reply->Values(0), Floats(4, 1));  // as initialised: nothing applied
+    EXPECT_EQ(reply->Values(1), Floats(2, 3));
+  }
+  EXPECT_EQ(shard->FirstBehind(1), "chunk 1");  // chunks 0 and 2 are at step 1
+  Captured next = Push(*shard, 1, 2, {Chunk(0, Floats(4, 2))});
+  Captured last = Push(*shard, 0, 2, {Chunk(0, Floats(4, 2))});
+  ASSERT_TRUE(next.came());
+  EXPECT_EQ((*next.reply)->skipped_by, -1);
+  EXPECT_EQ(next.Values(0), Floats(4, 0));  // 1 - 0.5 * 2
+  EXPECT_EQ(last.Values(0), next.Values(0));
+}
+
+// ps-async: a skip applies nothing; the reply goes at once with the current values.
+TEST_F(DenseShardTest, AsyncSkipAppliesNothing) {
+  auto shard = Create(Config(PsConsistency::kAsync, 2));
+  Captured skipped;
+  ASSERT_TRUE(shard->Skip(1, 1, {Ask(1)}, skipped.Callback()).ok());
+  ASSERT_TRUE(skipped.came());
+  EXPECT_EQ(skipped.Values(0), Floats(4, 2));
+  EXPECT_EQ((*skipped.reply)->skipped_by, -1);
+}
+
 TEST_F(DenseShardTest, APullWaitsForTheStepBeforeItsOwn) {
   auto shard = Create(Config(PsConsistency::kSync, 1));
   Captured pull;

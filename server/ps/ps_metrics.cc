@@ -35,6 +35,10 @@ StatusOr<std::unique_ptr<PsMetrics>> PsMetrics::Register(MetricsRegistry* regist
                                              names::kPsNonFinitePushesTotal.help, {"kind"}));
   ASSIGN_OR_RETURN(m->dense_nonfinite_, nonfinite->WithLabels({"dense"}));
   ASSIGN_OR_RETURN(m->sparse_nonfinite_, nonfinite->WithLabels({"sparse"}));
+  ASSIGN_OR_RETURN(CounterFamily * skipped,
+                   registry->RegisterCounter(names::kPsSkippedUpdatesTotal.name,
+                                             names::kPsSkippedUpdatesTotal.help, {}));
+  ASSIGN_OR_RETURN(m->skipped_updates_, skipped->WithLabels({}));
   return m;
 }
 

@@ -34,6 +34,8 @@ class PsMetrics {
   // A push refused because a gradient held NaN or Inf.
   void DenseNonFinitePush() { dense_nonfinite_->Increment(); }
   void SparseNonFinitePush() { sparse_nonfinite_->Increment(); }
+  // ps-sync: a chunk's update dropped because a worker skipped the step.
+  void DenseUpdateSkipped() { skipped_updates_->Increment(); }
 
   // ps-ssp: the current gap between the fastest and the slowest worker, and the lead of a
   // reply just released (the gauge keeps the largest).
@@ -58,6 +60,7 @@ class PsMetrics {
   Counter* values_copies_ = nullptr;
   Counter* dense_nonfinite_ = nullptr;
   Counter* sparse_nonfinite_ = nullptr;
+  Counter* skipped_updates_ = nullptr;
 
   std::mutex lead_mu_;
   int64_t max_lead_ = 0;  // guarded by lead_mu_ (so the gauge never moves down)

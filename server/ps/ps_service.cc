@@ -153,14 +153,26 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
   Status ServePushPull(const Envelope& request, const Job& job) {
     const PsPushPullRequest* body = request.As<PsPushPullRequest>();
     const int rank = request.header.sender_rank;
+    const int64_t step = request.header.step;
+    if (body->skip && !body->has_gradients) {
+      return InvalidArgumentError("worker " + std::to_string(rank) + " skipped step " +
+                                  std::to_string(step) + " in a pull (a skip is a push)");
+    }
     if (!body->in_region) {
-      return job.dense->PushPull(rank, request.header.step, body->tensors, body->has_gradients,
+      if (body->skip) {
+        return job.dense->Skip(rank, step, body->tensors, ReplyLater<PsPushPullReply>(request));
+      }
+      return job.dense->PushPull(rank, step, body->tensors, body->has_gradients,
                                  ReplyLater<PsPushPullReply>(request));
     }
+    // A skip's gradients are not read: the region's views are not taken.
+    const bool read = body->has_gradients && !body->skip;
     ASSIGN_OR_RETURN(std::vector<TensorData> tensors,
-                     job.regions->Tensors(rank, body->tensors, body->has_gradients));
-    return job.dense->PushPull(rank, request.header.step, tensors, body->has_gradients,
-                               job.regions->ReplyInto(rank, ReplyLater<PsPushPullReply>(request)));
+                     job.regions->Tensors(rank, body->tensors, read));
+    DenseShard::ReplyCallback reply =
+        job.regions->ReplyInto(rank, ReplyLater<PsPushPullReply>(request));
+    if (body->skip) return job.dense->Skip(rank, step, tensors, std::move(reply));
+    return job.dense->PushPull(rank, step, tensors, body->has_gradients, std::move(reply));
   }
 
   // A worker on this host offers its shared region; a refusal is an answer, not an error (its

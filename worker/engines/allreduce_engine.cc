@@ -270,7 +270,7 @@ Status AllReduceEngine::Step(int64_t step, float* params, float* grads,
   if (comm_seconds > 0) overlap_ratio_->Set(std::min(1.0, hidden_seconds / comm_seconds));
   if (!error.ok()) return error;
   // The reduced gradients are every rank's: so is the verdict, without a word between ranks.
-  ASSIGN_OR_RETURN(bool apply, CheckGradients(step, grads, 0, size_, /*can_skip=*/true));
+  ASSIGN_OR_RETURN(bool apply, CheckGradients(step, grads, 0, size_));
   if (!apply) return OkStatus();
   const float lr = LearningRate(options_.schedule, options_.optimizer.lr, step - 1);
   if (options_.zero_stage == 0) {

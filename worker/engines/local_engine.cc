@@ -48,7 +48,7 @@ Status LocalEngine::Step(int64_t step, float* params, float* grads,
                                 " embedding tables, the model has " +
                                 std::to_string(tables_.size()));
   }
-  ASSIGN_OR_RETURN(bool apply, CheckGradients(step, grads, 0, size_, /*can_skip=*/true));
+  ASSIGN_OR_RETURN(bool apply, CheckGradients(step, grads, 0, size_));
   if (!apply) return OkStatus();
   last_lr_ = LearningRate(schedule_, optimizer_.lr, step - 1);  // after step - 1 updates
   DenseUpdate(optimizer_, last_lr_, step, params, grads, size_, state_.data());

@@ -255,23 +255,26 @@ std::pair<PsEngine::Reply, std::string> PsEngine::SendChunks(int64_t step,
                                                              const std::vector<size_t>& group,
                                                              const float* grads,
                                                              const std::string& model,
-                                                             double* sent) {
+                                                             bool skip, double* sent) {
   const bool push = grads != nullptr;
+  const bool send_gradients = push && !skip;
   const int server = chunks_[group[0]].server;
   PsPushPullRequest request{{}, push, job_token_, model};
   const SharedRegion* region = regions_[server].get();
   request.in_region = region != nullptr;
+  request.skip = skip;
   for (size_t i : group) {
     const DenseChunk& chunk = chunks_[i];
-    if (region != nullptr && push) {
+    if (region != nullptr && send_gradients) {
       std::memcpy(region->data() + region_offset_[i] * sizeof(float), grads + chunk.offset,
                   chunk.size * sizeof(float));
     }
     request.tensors.push_back(ChunkTensor(
-        chunk, push && region == nullptr ? grads + chunk.offset : nullptr, grads_owner_));
-    if (push) *sent += static_cast<double>(chunk.size * sizeof(float));
+        chunk, send_gradients && region == nullptr ? grads + chunk.offset : nullptr,
+        grads_owner_));
+    if (send_gradients) *sent += static_cast<double>(chunk.size * sizeof(float));
   }
-  std::string what = std::string(push ? "push-pull" : "pull") + " of step " +
+  std::string what = std::string(skip ? "skip-pull" : push ? "push-pull" : "pull") + " of step " +
                      std::to_string(step) + " (" + std::to_string(group.size()) +
                      " chunks from chunk " + std::to_string(chunks_[group[0]].index) +
                      ") with server " + std::to_string(server);
@@ -280,7 +283,8 @@ std::pair<PsEngine::Reply, std::string> PsEngine::SendChunks(int64_t step,
 }
 
 void PsEngine::OnBackwardStart(int64_t step, float* grads) {
-  early_step_ = grads != nullptr ? step : 0;
+  // A step that may be skipped sends nothing before every chunk is checked.
+  early_step_ = grads != nullptr && !MaySkip() ? step : 0;
   early_grads_ = grads;
   unready_.resize(chunks_.size());
   for (size_t i = 0; i < chunks_.size(); ++i) unready_[i] = chunks_[i].size;
@@ -291,15 +295,15 @@ void PsEngine::OnBackwardStart(int64_t step, float* grads) {
   early_check_ = OkStatus();
 }
 
-Status PsEngine::CheckChunks(int64_t step, const std::vector<size_t>& group,
-                             const float* grads) const {
+StatusOr<bool> PsEngine::CheckChunks(int64_t step, const std::vector<size_t>& group,
+                                     const float* grads) const {
   for (size_t i : group) {
     const DenseChunk& chunk = chunks_[i];
-    RETURN_IF_ERROR(
-        CheckGradients(step, grads + chunk.offset, chunk.offset, chunk.size, /*can_skip=*/false)
-            .status());
+    ASSIGN_OR_RETURN(bool go_on,
+                     CheckGradients(step, grads + chunk.offset, chunk.offset, chunk.size));
+    if (!go_on) return false;
   }
-  return OkStatus();
+  return true;
 }
 
 void PsEngine::OnGradientsReady(uint64_t offset, uint64_t size) {
@@ -314,11 +318,13 @@ void PsEngine::OnGradientsReady(uint64_t offset, uint64_t size) {
     const uint64_t covered = std::min(end, it->offset + it->size) - std::max(offset, it->offset);
     unready_[i] -= std::min(unready_[i], covered);
     if (unready_[i] != 0 || early_sent_[i] || !early_check_.ok()) continue;
-    early_check_ = CheckChunks(early_step_, {i}, early_grads_);  // while the chunk is in cache
+    // While the chunk is in cache. Without MaySkip the check passes or fails.
+    early_check_ = CheckChunks(early_step_, {i}, early_grads_).status();
     if (!early_check_.ok()) continue;  // Step reports it; nothing more goes out
     early_sent_[i] = true;
     early_groups_.push_back({i});
-    early_replies_.push_back(SendChunks(early_step_, {i}, early_grads_, "", &early_bytes_));
+    early_replies_.push_back(
+        SendChunks(early_step_, {i}, early_grads_, "", /*skip=*/false, &early_bytes_));
   }
 }
 
@@ -338,6 +344,14 @@ Status PsEngine::PushPull(int64_t step, const float* grads, float* params,
   early_replies_.clear();
   early_groups_.clear();
   if (early) RETURN_IF_ERROR(early_check_);
+  // A skip must be every chunk's, so every chunk is checked before the first goes.
+  bool skip = false;
+  if (push && MaySkip()) {
+    std::vector<size_t> all(chunks_.size());
+    for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+    ASSIGN_OR_RETURN(bool go_on, CheckChunks(step, all, grads));
+    skip = !go_on;
+  }
   const size_t per = static_cast<size_t>(std::max(1, options_.chunks_per_request));
   for (int s = 0; s < view_.num_servers; ++s) {
     std::vector<size_t> left;
@@ -348,8 +362,8 @@ Status PsEngine::PushPull(int64_t step, const float* grads, float* params,
       std::vector<size_t> group(left.begin() + static_cast<std::ptrdiff_t>(begin),
                                 left.begin() + static_cast<std::ptrdiff_t>(
                                                    std::min(left.size(), begin + per)));
-      if (push) RETURN_IF_ERROR(CheckChunks(step, group, grads));
-      replies.push_back(SendChunks(step, group, grads, model, &sent));
+      if (push && !MaySkip()) RETURN_IF_ERROR(CheckChunks(step, group, grads).status());
+      replies.push_back(SendChunks(step, group, grads, model, skip, &sent));
       groups.push_back(std::move(group));
     }
   }
@@ -359,12 +373,18 @@ Status PsEngine::PushPull(int64_t step, const float* grads, float* params,
   auto started = SteadyClock::now();
   std::optional<Deadline> stop_grace;  // set once a stop is seen
   double received = 0;
+  bool told_skip = false;
   for (size_t r = 0; r < replies.size(); ++r) {
     RETURN_IF_ERROR(AwaitReply(replies[r].first, replies[r].second, &stop_grace));
     StatusOr<Envelope> result = replies[r].first.get();
     if (!result.ok()) return result.status().WithContext(replies[r].second);
     ASSIGN_OR_RETURN(PsPushPullReply reply,
                      TakeBody<PsPushPullReply>(std::move(result).value(), replies[r].second));
+    // ps-sync: another worker skipped this step, so the servers dropped it (told once).
+    if (reply.skipped_by >= 0 && reply.skipped_by != rank_ && !told_skip) {
+      told_skip = true;
+      SkippedByPeer(step, reply.skipped_by, std::nullopt);
+    }
     if (reply.tensors.size() != groups[r].size()) {
       return DataLossError(replies[r].second + ": the reply has " +
                            std::to_string(reply.tensors.size()) + " chunks, not " +

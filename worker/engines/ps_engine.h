@@ -105,12 +105,15 @@ class PsEngine final : public TrainingEngine {
   // same step are not sent again; their replies are waited for with the others.
   Status PushPull(int64_t step, const float* grads, float* params,
                   const std::string& model = std::string());
-  // The installed gradient check on each chunk of `group` (indices) before it is sent.
-  Status CheckChunks(int64_t step, const std::vector<size_t>& group, const float* grads) const;
+  // The installed gradient check on each chunk of `group` (indices) before it is sent: false
+  // when one of them says skip.
+  StatusOr<bool> CheckChunks(int64_t step, const std::vector<size_t>& group,
+                             const float* grads) const;
   // The request for `group` (chunk indices of one server) of `step`: its reply, what it is.
+  // `skip`: a push that skips the step (no gradients travel).
   std::pair<Reply, std::string> SendChunks(int64_t step, const std::vector<size_t>& group,
                                            const float* grads, const std::string& model,
-                                           double* sent);
+                                           bool skip, double* sent);
   // Offers every server a shared region of its chunks (options_.shared_memory); a server that
   // maps it gets in-region requests from then on.
   Status OfferRegions(int64_t step);

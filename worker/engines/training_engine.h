@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -33,12 +34,24 @@
 
 namespace tessera::worker {
 
-// Checks the dense gradients of update `step` that are the layout's elements [offset,
-// offset + size), at grads[0, size), before an engine applies or sends them (the trainer
-// installs it for --on-nonfinite): true to go on, false to skip this step's update on this
-// rank, an error to stop.
-using GradientCheck = std::function<StatusOr<bool>(int64_t step, const float* grads,
-                                                   uint64_t offset, uint64_t size)>;
+// What an engine runs on the gradients its update reads (the trainer installs it for
+// --on-nonfinite).
+struct GradientCheck {
+  // Checks the dense gradients of update `step` that are the layout's elements [offset,
+  // offset + size), at grads[0, size), before the engine applies or sends them: true to go
+  // on, false to skip this step's update, an error to stop.
+  std::function<StatusOr<bool>(int64_t step, const float* grads, uint64_t offset,
+                               uint64_t size)>
+      scan;
+  // Whether `scan` may answer false (--on-nonfinite skip). An engine whose ranks each see
+  // part of a step's gradients then asks every rank after each step (one small collective) so
+  // that a skip is every rank's, and an engine that sends gradients as they are ready waits
+  // for all of them first.
+  bool may_skip = false;
+  // Told, on a rank whose own scan passed, that rank `rank` skipped `step` (its scan failed on
+  // the gradients from layout element `offset` on, when known): this rank skips it too.
+  std::function<void(int64_t step, int rank, std::optional<uint64_t> offset)> skipped_by_peer;
+};
 
 class TrainingEngine {
  public:
@@ -46,8 +59,9 @@ class TrainingEngine {
 
   // Installs `check`, which every engine runs on the gradients its update reads: local and
   // allreduce (zero1 too) on the whole reduced gradient, the same on every rank, so a skip
-  // is every rank's; zero2/3 on this rank's reduced shard, ps-* on each chunk before it is
-  // sent. Only the first two can skip a step; the others stop.
+  // is every rank's without a word; zero2/3 on this rank's reduced shard, then (may_skip)
+  // every rank's verdict; ps-* on each chunk before it is sent (may_skip: on every chunk
+  // before the first is sent, and a skip travels to the servers, which drop the step).
   void SetGradientCheck(GradientCheck check) { gradient_check_ = std::move(check); }
 
   virtual std::string_view name() const = 0;
@@ -128,16 +142,16 @@ class TrainingEngine {
   }
 
  protected:
-  // The installed check's verdict (true without one). `can_skip`: false turns a skip into an
-  // error saying this mode cannot skip.
+  // The installed check's verdict (true without one).
   StatusOr<bool> CheckGradients(int64_t step, const float* grads, uint64_t offset,
-                                uint64_t size, bool can_skip) const {
-    if (!gradient_check_) return true;
-    ASSIGN_OR_RETURN(bool go_on, gradient_check_(step, grads, offset, size));
-    if (!go_on && !can_skip) {
-      return FailedPreconditionError(std::string(name()) + " mode cannot skip a step");
-    }
-    return go_on;
+                                uint64_t size) const {
+    if (!gradient_check_.scan) return true;
+    return gradient_check_.scan(step, grads, offset, size);
+  }
+  bool MaySkip() const { return gradient_check_.scan && gradient_check_.may_skip; }
+  // Tells the check that rank `rank` skipped `step` (from layout element `offset`).
+  void SkippedByPeer(int64_t step, int rank, std::optional<uint64_t> offset) const {
+    if (gradient_check_.skipped_by_peer) gradient_check_.skipped_by_peer(step, rank, offset);
   }
 
  private:

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <limits>
+#include <optional>
 
 #include "common/base/logging.h"
 #include "common/metrics/metric_names.h"
@@ -345,13 +347,8 @@ Status ZeroEngine::Step(int64_t step, float* params, float* grads,
     }
   }
   std::fill(reduced_times_.begin(), reduced_times_.end(), 0);
-  // Each rank sees only its shard of the reduced gradients: it can stop the job, but a skip
-  // would need every rank's word.
-  for (const Tensor& t : tensors_) {
-    RETURN_IF_ERROR(CheckGradients(step, grads_.data() + t.owned_at, t.offset + t.slice.offset,
-                                   t.slice.size, /*can_skip=*/false)
-                        .status());
-  }
+  ASSIGN_OR_RETURN(bool apply, CheckShard(step));
+  if (!apply) return OkStatus();
   const float lr = LearningRate(options_.schedule, options_.optimizer.lr, step - 1);
   const size_t k = StateFloatsPerElement(options_.optimizer.kind);
   for (const Tensor& t : tensors_) {
@@ -378,6 +375,41 @@ Status ZeroEngine::Step(int64_t step, float* params, float* grads,
   }
   PublishBytes();
   return OkStatus();
+}
+
+StatusOr<bool> ZeroEngine::CheckShard(int64_t step) {
+  std::optional<uint64_t> failed;  // the layout offset of the first slice that failed
+  for (const Tensor& t : tensors_) {
+    const uint64_t offset = t.offset + t.slice.offset;
+    ASSIGN_OR_RETURN(bool go_on,
+                     CheckGradients(step, grads_.data() + t.owned_at, offset, t.slice.size));
+    if (!go_on) {
+      failed = offset;
+      break;
+    }
+  }
+  if (!MaySkip()) return true;  // a failed check stopped the job above
+  // Each rank saw only its shard: every rank's verdict, as the offset where it failed (the
+  // largest int64 where it did not), the smallest offset naming the rank that skipped.
+  const int world = collectives_->world_size();
+  const int rank = collectives_->rank();
+  constexpr int64_t kPassed = std::numeric_limits<int64_t>::max();
+  // Shared with the communication thread, which may outlive a Wait that timed out.
+  auto verdicts = std::make_shared<std::vector<int64_t>>(static_cast<size_t>(world), kPassed);
+  if (failed) (*verdicts)[static_cast<size_t>(rank)] = static_cast<int64_t>(*failed);
+  const uint64_t tag = NextTag();
+  std::shared_future<Status> done = comm_->Submit([this, verdicts, tag] {
+    return collectives_->AllReduce(verdicts->data(), verdicts->size(), DataType::kInt64,
+                                   ReduceOp::kMin, "gradient check", kOpTagBase + tag);
+  });
+  RETURN_IF_ERROR(Wait(done, "every rank's verdict on its gradient shard"));
+  for (int r = 0; r < world; ++r) {
+    const int64_t at = (*verdicts)[static_cast<size_t>(r)];
+    if (at == kPassed) continue;
+    if (!failed) SkippedByPeer(step, r, static_cast<uint64_t>(at));
+    return false;  // a rank that failed was told by its own check
+  }
+  return true;
 }
 
 Status ZeroEngine::GatherParameters(float* params) {

@@ -128,6 +128,9 @@ class ZeroEngine final : public TrainingEngine, private ParameterStorage {
   std::vector<Partition> OwnedSlices() const;  // absolute, in owned order
   Status StartGather(const ParameterBlock& block);
   Status Wait(const std::shared_future<Status>& done, const std::string& what);
+  // The installed gradient check on this rank's reduced shard, then (MaySkip) every rank's
+  // verdict: false when any rank's check said skip.
+  StatusOr<bool> CheckShard(int64_t step);
   Status WaitForReductions();
   // Waits for the oldest reduce-scatters until fewer than `limit` are unfinished.
   Status WaitForReductionsAbove(size_t limit);

@@ -1,13 +1,18 @@
 // ZeroEngine on one rank, driven the way Sequential drives its storage, with collectives that
 // copy (world size 1) and count the all-gathers per tensor: what stage 3 gathers in each pass,
-// the bound on transient memory, and gradient accumulation over micro-batches.
+// the bound on transient memory, and gradient accumulation over micro-batches. And on two
+// ranks of a real ring in this process: a skip one rank's check asks for is every rank's.
 #include "worker/engines/zero_engine.h"
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
+
+#include "worker/collectives/ring_test_harness.h"
 
 namespace tessera::worker {
 namespace {
@@ -143,6 +148,91 @@ TEST_F(ZeroEngineTest, AccumulatesMicroBatchesIntoTheShard) {
     std::vector<float> params(35);
     ASSERT_TRUE(engine_->GatherParameters(params.data()).ok());
     EXPECT_EQ(params, std::vector<float>(35, 1.0f - 0.5f * 2.0f));
+  }
+}
+
+// Two ranks (a real ring over in-process transports): rank 1's gradients hold a NaN only in
+// the last element of 'l2.b', which the reduce-scatter leaves in rank 1's shard. With a check
+// that may skip, rank 1's check skips, rank 0 is told (naming rank 1 and where its shard
+// failed), and neither applies the step; the next, finite step applies on both.
+TEST(ZeroEngineTwoRanksTest, ASkipOfOneRankIsEveryRanks) {
+  for (int stage : {2, 3}) {
+    SCOPED_TRACE(stage);
+    TestRingOptions ring_options;
+    ring_options.in_process = true;
+    TestRing ring(2, ring_options);
+    ASSERT_TRUE(ring.ok());
+    const ParameterLayout layout = ThreeLayers();
+    MetricsRegistry metrics[2];
+    std::unique_ptr<ZeroEngine> engines[2];
+    struct Told {
+      int64_t step;
+      int rank;
+      std::optional<uint64_t> offset;
+    };
+    std::vector<Told> told[2];
+    std::vector<int64_t> skipped[2];  // steps each rank's own check skipped
+    for (int rank = 0; rank < 2; ++rank) {
+      ZeroEngineOptions options;
+      options.stage = stage;
+      options.optimizer.kind = OptimizerKind::kSgd;
+      options.optimizer.lr = 0.5f;
+      auto engine = ZeroEngine::Create(options, &ring.at(rank), &metrics[rank]);
+      ASSERT_TRUE(engine.ok()) << engine.status();
+      engines[rank] = std::move(*engine);
+      GradientCheck check;
+      check.may_skip = true;
+      check.scan = [&skipped, rank](int64_t step, const float* grads, uint64_t,
+                                    uint64_t size) -> StatusOr<bool> {
+        for (uint64_t i = 0; i < size; ++i) {
+          if (!std::isfinite(grads[i])) {
+            skipped[rank].push_back(step);
+            return false;
+          }
+        }
+        return true;
+      };
+      check.skipped_by_peer = [&told, rank](int64_t step, int by,
+                                            std::optional<uint64_t> offset) {
+        told[rank].push_back({step, by, offset});
+      };
+      engines[rank]->SetGradientCheck(std::move(check));
+    }
+    std::vector<float> params[2] = {std::vector<float>(35, 1.0f), std::vector<float>(35, 1.0f)};
+    auto step = [&](int64_t number, float gradient, bool nan_on_rank1) {
+      return ring.RunAll([&](int rank) -> Status {
+        ZeroEngine& engine = *engines[rank];
+        if (number == 1) RETURN_IF_ERROR(engine.Initialize(layout, {}, params[rank].data()));
+        engine.OnBackwardStart(number, nullptr);
+        ParameterStorage* storage = engine.parameter_storage();
+        for (const ParameterBlock& block : kBlocks) {
+          RETURN_IF_ERROR(storage->Acquire(block, Pass::kForward).status());
+          storage->Release(block);
+        }
+        for (int i = 2; i >= 0; --i) {
+          RETURN_IF_ERROR(storage->Acquire(kBlocks[i], Pass::kBackward).status());
+          ASSIGN_OR_RETURN(float* grads, storage->GradientBlock(kBlocks[i]));
+          std::fill(grads, grads + kBlocks[i].size, gradient);
+          if (i == 2 && rank == 1 && nan_on_rank1) grads[kBlocks[i].size - 1] = std::nanf("");
+          storage->Release(kBlocks[i]);
+          RETURN_IF_ERROR(storage->GradientsDone(kBlocks[i]));
+        }
+        RETURN_IF_ERROR(engine.Step(number, nullptr, nullptr, {}));
+        return engine.GatherParameters(params[rank].data());
+      });
+    };
+    for (const Status& status : step(1, 1.0f, /*nan_on_rank1=*/true)) ASSERT_TRUE(status.ok()) << status;
+    EXPECT_TRUE(skipped[0].empty());
+    EXPECT_EQ(skipped[1], std::vector<int64_t>{1});
+    ASSERT_EQ(told[0].size(), 1u);
+    EXPECT_EQ(told[0][0].step, 1);
+    EXPECT_EQ(told[0][0].rank, 1);
+    // Rank 1's slice of 'l2.b' (3 floats at 32): its last 1 (PartitionOf gives rank 0 two).
+    EXPECT_EQ(told[0][0].offset, std::optional<uint64_t>(34));
+    EXPECT_TRUE(told[1].empty());
+    for (int rank = 0; rank < 2; ++rank) EXPECT_EQ(params[rank], std::vector<float>(35, 1.0f));
+    for (const Status& status : step(2, 1.0f, /*nan_on_rank1=*/false)) ASSERT_TRUE(status.ok()) << status;
+    for (int rank = 0; rank < 2; ++rank) EXPECT_EQ(params[rank], std::vector<float>(35, 0.5f));
   }
 }
 
