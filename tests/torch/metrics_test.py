@@ -5,6 +5,7 @@
 import json
 import os
 import subprocess
+import sys
 import tempfile
 import time
 import unittest
@@ -79,21 +80,75 @@ def _registered(rank, world_size):
     return tessera.torch.metrics_url(), sd
 
 
+def _start_coordinator(stderr):
+    """A tessera-coordinator for torch ranks; its TESSERA_READY fields."""
+    binary = os.path.join(_RUNFILES, "server/coordinator/tessera-coordinator")
+    coordinator = subprocess.Popen(
+        [binary, "--num-workers", "0", "--coordinator", "127.0.0.1:0", "--job", "torchjob"],
+        stdout=subprocess.PIPE, stderr=stderr, text=True)
+    ready = {}
+    deadline = time.monotonic() + 30
+    while not ready and time.monotonic() < deadline:
+        line = coordinator.stdout.readline()
+        if not line:
+            break
+        if line.startswith("TESSERA_READY "):
+            ready = dict(f.split("=", 1) for f in line.split()[1:] if "=" in f)
+    return coordinator, ready
+
+
+# Rank 1 fails with an uncaught exception once the group is up; rank 0 waits in a barrier.
+_FAILING_SCRIPT = """
+import sys
+import torch.distributed as dist
+import tessera.torch
+rank, store = int(sys.argv[1]), sys.argv[2]
+dist.init_process_group("tessera", init_method="file://" + store, rank=rank, world_size=2)
+if rank == 1:
+    raise RuntimeError("injected failure after joining")
+dist.barrier()
+"""
+
+
 class CoordinatorTest(unittest.TestCase):
+    def test_an_uncaught_exception_is_told_to_the_coordinator(self):
+        with tempfile.TemporaryDirectory() as directory:
+            log_path = os.path.join(directory, "coordinator.log")
+            with open(log_path, "w") as log:
+                coordinator, ready = _start_coordinator(log)
+            try:
+                self.assertTrue(ready, "the coordinator never printed TESSERA_READY")
+                script = os.path.join(directory, "train.py")
+                with open(script, "w") as f:
+                    f.write(_FAILING_SCRIPT)
+                env = dict(os.environ, TESSERA_COORDINATOR=ready["address"][len("tcp://"):])
+                ranks = [subprocess.Popen(
+                    [sys.executable, script, str(rank), os.path.join(directory, "store")],
+                    env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                    for rank in range(2)]
+                outputs = [p.communicate(timeout=90)[0] for p in ranks]
+                self.assertIn("RuntimeError: injected failure after joining", outputs[1])
+                self.assertNotEqual(ranks[0].returncode, 0, outputs[0])
+                # The coordinator heard the cause from rank 1 itself (not "no heartbeat").
+                deadline = time.monotonic() + 10
+                text = ""
+                while time.monotonic() < deadline:
+                    with open(log_path) as log:
+                        text = log.read()
+                    if "RuntimeError" in text:
+                        break
+                    time.sleep(0.1)
+                self.assertIn("it stopped with UNKNOWN: RuntimeError: injected failure after "
+                              "joining", text)
+                self.assertNotIn("no heartbeat", text)
+            finally:
+                coordinator.terminate()
+                coordinator.wait(timeout=30)
+                coordinator.stdout.close()
+
     def test_the_coordinators_service_discovery_lists_every_rank(self):
-        binary = os.path.join(_RUNFILES, "server/coordinator/tessera-coordinator")
-        coordinator = subprocess.Popen(
-            [binary, "--num-workers", "0", "--coordinator", "127.0.0.1:0", "--job", "torchjob"],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        coordinator, ready = _start_coordinator(subprocess.DEVNULL)
         try:
-            ready = {}
-            deadline = time.monotonic() + 30
-            while not ready and time.monotonic() < deadline:
-                line = coordinator.stdout.readline()
-                if not line:
-                    break
-                if line.startswith("TESSERA_READY "):
-                    ready = dict(f.split("=", 1) for f in line.split()[1:] if "=" in f)
             self.assertTrue(ready, "the coordinator never printed TESSERA_READY")
             address = ready["address"][len("tcp://"):]
             sd_url = ready["metrics"].replace("/metrics", "/sd")
@@ -109,6 +164,7 @@ class CoordinatorTest(unittest.TestCase):
         finally:
             coordinator.terminate()
             coordinator.wait(timeout=30)
+            coordinator.stdout.close()
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ in one process on the global batch with torch.optim."""
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -536,6 +537,56 @@ class BadInputTest(unittest.TestCase):
                 # At once (the coordinator sees the process gone), well within the 10 s
                 # heartbeat timeout that is the backstop.
                 self.assertLess(when - killed, 5.0)
+
+
+# A script whose rank 1 fails with an uncaught exception at step 3; rank 0 trains on (ps-sync:
+# its step 3 waits for rank 1's push). Prints when it fails, or finishes.
+_FAILING_SCRIPT = """
+import sys, time, torch
+import tessera.torch
+rank, address = int(sys.argv[1]), sys.argv[2]
+torch.manual_seed(7)
+model = torch.nn.Linear(4, 2)
+opt = tessera.torch.ParameterServerOptimizer(model, coordinator=address, rank=rank,
+                                             world_size=2, mode="ps-sync", lr=0.1)
+for step in range(1, 1000):
+    if rank == 1 and step == 3:
+        print("failing at", time.time(), flush=True)
+        raise RuntimeError("injected failure at step 3")
+    opt.zero_grad()
+    model(torch.ones(1, 4)).sum().backward()
+    opt.step()
+print("finished", flush=True)
+"""
+
+
+class FailureTest(unittest.TestCase):
+    def test_an_uncaught_exception_reaches_the_other_workers_at_once(self):
+        with Fleet(1) as fleet, tempfile.TemporaryDirectory() as directory:
+            script = os.path.join(directory, "train.py")
+            with open(script, "w") as f:
+                f.write(_FAILING_SCRIPT)
+            ranks = [subprocess.Popen([sys.executable, script, str(rank), fleet.address],
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                     for rank in range(2)]
+            outputs, ended = [], []
+            for process in ranks:
+                try:
+                    outputs.append(process.communicate(timeout=60)[0])
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    outputs.append(process.communicate()[0])
+                ended.append(time.time())
+        failing, other = outputs[1], outputs[0]
+        self.assertIn("RuntimeError: injected failure at step 3", failing)
+        self.assertNotEqual(ranks[0].returncode, 0, other)
+        self.assertNotIn("finished", other)
+        # Rank 0's error names worker 1 and quotes its exception...
+        self.assertIn("worker 1", other)
+        self.assertIn("it stopped with UNKNOWN: RuntimeError: injected failure at step 3", other)
+        # ...within 1 s of the failure (not after a request timeout or the 10 s heartbeat).
+        failed_at = float(failing.split("failing at ")[1].split()[0])
+        self.assertLess(ended[0] - failed_at, 1.0, other)
 
 
 if __name__ == "__main__":

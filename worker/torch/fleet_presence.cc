@@ -83,4 +83,9 @@ void FleetPresence::Leave(const std::string& reason) {
   left_ = true;
 }
 
+void FleetPresence::LeaveWithError(const Status& error) {
+  if (client_ && !left_) client_->LeaveWithError(error);
+  left_ = true;
+}
+
 }  // namespace tessera::worker

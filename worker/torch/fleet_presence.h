@@ -46,6 +46,8 @@ class FleetPresence {
   // Tells the coordinator this process is leaving cleanly (not failed) and stops heartbeats;
   // /metrics stays up. Idempotent; the Python module calls it at interpreter exit.
   void Leave(const std::string& reason);
+  // Leaves because the process is failing with `error` (RendezvousClient::LeaveWithError).
+  void LeaveWithError(const Status& error);
 
   MetricsRegistry* metrics() { return &metrics_; }
   BackendMetrics* backend_metrics() { return backend_metrics_.get(); }

@@ -51,6 +51,13 @@ void LeaveFleet() {
   if (presence != nullptr) presence->Leave("the torch process is exiting");
 }
 
+// An uncaught exception ends the process (tessera/torch/__init__.py's hook): the coordinator
+// hears why, and tells the job's other processes.
+void LeaveFleetWithError(const std::string& error) {
+  std::lock_guard<std::mutex> lock(presence_mu);
+  if (presence != nullptr) presence->LeaveWithError(Status(StatusCode::kUnknown, error));
+}
+
 // The URL of this process's /metrics, or "" (no TESSERA_METRICS_PORT, or no group yet).
 std::string MetricsUrl() {
   std::lock_guard<std::mutex> lock(presence_mu);
@@ -209,6 +216,11 @@ class PyPsClient {
     client_->Leave(reason);
   }
 
+  void LeaveWithError(const std::string& error) {
+    py::gil_scoped_release release;
+    client_->LeaveWithError(Status(StatusCode::kUnknown, error));
+  }
+
  private:
   std::unique_ptr<PsClient> client_;
 };
@@ -268,6 +280,9 @@ PYBIND11_MODULE(_C, module) {
              "torch.distributed's creator of a tessera process group");
   module.def("metrics_url", &tessera::worker::MetricsUrl,
              "http://HOST:PORT/metrics of this process (TESSERA_METRICS_PORT), or ''");
+  module.def("leave_fleet_with_error", &tessera::worker::LeaveFleetWithError, py::arg("error"),
+             py::call_guard<py::gil_scoped_release>(),
+             "Tells the coordinator (if any) this process is failing with `error`");
   using tessera::worker::PyPsClient;
   py::class_<PyPsClient>(module, "PsClient",
                          "A worker of a parameter-server job (tessera.torch.ps wraps it)")
@@ -305,7 +320,8 @@ PYBIND11_MODULE(_C, module) {
       .def("restore_checkpoint", &PyPsClient::RestoreCheckpoint, py::arg("root"),
            py::arg("step"), py::arg("params"))
       .def("metrics_text", &PyPsClient::MetricsText)
-      .def("leave", &PyPsClient::Leave, py::arg("reason"));
+      .def("leave", &PyPsClient::Leave, py::arg("reason"))
+      .def("leave_with_error", &PyPsClient::LeaveWithError, py::arg("error"));
   py::module::import("atexit").attr("register")(
       py::cpp_function(&tessera::worker::LeaveFleet, py::call_guard<py::gil_scoped_release>()));
 }

@@ -259,4 +259,11 @@ void PsClient::Leave(const std::string& reason) {
   if (client_) client_->Leave(reason);
 }
 
+void PsClient::LeaveWithError(const Status& error) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (left_) return;
+  left_ = true;
+  if (client_) client_->LeaveWithError(error);
+}
+
 }  // namespace tessera::worker

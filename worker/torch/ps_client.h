@@ -110,6 +110,9 @@ class PsClient {
   std::string MetricsText() const;
   // Says goodbye to the coordinator and stops heartbeats. Idempotent.
   void Leave(const std::string& reason);
+  // Leaves because the process is failing with `error` (an uncaught Python exception): the
+  // coordinator relays it to every other process of the job at once. Idempotent with Leave.
+  void LeaveWithError(const Status& error);
 
  private:
   PsClient(const PsClientOptions& options) : options_(options) {}

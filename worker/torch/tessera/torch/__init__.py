@@ -10,9 +10,12 @@ nn.Module (ParameterServerOptimizer, ShardedEmbedding: tessera/torch/ps.py). See
 docs/pytorch.md.
 """
 
+import sys as _sys
+
 import torch.distributed as _dist
 
 from tessera.torch import _C
+from tessera.torch import ps as _ps
 from tessera.torch.ps import ParameterServerOptimizer, ShardedEmbedding, ShardedEmbeddingBag
 
 __all__ = ["BACKEND", "metrics_url", "ParameterServerOptimizer", "ShardedEmbedding",
@@ -35,3 +38,22 @@ def _create(store, rank, world_size, timeout):
 
 if BACKEND.upper() not in _dist.Backend._plugins:
     _dist.Backend.register_backend(BACKEND, _create)
+
+
+def _excepthook(kind, value, traceback, _previous=_sys.excepthook):
+    """An uncaught exception ends the script: before Python prints it, the coordinator hears
+    it (from every open ParameterServerOptimizer and the process groups' presence) and tells
+    the job's other processes at once, as tessera-worker does with its errors. A Ctrl-C is a
+    stop, not a failure: it leaves with a plain goodbye at exit."""
+    if not issubclass(kind, KeyboardInterrupt):
+        error = f"{kind.__name__}: {value}"
+        try:
+            _ps._fail_all(error)
+            _C.leave_fleet_with_error(error)
+        except Exception:  # the original error matters more than a failed goodbye
+            pass
+    _previous(kind, value, traceback)
+
+
+if getattr(_sys.excepthook, "__module__", None) != __name__:
+    _sys.excepthook = _excepthook

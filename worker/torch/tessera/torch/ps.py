@@ -480,3 +480,11 @@ class ParameterServerOptimizer:
 def _close_all():
     for opt in list(_OPEN):
         opt.close("the process is exiting")
+
+
+def _fail_all(error):
+    """The process is failing with `error` (an uncaught exception): every open optimizer
+    leaves with it, so the coordinator tells the job's other workers at once."""
+    for opt in list(_OPEN):
+        _OPEN.discard(opt)
+        opt._client.leave_with_error(error)
