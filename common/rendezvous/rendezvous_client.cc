@@ -60,6 +60,10 @@ StatusOr<std::unique_ptr<RendezvousClient>> RendezvousClient::Join(
     const FailureNotice& notice = *envelope.As<FailureNotice>();
     const std::string address = notice.address.empty() ? "?" : notice.address;
     const std::string reason = notice.reason.empty() ? "no reason given" : notice.reason;
+    if (notice.role == Role::kCoordinator) {  // it stopped: nobody is left to carry on with
+      raw->Fail(UnavailableError("lost contact with the coordinator: " + reason));
+      return;
+    }
     std::string what = MemberName(notice.role, notice.rank) + " (" + address + ") failed: " + reason;
     if (!fatal) {
       TLOG(WARNING) << what << "; carrying on";

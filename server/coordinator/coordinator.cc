@@ -88,6 +88,14 @@ void Coordinator::StopServing(const Status& why) {
     if (!queued.ok()) break;
     if (queued->origin.IsRequest()) endpoint_->ReplyError(*queued, stopped);
   }
+  // Members still here would learn it from their heartbeats only after their limit (this
+  // process is about to exit, and an exited coordinator answers nothing): tell them now.
+  for (auto& [key, member] : members_) {
+    if (member.info.state != MemberState::kAlive) continue;
+    FailureNotice notice{Role::kCoordinator, 0, endpoint_->address(), stopped.message()};
+    Status sent = endpoint_->transport().Reply(member.route, OutgoingMessage{0, -1, notice});
+    if (!sent.ok()) TLOG(WARNING) << "stop notice to " << member.info.Name() << ": " << sent;
+  }
 }
 
 Status Coordinator::RegisterMetrics(MetricsRegistry* metrics) {
@@ -529,11 +537,26 @@ void Coordinator::CheckLocalProcesses() {
         member.info.pid <= 0 || ProcessAlive(static_cast<pid_t>(member.info.pid))) {
       continue;
     }
-    DeclareFailed(member, "its process (pid " + std::to_string(member.info.pid) + " on " + host_ +
-                              ") is gone: it crashed or was killed");
+    DeclareGone(member, "its process (pid " + std::to_string(member.info.pid) + " on " + host_ +
+                            ") is gone: it crashed or was killed");
     failed = true;
   }
   if (failed) MaybeEndJob();  // not inside the loop: it erases members
+}
+
+void Coordinator::DeclareGone(Member& member, const std::string& reason) {
+  const bool after_a_failure =
+      member.info.role == Role::kWorker &&
+      std::any_of(members_.begin(), members_.end(), [](const auto& entry) {
+        return entry.second.info.role == Role::kWorker &&
+               entry.second.info.state == MemberState::kFailed;
+      });
+  if (!after_a_failure) return DeclareFailed(member, reason);
+  member.info.state = MemberState::kFailed;
+  ++epoch_;
+  TLOG(INFO) << member.info.Name() << " is gone after the failure above, as told";
+  UpdateMemberGauges();
+  PublishSnapshot();
 }
 
 void Coordinator::DeclareFailed(Member& member, const std::string& reason) {
@@ -616,9 +639,9 @@ Status Coordinator::CheckTimers() {
     if (member.info.state != MemberState::kAlive) continue;
     int64_t silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - member.last_seen).count();
     if (silent > options_.heartbeat_timeout_ms) {
-      DeclareFailed(member, "no heartbeat for " + std::to_string(silent) + " ms (limit " +
-                                std::to_string(options_.heartbeat_timeout_ms) +
-                                " ms): crashed, hung or unreachable");
+      DeclareGone(member, "no heartbeat for " + std::to_string(silent) + " ms (limit " +
+                              std::to_string(options_.heartbeat_timeout_ms) +
+                              " ms): crashed, hung or unreachable");
     }
   }
   MaybeEndJob();  // not inside the loop: it erases members

@@ -80,7 +80,8 @@ class Coordinator {
   // Serves until `stop_requested()` returns true (checked every few milliseconds): OK. Returns
   // the error if the rendezvous times out. Then stops serving: every request that reaches the
   // endpoint later (or was queued unanswered) is answered Unavailable, saying the coordinator
-  // stopped and why, so a member learns that instead of waiting out its heartbeat limit.
+  // stopped and why, and every live member gets a FailureNotice of the coordinator saying so,
+  // so a member learns that at once instead of waiting out its heartbeat limit.
   Status Run(const std::function<bool()>& stop_requested);
 
   // The current membership, from any thread.
@@ -115,7 +116,8 @@ class Coordinator {
   Status RegisterMetrics(MetricsRegistry* metrics);
 
   Status Serve(const std::function<bool()>& stop_requested);
-  // Answers this coordinator's requests with Unavailable naming `why` from now on.
+  // Answers this coordinator's requests with Unavailable naming `why` from now on, and tells
+  // the live members.
   void StopServing(const Status& why);
   void Handle(const Envelope& envelope);
   void HandleRegister(const Envelope& envelope);
@@ -138,6 +140,10 @@ class Coordinator {
   // Fleet only: turns away the job's registered workers with `status` and forgets the job.
   void AbandonJob(const Status& status);
   void DeclareFailed(Member& member, const std::string& reason);
+  // A member that went without a word (its process gone, or silent): DeclareFailed, unless it
+  // is a worker and another worker of its job failed already. Then every process was told of
+  // that failure, and this one's going is its consequence: marked failed without a relay.
+  void DeclareGone(Member& member, const std::string& reason);
   void TryReleaseBarriers();
   bool IsParticipant(const Member& member, const std::optional<Role>& scope) const;
   // The live participants of `barrier` that have not arrived, by name.
