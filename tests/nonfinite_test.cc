@@ -161,6 +161,39 @@ TEST(NonFiniteTest, SkipDropsTheStepOnEveryRank) {
   }
 }
 
+// --mode local: the check runs on each layer's gradients as backward reports them; error
+// names the step and tensor, skip leaves the parameters of the run one step shorter.
+TEST(NonFiniteTest, LocalModeStopsOrSkips) {
+  auto run = [](FleetHarness& harness, const std::vector<std::string>& extra) {
+    auto id = harness.Start("local", "worker/tessera-worker",
+                            Concat(Concat({"--mode", "local"}, kJob), extra));
+    EXPECT_TRUE(id.ok()) << id.status();
+    return id.ok() ? *id : -1;
+  };
+  {
+    FleetHarness harness;
+    const int id = run(harness, {"--steps", "6", "--inject-nonfinite-step", "3"});
+    EXPECT_EQ(ExitStatus(harness, id), 1);
+    const std::string out = harness.Output(id);
+    EXPECT_NE(out.find(" step 3: rank 0: the gradient of 'mlp."), std::string::npos) << out;
+    EXPECT_EQ(out.find("step 3/"), std::string::npos) << out;  // not applied, not logged
+  }
+  const std::string shorter = TempPath("local_5_steps.bin");
+  const std::string skipped = TempPath("local_6th_skipped.bin");
+  FleetHarness harness;
+  const int a = run(harness, {"--steps", "5", "--save-params", shorter});
+  const int b = run(harness, {"--steps", "6", "--on-nonfinite", "skip", "--inject-nonfinite-step",
+                              "6", "--save-params", skipped});
+  EXPECT_EQ(ExitStatus(harness, a), 0) << harness.Output(a);
+  EXPECT_EQ(ExitStatus(harness, b), 0) << harness.Output(b);
+  EXPECT_NE(harness.Output(b).find("step 6 skipped: rank 0: the gradient of 'mlp."),
+            std::string::npos)
+      << harness.Output(b);
+  const std::string saved_a = ReadFile(shorter), saved_b = ReadFile(skipped);
+  ASSERT_FALSE(saved_a.empty());
+  EXPECT_TRUE(saved_a == saved_b) << "a skipped 6th step changed the parameters";
+}
+
 // ps-async: a skip drops only the skipping worker's update (each worker's updates are its own
 // in this model); both finish, and the parameters stay finite.
 TEST(NonFiniteTest, PsAsyncSkipDropsOnlyThatWorkersUpdate) {

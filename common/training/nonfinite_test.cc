@@ -10,7 +10,12 @@
 namespace tessera {
 namespace {
 
-TEST(NonFiniteTest, FindsTheFirstNanOrInfAnywhere) {
+// Both kernels (FirstNonFinite uses the AVX2 one where the CPU has it).
+class NonFiniteKernelTest
+    : public ::testing::TestWithParam<std::optional<size_t> (*)(const void*, size_t)> {};
+
+TEST_P(NonFiniteKernelTest, FindsTheFirstNanOrInfAnywhere) {
+  const auto FirstNonFinite = GetParam();
   std::vector<float> values(10000, 1.5f);
   values[7] = -0.0f;
   values[9999] = std::numeric_limits<float>::max();  // large, but finite
@@ -27,7 +32,16 @@ TEST(NonFiniteTest, FindsTheFirstNanOrInfAnywhere) {
       EXPECT_EQ(FirstNonFinite(copy.data(), copy.size()), first) << at << " " << bad;
     }
   }
+  // Every position of a round and of the tail after the last whole round (100 = 3 * 32 + 4).
+  for (size_t at = 0; at < 100; ++at) {
+    std::vector<float> short_values(100, -2.0f);
+    short_values[at] = std::numeric_limits<float>::infinity();
+    EXPECT_EQ(FirstNonFinite(short_values.data(), short_values.size()), at);
+  }
 }
+
+INSTANTIATE_TEST_SUITE_P(Kernels, NonFiniteKernelTest,
+                         ::testing::Values(&FirstNonFinite, &FirstNonFiniteSse2));
 
 TEST(NonFiniteTest, UnalignedBuffersAndDescriptions) {
   std::vector<unsigned char> bytes(4 * 100 + 1, 0);

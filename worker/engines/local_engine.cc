@@ -40,6 +40,21 @@ Status LocalEngine::LookupRows(size_t table, const std::vector<int64_t>& ids, fl
   return tables_[table]->Lookup(ids.data(), ids.size(), values);
 }
 
+void LocalEngine::OnBackwardStart(int64_t step, float* grads) {
+  early_step_ = grads != nullptr ? step : 0;
+  early_grads_ = grads;
+  early_checked_ = 0;
+  early_verdict_ = true;
+}
+
+void LocalEngine::OnGradientsReady(uint64_t offset, uint64_t size) {
+  // Ranges are disjoint and cover the layout once per step; after a skip or an error the rest
+  // need no scan.
+  if (early_step_ == 0 || !early_verdict_.ok() || !*early_verdict_) return;
+  early_verdict_ = CheckGradients(early_step_, early_grads_ + offset, offset, size);
+  early_checked_ += size;
+}
+
 Status LocalEngine::Step(int64_t step, float* params, float* grads,
                          const std::vector<SparseRows>& sparse) {
   if (step < 1) return InvalidArgumentError("local engine: step " + std::to_string(step) + " < 1");
@@ -48,7 +63,10 @@ Status LocalEngine::Step(int64_t step, float* params, float* grads,
                                 " embedding tables, the model has " +
                                 std::to_string(tables_.size()));
   }
-  ASSIGN_OR_RETURN(bool apply, CheckGradients(step, grads, 0, size_));
+  const bool early = early_step_ == step && early_grads_ == grads &&
+                     (early_checked_ == size_ || !early_verdict_.ok() || !*early_verdict_);
+  early_step_ = 0;
+  ASSIGN_OR_RETURN(bool apply, early ? early_verdict_ : CheckGradients(step, grads, 0, size_));
   if (!apply) return OkStatus();
   last_lr_ = LearningRate(schedule_, optimizer_.lr, step - 1);  // after step - 1 updates
   DenseUpdate(optimizer_, last_lr_, step, params, grads, size_, state_.data());

@@ -26,6 +26,10 @@ class LocalEngine final : public TrainingEngine {
   Status Initialize(const ParameterLayout& layout, const std::vector<EmbeddingTableSpec>& tables,
                     float* params) override;
   Status LookupRows(size_t table, const std::vector<int64_t>& ids, float* values) override;
+  // The gradient check runs on each layer's gradients as backward reports them (while they
+  // are in cache); Step applies its verdict, or checks them all when backward reported none.
+  void OnBackwardStart(int64_t step, float* grads) override;
+  void OnGradientsReady(uint64_t offset, uint64_t size) override;
   Status Step(int64_t step, float* params, float* grads,
               const std::vector<SparseRows>& sparse) override;
   // One shard, "local.ckpt": "params", "optimizer_state", and per table "<name>.ids",
@@ -47,6 +51,12 @@ class LocalEngine final : public TrainingEngine {
   std::vector<float> state_;
   std::vector<std::unique_ptr<EmbeddingTable>> tables_;
   float last_lr_ = 0;
+  // The current step's early checks (OnGradientsReady): how many floats were checked, and the
+  // first verdict that was not "go on".
+  int64_t early_step_ = 0;  // 0: none this step
+  const float* early_grads_ = nullptr;
+  uint64_t early_checked_ = 0;
+  StatusOr<bool> early_verdict_ = true;
 };
 
 }  // namespace tessera::worker
