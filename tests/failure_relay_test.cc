@@ -2,7 +2,8 @@
 // job stops within 1 s quoting it (issue 19, item 1). The failure: rank 1's data file ends
 // early (DATA_LOSS naming the file and the offset); rank 0's is whole. Checked in ps-sync (the
 // servers and the other worker learn it from the coordinator, not from a heartbeat), allreduce
-// and zero2. A hung worker is still caught by the heartbeat. The coordinator, servers and workers are separate processes on the loopback; the
+// and zero2, and in a job attached to a long-running fleet (which carries on). A hung worker is
+// still caught by the heartbeat. The coordinator, servers and workers are separate processes on the loopback; the
 // coordinator ends with the job (--exit-when-workers-leave, as multi-node launchers start it),
 // and the servers with the coordinator.
 #include <gtest/gtest.h>
@@ -114,6 +115,56 @@ TEST(FailureRelayTest, AWorkerWhoseDataEndsEarlyStopsEveryProcessWithinASecond) 
           << harness.process(id).label << "\n" << harness.Output(id);
     }
   }
+}
+
+// A job attached to a long-running fleet (tessera-launch --workers 0): the same failure stops
+// the job's other worker within 1 s quoting it; the fleet's servers carry on, and the next job
+// trains.
+TEST(FailureRelayTest, AFailureInAnAttachedJobEndsThatJobOnly) {
+  const std::string whole = WriteDataFile("attach_whole.bin", 0);
+  const std::string cut = WriteDataFile("attach_cut.bin", 10);
+  FleetHarness harness;
+  auto fleet = harness.Start("fleet", "tools/tessera-launch", {"--servers", "1", "--workers", "0"});
+  ASSERT_TRUE(fleet.ok()) << fleet.status();
+  ASSERT_TRUE(harness.WaitForLine(*fleet, "[launch] server 0 pid=", Deadline::AfterMillis(30000))
+                  .ok())
+      << harness.Output(*fleet);
+  const std::string output = harness.Output(*fleet);
+  const std::string marker = "[launch] coordinator address tcp://";
+  const size_t at = output.find(marker);
+  ASSERT_NE(at, std::string::npos) << output;
+  const std::string address =
+      output.substr(at + marker.size(), output.find_first_of(" \n", at + marker.size()) -
+                                            (at + marker.size()));
+  auto attach = [&](int rank, const std::string& data) {
+    auto id = harness.Start(
+        "worker " + std::to_string(rank), "worker/tessera-worker",
+        {"--mode", "ps-sync", "--coordinator", address, "--num-workers", "2", "--rank",
+         std::to_string(rank), "--dataset", "file", "--data-path", data, "--hidden", "16",
+         "--batch-size", "8", "--steps", "5", "--device", "cpu"});
+    EXPECT_TRUE(id.ok()) << id.status();
+    return id.ok() ? *id : -1;
+  };
+  const int good = attach(0, whole), bad = attach(1, cut);
+  EXPECT_EQ(ExitStatus(harness, bad), 1) << harness.Output(bad);
+  EXPECT_EQ(ExitStatus(harness, good), 1) << harness.Output(good);
+  EXPECT_NE(harness.Output(good).find("it stopped with DATA_LOSS: " + cut), std::string::npos)
+      << harness.Output(good);
+  auto first_error = harness.LineTime(bad, " E ");
+  ASSERT_TRUE(first_error.ok()) << harness.Output(bad);
+  EXPECT_LT(*harness.ExitTime(good) - *first_error, std::chrono::seconds(1))
+      << harness.Output(good);
+  ASSERT_TRUE(harness.WaitForLine(*fleet, "job 1 is over (0 workers left, 2 failed)",
+                                  Deadline::AfterMillis(30000))
+                  .ok())
+      << harness.Output(*fleet);
+  // Worker 0 went because it was told: one failure relayed, not two.
+  const std::string fleet_out = harness.Output(*fleet);
+  EXPECT_EQ(fleet_out.find("worker 0 (tcp://"), std::string::npos) << fleet_out;
+  const int next0 = attach(0, whole), next1 = attach(1, whole);
+  EXPECT_EQ(ExitStatus(harness, next0), 0) << harness.Output(next0);
+  EXPECT_EQ(ExitStatus(harness, next1), 0) << harness.Output(next1);
+  harness.StopAll();
 }
 
 // A hung worker (SIGSTOP) says nothing and its process is still there: the heartbeat is the
