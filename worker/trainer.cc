@@ -435,9 +435,10 @@ StatusOr<TrainingSummary> Train(const TrainerOptions& options, const data::Datas
       RETURN_IF_ERROR(engine->AwaitParameters(0, layout.total_size()).WithContext(where));
     }
     buffers.UploadParams();
-    bool stop = false;
+    bool stop = false, asked = false;
     if (options.should_stop) {
-      ASSIGN_OR_RETURN(stop, engine->AgreeToStop(step, options.should_stop()));
+      asked = options.should_stop();
+      ASSIGN_OR_RETURN(stop, engine->AgreeToStop(step, asked));
     }
     const bool scheduled =
         options.checkpoint_every > 0 && (step % options.checkpoint_every == 0 || step == steps);
@@ -447,6 +448,7 @@ StatusOr<TrainingSummary> Train(const TrainerOptions& options, const data::Datas
     }
     if (stop) {
       return CancelledError("stopped after step " + std::to_string(step) +
+                            (asked ? "" : " with the other ranks, one of which was asked to stop") +
                             (options.checkpoint_on_stop && !options.checkpoint_dir.empty()
                                  ? " (checkpointed in " + options.checkpoint_dir + ")"
                                  : ""));

@@ -399,9 +399,21 @@ Status RunWorker(ProcessRuntime& runtime, const WorkerFlags& flags) {
   runtime.AnnounceReady(client->rank());
   Status outcome = RunMember(runtime, flags, *client, wiring);
   if (!outcome.ok()) {
-    // An error (not a stop we were asked for: under one launcher everyone is stopping, and
-    // all-reduce ranks agree to stop together) is the root cause the others hear at once.
-    if (!runtime.StopRequested()) client->LeaveWithError(outcome);
+    // An error is the root cause the others hear at once; a stop we were asked for (or agreed
+    // to with the other all-reduce ranks) is said as such: the coordinator reports a stop, not
+    // a crash.
+    if (runtime.StopRequested()) {
+      client->LeaveStopped(runtime.StopReason());
+      // Asked to stop: that is why it ends, even when a wait was cut short by another
+      // process's stop relayed on the way (exit 128 + the signal, not 1).
+      if (outcome.code() != StatusCode::kCancelled) {
+        return CancelledError(runtime.StopReason() + " (" + outcome.message() + ")");
+      }
+    } else if (outcome.code() == StatusCode::kCancelled) {
+      client->LeaveStopped(outcome.message());
+    } else {
+      client->LeaveWithError(outcome);
+    }
     return outcome;
   }
   double linger = runtime.config().linger_seconds;

@@ -92,6 +92,14 @@ void ProcessRuntime::RequestStop(int signal_number) {
   }
 }
 
+std::string ProcessRuntime::StopReason() const {
+  const int signal_number = stop_signal();
+  if (signal_number == SIGINT) return "stopped by SIGINT";
+  if (signal_number == SIGTERM) return "stopped by SIGTERM";
+  if (signal_number > 0) return "stopped by signal " + std::to_string(signal_number);
+  return "stopped on request";
+}
+
 bool ProcessRuntime::WaitForStop(Deadline deadline) {
   std::unique_lock<std::mutex> lock(mu_);
   return stop_cv_.wait_until(lock, deadline.when(), [this] { return StopRequested(); });

@@ -54,6 +54,8 @@ class ProcessRuntime {
   bool StopRequested() const { return stop_signal_.load() >= 0; }
   // The signal that asked us to stop, 0 for RequestStop(), -1 while running.
   int stop_signal() const { return stop_signal_.load(); }
+  // Why we are stopping: "stopped by SIGTERM" ("SIGINT"; "a stop request" without a signal).
+  std::string StopReason() const;
   // Waits until a stop is requested (true) or the deadline passes (false).
   bool WaitForStop(Deadline deadline);
 

@@ -147,7 +147,13 @@ void RendezvousClient::Fail(const Status& status) {
     callback = std::move(on_failure_);
     on_failure_ = nullptr;
   }
-  TLOG(ERROR) << status.message();
+  // A process that is stopping anyway (a launcher stopping everyone) hears its peers' stops
+  // as news, not as its error.
+  if (options_.stop_requested && options_.stop_requested()) {
+    TLOG(INFO) << status.message();
+  } else {
+    TLOG(ERROR) << status.message();
+  }
   endpoint_->FailAll(status);
   if (callback) callback(status);
 }
@@ -238,6 +244,10 @@ void RendezvousClient::LeaveWithError(const Status& error) {
                       error.ok() ? StatusCode::kUnknown : error.code()});
 }
 
+void RendezvousClient::LeaveStopped(const std::string& why) {
+  SendGoodbye(Goodbye{why, StatusCode::kCancelled});
+}
+
 void RendezvousClient::SendGoodbye(Goodbye goodbye) {
   StopHeartbeats();
   if (!health().ok()) return;  // the coordinator is gone or the fleet failed: nobody to tell
@@ -245,7 +255,8 @@ void RendezvousClient::SendGoodbye(Goodbye goodbye) {
       options_.coordinator_address, std::move(goodbye), -1,
       Deadline::AfterMillis(std::min<int64_t>(options_.request_timeout_ms, kGoodbyeTimeoutMs)),
       "goodbye");
-  if (!reply.ok()) TLOG(WARNING) << "leaving: " << reply.status();
+  // A failure or stop relayed while saying goodbye already told the coordinator's side.
+  if (!reply.ok() && health().ok()) TLOG(WARNING) << "leaving: " << reply.status();
 }
 
 }  // namespace tessera

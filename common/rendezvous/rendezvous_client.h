@@ -89,6 +89,9 @@ class RendezvousClient {
   // every other process at once, and stops heartbeating. Sends nothing when the fleet has
   // already failed: `error` is then a consequence, and the coordinator knows the cause.
   void LeaveWithError(const Status& error);
+  // Tells the coordinator this process is stopping because it was asked to (`why`: "stopped
+  // by SIGTERM"), so that it and the other processes report a stop, not a crash.
+  void LeaveStopped(const std::string& why);
 
  private:
   RendezvousClient(RpcEndpoint* endpoint, const RendezvousOptions& options);

@@ -433,6 +433,14 @@ void Coordinator::HandleGoodbye(const Envelope& envelope) {
     return ReplyAck(envelope.origin, envelope.header.request_id, "not a live member");
   }
   const Goodbye& goodbye = *envelope.As<Goodbye>();
+  if (goodbye.code == StatusCode::kCancelled) {
+    // Stopped by a signal: the others cannot go on without it (an all-reduce would wait for
+    // it), so they hear it at once, as a stop.
+    DeclareGone(*member, goodbye.reason, /*stopped=*/true);
+    ReplyAck(envelope.origin, envelope.header.request_id, "stop relayed");
+    MaybeEndJob();
+    return;
+  }
   if (goodbye.code != StatusCode::kOk) {
     // Its error is the root cause of whatever fails next: every other process hears it now,
     // not a heartbeat timeout later.
@@ -544,31 +552,36 @@ void Coordinator::CheckLocalProcesses() {
   if (failed) MaybeEndJob();  // not inside the loop: it erases members
 }
 
-void Coordinator::DeclareGone(Member& member, const std::string& reason) {
+void Coordinator::DeclareGone(Member& member, const std::string& reason, bool stopped) {
   const bool after_a_failure =
       member.info.role == Role::kWorker &&
       std::any_of(members_.begin(), members_.end(), [](const auto& entry) {
         return entry.second.info.role == Role::kWorker &&
                entry.second.info.state == MemberState::kFailed;
       });
-  if (!after_a_failure) return DeclareFailed(member, reason);
+  if (!after_a_failure) return DeclareFailed(member, reason, stopped);
   member.info.state = MemberState::kFailed;
   ++epoch_;
-  TLOG(INFO) << member.info.Name() << " is gone after the failure above, as told";
+  TLOG(INFO) << member.info.Name() << " went after the failure or stop above (" << reason << ")";
   UpdateMemberGauges();
   PublishSnapshot();
 }
 
-void Coordinator::DeclareFailed(Member& member, const std::string& reason) {
+void Coordinator::DeclareFailed(Member& member, const std::string& reason, bool stopped) {
   member.info.state = MemberState::kFailed;
   ++epoch_;
-  if (failures_ != nullptr) {
+  if (failures_ != nullptr && !stopped) {
     StatusOr<Counter*> counter = failures_->WithLabels({std::string(RoleName(member.info.role))});
     if (counter.ok()) (*counter)->Increment();
   }
   std::string what = member.info.Name() + " (" + member.info.address + ", pid " +
-                     std::to_string(member.info.pid) + ") failed: " + reason;
-  TLOG(ERROR) << what << "; telling every other process";
+                     std::to_string(member.info.pid) + ") " + (stopped ? "" : "failed: ") +
+                     reason;
+  if (stopped) {
+    TLOG(WARNING) << what << "; telling every other process";
+  } else {
+    TLOG(ERROR) << what << "; telling every other process";
+  }
   for (auto& [key, other] : members_) {
     if (other.info.state != MemberState::kAlive) continue;
     FailureNotice notice{member.info.role, member.info.rank, member.info.address, reason};

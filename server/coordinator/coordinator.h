@@ -139,11 +139,14 @@ class Coordinator {
   void MaybeEndJob();
   // Fleet only: turns away the job's registered workers with `status` and forgets the job.
   void AbandonJob(const Status& status);
-  void DeclareFailed(Member& member, const std::string& reason);
-  // A member that went without a word (its process gone, or silent): DeclareFailed, unless it
-  // is a worker and another worker of its job failed already. Then every process was told of
-  // that failure, and this one's going is its consequence: marked failed without a relay.
-  void DeclareGone(Member& member, const std::string& reason);
+  // Marks `member` failed and tells every other live member why. `stopped`: it was stopped
+  // on purpose (a signal), which is logged and counted as a stop, not a failure.
+  void DeclareFailed(Member& member, const std::string& reason, bool stopped = false);
+  // A member that went without an error of its own (its process gone, silent, or stopped by a
+  // signal): DeclareFailed, unless it is a worker and another worker of its job failed (or was
+  // stopped) already. Then every process was told of that, and this one's going is its
+  // consequence (or the same stop reaching everyone): marked failed without a relay.
+  void DeclareGone(Member& member, const std::string& reason, bool stopped = false);
   void TryReleaseBarriers();
   bool IsParticipant(const Member& member, const std::optional<Role>& scope) const;
   // The live participants of `barrier` that have not arrived, by name.
