@@ -3,7 +3,8 @@
 // early (DATA_LOSS naming the file and the offset); rank 0's is whole. Checked in ps-sync (the
 // servers and the other worker learn it from the coordinator, not from a heartbeat), allreduce
 // and zero2, and in a job attached to a long-running fleet (which carries on). A worker stopped
-// by SIGTERM is reported as a stop. A hung worker is still caught by the heartbeat. The coordinator, servers and workers are separate processes on the loopback; the
+// by SIGTERM is reported as a stop, and so is a server. A hung worker is still caught by the
+// heartbeat. The coordinator, servers and workers are separate processes on the loopback; the
 // coordinator ends with the job (--exit-when-workers-leave, as multi-node launchers start it),
 // and the servers with the coordinator.
 #include <gtest/gtest.h>
@@ -215,7 +216,7 @@ TEST(FailureRelayTest, AWorkerStoppedBySigtermIsReportedAsAStop) {
       EXPECT_NE(other.find("worker 1 (tcp://"), std::string::npos) << other;
       EXPECT_NE(other.find("failed: stopped by SIGTERM"), std::string::npos) << other;
     } else {
-      EXPECT_NE(other.find("with the other ranks, one of which was asked to stop"),
+      EXPECT_NE(other.find(", with the other ranks: one of them was asked to stop"),
                 std::string::npos)
           << other;
     }
@@ -226,6 +227,53 @@ TEST(FailureRelayTest, AWorkerStoppedBySigtermIsReportedAsAStop) {
     EXPECT_EQ(log.find("no heartbeat"), std::string::npos) << log;
     harness.StopAll();
   }
+}
+
+// A server stopped mid-job (an operator's SIGTERM) says so: the workers, whose pushes it holds,
+// stop within 1 s naming it, instead of waiting out their request timeout.
+TEST(FailureRelayTest, AServerStoppedMidJobIsNamedToTheWorkersAtOnce) {
+  FleetHarness harness;
+  auto coordinator = harness.Start("coordinator", "server/coordinator/tessera-coordinator",
+                                   {"--num-servers", "1", "--num-workers", "2"});
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  ASSERT_TRUE(harness.WaitReady(*coordinator, Deadline::AfterMillis(30000)).ok());
+  const std::string address =
+      harness.process(*coordinator).address.substr(std::string("tcp://").size());
+  auto server = harness.Start("server", "server/ps/tessera-server",
+                              {"--coordinator", address, "--num-servers", "1",
+                               "--num-workers", "2", "--rank", "0"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::vector<int> workers;
+  for (int r = 0; r < 2; ++r) {
+    auto id = harness.Start(
+        "worker " + std::to_string(r), "worker/tessera-worker",
+        {"--mode", "ps-sync", "--coordinator", address, "--num-servers", "1",
+         "--num-workers", "2", "--rank", std::to_string(r), "--hidden", "16", "--input-dim", "8",
+         "--classes", "4", "--train-samples", "256", "--batch-size", "8", "--steps", "1000000",
+         "--device", "cpu", "--log-every", "100"});
+    ASSERT_TRUE(id.ok()) << id.status();
+    workers.push_back(*id);
+  }
+  ASSERT_TRUE(harness.WaitForLine(workers[0], "step 100/", Deadline::AfterMillis(kRunMs)).ok())
+      << harness.Output(workers[0]);
+  const SteadyClock::time_point signalled = SteadyClock::now();
+  ASSERT_TRUE(harness.Signal(*server, SIGTERM).ok());
+  // Serving until stopped is a server's normal end.
+  EXPECT_EQ(ExitStatus(harness, *server), 0) << harness.Output(*server);
+  for (int id : workers) {
+    EXPECT_EQ(ExitStatus(harness, id), 1) << harness.Output(id);
+    EXPECT_LT(*harness.ExitTime(id) - signalled, std::chrono::seconds(1)) << harness.Output(id);
+    const std::string out = harness.Output(id);
+    EXPECT_TRUE(out.find("server 0 (tcp://") != std::string::npos ||
+                out.find("server 0 has stopped") != std::string::npos)
+        << out;
+    EXPECT_NE(out.find("stopped"), std::string::npos) << out;
+  }
+  const std::string log = harness.Output(*coordinator);
+  EXPECT_NE(log.find("server 0 (tcp://"), std::string::npos) << log;
+  EXPECT_NE(log.find("stopped by SIGTERM; telling every other process"), std::string::npos) << log;
+  EXPECT_EQ(log.find("crashed"), std::string::npos) << log;
+  harness.StopAll();
 }
 
 // A hung worker (SIGSTOP) says nothing and its process is still there: the heartbeat is the

@@ -448,10 +448,10 @@ StatusOr<TrainingSummary> Train(const TrainerOptions& options, const data::Datas
     }
     if (stop) {
       return CancelledError("stopped after step " + std::to_string(step) +
-                            (asked ? "" : " with the other ranks, one of which was asked to stop") +
                             (options.checkpoint_on_stop && !options.checkpoint_dir.empty()
                                  ? " (checkpointed in " + options.checkpoint_dir + ")"
-                                 : ""));
+                                 : "") +
+                            (asked ? "" : ", with the other ranks: one of them was asked to stop"));
     }
     summary.steps = step;
     summary.samples += stats.samples;

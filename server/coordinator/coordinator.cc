@@ -433,15 +433,29 @@ void Coordinator::HandleGoodbye(const Envelope& envelope) {
     return ReplyAck(envelope.origin, envelope.header.request_id, "not a live member");
   }
   const Goodbye& goodbye = *envelope.As<Goodbye>();
-  if (goodbye.code == StatusCode::kCancelled) {
+  const bool workers_alive =
+      std::any_of(members_.begin(), members_.end(), [](const auto& entry) {
+        return entry.second.info.role == Role::kWorker &&
+               entry.second.info.state == MemberState::kAlive;
+      });
+  const bool stopped = goodbye.code == StatusCode::kCancelled;
+  // A server stopped once no worker needs it (a launcher ending a finished job) just leaves.
+  if (stopped && (member->info.role != Role::kServer || workers_alive)) {
     // Stopped by a signal: the others cannot go on without it (an all-reduce would wait for
-    // it), so they hear it at once, as a stop.
+    // it), so they hear it at once, as a stop. But a launcher stops everyone as soon as one
+    // of its processes dies: a process of this host that is gone is the root cause, told
+    // first (this stop then goes quietly).
+    CheckLocalProcesses();  // may end a fleet's job, erasing its workers: look again
+    member = FindLive(envelope.header);
+    if (member == nullptr) {
+      return ReplyAck(envelope.origin, envelope.header.request_id, "the job ended already");
+    }
     DeclareGone(*member, goodbye.reason, /*stopped=*/true);
     ReplyAck(envelope.origin, envelope.header.request_id, "stop relayed");
     MaybeEndJob();
     return;
   }
-  if (goodbye.code != StatusCode::kOk) {
+  if (!stopped && goodbye.code != StatusCode::kOk) {
     // Its error is the root cause of whatever fails next: every other process hears it now,
     // not a heartbeat timeout later.
     DeclareFailed(*member, "it stopped with " + goodbye.reason);
@@ -554,10 +568,9 @@ void Coordinator::CheckLocalProcesses() {
 
 void Coordinator::DeclareGone(Member& member, const std::string& reason, bool stopped) {
   const bool after_a_failure =
-      member.info.role == Role::kWorker &&
+      (member.info.role == Role::kWorker || stopped) &&
       std::any_of(members_.begin(), members_.end(), [](const auto& entry) {
-        return entry.second.info.role == Role::kWorker &&
-               entry.second.info.state == MemberState::kFailed;
+        return entry.second.info.state == MemberState::kFailed;
       });
   if (!after_a_failure) return DeclareFailed(member, reason, stopped);
   member.info.state = MemberState::kFailed;

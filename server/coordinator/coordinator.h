@@ -143,8 +143,8 @@ class Coordinator {
   // on purpose (a signal), which is logged and counted as a stop, not a failure.
   void DeclareFailed(Member& member, const std::string& reason, bool stopped = false);
   // A member that went without an error of its own (its process gone, silent, or stopped by a
-  // signal): DeclareFailed, unless it is a worker and another worker of its job failed (or was
-  // stopped) already. Then every process was told of that, and this one's going is its
+  // signal): DeclareFailed, unless another member failed (or was stopped) already and this is
+  // a worker, or a stop. Then every process was told of that, and this one's going is its
   // consequence (or the same stop reaching everyone): marked failed without a relay.
   void DeclareGone(Member& member, const std::string& reason, bool stopped = false);
   void TryReleaseBarriers();

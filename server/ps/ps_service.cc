@@ -59,8 +59,18 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
     }
   }
 
+  // From now on a request is answered that this server has stopped (not that it "does not
+  // serve" its type); requests still queued are dropped (their workers are told by the
+  // coordinator, or time out).
   void Stop() {
-    for (MessageType type : kServed) endpoint_->ClearHandler(type);
+    const Status stopped =
+        UnavailableError("server " + std::to_string(options_.server_rank) + " has stopped");
+    RpcEndpoint* endpoint = endpoint_;  // outlives the handlers it owns
+    for (MessageType type : kServed) {
+      endpoint_->ReplaceHandler(type, [endpoint, stopped](Envelope envelope) {
+        if (envelope.origin.IsRequest()) endpoint->ReplyError(envelope, stopped);
+      });
+    }
     queue_.Stop();
   }
 

@@ -56,8 +56,9 @@ class PsService {
   static StatusOr<std::unique_ptr<PsService>> Start(const PsServiceOptions& options,
                                                     RpcEndpoint* endpoint,
                                                     MetricsRegistry* metrics);
-  // Removes the handlers, then stops the threads (requests still waiting are dropped: their
-  // workers time out or were told the job failed).
+  // Replaces the handlers with ones answering UNAVAILABLE "server R has stopped", then stops
+  // the threads (requests still waiting are dropped: their workers were told by the
+  // coordinator, or time out).
   ~PsService();
 
   class Impl;

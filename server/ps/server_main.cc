@@ -102,7 +102,9 @@ Status Serve(ProcessRuntime& runtime) {
   Status failed = fatal->Get();
   if (!failed.ok()) return failed;  // no goodbye: the coordinator is gone
   TLOG(INFO) << "stopping: leaving the fleet";
-  client->Leave("stopped");
+  // Said as a stop: the coordinator tells the workers, whose requests to this server would
+  // otherwise wait out their timeout.
+  client->LeaveStopped(runtime.StopReason());
   return OkStatus();
 }
 
