@@ -296,11 +296,11 @@ StatusOr<TrainingSummary> Train(const TrainerOptions& options, const data::Datas
     const std::string_view mode = engine->name();
     const bool reduced = mode == "allreduce" || mode.rfind("zero", 0) == 0;
     const bool skip = options.on_nonfinite == NonFinitePolicy::kSkip;
-    auto tensor_at = [&layout](uint64_t element) -> std::optional<const ParameterView*> {
+    auto tensor_at = [&layout](uint64_t element) -> const ParameterView* {
       for (const ParameterView& view : layout.views()) {
         if (element >= view.offset && element < view.offset + view.size) return &view;
       }
-      return std::nullopt;
+      return nullptr;
     };
     GradientCheck check;
     check.may_skip = skip;
@@ -313,9 +313,9 @@ StatusOr<TrainingSummary> Train(const TrainerOptions& options, const data::Datas
       if (!at) return true;
       const uint64_t element = offset + *at;
       std::string where = "element " + std::to_string(element);
-      if (auto view = tensor_at(element)) {
-        where = "'" + (*view)->name + "' (element " + std::to_string(element - (*view)->offset) +
-                " of " + std::to_string((*view)->size) + ")";
+      if (const ParameterView* view = tensor_at(element)) {
+        where = "'" + view->name + "' (element " + std::to_string(element - view->offset) +
+                " of " + std::to_string(view->size) + ")";
       }
       const std::string what = "rank " + std::to_string(options.rank) + ": the " +
                                std::string(reduced ? "reduced gradient" : "gradient") + " of " +
@@ -333,8 +333,8 @@ StatusOr<TrainingSummary> Train(const TrainerOptions& options, const data::Datas
     check.skipped_by_peer = [&metrics, &skipped_step, tensor_at](
                                 int64_t step, int rank, std::optional<uint64_t> offset) {
       std::string what = "rank " + std::to_string(rank) + " found a NaN or Inf in its gradients";
-      if (offset) {
-        if (auto view = tensor_at(*offset)) what += " of '" + (*view)->name + "'";
+      if (const ParameterView* view = offset ? tensor_at(*offset) : nullptr) {
+        what += " of '" + view->name + "'";
       }
       TLOG(WARNING) << "step " << step << " skipped: " << what << " (--on-nonfinite skip)";
       if (metrics.nonfinite_steps != nullptr) metrics.nonfinite_steps->Increment();
