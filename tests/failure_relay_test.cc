@@ -59,41 +59,73 @@ int ExitStatus(FleetHarness& harness, int id) {
   return exit.ok() ? exit->status : -1;
 }
 
+// Long enough to be stopped or failed mid-training (flags of every worker here).
+const std::vector<std::string> kLongJob = {"--hidden",     "16",      "--batch-size", "8",
+                                           "--steps",      "1000000", "--device",     "cpu",
+                                           "--log-every",  "100"};
+// The synthetic data's size, for the workers that do not read a file.
+const std::vector<std::string> kSynthetic = {"--input-dim", "8", "--classes", "4",
+                                             "--train-samples", "256"};
+
+struct Fleet {
+  int coordinator = -1;
+  std::string address;  // HOST:PORT
+  std::vector<int> servers;
+  std::vector<int> workers;
+};
+
+// A coordinator (with `coordinator_flags`), `num_servers` servers and two workers in `mode`,
+// worker r with kLongJob and `worker_flags[r]`. Failures are test failures (fleet.workers then
+// has fewer than two).
+Fleet StartFleet(FleetHarness& harness, const std::string& mode, int num_servers,
+                 const std::vector<std::string>& coordinator_flags,
+                 const std::vector<std::vector<std::string>>& worker_flags) {
+  Fleet fleet;
+  const std::string n = std::to_string(num_servers);
+  auto coordinator =
+      harness.Start("coordinator", "server/coordinator/tessera-coordinator",
+                    Concat({"--num-servers", n, "--num-workers", "2"}, coordinator_flags));
+  EXPECT_TRUE(coordinator.ok()) << coordinator.status();
+  if (!coordinator.ok()) return fleet;
+  fleet.coordinator = *coordinator;
+  Status ready = harness.WaitReady(*coordinator, Deadline::AfterMillis(30000));
+  EXPECT_TRUE(ready.ok()) << ready << "\n" << harness.Output(*coordinator);
+  if (!ready.ok()) return fleet;
+  fleet.address = harness.process(*coordinator).address.substr(std::string("tcp://").size());
+  for (int s = 0; s < num_servers; ++s) {
+    auto id = harness.Start("server " + std::to_string(s), "server/ps/tessera-server",
+                            {"--coordinator", fleet.address, "--num-servers", n, "--num-workers",
+                             "2", "--rank", std::to_string(s)});
+    EXPECT_TRUE(id.ok()) << id.status();
+    if (id.ok()) fleet.servers.push_back(*id);
+  }
+  for (int r = 0; r < 2; ++r) {
+    auto id = harness.Start(
+        "worker " + std::to_string(r), "worker/tessera-worker",
+        Concat(Concat({"--mode", mode, "--coordinator", fleet.address, "--num-servers", n,
+                       "--num-workers", "2", "--rank", std::to_string(r)},
+                      kLongJob),
+               worker_flags[r]));
+    EXPECT_TRUE(id.ok()) << id.status();
+    if (id.ok()) fleet.workers.push_back(*id);
+  }
+  return fleet;
+}
+
 TEST(FailureRelayTest, AWorkerWhoseDataEndsEarlyStopsEveryProcessWithinASecond) {
   const std::string whole = WriteDataFile("whole.bin", 0);
   const std::string cut = WriteDataFile("cut.bin", 10);
   for (const std::string mode : {"ps-sync", "allreduce", "zero2"}) {
     SCOPED_TRACE(mode);
     FleetHarness harness;
-    const int num_servers = mode == "ps-sync" ? 1 : 0;
-    const std::string n = std::to_string(num_servers);
-    auto coordinator = harness.Start("coordinator", "server/coordinator/tessera-coordinator",
-                                     {"--num-servers", n, "--num-workers", "2",
-                                      "--exit-when-workers-leave"});
-    ASSERT_TRUE(coordinator.ok()) << coordinator.status();
-    ASSERT_TRUE(harness.WaitReady(*coordinator, Deadline::AfterMillis(30000)).ok())
-        << harness.Output(*coordinator);
-    const std::string address =
-        harness.process(*coordinator).address.substr(std::string("tcp://").size());
-    std::vector<int> others = {*coordinator};
-    for (int s = 0; s < num_servers; ++s) {
-      auto id = harness.Start("server", "server/ps/tessera-server",
-                              {"--coordinator", address, "--num-servers", n, "--num-workers", "2",
-                               "--rank", std::to_string(s)});
-      ASSERT_TRUE(id.ok()) << id.status();
-      others.push_back(*id);
-    }
-    std::vector<int> workers;
-    for (int r = 0; r < 2; ++r) {
-      auto id = harness.Start(
-          "worker " + std::to_string(r), "worker/tessera-worker",
-          {"--mode", mode, "--coordinator", address, "--num-servers", n, "--num-workers", "2",
-           "--rank", std::to_string(r), "--dataset", "file", "--data-path",
-           r == 1 ? cut : whole, "--hidden", "16", "--batch-size", "8", "--steps", "1000000",
-           "--device", "cpu"});
-      ASSERT_TRUE(id.ok()) << id.status();
-      workers.push_back(*id);
-    }
+    Fleet fleet = StartFleet(harness, mode, mode == "ps-sync" ? 1 : 0,
+                             {"--exit-when-workers-leave"},
+                             {{"--dataset", "file", "--data-path", whole},
+                              {"--dataset", "file", "--data-path", cut}});
+    ASSERT_EQ(fleet.workers.size(), 2u);
+    const std::vector<int>& workers = fleet.workers;
+    std::vector<int> others = fleet.servers;
+    others.push_back(fleet.coordinator);
     // Rank 1's own error names the file and where it ends.
     EXPECT_EQ(ExitStatus(harness, workers[1]), 1);
     const std::string bad = harness.Output(workers[1]);
@@ -178,30 +210,10 @@ TEST(FailureRelayTest, AWorkerStoppedBySigtermIsReportedAsAStop) {
   for (const std::string mode : {"ps-sync", "allreduce"}) {
     SCOPED_TRACE(mode);
     FleetHarness harness;
-    const std::string n = mode == "ps-sync" ? "1" : "0";
-    auto coordinator = harness.Start("coordinator", "server/coordinator/tessera-coordinator",
-                                     {"--num-servers", n, "--num-workers", "2"});
-    ASSERT_TRUE(coordinator.ok()) << coordinator.status();
-    ASSERT_TRUE(harness.WaitReady(*coordinator, Deadline::AfterMillis(30000)).ok());
-    const std::string address =
-        harness.process(*coordinator).address.substr(std::string("tcp://").size());
-    if (n == "1") {
-      ASSERT_TRUE(harness.Start("server", "server/ps/tessera-server",
-                                {"--coordinator", address, "--num-servers", "1", "--num-workers",
-                                 "2", "--rank", "0"})
-                      .ok());
-    }
-    std::vector<int> workers;
-    for (int r = 0; r < 2; ++r) {
-      auto id = harness.Start(
-          "worker " + std::to_string(r), "worker/tessera-worker",
-          {"--mode", mode, "--coordinator", address, "--num-servers", n, "--num-workers", "2",
-           "--rank", std::to_string(r), "--hidden", "16", "--input-dim", "8", "--classes", "4",
-           "--train-samples", "256", "--batch-size", "8", "--steps", "1000000", "--device",
-           "cpu", "--log-every", "100"});
-      ASSERT_TRUE(id.ok()) << id.status();
-      workers.push_back(*id);
-    }
+    Fleet fleet =
+        StartFleet(harness, mode, mode == "ps-sync" ? 1 : 0, {}, {kSynthetic, kSynthetic});
+    ASSERT_EQ(fleet.workers.size(), 2u);
+    const std::vector<int>& workers = fleet.workers;
     ASSERT_TRUE(harness.WaitForLine(workers[0], "step 100/", Deadline::AfterMillis(kRunMs)).ok())
         << harness.Output(workers[0]);
     const SteadyClock::time_point signalled = SteadyClock::now();
@@ -221,7 +233,7 @@ TEST(FailureRelayTest, AWorkerStoppedBySigtermIsReportedAsAStop) {
           << other;
     }
     // The coordinator saw a stop: said, not inferred from a vanished process or a silence.
-    const std::string log = harness.Output(*coordinator);
+    const std::string log = harness.Output(fleet.coordinator);
     EXPECT_NE(log.find(") stopped "), std::string::npos) << log;
     EXPECT_EQ(log.find("crashed"), std::string::npos) << log;
     EXPECT_EQ(log.find("no heartbeat"), std::string::npos) << log;
@@ -233,33 +245,17 @@ TEST(FailureRelayTest, AWorkerStoppedBySigtermIsReportedAsAStop) {
 // stop within 1 s naming it, instead of waiting out their request timeout.
 TEST(FailureRelayTest, AServerStoppedMidJobIsNamedToTheWorkersAtOnce) {
   FleetHarness harness;
-  auto coordinator = harness.Start("coordinator", "server/coordinator/tessera-coordinator",
-                                   {"--num-servers", "1", "--num-workers", "2"});
-  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
-  ASSERT_TRUE(harness.WaitReady(*coordinator, Deadline::AfterMillis(30000)).ok());
-  const std::string address =
-      harness.process(*coordinator).address.substr(std::string("tcp://").size());
-  auto server = harness.Start("server", "server/ps/tessera-server",
-                              {"--coordinator", address, "--num-servers", "1",
-                               "--num-workers", "2", "--rank", "0"});
-  ASSERT_TRUE(server.ok()) << server.status();
-  std::vector<int> workers;
-  for (int r = 0; r < 2; ++r) {
-    auto id = harness.Start(
-        "worker " + std::to_string(r), "worker/tessera-worker",
-        {"--mode", "ps-sync", "--coordinator", address, "--num-servers", "1",
-         "--num-workers", "2", "--rank", std::to_string(r), "--hidden", "16", "--input-dim", "8",
-         "--classes", "4", "--train-samples", "256", "--batch-size", "8", "--steps", "1000000",
-         "--device", "cpu", "--log-every", "100"});
-    ASSERT_TRUE(id.ok()) << id.status();
-    workers.push_back(*id);
-  }
+  Fleet fleet = StartFleet(harness, "ps-sync", 1, {}, {kSynthetic, kSynthetic});
+  ASSERT_EQ(fleet.workers.size(), 2u);
+  ASSERT_EQ(fleet.servers.size(), 1u);
+  const std::vector<int>& workers = fleet.workers;
+  const int server = fleet.servers[0];
   ASSERT_TRUE(harness.WaitForLine(workers[0], "step 100/", Deadline::AfterMillis(kRunMs)).ok())
       << harness.Output(workers[0]);
   const SteadyClock::time_point signalled = SteadyClock::now();
-  ASSERT_TRUE(harness.Signal(*server, SIGTERM).ok());
+  ASSERT_TRUE(harness.Signal(server, SIGTERM).ok());
   // Serving until stopped is a server's normal end.
-  EXPECT_EQ(ExitStatus(harness, *server), 0) << harness.Output(*server);
+  EXPECT_EQ(ExitStatus(harness, server), 0) << harness.Output(server);
   for (int id : workers) {
     EXPECT_EQ(ExitStatus(harness, id), 1) << harness.Output(id);
     EXPECT_LT(*harness.ExitTime(id) - signalled, std::chrono::seconds(1)) << harness.Output(id);
@@ -269,7 +265,7 @@ TEST(FailureRelayTest, AServerStoppedMidJobIsNamedToTheWorkersAtOnce) {
         << out;
     EXPECT_NE(out.find("stopped"), std::string::npos) << out;
   }
-  const std::string log = harness.Output(*coordinator);
+  const std::string log = harness.Output(fleet.coordinator);
   EXPECT_NE(log.find("server 0 (tcp://"), std::string::npos) << log;
   EXPECT_NE(log.find("stopped by SIGTERM; telling every other process"), std::string::npos) << log;
   EXPECT_EQ(log.find("crashed"), std::string::npos) << log;
@@ -280,24 +276,10 @@ TEST(FailureRelayTest, AServerStoppedMidJobIsNamedToTheWorkersAtOnce) {
 // backstop, and its notice says so.
 TEST(FailureRelayTest, TheHeartbeatStillCatchesAHungWorker) {
   FleetHarness harness;
-  auto coordinator = harness.StartCoordinator({"--num-servers", "1", "--num-workers", "2",
-                                               "--heartbeat-timeout-ms", "2000"});
-  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
-  auto server = harness.Start("server", "server/ps/tessera-server",
-                              {"--coordinator", *coordinator, "--num-servers", "1",
-                               "--num-workers", "2", "--rank", "0"});
-  ASSERT_TRUE(server.ok()) << server.status();
-  std::vector<int> workers;
-  for (int r = 0; r < 2; ++r) {
-    auto id = harness.Start(
-        "worker " + std::to_string(r), "worker/tessera-worker",
-        {"--mode", "ps-sync", "--coordinator", *coordinator, "--num-servers", "1",
-         "--num-workers", "2", "--rank", std::to_string(r), "--hidden", "16", "--input-dim", "8",
-         "--classes", "4", "--train-samples", "256", "--batch-size", "8", "--steps", "1000000",
-         "--device", "cpu", "--log-every", "100"});
-    ASSERT_TRUE(id.ok()) << id.status();
-    workers.push_back(*id);
-  }
+  Fleet fleet = StartFleet(harness, "ps-sync", 1, {"--heartbeat-timeout-ms", "2000"},
+                           {kSynthetic, kSynthetic});
+  ASSERT_EQ(fleet.workers.size(), 2u);
+  const std::vector<int>& workers = fleet.workers;
   ASSERT_TRUE(harness.WaitForLine(workers[0], "step 100/", Deadline::AfterMillis(kRunMs)).ok())
       << harness.Output(workers[0]);
   ASSERT_TRUE(harness.Signal(workers[1], SIGSTOP).ok());
