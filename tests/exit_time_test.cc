@@ -221,6 +221,48 @@ TEST(ExitTimeTest, PsWorkerBlockedByAHungPeerStopsAfterTheGrace) {
   harness.StopAll();
 }
 
+// The same in the ring modes: a worker blocked in a collective by a hung peer stops waiting
+// once it is asked to stop: the ranks get kStopGraceMs (1 s) to agree to stop, then the wait
+// ends with the stop and the worker leaves with 128 + SIGTERM.
+class RingWorkerBlockedByAHungPeer : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(RingWorkerBlockedByAHungPeer, StopsAfterTheGrace) {
+  FleetHarness harness;
+  auto coordinator = harness.StartCoordinator({"--num-workers", "2"});
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  std::vector<int> workers;
+  for (int rank = 0; rank < 2; ++rank) {
+    auto worker = harness.Start(
+        "worker " + std::to_string(rank), "worker/tessera-worker",
+        {"--mode", GetParam(), "--coordinator", *coordinator, "--num-workers", "2", "--rank",
+         std::to_string(rank), "--steps", "1000000", "--batch-size", "8", "--hidden", "16",
+         "--input-dim", "8", "--classes", "4", "--train-samples", "256", "--device", "cpu",
+         "--log-every", "100"});
+    ASSERT_TRUE(worker.ok()) << worker.status();
+    workers.push_back(*worker);
+  }
+  ASSERT_TRUE(harness.WaitForLine(workers[0], "step 100/", Deadline::AfterMillis(kRunMs)).ok())
+      << harness.Output(workers[0]);
+  ASSERT_TRUE(harness.Signal(workers[1], SIGSTOP).ok());
+  // Let worker 0 reach a collective that waits for the hung peer.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const SteadyClock::time_point signalled = SteadyClock::now();
+  ASSERT_TRUE(harness.Signal(workers[0], SIGTERM).ok());
+  auto exit = harness.WaitExit(workers[0], Deadline::AfterMillis(kRunMs));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  EXPECT_EQ(exit->status, 128 + SIGTERM) << exit->Describe() << "\n" << harness.Output(workers[0]);
+  EXPECT_LT(MillisBetween(signalled, *harness.ExitTime(workers[0])), 1000 + kExitBoundMs)
+      << harness.Output(workers[0]);
+  EXPECT_NE(harness.Output(workers[0]).find("the ring still waited 1000 ms later"),
+            std::string::npos)
+      << harness.Output(workers[0]);
+  (void)harness.Signal(workers[1], SIGKILL);  // stopped: it would not answer SIGTERM
+  harness.StopAll();
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, RingWorkerBlockedByAHungPeer,
+                         ::testing::Values("allreduce", "zero2"));
+
 // The launcher of a 2 x 2 ps-sync job stops its servers and coordinator and leaves within the
 // bound of its last worker's exit; every worker exits within the bound of its summary (zero2
 // exercises the ring channel's threads and shared memory too).

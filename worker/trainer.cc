@@ -439,6 +439,7 @@ StatusOr<TrainingSummary> Train(const TrainerOptions& options, const data::Datas
     if (options.should_stop) {
       asked = options.should_stop();
       ASSIGN_OR_RETURN(stop, engine->AgreeToStop(step, asked));
+      if (stop && options.on_stop_agreed) options.on_stop_agreed();
     }
     const bool scheduled =
         options.checkpoint_every > 0 && (step % options.checkpoint_every == 0 || step == steps);

@@ -68,6 +68,9 @@ struct TrainerOptions {
   // Polled after every step: true ends training with Cancelled (a signal, preemption). With
   // checkpoint_on_stop (and checkpoint_dir), the finished step is checkpointed first.
   std::function<bool()> should_stop;
+  // Called once the ranks agreed to stop (every rank answered: none hangs), before the
+  // checkpoint on stop. May be empty.
+  std::function<void()> on_stop_agreed;
   bool checkpoint_on_stop = false;
   NonFinitePolicy on_nonfinite = NonFinitePolicy::kError;
   // Tests: from this step on (0: never) one feature of this rank's first sample is NaN, so

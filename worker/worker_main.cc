@@ -24,10 +24,14 @@
 // instead of waiting for it.
 #include <malloc.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <memory>
+#include <mutex>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -181,6 +185,61 @@ StatusOr<std::unique_ptr<RingCollectives>> MakeRing(ProcessRuntime& runtime,
   return RingCollectives::Create(ring);
 }
 
+// A stop ends a ring wait on a peer that never answers (one that hangs: the heartbeat would
+// tell only after --heartbeat-timeout-ms). kStopGraceMs after the stop, the ring's failure bus
+// fails with the stop, unless the ranks agreed to stop by then (every rank answered). Not with
+// --checkpoint-on-sigterm, whose checkpoint a step slower than the grace would otherwise
+// lose. The PS engine has its own grace.
+class RingStopGrace {
+ public:
+  RingStopGrace(ProcessRuntime& runtime, std::shared_ptr<FailureBus> failures)
+      : runtime_(runtime), failures_(std::move(failures)), watcher_([this] { Watch(); }) {}
+  ~RingStopGrace() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    watcher_.join();
+  }
+  RingStopGrace(const RingStopGrace&) = delete;
+  RingStopGrace& operator=(const RingStopGrace&) = delete;
+
+  // The ranks agreed to stop: no wait is cut short from now on.
+  void Disarm() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      disarmed_ = true;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  void Watch() {
+    std::unique_lock<std::mutex> lock(mu_);
+    // Polled: a stop request wakes the runtime's waiters, not this condition variable.
+    while (!runtime_.StopRequested()) {
+      if (cv_.wait_for(lock, std::chrono::milliseconds(50), [this] { return done_; })) return;
+    }
+    if (cv_.wait_for(lock, std::chrono::milliseconds(kStopGraceMs),
+                     [this] { return done_ || disarmed_; })) {
+      return;
+    }
+    lock.unlock();
+    failures_->Fail(CancelledError(runtime_.StopReason() + ", and the ring still waited " +
+                                   std::to_string(kStopGraceMs) +
+                                   " ms later (a peer that does not answer)"));
+  }
+
+  ProcessRuntime& runtime_;
+  const std::shared_ptr<FailureBus> failures_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;      // guarded by mu_
+  bool disarmed_ = false;  // guarded by mu_
+  std::thread watcher_;    // last: started once the rest is initialised
+};
+
 // The bytes of model state the collective engines report (tessera_model_state_bytes and
 // _peak_bytes), as {"held": {kind: bytes}, "peak": {...}}, for the summary.
 StatusOr<nlohmann::json> ModelStateBytes(MetricsRegistry& metrics) {
@@ -245,9 +304,10 @@ std::string FormatSummary(const TrainingSummary& s, const TrainingFlags& flags,
 }
 
 // Trains in `flags.mode`: alone (local, client may be null) or as worker client->rank() of
-// the fleet (ps-*).
+// the fleet. Sets *every_rank_stops (if not null) when the ranks of a ring mode agreed to stop.
 Status RunTraining(ProcessRuntime& runtime, const WorkerFlags& worker_flags,
-                   RendezvousClient* client, const PeerWiring& wiring) {
+                   RendezvousClient* client, const PeerWiring& wiring,
+                   bool* every_rank_stops = nullptr) {
   const TrainingFlags& flags = worker_flags.training;
   const bool local = worker_flags.mode == "local";
   const int rank = local ? 0 : client->rank();
@@ -272,12 +332,22 @@ Status RunTraining(ProcessRuntime& runtime, const WorkerFlags& worker_flags,
   ASSIGN_OR_RETURN(LrScheduleOptions schedule,
                    MakeLrSchedule(flags, TotalSteps(trainer, data.train->size())));
   std::unique_ptr<Collectives> collectives;  // outlives the engine (declared first)
+  std::unique_ptr<RingStopGrace> stop_grace;  // ring modes
   std::unique_ptr<TrainingEngine> engine;
   if (local) {
     ASSIGN_OR_RETURN(engine, LocalEngine::Create(optimizer, schedule));
   } else if (worker_flags.mode == "allreduce" || worker_flags.mode == "zero1" ||
              worker_flags.mode == "zero2" || worker_flags.mode == "zero3") {
     ASSIGN_OR_RETURN(collectives, MakeRing(runtime, worker_flags, *client, wiring));
+    // With a checkpoint on stop, a step slower than the grace must not cost the checkpoint:
+    // a hung peer is then left to the heartbeat (--heartbeat-timeout-ms).
+    if (!trainer.checkpoint_on_stop || trainer.checkpoint_dir.empty()) {
+      stop_grace = std::make_unique<RingStopGrace>(runtime, wiring.failures);
+    }
+    trainer.on_stop_agreed = [grace = stop_grace.get(), every_rank_stops] {
+      if (grace != nullptr) grace->Disarm();
+      if (every_rank_stops != nullptr) *every_rank_stops = true;
+    };
     if (worker_flags.mode == "zero2" || worker_flags.mode == "zero3") {
       ZeroEngineOptions options;
       options.stage = worker_flags.mode == "zero2" ? 2 : 3;
@@ -336,9 +406,10 @@ Status RunTraining(ProcessRuntime& runtime, const WorkerFlags& worker_flags,
   return OkStatus();
 }
 
-// A fleet member's work after it joined: the smoke job, a benchmark or training.
+// A fleet member's work after it joined: the smoke job, a benchmark or training. Sets
+// *every_rank_stops as RunTraining does.
 Status RunMember(ProcessRuntime& runtime, const WorkerFlags& flags, RendezvousClient& client,
-                 const PeerWiring& wiring) {
+                 const PeerWiring& wiring, bool* every_rank_stops) {
   if (flags.mode == "smoke") {
     return RunSmokeJob(runtime, client, wiring.mailbox, wiring.failures, flags.smoke);
   }
@@ -366,7 +437,7 @@ Status RunMember(ProcessRuntime& runtime, const WorkerFlags& flags, RendezvousCl
     bench.request_timeout_ms = runtime.config().request_timeout_ms;
     return RunPsBench(&runtime.endpoint(), client, &runtime.metrics(), bench, print_line);
   }
-  return RunTraining(runtime, flags, &client, wiring);
+  return RunTraining(runtime, flags, &client, wiring, every_rank_stops);
 }
 
 Status RunWorker(ProcessRuntime& runtime, const WorkerFlags& flags) {
@@ -397,12 +468,18 @@ Status RunWorker(ProcessRuntime& runtime, const WorkerFlags& flags) {
       [failures = wiring.failures](const Status& status) { failures->Fail(status); });
   SetLogIdentity("worker", client->rank());
   runtime.AnnounceReady(client->rank());
-  Status outcome = RunMember(runtime, flags, *client, wiring);
+  bool every_rank_stops = false;
+  Status outcome = RunMember(runtime, flags, *client, wiring, &every_rank_stops);
   if (!outcome.ok()) {
-    // An error is the root cause the others hear at once; a stop we were asked for (or agreed
-    // to with the other all-reduce ranks) is said as such: the coordinator reports a stop, not
-    // a crash.
-    if (runtime.StopRequested()) {
+    // An error is the root cause the others hear at once; a stop is said as such (the
+    // coordinator reports a stop, not a crash). A stop the ring's ranks agreed on is every
+    // rank's already: a plain goodbye, for a relay could cut a peer's last read of the
+    // agreement short.
+    const std::string stop_reason =
+        runtime.StopRequested() ? runtime.StopReason() : outcome.message();
+    if (every_rank_stops && outcome.code() == StatusCode::kCancelled) {
+      client->Leave(stop_reason);
+    } else if (runtime.StopRequested()) {
       client->LeaveStopped(runtime.StopReason());
       // Asked to stop: that is why it ends, even when a wait was cut short by another
       // process's stop relayed on the way (exit 128 + the signal, not 1).

@@ -465,8 +465,8 @@ def _slow_training(rank, world_size, address):
         step += 1
         x, y = _batch(rank, step)
         opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        try:
+        try:  # backward pushes chunks as they are ready: the error can come from either
+            torch.nn.functional.cross_entropy(model(x), y).backward()
             opt.step()
         except RuntimeError as e:
             return str(e), time.time()
