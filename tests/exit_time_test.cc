@@ -72,6 +72,22 @@ Status WaitForHeldRequest(const std::string& metrics_url) {
                                std::to_string(kRunMs) + " ms");
 }
 
+// Sends `id`, blocked by the hung `peer`, SIGTERM: it must leave with 128 + SIGTERM within the
+// stop grace (1 s) and the bound, saying `says`. Then kills the peer (stopped, it would not
+// answer SIGTERM) and the rest.
+void ExpectStopsAfterTheGrace(FleetHarness& harness, int id, int peer, const std::string& says) {
+  const SteadyClock::time_point signalled = SteadyClock::now();
+  ASSERT_TRUE(harness.Signal(id, SIGTERM).ok());
+  auto exit = harness.WaitExit(id, Deadline::AfterMillis(kRunMs));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  EXPECT_EQ(exit->status, 128 + SIGTERM) << exit->Describe() << "\n" << harness.Output(id);
+  EXPECT_LT(MillisBetween(signalled, *harness.ExitTime(id)), 1000 + kExitBoundMs)
+      << harness.Output(id);
+  EXPECT_NE(harness.Output(id).find(says), std::string::npos) << harness.Output(id);
+  (void)harness.Signal(peer, SIGKILL);
+  harness.StopAll();
+}
+
 TEST(ExitTimeTest, LocalWorker) {
   FleetHarness harness;
   auto worker = harness.Start("worker", "worker/tessera-worker",
@@ -208,17 +224,7 @@ TEST(ExitTimeTest, PsWorkerBlockedByAHungPeerStopsAfterTheGrace) {
   // it would leave between steps and never wait).
   ASSERT_TRUE(WaitForHeldRequest(harness.process(*server).metrics_url).ok())
       << harness.Output(workers[0]);
-  const SteadyClock::time_point signalled = SteadyClock::now();
-  ASSERT_TRUE(harness.Signal(workers[0], SIGTERM).ok());
-  auto exit = harness.WaitExit(workers[0], Deadline::AfterMillis(kRunMs));
-  ASSERT_TRUE(exit.ok()) << exit.status();
-  EXPECT_EQ(exit->status, 128 + SIGTERM) << exit->Describe() << "\n" << harness.Output(workers[0]);
-  EXPECT_LT(MillisBetween(signalled, *harness.ExitTime(workers[0])), 1000 + kExitBoundMs)
-      << harness.Output(workers[0]);
-  EXPECT_NE(harness.Output(workers[0]).find("stopped while waiting"), std::string::npos)
-      << harness.Output(workers[0]);
-  (void)harness.Signal(workers[1], SIGKILL);  // stopped: it would not answer SIGTERM
-  harness.StopAll();
+  ExpectStopsAfterTheGrace(harness, workers[0], workers[1], "stopped while waiting");
 }
 
 // The same in the ring modes: a worker blocked in a collective by a hung peer stops waiting
@@ -246,18 +252,7 @@ TEST_P(RingWorkerBlockedByAHungPeer, StopsAfterTheGrace) {
   ASSERT_TRUE(harness.Signal(workers[1], SIGSTOP).ok());
   // Let worker 0 reach a collective that waits for the hung peer.
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  const SteadyClock::time_point signalled = SteadyClock::now();
-  ASSERT_TRUE(harness.Signal(workers[0], SIGTERM).ok());
-  auto exit = harness.WaitExit(workers[0], Deadline::AfterMillis(kRunMs));
-  ASSERT_TRUE(exit.ok()) << exit.status();
-  EXPECT_EQ(exit->status, 128 + SIGTERM) << exit->Describe() << "\n" << harness.Output(workers[0]);
-  EXPECT_LT(MillisBetween(signalled, *harness.ExitTime(workers[0])), 1000 + kExitBoundMs)
-      << harness.Output(workers[0]);
-  EXPECT_NE(harness.Output(workers[0]).find("the ring still waited 1000 ms later"),
-            std::string::npos)
-      << harness.Output(workers[0]);
-  (void)harness.Signal(workers[1], SIGKILL);  // stopped: it would not answer SIGTERM
-  harness.StopAll();
+  ExpectStopsAfterTheGrace(harness, workers[0], workers[1], "the ring still waited 1000 ms later");
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, RingWorkerBlockedByAHungPeer,

@@ -67,49 +67,14 @@ const std::vector<std::string> kLongJob = {"--hidden",     "16",      "--batch-s
 const std::vector<std::string> kSynthetic = {"--input-dim", "8", "--classes", "4",
                                              "--train-samples", "256"};
 
-struct Fleet {
-  int coordinator = -1;
-  std::string address;  // HOST:PORT
-  std::vector<int> servers;
-  std::vector<int> workers;
-};
-
-// A coordinator (with `coordinator_flags`), `num_servers` servers and two workers in `mode`,
-// worker r with kLongJob and `worker_flags[r]`. Failures are test failures (fleet.workers then
-// has fewer than two).
-Fleet StartFleet(FleetHarness& harness, const std::string& mode, int num_servers,
-                 const std::vector<std::string>& coordinator_flags,
-                 const std::vector<std::vector<std::string>>& worker_flags) {
-  Fleet fleet;
-  const std::string n = std::to_string(num_servers);
-  auto coordinator =
-      harness.Start("coordinator", "server/coordinator/tessera-coordinator",
-                    Concat({"--num-servers", n, "--num-workers", "2"}, coordinator_flags));
-  EXPECT_TRUE(coordinator.ok()) << coordinator.status();
-  if (!coordinator.ok()) return fleet;
-  fleet.coordinator = *coordinator;
-  Status ready = harness.WaitReady(*coordinator, Deadline::AfterMillis(30000));
-  EXPECT_TRUE(ready.ok()) << ready << "\n" << harness.Output(*coordinator);
-  if (!ready.ok()) return fleet;
-  fleet.address = harness.process(*coordinator).address.substr(std::string("tcp://").size());
-  for (int s = 0; s < num_servers; ++s) {
-    auto id = harness.Start("server " + std::to_string(s), "server/ps/tessera-server",
-                            {"--coordinator", fleet.address, "--num-servers", n, "--num-workers",
-                             "2", "--rank", std::to_string(s)});
-    EXPECT_TRUE(id.ok()) << id.status();
-    if (id.ok()) fleet.servers.push_back(*id);
-  }
-  for (int r = 0; r < 2; ++r) {
-    auto id = harness.Start(
-        "worker " + std::to_string(r), "worker/tessera-worker",
-        Concat(Concat({"--mode", mode, "--coordinator", fleet.address, "--num-servers", n,
-                       "--num-workers", "2", "--rank", std::to_string(r)},
-                      kLongJob),
-               worker_flags[r]));
-    EXPECT_TRUE(id.ok()) << id.status();
-    if (id.ok()) fleet.workers.push_back(*id);
-  }
-  return fleet;
+// A job whose workers train long enough to be failed or stopped mid-way: worker r with
+// kLongJob and `extra[r]`.
+StatusOr<TwoWorkerJob> StartLongJob(FleetHarness& harness, const std::string& mode,
+                                    int num_servers,
+                                    const std::vector<std::string>& coordinator_flags,
+                                    const std::vector<std::vector<std::string>>& extra) {
+  return StartTwoWorkerJob(harness, mode, num_servers, coordinator_flags,
+                           {Concat(kLongJob, extra[0]), Concat(kLongJob, extra[1])});
 }
 
 TEST(FailureRelayTest, AWorkerWhoseDataEndsEarlyStopsEveryProcessWithinASecond) {
@@ -118,14 +83,14 @@ TEST(FailureRelayTest, AWorkerWhoseDataEndsEarlyStopsEveryProcessWithinASecond) 
   for (const std::string mode : {"ps-sync", "allreduce", "zero2"}) {
     SCOPED_TRACE(mode);
     FleetHarness harness;
-    Fleet fleet = StartFleet(harness, mode, mode == "ps-sync" ? 1 : 0,
+    auto fleet = StartLongJob(harness, mode, mode == "ps-sync" ? 1 : 0,
                              {"--exit-when-workers-leave"},
                              {{"--dataset", "file", "--data-path", whole},
                               {"--dataset", "file", "--data-path", cut}});
-    ASSERT_EQ(fleet.workers.size(), 2u);
-    const std::vector<int>& workers = fleet.workers;
-    std::vector<int> others = fleet.servers;
-    others.push_back(fleet.coordinator);
+    ASSERT_TRUE(fleet.ok()) << fleet.status();
+    const std::vector<int>& workers = fleet->workers;
+    std::vector<int> others = fleet->servers;
+    others.push_back(fleet->coordinator);
     // Rank 1's own error names the file and where it ends.
     EXPECT_EQ(ExitStatus(harness, workers[1]), 1);
     const std::string bad = harness.Output(workers[1]);
@@ -211,10 +176,10 @@ TEST(FailureRelayTest, AWorkerStoppedBySigtermIsReportedAsAStop) {
   for (const std::string mode : {"ps-sync", "allreduce"}) {
     SCOPED_TRACE(mode);
     FleetHarness harness;
-    Fleet fleet =
-        StartFleet(harness, mode, mode == "ps-sync" ? 1 : 0, {}, {kSynthetic, kSynthetic});
-    ASSERT_EQ(fleet.workers.size(), 2u);
-    const std::vector<int>& workers = fleet.workers;
+    auto fleet =
+        StartLongJob(harness, mode, mode == "ps-sync" ? 1 : 0, {}, {kSynthetic, kSynthetic});
+    ASSERT_TRUE(fleet.ok()) << fleet.status();
+    const std::vector<int>& workers = fleet->workers;
     ASSERT_TRUE(harness.WaitForLine(workers[0], "step 100/", Deadline::AfterMillis(kRunMs)).ok())
         << harness.Output(workers[0]);
     const SteadyClock::time_point signalled = SteadyClock::now();
@@ -235,7 +200,7 @@ TEST(FailureRelayTest, AWorkerStoppedBySigtermIsReportedAsAStop) {
     }
     // The coordinator saw a stop: said, not inferred from a vanished process or a silence
     // (relayed in ps-sync; in allreduce the ranks agreed on it, and each just says goodbye).
-    const std::string log = harness.Output(fleet.coordinator);
+    const std::string log = harness.Output(fleet->coordinator);
     EXPECT_NE(log.find(mode == "ps-sync" ? "worker 1 (tcp://" : "worker 1 left: stopped by SIGTERM"),
               std::string::npos)
         << log;
@@ -253,11 +218,11 @@ TEST(FailureRelayTest, AWorkerStoppedBySigtermIsReportedAsAStop) {
 // stop within 1 s naming it, instead of waiting out their request timeout.
 TEST(FailureRelayTest, AServerStoppedMidJobIsNamedToTheWorkersAtOnce) {
   FleetHarness harness;
-  Fleet fleet = StartFleet(harness, "ps-sync", 1, {}, {kSynthetic, kSynthetic});
-  ASSERT_EQ(fleet.workers.size(), 2u);
-  ASSERT_EQ(fleet.servers.size(), 1u);
-  const std::vector<int>& workers = fleet.workers;
-  const int server = fleet.servers[0];
+  auto fleet = StartLongJob(harness, "ps-sync", 1, {}, {kSynthetic, kSynthetic});
+  ASSERT_TRUE(fleet.ok()) << fleet.status();
+  ASSERT_EQ(fleet->servers.size(), 1u);
+  const std::vector<int>& workers = fleet->workers;
+  const int server = fleet->servers[0];
   ASSERT_TRUE(harness.WaitForLine(workers[0], "step 100/", Deadline::AfterMillis(kRunMs)).ok())
       << harness.Output(workers[0]);
   const SteadyClock::time_point signalled = SteadyClock::now();
@@ -273,7 +238,7 @@ TEST(FailureRelayTest, AServerStoppedMidJobIsNamedToTheWorkersAtOnce) {
         << out;
     EXPECT_NE(out.find("stopped"), std::string::npos) << out;
   }
-  const std::string log = harness.Output(fleet.coordinator);
+  const std::string log = harness.Output(fleet->coordinator);
   EXPECT_NE(log.find("server 0 (tcp://"), std::string::npos) << log;
   EXPECT_NE(log.find("stopped by SIGTERM; telling every other process"), std::string::npos) << log;
   EXPECT_EQ(log.find("crashed"), std::string::npos) << log;
@@ -284,10 +249,10 @@ TEST(FailureRelayTest, AServerStoppedMidJobIsNamedToTheWorkersAtOnce) {
 // backstop, and its notice says so.
 TEST(FailureRelayTest, TheHeartbeatStillCatchesAHungWorker) {
   FleetHarness harness;
-  Fleet fleet = StartFleet(harness, "ps-sync", 1, {"--heartbeat-timeout-ms", "2000"},
+  auto fleet = StartLongJob(harness, "ps-sync", 1, {"--heartbeat-timeout-ms", "2000"},
                            {kSynthetic, kSynthetic});
-  ASSERT_EQ(fleet.workers.size(), 2u);
-  const std::vector<int>& workers = fleet.workers;
+  ASSERT_TRUE(fleet.ok()) << fleet.status();
+  const std::vector<int>& workers = fleet->workers;
   ASSERT_TRUE(harness.WaitForLine(workers[0], "step 100/", Deadline::AfterMillis(kRunMs)).ok())
       << harness.Output(workers[0]);
   ASSERT_TRUE(harness.Signal(workers[1], SIGSTOP).ok());

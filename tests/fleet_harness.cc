@@ -222,6 +222,37 @@ void FleetHarness::StopAll() {
   });
 }
 
+StatusOr<TwoWorkerJob> StartTwoWorkerJob(FleetHarness& harness, const std::string& mode,
+                                         int num_servers,
+                                         const std::vector<std::string>& coordinator_flags,
+                                         const std::vector<std::vector<std::string>>& worker_flags) {
+  TwoWorkerJob job;
+  const std::string n = std::to_string(num_servers);
+  ASSIGN_OR_RETURN(job.coordinator,
+                   harness.Start("coordinator", "server/coordinator/tessera-coordinator",
+                                 Concat({"--num-servers", n, "--num-workers", "2"},
+                                        coordinator_flags)));
+  RETURN_IF_ERROR(harness.WaitReady(job.coordinator, Deadline::AfterMillis(30000)));
+  job.address = harness.process(job.coordinator).address.substr(std::string("tcp://").size());
+  for (int s = 0; s < num_servers; ++s) {
+    ASSIGN_OR_RETURN(int id, harness.Start("server " + std::to_string(s),
+                                           "server/ps/tessera-server",
+                                           {"--coordinator", job.address, "--num-servers", n,
+                                            "--num-workers", "2", "--rank", std::to_string(s)}));
+    job.servers.push_back(id);
+  }
+  for (int r = 0; r < 2; ++r) {
+    ASSIGN_OR_RETURN(
+        int id, harness.Start("worker " + std::to_string(r), "worker/tessera-worker",
+                              Concat({"--mode", mode, "--coordinator", job.address,
+                                      "--num-servers", n, "--num-workers", "2", "--rank",
+                                      std::to_string(r)},
+                                     worker_flags[r])));
+    job.workers.push_back(id);
+  }
+  return job;
+}
+
 std::string TempPath(const std::string& name) {
   const char* dir = std::getenv("TEST_TMPDIR");
   return std::string(dir != nullptr ? dir : "/tmp") + "/" + name;

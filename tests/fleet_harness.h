@@ -83,6 +83,20 @@ class FleetHarness {
   std::map<int, SteadyClock::time_point> exit_times_;
 };
 
+// A job of two workers on a fleet of its own: a coordinator (with `coordinator_flags`),
+// `num_servers` servers and worker r in `mode` with `worker_flags[r]` (after its mode,
+// coordinator, fleet size and rank). The first process that does not start is the error.
+struct TwoWorkerJob {
+  int coordinator = -1;
+  std::string address;  // the coordinator's HOST:PORT
+  std::vector<int> servers;
+  std::vector<int> workers;
+};
+StatusOr<TwoWorkerJob> StartTwoWorkerJob(FleetHarness& harness, const std::string& mode,
+                                         int num_servers,
+                                         const std::vector<std::string>& coordinator_flags,
+                                         const std::vector<std::vector<std::string>>& worker_flags);
+
 // `name` under the test's scratch directory ($TEST_TMPDIR, else /tmp).
 std::string TempPath(const std::string& name);
 

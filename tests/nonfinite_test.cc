@@ -36,37 +36,12 @@ std::string ReadFile(const std::string& path) {
   return out.str();
 }
 
-struct Job {
-  std::vector<int> workers;
-  std::vector<int> servers;
-};
-
-// A coordinator, `servers` servers and two workers in `mode`, worker r with `extra[r]`.
-Job StartJob(FleetHarness& harness, const std::string& mode, int servers,
-             const std::vector<std::vector<std::string>>& extra) {
-  Job job;
-  const std::string n = std::to_string(servers);
-  auto coordinator = harness.StartCoordinator({"--num-servers", n, "--num-workers", "2"});
-  EXPECT_TRUE(coordinator.ok()) << coordinator.status();
-  if (!coordinator.ok()) return job;
-  for (int s = 0; s < servers; ++s) {
-    auto id = harness.Start("server " + std::to_string(s), "server/ps/tessera-server",
-                            {"--coordinator", *coordinator, "--num-servers", n, "--num-workers",
-                             "2", "--rank", std::to_string(s)});
-    EXPECT_TRUE(id.ok()) << id.status();
-    if (id.ok()) job.servers.push_back(*id);
-  }
-  for (int r = 0; r < 2; ++r) {
-    auto id = harness.Start(
-        "worker " + std::to_string(r), "worker/tessera-worker",
-        Concat(Concat({"--mode", mode, "--coordinator", *coordinator, "--num-servers", n,
-                       "--num-workers", "2", "--rank", std::to_string(r)},
-                      kJob),
-               extra[r]));
-    EXPECT_TRUE(id.ok()) << id.status();
-    if (id.ok()) job.workers.push_back(*id);
-  }
-  return job;
+// A coordinator, `servers` servers and two workers in `mode`, worker r with kJob and
+// `extra[r]`.
+StatusOr<TwoWorkerJob> StartJob(FleetHarness& harness, const std::string& mode, int servers,
+                                const std::vector<std::vector<std::string>>& extra) {
+  return StartTwoWorkerJob(harness, mode, servers, {},
+                           {Concat(kJob, extra[0]), Concat(kJob, extra[1])});
 }
 
 int ExitStatus(FleetHarness& harness, int id) {
@@ -80,33 +55,33 @@ TEST(NonFiniteTest, ErrorStopsEveryRankNamingTheStepRankAndTensor) {
     SCOPED_TRACE(mode);
     FleetHarness harness;
     const int servers = mode == "ps-sync" ? 1 : 0;
-    Job job = StartJob(harness, mode, servers,
+    auto job = StartJob(harness, mode, servers,
                        {{"--steps", "6"}, {"--steps", "6", "--inject-nonfinite-step", "3"}});
-    ASSERT_EQ(job.workers.size(), 2u);
-    for (int id : job.workers) EXPECT_EQ(ExitStatus(harness, id), 1) << harness.Output(id);
-    const std::string bad = harness.Output(job.workers[1]);
+    ASSERT_TRUE(job.ok()) << job.status();
+    for (int id : job->workers) EXPECT_EQ(ExitStatus(harness, id), 1) << harness.Output(id);
+    const std::string bad = harness.Output(job->workers[1]);
     // Its own finding: the step, the rank and the tensor (in allreduce and ZeRO every rank
     // finds it after the reduction; in ps-sync worker 1 before it pushes).
     EXPECT_NE(bad.find(" step 3: rank 1: the "), std::string::npos) << bad;
     EXPECT_NE(bad.find("gradient of 'mlp.0."), std::string::npos) << bad;
     EXPECT_NE(bad.find("is nan"), std::string::npos) << bad;
-    const std::string other = harness.Output(job.workers[0]);
+    const std::string other = harness.Output(job->workers[0]);
     EXPECT_NE(other.find("step 3"), std::string::npos) << other;
     EXPECT_EQ(other.find("step 4/"), std::string::npos) << other;  // nothing after it
     // Every process is gone within 1 s of the first error line (issue 19: the failing rank's
     // error reaches the others at once, not after the 10 s heartbeat limit).
     std::optional<SteadyClock::time_point> first_error;
-    for (int id : job.workers) {
+    for (int id : job->workers) {
       auto at = harness.LineTime(id, " E ");
       if (at.ok() && (!first_error || *at < *first_error)) first_error = *at;
     }
     ASSERT_TRUE(first_error.has_value());
-    for (int id : job.workers) {
+    for (int id : job->workers) {
       EXPECT_LT(*harness.ExitTime(id) - *first_error, std::chrono::seconds(1))
           << harness.Output(id);
     }
     if (mode == "ps-sync") {  // the servers never saw it
-      EXPECT_EQ(harness.Output(job.servers[0]).find("non-finite"), std::string::npos);
+      EXPECT_EQ(harness.Output(job->servers[0]).find("non-finite"), std::string::npos);
     }
   }
 }
@@ -125,24 +100,24 @@ TEST(NonFiniteTest, SkipDropsTheStepOnEveryRank) {
     const std::string skipped = TempPath(name + "_6th_skipped.bin");
     {
       FleetHarness harness;
-      Job job = StartJob(harness, mode, servers,
+      auto job = StartJob(harness, mode, servers,
                          {Concat({"--steps", "5", "--save-params", shorter}, flags),
                           Concat({"--steps", "5"}, flags)});
-      ASSERT_EQ(job.workers.size(), 2u);
-      for (int id : job.workers) ASSERT_EQ(ExitStatus(harness, id), 0) << harness.Output(id);
+      ASSERT_TRUE(job.ok()) << job.status();
+      for (int id : job->workers) ASSERT_EQ(ExitStatus(harness, id), 0) << harness.Output(id);
     }
     FleetHarness harness;
-    Job job = StartJob(
+    auto job = StartJob(
         harness, mode, servers,
         {Concat({"--steps", "6", "--on-nonfinite", "skip", "--save-params", skipped}, flags),
          Concat({"--steps", "6", "--on-nonfinite", "skip", "--inject-nonfinite-step", "6"},
                 flags)});
-    ASSERT_EQ(job.workers.size(), 2u);
+    ASSERT_TRUE(job.ok()) << job.status();
     // The injected NaN reaches every gradient: in allreduce and ZeRO each rank finds it in
     // what the reduction gave it (in zero2/3 its shard; the ranks then agree); in ps-sync rank 1
     // before it pushes, and rank 0 hears it from the server, which dropped the step.
     for (int r = 0; r < 2; ++r) {
-      const int id = job.workers[r];
+      const int id = job->workers[r];
       EXPECT_EQ(ExitStatus(harness, id), 0) << harness.Output(id);
       std::string expected =
           "step 6 skipped: rank " + std::to_string(r) + ": the reduced gradient of 'mlp.";
@@ -199,16 +174,16 @@ TEST(NonFiniteTest, LocalModeStopsOrSkips) {
 TEST(NonFiniteTest, PsAsyncSkipDropsOnlyThatWorkersUpdate) {
   const std::string params = TempPath("ps_async_params.bin");
   FleetHarness harness;
-  Job job = StartJob(harness, "ps-async", 1,
+  auto job = StartJob(harness, "ps-async", 1,
                      {{"--steps", "6", "--on-nonfinite", "skip", "--save-params", params},
                       {"--steps", "6", "--on-nonfinite", "skip", "--inject-nonfinite-step",
                        "3"}});
-  ASSERT_EQ(job.workers.size(), 2u);
-  for (int id : job.workers) EXPECT_EQ(ExitStatus(harness, id), 0) << harness.Output(id);
-  const std::string bad = harness.Output(job.workers[1]);
+  ASSERT_TRUE(job.ok()) << job.status();
+  for (int id : job->workers) EXPECT_EQ(ExitStatus(harness, id), 0) << harness.Output(id);
+  const std::string bad = harness.Output(job->workers[1]);
   EXPECT_NE(bad.find("step 3 skipped: rank 1: the gradient of 'mlp."), std::string::npos) << bad;
-  EXPECT_EQ(harness.Output(job.workers[0]).find("step 3 skipped"), std::string::npos);
-  EXPECT_EQ(harness.Output(job.servers[0]).find("non-finite"), std::string::npos);
+  EXPECT_EQ(harness.Output(job->workers[0]).find("step 3 skipped"), std::string::npos);
+  EXPECT_EQ(harness.Output(job->servers[0]).find("non-finite"), std::string::npos);
   const std::string saved = ReadFile(params);  // raw float32 (docs/params-format.md)
   ASSERT_FALSE(saved.empty());
   for (size_t at = 0; at + sizeof(float) <= saved.size(); at += sizeof(float)) {
@@ -222,12 +197,12 @@ TEST(NonFiniteTest, PsAsyncSkipDropsOnlyThatWorkersUpdate) {
 // push naming the chunk and key, applies nothing of it, and the job stops with that error.
 TEST(NonFiniteTest, PsServerRefusesAPushWithNaNNamingTheKey) {
   FleetHarness harness;
-  Job job = StartJob(harness, "ps-sync", 1,
+  auto job = StartJob(harness, "ps-sync", 1,
                      {{"--steps", "6"},
                       {"--steps", "6", "--on-nonfinite", "off", "--inject-nonfinite-step", "3"}});
-  ASSERT_EQ(job.workers.size(), 2u);
-  for (int id : job.workers) EXPECT_EQ(ExitStatus(harness, id), 1) << harness.Output(id);
-  const std::string bad = harness.Output(job.workers[1]);
+  ASSERT_TRUE(job.ok()) << job.status();
+  for (int id : job->workers) EXPECT_EQ(ExitStatus(harness, id), 1) << harness.Output(id);
+  const std::string bad = harness.Output(job->workers[1]);
   EXPECT_NE(bad.find("worker 1's push of step 3: the gradient of chunk 0 (key 0) holds nan at "
                      "element "),
             std::string::npos)
@@ -242,9 +217,9 @@ TEST(NonFiniteTest, PsSkipIsRefusedForModelsWithEmbeddingTables) {
   const std::vector<std::string> ctr = {"--steps",         "2",       "--on-nonfinite", "skip",
                                         "--model",         "ctr",     "--dataset",
                                         "synthetic-ctr"};
-  Job job = StartJob(harness, "ps-sync", 1, {ctr, ctr});
-  ASSERT_EQ(job.workers.size(), 2u);
-  for (int id : job.workers) {
+  auto job = StartJob(harness, "ps-sync", 1, {ctr, ctr});
+  ASSERT_TRUE(job.ok()) << job.status();
+  for (int id : job->workers) {
     EXPECT_EQ(ExitStatus(harness, id), 1);
     EXPECT_NE(harness.Output(id).find("--on-nonfinite skip cannot drop a step of a model with "
                                       "embedding tables in --mode ps-sync; use error"),

@@ -479,15 +479,13 @@ Status RunWorker(ProcessRuntime& runtime, const WorkerFlags& flags) {
         runtime.StopRequested() ? runtime.StopReason() : outcome.message();
     if (every_rank_stops && outcome.code() == StatusCode::kCancelled) {
       client->Leave(stop_reason);
-    } else if (runtime.StopRequested()) {
-      client->LeaveStopped(runtime.StopReason());
+    } else if (runtime.StopRequested() || outcome.code() == StatusCode::kCancelled) {
+      client->LeaveStopped(stop_reason);
       // Asked to stop: that is why it ends, even when a wait was cut short by another
       // process's stop relayed on the way (exit 128 + the signal, not 1).
       if (outcome.code() != StatusCode::kCancelled) {
-        return CancelledError(runtime.StopReason() + " (" + outcome.message() + ")");
+        return CancelledError(stop_reason + " (" + outcome.message() + ")");
       }
-    } else if (outcome.code() == StatusCode::kCancelled) {
-      client->LeaveStopped(outcome.message());
     } else {
       client->LeaveWithError(outcome);
     }

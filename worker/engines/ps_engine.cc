@@ -344,12 +344,12 @@ Status PsEngine::PushPull(int64_t step, const float* grads, float* params,
   early_replies_.clear();
   early_groups_.clear();
   if (early) RETURN_IF_ERROR(early_check_);
-  // A skip must be every chunk's, so every chunk is checked before the first goes.
+  // A skip must be every chunk's, so the whole gradient (the chunks, end to end) is checked
+  // before the first chunk goes.
   bool skip = false;
-  if (push && MaySkip()) {
-    std::vector<size_t> all(chunks_.size());
-    for (size_t i = 0; i < all.size(); ++i) all[i] = i;
-    ASSIGN_OR_RETURN(bool go_on, CheckChunks(step, all, grads));
+  if (push && MaySkip() && !chunks_.empty()) {
+    ASSIGN_OR_RETURN(bool go_on,
+                     CheckGradients(step, grads, 0, chunks_.back().offset + chunks_.back().size));
     skip = !go_on;
   }
   const size_t per = static_cast<size_t>(std::max(1, options_.chunks_per_request));
