@@ -64,6 +64,31 @@ TEST_F(PsServiceTest, SyncRefusesASecondPushOfTheSameStep) {
   EXPECT_EQ(ValuesOf(second), (ByKey{{50, {-1, -1, -1, -1}}}));
 }
 
+// A skip over the wire (--on-nonfinite skip): in ps-sync the step is dropped for both workers
+// and each reply names who skipped; a skip that is not a push is refused, saying so.
+TEST_F(PsServiceTest, SyncDropsASkippedStepAndRefusesASkipInAPull) {
+  ASSERT_NO_FATAL_FAILURE(Start({}));
+  ASSERT_TRUE(Init(TestConfig(PsConsistency::kSync, 2), {{50, {1, 2, 3, 4}}}).ok());
+  auto skip = [this](bool has_gradients) {
+    PsPushPullRequest request{{}, has_gradients, kTestToken, {}};
+    request.tensors.push_back(TensorData{"chunk", 50, DataType::kFloat32, {}, Payload()});
+    request.skip = true;
+    return Send(1, std::move(request), 1, "skip of step 1 by worker 1");
+  };
+  auto in_a_pull = skip(/*has_gradients=*/false).get();
+  EXPECT_EQ(in_a_pull.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(in_a_pull.status().message().find("worker 1 skipped step 1 in a pull (a skip is a "
+                                              "push)"),
+            std::string::npos)
+      << in_a_pull.status();
+  Reply pushed = PushPull(0, 1, {{50, {1, 1, 1, 1}}});
+  Reply skipped = skip(/*has_gradients=*/true);
+  for (const Reply* reply : {&pushed, &skipped}) {
+    EXPECT_EQ(ValuesOf(*reply), (ByKey{{50, {1, 2, 3, 4}}}));  // nothing applied
+    EXPECT_EQ(reply->get()->As<PsPushPullReply>()->skipped_by, 1);
+  }
+}
+
 TEST_F(PsServiceTest, SparseRowsExistOnlyOnceTouchedAndSyncAveragesThem) {
   ASSERT_NO_FATAL_FAILURE(Start({}));
   ASSERT_TRUE(Init(TestConfig(PsConsistency::kSync, 2), {{50, {0, 0, 0, 0}}}).ok());
