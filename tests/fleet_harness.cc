@@ -21,24 +21,26 @@ std::string BinaryPath(const std::string& workspace_relative) {
 }
 
 StatusOr<HttpResult> HttpGet(const std::string& url, int64_t timeout_ms) {
-  constexpr std::string_view kPrefix = "http://127.0.0.1:";
-  if (url.compare(0, kPrefix.size(), kPrefix) != 0) {
-    return InvalidArgumentError("HttpGet supports only http://127.0.0.1:PORT/...: " + url);
+  constexpr std::string_view kPrefix = "http://";
+  const size_t colon = url.find(':', kPrefix.size());
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  const std::string host = colon == std::string::npos ? "" : url.substr(kPrefix.size(), colon - kPrefix.size());
+  if (url.compare(0, kPrefix.size(), kPrefix) != 0 ||
+      inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) {
+    return InvalidArgumentError("HttpGet supports only http://IPV4:PORT/...: " + url);
   }
-  size_t slash = url.find('/', kPrefix.size());
-  int port = std::stoi(url.substr(kPrefix.size(), slash - kPrefix.size()));
+  size_t slash = url.find('/', colon);
+  int port = std::stoi(url.substr(colon + 1, slash - colon - 1));
   std::string path = slash == std::string::npos ? "/" : url.substr(slash);
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return InternalError("socket failed");
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     close(fd);
     return UnavailableError("cannot connect to " + url);
   }
-  std::string request = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+  std::string request = "GET " + path + " HTTP/1.0\r\nHost: " + host + "\r\n\r\n";
   if (write(fd, request.data(), request.size()) != static_cast<ssize_t>(request.size())) {
     close(fd);
     return UnavailableError("cannot send request to " + url);

@@ -22,7 +22,7 @@ namespace tessera::testing {
 // The path of a binary built by Bazel, e.g. "server/coordinator/tessera-coordinator", in the runfiles.
 std::string BinaryPath(const std::string& workspace_relative);
 
-// A minimal blocking HTTP/1.0 GET of http://127.0.0.1:PORT/PATH: the status code and body.
+// A minimal blocking HTTP/1.0 GET of http://IPV4:PORT/PATH: the status code and body.
 struct HttpResult {
   int status = 0;
   std::string body;

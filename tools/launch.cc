@@ -58,7 +58,7 @@ struct LaunchConfig {
   std::optional<int> nproc_per_node;  // absent: --workers is this node's count
   std::string coordinator;   // HOST:PORT; empty: 127.0.0.1:0 on a single node
   std::string attach;        // HOST:PORT of a running fleet's coordinator
-  std::string bind_host;     // empty: the children's default (127.0.0.1)
+  std::string bind_host;     // empty: the children's default (auto)
   std::vector<std::string> worker_args;  // forwarded unchanged to every worker
 
   // Workers this launcher starts.
@@ -93,9 +93,9 @@ constexpr char kFooter[] = R"(Examples:
   tessera-launch --attach 127.0.0.1:29500 --workers 2 --mode ps-sync -- --steps 500
   # two nodes x 4 workers; node 0 (10.0.0.1) hosts the coordinator and the servers
   node0$ tessera-launch --nnodes 2 --node-rank 0 --nproc-per-node 4 --coordinator 10.0.0.1:29500 \
-           --bind-host 10.0.0.1 --servers 2 --mode ps-sync -- --steps 500
+           --servers 2 --mode ps-sync -- --steps 500
   node1$ tessera-launch --nnodes 2 --node-rank 1 --nproc-per-node 4 --coordinator 10.0.0.1:29500 \
-           --bind-host 10.0.0.2 --mode ps-sync -- --steps 500
+           --mode ps-sync -- --steps 500
 
 Multi-node (as torchrun --nnodes/--node-rank/--nproc-per-node/--rdzv-endpoint):
   Run one launcher per node with the same --nnodes, --nproc-per-node, --mode and training
@@ -107,8 +107,9 @@ Multi-node (as torchrun --nnodes/--node-rank/--nproc-per-node/--rdzv-endpoint):
   coordinator and servers until every worker of every node has left (the coordinator's
   --exit-when-workers-leave). A worker failing anywhere fails the job: its own launcher exits 1
   naming it, the coordinator tells every other worker which rank failed, they exit with that
-  error, and so do their launchers. --bind-host must be this node's address that the other
-  nodes can reach.
+  error, and so do their launchers. Each process listens on its node's address on the route
+  to the coordinator (--bind-host auto); name an interface (--bind-host eth1, or
+  TESSERA_SOCKET_IFNAME) when that is not the network the nodes should use.
 
 Long-running fleet:
   --workers 0 starts a coordinator (with --num-workers 0) and the servers and runs until
@@ -217,8 +218,8 @@ void AddFlags(CLI::App& app, LaunchConfig* config) {
                  "at HOST:PORT (see \"Long-running fleet\")")
       ->type_name("HOST:PORT");
   app.add_option("--bind-host", config->bind_host,
-                 "Interface the children listen on; with several nodes, this node's address "
-                 "that the others can reach (default 127.0.0.1)")
+                 "Where the children listen (their --bind-host): auto (default: the address on "
+                 "this node's route to the coordinator), an IP address or an interface name")
       ->type_name("HOST");
 }
 

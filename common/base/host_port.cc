@@ -40,6 +40,13 @@ bool IsLoopbackHost(std::string_view host) {
   return parts == 4 && first == 127;
 }
 
+bool IsUnspecifiedHost(std::string_view host) {
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return host == "0.0.0.0" || host == "::" || host == "0:0:0:0:0:0:0:0" || host == "*";
+}
+
 StatusOr<std::pair<std::string, int>> ParseHostPort(std::string_view text) {
   auto fail = [text](std::string_view why) {
     return InvalidArgumentError(Quote(text) + " is not HOST:PORT: " + std::string(why));

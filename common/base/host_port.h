@@ -14,6 +14,10 @@ namespace tessera {
 // Used to warn when a listening socket is reachable from the network.
 bool IsLoopbackHost(std::string_view host);
 
+// 0.0.0.0, :: (bracketed or not) and "*": hosts that mean "every interface" when bound and
+// that nobody can connect to.
+bool IsUnspecifiedHost(std::string_view host);
+
 // "host:port" or "[ipv6]:port" -> {host without brackets, port}; port must be 0..65535.
 // Errors quote the text and say what is wrong (missing port, non-numeric port, IPv6 without
 // brackets, a URL scheme, ...).

@@ -72,5 +72,14 @@ TEST(IsLoopbackHostTest, Classifies) {
   }
 }
 
+TEST(IsUnspecifiedHostTest, Classifies) {
+  for (const char* host : {"0.0.0.0", "::", "[::]", "0:0:0:0:0:0:0:0", "*"}) {
+    EXPECT_TRUE(IsUnspecifiedHost(host)) << host;
+  }
+  for (const char* host : {"", "127.0.0.1", "10.0.0.1", "::1", "0.0.0.1", "node1", "[::1]"}) {
+    EXPECT_FALSE(IsUnspecifiedHost(host)) << host;
+  }
+}
+
 }  // namespace
 }  // namespace tessera

@@ -199,9 +199,13 @@ const Field kFields[kNumFields] = {
      [](const ProcessConfig& c) { return c.bind_host; },
      [](Role role) -> const char* {
        if (role == Role::kCoordinator) {
-         return "Interface of the /metrics HTTP server; 0.0.0.0: every interface";
+         return "Where /metrics listens: auto (the --coordinator host), an IP address or an "
+                "interface name (eth0); 0.0.0.0: every interface. Env: TESSERA_SOCKET_IFNAME";
        }
-       return "Interface this process listens on (transport, /metrics); 0.0.0.0: every interface";
+       return "Where this process listens (transport, /metrics): auto (the local address of the "
+              "route to the coordinator; the loopback for a local one), an IP address or an "
+              "interface name (eth0); 0.0.0.0: every interface, advertising the auto address. "
+              "Env: TESSERA_SOCKET_IFNAME";
      }},
     {kPort, "--port", nullptr, "PORT", kForServer | kForWorker, false,
      [](std::string_view n, std::string_view t, ProcessConfig* c) {
@@ -487,6 +491,7 @@ Status ApplyEnvironment(const Environment& env, ProcessConfig* config) {
   RETURN_IF_ERROR(ApplyVariable(env, "TESSERA_NUM_SERVERS", kNumServers, config));
   RETURN_IF_ERROR(ApplyVariable(env, "TESSERA_JOB", kJob, config));
   RETURN_IF_ERROR(ApplyVariable(env, "TESSERA_LOG_LEVEL", kLogLevel, config));
+  RETURN_IF_ERROR(ApplyVariable(env, "TESSERA_SOCKET_IFNAME", kBindHost, config));
   if (config->role == Role::kWorker) {
     RETURN_IF_ERROR(ApplyVariable(env, "TESSERA_CUDA_TF32", kCudaTf32, config));
   }

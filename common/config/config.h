@@ -89,9 +89,12 @@ struct ProcessConfig {
   // Coordinator: where its rendezvous socket listens; default 127.0.0.1:0 (port 0 = OS picks).
   // Flag --coordinator; env MASTER_ADDR + MASTER_PORT (both needed).
   std::string coordinator;
-  // Interface of this process's listening sockets (transport and HTTP /metrics; for the
-  // coordinator only /metrics, its rendezvous socket listens on `coordinator`). Flag --bind-host.
-  std::string bind_host = "127.0.0.1";
+  // Where this process's listening sockets bind (transport and HTTP /metrics; for the
+  // coordinator only /metrics, its rendezvous socket listens on `coordinator`): "auto" (the
+  // local end of the route to the coordinator; the loopback when that is local), an IP address
+  // or an interface name (common/transport/bind_address.h). Flag --bind-host; env
+  // TESSERA_SOCKET_IFNAME.
+  std::string bind_host = "auto";
   // Transport port, 0 = OS picks. Flag --port. Not for the coordinator (must stay 0).
   int port = 0;
   // HTTP /metrics port, 0 = OS picks. Flag --metrics-port.

@@ -54,7 +54,7 @@ TEST(ProcessConfigTest, WorkerDefaults) {
   EXPECT_EQ(config->num_workers, 1);
   EXPECT_EQ(config->num_servers, 0);
   EXPECT_EQ(config->coordinator, "10.0.0.1:29500");
-  EXPECT_EQ(config->bind_host, "127.0.0.1");
+  EXPECT_EQ(config->bind_host, "auto");
   EXPECT_EQ(config->port, 0);
   EXPECT_EQ(config->metrics_port, 0);
   EXPECT_EQ(config->job, "tessera");
@@ -411,17 +411,29 @@ TEST(ProcessConfigTest, HelpListsEveryFlagWithDefaultAndEnvironment) {
   EXPECT_EQ(config.status().code(), StatusCode::kCancelled);
   for (const char* expected :
        {"--rank INT ", "--local-rank INT ", "--num-workers,--world-size INT=1",
-        "--num-servers INT=0", "--coordinator HOST:PORT", "--bind-host HOST=127.0.0.1",
+        "--num-servers INT=0", "--coordinator HOST:PORT", "--bind-host HOST=auto",
         "--port PORT=0", "--metrics-port PORT=0", "--job NAME=tessera",
         "--rendezvous-timeout-ms MS=60000", "--heartbeat-interval-ms MS=1000",
         "--heartbeat-timeout-ms MS=10000", "--request-timeout-ms MS=30000",
         "--max-message-bytes BYTES=1073741824", "--log-level LEVEL=info", "--linger SECONDS=0",
         "--cuda-tf32 0|1=0", "RANK | OMPI_COMM_WORLD_RANK | SLURM_PROCID", "LOCAL_RANK",
         "WORLD_SIZE", "MASTER_ADDR + MASTER_PORT", "TESSERA_NUM_SERVERS", "TESSERA_JOB",
-        "TESSERA_LOG_LEVEL", "TESSERA_CUDA_TF32",
+        "TESSERA_LOG_LEVEL", "TESSERA_CUDA_TF32", "TESSERA_SOCKET_IFNAME",
         "Precedence: flags > environment > defaults"}) {
     EXPECT_THAT(out, HasSubstr(expected));
   }
+}
+
+TEST(ProcessConfigTest, BindHostFromTheSocketInterfaceVariableOrItsFlag) {
+  StatusOr<ProcessConfig> config =
+      Parse(Role::kServer, {kCoordinatorFlag}, {{"TESSERA_SOCKET_IFNAME", "eth1"}});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->bind_host, "eth1");
+  EXPECT_EQ(config->sources.at("--bind-host"), "env TESSERA_SOCKET_IFNAME");
+  StatusOr<ProcessConfig> flag = Parse(Role::kServer, {kCoordinatorFlag, "--bind-host=eth0"},
+                                       {{"TESSERA_SOCKET_IFNAME", "eth1"}});
+  ASSERT_TRUE(flag.ok()) << flag.status();
+  EXPECT_EQ(flag->bind_host, "eth0");
 }
 
 TEST(ProcessConfigTest, CudaTf32FromTheEnvironmentOrItsFlag) {

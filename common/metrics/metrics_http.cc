@@ -105,7 +105,9 @@ StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
                   << ", which is reachable from the network (no authentication, no TLS)";
   }
 
-  std::unique_ptr<MetricsHttpServer> server(new MetricsHttpServer(address));
+  const std::string& advertise = options.advertise_host.empty() ? host : options.advertise_host;
+  std::unique_ptr<MetricsHttpServer> server(new MetricsHttpServer(
+      advertise.find(':') == std::string::npos ? advertise : "[" + advertise + "]"));
   server->handlers_[kMetricsPath] =
       std::make_shared<const HttpHandler>([registry](const HttpRequest& request) {
         if (request.method != "GET") return PlainResponse(405, "use GET for /metrics\n");

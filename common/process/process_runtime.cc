@@ -19,6 +19,7 @@
 #include "common/base/version.h"
 #include "common/messages/fleet_view.h"
 #include "common/metrics/metric_names.h"
+#include "common/transport/bind_address.h"
 #include "common/transport/zmq/zmq_endpoint.h"
 
 namespace tessera {
@@ -52,8 +53,21 @@ StatusOr<std::unique_ptr<ProcessRuntime>> ProcessRuntime::Start(const ProcessCon
                    build_info->WithLabels({std::string(RoleName(config.role)), kVersion}));
   info->Set(1);
 
+  std::string coordinator_host;
+  if (!config.coordinator.empty()) {
+    ASSIGN_OR_RETURN(auto host_port, ParseHostPort(config.coordinator));
+    coordinator_host = host_port.first;
+  }
+  ASSIGN_OR_RETURN(runtime->bind_address_, ResolveBindAddress(config.bind_host, coordinator_host));
+  const BindAddress& bind = runtime->bind_address_;
+  if (config.bind_host != "auto" || !IsLoopbackHost(bind.advertise)) {
+    TLOG(INFO) << "--bind-host " << config.bind_host << ": listening on " << bind.listen
+               << ", reachable at " << bind.advertise << " (" << bind.how << ")";
+  }
+
   MetricsHttpOptions http_options;
-  http_options.bind_host = config.bind_host;
+  http_options.bind_host = bind.listen;
+  http_options.advertise_host = bind.advertise;
   http_options.port = config.metrics_port;
   ASSIGN_OR_RETURN(runtime->http_, MetricsHttpServer::Start(http_options, &runtime->metrics_));
 
@@ -64,9 +78,11 @@ StatusOr<std::unique_ptr<ProcessRuntime>> ProcessRuntime::Start(const ProcessCon
   if (config.role == Role::kCoordinator) {
     ASSIGN_OR_RETURN(auto host_port, ParseHostPort(config.coordinator));
     transport.bind_host = host_port.first;
+    if (IsUnspecifiedHost(host_port.first)) transport.advertise_host = bind.advertise;
     transport.port = host_port.second;
   } else {
-    transport.bind_host = config.bind_host;
+    transport.bind_host = bind.listen;
+    transport.advertise_host = bind.advertise;
     transport.port = config.port;
   }
   ASSIGN_OR_RETURN(runtime->endpoint_, StartZmqEndpoint(transport, &runtime->metrics_));

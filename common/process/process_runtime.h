@@ -30,6 +30,7 @@
 #include "common/config/config.h"
 #include "common/metrics/metrics.h"
 #include "common/metrics/metrics_http.h"
+#include "common/transport/bind_address.h"
 #include "common/transport/rpc_endpoint.h"
 
 namespace tessera {
@@ -44,6 +45,8 @@ class ProcessRuntime {
   MetricsHttpServer& http() { return *http_; }
   RpcEndpoint& endpoint() { return *endpoint_; }
   std::string metrics_url() const { return http_->url(); }
+  // Where --bind-host put this process's sockets, and the address the others reach it at.
+  const BindAddress& bind_address() const { return bind_address_; }
 
   // Prints the line tessera-launch waits for, on stdout:
   // "TESSERA_READY role=worker rank=1 address=tcp://... metrics=http://.../metrics pid=123".
@@ -63,6 +66,7 @@ class ProcessRuntime {
   explicit ProcessRuntime(const ProcessConfig& config) : config_(config) {}
 
   const ProcessConfig config_;
+  BindAddress bind_address_;
   MetricsRegistry metrics_;
   std::unique_ptr<MetricsHttpServer> http_;
   std::unique_ptr<RpcEndpoint> endpoint_;

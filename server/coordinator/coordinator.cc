@@ -8,6 +8,7 @@
 #include "common/base/logging.h"
 #include "common/base/process_alive.h"
 #include "common/metrics/metric_names.h"
+#include "common/transport/bind_address.h"
 #include "common/transport/zmq/zmq_transport.h"
 
 namespace tessera::server {
@@ -191,6 +192,10 @@ void Coordinator::HandleRegister(const Envelope& envelope) {
                       InvalidArgumentError(role_name + " registered with listen address '" +
                                            address + "', expected tcp://HOST:PORT"));
   }
+  if (Status reachable = CheckReachable(*request, envelope.origin.source_host); !reachable.ok()) {
+    TLOG(WARNING) << reachable.message();
+    return ReplyError(envelope.origin, request_id, reachable);
+  }
   const bool job_worker = IsFleet() && role == Role::kWorker;
   if (job_worker) {
     const int size = request->num_workers;
@@ -285,6 +290,35 @@ void Coordinator::HandleRegister(const Envelope& envelope) {
     CompleteRendezvous();
   }
   PublishSnapshot();
+}
+
+Status Coordinator::CheckReachable(const RegisterRequest& request, const std::string& source) {
+  StatusOr<std::pair<std::string, int>> host_port = ParseHostPort(request.address.substr(6));
+  if (!host_port.ok()) return OkStatus();  // IsValidTcpAddress passed; nothing more to say
+  const std::string& host = host_port->first;
+  std::string who = "a " + std::string(RoleName(request.role));
+  if (request.requested_rank >= 0) who += " asking for rank " + std::to_string(request.requested_rank);
+  who += " (pid " + std::to_string(request.pid) +
+         (request.host.empty() ? "" : " on " + request.host) + ")";
+  const std::string from = source.empty() ? "" : " from " + source;
+  const std::string fix =
+      "start it with --bind-host auto (the default: the address on its route to the "
+      "coordinator), its own address" + (source.empty() ? "" : " (--bind-host " + source + ")") +
+      " or its interface's name (--bind-host eth0, or TESSERA_SOCKET_IFNAME)";
+  if (IsUnspecifiedHost(host)) {
+    return InvalidArgumentError(who + " connected" + from + " advertising " + request.address +
+                                ", which no other process can connect to; " + fix);
+  }
+  // A loopback address is fine when the member is on the coordinator's host; the coordinator
+  // cannot tell which host the others are on, but one that came from elsewhere is elsewhere.
+  if (IsLoopbackHost(host) && !source.empty() && !IsLoopbackHost(source) &&
+      !IsAddressOfThisHost(source)) {
+    return InvalidArgumentError(who + " connected from " + source + " advertising " +
+                                request.address +
+                                ", a loopback address the processes on other hosts cannot reach; " +
+                                fix);
+  }
+  return OkStatus();
 }
 
 void Coordinator::CompleteRendezvous() {

@@ -128,6 +128,9 @@ class Coordinator {
   // Declares failed every live member of this host whose process is gone.
   void CheckLocalProcesses();
 
+  // Refuses a member whose advertised address the others cannot reach: an unspecified one, or
+  // a loopback one from a member that connected from another host (`source`: its IP address).
+  static Status CheckReachable(const RegisterRequest& request, const std::string& source);
   void CompleteRendezvous();
   bool IsFleet() const { return options_.num_workers == 0; }
   // Workers expected now: num_workers, or in a fleet the current job's size (0: no job).

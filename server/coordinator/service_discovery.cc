@@ -12,10 +12,6 @@ namespace {
 
 constexpr std::string_view kHttpScheme = "http://";
 
-bool IsUnspecifiedHost(std::string_view host) {
-  return host == "0.0.0.0" || host == "::" || host == "0:0:0:0:0:0:0:0";
-}
-
 }  // namespace
 
 StatusOr<std::pair<std::string, std::string>> SplitMetricsUrl(std::string_view url,

@@ -5,6 +5,7 @@
 
 #include "common/base/host_port.h"
 #include "common/base/quote.h"
+#include "common/transport/bind_address.h"
 
 namespace tessera::worker {
 namespace {
@@ -30,17 +31,20 @@ StatusOr<BackendConfig> BackendConfigFrom(const Environment& env) {
   BackendConfig config;
   GroupMemberOptions& member = config.member;
   member.timeout_ms = kDefaultTimeoutMs;
-  if (auto it = env.find("TESSERA_BIND_HOST"); it != env.end()) {
-    const std::string& host = it->second;
-    bool plain = !host.empty();
-    for (char c : host) plain &= !std::isspace(static_cast<unsigned char>(c)) && c != '/';
-    if (!plain || host == "0.0.0.0" || host == "*") {
-      return InvalidArgumentError(
-          "TESSERA_BIND_HOST=" + Quote(host) +
-          ": give this host's address that its peers can reach (a name or an IP address; not "
-          "0.0.0.0, which peers cannot connect to)");
+  {
+    // As --bind-host: auto aims at the rendezvous host torch was given (MASTER_ADDR).
+    auto given = env.find("TESSERA_BIND_HOST");
+    if (given == env.end()) given = env.find("TESSERA_SOCKET_IFNAME");
+    const std::string choice = given == env.end() ? "auto" : given->second;
+    auto master = env.find("MASTER_ADDR");
+    StatusOr<BindAddress> bind =
+        ResolveBindAddress(choice, master == env.end() ? "" : master->second);
+    if (!bind.ok()) {
+      return bind.status().WithContext(given == env.end() ? "MASTER_ADDR=" + Quote(master->second)
+                                                          : given->first + "=" + Quote(choice));
     }
-    member.bind_host = host;
+    // Every socket of a rank binds the address its peers are given.
+    member.bind_host = bind->advertise;
   }
   if (auto it = env.find("TESSERA_RING_TRANSPORT"); it != env.end()) {
     const std::string& kind = it->second;

@@ -29,6 +29,25 @@ TEST(BackendConfigTest, ReadsEveryVariable) {
   EXPECT_EQ(config->coordinator, "10.0.0.1:29500");
 }
 
+TEST(BackendConfigTest, TheBindHostFollowsTheRouteToMasterAddrOrAnInterface) {
+  StatusOr<BackendConfig> local = BackendConfigFrom({{"MASTER_ADDR", "localhost"}});
+  ASSERT_TRUE(local.ok()) << local.status();
+  EXPECT_EQ(local->member.bind_host, "127.0.0.1");
+  StatusOr<BackendConfig> named = BackendConfigFrom({{"TESSERA_SOCKET_IFNAME", "lo"}});
+  ASSERT_TRUE(named.ok()) << named.status();
+  EXPECT_EQ(named->member.bind_host, "127.0.0.1");
+  // Every interface: the ranks bind and advertise what auto picks, never 0.0.0.0.
+  StatusOr<BackendConfig> every =
+      BackendConfigFrom({{"TESSERA_BIND_HOST", "0.0.0.0"}, {"MASTER_ADDR", "127.0.0.1"}});
+  ASSERT_TRUE(every.ok()) << every.status();
+  EXPECT_EQ(every->member.bind_host, "127.0.0.1");
+  StatusOr<BackendConfig> unknown = BackendConfigFrom({{"TESSERA_SOCKET_IFNAME", "nosuch0"}});
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.status().message().find("TESSERA_SOCKET_IFNAME=\"nosuch0\""),
+            std::string::npos)
+      << unknown.status();
+}
+
 TEST(BackendConfigTest, ACoordinatorGetsMetricsOnAPortTheOsPicks) {
   StatusOr<BackendConfig> config = BackendConfigFrom({{"TESSERA_COORDINATOR", "host:1"}});
   ASSERT_TRUE(config.ok()) << config.status();
@@ -44,7 +63,7 @@ TEST(BackendConfigTest, TorchsDefaultTimeoutMeansNoneWasGiven) {
 
 TEST(BackendConfigTest, BadValuesNameTheVariable) {
   const std::pair<const char*, const char*> bad[] = {
-      {"TESSERA_BIND_HOST", "0.0.0.0"},      {"TESSERA_BIND_HOST", ""},
+      {"TESSERA_BIND_HOST", "nosuch0"},      {"TESSERA_BIND_HOST", ""},
       {"TESSERA_RING_TRANSPORT", "tcp"},     {"TESSERA_TIMEOUT_MS", "0"},
       {"TESSERA_TIMEOUT_MS", "5s"},          {"TESSERA_METRICS_PORT", "70000"},
       {"TESSERA_METRICS_PORT", "-1"},        {"TESSERA_COORDINATOR", "host"},

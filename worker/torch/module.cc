@@ -9,6 +9,8 @@
 #include <mutex>
 #include <string>
 
+#include "common/base/host_port.h"
+#include "common/transport/bind_address.h"
 #include "worker/torch/backend_config.h"
 #include "worker/torch/fleet_presence.h"
 #include "worker/torch/process_group_tessera.h"
@@ -256,7 +258,12 @@ PsClientOptions MakePsClientOptions(const std::string& coordinator, int rank, in
   const int64_t timeout_ms = static_cast<int64_t>(timeout_s * 1000);
   options.rendezvous_timeout_ms = timeout_ms;
   options.request_timeout_ms = timeout_ms;
-  options.bind_host = bind_host;
+  // As --bind-host: "auto" is the local end of the route to the coordinator.
+  StatusOr<std::pair<std::string, int>> coordinator_host = ParseHostPort(coordinator);
+  Check(coordinator_host.status());
+  StatusOr<BindAddress> bind = ResolveBindAddress(bind_host, coordinator_host->first);
+  Check(bind.status());
+  options.bind_host = bind->advertise;
   return options;
 }
 

@@ -427,6 +427,12 @@ struct ZmqTransport::Impl {
     if (is_router) {
       origin.reply_to = frames[0].to_string();
       first_frame = 1;
+      // The routing-id frame is the ROUTER's own; the peer's frames carry its address.
+      try {
+        origin.source_host = frames.back().gets("Peer-Address");
+      } catch (const zmq::error_t&) {
+        // Not every transport (ipc, inproc) knows it.
+      }
     } else {
       origin.peer_address = std::move(peer_address);
     }
@@ -506,6 +512,11 @@ StatusOr<std::unique_ptr<ZmqTransport>> ZmqTransport::Create(const ZmqTransportO
     if (ipv6) impl->router.set(zmq::sockopt::ipv6, 1);
     impl->router.bind(endpoint);
     impl->router_address = impl->router.get(zmq::sockopt::last_endpoint);
+    if (!options.advertise_host.empty()) {
+      const std::string& bound = impl->router_address;
+      const int port = std::stoi(bound.substr(bound.rfind(':') + 1));
+      impl->router_address = "tcp://" + JoinHostPort(options.advertise_host, port);
+    }
   } catch (const zmq::error_t& e) {
     return UnavailableError("cannot listen on " + endpoint + ": " + e.what());
   }

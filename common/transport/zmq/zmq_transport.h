@@ -39,6 +39,9 @@ namespace tessera {
 
 struct ZmqTransportOptions {
   std::string bind_host = "127.0.0.1";
+  // The host address() names, for peers to connect to; empty: the bound one. Must be set when
+  // bind_host is unspecified (0.0.0.0), which nobody can connect to.
+  std::string advertise_host;
   int port = 0;  // 0: the OS picks a free port; address() reports it
   uint64_t max_message_bytes = 1ull << 30;
   // Who we are: the sender fields of what we send (SetIdentity changes them).

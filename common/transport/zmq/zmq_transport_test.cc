@@ -73,6 +73,21 @@ TEST(ZmqTransportTest, BindsLoopbackOnAnOsChosenPort) {
   EXPECT_TRUE(IsValidTcpAddress(transport->address()));
 }
 
+TEST(ZmqTransportTest, AdvertisesItsAdvertiseHostWhenBoundEverywhere) {
+  EnvelopeQueue queue;
+  ZmqTransportOptions options;
+  options.bind_host = "0.0.0.0";
+  options.advertise_host = "127.0.0.1";
+  auto transport = ZmqTransport::Start(options, queue.Handler(), nullptr);
+  ASSERT_TRUE(transport.ok()) << transport.status();
+  EXPECT_EQ((*transport)->address().rfind("tcp://127.0.0.1:", 0), 0u) << (*transport)->address();
+  // Reachable there: a request arrives.
+  EnvelopeQueue client_queue;
+  auto client = StartTransport(&client_queue, nullptr);
+  ASSERT_TRUE(client->Send((*transport)->address(), Push({1.0f}, 3)).ok());
+  EXPECT_TRUE(queue.Pop(Soon(), "push").ok());
+}
+
 TEST(ZmqTransportTest, RequestAndReplyCarryPayloadsIntact) {
   MetricsRegistry server_metrics;
   EnvelopeQueue server_queue, client_queue;
@@ -88,6 +103,7 @@ TEST(ZmqTransportTest, RequestAndReplyCarryPayloadsIntact) {
   EXPECT_TRUE(request->origin.IsRequest());
   EXPECT_EQ(request->header.request_id, 7u);
   EXPECT_EQ(request->header.DescribeSender(), "server 0");
+  EXPECT_EQ(request->origin.source_host, "127.0.0.1");  // where the connection came from
   const PsPushPullRequest* push = request->As<PsPushPullRequest>();
   ASSERT_NE(push, nullptr);
   ASSERT_EQ(push->tensors.size(), 1u);

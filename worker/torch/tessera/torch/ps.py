@@ -216,7 +216,8 @@ class ParameterServerOptimizer:
                              "coordinator='HOST:PORT' or set TESSERA_COORDINATOR (start one with "
                              "tessera-launch --servers S --workers 0)")
         rank, world_size = _whoami(rank, world_size)
-        bind_host = bind_host or os.environ.get("TESSERA_BIND_HOST", "127.0.0.1")
+        bind_host = (bind_host or os.environ.get("TESSERA_BIND_HOST")
+                     or os.environ.get("TESSERA_SOCKET_IFNAME") or "auto")
 
         self._named = named
         self._tables = tables

@@ -1,0 +1,221 @@
+// Jobs across emulated hosts (issue 20, item 1): two network namespaces joined by a bridge,
+// each with its own /dev/shm. Every mode trains across them with the commands of
+// docs/clusters.md and no --bind-host, to bitwise the parameters of the same job on one host;
+// a member advertising a loopback address from another host is refused naming the fix; an
+// interface name and 0.0.0.0 work; /sd and every /metrics are reachable from the other host.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/emulated_hosts.h"
+#include "tests/fleet_harness.h"
+
+namespace tessera::testing {
+namespace {
+
+constexpr int64_t kRunMs = 90000;
+
+const std::vector<std::string> kJob = {"--batch-size", "8",       "--hidden",  "16",
+                                       "--input-dim",  "8",       "--classes", "4",
+                                       "--train-samples", "256", "--device",  "cpu",
+                                       "--seed",       "5",       "--steps",   "6"};
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
+
+class MultiHostTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    StatusOr<std::unique_ptr<EmulatedHosts>> hosts = EmulatedHosts::Create(2);
+    if (!hosts.ok()) {
+      if (NamespacesRequired()) FAIL() << hosts.status();
+      GTEST_SKIP() << "cannot emulate hosts with network namespaces here (needs root): "
+                   << hosts.status();
+    }
+    hosts_ = std::move(hosts).value();
+  }
+  void TearDown() override { harness_.StopAll(); }
+
+  // `binary` with `args` on host `host`, with `env` (NAME=VALUE) added to its environment.
+  StatusOr<int> StartOn(int host, const std::string& label, const std::string& binary,
+                        const std::vector<std::string>& args,
+                        const std::vector<std::string>& env = {}) {
+    std::vector<std::string> argv = Concat({"/usr/bin/env"}, env);
+    argv.push_back(BinaryPath(binary));
+    return harness_.StartCommand(label, hosts_->Command(host, Concat(argv, args)));
+  }
+
+  // A coordinator on host 0 (at its address, port 0), `servers` servers on hosts 0, 1, 0, ...
+  // and worker r on host r, with `server_flags[s]` and `worker_flags[r]` appended and worker 1
+  // given `worker1_env`.
+  StatusOr<TwoWorkerJob> StartAcrossHosts(const std::string& mode, int servers,
+                                          const std::vector<std::vector<std::string>>& server_flags,
+                                          const std::vector<std::vector<std::string>>& worker_flags,
+                                          const std::vector<std::string>& worker1_env = {}) {
+    TwoWorkerJob job;
+    const std::string n = std::to_string(servers);
+    ASSIGN_OR_RETURN(job.coordinator,
+                     StartOn(0, "coordinator", "server/coordinator/tessera-coordinator",
+                             {"--coordinator", EmulatedHosts::Address(0) + ":0", "--num-servers",
+                              n, "--num-workers", "2"}));
+    RETURN_IF_ERROR(harness_.WaitReady(job.coordinator, Deadline::AfterMillis(30000)));
+    job.address = harness_.process(job.coordinator).address.substr(std::string("tcp://").size());
+    for (int s = 0; s < servers; ++s) {
+      ASSIGN_OR_RETURN(int id, StartOn(s % 2, "server " + std::to_string(s),
+                                       "server/ps/tessera-server",
+                                       Concat({"--coordinator", job.address, "--num-servers", n,
+                                               "--num-workers", "2", "--rank", std::to_string(s)},
+                                              server_flags.empty() ? std::vector<std::string>{}
+                                                                   : server_flags[s])));
+      job.servers.push_back(id);
+    }
+    for (int r = 0; r < 2; ++r) {
+      ASSIGN_OR_RETURN(int id, StartOn(r, "worker " + std::to_string(r), "worker/tessera-worker",
+                                       Concat({"--mode", mode, "--coordinator", job.address,
+                                               "--num-servers", n, "--num-workers", "2", "--rank",
+                                               std::to_string(r)},
+                                              worker_flags[r]),
+                                       r == 1 ? worker1_env : std::vector<std::string>{}));
+      job.workers.push_back(id);
+    }
+    return job;
+  }
+
+  // Waits for both workers; EXPECTs each exits 0.
+  void ExpectWorkersSucceed(const TwoWorkerJob& job) {
+    for (int id : job.workers) {
+      auto exit = harness_.WaitExit(id, Deadline::AfterMillis(kRunMs));
+      ASSERT_TRUE(exit.ok()) << exit.status() << "\n" << harness_.Output(id);
+      EXPECT_EQ(exit->status, 0) << harness_.Output(id);
+    }
+  }
+
+  std::unique_ptr<EmulatedHosts> hosts_;
+  FleetHarness harness_;
+};
+
+// The parameters worker 0 saved after `mode` on the loopback of this machine.
+std::string OneHostParameters(const std::string& mode, int servers, const std::string& name) {
+  FleetHarness harness;
+  const std::string path = TempPath(name + "-one-host.params");
+  auto job = StartTwoWorkerJob(harness, mode, servers, {},
+                               {Concat(kJob, {"--save-params", path}), kJob});
+  EXPECT_TRUE(job.ok()) << job.status();
+  if (!job.ok()) return "";
+  for (int id : job->workers) {
+    auto exit = harness.WaitExit(id, Deadline::AfterMillis(kRunMs));
+    EXPECT_TRUE(exit.ok() && exit->status == 0) << harness.Output(id);
+  }
+  harness.StopAll();
+  return ReadFile(path);
+}
+
+TEST_F(MultiHostTest, EveryModeTrainsAcrossHostsWithoutBindHost) {
+  for (const std::string mode : {"ps-sync", "ps-async", "allreduce", "zero2", "zero3"}) {
+    SCOPED_TRACE(mode);
+    const int servers = mode.rfind("ps-", 0) == 0 ? 2 : 0;
+    const std::string path = TempPath(mode + "-across.params");
+    auto job = StartAcrossHosts(mode, servers, {},
+                                {Concat(kJob, {"--save-params", path}), kJob});
+    ASSERT_TRUE(job.ok()) << job.status();
+    ExpectWorkersSucceed(*job);
+    // Each process advertised its own host's address, not the loopback.
+    EXPECT_EQ(harness_.process(job->workers[1]).address.rfind("tcp://10.77.0.2:", 0), 0u)
+        << harness_.process(job->workers[1]).address;
+    EXPECT_EQ(harness_.process(job->workers[1]).metrics_url.rfind("http://10.77.0.2:", 0), 0u)
+        << harness_.process(job->workers[1]).metrics_url;
+    if (servers > 0) {
+      EXPECT_EQ(harness_.process(job->servers[1]).address.rfind("tcp://10.77.0.2:", 0), 0u);
+    }
+    if (mode == "ps-async") {
+      // Its result depends on how the two workers' pushes interleave: it trains, that's all.
+      EXPECT_FALSE(ReadFile(path).empty());
+    } else {
+      EXPECT_EQ(ReadFile(path), OneHostParameters(mode, servers, mode))
+          << "the same job on one host ended with other parameters";
+    }
+    harness_.StopAll();
+  }
+}
+
+TEST_F(MultiHostTest, ALoopbackAddressFromAnotherHostIsRefusedNamingTheFix) {
+  auto job = StartAcrossHosts("allreduce", 0, {},
+                              {kJob, Concat(kJob, {"--bind-host", "127.0.0.1"})});
+  ASSERT_TRUE(job.ok()) << job.status();
+  auto exit = harness_.WaitExit(job->workers[1], Deadline::AfterMillis(kRunMs));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  EXPECT_NE(exit->status, 0);
+  const std::string out = harness_.Output(job->workers[1]);
+  EXPECT_NE(out.find("connected from 10.77.0.2 advertising tcp://127.0.0.1:"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("--bind-host auto"), std::string::npos) << out;
+  EXPECT_NE(out.find("--bind-host 10.77.0.2"), std::string::npos) << out;
+  EXPECT_NE(harness_.Output(job->coordinator).find("advertising tcp://127.0.0.1:"),
+            std::string::npos);
+}
+
+TEST_F(MultiHostTest, AnInterfaceNameOrEveryInterfaceAdvertisesTheHostsAddress) {
+  const std::string path = TempPath("ifname-across.params");
+  auto job = StartAcrossHosts("ps-sync", 2, {{"--bind-host", "0.0.0.0"}, {"--bind-host", "eth0"}},
+                              {Concat(kJob, {"--save-params", path}), kJob},
+                              {"TESSERA_SOCKET_IFNAME=eth0"});
+  ASSERT_TRUE(job.ok()) << job.status();
+  ExpectWorkersSucceed(*job);
+  EXPECT_EQ(harness_.process(job->servers[0]).address.rfind("tcp://10.77.0.1:", 0), 0u)
+      << harness_.process(job->servers[0]).address;
+  EXPECT_EQ(harness_.process(job->servers[0]).metrics_url.rfind("http://10.77.0.1:", 0), 0u)
+      << harness_.process(job->servers[0]).metrics_url;
+  EXPECT_EQ(harness_.process(job->servers[1]).address.rfind("tcp://10.77.0.2:", 0), 0u)
+      << harness_.process(job->servers[1]).address;
+  EXPECT_NE(harness_.Output(job->workers[1]).find("--bind-host eth0: listening on 10.77.0.2"),
+            std::string::npos)
+      << harness_.Output(job->workers[1]);
+  EXPECT_EQ(ReadFile(path), OneHostParameters("ps-sync", 2, "ifname"));
+}
+
+TEST_F(MultiHostTest, ServiceDiscoveryAndMetricsAreReachableFromTheOtherHost) {
+  // Workers linger after training, so that every process still serves /metrics.
+  auto job = StartAcrossHosts("ps-sync", 2, {},
+                              {Concat(kJob, {"--linger", "60"}), Concat(kJob, {"--linger", "60"})});
+  ASSERT_TRUE(job.ok()) << job.status();
+  for (int id : job->workers) {
+    ASSERT_TRUE(harness_.WaitForLine(id, "trained", Deadline::AfterMillis(kRunMs)).ok())
+        << harness_.Output(id);
+  }
+  const std::string metrics = harness_.process(job->coordinator).metrics_url;
+  ASSERT_EQ(metrics.rfind("http://10.77.0.1:", 0), 0u) << metrics;
+  const std::string sd = metrics.substr(0, metrics.rfind('/')) + "/sd";
+  std::vector<std::string> targets;
+  ASSERT_TRUE(hosts_
+                  ->RunInHost(1, [&] {
+                    StatusOr<HttpResult> listed = HttpGet(sd, 5000);
+                    ASSERT_TRUE(listed.ok()) << listed.status();
+                    ASSERT_EQ(listed->status, 200) << listed->body;
+                    nlohmann::json groups = nlohmann::json::parse(listed->body, nullptr, false);
+                    for (const nlohmann::json& group : groups) {
+                      for (const nlohmann::json& target : group.value("targets", nlohmann::json::array())) {
+                        targets.push_back(target.get<std::string>());
+                      }
+                    }
+                    for (const std::string& target : targets) {
+                      StatusOr<HttpResult> page = HttpGet("http://" + target + "/metrics", 5000);
+                      ASSERT_TRUE(page.ok()) << target << ": " << page.status();
+                      EXPECT_EQ(page->status, 200) << target;
+                      EXPECT_NE(page->body.find("tessera_build_info"), std::string::npos);
+                    }
+                  })
+                  .ok());
+  EXPECT_EQ(targets.size(), 5u) << "the coordinator, 2 servers and 2 workers";
+}
+
+}  // namespace
+}  // namespace tessera::testing
