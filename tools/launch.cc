@@ -25,8 +25,11 @@
 #include "common/base/deadline.h"
 #include "common/base/host_port.h"
 #include "common/base/logging.h"
+#include "common/base/quote.h"
 #include "common/base/status.h"
+#include "common/config/config.h"
 #include "common/config/flag_checks.h"
+#include "common/config/slurm.h"
 #include "tools/process_group.h"
 
 namespace tessera {
@@ -304,6 +307,41 @@ Status Validate(const LaunchConfig& config) {
     StatusOr<LogLevel> level = ParseLogLevel(config.log_level);
     if (!level.ok()) return level.status().WithContext("--log-level");
   }
+  return OkStatus();
+}
+
+// Inside a Slurm step that spans several nodes (`srun --ntasks-per-node=1 tessera-launch ...`),
+// what --nnodes, --node-rank and --coordinator would say: the step's nodes, this node's index,
+// and the head node's address on the job's port (MASTER_PORT when set). Flags given win.
+Status ApplySlurm(const CLI::App& app, const Environment& env, LaunchConfig* config) {
+  StatusOr<std::optional<SlurmJob>> read = ReadSlurmJob(env);
+  if (!read.ok()) return read.status().WithContext("reading Slurm's variables");
+  if (!read->has_value() || !config->attach.empty()) return OkStatus();
+  const SlurmJob& job = **read;
+  const int nodes = static_cast<int>(job.nodes.size());
+  if (!job.in_step || nodes < 2) return OkStatus();  // one node: the local defaults serve
+  if (job.num_tasks && *job.num_tasks != nodes) {
+    return InvalidArgumentError(
+        "this Slurm step runs " + std::to_string(*job.num_tasks) + " tasks on " +
+        std::to_string(nodes) + " nodes; tessera-launch starts a node's processes itself, so run "
+        "one per node: srun --ntasks-per-node=1 tessera-launch --nproc-per-node P ...");
+  }
+  if (app.count("--nnodes") == 0) config->nnodes = nodes;
+  if (app.count("--node-rank") == 0) config->node_rank = job.node_id;
+  if (config->coordinator.empty()) {
+    int port = SlurmJobPort(job.job_id);
+    if (auto it = env.find("MASTER_PORT"); it != env.end()) {
+      StatusOr<std::pair<std::string, int>> parsed = ParseHostPort("x:" + it->second);
+      if (!parsed.ok() || parsed->second == 0) {
+        return InvalidArgumentError("MASTER_PORT=" + Quote(it->second) + ": not a port 1-65535");
+      }
+      port = parsed->second;
+    }
+    StatusOr<std::string> head = ResolveSlurmNode(job.nodes[0], RunCommand);
+    if (!head.ok()) return head.status().WithContext("finding the Slurm job's head node");
+    config->coordinator = JoinHostPort(*head, port);
+  }
+  if (config->node_rank > 0) config->servers = 0;  // node 0 starts them all
   return OkStatus();
 }
 
@@ -825,7 +863,8 @@ int Main(int argc, char** argv) {
     return status == 0 ? 0 : 2;
   }
   config.worker_args = ForwardedArgs(app.remaining());
-  Status valid = Validate(config);
+  Status valid = ApplySlurm(app, CurrentEnvironment(), &config);
+  if (valid.ok()) valid = Validate(config);
   if (!valid.ok()) {
     WriteLine(STDERR_FILENO,
               "tessera-launch: " + valid.message() + "\nRun with --help for more information.");

@@ -484,7 +484,13 @@ Status ApplyEnvironment(const Environment& env, ProcessConfig* config) {
       RETURN_IF_ERROR(ApplyVariable(env, family.rank, kRank, config));
       RETURN_IF_ERROR(ApplyVariable(env, family.local_rank, kLocalRank, config));
     }
-    RETURN_IF_ERROR(ApplyVariable(env, family.size, kNumWorkers, config));
+    // A server or coordinator started as a Slurm step (`srun -n 2 tessera-server`) sees the
+    // step's task count, not the job's workers.
+    const bool slurm_step = std::string_view(family.size) == "SLURM_NTASKS" &&
+                            Lookup(env, "SLURM_STEP_ID") != nullptr;
+    if (config->role == Role::kWorker || !slurm_step) {
+      RETURN_IF_ERROR(ApplyVariable(env, family.size, kNumWorkers, config));
+    }
     break;  // the first family present wins; the others are ignored
   }
   RETURN_IF_ERROR(ApplyMasterAddress(env, config));

@@ -214,6 +214,26 @@ TEST(ProcessConfigTest, SlurmStyle) {
   EXPECT_EQ(config->sources.at("--num-workers"), "env SLURM_NTASKS");
 }
 
+TEST(ProcessConfigTest, AServerOrCoordinatorInASlurmStepIgnoresTheStepsTaskCount) {
+  // `srun -n 2 tessera-server` inside a job of 4 workers: SLURM_NTASKS is the step's 2.
+  const Environment step = {{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}, {"SLURM_STEP_ID", "3"}};
+  for (Role role : {Role::kServer, Role::kCoordinator}) {
+    StatusOr<ProcessConfig> config = Parse(role, {kCoordinatorFlag}, step);
+    ASSERT_TRUE(config.ok()) << config.status();
+    EXPECT_EQ(config->num_workers, 1) << "the default, not the step's task count";
+    EXPECT_EQ(config->sources.count("--num-workers"), 0u);
+  }
+  // A worker step's tasks are the workers.
+  StatusOr<ProcessConfig> worker = Parse(Role::kWorker, {kCoordinatorFlag}, step);
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  EXPECT_EQ(worker->num_workers, 2);
+  // In the batch script itself (no step), SLURM_NTASKS is the job's.
+  StatusOr<ProcessConfig> batch =
+      Parse(Role::kServer, {kCoordinatorFlag}, {{"SLURM_NTASKS", "4"}, {"SLURM_PROCID", "0"}});
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  EXPECT_EQ(batch->num_workers, 4);
+}
+
 TEST(ProcessConfigTest, TorchrunBeatsOpenMpiBeatsSlurm) {
   Environment all = {{"RANK", "1"},
                      {"WORLD_SIZE", "2"},
