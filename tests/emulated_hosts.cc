@@ -44,7 +44,9 @@ StatusOr<std::unique_ptr<EmulatedHosts>> EmulatedHosts::Create(int num_hosts) {
   hosts->switch_ = prefix + "switch";
   RETURN_IF_ERROR(Run("ip netns add " + hosts->switch_));
   RETURN_IF_ERROR(Run("ip -n " + hosts->switch_ + " link add br0 type bridge && ip -n " +
-                      hosts->switch_ + " link set br0 up"));
+                      hosts->switch_ + " addr add " + kSwitchAddress + "/24 dev br0 && ip -n " +
+                      hosts->switch_ + " link set br0 up && ip -n " + hosts->switch_ +
+                      " link set lo up"));
   for (int i = 0; i < num_hosts; ++i) {
     const std::string ns = prefix + "host" + std::to_string(i);
     RETURN_IF_ERROR(Run("ip netns add " + ns));
@@ -75,6 +77,10 @@ std::vector<std::string> EmulatedHosts::Command(int i, const std::vector<std::st
   }
   command.insert(command.end(), argv.begin(), argv.end());
   return command;
+}
+
+std::vector<std::string> EmulatedHosts::SwitchCommand(const std::vector<std::string>& argv) const {
+  return Concat({"/usr/bin/nsenter", "--net=" + NetnsPath(switch_), "--"}, argv);
 }
 
 Status EmulatedHosts::RunInHost(int i, const std::function<void()>& body) const {

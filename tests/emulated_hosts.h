@@ -1,7 +1,8 @@
 // EmulatedHosts: several "hosts" on this machine for tests that cross hosts (issue 20).
 //
 // Each host is a network namespace with its own loopback and one interface, eth0, at
-// 10.77.0.(i+1)/24; a bridge in one more namespace (the "switch") joins them, so nothing is
+// 10.77.0.(i+1)/24; a bridge in one more namespace (the "switch", itself reachable at
+// 10.77.0.254, where a cluster's controller can run) joins them, so nothing is
 // added to the machine's own network and deleting the namespaces removes everything. A process
 // started through Command(i, ...) runs inside host i; with private shared memory, also in its
 // own mount namespace with a fresh tmpfs on /dev/shm, so a shared-memory transport really has
@@ -36,6 +37,9 @@ class EmulatedHosts {
   // `private_shm`, /dev/shm is a fresh tmpfs of its own.
   std::vector<std::string> Command(int i, const std::vector<std::string>& argv,
                                    bool private_shm = true) const;
+  // `argv` run in the switch's network namespace (at kSwitchAddress).
+  std::vector<std::string> SwitchCommand(const std::vector<std::string>& argv) const;
+  static constexpr const char* kSwitchAddress = "10.77.0.254";
   // Runs `body` on a thread that has entered host i's network namespace (sockets it opens are
   // host i's), and waits for it.
   Status RunInHost(int i, const std::function<void()>& body) const;

@@ -341,7 +341,9 @@ Status ApplySlurm(const CLI::App& app, const Environment& env, LaunchConfig* con
     if (!head.ok()) return head.status().WithContext("finding the Slurm job's head node");
     config->coordinator = JoinHostPort(*head, port);
   }
-  if (config->node_rank > 0) config->servers = 0;  // node 0 starts them all
+  // The same command runs on every node; node 0 starts every server (the other nodes' workers
+  // learn them from the coordinator).
+  if (config->node_rank > 0) config->servers = 0;
   return OkStatus();
 }
 

@@ -100,7 +100,7 @@ StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   std::string host = options.bind_host == "localhost" ? "127.0.0.1" : options.bind_host;
   std::string address = host.find(':') == std::string::npos ? host : "[" + host + "]";
   std::string listening = address + ":" + std::to_string(options.port);
-  if (!IsLoopbackHost(options.bind_host)) {
+  if (options.warn_when_exposed && !IsLoopbackHost(options.bind_host)) {
     TLOG(WARNING) << "metrics http: binding to " << listening
                   << ", which is reachable from the network (no authentication, no TLS)";
   }

@@ -35,6 +35,8 @@ struct MetricsHttpOptions {
   std::string bind_host = "127.0.0.1";  // an IPv4 address or "localhost"
   // The host url() names; empty: bind_host. Set it when bind_host is 0.0.0.0.
   std::string advertise_host;
+  // Log a warning when bind_host is reachable from the network.
+  bool warn_when_exposed = true;
   int port = 0;                         // 0: the OS picks a free port; see port()
   // civetweb worker threads, >= 1. Idle ones cost a stack; each connection reading a request
   // holds one (see kRequestTimeoutMs in metrics_http.cc).

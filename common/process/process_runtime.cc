@@ -60,14 +60,20 @@ StatusOr<std::unique_ptr<ProcessRuntime>> ProcessRuntime::Start(const ProcessCon
   }
   ASSIGN_OR_RETURN(runtime->bind_address_, ResolveBindAddress(config.bind_host, coordinator_host));
   const BindAddress& bind = runtime->bind_address_;
-  if (config.bind_host != "auto" || !IsLoopbackHost(bind.advertise)) {
-    TLOG(INFO) << "--bind-host " << config.bind_host << ": listening on " << bind.listen
-               << ", reachable at " << bind.advertise << " (" << bind.how << ")";
+  // One line for all of this process's sockets: where, why, and that they are exposed.
+  if (!IsLoopbackHost(bind.listen)) {
+    TLOG(WARNING) << "--bind-host " << config.bind_host << ": listening on " << bind.listen
+                  << ", reachable at " << bind.advertise << " (" << bind.how
+                  << "), from the network: Tessera does not authenticate peers yet, so expose "
+                     "it only on a trusted network";
+  } else if (config.bind_host != "auto") {
+    TLOG(INFO) << "--bind-host " << config.bind_host << ": listening on " << bind.listen;
   }
 
   MetricsHttpOptions http_options;
   http_options.bind_host = bind.listen;
   http_options.advertise_host = bind.advertise;
+  http_options.warn_when_exposed = false;
   http_options.port = config.metrics_port;
   ASSIGN_OR_RETURN(runtime->http_, MetricsHttpServer::Start(http_options, &runtime->metrics_));
 
@@ -83,6 +89,7 @@ StatusOr<std::unique_ptr<ProcessRuntime>> ProcessRuntime::Start(const ProcessCon
   } else {
     transport.bind_host = bind.listen;
     transport.advertise_host = bind.advertise;
+    transport.warn_when_exposed = false;  // said above
     transport.port = config.port;
   }
   ASSIGN_OR_RETURN(runtime->endpoint_, StartZmqEndpoint(transport, &runtime->metrics_));

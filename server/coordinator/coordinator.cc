@@ -90,8 +90,11 @@ void Coordinator::StopServing(const Status& why) {
     if (queued->origin.IsRequest()) endpoint_->ReplyError(*queued, stopped);
   }
   // Members still here would learn it from their heartbeats only after their limit (this
-  // process is about to exit, and an exited coordinator answers nothing): tell them now.
+  // process is about to exit, and an exited coordinator answers nothing): tell them now. Not
+  // when the job is simply over: the servers left then are stopped by whoever started them
+  // (node 0's tessera-launch), and must not report the end of a job as a failure.
   for (auto& [key, member] : members_) {
+    if (job_over_) break;
     if (member.info.state != MemberState::kAlive) continue;
     FailureNotice notice{Role::kCoordinator, 0, endpoint_->address(), stopped.message()};
     Status sent = endpoint_->transport().Reply(member.route, OutgoingMessage{0, -1, notice});
@@ -156,6 +159,7 @@ Status Coordinator::Serve(const std::function<bool()>& stop_requested) {
                               " failed (--exit-when-workers-leave)");
         }
         TLOG(INFO) << "every worker has left; exiting (--exit-when-workers-leave)";
+        job_over_ = true;
         return OkStatus();
       }
     }

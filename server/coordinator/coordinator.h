@@ -167,6 +167,7 @@ class Coordinator {
   const CoordinatorOptions options_;
   EnvelopeQueue inbox_;
   bool stopped_serving_ = false;  // Run thread (or the destructor's)
+  bool job_over_ = false;         // every worker left (--exit-when-workers-leave): no notices
 
   // Run-thread state.
   std::map<MemberKey, Member> members_;

@@ -520,7 +520,7 @@ StatusOr<std::unique_ptr<ZmqTransport>> ZmqTransport::Create(const ZmqTransportO
   } catch (const zmq::error_t& e) {
     return UnavailableError("cannot listen on " + endpoint + ": " + e.what());
   }
-  if (!IsLoopbackHost(options.bind_host)) {
+  if (options.warn_when_exposed && !IsLoopbackHost(options.bind_host)) {
     TLOG(WARNING) << "transport listens on " << impl->router_address
                   << ", which is reachable from the network; Tessera does not authenticate "
                      "peers yet, so expose it only on a trusted network";

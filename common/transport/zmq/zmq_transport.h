@@ -43,6 +43,9 @@ struct ZmqTransportOptions {
   // bind_host is unspecified (0.0.0.0), which nobody can connect to.
   std::string advertise_host;
   int port = 0;  // 0: the OS picks a free port; address() reports it
+  // Log a warning when bind_host is reachable from the network (ProcessRuntime says it once
+  // for all of a process's sockets instead).
+  bool warn_when_exposed = true;
   uint64_t max_message_bytes = 1ull << 30;
   // Who we are: the sender fields of what we send (SetIdentity changes them).
   std::optional<Role> role;
