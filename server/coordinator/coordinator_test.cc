@@ -24,7 +24,8 @@ struct Fleet {
   std::atomic<bool> stop{false};
   std::promise<Status> result;
 
-  Fleet(int servers, int workers, int64_t rendezvous_ms = 10000, int64_t heartbeat_ms = 1000) {
+  Fleet(int servers, int workers, int64_t rendezvous_ms = 10000, int64_t heartbeat_ms = 1000,
+        bool exit_when_workers_leave = false) {
     ZmqTransportOptions transport;
     transport.role = Role::kCoordinator;
     coordinator_endpoint = std::move(StartZmqEndpoint(transport, nullptr)).value();
@@ -35,6 +36,7 @@ struct Fleet {
     options.key_space = 100;
     options.rendezvous_timeout_ms = rendezvous_ms;
     options.heartbeat_timeout_ms = heartbeat_ms;
+    options.exit_when_workers_leave = exit_when_workers_leave;
     coordinator = std::move(Coordinator::Create(coordinator_endpoint.get(), options, &metrics)).value();
     run_thread = std::thread([this] { result.set_value(coordinator->Run([this] { return stop.load(); })); });
   }
@@ -311,6 +313,36 @@ TEST(CoordinatorTest, StoppedCoordinatorTellsItsMembersAtOnce) {
   EXPECT_NE(s.message().find("lost contact with the coordinator"), std::string::npos) << s;
   EXPECT_NE(s.message().find("the coordinator of job 'test' has stopped"), std::string::npos) << s;
   fleet.run_thread = std::thread([] {});  // for ~Fleet
+}
+
+// With --exit-when-workers-leave the coordinator ends once the job is over; the servers still
+// there are then stopped by whoever started them, and must not hear that as a failure.
+TEST(CoordinatorTest, AFinishedJobIsNotAFailureForTheServersLeft) {
+  Fleet fleet(1, 1, 10000, 10000, /*exit_when_workers_leave=*/true);
+  fleet.job_workers = 1;
+  std::vector<Process> processes(2);
+  for (int i = 0; i < 2; ++i) processes[i].endpoint = NewEndpoint();
+  std::thread server([&] {
+    auto joined = RendezvousClient::Join(processes[0].endpoint.get(),
+                                         fleet.Options(Role::kServer, 0, 10000), nullptr);
+    ASSERT_TRUE(joined.ok()) << joined.status();
+    processes[0].client = std::move(joined).value();
+  });
+  auto worker = RendezvousClient::Join(processes[1].endpoint.get(),
+                                       fleet.Options(Role::kWorker, 0, 10000), nullptr);
+  server.join();
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  processes[1].client = std::move(worker).value();
+  std::atomic<bool> told{false};
+  processes[0].client->SetFailureCallback([&](const Status&) { told = true; });
+  processes[1].client->Leave("finished");
+  auto result = fleet.result.get_future();
+  ASSERT_EQ(result.wait_for(std::chrono::seconds(5)), std::future_status::ready);
+  EXPECT_TRUE(result.get().ok());
+  // Its process exits now: nothing answers the server's heartbeats any more (10 s limit).
+  fleet.coordinator_endpoint->Shutdown();
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // a notice takes ~1 ms
+  EXPECT_FALSE(told.load()) << "the server was told the coordinator failed";
 }
 
 // A long-running fleet (num_workers 0): the server rendezvouses alone; two jobs attach one
