@@ -110,6 +110,35 @@ TEST_F(SlurmTest, SrunLaunchesEachNodesPartLikeOneHost) {
   }
 }
 
+// Modes without servers need no launcher: rank 0 hosts the rendezvous on the head node.
+TEST_F(SlurmTest, SrunOfWorkersAloneMeetsAtRankZero) {
+  for (const std::string mode : {"allreduce", "zero2"}) {
+    SCOPED_TRACE(mode);
+    const std::string path = TempPath(mode + "-workers.params");
+    auto srun = harness_.StartCommand(
+        "srun", slurm_->ClientCommand(
+                    0, Concat({"srun", "-N2", "--ntasks-per-node=2",
+                               BinaryPath("worker/tessera-worker"), "--mode", mode},
+                              Concat(kJob, {"--save-params", path}))));
+    ASSERT_TRUE(srun.ok()) << srun.status();
+    auto exit = harness_.WaitExit(*srun, Deadline::AfterMillis(kRunMs));
+    ASSERT_TRUE(exit.ok()) << exit.status() << "\n" << harness_.Output(*srun);
+    const std::string out = harness_.Output(*srun);
+    ASSERT_EQ(exit->status, 0) << out;
+    EXPECT_NE(out.find("hosting the job's rendezvous at tcp://10.77.0.1:2"), std::string::npos)
+        << out;
+    EXPECT_NE(out.find("worker 3 of 4: trained"), std::string::npos) << out;
+    EXPECT_EQ(ReadFile(path), OneHostParameters(mode, 0));
+  }
+  // A mode that needs servers says how to get them.
+  StatusOr<std::pair<int, std::string>> ps =
+      slurm_->Run({"srun", "-N1", "-n1", BinaryPath("worker/tessera-worker"), "--mode", "ps-sync"});
+  ASSERT_TRUE(ps.ok()) << ps.status();
+  EXPECT_NE(ps->first, 0);
+  EXPECT_NE(ps->second.find("needs parameter servers"), std::string::npos) << ps->second;
+  EXPECT_NE(ps->second.find("tessera-launch --servers S"), std::string::npos) << ps->second;
+}
+
 TEST_F(SlurmTest, SbatchRunsTheSameCommand) {
   const std::string path = TempPath("sbatch.params");
   const std::string script = slurm_->dir() + "/job.sh";

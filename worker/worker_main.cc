@@ -55,6 +55,7 @@
 #include "worker/engines/local_engine.h"
 #include "worker/engines/ps_engine.h"
 #include "worker/engines/zero_engine.h"
+#include "worker/hosted_coordinator.h"
 #include "worker/jobs/allreduce_bench_job.h"
 #include "worker/jobs/ps_bench_job.h"
 #include "worker/jobs/smoke_job.h"
@@ -440,7 +441,35 @@ Status RunMember(ProcessRuntime& runtime, const WorkerFlags& flags, RendezvousCl
   return RunTraining(runtime, flags, &client, wiring, every_rank_stops);
 }
 
+// Joins the fleet (or trains alone), runs the mode, and leaves saying how it ended.
+Status RunMemberOfFleet(ProcessRuntime& runtime, const WorkerFlags& flags);
+
 Status RunWorker(ProcessRuntime& runtime, const WorkerFlags& flags) {
+  // In a Slurm step given no coordinator, rank 0 hosts the rendezvous (before anyone joins).
+  std::unique_ptr<HostedCoordinator> hosted;
+  if (runtime.config().slurm_rendezvous) {
+    const bool needs_servers =
+        flags.mode.rfind("ps-", 0) == 0 || flags.mode == "smoke" || flags.mode == "bench-ps";
+    if (needs_servers) {
+      return InvalidArgumentError(
+          "--mode " + flags.mode + " needs parameter servers, and this Slurm step has no "
+          "--coordinator (or MASTER_ADDR) to find them: start the job with srun "
+          "--ntasks-per-node=1 tessera-launch --servers S --mode " + flags.mode +
+          " ..., or start a fleet and give --coordinator (docs/clusters.md)");
+    }
+    if (runtime.config().rank == 0) {
+      ASSIGN_OR_RETURN(hosted, HostedCoordinator::Start(runtime.config()));
+    }
+  }
+  Status outcome = RunMemberOfFleet(runtime, flags);
+  if (hosted == nullptr) return outcome;
+  // The others must not lose their coordinator before they are done.
+  Status rendezvous = hosted->Finish([&runtime] { return runtime.StopRequested(); });
+  if (outcome.ok() && !rendezvous.ok()) return rendezvous;
+  return outcome;
+}
+
+Status RunMemberOfFleet(ProcessRuntime& runtime, const WorkerFlags& flags) {
   if (runtime.config().coordinator.empty()) {
     if (flags.mode != "local") {
       return InvalidArgumentError("--mode " + flags.mode + " needs --coordinator (or MASTER_ADDR "

@@ -15,6 +15,7 @@
 
 #include "common/base/host_port.h"
 #include "common/base/quote.h"
+#include "common/config/slurm.h"
 
 // The process environment; read in CurrentEnvironment() only.
 extern char** environ;
@@ -474,6 +475,26 @@ Environment CurrentEnvironment() {
   return env;
 }
 
+Status ApplySlurmRendezvous(const Environment& env, ProcessConfig* config) {
+  if (config->role != Role::kWorker || !config->coordinator.empty()) return OkStatus();
+  StatusOr<std::optional<SlurmJob>> job = ReadSlurmJob(env);
+  if (!job.ok()) return job.status().WithContext("reading Slurm's variables");
+  if (!job->has_value() || !(*job)->in_step) return OkStatus();
+  const std::string& head = (*job)->nodes[0];
+  StatusOr<std::string> address = ResolveSlurmNode(head, RunCommand);
+  if (!address.ok()) {
+    return address.status().WithContext("the rendezvous of Slurm job " +
+                                        std::to_string((*job)->job_id) +
+                                        " (no --coordinator or MASTER_ADDR)");
+  }
+  const int port = SlurmJobPort((*job)->job_id);
+  config->coordinator = JoinHostPort(*address, port);
+  config->slurm_rendezvous = true;
+  config->sources[kFields[kCoordinator].flag] =
+      "Slurm: head node " + head + ", port " + std::to_string(port) + " from SLURM_JOB_ID";
+  return OkStatus();
+}
+
 Status ApplyEnvironment(const Environment& env, ProcessConfig* config) {
   for (const LauncherFamily& family : kFamilies) {
     if (Lookup(env, family.rank) == nullptr && Lookup(env, family.local_rank) == nullptr &&
@@ -494,6 +515,7 @@ Status ApplyEnvironment(const Environment& env, ProcessConfig* config) {
     break;  // the first family present wins; the others are ignored
   }
   RETURN_IF_ERROR(ApplyMasterAddress(env, config));
+  RETURN_IF_ERROR(ApplySlurmRendezvous(env, config));
   RETURN_IF_ERROR(ApplyVariable(env, "TESSERA_NUM_SERVERS", kNumServers, config));
   RETURN_IF_ERROR(ApplyVariable(env, "TESSERA_JOB", kJob, config));
   RETURN_IF_ERROR(ApplyVariable(env, "TESSERA_LOG_LEVEL", kLogLevel, config));

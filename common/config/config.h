@@ -24,7 +24,10 @@
 //   rank           RANK          OMPI_COMM_WORLD_RANK         SLURM_PROCID     (workers only)
 //   local_rank     LOCAL_RANK    OMPI_COMM_WORLD_LOCAL_RANK   SLURM_LOCALID    (workers only)
 //   num_workers    WORLD_SIZE    OMPI_COMM_WORLD_SIZE         SLURM_NTASKS
-//   coordinator    MASTER_ADDR + MASTER_PORT (both or neither)
+//   coordinator    MASTER_ADDR + MASTER_PORT (both or neither); for a worker inside a Slurm
+//                  step without them, the step's head node on the job's port (common/config/
+//                  slurm.h), which worker rank 0 then hosts (slurm_rendezvous)
+//   bind_host      TESSERA_SOCKET_IFNAME
 //   num_servers    TESSERA_NUM_SERVERS
 //   job            TESSERA_JOB
 //   log_level      TESSERA_LOG_LEVEL
@@ -52,6 +55,7 @@
 #include "common/base/logging.h"
 #include "common/base/role.h"
 #include "common/base/status.h"
+#include "common/config/environment.h"
 
 namespace CLI {
 class App;
@@ -89,6 +93,9 @@ struct ProcessConfig {
   // Coordinator: where its rendezvous socket listens; default 127.0.0.1:0 (port 0 = OS picks).
   // Flag --coordinator; env MASTER_ADDR + MASTER_PORT (both needed).
   std::string coordinator;
+  // A worker in a Slurm step given neither: `coordinator` is the step's head node on the job's
+  // port, and worker rank 0 hosts the rendezvous there (as torch's TCPStore on rank 0).
+  bool slurm_rendezvous = false;
   // Where this process's listening sockets bind (transport and HTTP /metrics; for the
   // coordinator only /metrics, its rendezvous socket listens on `coordinator`): "auto" (the
   // local end of the route to the coordinator; the loopback when that is local), an IP address
@@ -159,8 +166,6 @@ class ProcessFlags {
   Role role_;
   std::vector<Binding> bindings_;
 };
-
-using Environment = std::map<std::string, std::string>;
 
 // A copy of this process's environment. The only place that reads `environ`.
 Environment CurrentEnvironment();

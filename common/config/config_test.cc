@@ -234,6 +234,35 @@ TEST(ProcessConfigTest, AServerOrCoordinatorInASlurmStepIgnoresTheStepsTaskCount
   EXPECT_EQ(batch->num_workers, 4);
 }
 
+TEST(ProcessConfigTest, AWorkerInASlurmStepWithoutACoordinatorMeetsAtTheHeadNode) {
+  const Environment step = {{"SLURM_JOB_ID", "4321"},  {"SLURM_STEP_ID", "0"},
+                            {"SLURM_STEP_NODELIST", "localhost"}, {"SLURM_NODEID", "0"},
+                            {"SLURM_PROCID", "0"},     {"SLURM_NTASKS", "2"}};
+  StatusOr<ProcessConfig> worker = Parse(Role::kWorker, {}, step);
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  EXPECT_EQ(worker->coordinator, "127.0.0.1:24321");
+  EXPECT_TRUE(worker->slurm_rendezvous);
+  EXPECT_EQ(worker->sources.at("--coordinator"),
+            "Slurm: head node localhost, port 24321 from SLURM_JOB_ID");
+  // A coordinator given any other way wins; servers never get one from Slurm.
+  Environment master = step;
+  master["MASTER_ADDR"] = "10.0.0.1";
+  master["MASTER_PORT"] = "29500";
+  StatusOr<ProcessConfig> given = Parse(Role::kWorker, {}, master);
+  ASSERT_TRUE(given.ok()) << given.status();
+  EXPECT_EQ(given->coordinator, "10.0.0.1:29500");
+  EXPECT_FALSE(given->slurm_rendezvous);
+  EXPECT_FALSE(Parse(Role::kWorker, {kCoordinatorFlag}, step)->slurm_rendezvous);
+  StatusOr<ProcessConfig> server = Parse(Role::kServer, {}, step);
+  EXPECT_FALSE(server.ok()) << "a server needs --coordinator";
+  // The batch script itself is not a step: nothing to meet.
+  Environment batch = step;
+  batch.erase("SLURM_STEP_ID");
+  StatusOr<ProcessConfig> outside = Parse(Role::kWorker, {}, batch);
+  ASSERT_TRUE(outside.ok()) << outside.status();
+  EXPECT_TRUE(outside->coordinator.empty());
+}
+
 TEST(ProcessConfigTest, TorchrunBeatsOpenMpiBeatsSlurm) {
   Environment all = {{"RANK", "1"},
                      {"WORLD_SIZE", "2"},

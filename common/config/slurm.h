@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "common/base/status.h"
-#include "common/config/config.h"
+#include "common/config/environment.h"
 
 namespace tessera {
 
