@@ -227,6 +227,26 @@ TEST(ExitTimeTest, PsWorkerBlockedByAHungPeerStopsAfterTheGrace) {
   ExpectStopsAfterTheGrace(harness, workers[0], workers[1], "stopped while waiting");
 }
 
+// The same when the server itself hangs (SIGSTOP): the worker's push and pull wait for a reply
+// that never comes, until it is asked to stop.
+TEST(ExitTimeTest, PsWorkerBlockedByAHungServerStopsAfterTheGrace) {
+  FleetHarness harness;
+  auto job = StartTwoWorkerJob(harness, "ps-sync", 1, {},
+                               {Concat({"--steps", "1000000", "--log-every", "100"},
+                                       std::vector<std::string>(kSmallJob.begin() + 2,
+                                                                kSmallJob.end())),
+                                Concat({"--steps", "1000000", "--log-every", "100"},
+                                       std::vector<std::string>(kSmallJob.begin() + 2,
+                                                                kSmallJob.end()))});
+  ASSERT_TRUE(job.ok()) << job.status();
+  const int worker = job->workers[0];
+  ASSERT_TRUE(harness.WaitForLine(worker, "step 100/", Deadline::AfterMillis(kRunMs)).ok())
+      << harness.Output(worker);
+  ASSERT_TRUE(harness.Signal(job->servers[0], SIGSTOP).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // into a wait for the server
+  ExpectStopsAfterTheGrace(harness, worker, job->servers[0], "stopped while waiting");
+}
+
 // The same in the ring modes: a worker blocked in a collective by a hung peer stops waiting
 // once it is asked to stop: the ranks get kStopGraceMs (1 s) to agree to stop, then the wait
 // ends with the stop and the worker leaves with 128 + SIGTERM.
@@ -257,6 +277,30 @@ TEST_P(RingWorkerBlockedByAHungPeer, StopsAfterTheGrace) {
 
 INSTANTIATE_TEST_SUITE_P(Modes, RingWorkerBlockedByAHungPeer,
                          ::testing::Values("allreduce", "zero2"));
+
+// A worker waiting in the ring's setup (here for a link address its peer, set up for another
+// channel, never sends) stops waiting once asked to: the same grace, then 128 + SIGTERM
+// (before, it waited out the setup's timeout).
+TEST(ExitTimeTest, StopDuringRingSetup) {
+  FleetHarness harness;
+  auto coordinator = harness.StartCoordinator({"--num-workers", "2"});
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  std::vector<int> workers;
+  for (int rank = 0; rank < 2; ++rank) {
+    auto worker = harness.Start(
+        "worker " + std::to_string(rank), "worker/tessera-worker",
+        Concat({"--mode", "allreduce", "--coordinator", *coordinator, "--num-workers", "2",
+                "--rank", std::to_string(rank), "--ring-transport", rank == 0 ? "links" : "zmq"},
+               kSmallJob));
+    ASSERT_TRUE(worker.ok()) << worker.status();
+    workers.push_back(*worker);
+  }
+  ASSERT_TRUE(harness.WaitReady(workers[0], Deadline::AfterMillis(kRunMs)).ok())
+      << harness.Output(workers[0]);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // into the setup's wait
+  ASSERT_FALSE(harness.ExitTime(workers[0]).ok()) << harness.Output(workers[0]);
+  ExpectStopsAfterTheGrace(harness, workers[0], workers[1], "the ring still waited 1000 ms later");
+}
 
 // The launcher of a 2 x 2 ps-sync job stops its servers and coordinator and leaves within the
 // bound of its last worker's exit; every worker exits within the bound of its summary (zero2

@@ -339,12 +339,12 @@ Status RunTraining(ProcessRuntime& runtime, const WorkerFlags& worker_flags,
     ASSIGN_OR_RETURN(engine, LocalEngine::Create(optimizer, schedule));
   } else if (worker_flags.mode == "allreduce" || worker_flags.mode == "zero1" ||
              worker_flags.mode == "zero2" || worker_flags.mode == "zero3") {
+    // A stop while the ring is set up ends its waits after the grace too.
+    stop_grace = std::make_unique<RingStopGrace>(runtime, wiring.failures);
     ASSIGN_OR_RETURN(collectives, MakeRing(runtime, worker_flags, *client, wiring));
     // With a checkpoint on stop, a step slower than the grace must not cost the checkpoint:
     // a hung peer is then left to the heartbeat (--heartbeat-timeout-ms).
-    if (!trainer.checkpoint_on_stop || trainer.checkpoint_dir.empty()) {
-      stop_grace = std::make_unique<RingStopGrace>(runtime, wiring.failures);
-    }
+    if (trainer.checkpoint_on_stop && !trainer.checkpoint_dir.empty()) stop_grace.reset();
     trainer.on_stop_agreed = [grace = stop_grace.get(), every_rank_stops] {
       if (grace != nullptr) grace->Disarm();
       if (every_rank_stops != nullptr) *every_rank_stops = true;

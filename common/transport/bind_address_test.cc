@@ -110,7 +110,9 @@ TEST(IsAddressOfThisHostTest, KnowsItsOwnAddresses) {
   EXPECT_FALSE(IsAddressOfThisHost("192.0.2.77"));  // TEST-NET-1: documentation only
   EXPECT_FALSE(IsAddressOfThisHost(""));
   const std::string own = SomeNonLoopbackAddress();
-  if (!own.empty()) EXPECT_TRUE(IsAddressOfThisHost(own));
+  if (!own.empty()) {
+    EXPECT_TRUE(IsAddressOfThisHost(own));
+  }
 }
 
 TEST(InterfaceAddressTest, FindsTheLoopbackAndNamesTheMissing) {
