@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <signal.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <fstream>
@@ -178,11 +179,13 @@ TEST_F(SlurmTest, SbatchRunsTheSameCommand) {
 TEST_F(SlurmTest, ScancelStopsEveryTaskWithinTwoSecondsEachSayingWhy) {
   for (const auto& [mode, servers] : {std::pair<std::string, int>{"allreduce", 0}, {"ps-sync", 2}}) {
     SCOPED_TRACE(mode);
+    // A step count of this test process's own, which finds its processes below.
+    const std::string steps = std::to_string(100000000 + getpid());
     auto srun = harness_.StartCommand(
         "srun", slurm_->ClientCommand(
                     0, Concat({"srun", "-N2", "--ntasks-per-node=1", "--job-name=cancelme",
                                BinaryPath("tools/tessera-launch")},
-                              LaunchArgs(mode, servers, {"--steps", "100000000", "--log-every", "1000"},
+                              LaunchArgs(mode, servers, {"--steps", steps, "--log-every", "1000"},
                                          kModel))));
     ASSERT_TRUE(srun.ok()) << srun.status();
     // Training on both nodes.
@@ -190,6 +193,11 @@ TEST_F(SlurmTest, ScancelStopsEveryTaskWithinTwoSecondsEachSayingWhy) {
     ASSERT_TRUE(started.ok()) << started << "\n" << harness_.Output(*srun);
     ASSERT_TRUE(harness_.WaitForLine(*srun, "step 1000/", Deadline::AfterMillis(kRunMs)).ok())
         << harness_.Output(*srun);
+    // Launchers and workers carry the step count ("[t]": not pgrep's own shell).
+    const std::string find_job = "pgrep -a -f '[t]essera-.*--steps " + steps + "' || true";
+    StatusOr<std::pair<int, std::string>> running = RunWithInput(find_job, "");
+    ASSERT_TRUE(running.ok());
+    EXPECT_NE(running->second.find("tessera-worker"), std::string::npos) << running->second;
     StatusOr<std::pair<int, std::string>> cancelled =
         slurm_->Run({"scancel", "--name=cancelme"});
     ASSERT_TRUE(cancelled.ok() && cancelled->first == 0) << cancelled->second;
@@ -204,11 +212,7 @@ TEST_F(SlurmTest, ScancelStopsEveryTaskWithinTwoSecondsEachSayingWhy) {
     }
     EXPECT_NE(out.find("SIGTERM"), std::string::npos) << out;
     // Nothing is left of the job.
-    // "[t]": the pattern must not match pgrep's own shell.
-    const std::string worker = BinaryPath("worker/tessera-worker");
-    const std::string pattern = worker.substr(0, worker.size() - 14) + "[t]essera-worker";
-    StatusOr<std::pair<int, std::string>> left =
-        RunWithInput("pgrep -a -f '" + pattern + "' || true", "");
+    StatusOr<std::pair<int, std::string>> left = RunWithInput(find_job, "");
     ASSERT_TRUE(left.ok());
     EXPECT_EQ(left->second, "") << "processes left: " << left->second;
   }

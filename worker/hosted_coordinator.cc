@@ -17,6 +17,7 @@ StatusOr<std::unique_ptr<HostedCoordinator>> HostedCoordinator::Start(
   transport.max_message_bytes = config.max_message_bytes;
   transport.role = Role::kCoordinator;
   transport.warn_when_exposed = false;  // the worker's own warning said it
+  transport.record_source_host = true;  // Coordinator::CheckReachable
   StatusOr<std::unique_ptr<RpcEndpoint>> endpoint = StartZmqEndpoint(transport, nullptr);
   if (!endpoint.ok()) {
     return endpoint.status().WithContext("hosting the job's rendezvous at " + config.coordinator +

@@ -85,6 +85,7 @@ StatusOr<std::unique_ptr<ProcessRuntime>> ProcessRuntime::Start(const ProcessCon
     ASSIGN_OR_RETURN(auto host_port, ParseHostPort(config.coordinator));
     transport.bind_host = host_port.first;
     if (IsUnspecifiedHost(host_port.first)) transport.advertise_host = bind.advertise;
+    transport.record_source_host = true;  // Coordinator::CheckReachable
     transport.port = host_port.second;
   } else {
     transport.bind_host = bind.listen;

@@ -39,7 +39,8 @@ namespace tessera {
 struct Origin {
   // Non-empty for messages received on our listening socket: the opaque route to answer on.
   std::string reply_to;
-  // For those: the IP address the connection came from, when the transport knows it (TCP).
+  // For those: the IP address the connection came from, when the transport records it
+  // (ZmqTransportOptions::record_source_host).
   std::string source_host;
   // For messages received on an outgoing connection: the address we connected to.
   std::string peer_address;

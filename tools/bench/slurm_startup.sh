@@ -9,7 +9,9 @@
 # tests/slurm_cluster.cc does, see ../shared/notes/clusters.md), then times, N times each:
 #   slurm   srun -N2 --ntasks-per-node=1 tessera-launch --nproc-per-node 2 --mode allreduce
 #   local   tessera-launch --workers 4 --mode allreduce (this machine's loopback)
-# from the command's start to the first "step 1/" line, and prints the medians and their ratio.
+# from the command's start to the first "step 1/" line, and Slurm's own floor,
+#   floor   srun -N2 --ntasks-per-node=1 /bin/true (start to exit),
+# and prints the medians and their ratios.
 # Needs root and Debian's slurmctld, slurmd, slurm-client and munge (tools/install_deps.sh);
 # run `bazel build //tools:tessera-launch` first. Leaves nothing behind.
 set -euo pipefail
@@ -103,7 +105,7 @@ export SLURM_CONF="$run/slurm.conf"
 mungekey -c -k "$run/munge/munge.key" 2>/dev/null
 munged -F --force --socket="$run/munge-sock/munge.sock" --key-file="$run/munge/munge.key" \
   --pid-file="$run/munge-sock/munged.pid" --log-file="$run/log/munged.log" \
-  --seed-file="$run/munge/munged.seed" &
+  --seed-file="$run/munge/munged.seed" >"$run/log/munged.out" 2>&1 &
 pids+=($!)
 nsenter --net="/var/run/netns/$tag-sw" slurmctld -D -c -f "$SLURM_CONF" >"$run/log/ctld.out" 2>&1 &
 pids+=($!)
@@ -135,29 +137,45 @@ time_to_first_step() {
     fi
   done < <("$@" 2>&1)
   echo "slurm_startup: no step in the output of: $*" >&2
+  "$@" 2>&1 | tail -5 >&2
   return 1
+}
+# time_to_exit COMMAND...: milliseconds from the start to the exit.
+time_to_exit() {
+  local start
+  start="$(date +%s%N)"
+  "$@" >/dev/null 2>&1
+  echo $((($(date +%s%N) - start) / 1000000))
 }
 median() { sort -n | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
 
 slurm_ms=()
 local_ms=()
+floor_ms=()
 for ((r = 0; r < repeats; ++r)); do
+  floor_ms+=("$(time_to_exit in_host0 srun -N2 --ntasks-per-node=1 /bin/true)")
   slurm_ms+=("$(time_to_first_step in_host0 srun -N2 --ntasks-per-node=1 "$launch" \
     --nproc-per-node 2 --mode allreduce -- "${job[@]}")")
   local_ms+=("$(time_to_first_step "$launch" --workers 4 --mode allreduce -- "${job[@]}")")
 done
 slurm_median="$(printf '%s\n' "${slurm_ms[@]}" | median)"
 local_median="$(printf '%s\n' "${local_ms[@]}" | median)"
+floor_median="$(printf '%s\n' "${floor_ms[@]}" | median)"
 ratio="$(awk -v a="$slurm_median" -v b="$local_median" 'BEGIN {printf "%.2f", a / b}')"
+over_floor="$(awk -v a="$slurm_median" -v b="$floor_median" 'BEGIN {printf "%.2f", a / b}')"
 if ((json)); then
   printf '{"bench":"slurm_startup","repeats":%d,"slurm_ms":[%s],"local_ms":[%s],' "$repeats" \
     "$(IFS=,; echo "${slurm_ms[*]}")" "$(IFS=,; echo "${local_ms[*]}")"
-  printf '"slurm_median_ms":%s,"local_median_ms":%s,"ratio":%s}\n' "$slurm_median" \
-    "$local_median" "$ratio"
+  printf '"floor_ms":[%s],"slurm_median_ms":%s,"local_median_ms":%s,"floor_median_ms":%s,' \
+    "$(IFS=,; echo "${floor_ms[*]}")" "$slurm_median" "$local_median" "$floor_median"
+  printf '"ratio_to_one_host":%s,"ratio_to_floor":%s}\n' "$ratio" "$over_floor"
 else
   printf '%-58s %10s %s\n' "start-up to step 1 (median of $repeats)" "ms" "runs"
   printf '%-58s %10s %s\n' "srun -N2 tessera-launch --nproc-per-node 2 (2 hosts)" \
     "$slurm_median" "${slurm_ms[*]}"
   printf '%-58s %10s %s\n' "tessera-launch --workers 4 (one host)" "$local_median" "${local_ms[*]}"
-  printf '%-58s %10s\n' "ratio (Slurm / one host)" "$ratio"
+  printf '%-58s %10s %s\n' "srun -N2 /bin/true (Slurm's floor, to exit)" "$floor_median" \
+    "${floor_ms[*]}"
+  printf '%-58s %10s\n' "ratio (Slurm job / one host)" "$ratio"
+  printf '%-58s %10s\n' "ratio (Slurm job / Slurm's floor)" "$over_floor"
 fi

@@ -46,6 +46,9 @@ struct ZmqTransportOptions {
   // Log a warning when bind_host is reachable from the network (ProcessRuntime says it once
   // for all of a process's sockets instead).
   bool warn_when_exposed = true;
+  // Fill Origin::source_host of requests (a metadata lookup per message: for the coordinator,
+  // which checks where members connect from, not for the data paths).
+  bool record_source_host = false;
   uint64_t max_message_bytes = 1ull << 30;
   // Who we are: the sender fields of what we send (SetIdentity changes them).
   std::optional<Role> role;

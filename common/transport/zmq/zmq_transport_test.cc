@@ -19,6 +19,7 @@ std::unique_ptr<ZmqTransport> StartTransport(EnvelopeQueue* queue, MetricsRegist
                                              uint64_t max_bytes = 1 << 20) {
   ZmqTransportOptions options;
   options.max_message_bytes = max_bytes;
+  options.record_source_host = true;
   options.role = Role::kServer;
   options.rank = 0;
   auto transport = ZmqTransport::Start(options, queue->Handler(), metrics);
