@@ -57,13 +57,6 @@ std::string OutputPath(const std::string& name) {
   return EnvOr("TEST_UNDECLARED_OUTPUTS_DIR", EnvOr("TEST_TMPDIR", "/tmp")) + "/" + name;
 }
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream out;
-  out << in.rdbuf();
-  return out.str();
-}
-
 void WriteFile(const std::string& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary);
   out << text;
@@ -295,7 +288,7 @@ TEST(DashboardTest, ChromiumShowsEveryProcessAndChartsWithData) {
                    "--hide-scrollbars", base + "/dashboard"},
                   TempPath("chromium-profile-screenshot"));
   ASSERT_TRUE(shot_run.ok()) << shot_run.status();
-  const std::string png = ReadFile(screenshot);
+  const std::string png = ReadWholeFile(screenshot);
   ASSERT_GE(png.size(), 24u) << screenshot << " is missing or empty; chromium stderr:\n"
                              << shot_run->err;
   EXPECT_EQ(png.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));

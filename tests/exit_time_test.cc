@@ -24,6 +24,10 @@ constexpr int64_t kRunMs = 120000;
 const std::vector<std::string> kSmallJob = {
     "--steps", "5", "--batch-size", "8", "--hidden", "16", "--input-dim", "8", "--classes", "4",
     "--train-samples", "256", "--device", "cpu"};
+// The same model trained until it is stopped.
+const std::vector<std::string> kEndlessJob = {
+    "--steps", "1000000", "--batch-size", "8", "--hidden", "16", "--input-dim", "8",
+    "--classes", "4", "--train-samples", "256", "--device", "cpu", "--log-every", "100"};
 
 int64_t MillisBetween(SteadyClock::time_point from, SteadyClock::time_point to) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(to - from).count();
@@ -200,29 +204,16 @@ TEST(ExitTimeTest, StopWhileRegistering) {
 // 128 + SIGTERM.
 TEST(ExitTimeTest, PsWorkerBlockedByAHungPeerStopsAfterTheGrace) {
   FleetHarness harness;
-  auto coordinator = harness.StartCoordinator({"--num-servers", "1", "--num-workers", "2"});
-  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
-  auto server = harness.Start("server", "server/ps/tessera-server",
-                              {"--coordinator", *coordinator, "--num-servers", "1",
-                               "--num-workers", "2", "--rank", "0"});
-  ASSERT_TRUE(server.ok()) << server.status();
-  std::vector<int> workers;
-  for (int rank = 0; rank < 2; ++rank) {
-    auto worker = harness.Start(
-        "worker " + std::to_string(rank), "worker/tessera-worker",
-        {"--mode", "ps-sync", "--coordinator", *coordinator, "--num-servers", "1",
-         "--num-workers", "2", "--rank", std::to_string(rank), "--steps", "1000000",
-         "--batch-size", "8", "--hidden", "16", "--input-dim", "8", "--classes", "4",
-         "--train-samples", "256", "--device", "cpu", "--log-every", "100"});
-    ASSERT_TRUE(worker.ok()) << worker.status();
-    workers.push_back(*worker);
-  }
+  auto job = StartTwoWorkerJob(harness, "ps-sync", 1, {}, {kEndlessJob, kEndlessJob});
+  ASSERT_TRUE(job.ok()) << job.status();
+  const std::vector<int>& workers = job->workers;
+  const int server = job->servers[0];
   ASSERT_TRUE(harness.WaitForLine(workers[0], "step 100/", Deadline::AfterMillis(kRunMs)).ok())
       << harness.Output(workers[0]);
   ASSERT_TRUE(harness.Signal(workers[1], SIGSTOP).ok());
   // Worker 0 is blocked once the server holds its push for the hung peer's (stopped earlier,
   // it would leave between steps and never wait).
-  ASSERT_TRUE(WaitForHeldRequest(harness.process(*server).metrics_url).ok())
+  ASSERT_TRUE(WaitForHeldRequest(harness.process(server).metrics_url).ok())
       << harness.Output(workers[0]);
   ExpectStopsAfterTheGrace(harness, workers[0], workers[1], "stopped while waiting");
 }
@@ -231,13 +222,7 @@ TEST(ExitTimeTest, PsWorkerBlockedByAHungPeerStopsAfterTheGrace) {
 // that never comes, until it is asked to stop.
 TEST(ExitTimeTest, PsWorkerBlockedByAHungServerStopsAfterTheGrace) {
   FleetHarness harness;
-  auto job = StartTwoWorkerJob(harness, "ps-sync", 1, {},
-                               {Concat({"--steps", "1000000", "--log-every", "100"},
-                                       std::vector<std::string>(kSmallJob.begin() + 2,
-                                                                kSmallJob.end())),
-                                Concat({"--steps", "1000000", "--log-every", "100"},
-                                       std::vector<std::string>(kSmallJob.begin() + 2,
-                                                                kSmallJob.end()))});
+  auto job = StartTwoWorkerJob(harness, "ps-sync", 1, {}, {kEndlessJob, kEndlessJob});
   ASSERT_TRUE(job.ok()) << job.status();
   const int worker = job->workers[0];
   ASSERT_TRUE(harness.WaitForLine(worker, "step 100/", Deadline::AfterMillis(kRunMs)).ok())
@@ -254,19 +239,9 @@ class RingWorkerBlockedByAHungPeer : public ::testing::TestWithParam<std::string
 
 TEST_P(RingWorkerBlockedByAHungPeer, StopsAfterTheGrace) {
   FleetHarness harness;
-  auto coordinator = harness.StartCoordinator({"--num-workers", "2"});
-  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
-  std::vector<int> workers;
-  for (int rank = 0; rank < 2; ++rank) {
-    auto worker = harness.Start(
-        "worker " + std::to_string(rank), "worker/tessera-worker",
-        {"--mode", GetParam(), "--coordinator", *coordinator, "--num-workers", "2", "--rank",
-         std::to_string(rank), "--steps", "1000000", "--batch-size", "8", "--hidden", "16",
-         "--input-dim", "8", "--classes", "4", "--train-samples", "256", "--device", "cpu",
-         "--log-every", "100"});
-    ASSERT_TRUE(worker.ok()) << worker.status();
-    workers.push_back(*worker);
-  }
+  auto job = StartTwoWorkerJob(harness, GetParam(), 0, {}, {kEndlessJob, kEndlessJob});
+  ASSERT_TRUE(job.ok()) << job.status();
+  const std::vector<int>& workers = job->workers;
   ASSERT_TRUE(harness.WaitForLine(workers[0], "step 100/", Deadline::AfterMillis(kRunMs)).ok())
       << harness.Output(workers[0]);
   ASSERT_TRUE(harness.Signal(workers[1], SIGSTOP).ok());
@@ -283,18 +258,11 @@ INSTANTIATE_TEST_SUITE_P(Modes, RingWorkerBlockedByAHungPeer,
 // (before, it waited out the setup's timeout).
 TEST(ExitTimeTest, StopDuringRingSetup) {
   FleetHarness harness;
-  auto coordinator = harness.StartCoordinator({"--num-workers", "2"});
-  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
-  std::vector<int> workers;
-  for (int rank = 0; rank < 2; ++rank) {
-    auto worker = harness.Start(
-        "worker " + std::to_string(rank), "worker/tessera-worker",
-        Concat({"--mode", "allreduce", "--coordinator", *coordinator, "--num-workers", "2",
-                "--rank", std::to_string(rank), "--ring-transport", rank == 0 ? "links" : "zmq"},
-               kSmallJob));
-    ASSERT_TRUE(worker.ok()) << worker.status();
-    workers.push_back(*worker);
-  }
+  auto job = StartTwoWorkerJob(harness, "allreduce", 0, {},
+                               {Concat({"--ring-transport", "links"}, kSmallJob),
+                                Concat({"--ring-transport", "zmq"}, kSmallJob)});
+  ASSERT_TRUE(job.ok()) << job.status();
+  const std::vector<int>& workers = job->workers;
   ASSERT_TRUE(harness.WaitReady(workers[0], Deadline::AfterMillis(kRunMs)).ok())
       << harness.Output(workers[0]);
   std::this_thread::sleep_for(std::chrono::milliseconds(200));  // into the setup's wait

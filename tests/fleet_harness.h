@@ -97,6 +97,9 @@ StatusOr<TwoWorkerJob> StartTwoWorkerJob(FleetHarness& harness, const std::strin
                                          const std::vector<std::string>& coordinator_flags,
                                          const std::vector<std::vector<std::string>>& worker_flags);
 
+// The whole content of the file at `path` ("" when it cannot be read).
+std::string ReadWholeFile(const std::string& path);
+
 // `name` under the test's scratch directory ($TEST_TMPDIR, else /tmp).
 std::string TempPath(const std::string& name);
 

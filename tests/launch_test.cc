@@ -106,11 +106,6 @@ TEST(LaunchTest, LocalModeTrainsOneWorkerAndReportsJson) {
   EXPECT_NE(output.find("step 30/30 loss"), std::string::npos) << output;
 }
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
 // torchrun-style recovery: a worker killed mid-training makes the launcher stop the fleet and
 // start it again (--max-restarts 1); the workers resume from the last checkpoint and end with
 // bitwise the parameters of a run that was never interrupted.
@@ -153,7 +148,7 @@ TEST(LaunchTest, KilledWorkerIsRestartedFromTheCheckpointAndEndsLikeAnUninterrup
   EXPECT_TRUE(exit->success()) << all;
   EXPECT_NE(all.find("restart 1 of 1"), std::string::npos) << all;
   EXPECT_NE(all.find("resumed from the checkpoint of step"), std::string::npos) << all;
-  const std::string a = ReadFile(whole), b = ReadFile(restarted);
+  const std::string a = ReadWholeFile(whole), b = ReadWholeFile(restarted);
   EXPECT_FALSE(a.empty());
   EXPECT_TRUE(a == b) << "the restarted run's parameters differ from the uninterrupted run's";
 }
@@ -233,7 +228,7 @@ TEST(LaunchTest, TwoNodesTrainOneAllReduceJob) {
   }
   EXPECT_EQ(out1.find("[coordinator"), std::string::npos) << "node 1 started a coordinator";
   EXPECT_NE(out0.find("every node's workers have left"), std::string::npos) << out0;
-  const std::string a = ReadFile(single), b = ReadFile(nodes);
+  const std::string a = ReadWholeFile(single), b = ReadWholeFile(nodes);
   EXPECT_FALSE(a.empty());
   EXPECT_TRUE(a == b) << "two nodes' parameters differ from one node's";
 }
@@ -408,10 +403,10 @@ TEST(LaunchTest, LongRunningFleetServesSuccessiveJobs) {
   EXPECT_EQ(fleet_output.find("failed:"), std::string::npos) << fleet_output;
   EXPECT_EQ(CountLines(fleet_output, std::regex(R"(^\[server \d\] .*a new job replaces the previous one)")), 2)
       << fleet_output;
-  const std::string expected = ReadFile(own);
+  const std::string expected = ReadWholeFile(own);
   EXPECT_FALSE(expected.empty());
-  EXPECT_TRUE(ReadFile(first) == expected) << "the first attached job differs";
-  EXPECT_TRUE(ReadFile(second) == expected) << "the second attached job differs";
+  EXPECT_TRUE(ReadWholeFile(first) == expected) << "the first attached job differs";
+  EXPECT_TRUE(ReadWholeFile(second) == expected) << "the second attached job differs";
 }
 
 // Bad multi-node flags are rejected with the flag's name.

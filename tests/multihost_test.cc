@@ -25,13 +25,6 @@ const std::vector<std::string> kJob = {"--batch-size", "8",       "--hidden",  "
                                        "--train-samples", "256", "--device",  "cpu",
                                        "--seed",       "5",       "--steps",   "6"};
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream out;
-  out << in.rdbuf();
-  return out.str();
-}
-
 class MultiHostTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -116,7 +109,7 @@ std::string OneHostParameters(const std::string& mode, int servers, const std::s
     EXPECT_TRUE(exit.ok() && exit->status == 0) << harness.Output(id);
   }
   harness.StopAll();
-  return ReadFile(path);
+  return ReadWholeFile(path);
 }
 
 TEST_F(MultiHostTest, EveryModeTrainsAcrossHostsWithoutBindHost) {
@@ -138,9 +131,9 @@ TEST_F(MultiHostTest, EveryModeTrainsAcrossHostsWithoutBindHost) {
     }
     if (mode == "ps-async") {
       // Its result depends on how the two workers' pushes interleave: it trains, that's all.
-      EXPECT_FALSE(ReadFile(path).empty());
+      EXPECT_FALSE(ReadWholeFile(path).empty());
     } else {
-      EXPECT_EQ(ReadFile(path), OneHostParameters(mode, servers, mode))
+      EXPECT_EQ(ReadWholeFile(path), OneHostParameters(mode, servers, mode))
           << "the same job on one host ended with other parameters";
     }
     harness_.StopAll();
@@ -179,7 +172,7 @@ TEST_F(MultiHostTest, AnInterfaceNameOrEveryInterfaceAdvertisesTheHostsAddress) 
   EXPECT_NE(harness_.Output(job->workers[1]).find("--bind-host eth0: listening on 10.77.0.2"),
             std::string::npos)
       << harness_.Output(job->workers[1]);
-  EXPECT_EQ(ReadFile(path), OneHostParameters("ps-sync", 2, "ifname"));
+  EXPECT_EQ(ReadWholeFile(path), OneHostParameters("ps-sync", 2, "ifname"));
 }
 
 TEST_F(MultiHostTest, ServiceDiscoveryAndMetricsAreReachableFromTheOtherHost) {

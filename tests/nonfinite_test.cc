@@ -29,13 +29,6 @@ const std::vector<std::string> kJob = {"--batch-size", "8",       "--hidden",  "
                                        "--train-samples", "256", "--device",  "cpu",
                                        "--log-every",  "1",       "--seed",    "5"};
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream out;
-  out << in.rdbuf();
-  return out.str();
-}
-
 // A coordinator, `servers` servers and two workers in `mode`, worker r with kJob and
 // `extra[r]`.
 StatusOr<TwoWorkerJob> StartJob(FleetHarness& harness, const std::string& mode, int servers,
@@ -130,7 +123,7 @@ TEST(NonFiniteTest, SkipDropsTheStepOnEveryRank) {
                 std::string::npos)
           << harness.Output(id);
     }
-    const std::string a = ReadFile(shorter), b = ReadFile(skipped);
+    const std::string a = ReadWholeFile(shorter), b = ReadWholeFile(skipped);
     ASSERT_FALSE(a.empty());
     EXPECT_TRUE(a == b) << "a skipped 6th step changed the parameters";
   }
@@ -164,7 +157,7 @@ TEST(NonFiniteTest, LocalModeStopsOrSkips) {
   EXPECT_NE(harness.Output(b).find("step 6 skipped: rank 0: the gradient of 'mlp."),
             std::string::npos)
       << harness.Output(b);
-  const std::string saved_a = ReadFile(shorter), saved_b = ReadFile(skipped);
+  const std::string saved_a = ReadWholeFile(shorter), saved_b = ReadWholeFile(skipped);
   ASSERT_FALSE(saved_a.empty());
   EXPECT_TRUE(saved_a == saved_b) << "a skipped 6th step changed the parameters";
 }
@@ -184,7 +177,7 @@ TEST(NonFiniteTest, PsAsyncSkipDropsOnlyThatWorkersUpdate) {
   EXPECT_NE(bad.find("step 3 skipped: rank 1: the gradient of 'mlp."), std::string::npos) << bad;
   EXPECT_EQ(harness.Output(job->workers[0]).find("step 3 skipped"), std::string::npos);
   EXPECT_EQ(harness.Output(job->servers[0]).find("non-finite"), std::string::npos);
-  const std::string saved = ReadFile(params);  // raw float32 (docs/params-format.md)
+  const std::string saved = ReadWholeFile(params);  // raw float32 (docs/params-format.md)
   ASSERT_FALSE(saved.empty());
   for (size_t at = 0; at + sizeof(float) <= saved.size(); at += sizeof(float)) {
     float value;

@@ -51,13 +51,6 @@ const std::vector<std::string> kTrainingFlags = {
     "--mode", "ps-sync", "--steps", "100000000", "--hidden", "32", "--input-dim", "16",
     "--classes", "4", "--train-samples", "2000", "--device", "cpu", "--log-every", "10000"};
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream out;
-  out << in.rdbuf();
-  return out.str();
-}
-
 void WriteFile(const std::string& path, const std::string& text) {
   std::ofstream out(path);
   out << text;
@@ -340,7 +333,7 @@ TEST(PrometheusTest, ScrapesEveryProcessFoundThroughServiceDiscovery) {
     auto sd_targets = ParseTargetGroups(sd->body);
     ASSERT_TRUE(sd_targets.ok()) << sd_targets.status();
     from_sd = *sd_targets;
-    auto file_targets = ParseTargetGroups(ReadFile(file_sd));
+    auto file_targets = ParseTargetGroups(ReadWholeFile(file_sd));
     ASSERT_TRUE(file_targets.ok()) << file_targets.status();
     from_file = *file_targets;
     if ((from_sd == expected && from_file == expected) || deadline.Expired()) break;
@@ -434,7 +427,7 @@ TEST(PrometheusTest, ScrapesEveryProcessFoundThroughServiceDiscovery) {
     StatusOr<HttpResult> sd = HttpGet(sd_url, kHttpMs);
     ASSERT_TRUE(sd.ok()) << sd.status();
     auto sd_targets = ParseTargetGroups(sd->body);
-    auto file_targets = ParseTargetGroups(ReadFile(file_sd));
+    auto file_targets = ParseTargetGroups(ReadWholeFile(file_sd));
     auto active = ActiveTargets(prometheus);
     ASSERT_TRUE(sd_targets.ok() && file_targets.ok()) << sd->body;
     if (active.ok()) targets = *active;

@@ -20,13 +20,6 @@ std::string ShellQuote(const std::string& text) {
   return quoted + "'";
 }
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream out;
-  out << in.rdbuf();
-  return out.str();
-}
-
 }  // namespace
 
 StatusOr<std::unique_ptr<SlurmCluster>> SlurmCluster::Start(const EmulatedHosts& hosts) {
@@ -148,7 +141,7 @@ StatusOr<std::pair<int, std::string>> SlurmCluster::Run(const std::vector<std::s
 std::string SlurmCluster::Logs() const {
   std::string logs;
   for (const char* name : {"slurmctld.log", "slurmd-n1.log", "slurmd-n2.log", "munged.log"}) {
-    logs += std::string("--- ") + name + "\n" + ReadFile(dir_ + "/log/" + name);
+    logs += std::string("--- ") + name + "\n" + ReadWholeFile(dir_ + "/log/" + name);
   }
   return logs;
 }

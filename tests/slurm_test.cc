@@ -31,13 +31,6 @@ const std::vector<std::string> kModel = {"--batch-size", "8",       "--hidden", 
                                          "--seed",       "5"};
 const std::vector<std::string> kJob = Concat(kModel, {"--steps", "6"});
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream out;
-  out << in.rdbuf();
-  return out.str();
-}
-
 class SlurmTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -81,7 +74,7 @@ class SlurmTest : public ::testing::Test {
     if (!launcher.ok()) return "";
     auto exit = reference.WaitExit(*launcher, Deadline::AfterMillis(kRunMs));
     EXPECT_TRUE(exit.ok() && exit->status == 0) << reference.Output(*launcher);
-    return ReadFile(path);
+    return ReadWholeFile(path);
   }
 
   std::unique_ptr<EmulatedHosts> hosts_;
@@ -105,7 +98,7 @@ TEST_F(SlurmTest, SrunLaunchesEachNodesPartLikeOneHost) {
     // Node 1's launcher connected to node 0 (n1, found with scontrol) on the job's port.
     EXPECT_NE(out.find("worker 3 of 4: trained"), std::string::npos) << out;
     EXPECT_NE(out.find("10.77.0.1:2"), std::string::npos) << out;
-    EXPECT_EQ(ReadFile(path), OneHostParameters(mode, servers))
+    EXPECT_EQ(ReadWholeFile(path), OneHostParameters(mode, servers))
         << "the same job under tessera-launch on one host ended with other parameters\n"
         << out;
   }
@@ -129,7 +122,7 @@ TEST_F(SlurmTest, SrunOfWorkersAloneMeetsAtRankZero) {
     EXPECT_NE(out.find("hosting the job's rendezvous at tcp://10.77.0.1:2"), std::string::npos)
         << out;
     EXPECT_NE(out.find("worker 3 of 4: trained"), std::string::npos) << out;
-    EXPECT_EQ(ReadFile(path), OneHostParameters(mode, 0));
+    EXPECT_EQ(ReadWholeFile(path), OneHostParameters(mode, 0));
   }
   // A mode that needs servers says how to get them.
   StatusOr<std::pair<int, std::string>> ps =
@@ -168,12 +161,12 @@ TEST_F(SlurmTest, SbatchRunsTheSameCommand) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  const std::string output = ReadFile(slurm_->dir() + "/job-" + job + ".out");
+  const std::string output = ReadWholeFile(slurm_->dir() + "/job-" + job + ".out");
   ASSERT_NE(state.find("JobState=COMPLETED"), std::string::npos)
       << state << "\n" << output << "\n" << slurm_->Logs();
   EXPECT_NE(state.find("ExitCode=0:0"), std::string::npos) << state;
   EXPECT_NE(output.find("worker 3 of 4: trained"), std::string::npos) << output;
-  EXPECT_EQ(ReadFile(path), OneHostParameters("allreduce", 0));
+  EXPECT_EQ(ReadWholeFile(path), OneHostParameters("allreduce", 0));
 }
 
 TEST_F(SlurmTest, ScancelStopsEveryTaskWithinTwoSecondsEachSayingWhy) {

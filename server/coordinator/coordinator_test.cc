@@ -323,8 +323,11 @@ TEST(CoordinatorTest, AFinishedJobIsNotAFailureForTheServersLeft) {
   std::vector<Process> processes(2);
   for (int i = 0; i < 2; ++i) processes[i].endpoint = NewEndpoint();
   std::thread server([&] {
-    auto joined = RendezvousClient::Join(processes[0].endpoint.get(),
-                                         fleet.Options(Role::kServer, 0, 10000), nullptr);
+    // No heartbeat within the test: a heartbeat between the end of Run and the endpoint's
+    // shutdown below would be answered "stopped" (a real coordinator's process is gone then).
+    RendezvousOptions options = fleet.Options(Role::kServer, 0, 10000);
+    options.heartbeat_interval_ms = 5000;
+    auto joined = RendezvousClient::Join(processes[0].endpoint.get(), options, nullptr);
     ASSERT_TRUE(joined.ok()) << joined.status();
     processes[0].client = std::move(joined).value();
   });

@@ -1,6 +1,5 @@
 #include "worker/torch/backend_config.h"
 
-#include <cctype>
 #include <charconv>
 
 #include "common/base/host_port.h"
