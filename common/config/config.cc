@@ -188,7 +188,8 @@ const Field kFields[kNumFields] = {
        }
        if (role == Role::kWorker) {
          return "Address of the coordinator (required except for a standalone --mode local "
-                "worker). Env: MASTER_ADDR + MASTER_PORT";
+                "worker). Env: MASTER_ADDR + MASTER_PORT; in a Slurm step without either, the "
+                "step's head node on the job's port, where rank 0 hosts it";
        }
        return "Address of the coordinator (required). Env: MASTER_ADDR + MASTER_PORT";
      }},
