@@ -20,8 +20,10 @@ StatusOr<std::unique_ptr<HostedCoordinator>> HostedCoordinator::Start(
   transport.record_source_host = true;  // Coordinator::CheckReachable
   StatusOr<std::unique_ptr<RpcEndpoint>> endpoint = StartZmqEndpoint(transport, nullptr);
   if (!endpoint.ok()) {
-    return endpoint.status().WithContext("hosting the job's rendezvous at " + config.coordinator +
-                                         " (is another job's there?)");
+    return endpoint.status().WithContext(
+        "hosting the job's rendezvous at " + config.coordinator +
+        " (rank 0 must run on the step's first node, and no other job may use the port: give "
+        "--coordinator or MASTER_ADDR/MASTER_PORT otherwise)");
   }
   hosted->endpoint_ = std::move(endpoint).value();
   server::CoordinatorOptions options;
