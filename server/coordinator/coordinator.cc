@@ -597,20 +597,23 @@ void Coordinator::CheckLocalProcesses() {
         member.info.pid <= 0 || ProcessAlive(static_cast<pid_t>(member.info.pid))) {
       continue;
     }
-    DeclareGone(member, "its process (pid " + std::to_string(member.info.pid) + " on " + host_ +
-                            ") is gone: it crashed or was killed");
+    DeclareGone(member,
+                "its process (pid " + std::to_string(member.info.pid) + " on " + host_ +
+                    ") is gone",
+                /*stopped=*/false, ": it crashed or was killed");
     failed = true;
   }
   if (failed) MaybeEndJob();  // not inside the loop: it erases members
 }
 
-void Coordinator::DeclareGone(Member& member, const std::string& reason, bool stopped) {
+void Coordinator::DeclareGone(Member& member, const std::string& reason, bool stopped,
+                              const std::string& unexplained) {
   const bool after_a_failure =
       (member.info.role == Role::kWorker || stopped) &&
       std::any_of(members_.begin(), members_.end(), [](const auto& entry) {
         return entry.second.info.state == MemberState::kFailed;
       });
-  if (!after_a_failure) return DeclareFailed(member, reason, stopped);
+  if (!after_a_failure) return DeclareFailed(member, reason + unexplained, stopped);
   member.info.state = MemberState::kFailed;
   ++epoch_;
   TLOG(INFO) << member.info.Name() << " went after the failure or stop above (" << reason << ")";

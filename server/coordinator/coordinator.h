@@ -149,7 +149,10 @@ class Coordinator {
   // signal): DeclareFailed, unless another member failed (or was stopped) already and this is
   // a worker, or a stop. Then every process was told of that, and this one's going is its
   // consequence (or the same stop reaching everyone): marked failed without a relay.
-  void DeclareGone(Member& member, const std::string& reason, bool stopped = false);
+  // `unexplained` is appended to `reason` only when it is not such a consequence ("it crashed
+  // or was killed" is a guess the coordinator makes only when nothing else explains it).
+  void DeclareGone(Member& member, const std::string& reason, bool stopped = false,
+                   const std::string& unexplained = "");
   void TryReleaseBarriers();
   bool IsParticipant(const Member& member, const std::optional<Role>& scope) const;
   // The live participants of `barrier` that have not arrived, by name.
