@@ -8,10 +8,15 @@
 
 namespace tessera {
 
-bool IsLoopbackHost(std::string_view host) {
+std::string_view Unbracketed(std::string_view host) {
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
+    return host.substr(1, host.size() - 2);
   }
+  return host;
+}
+
+bool IsLoopbackHost(std::string_view host) {
+  host = Unbracketed(host);
   std::string lower;
   for (char c : host) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   if (lower == "localhost" || lower == "localhost.") return true;
@@ -41,9 +46,7 @@ bool IsLoopbackHost(std::string_view host) {
 }
 
 bool IsUnspecifiedHost(std::string_view host) {
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
+  host = Unbracketed(host);
   return host == "0.0.0.0" || host == "::" || host == "0:0:0:0:0:0:0:0" || host == "*";
 }
 

@@ -10,6 +10,9 @@
 
 namespace tessera {
 
+// `host` without the brackets of an IPv6 literal ("[::1]" -> "::1"); anything else unchanged.
+std::string_view Unbracketed(std::string_view host);
+
 // True for addresses only this host can reach: localhost, 127.0.0.0/8, ::1 (bracketed or not).
 // Used to warn when a listening socket is reachable from the network.
 bool IsLoopbackHost(std::string_view host);

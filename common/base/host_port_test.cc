@@ -72,6 +72,14 @@ TEST(IsLoopbackHostTest, Classifies) {
   }
 }
 
+TEST(UnbracketedTest, StripsOnlyAPairOfBrackets) {
+  EXPECT_EQ(Unbracketed("[::1]"), "::1");
+  EXPECT_EQ(Unbracketed("::1"), "::1");
+  EXPECT_EQ(Unbracketed("10.0.0.1"), "10.0.0.1");
+  EXPECT_EQ(Unbracketed("[::1"), "[::1");
+  EXPECT_EQ(Unbracketed("[]"), "");
+}
+
 TEST(IsUnspecifiedHostTest, Classifies) {
   for (const char* host : {"0.0.0.0", "::", "[::]", "0:0:0:0:0:0:0:0", "*"}) {
     EXPECT_TRUE(IsUnspecifiedHost(host)) << host;

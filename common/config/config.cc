@@ -372,10 +372,7 @@ Status ApplyMasterAddress(const Environment& env, ProcessConfig* config) {
   RETURN_IF_ERROR(ParseInteger("MASTER_PORT", *port_text, &port));
   if (port < 1 || port > 65535) return BadValue("MASTER_PORT", *port_text, "must be 1..65535");
 
-  std::string_view host = *addr;
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
+  std::string_view host = Unbracketed(*addr);
   if (host.empty()) return BadValue("MASTER_ADDR", *addr, "empty host");
   for (char c : host) {
     if (std::isspace(static_cast<unsigned char>(c)) || c == '/' || c == '[' || c == ']') {

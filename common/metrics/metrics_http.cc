@@ -98,16 +98,18 @@ StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   }
   // civetweb takes numeric addresses only, IPv6 ones in brackets.
   std::string host = options.bind_host == "localhost" ? "127.0.0.1" : options.bind_host;
-  std::string address = host.find(':') == std::string::npos ? host : "[" + host + "]";
+  auto bracketed = [](const std::string& h) {
+    return h.find(':') == std::string::npos ? h : "[" + h + "]";
+  };
+  std::string address = bracketed(host);
   std::string listening = address + ":" + std::to_string(options.port);
   if (options.warn_when_exposed && !IsLoopbackHost(options.bind_host)) {
     TLOG(WARNING) << "metrics http: binding to " << listening
                   << ", which is reachable from the network (no authentication, no TLS)";
   }
 
-  const std::string& advertise = options.advertise_host.empty() ? host : options.advertise_host;
   std::unique_ptr<MetricsHttpServer> server(new MetricsHttpServer(
-      advertise.find(':') == std::string::npos ? advertise : "[" + advertise + "]"));
+      bracketed(options.advertise_host.empty() ? host : options.advertise_host)));
   server->handlers_[kMetricsPath] =
       std::make_shared<const HttpHandler>([registry](const HttpRequest& request) {
         if (request.method != "GET") return PlainResponse(405, "use GET for /metrics\n");

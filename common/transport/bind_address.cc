@@ -21,13 +21,6 @@ namespace {
 // Any port will do: connecting a UDP socket only looks up the route.
 constexpr int kProbePort = 9;
 
-std::string Unbracket(std::string_view host) {
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  return std::string(host);
-}
-
 bool IsIpLiteral(const std::string& host) {
   in_addr v4;
   in6_addr v6;
@@ -104,7 +97,7 @@ StatusOr<BindAddress> Automatic(const std::string& coordinator_host) {
 }  // namespace
 
 StatusOr<std::string> RouteSourceAddress(std::string_view host_view) {
-  const std::string host = Unbracket(host_view);
+  const std::string host = std::string(Unbracketed(host_view));
   addrinfo hints = {};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_DGRAM;
@@ -152,7 +145,7 @@ StatusOr<std::string> InterfaceAddress(std::string_view name) {
 }
 
 bool IsAddressOfThisHost(std::string_view address) {
-  std::string bare = Unbracket(address);
+  std::string bare = std::string(Unbracketed(address));
   if (bare.rfind("::ffff:", 0) == 0) bare = bare.substr(7);  // IPv4-mapped IPv6
   if (bare.empty()) return false;
   ifaddrs* list = nullptr;
@@ -167,8 +160,8 @@ bool IsAddressOfThisHost(std::string_view address) {
 
 StatusOr<BindAddress> ResolveBindAddress(std::string_view choice_view,
                                          std::string_view coordinator_view) {
-  const std::string choice = Unbracket(choice_view);
-  const std::string coordinator_host = Unbracket(coordinator_view);
+  const std::string choice = std::string(Unbracketed(choice_view));
+  const std::string coordinator_host = std::string(Unbracketed(coordinator_view));
   if (choice.empty()) return InvalidArgumentError("--bind-host is empty");
   if (choice == "auto") return Automatic(coordinator_host);
   if (choice == "localhost") return BindAddress{"127.0.0.1", "127.0.0.1", "localhost"};

@@ -93,8 +93,8 @@ void Coordinator::StopServing(const Status& why) {
   // process is about to exit, and an exited coordinator answers nothing): tell them now. Not
   // when the job is simply over: the servers left then are stopped by whoever started them
   // (node 0's tessera-launch), and must not report the end of a job as a failure.
+  if (job_over_) return;
   for (auto& [key, member] : members_) {
-    if (job_over_) break;
     if (member.info.state != MemberState::kAlive) continue;
     FailureNotice notice{Role::kCoordinator, 0, endpoint_->address(), stopped.message()};
     Status sent = endpoint_->transport().Reply(member.route, OutgoingMessage{0, -1, notice});
