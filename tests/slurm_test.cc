@@ -124,6 +124,15 @@ TEST_F(SlurmTest, SrunOfWorkersAloneMeetsAtRankZero) {
     EXPECT_NE(out.find("worker 3 of 4: trained"), std::string::npos) << out;
     EXPECT_EQ(ReadWholeFile(path), OneHostParameters(mode, 0));
   }
+  // One launcher per node: a step with more tasks than nodes is refused with the command.
+  StatusOr<std::pair<int, std::string>> crowded = slurm_->Run(
+      {"srun", "-N2", "-n4", BinaryPath("tools/tessera-launch"), "--mode", "allreduce"});
+  ASSERT_TRUE(crowded.ok()) << crowded.status();
+  EXPECT_NE(crowded->first, 0);
+  EXPECT_NE(crowded->second.find("this Slurm step runs 4 tasks on 2 nodes"), std::string::npos)
+      << crowded->second;
+  EXPECT_NE(crowded->second.find("srun --ntasks-per-node=1 tessera-launch"), std::string::npos)
+      << crowded->second;
   // A mode that needs servers says how to get them.
   StatusOr<std::pair<int, std::string>> ps =
       slurm_->Run({"srun", "-N1", "-n1", BinaryPath("worker/tessera-worker"), "--mode", "ps-sync"});
