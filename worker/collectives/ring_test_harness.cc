@@ -85,7 +85,7 @@ TestRing::TestRing(int world, TestRingOptions options)
     threads.emplace_back([this, rank, world, &addresses, &results] {
       Rank& r = ranks_[rank];
       RingChannelSetupOptions setup;
-      setup.kind = options_.channel;
+      setup.kind = options_.channel == "mixed" ? "auto" : options_.channel;
       setup.rank = rank;
       setup.world_size = world;
       setup.peer_addresses = addresses;
@@ -94,6 +94,7 @@ TestRing::TestRing(int world, TestRingOptions options)
       setup.failures = r.failures;
       setup.timeout_ms = 10000;
       setup.segment_bytes = options_.segment_bytes;
+      if (options_.channel == "mixed" && rank == 1) setup.segment_bytes = size_t{1} << 49;
       setup.links_spin_us = 20;  // exercises the spinning wait too
       StatusOr<ConnectedRingChannel> connected = ConnectRingChannel(setup);
       if (!connected.ok()) {

@@ -45,8 +45,10 @@ inline constexpr size_t kTestSegmentBytes = 1024;
 inline constexpr int64_t kTestTimeoutMs = 30000;
 
 struct TestRingOptions {
-  // ConnectRingChannel's kind: zmq, links, shm or auto. links and auto need real sockets
-  // (in_process false).
+  // ConnectRingChannel's kind: zmq, links, shm or auto; or mixed: auto where worker 1 cannot
+  // make its shared-memory segment (it asks for far more than /dev/shm holds), so that the
+  // hops to and from it use links and the others shared memory, as across hosts. links, auto
+  // and mixed need real sockets (in_process false).
   std::string channel = "zmq";
   // InProcessTransport endpoints instead of ZeroMQ ones on 127.0.0.1.
   bool in_process = false;

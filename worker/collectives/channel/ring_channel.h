@@ -4,6 +4,8 @@
 //   - RingShm (shm/ring_shm.h): one shared-memory byte ring each way; ranks on one host.
 //   - RingLinks (links/ring_links.h): one TCP connection each way; works across hosts.
 //   - RingZmq (zmq/ring_zmq.h): frames as messages through the process's transport (ZeroMQ).
+// and RingSplit (ring_split.h), one of them to next and another from prev (a ring that
+// crosses hosts: shared memory for the hops within one, TCP for the hops between).
 // ConnectRingChannel (ring_channel_setup.h) picks one the same way on every rank
 // (tessera-worker --ring-transport auto|shm|links|zmq).
 //
@@ -55,6 +57,9 @@ class RingChannel {
   // the channel's own, so that caller may change or free that memory now: for a call that
   // ends, failed, before its Flush succeeded.
   virtual void CopyUnsentPayloads() = 0;
+
+  // How many frames handed to Send are still queued here (Flush would wait for them).
+  virtual size_t unsent() const = 0;
 
   // Why Recv fails (the direction from prev broken, or the process failed); OK otherwise.
   virtual Status failure() const = 0;

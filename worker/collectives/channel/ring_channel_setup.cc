@@ -7,6 +7,7 @@
 #include "common/base/host_port.h"
 #include "common/base/role.h"
 #include "worker/collectives/channel/links/ring_links.h"
+#include "worker/collectives/channel/ring_split.h"
 #include "worker/collectives/channel/shm/ring_shm.h"
 #include "worker/collectives/channel/zmq/ring_zmq.h"
 #include "worker/collectives/ring_collectives.h"
@@ -60,67 +61,85 @@ int64_t RemainingMs(const Deadline& deadline) {
   return std::max<int64_t>(1, deadline.RemainingMillis());
 }
 
-StatusOr<ConnectedRingChannel> ConnectLinks(const RingChannelSetupOptions& options,
-                                            RingZmq& zmq, const std::string& why) {
+// TCP links from prev and to next, or one of them (the other hop being shared memory).
+StatusOr<std::unique_ptr<RingLinks>> ConnectLinks(const RingChannelSetupOptions& options,
+                                                  RingZmq& zmq, bool from_prev, bool to_next) {
   const int rank = options.rank;
   const int next = (rank + 1) % options.world_size;
   const int prev = (rank + options.world_size - 1) % options.world_size;
   const std::string where = "ring links rank=" + std::to_string(rank);
   const Deadline deadline = Deadline::AfterMillis(options.timeout_ms);
   // Listen on the host of our transport address, and tell prev where.
-  const std::string& own = options.peer_addresses[static_cast<size_t>(rank)];
-  StatusOr<std::pair<std::string, int>> host_port =
-      ParseHostPort(own.rfind("tcp://", 0) == 0 ? own.substr(6) : own);
-  if (!host_port.ok()) return host_port.status().WithContext(where + ": own address");
-  ASSIGN_OR_RETURN(std::unique_ptr<RingLinks::Listener> listener,
-                   RingLinks::Listen(host_port->first));
-  RETURN_IF_ERROR(zmq.SendTo(prev, SetupFrame(kRingLinksSetupTag, 0, listener->address))
-                      .WithContext(where + ": sending the link address to " + Worker(prev)));
-  StatusOr<std::string> next_address =
-      ReceiveText(zmq, kRingLinksSetupTag, 0, next, deadline, Worker(next) + "'s link address",
-                  options.timeout_ms);
-  if (!next_address.ok()) return next_address.status().WithContext(where);
+  std::unique_ptr<RingLinks::Listener> listener;
+  if (from_prev) {
+    const std::string& own = options.peer_addresses[static_cast<size_t>(rank)];
+    StatusOr<std::pair<std::string, int>> host_port =
+        ParseHostPort(own.rfind("tcp://", 0) == 0 ? own.substr(6) : own);
+    if (!host_port.ok()) return host_port.status().WithContext(where + ": own address");
+    ASSIGN_OR_RETURN(listener, RingLinks::Listen(host_port->first));
+    RETURN_IF_ERROR(zmq.SendTo(prev, SetupFrame(kRingLinksSetupTag, 0, listener->address))
+                        .WithContext(where + ": sending the link address to " + Worker(prev)));
+  }
   RingLinksOptions links;
   links.rank = rank;
   links.world_size = options.world_size;
-  links.next_address = std::move(next_address).value();
+  if (to_next) {
+    StatusOr<std::string> next_address =
+        ReceiveText(zmq, kRingLinksSetupTag, 0, next, deadline,
+                    Worker(next) + "'s link address", options.timeout_ms);
+    if (!next_address.ok()) return next_address.status().WithContext(where);
+    links.next_address = std::move(next_address).value();
+  }
   links.failures = options.failures;
   links.timeout_ms = RemainingMs(deadline);
   links.spin_us = options.links_spin_us;
-  StatusOr<std::unique_ptr<RingLinks>> connected = RingLinks::Connect(links, std::move(listener));
-  if (!connected.ok()) return connected.status();
-  return ConnectedRingChannel{std::move(connected).value(),
-                              "links (TCP to the ring neighbours)" + why};
+  return RingLinks::Connect(links, std::move(listener));
 }
 
-// Shared memory, or FailedPrecondition (on every rank alike) naming the ranks that cannot.
-StatusOr<ConnectedRingChannel> ConnectShm(const RingChannelSetupOptions& options,
-                                          const std::shared_ptr<RingZmq>& zmq) {
+StatusOr<ConnectedRingChannel> ConnectAllLinks(const RingChannelSetupOptions& options,
+                                               RingZmq& zmq, const std::string& why) {
+  ASSIGN_OR_RETURN(std::unique_ptr<RingLinks> links,
+                   ConnectLinks(options, zmq, /*from_prev=*/true, /*to_next=*/true));
+  return ConnectedRingChannel{std::move(links), "links (TCP to the ring neighbours)" + why};
+}
+
+// What every rank can do with shared memory, agreed among them. Hop h (worker h to worker
+// h + 1) can use it when h can ring h + 1's doorbell and h + 1 can map h's ring.
+struct ShmProbe {
+  std::shared_ptr<RingShm::Segment> own;        // null: this rank could not make its segment
+  std::shared_ptr<RingShm::Segment> prev_ring;  // null: not mapped
+  std::shared_ptr<RingShm::Segment> next_bell;  // null: not mapped
+  std::vector<bool> hop_shm;                    // by hop, the same on every rank
+  std::string unable_ranks;  // "worker 1, worker 3": the ranks that met an error of their own
+  std::string cannot;        // this rank's error, if any
+};
+
+StatusOr<ShmProbe> ProbeShm(const RingChannelSetupOptions& options,
+                            const std::shared_ptr<RingZmq>& zmq) {
   const int world = options.world_size;
   const int rank = options.rank;
   const int next = (rank + 1) % world;
   const int prev = (rank + world - 1) % world;
   const std::string who = "ring shm rank=" + std::to_string(rank);
   const Deadline deadline = Deadline::AfterMillis(options.timeout_ms);
+  ShmProbe probe;
 
   // 1. Our segment, and its name to both neighbours (an empty name if we have none, so that
   // they do not wait for it).
-  std::string cannot;  // why this rank cannot use shared memory
-  std::shared_ptr<RingShm::Segment> own;
   std::string own_name;
   if (auto created = RingShm::Create(rank, ShmRingBytes(options.segment_bytes)); created.ok()) {
-    own = std::move(created).value();
-    own_name = EncodeSegmentName(RingShm::NameOf(*own));
+    probe.own = std::move(created).value();
+    own_name = EncodeSegmentName(RingShm::NameOf(*probe.own));
   } else {
-    cannot = created.status().message();
+    probe.cannot = created.status().message();
   }
   RETURN_IF_ERROR(zmq->SendTo(next, SetupFrame(kRingShmSetupTag, 0, own_name))
                       .WithContext(who + ": sending the segment name to " + Worker(next)));
   RETURN_IF_ERROR(zmq->SendTo(prev, SetupFrame(kRingShmSetupTag, 1, own_name))
                       .WithContext(who + ": sending the segment name to " + Worker(prev)));
 
-  // 2. The neighbours' names (slot 0 from prev, 1 from next); map their segments.
-  RingShmSegmentName names[2];
+  // 2. The neighbours' names (slot 0 from prev, 1 from next); map what we can of theirs. A
+  // neighbour without a segment has said why itself.
   for (uint32_t slot : {0u, 1u}) {
     const int from = slot == 0 ? prev : next;
     const std::string what = Worker(from) + "'s segment name";
@@ -129,50 +148,113 @@ StatusOr<ConnectedRingChannel> ConnectShm(const RingChannelSetupOptions& options
     if (!text.ok()) return text.status().WithContext(who);
     StatusOr<RingShmSegmentName> name = DecodeSegmentName(*text);
     if (!name.ok()) return name.status().WithContext(who + ": " + what);
-    names[slot] = std::move(name).value();
-  }
-  std::unique_ptr<RingShm> shm;
-  if (cannot.empty() && !names[0].name.empty() && !names[1].name.empty()) {
-    auto attached = RingShm::Attach(rank, world, own, names[0], names[1], options.failures);
-    if (attached.ok()) {
-      shm = std::move(attached).value();
-    } else {
-      cannot = attached.status().message();
+    if (probe.own == nullptr || name->name.empty()) continue;
+    auto opened = slot == 0 ? RingShm::OpenRing(*name, from) : RingShm::OpenBell(*name, from);
+    if (!opened.ok()) {
+      if (probe.cannot.empty()) probe.cannot = opened.status().message();
+      continue;
     }
+    (slot == 0 ? probe.prev_ring : probe.next_bell) = std::move(opened).value();
   }
 
-  // 3. Agree: every rank learns which ranks cannot, over the transport.
+  // 3. Agree: every rank learns what every other could map, over the transport. Per rank:
+  // whether its hop to next can use shared memory from its side, the hop from prev, and
+  // whether it met an error of its own.
   RingCollectivesOptions agree;
   agree.rank = rank;
   agree.world_size = world;
   agree.channel = zmq;
   agree.timeout_ms = RemainingMs(deadline);
   ASSIGN_OR_RETURN(std::unique_ptr<RingCollectives> ring, RingCollectives::Create(agree));
-  std::vector<float> unable(static_cast<size_t>(world), 0.0f);
-  unable[static_cast<size_t>(rank)] = cannot.empty() ? 0.0f : 1.0f;
+  std::vector<float> unable(3 * static_cast<size_t>(world), 0.0f);
+  unable[3 * static_cast<size_t>(rank)] = probe.next_bell == nullptr ? 1.0f : 0.0f;
+  unable[3 * static_cast<size_t>(rank) + 1] = probe.prev_ring == nullptr ? 1.0f : 0.0f;
+  unable[3 * static_cast<size_t>(rank) + 2] = probe.cannot.empty() ? 0.0f : 1.0f;
   RETURN_IF_ERROR(ring->AllReduce(unable.data(), unable.size(), DataType::kFloat32,
                                   ReduceOp::kMax, "ring-shm-setup", kRingShmAgreeTag)
-                      .WithContext(who + ": agreeing whether every rank can use shared memory"));
-  // Every rank has attached or given up: nobody opens the names any more. (Without a channel,
-  // our segment goes, name and all, when `own` does, on return.)
-  if (shm != nullptr) shm->UnlinkOwnSegment();
+                      .WithContext(who + ": agreeing which ranks can use shared memory"));
+  for (int h = 0; h < world; ++h) {
+    const size_t from = 3 * static_cast<size_t>(h);
+    const size_t to = 3 * static_cast<size_t>((h + 1) % world);
+    probe.hop_shm.push_back(unable[from] == 0.0f && unable[to + 1] == 0.0f);
+    if (unable[from + 2] != 0.0f) {
+      probe.unable_ranks += (probe.unable_ranks.empty() ? "" : ", ") + Worker(h);
+    }
+  }
+  return probe;
+}
 
-  std::string unable_ranks;
-  for (int r = 0; r < world; ++r) {
-    if (unable[static_cast<size_t>(r)] == 0.0f) continue;
-    unable_ranks += (unable_ranks.empty() ? "" : ", ") + Worker(r);
+std::string HopKind(bool shm) { return shm ? "shm" : "links"; }
+
+// "0->1 shm, 1->2 links, 2->0 shm".
+std::string HopMap(const std::vector<bool>& hop_shm) {
+  const int world = static_cast<int>(hop_shm.size());
+  std::string map;
+  for (int h = 0; h < world; ++h) {
+    map += (h == 0 ? "" : ", ") + std::to_string(h) + "->" + std::to_string((h + 1) % world) +
+           " " + HopKind(hop_shm[static_cast<size_t>(h)]);
   }
-  if (!unable_ranks.empty()) {
-    return FailedPreconditionError(who + ": not every rank can map its ring neighbours' "
-                                   "shared memory (" + unable_ranks + " cannot)" +
-                                   (cannot.empty() ? "" : "; this rank: " + cannot));
+  return map;
+}
+
+// Shared memory on every hop (kind shm, or auto where every rank can), a channel that mixes
+// them per hop (auto), or TCP links on every hop (auto where no hop can). FailedPrecondition
+// (on every rank alike) for shm when a hop cannot, naming the ranks that could not.
+StatusOr<ConnectedRingChannel> ConnectShmOrAuto(const RingChannelSetupOptions& options,
+                                                const std::shared_ptr<RingZmq>& zmq) {
+  const bool is_auto = options.kind == "auto";
+  const int rank = options.rank;
+  const int world = options.world_size;
+  const std::string who = "ring shm rank=" + std::to_string(rank);
+  ASSIGN_OR_RETURN(ShmProbe probe, ProbeShm(options, zmq));
+  const size_t hops = static_cast<size_t>(std::count(probe.hop_shm.begin(),
+                                                     probe.hop_shm.end(), true));
+  const std::string unable =
+      who + ": not every rank can map its ring neighbours' shared memory (" +
+      (probe.unable_ranks.empty() ? "none says why" : probe.unable_ranks + " cannot") + ")" +
+      (probe.cannot.empty() ? "" : "; this rank: " + probe.cannot);
+  if (hops < probe.hop_shm.size() && !is_auto) {
+    return FailedPreconditionError(unable).WithContext("--ring-transport " + options.kind);
   }
-  if (shm == nullptr) {  // a neighbour sent no name but did not report itself: a bug
-    return InternalError(who + ": a neighbour has no segment but agreed to use shared memory");
+  if (hops == 0) return ConnectAllLinks(options, *zmq, ", chosen by auto: " + unable);
+
+  const bool to_next_shm = probe.hop_shm[static_cast<size_t>(rank)];
+  const bool from_prev_shm = probe.hop_shm[static_cast<size_t>((rank + world - 1) % world)];
+  const int next = (rank + 1) % world;
+  const int prev = (rank + world - 1) % world;
+  std::unique_ptr<RingLinks> links;
+  if (!to_next_shm || !from_prev_shm) {
+    ASSIGN_OR_RETURN(links, ConnectLinks(options, *zmq, !from_prev_shm, !to_next_shm));
   }
-  const std::string bytes = MiB(shm->ring_bytes());
-  return ConnectedRingChannel{std::move(shm),
-                              "shm (shared-memory rings of " + bytes + " each way)"};
+  std::unique_ptr<RingShm> shm;
+  if (to_next_shm || from_prev_shm) {
+    ASSIGN_OR_RETURN(shm, RingShm::FromSegments(rank, world, probe.own,
+                                                from_prev_shm ? probe.prev_ring : nullptr,
+                                                to_next_shm ? probe.next_bell : nullptr,
+                                                options.failures));
+    // Every rank has mapped what it will (the agreement is past): nobody opens the name again.
+    shm->UnlinkOwnSegment();
+  }
+  if (hops == probe.hop_shm.size()) {
+    const std::string rings = "shared-memory rings of " + MiB(shm->ring_bytes());
+    return ConnectedRingChannel{std::move(shm), "shm (" + rings + " each way)" +
+                                                    (is_auto ? ", chosen by auto" : "")};
+  }
+  std::string description = HopKind(to_next_shm) + " to " + Worker(next) + ", " +
+                            HopKind(from_prev_shm) + " from " + Worker(prev) +
+                            ", chosen by auto per hop (" + HopMap(probe.hop_shm) + "): " +
+                            unable;
+  std::shared_ptr<RingChannel> channel;
+  if (to_next_shm && from_prev_shm) {
+    channel = std::move(shm);
+  } else if (!to_next_shm && !from_prev_shm) {
+    channel = std::move(links);
+  } else if (to_next_shm) {
+    channel = std::make_shared<RingSplit>(std::move(shm), std::move(links));
+  } else {
+    channel = std::make_shared<RingSplit>(std::move(links), std::move(shm));
+  }
+  return ConnectedRingChannel{std::move(channel), std::move(description)};
 }
 
 }  // namespace
@@ -209,17 +291,10 @@ StatusOr<ConnectedRingChannel> ConnectRingChannel(const RingChannelSetupOptions&
                                     options.transport, options.mailbox}));
   if (options.world_size < 2) return ConnectedRingChannel{zmq, "none (a world of 1)"};
   if (kind == "zmq") return ConnectedRingChannel{zmq, "zmq (through the transport)"};
-  if (kind == "links") return ConnectLinks(options, *zmq, "");
-  StatusOr<ConnectedRingChannel> shm = ConnectShm(options, zmq);
-  if (shm.ok()) {
-    if (kind == "auto") shm->description += ", chosen by auto";
-    return shm;
-  }
-  // Every rank got the same verdict (the agreement is collective): all fall back alike.
-  if (kind == "auto" && shm.status().code() == StatusCode::kFailedPrecondition) {
-    return ConnectLinks(options, *zmq, ", chosen by auto: " + shm.status().message());
-  }
-  return shm.status().WithContext("--ring-transport " + kind);
+  if (kind == "links") return ConnectAllLinks(options, *zmq, "");
+  // Every rank gets the same verdict on every hop (the agreement is collective), so the two
+  // ends of each hop choose alike.
+  return ConnectShmOrAuto(options, zmq);
 }
 
 }  // namespace tessera::worker

@@ -177,16 +177,39 @@ TEST(RingChannelSetupTest, ShmFailsOnEveryRankAlikeWhenOneCannotMapItsNeighbours
   EXPECT_FALSE(AnySegmentLeft());
 }
 
-// The same under auto: every rank falls back to links together, and says why.
+// The same under auto at world 2, where both hops touch worker 1: every rank falls back to
+// links together, and says why.
 TEST(RingChannelSetupTest, AutoFallsBackToLinksOnEveryRankAlike) {
-  Workers workers(3);
-  workers.Connect("auto", {64 << 10, size_t{1} << 49, 64 << 10});
-  for (int rank = 0; rank < 3; ++rank) {
+  Workers workers(2);
+  workers.Connect("auto", {64 << 10, size_t{1} << 49});
+  for (int rank = 0; rank < 2; ++rank) {
     ASSERT_TRUE(workers.results[rank].ok()) << workers.results[rank].status();
     EXPECT_THAT(workers.results[rank]->description,
                 StartsWith("links (TCP to the ring neighbours), chosen by auto: ring shm rank=" +
                            std::to_string(rank) + ": not every rank can map its ring "
                            "neighbours' shared memory (worker 1 cannot)"));
+    EXPECT_EQ(workers.queued(rank), 0u) << "setup left frames behind";
+  }
+  EXPECT_FALSE(AnySegmentLeft());
+  workers.PassAFrameRound();
+}
+
+// At world 4 only the hops to and from worker 1 need links: auto chooses per hop, the same on
+// every rank, and each rank says which of its hops is which.
+TEST(RingChannelSetupTest, AutoChoosesPerHop) {
+  Workers workers(4);
+  workers.Connect("auto", {64 << 10, size_t{1} << 49, 64 << 10, 64 << 10});
+  const std::string map = "chosen by auto per hop (0->1 links, 1->2 links, 2->3 shm, 3->0 shm): ";
+  const std::vector<std::string> hops = {"links to worker 1, shm from worker 3, ",
+                                         "links to worker 2, links from worker 0, ",
+                                         "shm to worker 3, links from worker 1, ",
+                                         "shm to worker 0, shm from worker 2, "};
+  for (int rank = 0; rank < 4; ++rank) {
+    ASSERT_TRUE(workers.results[rank].ok()) << workers.results[rank].status();
+    EXPECT_THAT(workers.results[rank]->description,
+                StartsWith(hops[rank] + map + "ring shm rank=" + std::to_string(rank) +
+                           ": not every rank can map its ring neighbours' shared memory "
+                           "(worker 1 cannot)"));
     EXPECT_EQ(workers.queued(rank), 0u) << "setup left frames behind";
   }
   EXPECT_FALSE(AnySegmentLeft());

@@ -16,6 +16,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <utility>
 
 #include "common/base/role.h"
 
@@ -203,27 +204,20 @@ StatusOr<std::unique_ptr<RingLinks::Listener>> RingLinks::Listen(const std::stri
   return listener;
 }
 
-StatusOr<std::unique_ptr<RingLinks>> RingLinks::Connect(const RingLinksOptions& options,
-                                                        std::unique_ptr<Listener> listener) {
-  const int world = options.world_size;
-  const int rank = options.rank;
-  const std::string where = "ring links rank=" + std::to_string(rank) + ": ";
-  if (world < 2 || rank < 0 || rank >= world || listener == nullptr || listener->fd < 0 ||
-      options.timeout_ms <= 0) {
-    return InvalidArgumentError(where + "needs world_size >= 2, a rank in it, a listener and a "
-                                "positive timeout");
-  }
-  const int next = (rank + 1) % world;
-  const int prev = (rank + world - 1) % world;
-  const Deadline deadline = Deadline::AfterMillis(options.timeout_ms);
-  struct Closer {
-    int fd;
-    ~Closer() {
-      if (fd >= 0) close(fd);
-    }
-  };
+namespace {
 
-  // 1. Connect to next's link address.
+// Closes a socket unless released.
+struct Closer {
+  int fd = -1;
+  ~Closer() {
+    if (fd >= 0) close(fd);
+  }
+  int Release() { return std::exchange(fd, -1); }
+};
+
+// Connects to next's link address and greets it: the socket, non-blocking.
+StatusOr<int> ConnectToNext(const RingLinksOptions& options, int next, Deadline deadline,
+                            const std::string& where) {
   const std::string& next_link = options.next_address;
   std::string next_host;
   int next_port = 0;
@@ -232,58 +226,96 @@ StatusOr<std::unique_ptr<RingLinks>> RingLinks::Connect(const RingLinksOptions& 
   sockaddr_in remote{};
   RETURN_IF_ERROR(Resolve(next_host, next_port, &remote).WithContext(where + Worker(next)));
   const std::string to_next_name = Worker(next) + " at " + next_link;
-  int to_next = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (to_next < 0) return UnavailableError(where + "socket: " + Errno(errno));
-  Closer close_next{to_next};
-  Tune(to_next, options.socket_buffer_bytes);
-  fcntl(to_next, F_SETFL, fcntl(to_next, F_GETFL) | O_NONBLOCK);
-  if (connect(to_next, reinterpret_cast<sockaddr*>(&remote), sizeof(remote)) != 0 &&
+  Closer to_next{socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)};
+  if (to_next.fd < 0) return UnavailableError(where + "socket: " + Errno(errno));
+  Tune(to_next.fd, options.socket_buffer_bytes);
+  fcntl(to_next.fd, F_SETFL, fcntl(to_next.fd, F_GETFL) | O_NONBLOCK);
+  if (connect(to_next.fd, reinterpret_cast<sockaddr*>(&remote), sizeof(remote)) != 0 &&
       errno != EINPROGRESS) {
     return UnavailableError(where + "cannot connect to " + to_next_name + ": " + Errno(errno));
   }
-  if (!PollOne(to_next, POLLOUT, deadline)) {
+  if (!PollOne(to_next.fd, POLLOUT, deadline)) {
     return DeadlineExceededError(where + "connecting to " + to_next_name + " timed out");
   }
   int error = 0;
   socklen_t error_length = sizeof(error);
-  getsockopt(to_next, SOL_SOCKET, SO_ERROR, &error, &error_length);
+  getsockopt(to_next.fd, SOL_SOCKET, SO_ERROR, &error, &error_length);
   if (error != 0) {
     return UnavailableError(where + "cannot connect to " + to_next_name + ": " + Errno(error));
   }
   uint8_t hello[8];
-  EncodeHello(rank, hello);
-  RETURN_IF_ERROR(WriteAll(to_next, hello, sizeof(hello), deadline)
+  EncodeHello(options.rank, hello);
+  RETURN_IF_ERROR(WriteAll(to_next.fd, hello, sizeof(hello), deadline)
                       .WithContext(where + "greeting " + to_next_name));
+  return to_next.Release();
+}
 
-  // 2. Accept prev's connection; its hello must name prev.
-  if (!PollOne(listener->fd, POLLIN, deadline)) {
+// Accepts prev's connection, whose hello must name prev: the socket, non-blocking, and where it
+// came from ("tcp://HOST:PORT").
+StatusOr<std::pair<int, std::string>> AcceptFromPrev(const RingLinksOptions& options,
+                                                     int listener, int prev, Deadline deadline,
+                                                     const std::string& where) {
+  if (!PollOne(listener, POLLIN, deadline)) {
     return DeadlineExceededError(where + Worker(prev) + " did not connect within " +
                                  std::to_string(options.timeout_ms) + " ms");
   }
   sockaddr_in peer{};
   socklen_t peer_length = sizeof(peer);
-  const int from_prev = accept4(listener->fd, reinterpret_cast<sockaddr*>(&peer), &peer_length,
-                                SOCK_CLOEXEC | SOCK_NONBLOCK);
-  if (from_prev < 0) return UnavailableError(where + "accept: " + Errno(errno));
-  Closer close_prev{from_prev};
-  Tune(from_prev, options.socket_buffer_bytes);
+  Closer from_prev{accept4(listener, reinterpret_cast<sockaddr*>(&peer), &peer_length,
+                           SOCK_CLOEXEC | SOCK_NONBLOCK)};
+  if (from_prev.fd < 0) return UnavailableError(where + "accept: " + Errno(errno));
+  Tune(from_prev.fd, options.socket_buffer_bytes);
   char peer_host[INET_ADDRSTRLEN] = "?";
   inet_ntop(AF_INET, &peer.sin_addr, peer_host, sizeof(peer_host));
-  const std::string prev_name = std::string(peer_host) + ":" + std::to_string(ntohs(peer.sin_port));
+  const std::string prev_name =
+      std::string(peer_host) + ":" + std::to_string(ntohs(peer.sin_port));
   uint8_t their_hello[8];
-  RETURN_IF_ERROR(ReadAll(from_prev, their_hello, sizeof(their_hello), deadline)
+  RETURN_IF_ERROR(ReadAll(from_prev.fd, their_hello, sizeof(their_hello), deadline)
                       .WithContext(where + "the hello of " + Worker(prev) + " from " + prev_name));
-  if (Get<uint32_t>(their_hello) != kHelloMagic ||
-      Get<int32_t>(their_hello + 4) != prev) {
+  if (Get<uint32_t>(their_hello) != kHelloMagic || Get<int32_t>(their_hello + 4) != prev) {
     return InternalError(where + "the connection from " + prev_name + " is not from " +
                          Worker(prev) + " (hello names rank " +
                          std::to_string(Get<int32_t>(their_hello + 4)) + ")");
   }
-  close_next.fd = -1;
-  close_prev.fd = -1;
-  return std::unique_ptr<RingLinks>(new RingLinks(rank, world, to_next, from_prev, next_link,
-                                                  "tcp://" + prev_name, options.failures,
-                                                  options.max_payload_bytes, options.spin_us));
+  return std::make_pair(from_prev.Release(), "tcp://" + prev_name);
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<RingLinks>> RingLinks::Connect(const RingLinksOptions& options,
+                                                        std::unique_ptr<Listener> listener) {
+  const int world = options.world_size;
+  const int rank = options.rank;
+  const std::string where = "ring links rank=" + std::to_string(rank) + ": ";
+  const bool inbound = listener != nullptr;
+  const bool outbound = !options.next_address.empty();
+  if (world < 2 || rank < 0 || rank >= world || (inbound && listener->fd < 0) ||
+      !(inbound || outbound) || options.timeout_ms <= 0) {
+    return InvalidArgumentError(where + "needs world_size >= 2, a rank in it, a listener or "
+                                "next's address, and a positive timeout");
+  }
+  const int next = (rank + 1) % world;
+  const int prev = (rank + world - 1) % world;
+  const Deadline deadline = Deadline::AfterMillis(options.timeout_ms);
+  // Connect first, then accept: every rank's connect completes against its next's listen
+  // backlog, so nobody waits for an accept that waits for it.
+  Closer to_next;
+  if (outbound) {
+    ASSIGN_OR_RETURN(to_next.fd, ConnectToNext(options, next, deadline, where));
+  }
+  Closer from_prev;
+  std::string prev_address;
+  if (inbound) {
+    ASSIGN_OR_RETURN(auto accepted, AcceptFromPrev(options, listener->fd, prev, deadline, where));
+    from_prev.fd = accepted.first;
+    prev_address = std::move(accepted.second);
+  }
+  const int to_next_fd = to_next.Release();
+  const int from_prev_fd = from_prev.Release();
+  return std::unique_ptr<RingLinks>(new RingLinks(rank, world, to_next_fd, from_prev_fd,
+                                                  options.next_address, std::move(prev_address),
+                                                  options.failures, options.max_payload_bytes,
+                                                  options.spin_us));
 }
 
 std::unique_ptr<RingLinks> RingLinks::FromSockets(int rank, int world_size, int to_next,
@@ -316,11 +348,14 @@ RingLinks::RingLinks(int rank, int world_size, int to_next, int from_prev,
       max_payload_bytes_(max_payload_bytes),
       pool_(std::make_shared<BufferPool>()),
       recv_spin_(spin_us),
-      flush_spin_(spin_us) {}
+      flush_spin_(spin_us) {
+  if (to_next_ < 0) send_failure_ = FailedPreconditionError(LinkTo() + ": not this channel's");
+  if (from_prev_ < 0) recv_failure_ = FailedPreconditionError(LinkFrom() + ": not this channel's");
+}
 
 RingLinks::~RingLinks() {
-  close(to_next_);
-  close(from_prev_);
+  if (to_next_ >= 0) close(to_next_);
+  if (from_prev_ >= 0) close(from_prev_);
   if (wake_ >= 0) close(wake_);
 }
 
@@ -579,6 +614,11 @@ void RingLinks::CopyUnsentPayloads() {
     // must still be completed, or the byte stream to next loses its framing.
     frame.payload = Payload::Copy(frame.payload.data(), frame.payload.size());
   }
+}
+
+size_t RingLinks::unsent() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return out_.size();
 }
 
 Status RingLinks::failure() const {

@@ -97,7 +97,10 @@ class RingLinks : public RingChannel {
   static StatusOr<std::unique_ptr<Listener>> Listen(const std::string& host);
 
   // Connects as described above; every rank of the ring must call it. REQUIRES:
-  // world_size >= 2. Errors name the peer and the step that failed.
+  // world_size >= 2. Errors name the peer and the step that failed. One direction only (a
+  // ring whose other hop is another channel, ring_split.h): without a listener there is no
+  // link from prev (Recv fails FailedPrecondition), without next_address none to next (Send
+  // fails so).
   static StatusOr<std::unique_ptr<RingLinks>> Connect(const RingLinksOptions& options,
                                                       std::unique_ptr<Listener> listener);
 
@@ -135,6 +138,7 @@ class RingLinks : public RingChannel {
   Status Flush(Deadline deadline) override;
 
   void CopyUnsentPayloads() override;
+  size_t unsent() const override;
 
   // Why Recv fails (the link from prev broken, or the process failed); OK otherwise.
   Status failure() const override;

@@ -476,8 +476,8 @@ TEST(RingLinksConnectTest, RejectsOptionsThatCannotWork) {
                                       std::move(listeners.listeners[0]));
   EXPECT_EQ(connected.status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(connected.status().message(),
-            "ring links rank=0: needs world_size >= 2, a rank in it, a listener and a positive "
-            "timeout");
+            "ring links rank=0: needs world_size >= 2, a rank in it, a listener or next's "
+            "address, and a positive timeout");
   auto listener = RingLinks::Listen("127.0.0.1");
   ASSERT_TRUE(listener.ok());
   connected = RingLinks::Connect(ConnectOptions(0, 2, "127.0.0.1:1"), std::move(listener).value());

@@ -293,22 +293,47 @@ StatusOr<std::unique_ptr<RingShm>> RingShm::Attach(int rank, int world_size,
                                                    std::shared_ptr<FailureBus> failures,
                                                    size_t max_payload_bytes, int64_t spin_us) {
   const std::string who = "ring shm rank=" + std::to_string(rank);
-  const std::string where = who + ": ";
   if (world_size < 2 || rank < 0 || rank >= world_size || own == nullptr) {
-    return InvalidArgumentError(where + "needs world_size >= 2, a rank in it and its segment");
+    return InvalidArgumentError(who + ": needs world_size >= 2, a rank in it and its segment");
   }
-  const int next_rank = (rank + 1) % world_size;
-  const int prev_rank = (rank + world_size - 1) % world_size;
-  auto inbound = Segment::Open(prev, prev_rank, /*whole=*/true);
-  if (!inbound.ok()) return inbound.status().WithContext(who);
-  std::shared_ptr<Segment> next_bell = *inbound;
-  if (next_rank != prev_rank) {
-    auto opened = Segment::Open(next, next_rank, /*whole=*/false);
+  std::shared_ptr<Segment> prev_ring;
+  if (!prev.name.empty()) {
+    auto opened = OpenRing(prev, (rank + world_size - 1) % world_size);
     if (!opened.ok()) return opened.status().WithContext(who);
-    next_bell = *opened;
+    prev_ring = std::move(opened).value();
+  }
+  std::shared_ptr<Segment> next_bell;
+  if (!next.name.empty()) {
+    auto opened = OpenBell(next, (rank + 1) % world_size);
+    if (!opened.ok()) return opened.status().WithContext(who);
+    next_bell = std::move(opened).value();
+  }
+  return FromSegments(rank, world_size, std::move(own), std::move(prev_ring),
+                      std::move(next_bell), std::move(failures), max_payload_bytes, spin_us);
+}
+
+StatusOr<std::shared_ptr<RingShm::Segment>> RingShm::OpenRing(const RingShmSegmentName& prev,
+                                                               int prev_rank) {
+  return Segment::Open(prev, prev_rank, /*whole=*/true);
+}
+
+StatusOr<std::shared_ptr<RingShm::Segment>> RingShm::OpenBell(const RingShmSegmentName& next,
+                                                               int next_rank) {
+  return Segment::Open(next, next_rank, /*whole=*/false);
+}
+
+StatusOr<std::unique_ptr<RingShm>> RingShm::FromSegments(
+    int rank, int world_size, std::shared_ptr<Segment> own, std::shared_ptr<Segment> prev_ring,
+    std::shared_ptr<Segment> next_bell, std::shared_ptr<FailureBus> failures,
+    size_t max_payload_bytes, int64_t spin_us) {
+  if (world_size < 2 || rank < 0 || rank >= world_size || own == nullptr ||
+      (prev_ring == nullptr && next_bell == nullptr)) {
+    return InvalidArgumentError("ring shm rank=" + std::to_string(rank) +
+                                ": needs world_size >= 2, a rank in it, its segment and a "
+                                "neighbour's");
   }
   return std::unique_ptr<RingShm>(new RingShm(rank, world_size, std::move(own),
-                                              std::move(inbound).value(), std::move(next_bell),
+                                              std::move(prev_ring), std::move(next_bell),
                                               std::move(failures), max_payload_bytes, spin_us));
 }
 
@@ -341,19 +366,24 @@ RingShm::RingShm(int rank, int world_size, std::shared_ptr<Segment> own,
       prev_((rank + world_size - 1) % world_size),
       own_(std::move(own)),
       next_bell_(std::move(next_bell)),
-      inbound_(std::make_shared<Inbound>(std::move(prev))),
+      inbound_(prev == nullptr ? nullptr : std::make_shared<Inbound>(std::move(prev))),
       failures_(std::move(failures)),
       max_payload_bytes_(max_payload_bytes),
       spin_us_(spin_us),
-      next_pid_(next_bell_->creator_pid()),
-      prev_pid_(inbound_->segment().creator_pid()) {}
+      next_pid_(next_bell_ == nullptr ? 0 : next_bell_->creator_pid()),
+      prev_pid_(inbound_ == nullptr ? 0 : inbound_->segment().creator_pid()) {
+  if (next_bell_ == nullptr) send_failure_ = FailedPreconditionError(To() + ": not this channel's");
+  if (inbound_ == nullptr) recv_failure_ = FailedPreconditionError(From() + ": not this channel's");
+}
 
 RingShm::~RingShm() {
   own_->Unlink();
   own_->control()->producer_closed.store(1);
-  inbound_->segment().control()->consumer_closed.store(1);
-  RingBell(next_bell_->control());              // next may wait for our frames
-  RingBell(inbound_->segment().control());      // prev may wait for space
+  if (next_bell_ != nullptr) RingBell(next_bell_->control());  // next may wait for our frames
+  if (inbound_ != nullptr) {
+    inbound_->segment().control()->consumer_closed.store(1);
+    RingBell(inbound_->segment().control());  // prev may wait for space
+  }
 }
 
 void RingShm::UnlinkOwnSegment() { own_->Unlink(); }
@@ -380,7 +410,7 @@ Status RingShm::Send(RingFrame frame) {
   // A queued payload that lives in prev's ring would hold prev's space until next takes ours:
   // around the ring that can close a cycle of full rings. Copy it out instead.
   for (OutFrame& queued : out_) {
-    if (queued.written == 0 && !queued.payload.empty() &&
+    if (queued.written == 0 && !queued.payload.empty() && inbound_ != nullptr &&
         inbound_->Contains(queued.payload.data())) {
       queued.payload = Payload::Copy(queued.payload.data(), queued.payload.size());
     }
@@ -398,7 +428,7 @@ void RingShm::CopyUnsentPayloads() {
 }
 
 void RingShm::WriteSome() {
-  if (!send_failure_.ok()) return;
+  if (!send_failure_.ok()) return;  // also when this channel has no outbound ring
   ControlBlock* control = own_->control();
   const uint64_t capacity = own_->capacity();
   uint64_t head = control->head.load(std::memory_order_relaxed);  // ours alone
@@ -447,7 +477,7 @@ void RingShm::WriteSome() {
 }
 
 void RingShm::ReadSome() {
-  if (!recv_failure_.ok()) return;
+  if (!recv_failure_.ok()) return;  // also when this channel has no inbound ring
   Segment& segment = inbound_->segment();
   const uint64_t capacity = segment.capacity();
   const uint64_t head = segment.control()->head.load(std::memory_order_acquire);
@@ -642,6 +672,11 @@ Status RingShm::Flush(Deadline deadline) {
                                  " frames not taken in time (its ring stays full)");
   }
   return flushed;
+}
+
+size_t RingShm::unsent() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return out_.size();
 }
 
 Status RingShm::failure() const {

@@ -91,6 +91,10 @@ class RingShm final : public RingChannel {
   // Create makes this rank's segment (its name is linked until UnlinkOwnSegment or the
   // destructor); Attach opens the neighbours' (at world 2 both are the same) and checks their
   // tokens: FailedPrecondition naming the neighbour if that fails. `failures` may be null.
+  // One direction only (a ring whose other hop is another channel, ring_split.h): an empty
+  // `prev` name leaves out the ring from prev (Recv fails FailedPrecondition), an empty `next`
+  // the ring to next (Send fails so). Our own segment is needed either way: its doorbell wakes
+  // our waiters.
   static StatusOr<std::shared_ptr<Segment>> Create(int rank, size_t ring_bytes);
   static RingShmSegmentName NameOf(const Segment& segment);
   static StatusOr<std::unique_ptr<RingShm>> Attach(int rank, int world_size,
@@ -100,6 +104,16 @@ class RingShm final : public RingChannel {
                                                    std::shared_ptr<FailureBus> failures,
                                                    size_t max_payload_bytes = (64u << 20) + 4096,
                                                    int64_t spin_us = 50);
+  // The same in two steps, so that the setup can learn which neighbour this rank can map
+  // before it decides: OpenRing maps prev's segment whole (its ring to us), OpenBell the first
+  // page of next's (its doorbell), each FailedPrecondition saying why it cannot; FromSegments
+  // makes the channel of those opened (either may be null, not both).
+  static StatusOr<std::shared_ptr<Segment>> OpenRing(const RingShmSegmentName& prev, int prev_rank);
+  static StatusOr<std::shared_ptr<Segment>> OpenBell(const RingShmSegmentName& next, int next_rank);
+  static StatusOr<std::unique_ptr<RingShm>> FromSegments(
+      int rank, int world_size, std::shared_ptr<Segment> own, std::shared_ptr<Segment> prev_ring,
+      std::shared_ptr<Segment> next_bell, std::shared_ptr<FailureBus> failures,
+      size_t max_payload_bytes = (64u << 20) + 4096, int64_t spin_us = 50);
 
   ~RingShm() override;
   RingShm(const RingShm&) = delete;
@@ -120,6 +134,7 @@ class RingShm final : public RingChannel {
                                uint8_t* into = nullptr, size_t into_bytes = 0) override;
   Status Flush(Deadline deadline) override;
   void CopyUnsentPayloads() override;
+  size_t unsent() const override;
   Status failure() const override;
   void Discard(uint64_t tag) override;
   size_t kept() const override;

@@ -58,6 +58,7 @@ class RingZmq final : public RingChannel {
                            size_t into_bytes = 0) override;
   Status Flush(Deadline deadline) override { return OkStatus(); }
   void CopyUnsentPayloads() override {}
+  size_t unsent() const override { return 0; }  // handed to the transport at once
   Status failure() const override { return options_.mailbox->failure(); }
   void Discard(uint64_t tag) override { options_.mailbox->Discard(tag); }
   size_t kept() const override { return options_.mailbox->queued(); }
