@@ -17,6 +17,12 @@ namespace {
 // Extra time a client waits beyond the coordinator's own timeout, so that the coordinator's
 // explanation (which members are missing) arrives before the client's bare deadline.
 constexpr int64_t kCoordinatorGraceMs = 5000;
+// A coordinator whose transport is up but whose handlers are not yet (a few milliseconds at
+// its start; under srun every node starts at once) answers that it does not serve
+// registration: ask again, every kStartingRetryMs, for this long before calling the address
+// wrong.
+constexpr int64_t kStartingCoordinatorMs = 5000;
+constexpr int64_t kStartingRetryMs = 20;
 // A goodbye is a courtesy; a process that is leaving does not wait long for its answer (a
 // live coordinator answers within a millisecond; one that stopped at the same time never does,
 // and the goodbye itself still leaves with the transport's shutdown).
@@ -84,11 +90,25 @@ StatusOr<std::unique_ptr<RendezvousClient>> RendezvousClient::Join(
              << options.coordinator_address << " (waiting up to " << options.rendezvous_timeout_ms
              << " ms for the whole fleet)";
   const std::string what = "rendezvous of " + me + " with the coordinator";
-  StatusOr<Envelope> reply = client->AwaitReply(
-      endpoint->CallAsync(options.coordinator_address, std::move(request), -1,
-                          Deadline::AfterMillis(options.rendezvous_timeout_ms + kCoordinatorGraceMs),
-                          what),
-      what);
+  const Deadline deadline =
+      Deadline::AfterMillis(options.rendezvous_timeout_ms + kCoordinatorGraceMs);
+  const Deadline starting = Deadline::AfterMillis(kStartingCoordinatorMs);
+  StatusOr<Envelope> reply = UnimplementedError("not asked yet");
+  while (true) {
+    reply = client->AwaitReply(
+        endpoint->CallAsync(options.coordinator_address, request, -1, deadline, what), what);
+    if (reply.ok() || reply.status().code() != StatusCode::kUnimplemented) break;
+    if (starting.Expired()) {
+      return reply.status().WithContext("is " + options.coordinator_address +
+                                        " a Tessera coordinator? it has not served "
+                                        "registration for " +
+                                        std::to_string(kStartingCoordinatorMs) + " ms");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(kStartingRetryMs));
+    if (options.stop_requested && options.stop_requested()) {
+      return CancelledError(what + ": stopped while waiting (the process was asked to stop)");
+    }
+  }
   if (!reply.ok()) return reply.status();
   ASSIGN_OR_RETURN(client->view_, TakeBody<FleetView>(std::move(reply).value(), what));
   // Our rank is whatever member of our role lists our address.

@@ -109,6 +109,60 @@ TEST(CoordinatorTest, FleetRegistersAndEveryoneGetsTheSameView) {
   for (auto& p : processes) p.client->Leave("test done");
 }
 
+// A coordinator's transport is up a little before its handlers (and under srun every node
+// starts at once, so a worker can register in between): the worker asks again until the
+// coordinator serves, instead of failing with "does not serve RegisterRequest requests".
+TEST(CoordinatorTest, ARegistrationBeforeTheCoordinatorServesIsAnsweredOnceItDoes) {
+  ZmqTransportOptions transport;
+  transport.role = Role::kCoordinator;
+  auto coordinator_endpoint = std::move(StartZmqEndpoint(transport, nullptr)).value();
+  RendezvousOptions options;
+  options.coordinator_address = coordinator_endpoint->address();
+  options.requested_rank = 0;
+  options.num_workers = 1;
+  options.rendezvous_timeout_ms = 10000;
+  auto endpoint = NewEndpoint();
+  auto joined = std::async(std::launch::async, [&] {
+    return RendezvousClient::Join(endpoint.get(), options, nullptr);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // it was turned away by now
+  CoordinatorOptions coordinator_options;
+  coordinator_options.num_workers = 1;
+  coordinator_options.key_space = 10;
+  MetricsRegistry metrics;
+  auto coordinator =
+      std::move(Coordinator::Create(coordinator_endpoint.get(), coordinator_options, &metrics))
+          .value();
+  std::atomic<bool> stop{false};
+  std::thread run([&] { (void)coordinator->Run([&] { return stop.load(); }); });
+  auto client = joined.get();
+  EXPECT_TRUE(client.ok()) << client.status();
+  if (client.ok()) (*client)->Leave("test done");
+  stop = true;
+  run.join();
+}
+
+// An address whose process never serves registration (not a coordinator) is named, after the
+// few seconds a starting coordinator could take.
+TEST(CoordinatorTest, AnAddressThatNeverServesRegistrationIsNamed) {
+  auto not_a_coordinator = NewEndpoint();
+  RendezvousOptions options;
+  options.coordinator_address = not_a_coordinator->address();
+  options.requested_rank = 0;
+  options.num_workers = 1;
+  auto endpoint = NewEndpoint();
+  auto client = RendezvousClient::Join(endpoint.get(), options, nullptr);
+  EXPECT_EQ(client.status().code(), StatusCode::kUnimplemented) << client.status();
+  EXPECT_NE(client.status().message().find("is " + not_a_coordinator->address() +
+                                           " a Tessera coordinator? it has not served "
+                                           "registration for 5000 ms"),
+            std::string::npos)
+      << client.status();
+  EXPECT_NE(client.status().message().find("does not serve RegisterRequest requests"),
+            std::string::npos)
+      << client.status();
+}
+
 TEST(CoordinatorTest, BarrierReleasesOnlyWhenEveryoneArrived) {
   Fleet fleet(0, 3);
   auto processes = JoinAll(fleet, {{Role::kWorker, 0}, {Role::kWorker, 1}, {Role::kWorker, 2}});
