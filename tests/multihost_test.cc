@@ -140,6 +140,109 @@ TEST_F(MultiHostTest, EveryModeTrainsAcrossHostsWithoutBindHost) {
   }
 }
 
+// Two workers on each host, one tessera-launch per host (issue 20, item 4): --ring-transport
+// auto, the default, uses shared memory for the hop between a host's two workers and TCP
+// links for the hops between hosts, each worker says which, and the job ends with the
+// parameters of the same four-worker job on one host (shared memory on every hop).
+TEST_F(MultiHostTest, TwoWorkersPerHostUseSharedMemoryWithinAHostAndLinksBetween) {
+  const std::string path = TempPath("per-hop-across.params");
+  const std::vector<std::string> job = Concat(kJob, {"--save-params", path});
+  auto launcher = [&](int node, const std::string& coordinator) {
+    return StartOn(node, "node " + std::to_string(node), "tools/tessera-launch",
+                   Concat({"--nnodes", "2", "--node-rank", std::to_string(node),
+                           "--nproc-per-node", "2", "--coordinator", coordinator, "--mode",
+                           "allreduce", "--log-level", "info", "--"},
+                          job));
+  };
+  auto node0 = launcher(0, EmulatedHosts::Address(0) + ":0");
+  ASSERT_TRUE(node0.ok()) << node0.status();
+  const std::string announced = "[launch] coordinator address tcp://";
+  ASSERT_TRUE(harness_.WaitForLine(*node0, announced, Deadline::AfterMillis(30000)).ok())
+      << harness_.Output(*node0);
+  const std::string out0 = harness_.Output(*node0);
+  const size_t at = out0.find(announced) + announced.size();
+  const std::string coordinator = out0.substr(at, out0.find(' ', at) - at);
+  auto node1 = launcher(1, coordinator);
+  ASSERT_TRUE(node1.ok()) << node1.status();
+  for (int id : {*node1, *node0}) {
+    auto exit = harness_.WaitExit(id, Deadline::AfterMillis(kRunMs));
+    ASSERT_TRUE(exit.ok()) << exit.status() << "\n" << harness_.Output(id);
+    EXPECT_EQ(exit->status, 0) << harness_.Output(id);
+  }
+  const std::string map = "chosen by auto per hop (0->1 shm, 1->2 links, 2->3 shm, 3->0 links)";
+  const std::string hops[4] = {"shm to worker 1, links from worker 3, ",
+                               "links to worker 2, shm from worker 0, ",
+                               "shm to worker 3, links from worker 1, ",
+                               "links to worker 0, shm from worker 2, "};
+  for (int rank = 0; rank < 4; ++rank) {
+    const std::string out = harness_.Output(rank < 2 ? *node0 : *node1);
+    EXPECT_NE(out.find("ring channel: " + hops[rank] + map), std::string::npos)
+        << "worker " << rank << ":\n" << out;
+  }
+
+  FleetHarness one_host;
+  const std::string one_host_path = TempPath("per-hop-one-host.params");
+  auto reference = one_host.Start("one host", "tools/tessera-launch",
+                                  Concat({"--workers", "4", "--mode", "allreduce", "--log-level",
+                                          "info", "--"},
+                                         Concat(kJob, {"--save-params", one_host_path})));
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  auto exit = one_host.WaitExit(*reference, Deadline::AfterMillis(kRunMs));
+  ASSERT_TRUE(exit.ok() && exit->status == 0) << one_host.Output(*reference);
+  EXPECT_NE(one_host.Output(*reference).find("ring channel: shm ("), std::string::npos)
+      << one_host.Output(*reference);
+  ASSERT_FALSE(ReadWholeFile(path).empty()) << "worker 0 saved no parameters in " << path;
+  EXPECT_EQ(ReadWholeFile(path), ReadWholeFile(one_host_path))
+      << "the same job on one host ended with other parameters";
+}
+
+// The same four workers placed round-robin (workers 0 and 2 on host 0, 1 and 3 on host 1, as
+// mpirun --map-by node or srun --distribution=cyclic place them): the ring visits each host's
+// workers together (order 0, 2, 1, 3), so that two of its four hops still use shared memory.
+TEST_F(MultiHostTest, RoundRobinPlacementIsRingedHostByHost) {
+  auto coordinator = StartOn(0, "coordinator", "server/coordinator/tessera-coordinator",
+                             {"--coordinator", EmulatedHosts::Address(0) + ":0",
+                              "--num-servers", "0", "--num-workers", "4"});
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  ASSERT_TRUE(harness_.WaitReady(*coordinator, Deadline::AfterMillis(30000)).ok());
+  const std::string address =
+      harness_.process(*coordinator).address.substr(std::string("tcp://").size());
+  // A host's two workers from one shell, so that they share the host's /dev/shm; it exits 0
+  // when both did.
+  std::vector<int> hosts;
+  for (int host = 0; host < 2; ++host) {
+    std::string script;
+    for (int rank = host; rank < 4; rank += 2) {
+      script += "\"$0\" --mode allreduce --coordinator " + address +
+                " --num-servers 0 --num-workers 4 --log-level info --rank " +
+                std::to_string(rank);
+      for (const std::string& flag : kJob) script += " " + flag;
+      script += " & p" + std::to_string(rank) + "=$!; ";
+    }
+    script += "wait $p" + std::to_string(host) + " && wait $p" + std::to_string(host + 2);
+    auto started = harness_.StartCommand(
+        "host " + std::to_string(host),
+        hosts_->Command(host, {"/bin/sh", "-c", script, BinaryPath("worker/tessera-worker")}));
+    ASSERT_TRUE(started.ok()) << started.status();
+    hosts.push_back(*started);
+  }
+  for (int id : hosts) {
+    auto exit = harness_.WaitExit(id, Deadline::AfterMillis(kRunMs));
+    ASSERT_TRUE(exit.ok()) << exit.status();
+    EXPECT_EQ(exit->status, 0) << harness_.Output(id);
+  }
+  const std::string hops = "chosen by auto per hop (0->2 shm, 2->1 links, 1->3 shm, 3->0 links)";
+  const std::string order = "; ring order 0, 2, 1, 3 (each host's ranks next to each other)";
+  for (int rank = 0; rank < 4; ++rank) {
+    const std::string out = harness_.Output(hosts[rank % 2]);
+    const size_t line = out.find("worker " + std::to_string(rank) + " | ring channel: ");
+    ASSERT_NE(line, std::string::npos) << out;
+    const std::string text = out.substr(line, out.find('\n', line) - line);
+    EXPECT_NE(text.find(hops), std::string::npos) << text;
+    EXPECT_NE(text.find(order), std::string::npos) << text;
+  }
+}
+
 TEST_F(MultiHostTest, ALoopbackAddressFromAnotherHostIsRefusedNamingTheFix) {
   auto job = StartAcrossHosts("allreduce", 0, {},
                               {kJob, Concat(kJob, {"--bind-host", "127.0.0.1"})});

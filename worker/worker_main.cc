@@ -181,6 +181,7 @@ StatusOr<std::unique_ptr<RingCollectives>> MakeRing(ProcessRuntime& runtime,
   ring.rank = setup.rank;
   ring.world_size = setup.world_size;
   ring.channel = std::move(channel.channel);
+  ring.ring_order = std::move(channel.order);
   ring.timeout_ms = runtime.config().request_timeout_ms;
   ring.segment_bytes = setup.segment_bytes;
   return RingCollectives::Create(ring);

@@ -90,6 +90,11 @@ std::string Range(uint64_t begin, uint64_t count) {
   return "[" + std::to_string(begin) + ", " + std::to_string(begin + count) + ")";
 }
 
+// Where `rank` is in `order` (Create checked that it is there).
+int PositionOf(const std::vector<int>& order, int rank) {
+  return static_cast<int>(std::find(order.begin(), order.end(), rank) - order.begin());
+}
+
 bool Overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
   if (a_bytes == 0 || b_bytes == 0) return false;
   auto a_begin = reinterpret_cast<uintptr_t>(a);
@@ -372,8 +377,10 @@ class RingRun {
         call_(call),
         world_(options.world_size),
         rank_(options.rank),
-        next_((options.rank + 1) % options.world_size),
-        prev_((options.rank + options.world_size - 1) % options.world_size),
+        order_(options.ring_order),
+        position_(PositionOf(options.ring_order, options.rank)),
+        next_(order_[static_cast<size_t>((position_ + 1) % world_)]),
+        prev_(order_[static_cast<size_t>((position_ + world_ - 1) % world_)]),
         element_bytes_(std::max<size_t>(DataTypeSize(call.dtype), 1)),
         deadline_(Deadline::AfterMillis(options.timeout_ms)) {
     const size_t w = static_cast<size_t>(world_);
@@ -430,7 +437,7 @@ class RingRun {
   // Input and output may share memory only where the caller places this rank's partition
   // inside the whole buffer (in place); any other overlap would corrupt the result.
   Status CheckInPlace(const uint8_t* whole, const uint8_t* part) const {
-    const Partition own = Block(rank_);
+    const Partition own = Block(position_);
     if (part == whole + own.offset * element_bytes_) return OkStatus();
     if (Overlap(whole, call_.count * element_bytes_, part, own.size * element_bytes_)) {
       return InvalidArgumentError(
@@ -449,11 +456,14 @@ class RingRun {
 
   // The algorithms, and the words the code below uses for them.
   //
-  //   ring     the W ranks in a circle: rank r sends only to next = (r + 1) mod W and receives
-  //            only from prev = (r - 1) mod W. Block numbers below are taken mod W.
-  //   block    block q is rank q's partition of the buffer, PartitionOf(count, W, q): the part
-  //            that ends up reduced on rank q in a reduce-scatter. (A broadcast has one block,
-  //            the whole buffer, numbered by its root.)
+  //   ring     the W ranks in a circle, in the order ring_order gives (by default 0..W-1): r
+  //            below is a rank's position in it, and the rank at position r sends only to the
+  //            one at r + 1 (next) and receives only from the one at r - 1 (prev), mod W. Block
+  //            numbers below are positions too, taken mod W.
+  //   block    block q is the partition of the buffer of the rank at position q,
+  //            PartitionOf(count, W, ring_order[q]): the part that ends up reduced on that
+  //            rank in a reduce-scatter. (A broadcast has one block, the whole buffer,
+  //            numbered by its root.)
   //   segment  every block is cut into the same number S of segments, PartitionOf(block size,
   //            S, k), with S just large enough that the largest block's segments hold at most
   //            segment_bytes. One message carries one segment.
@@ -495,7 +505,7 @@ class RingRun {
 
   Status AllReduce(uint8_t* data) {
     if (world_ == 1) return OkStatus();  // every op of one buffer is itself
-    const int r = rank_;
+    const int r = position_;
     const int last_step = 2 * world_ - 3;
     RETURN_IF_ERROR(SendBlock(0, r - 1, Element(data, Block(r - 1).offset)));
     for (int s = 0; s <= world_ - 2; ++s) {
@@ -520,7 +530,7 @@ class RingRun {
   }
 
   Status ReduceScatter(const uint8_t* input, uint8_t* output) {
-    const int r = rank_;
+    const int r = position_;
     const Partition own = Block(r);
     if (world_ == 1) {
       if (own.size > 0 && output != input) std::memmove(output, input, own.size * element_bytes_);
@@ -550,7 +560,7 @@ class RingRun {
   }
 
   Status AllGather(const uint8_t* input, uint8_t* output) {
-    const int r = rank_;
+    const int r = position_;
     const Partition own = Block(r);
     uint8_t* own_output = Element(output, own.offset);
     if (own.size > 0 && own_output != input) {
@@ -598,7 +608,7 @@ class RingRun {
 
   Partition Block(int block) const {
     if (call_.op == CollectiveOp::kBroadcast) return Partition{0, call_.count};
-    return PartitionOf(call_.count, world_, Wrap(block));
+    return PartitionOf(call_.count, world_, order_[static_cast<size_t>(Wrap(block))]);
   }
 
   // Segment k of `block`, in elements of the whole buffer.
@@ -870,6 +880,8 @@ class RingRun {
   const Call& call_;
   const int world_;
   const int rank_;
+  const std::vector<int>& order_;  // the ranks in ring order (filled in by Create)
+  const int position_;             // where rank_ is in order_
   const int next_;
   const int prev_;
   const size_t element_bytes_;  // 1 for an unknown dtype, which CheckCall rejects
@@ -909,6 +921,18 @@ StatusOr<std::unique_ptr<RingCollectives>> RingCollectives::Create(
     return InvalidArgumentError(where + "the channel is rank " +
                                 std::to_string(options.channel->rank()) + "'s, not rank " +
                                 std::to_string(options.rank) + "'s");
+  }
+  if (options.ring_order.empty()) {
+    for (int rank = 0; rank < options.world_size; ++rank) options.ring_order.push_back(rank);
+  }
+  std::vector<int> sorted = options.ring_order;
+  std::sort(sorted.begin(), sorted.end());
+  for (int rank = 0; rank < options.world_size; ++rank) {
+    if (sorted.size() != static_cast<size_t>(options.world_size) ||
+        sorted[static_cast<size_t>(rank)] != rank) {
+      return InvalidArgumentError(where + "ring_order does not hold each rank in [0, " +
+                                  std::to_string(options.world_size) + ") once");
+    }
   }
   if (options.segment_bytes < 1 || options.segment_bytes > kMaxSegmentBytes) {
     return InvalidArgumentError(where + "segment_bytes " +

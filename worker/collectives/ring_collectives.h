@@ -58,6 +58,10 @@ struct RingCollectivesOptions {
   // Carries the frames to next and from prev (ring_channel.h); must be this rank's, and every
   // rank's of the same kind. May be null if world_size is 1.
   std::shared_ptr<RingChannel> channel;
+  // The ranks in the order the ring visits them (the channel's: ConnectedRingChannel::order),
+  // the same on every rank; empty: 0, 1, ..., W-1. Only the path changes: every rank still
+  // ends a reduce-scatter with its own partition, PartitionOf(count, W, rank).
+  std::vector<int> ring_order;
   // Bounds every call, from its start.
   int64_t timeout_ms = 30000;
   // The largest piece of a buffer one frame carries, and so the unit of pipelining: smaller

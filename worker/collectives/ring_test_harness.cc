@@ -39,6 +39,7 @@ TestRing::TestRing(int world, TestRingOptions options)
       ZmqTransportOptions zmq;
       zmq.role = Role::kWorker;
       zmq.rank = rank;
+      if (options_.interleaved_hosts && rank % 2 == 1) zmq.bind_host = "127.0.0.2";
       auto created = ZmqTransport::Create(zmq, nullptr);
       EXPECT_TRUE(created.ok()) << created.status();
       if (created.ok()) transport = std::move(created).value();
@@ -103,6 +104,7 @@ TestRing::TestRing(int world, TestRingOptions options)
       }
       r.channel = connected->channel;
       r.description = connected->description;
+      r.order = connected->order;
     });
   }
   for (auto& thread : threads) thread.join();
@@ -133,6 +135,7 @@ RingCollectivesOptions TestRing::Options(int rank, size_t segment_bytes,
   options.rank = rank;
   options.world_size = world();
   options.channel = ranks_[rank].channel;
+  options.ring_order = ranks_[rank].order;
   options.timeout_ms = timeout_ms;
   options.segment_bytes = segment_bytes;
   return options;

@@ -50,6 +50,9 @@ struct TestRingOptions {
   // hops to and from it use links and the others shared memory, as across hosts. links, auto
   // and mixed need real sockets (in_process false).
   std::string channel = "zmq";
+  // Even ranks listen on 127.0.0.1 and odd ones on 127.0.0.2, as if on two hosts: the ring's
+  // order is then not the ranks' (RingOrder: 0, 2, 4, ..., 1, 3, ...). Needs real sockets.
+  bool interleaved_hosts = false;
   // InProcessTransport endpoints instead of ZeroMQ ones on 127.0.0.1.
   bool in_process = false;
   size_t segment_bytes = kTestSegmentBytes;
@@ -117,6 +120,7 @@ class TestRing {
     std::shared_ptr<FailureBus> failures;
     std::shared_ptr<CollectiveMailbox> mailbox;
     std::shared_ptr<RingChannel> channel;
+    std::vector<int> order;  // the ring's (ConnectedRingChannel::order)
     std::string description;
     std::unique_ptr<RingCollectives> collectives;
   };

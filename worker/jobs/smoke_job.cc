@@ -269,6 +269,7 @@ class SmokeJob {
       options.rank = rank_;
       options.world_size = setup.world_size;
       options.channel = std::move(channel.channel);
+      options.ring_order = std::move(channel.order);
       options.timeout_ms = request_timeout_ms_;
       ASSIGN_OR_RETURN(ring_, RingCollectives::Create(std::move(options)));
     }

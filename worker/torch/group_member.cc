@@ -79,6 +79,7 @@ StatusOr<std::unique_ptr<GroupMember>> GroupMember::Join(const GroupMemberOption
   ring.rank = options.rank;
   ring.world_size = options.world_size;
   ring.channel = channel->channel;
+  ring.ring_order = channel->order;
   ring.timeout_ms = options.timeout_ms;
   ring.segment_bytes = options.segment_bytes;
   ASSIGN_OR_RETURN(parts->ring, RingCollectives::Create(ring));

@@ -61,12 +61,32 @@ int64_t RemainingMs(const Deadline& deadline) {
   return std::max<int64_t>(1, deadline.RemainingMillis());
 }
 
+// This rank's place in the ring (RingOrder's, the same on every rank).
+struct Place {
+  std::vector<int> order;
+  int position = 0;
+  int next = 0;
+  int prev = 0;
+};
+
+Place PlaceOf(const RingChannelSetupOptions& options) {
+  Place place;
+  place.order = RingOrder(options.peer_addresses);
+  const int world = options.world_size;
+  place.position = static_cast<int>(
+      std::find(place.order.begin(), place.order.end(), options.rank) - place.order.begin());
+  place.next = place.order[static_cast<size_t>((place.position + 1) % world)];
+  place.prev = place.order[static_cast<size_t>((place.position + world - 1) % world)];
+  return place;
+}
+
 // TCP links from prev and to next, or one of them (the other hop being shared memory).
 StatusOr<std::unique_ptr<RingLinks>> ConnectLinks(const RingChannelSetupOptions& options,
-                                                  RingZmq& zmq, bool from_prev, bool to_next) {
+                                                  const Place& place, RingZmq& zmq,
+                                                  bool from_prev, bool to_next) {
   const int rank = options.rank;
-  const int next = (rank + 1) % options.world_size;
-  const int prev = (rank + options.world_size - 1) % options.world_size;
+  const int next = place.next;
+  const int prev = place.prev;
   const std::string where = "ring links rank=" + std::to_string(rank);
   const Deadline deadline = Deadline::AfterMillis(options.timeout_ms);
   // Listen on the host of our transport address, and tell prev where.
@@ -83,6 +103,8 @@ StatusOr<std::unique_ptr<RingLinks>> ConnectLinks(const RingChannelSetupOptions&
   RingLinksOptions links;
   links.rank = rank;
   links.world_size = options.world_size;
+  links.next = next;
+  links.prev = prev;
   if (to_next) {
     StatusOr<std::string> next_address =
         ReceiveText(zmq, kRingLinksSetupTag, 0, next, deadline,
@@ -97,29 +119,32 @@ StatusOr<std::unique_ptr<RingLinks>> ConnectLinks(const RingChannelSetupOptions&
 }
 
 StatusOr<ConnectedRingChannel> ConnectAllLinks(const RingChannelSetupOptions& options,
-                                               RingZmq& zmq, const std::string& why) {
+                                               const Place& place, RingZmq& zmq,
+                                               const std::string& why) {
   ASSIGN_OR_RETURN(std::unique_ptr<RingLinks> links,
-                   ConnectLinks(options, zmq, /*from_prev=*/true, /*to_next=*/true));
-  return ConnectedRingChannel{std::move(links), "links (TCP to the ring neighbours)" + why};
+                   ConnectLinks(options, place, zmq, /*from_prev=*/true, /*to_next=*/true));
+  return ConnectedRingChannel{std::move(links), "links (TCP to the ring neighbours)" + why,
+                              place.order};
 }
 
-// What every rank can do with shared memory, agreed among them. Hop h (worker h to worker
-// h + 1) can use it when h can ring h + 1's doorbell and h + 1 can map h's ring.
+// What every rank can do with shared memory, agreed among them. Hop p (from the rank at ring
+// position p to the one at p + 1) can use it when the first can ring the second's doorbell
+// and the second can map the first's ring.
 struct ShmProbe {
   std::shared_ptr<RingShm::Segment> own;        // null: this rank could not make its segment
   std::shared_ptr<RingShm::Segment> prev_ring;  // null: not mapped
   std::shared_ptr<RingShm::Segment> next_bell;  // null: not mapped
-  std::vector<bool> hop_shm;                    // by hop, the same on every rank
+  std::vector<bool> hop_shm;  // by hop (its sender's ring position), the same on every rank
   std::string unable_ranks;  // "worker 1, worker 3": the ranks that met an error of their own
   std::string cannot;        // this rank's error, if any
 };
 
-StatusOr<ShmProbe> ProbeShm(const RingChannelSetupOptions& options,
+StatusOr<ShmProbe> ProbeShm(const RingChannelSetupOptions& options, const Place& place,
                             const std::shared_ptr<RingZmq>& zmq) {
   const int world = options.world_size;
   const int rank = options.rank;
-  const int next = (rank + 1) % world;
-  const int prev = (rank + world - 1) % world;
+  const int next = place.next;
+  const int prev = place.prev;
   const std::string who = "ring shm rank=" + std::to_string(rank);
   const Deadline deadline = Deadline::AfterMillis(options.timeout_ms);
   ShmProbe probe;
@@ -164,6 +189,7 @@ StatusOr<ShmProbe> ProbeShm(const RingChannelSetupOptions& options,
   agree.rank = rank;
   agree.world_size = world;
   agree.channel = zmq;
+  agree.ring_order = place.order;
   agree.timeout_ms = RemainingMs(deadline);
   ASSIGN_OR_RETURN(std::unique_ptr<RingCollectives> ring, RingCollectives::Create(agree));
   std::vector<float> unable(3 * static_cast<size_t>(world), 0.0f);
@@ -173,12 +199,14 @@ StatusOr<ShmProbe> ProbeShm(const RingChannelSetupOptions& options,
   RETURN_IF_ERROR(ring->AllReduce(unable.data(), unable.size(), DataType::kFloat32,
                                   ReduceOp::kMax, "ring-shm-setup", kRingShmAgreeTag)
                       .WithContext(who + ": agreeing which ranks can use shared memory"));
-  for (int h = 0; h < world; ++h) {
-    const size_t from = 3 * static_cast<size_t>(h);
-    const size_t to = 3 * static_cast<size_t>((h + 1) % world);
+  for (int p = 0; p < world; ++p) {
+    const size_t from = 3 * static_cast<size_t>(place.order[static_cast<size_t>(p)]);
+    const size_t to = 3 * static_cast<size_t>(place.order[static_cast<size_t>((p + 1) % world)]);
     probe.hop_shm.push_back(unable[from] == 0.0f && unable[to + 1] == 0.0f);
-    if (unable[from + 2] != 0.0f) {
-      probe.unable_ranks += (probe.unable_ranks.empty() ? "" : ", ") + Worker(h);
+  }
+  for (int r = 0; r < world; ++r) {
+    if (unable[3 * static_cast<size_t>(r) + 2] != 0.0f) {
+      probe.unable_ranks += (probe.unable_ranks.empty() ? "" : ", ") + Worker(r);
     }
   }
   return probe;
@@ -186,13 +214,13 @@ StatusOr<ShmProbe> ProbeShm(const RingChannelSetupOptions& options,
 
 std::string HopKind(bool shm) { return shm ? "shm" : "links"; }
 
-// "0->1 shm, 1->2 links, 2->0 shm".
-std::string HopMap(const std::vector<bool>& hop_shm) {
-  const int world = static_cast<int>(hop_shm.size());
+// "0->1 shm, 1->2 links, 2->0 shm", in ring order.
+std::string HopMap(const std::vector<bool>& hop_shm, const std::vector<int>& order) {
+  const size_t world = hop_shm.size();
   std::string map;
-  for (int h = 0; h < world; ++h) {
-    map += (h == 0 ? "" : ", ") + std::to_string(h) + "->" + std::to_string((h + 1) % world) +
-           " " + HopKind(hop_shm[static_cast<size_t>(h)]);
+  for (size_t p = 0; p < world; ++p) {
+    map += (p == 0 ? "" : ", ") + std::to_string(order[p]) + "->" +
+           std::to_string(order[(p + 1) % world]) + " " + HopKind(hop_shm[p]);
   }
   return map;
 }
@@ -201,12 +229,13 @@ std::string HopMap(const std::vector<bool>& hop_shm) {
 // them per hop (auto), or TCP links on every hop (auto where no hop can). FailedPrecondition
 // (on every rank alike) for shm when a hop cannot, naming the ranks that could not.
 StatusOr<ConnectedRingChannel> ConnectShmOrAuto(const RingChannelSetupOptions& options,
+                                                const Place& place,
                                                 const std::shared_ptr<RingZmq>& zmq) {
   const bool is_auto = options.kind == "auto";
   const int rank = options.rank;
   const int world = options.world_size;
   const std::string who = "ring shm rank=" + std::to_string(rank);
-  ASSIGN_OR_RETURN(ShmProbe probe, ProbeShm(options, zmq));
+  ASSIGN_OR_RETURN(ShmProbe probe, ProbeShm(options, place, zmq));
   const size_t hops = static_cast<size_t>(std::count(probe.hop_shm.begin(),
                                                      probe.hop_shm.end(), true));
   const std::string unable =
@@ -216,19 +245,20 @@ StatusOr<ConnectedRingChannel> ConnectShmOrAuto(const RingChannelSetupOptions& o
   if (hops < probe.hop_shm.size() && !is_auto) {
     return FailedPreconditionError(unable).WithContext("--ring-transport " + options.kind);
   }
-  if (hops == 0) return ConnectAllLinks(options, *zmq, ", chosen by auto: " + unable);
+  if (hops == 0) return ConnectAllLinks(options, place, *zmq, ", chosen by auto: " + unable);
 
-  const bool to_next_shm = probe.hop_shm[static_cast<size_t>(rank)];
-  const bool from_prev_shm = probe.hop_shm[static_cast<size_t>((rank + world - 1) % world)];
-  const int next = (rank + 1) % world;
-  const int prev = (rank + world - 1) % world;
+  const bool to_next_shm = probe.hop_shm[static_cast<size_t>(place.position)];
+  const bool from_prev_shm =
+      probe.hop_shm[static_cast<size_t>((place.position + world - 1) % world)];
+  const int next = place.next;
+  const int prev = place.prev;
   std::unique_ptr<RingLinks> links;
   if (!to_next_shm || !from_prev_shm) {
-    ASSIGN_OR_RETURN(links, ConnectLinks(options, *zmq, !from_prev_shm, !to_next_shm));
+    ASSIGN_OR_RETURN(links, ConnectLinks(options, place, *zmq, !from_prev_shm, !to_next_shm));
   }
   std::unique_ptr<RingShm> shm;
   if (to_next_shm || from_prev_shm) {
-    ASSIGN_OR_RETURN(shm, RingShm::FromSegments(rank, world, probe.own,
+    ASSIGN_OR_RETURN(shm, RingShm::FromSegments(rank, next, prev, probe.own,
                                                 from_prev_shm ? probe.prev_ring : nullptr,
                                                 to_next_shm ? probe.next_bell : nullptr,
                                                 options.failures));
@@ -237,13 +267,15 @@ StatusOr<ConnectedRingChannel> ConnectShmOrAuto(const RingChannelSetupOptions& o
   }
   if (hops == probe.hop_shm.size()) {
     const std::string rings = "shared-memory rings of " + MiB(shm->ring_bytes());
-    return ConnectedRingChannel{std::move(shm), "shm (" + rings + " each way)" +
-                                                    (is_auto ? ", chosen by auto" : "")};
+    return ConnectedRingChannel{std::move(shm),
+                                "shm (" + rings + " each way)" +
+                                    (is_auto ? ", chosen by auto" : ""),
+                                place.order};
   }
   std::string description = HopKind(to_next_shm) + " to " + Worker(next) + ", " +
                             HopKind(from_prev_shm) + " from " + Worker(prev) +
-                            ", chosen by auto per hop (" + HopMap(probe.hop_shm) + "): " +
-                            unable;
+                            ", chosen by auto per hop (" + HopMap(probe.hop_shm, place.order) + ")" +
+                            (probe.cannot.empty() ? "" : "; this rank: " + probe.cannot);
   std::shared_ptr<RingChannel> channel;
   if (to_next_shm && from_prev_shm) {
     channel = std::move(shm);
@@ -254,7 +286,7 @@ StatusOr<ConnectedRingChannel> ConnectShmOrAuto(const RingChannelSetupOptions& o
   } else {
     channel = std::make_shared<RingSplit>(std::move(links), std::move(shm));
   }
-  return ConnectedRingChannel{std::move(channel), std::move(description)};
+  return ConnectedRingChannel{std::move(channel), std::move(description), place.order};
 }
 
 }  // namespace
@@ -286,15 +318,56 @@ StatusOr<ConnectedRingChannel> ConnectRingChannel(const RingChannelSetupOptions&
   if (options.failures == nullptr) {
     return InvalidArgumentError("ring channel setup: no failure bus");
   }
-  ASSIGN_OR_RETURN(std::shared_ptr<RingZmq> zmq,
-                   RingZmq::Create({options.rank, options.world_size, options.peer_addresses,
-                                    options.transport, options.mailbox}));
-  if (options.world_size < 2) return ConnectedRingChannel{zmq, "none (a world of 1)"};
-  if (kind == "zmq") return ConnectedRingChannel{zmq, "zmq (through the transport)"};
-  if (kind == "links") return ConnectAllLinks(options, *zmq, "");
-  // Every rank gets the same verdict on every hop (the agreement is collective), so the two
-  // ends of each hop choose alike.
-  return ConnectShmOrAuto(options, zmq);
+  RingZmqOptions zmq_options;
+  zmq_options.rank = options.rank;
+  zmq_options.world_size = options.world_size;
+  zmq_options.peer_addresses = options.peer_addresses;
+  zmq_options.transport = options.transport;
+  zmq_options.mailbox = options.mailbox;
+  // Checks the rank and the addresses' count before PlaceOf relies on them.
+  RETURN_IF_ERROR(RingZmq::Create(zmq_options).status());
+  const Place place = PlaceOf(options);
+  zmq_options.next = place.next;
+  ASSIGN_OR_RETURN(std::shared_ptr<RingZmq> zmq, RingZmq::Create(zmq_options));
+  if (options.world_size < 2) return ConnectedRingChannel{zmq, "none (a world of 1)", place.order};
+  std::string order;
+  if (!std::is_sorted(place.order.begin(), place.order.end())) {
+    for (int rank : place.order) order += (order.empty() ? "" : ", ") + std::to_string(rank);
+    order = "; ring order " + order + " (each host's ranks next to each other)";
+  }
+  StatusOr<ConnectedRingChannel> connected = InternalError("no channel");
+  if (kind == "zmq") {
+    connected = ConnectedRingChannel{zmq, "zmq (through the transport)", place.order};
+  } else if (kind == "links") {
+    connected = ConnectAllLinks(options, place, *zmq, "");
+  } else {
+    // Every rank gets the same verdict on every hop (the agreement is collective), so the two
+    // ends of each hop choose alike.
+    connected = ConnectShmOrAuto(options, place, zmq);
+  }
+  if (connected.ok()) connected->description += order;
+  return connected;
+}
+
+std::vector<int> RingOrder(const std::vector<std::string>& peer_addresses) {
+  std::vector<std::string> hosts;  // in the order of their lowest rank
+  std::vector<std::vector<int>> ranks;
+  for (size_t rank = 0; rank < peer_addresses.size(); ++rank) {
+    const std::string& address = peer_addresses[rank];
+    StatusOr<std::pair<std::string, int>> host_port =
+        ParseHostPort(address.rfind("tcp://", 0) == 0 ? address.substr(6) : address);
+    const std::string host = host_port.ok() ? host_port->first : address;
+    const size_t at = static_cast<size_t>(std::find(hosts.begin(), hosts.end(), host) -
+                                          hosts.begin());
+    if (at == hosts.size()) {
+      hosts.push_back(host);
+      ranks.emplace_back();
+    }
+    ranks[at].push_back(static_cast<int>(rank));
+  }
+  std::vector<int> order;
+  for (const std::vector<int>& on_host : ranks) order.insert(order.end(), on_host.begin(), on_host.end());
+  return order;
 }
 
 }  // namespace tessera::worker

@@ -4,14 +4,20 @@
 //   links  RingLinks: TCP connections to the neighbours (works across hosts).
 //   shm    RingShm: shared-memory rings to the neighbours (one host, one /dev/shm); fails with
 //          FailedPrecondition naming the ranks that cannot map their neighbours' segments.
-//   auto   shm when every rank can, else links. Whether every rank can is agreed collectively
-//          (a max all-reduce over RingZmq), so every rank falls back together.
+//   auto   per hop: shared memory where both ends can map each other's segments (a host's
+//          ranks), TCP links elsewhere (between hosts); RingSplit (ring_split.h) for a rank
+//          whose two hops differ. Which hop can is agreed collectively (a max all-reduce over
+//          RingZmq), so both ends of every hop choose alike.
+//
+// The ring visits the ranks in RingOrder (below), which puts each host's ranks next to each
+// other: pass `order` on to RingCollectivesOptions::ring_order.
 //
 //   auto mailbox = std::make_shared<CollectiveMailbox>(failures);
 //   endpoint.SetHandler(MessageType::kRingFrame, CollectiveMailbox::Handler(mailbox));
 //   RingChannelSetupOptions setup;  // kind, rank, world_size, peers, transport, mailbox, ...
 //   ASSIGN_OR_RETURN(ConnectedRingChannel channel, ConnectRingChannel(setup));
 //   ring_options.channel = channel.channel;
+//   ring_options.ring_order = channel.order;
 //   TLOG(INFO) << "ring channel: " << channel.description;
 //
 // The direct channels bootstrap over RingZmq: each rank tells its neighbours where it listens
@@ -55,7 +61,16 @@ struct RingChannelSetupOptions {
 struct ConnectedRingChannel {
   std::shared_ptr<RingChannel> channel;
   std::string description;  // for the startup log: what and why
+  std::vector<int> order;   // the ring's order (RingOrder), for RingCollectivesOptions
 };
+
+// The order the ring visits the ranks in, the same on every rank: each host's ranks next to
+// each other (the host of a rank is that of its transport address), so that as few hops as
+// possible cross hosts, and under auto as many as can use shared memory. Hosts come in the
+// order of their lowest rank, a host's ranks in rank order: where each host's ranks are
+// consecutive already (tessera-launch, srun's default block distribution, torchrun), 0, 1,
+// ..., W-1.
+std::vector<int> RingOrder(const std::vector<std::string>& peer_addresses);
 
 // The workers' transport addresses by rank, from the coordinator's fleet view (the ring's
 // order on every rank). Internal error if the view's worker ranks are not 0..W-1.

@@ -199,17 +199,21 @@ TEST(RingChannelSetupTest, AutoFallsBackToLinksOnEveryRankAlike) {
 TEST(RingChannelSetupTest, AutoChoosesPerHop) {
   Workers workers(4);
   workers.Connect("auto", {64 << 10, size_t{1} << 49, 64 << 10, 64 << 10});
-  const std::string map = "chosen by auto per hop (0->1 links, 1->2 links, 2->3 shm, 3->0 shm): ";
+  const std::string map = "chosen by auto per hop (0->1 links, 1->2 links, 2->3 shm, 3->0 shm)";
   const std::vector<std::string> hops = {"links to worker 1, shm from worker 3, ",
                                          "links to worker 2, links from worker 0, ",
                                          "shm to worker 3, links from worker 1, ",
                                          "shm to worker 0, shm from worker 2, "};
   for (int rank = 0; rank < 4; ++rank) {
     ASSERT_TRUE(workers.results[rank].ok()) << workers.results[rank].status();
-    EXPECT_THAT(workers.results[rank]->description,
-                StartsWith(hops[rank] + map + "ring shm rank=" + std::to_string(rank) +
-                           ": not every rank can map its ring neighbours' shared memory "
-                           "(worker 1 cannot)"));
+    const std::string description = workers.results[rank]->description;
+    if (rank == 1) {  // the one with an error of its own
+      EXPECT_THAT(description, AllOf(StartsWith(hops[rank] + map + "; this rank: shared memory "
+                                                                   "segment /tessera-ring-"),
+                                     HasSubstr("cannot reserve")));
+    } else {
+      EXPECT_EQ(description, hops[rank] + map);
+    }
     EXPECT_EQ(workers.queued(rank), 0u) << "setup left frames behind";
   }
   EXPECT_FALSE(AnySegmentLeft());
@@ -256,6 +260,26 @@ TEST(RingChannelSetupTest, RingPeerAddressesAreTheWorkersInRankOrder) {
   view.members.back().rank = 2;
   EXPECT_EQ(RingPeerAddresses(view).status().message(),
             "the fleet view's worker ranks are not 0..1: found worker 2 at position 1");
+}
+
+TEST(RingChannelSetupTest, RingOrderPutsEachHostsRanksNextToEachOther) {
+  struct Case {
+    std::vector<std::string> addresses;
+    std::vector<int> order;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{}, {}},
+           {{"tcp://127.0.0.1:5"}, {0}},
+           {{"tcp://127.0.0.1:5", "tcp://127.0.0.1:6", "tcp://127.0.0.1:7"}, {0, 1, 2}},
+           {{"tcp://a:1", "tcp://a:2", "tcp://b:1", "tcp://b:2"}, {0, 1, 2, 3}},
+           {{"tcp://a:1", "tcp://b:1", "tcp://a:2", "tcp://b:2"}, {0, 2, 1, 3}},
+           {{"tcp://b:1", "tcp://a:1", "tcp://b:2", "tcp://a:2"}, {0, 2, 1, 3}},
+           {{"tcp://a:1", "tcp://b:1", "tcp://c:1", "tcp://a:2"}, {0, 3, 1, 2}},
+           {{"tcp://[::1]:1", "tcp://10.0.0.2:1", "tcp://[::1]:2"}, {0, 2, 1}},
+           {{"not an address", "tcp://a:1", "not an address"}, {0, 2, 1}},
+       }) {
+    EXPECT_EQ(RingOrder(c.addresses), c.order) << ::testing::PrintToString(c.addresses);
+  }
 }
 
 TEST(RingChannelSetupTest, ShmRingsHoldTwoSegmentsAndAtLeastFourMiB) {

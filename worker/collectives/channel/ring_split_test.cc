@@ -43,8 +43,10 @@ class MixedRing {
         auto bell = RingShm::OpenBell(RingShm::NameOf(*segments[to]), to);
         auto ring = RingShm::OpenRing(RingShm::NameOf(*segments[from]), from);
         EXPECT_TRUE(bell.ok() && ring.ok());
-        auto out = RingShm::FromSegments(from, world, segments[from], nullptr, *bell, failures_);
-        auto in = RingShm::FromSegments(to, world, segments[to], *ring, nullptr, failures_);
+        auto out = RingShm::FromSegments(from, to, (from + world - 1) % world, segments[from],
+                                         nullptr, *bell, failures_);
+        auto in = RingShm::FromSegments(to, (to + 1) % world, from, segments[to], *ring, nullptr,
+                                        failures_);
         EXPECT_TRUE(out.ok() && in.ok());
         to_next[from] = std::move(out).value();
         from_prev[to] = std::move(in).value();

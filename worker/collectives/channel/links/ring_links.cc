@@ -294,8 +294,8 @@ StatusOr<std::unique_ptr<RingLinks>> RingLinks::Connect(const RingLinksOptions& 
     return InvalidArgumentError(where + "needs world_size >= 2, a rank in it, a listener or "
                                 "next's address, and a positive timeout");
   }
-  const int next = (rank + 1) % world;
-  const int prev = (rank + world - 1) % world;
+  const int next = options.next >= 0 ? options.next : (rank + 1) % world;
+  const int prev = options.prev >= 0 ? options.prev : (rank + world - 1) % world;
   const Deadline deadline = Deadline::AfterMillis(options.timeout_ms);
   // Connect first, then accept: every rank's connect completes against its next's listen
   // backlog, so nobody waits for an accept that waits for it.
@@ -312,7 +312,7 @@ StatusOr<std::unique_ptr<RingLinks>> RingLinks::Connect(const RingLinksOptions& 
   }
   const int to_next_fd = to_next.Release();
   const int from_prev_fd = from_prev.Release();
-  return std::unique_ptr<RingLinks>(new RingLinks(rank, world, to_next_fd, from_prev_fd,
+  return std::unique_ptr<RingLinks>(new RingLinks(rank, next, prev, to_next_fd, from_prev_fd,
                                                   options.next_address, std::move(prev_address),
                                                   options.failures, options.max_payload_bytes,
                                                   options.spin_us));
@@ -325,20 +325,21 @@ std::unique_ptr<RingLinks> RingLinks::FromSockets(int rank, int world_size, int 
                                                   size_t max_payload_bytes, int64_t spin_us) {
   fcntl(to_next, F_SETFL, fcntl(to_next, F_GETFL) | O_NONBLOCK);
   fcntl(from_prev, F_SETFL, fcntl(from_prev, F_GETFL) | O_NONBLOCK);
-  return std::unique_ptr<RingLinks>(new RingLinks(rank, world_size, to_next, from_prev,
+  return std::unique_ptr<RingLinks>(new RingLinks(rank, (rank + 1) % world_size,
+                                                  (rank + world_size - 1) % world_size, to_next,
+                                                  from_prev,
                                                   std::move(next_address),
                                                   std::move(prev_address), std::move(failures),
                                                   max_payload_bytes, spin_us));
 }
 
-RingLinks::RingLinks(int rank, int world_size, int to_next, int from_prev,
+RingLinks::RingLinks(int rank, int next, int prev, int to_next, int from_prev,
                      std::string next_address, std::string prev_address,
                      std::shared_ptr<FailureBus> failures, size_t max_payload_bytes,
                      int64_t spin_us)
     : rank_(rank),
-      world_size_(world_size),
-      next_((rank + 1) % world_size),
-      prev_((rank + world_size - 1) % world_size),
+      next_(next),
+      prev_(prev),
       to_next_(to_next),
       from_prev_(from_prev),
       wake_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)),

@@ -71,6 +71,9 @@ inline constexpr int64_t kDefaultRingSpinCapUs = 200;
 struct RingLinksOptions {
   int rank = 0;
   int world_size = 1;
+  // The neighbours' ranks; -1: in rank order (rank + 1 and rank - 1, mod world_size).
+  int next = -1;
+  int prev = -1;
   std::string next_address;  // where next's Listener listens, "tcp://HOST:PORT"
   std::shared_ptr<FailureBus> failures;  // the process's failures, which wake waiters; may be null
   int64_t timeout_ms = 30000;            // bounds Connect
@@ -155,7 +158,7 @@ class RingLinks : public RingChannel {
     size_t written = 0;  // of header and payload together
   };
 
-  RingLinks(int rank, int world_size, int to_next, int from_prev, std::string next_address,
+  RingLinks(int rank, int next, int prev, int to_next, int from_prev, std::string next_address,
             std::string prev_address, std::shared_ptr<FailureBus> failures,
             size_t max_payload_bytes, int64_t spin_us);
 
@@ -173,7 +176,6 @@ class RingLinks : public RingChannel {
   std::string LinkFrom() const;
 
   const int rank_;
-  const int world_size_;
   const int next_;
   const int prev_;
   const int to_next_;    // socket

@@ -308,8 +308,9 @@ StatusOr<std::unique_ptr<RingShm>> RingShm::Attach(int rank, int world_size,
     if (!opened.ok()) return opened.status().WithContext(who);
     next_bell = std::move(opened).value();
   }
-  return FromSegments(rank, world_size, std::move(own), std::move(prev_ring),
-                      std::move(next_bell), std::move(failures), max_payload_bytes, spin_us);
+  return FromSegments(rank, (rank + 1) % world_size, (rank + world_size - 1) % world_size,
+                      std::move(own), std::move(prev_ring), std::move(next_bell),
+                      std::move(failures), max_payload_bytes, spin_us);
 }
 
 StatusOr<std::shared_ptr<RingShm::Segment>> RingShm::OpenRing(const RingShmSegmentName& prev,
@@ -323,16 +324,16 @@ StatusOr<std::shared_ptr<RingShm::Segment>> RingShm::OpenBell(const RingShmSegme
 }
 
 StatusOr<std::unique_ptr<RingShm>> RingShm::FromSegments(
-    int rank, int world_size, std::shared_ptr<Segment> own, std::shared_ptr<Segment> prev_ring,
-    std::shared_ptr<Segment> next_bell, std::shared_ptr<FailureBus> failures,
-    size_t max_payload_bytes, int64_t spin_us) {
-  if (world_size < 2 || rank < 0 || rank >= world_size || own == nullptr ||
+    int rank, int next, int prev, std::shared_ptr<Segment> own,
+    std::shared_ptr<Segment> prev_ring, std::shared_ptr<Segment> next_bell,
+    std::shared_ptr<FailureBus> failures, size_t max_payload_bytes, int64_t spin_us) {
+  if (rank < 0 || next < 0 || prev < 0 || next == rank || prev == rank || own == nullptr ||
       (prev_ring == nullptr && next_bell == nullptr)) {
     return InvalidArgumentError("ring shm rank=" + std::to_string(rank) +
-                                ": needs world_size >= 2, a rank in it, its segment and a "
+                                ": needs neighbours other than itself, its segment and a "
                                 "neighbour's");
   }
-  return std::unique_ptr<RingShm>(new RingShm(rank, world_size, std::move(own),
+  return std::unique_ptr<RingShm>(new RingShm(rank, next, prev, std::move(own),
                                               std::move(prev_ring), std::move(next_bell),
                                               std::move(failures), max_payload_bytes, spin_us));
 }
@@ -356,17 +357,16 @@ StatusOr<RingShmSegmentName> DecodeSegmentName(const std::string& text) {
   return name;
 }
 
-RingShm::RingShm(int rank, int world_size, std::shared_ptr<Segment> own,
-                 std::shared_ptr<Segment> prev, std::shared_ptr<Segment> next_bell,
+RingShm::RingShm(int rank, int next, int prev, std::shared_ptr<Segment> own,
+                 std::shared_ptr<Segment> prev_ring, std::shared_ptr<Segment> next_bell,
                  std::shared_ptr<FailureBus> failures, size_t max_payload_bytes,
                  int64_t spin_us)
     : rank_(rank),
-      world_size_(world_size),
-      next_((rank + 1) % world_size),
-      prev_((rank + world_size - 1) % world_size),
+      next_(next),
+      prev_(prev),
       own_(std::move(own)),
       next_bell_(std::move(next_bell)),
-      inbound_(prev == nullptr ? nullptr : std::make_shared<Inbound>(std::move(prev))),
+      inbound_(prev_ring == nullptr ? nullptr : std::make_shared<Inbound>(std::move(prev_ring))),
       failures_(std::move(failures)),
       max_payload_bytes_(max_payload_bytes),
       spin_us_(spin_us),

@@ -110,10 +110,12 @@ class RingShm final : public RingChannel {
   // makes the channel of those opened (either may be null, not both).
   static StatusOr<std::shared_ptr<Segment>> OpenRing(const RingShmSegmentName& prev, int prev_rank);
   static StatusOr<std::shared_ptr<Segment>> OpenBell(const RingShmSegmentName& next, int next_rank);
+  // `next` and `prev` are the neighbours' ranks (the ring's order need not be the ranks').
   static StatusOr<std::unique_ptr<RingShm>> FromSegments(
-      int rank, int world_size, std::shared_ptr<Segment> own, std::shared_ptr<Segment> prev_ring,
-      std::shared_ptr<Segment> next_bell, std::shared_ptr<FailureBus> failures,
-      size_t max_payload_bytes = (64u << 20) + 4096, int64_t spin_us = 50);
+      int rank, int next, int prev, std::shared_ptr<Segment> own,
+      std::shared_ptr<Segment> prev_ring, std::shared_ptr<Segment> next_bell,
+      std::shared_ptr<FailureBus> failures, size_t max_payload_bytes = (64u << 20) + 4096,
+      int64_t spin_us = 50);
 
   ~RingShm() override;
   RingShm(const RingShm&) = delete;
@@ -158,7 +160,7 @@ class RingShm final : public RingChannel {
     uint8_t* target = nullptr;
   };
 
-  RingShm(int rank, int world_size, std::shared_ptr<Segment> own, std::shared_ptr<Segment> prev,
+  RingShm(int rank, int next, int prev, std::shared_ptr<Segment> own, std::shared_ptr<Segment> prev_ring,
           std::shared_ptr<Segment> next_bell, std::shared_ptr<FailureBus> failures,
           size_t max_payload_bytes, int64_t spin_us);
 
@@ -177,7 +179,6 @@ class RingShm final : public RingChannel {
   std::string From() const;
 
   const int rank_;
-  const int world_size_;
   const int next_;
   const int prev_;
   const std::shared_ptr<Segment> own_;        // our ring to next, our doorbell

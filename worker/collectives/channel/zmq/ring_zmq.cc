@@ -16,6 +16,10 @@ StatusOr<std::unique_ptr<RingZmq>> RingZmq::Create(RingZmqOptions options) {
                                 " peer addresses for a world of " +
                                 std::to_string(options.world_size));
   }
+  if (options.next >= options.world_size) {
+    return InvalidArgumentError(where + "next rank " + std::to_string(options.next) +
+                                " is not in a world of " + std::to_string(options.world_size));
+  }
   if (options.transport == nullptr || options.mailbox == nullptr) {
     return InvalidArgumentError(where + "needs a transport and a mailbox");
   }
@@ -25,7 +29,7 @@ StatusOr<std::unique_ptr<RingZmq>> RingZmq::Create(RingZmqOptions options) {
 
 RingZmq::RingZmq(RingZmqOptions options, uint32_t id)
     : options_(std::move(options)),
-      next_((options_.rank + 1) % options_.world_size),
+      next_(options_.next >= 0 ? options_.next : (options_.rank + 1) % options_.world_size),
       id_(id),
       sent_(static_cast<size_t>(options_.world_size), 0) {}
 

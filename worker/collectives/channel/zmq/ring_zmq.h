@@ -41,6 +41,7 @@ struct RingZmqOptions {
   std::vector<std::string> peer_addresses;  // transport addresses by rank
   Transport* transport = nullptr;           // not owned
   std::shared_ptr<CollectiveMailbox> mailbox;
+  int next = -1;  // the rank Send sends to; -1: rank + 1 (mod world_size)
 };
 
 class RingZmq final : public RingChannel {
