@@ -270,6 +270,26 @@ TEST(ExitTimeTest, StopDuringRingSetup) {
   ExpectStopsAfterTheGrace(harness, workers[0], workers[1], "the ring still waited 1000 ms later");
 }
 
+// A worker waiting in a checkpoint's agreement (the all-gather of the shard reports) for a
+// peer that never joins it (here one that checkpoints less often, so it waits in the next
+// step's all-reduce instead) stops waiting once asked to: the same grace, then 128 + SIGTERM,
+// its error naming the checkpoint it was in.
+TEST(ExitTimeTest, StopDuringACheckpointsAgreement) {
+  FleetHarness harness;
+  const std::string dir = TempPath("stop-in-checkpoint");
+  auto job = StartTwoWorkerJob(
+      harness, "allreduce", 0, {},
+      {Concat({"--checkpoint-dir", dir, "--checkpoint-every", "1"}, kSmallJob),
+       Concat({"--checkpoint-dir", dir, "--checkpoint-every", "1000"}, kSmallJob)});
+  ASSERT_TRUE(job.ok()) << job.status();
+  const std::vector<int>& workers = job->workers;
+  ASSERT_TRUE(harness.WaitReady(workers[0], Deadline::AfterMillis(kRunMs)).ok())
+      << harness.Output(workers[0]);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // into the checkpoint's wait
+  ASSERT_FALSE(harness.ExitTime(workers[0]).ok()) << harness.Output(workers[0]);
+  ExpectStopsAfterTheGrace(harness, workers[0], workers[1], "checkpoint of step 1");
+}
+
 // The launcher of a 2 x 2 ps-sync job stops its servers and coordinator and leaves within the
 // bound of its last worker's exit; every worker exits within the bound of its summary (zero2
 // exercises the ring channel's threads and shared memory too).
