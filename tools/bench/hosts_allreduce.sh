@@ -1,0 +1,160 @@
+#!/usr/bin/env bash
+# All-reduce across two emulated hosts with two processes each (issue 20, item 4): the ring's
+# channel chosen per hop (--ring-transport auto: shared memory between the two processes of a
+# host, TCP links between hosts) beside TCP links on every hop (--ring-transport links), in
+# the same run.
+#
+#   tools/bench/hosts_allreduce.sh [--sizes 4K,...,64M] [--seconds S] [--repeats N] [--json]
+#
+# Builds two hosts (network namespaces joined by a bridge in a third, each process in its own
+# mount namespace with a private /dev/shm per host; as tests/emulated_hosts.cc does, see
+# ../shared/notes/clusters.md) and runs, per transport, one launcher per host:
+#   hostI$ tessera-launch --nnodes 2 --node-rank I --nproc-per-node 2 \
+#            --coordinator 10.77.0.1:PORT --mode bench-allreduce -- --ring-transport T ...
+# (worker/jobs/allreduce_bench_job.h: per size, warm-up calls, then per timed iteration a
+# barrier and one float32 sum all-reduce; an iteration's time is the max over the ranks, a
+# size's time the median over iterations). With --repeats N the transports alternate N times
+# and each size's time is the median of the N runs. Prints time, busbw (2(n-1)/n x algbw) and
+# the ratio links / auto per size (> 1: per-hop is faster), and each run's ring channel.
+# Needs root; run `bazel build //tools:tessera-launch` first. Leaves nothing behind.
+set -euo pipefail
+
+sizes="4K,16K,64K,256K,1M,4M,16M,64M"
+seconds=0.5
+repeats=1
+json=0
+while (($#)); do
+  case "$1" in
+    --sizes) sizes="$2"; shift ;;
+    --seconds) seconds="$2"; shift ;;
+    --repeats) repeats="$2"; shift ;;
+    --json) json=1 ;;
+    -h | --help) sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "hosts_allreduce: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+# 4K,1M -> 4096,1048576 (tessera-worker's --bench-sizes takes bytes).
+bytes=""
+IFS=, read -ra size_list <<<"$sizes"
+for size in "${size_list[@]}"; do
+  case "$size" in
+    *K) n=$((${size%K} << 10)) ;;
+    *M) n=$((${size%M} << 20)) ;;
+    *G) n=$((${size%G} << 30)) ;;
+    *) n="$size" ;;
+  esac
+  bytes="${bytes:+$bytes,}$n"
+done
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+launch="$root/bazel-bin/tools/tessera-launch"
+[[ -x "$launch" ]] || { echo "hosts_allreduce: build //tools:tessera-launch first" >&2; exit 1; }
+((EUID == 0)) || { echo "hosts_allreduce: needs root (network namespaces)" >&2; exit 1; }
+
+tag="tha$$"
+run="/tmp/tessera-hosts-bench-$$"
+mkdir -p "$run"
+cleanup() {
+  for ns in "$tag-h0" "$tag-h1" "$tag-sw"; do ip netns del "$ns" 2>/dev/null || true; done
+  rm -rf "$run"
+}
+trap cleanup EXIT
+
+# Hosts 10.77.0.1 and 10.77.0.2 behind a bridge.
+ip netns add "$tag-sw"
+ip -n "$tag-sw" link add br0 type bridge
+ip -n "$tag-sw" link set br0 up
+for i in 0 1; do
+  ip netns add "$tag-h$i"
+  ip -n "$tag-h$i" link add eth0 type veth peer name "p$i" netns "$tag-sw"
+  ip -n "$tag-sw" link set "p$i" master br0 up
+  ip -n "$tag-h$i" addr add "10.77.0.$((i + 1))/24" dev eth0
+  ip -n "$tag-h$i" link set eth0 up
+  ip -n "$tag-h$i" link set lo up
+done
+
+# in_host I COMMAND...: COMMAND inside host I, with the host's own /dev/shm.
+in_host() {
+  local i="$1"
+  shift
+  nsenter --net="/var/run/netns/$tag-h$i" unshare --mount --propagation private sh -c \
+    'mount -t tmpfs tmpfs /dev/shm && exec "$@"' sh "$@"
+}
+
+port=29600
+# run_once TRANSPORT OUT: both launchers; rank 0's JSON lines into OUT.
+run_once() {
+  local transport="$1" out="$2" pid0 pid1
+  port=$((port + 1))
+  local flags=(--nnodes 2 --nproc-per-node 2 --coordinator "10.77.0.1:$port"
+    --mode bench-allreduce --log-level warning --
+    "--bench-sizes=$bytes" --bench-warmup=3 --bench-iters=0 "--bench-seconds=$seconds"
+    "--ring-transport=$transport")
+  in_host 0 "$launch" --node-rank 0 "${flags[@]}" >"$out.node0" 2>&1 &
+  pid0=$!
+  in_host 1 "$launch" --node-rank 1 "${flags[@]}" >"$out.node1" 2>&1 &
+  pid1=$!
+  if ! wait "$pid0" || ! wait "$pid1"; then
+    echo "hosts_allreduce: the $transport run failed:" >&2
+    tail -n 20 "$out.node0" "$out.node1" >&2
+    exit 1
+  fi
+  grep -o '{"bench".*' "$out.node0" >"$out" || true
+}
+
+for ((r = 0; r < repeats; ++r)); do
+  for transport in auto links; do
+    run_once "$transport" "$run/$transport.$r"
+  done
+done
+
+/usr/bin/python3 - "$run" "$repeats" "$json" "$sizes" <<'PY'
+import json, statistics, sys
+run, repeats, as_json, sizes_text = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4]
+np_ = 4
+bus = 2.0 * (np_ - 1) / np_
+times, channels = {}, {}
+for transport in ("auto", "links"):
+    by_size = {}
+    for r in range(repeats):
+        for line in open(f"{run}/{transport}.{r}"):
+            j = json.loads(line)
+            if j.get("bench") == "ring_channel":
+                channels[transport] = j["channel"]
+            elif j.get("bench") == "allreduce":
+                by_size.setdefault(j["bytes"], []).append(j["median_s"])
+    times[transport] = {size: statistics.median(v) for size, v in by_size.items()}
+sizes = sorted(times["auto"])
+missing = [s for s in sizes if s not in times["links"]]
+if missing or not sizes:
+    sys.exit(f"hosts_allreduce: no time for sizes {missing or sizes_text}")
+rows = []
+for size in sizes:
+    a, l = times["auto"][size], times["links"][size]
+    rows.append({"bytes": size, "auto_s": a, "links_s": l,
+                 "auto_busbw_bytes_per_second": bus * size / a,
+                 "links_busbw_bytes_per_second": bus * size / l,
+                 "links_over_auto": l / a})
+if as_json:
+    print(json.dumps({"benchmark": "hosts_allreduce", "hosts": 2, "processes_per_host": 2,
+                      "dtype": "float32", "op": "sum", "repeats": repeats,
+                      "channels": channels, "rows": rows}, indent=2))
+    sys.exit(0)
+def human(n):
+    for unit, div in (("M", 1 << 20), ("K", 1 << 10)):
+        if n >= div and n % div == 0:
+            return f"{n // div} {unit}iB"
+    return f"{n} B"
+print("allreduce: float32 sum, 2 emulated hosts x 2 processes (ranks 0,1 on 10.77.0.1; 2,3 on "
+      f"10.77.0.2); median of {repeats} run(s) of each; busbw = {bus:.2f} x algbw")
+for transport in ("auto", "links"):
+    print(f"  {transport}: rank 0's ring channel: {channels.get(transport, '(not reported)')}")
+print()
+print(f"{'size':>9} {'auto us':>11} {'GB/s':>7} {'links us':>11} {'GB/s':>7} {'links/auto':>11}")
+for row in rows:
+    print(f"{human(row['bytes']):>9} {row['auto_s'] * 1e6:11.1f} "
+          f"{row['auto_busbw_bytes_per_second'] / 1e9:7.3f} {row['links_s'] * 1e6:11.1f} "
+          f"{row['links_busbw_bytes_per_second'] / 1e9:7.3f} {row['links_over_auto']:10.2f}x")
+PY
