@@ -133,9 +133,10 @@ void AddWorkerFlags(CLI::App* app, WorkerFlags* flags) {
                   "How ring segments travel: shm (shared-memory rings to the ring neighbours, "
                   "same host only; worker/collectives/channel/shm/ring_shm.h), links (direct TCP connections to them; "
                   "worker/collectives/channel/links/ring_links.h), zmq (through the process's transport and its I/O "
-                  "thread), or auto (shm if every worker can map its neighbours' shared memory, "
-                  "else links). Both direct channels are driven by the calling thread. Every "
-                  "worker must use the same")
+                  "thread), or auto (per hop: shm between neighbours that can map each other's "
+                  "shared memory, i.e. on one host, links elsewhere; the ring visits each "
+                  "host's workers together). Both direct channels are driven by the calling "
+                  "thread. Every worker must use the same")
       ->check(CLI::IsMember({"auto", "shm", "links", "zmq"}))
       ->capture_default_str();
   ddp->add_option("--ring-spin-us", flags->ring_spin_us,
