@@ -56,32 +56,14 @@ launch="$root/bazel-bin/tools/tessera-launch"
 tag="tha$$"
 run="/tmp/tessera-hosts-bench-$$"
 mkdir -p "$run"
+# shellcheck source=tools/bench/emulated_hosts.sh
+source "$root/tools/bench/emulated_hosts.sh"
 cleanup() {
-  for ns in "$tag-h0" "$tag-h1" "$tag-sw"; do ip netns del "$ns" 2>/dev/null || true; done
+  delete_hosts
   rm -rf "$run"
 }
 trap cleanup EXIT
-
-# Hosts 10.77.0.1 and 10.77.0.2 behind a bridge.
-ip netns add "$tag-sw"
-ip -n "$tag-sw" link add br0 type bridge
-ip -n "$tag-sw" link set br0 up
-for i in 0 1; do
-  ip netns add "$tag-h$i"
-  ip -n "$tag-h$i" link add eth0 type veth peer name "p$i" netns "$tag-sw"
-  ip -n "$tag-sw" link set "p$i" master br0 up
-  ip -n "$tag-h$i" addr add "10.77.0.$((i + 1))/24" dev eth0
-  ip -n "$tag-h$i" link set eth0 up
-  ip -n "$tag-h$i" link set lo up
-done
-
-# in_host I COMMAND...: COMMAND inside host I, with the host's own /dev/shm.
-in_host() {
-  local i="$1"
-  shift
-  nsenter --net="/var/run/netns/$tag-h$i" unshare --mount --propagation private sh -c \
-    'mount -t tmpfs tmpfs /dev/shm && exec "$@"' sh "$@"
-}
+make_hosts  # 10.77.0.1 and 10.77.0.2
 
 port=29600
 # run_once TRANSPORT OUT: both launchers; rank 0's JSON lines into OUT.

@@ -41,24 +41,13 @@ cleanup() {
   for pid in "${pids[@]+"${pids[@]}"}"; do kill "$pid" 2>/dev/null || true; done
   sleep 0.5
   for pid in "${pids[@]+"${pids[@]}"}"; do kill -9 "$pid" 2>/dev/null || true; done
-  for ns in "$tag-h0" "$tag-h1" "$tag-sw"; do ip netns del "$ns" 2>/dev/null || true; done
+  delete_hosts
   rm -rf "$run"
 }
 trap cleanup EXIT
-
-# Hosts: 10.77.0.1 and 10.77.0.2; the switch (and slurmctld) at 10.77.0.254.
-ip netns add "$tag-sw"
-ip -n "$tag-sw" link add br0 type bridge
-ip -n "$tag-sw" addr add 10.77.0.254/24 dev br0
-ip -n "$tag-sw" link set br0 up
-for i in 0 1; do
-  ip netns add "$tag-h$i"
-  ip -n "$tag-h$i" link add eth0 type veth peer name "p$i" netns "$tag-sw"
-  ip -n "$tag-sw" link set "p$i" master br0 up
-  ip -n "$tag-h$i" addr add "10.77.0.$((i + 1))/24" dev eth0
-  ip -n "$tag-h$i" link set eth0 up
-  ip -n "$tag-h$i" link set lo up
-done
+# shellcheck source=tools/bench/emulated_hosts.sh
+source "$root/tools/bench/emulated_hosts.sh"
+make_hosts  # 10.77.0.1 and 10.77.0.2; the switch (and slurmctld) at 10.77.0.254
 
 mkdir -p "$run"/{state,log,spool/n1,spool/n2,munge,munge-sock}
 chmod 700 "$run/munge"
@@ -110,9 +99,7 @@ pids+=($!)
 nsenter --net="/var/run/netns/$tag-sw" slurmctld -D -c -f "$SLURM_CONF" >"$run/log/ctld.out" 2>&1 &
 pids+=($!)
 for i in 0 1; do
-  nsenter --net="/var/run/netns/$tag-h$i" unshare --mount --propagation private sh -c \
-    'mount -t tmpfs tmpfs /dev/shm && exec "$@"' sh slurmd -D -N "n$((i + 1))" -f "$SLURM_CONF" \
-    >"$run/log/slurmd$i.out" 2>&1 &
+  in_host "$i" slurmd -D -N "n$((i + 1))" -f "$SLURM_CONF" >"$run/log/slurmd$i.out" 2>&1 &
   pids+=($!)
 done
 in_host0() { nsenter --net="/var/run/netns/$tag-h0" "$@"; }
