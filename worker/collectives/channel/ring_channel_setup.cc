@@ -65,16 +65,21 @@ int64_t RemainingMs(const Deadline& deadline) {
 struct Place {
   std::vector<int> order;
   int position = 0;
-  int next = 0;
-  int prev = 0;
+  int next = -1;
+  int prev = -1;
 };
 
+// Next and prev stay -1 when the options are not a ring (RingZmq::Create says what is wrong).
 Place PlaceOf(const RingChannelSetupOptions& options) {
   Place place;
   place.order = RingOrder(options.peer_addresses);
-  const int world = options.world_size;
+  const int world = static_cast<int>(place.order.size());
   place.position = static_cast<int>(
       std::find(place.order.begin(), place.order.end(), options.rank) - place.order.begin());
+  if (world != options.world_size || place.position == world) {
+    place.next = place.prev = -1;
+    return place;
+  }
   place.next = place.order[static_cast<size_t>((place.position + 1) % world)];
   place.prev = place.order[static_cast<size_t>((place.position + world - 1) % world)];
   return place;
@@ -272,10 +277,10 @@ StatusOr<ConnectedRingChannel> ConnectShmOrAuto(const RingChannelSetupOptions& o
                                     (is_auto ? ", chosen by auto" : ""),
                                 place.order};
   }
-  std::string description = HopKind(to_next_shm) + " to " + Worker(next) + ", " +
-                            HopKind(from_prev_shm) + " from " + Worker(prev) +
-                            ", chosen by auto per hop (" + HopMap(probe.hop_shm, place.order) + ")" +
-                            (probe.cannot.empty() ? "" : "; this rank: " + probe.cannot);
+  std::string description =
+      HopKind(to_next_shm) + " to " + Worker(next) + ", " + HopKind(from_prev_shm) + " from " +
+      Worker(prev) + ", chosen by auto per hop (" + HopMap(probe.hop_shm, place.order) + ")" +
+      (probe.cannot.empty() ? "" : "; this rank: " + probe.cannot);
   std::shared_ptr<RingChannel> channel;
   if (to_next_shm && from_prev_shm) {
     channel = std::move(shm);
@@ -318,18 +323,18 @@ StatusOr<ConnectedRingChannel> ConnectRingChannel(const RingChannelSetupOptions&
   if (options.failures == nullptr) {
     return InvalidArgumentError("ring channel setup: no failure bus");
   }
+  const Place place = PlaceOf(options);
   RingZmqOptions zmq_options;
   zmq_options.rank = options.rank;
   zmq_options.world_size = options.world_size;
   zmq_options.peer_addresses = options.peer_addresses;
   zmq_options.transport = options.transport;
   zmq_options.mailbox = options.mailbox;
-  // Checks the rank and the addresses' count before PlaceOf relies on them.
-  RETURN_IF_ERROR(RingZmq::Create(zmq_options).status());
-  const Place place = PlaceOf(options);
   zmq_options.next = place.next;
   ASSIGN_OR_RETURN(std::shared_ptr<RingZmq> zmq, RingZmq::Create(zmq_options));
-  if (options.world_size < 2) return ConnectedRingChannel{zmq, "none (a world of 1)", place.order};
+  if (options.world_size < 2) {
+    return ConnectedRingChannel{zmq, "none (a world of 1)", place.order};
+  }
   std::string order;
   if (!std::is_sorted(place.order.begin(), place.order.end())) {
     for (int rank : place.order) order += (order.empty() ? "" : ", ") + std::to_string(rank);
@@ -366,7 +371,9 @@ std::vector<int> RingOrder(const std::vector<std::string>& peer_addresses) {
     ranks[at].push_back(static_cast<int>(rank));
   }
   std::vector<int> order;
-  for (const std::vector<int>& on_host : ranks) order.insert(order.end(), on_host.begin(), on_host.end());
+  for (const std::vector<int>& on_host : ranks) {
+    order.insert(order.end(), on_host.begin(), on_host.end());
+  }
   return order;
 }
 

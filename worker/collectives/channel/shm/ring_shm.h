@@ -160,9 +160,9 @@ class RingShm final : public RingChannel {
     uint8_t* target = nullptr;
   };
 
-  RingShm(int rank, int next, int prev, std::shared_ptr<Segment> own, std::shared_ptr<Segment> prev_ring,
-          std::shared_ptr<Segment> next_bell, std::shared_ptr<FailureBus> failures,
-          size_t max_payload_bytes, int64_t spin_us);
+  RingShm(int rank, int next, int prev, std::shared_ptr<Segment> own,
+          std::shared_ptr<Segment> prev_ring, std::shared_ptr<Segment> next_bell,
+          std::shared_ptr<FailureBus> failures, size_t max_payload_bytes, int64_t spin_us);
 
   // Both REQUIRE mu_ held. WriteSome writes queued frames while they fit; ReadSome takes every
   // complete frame prev wrote (and what there is of a streamed one) into kept_.
