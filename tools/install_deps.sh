@@ -23,6 +23,7 @@ packages=(
   openmpi-bin libopenmpi-dev  # mpirun-started jobs (tests); MPI_Allreduce peer (tessera-bench)
   slurmctld slurmd slurm-client munge  # a real Slurm for tests/slurm_test (started by the test)
   iproute2                 # ip netns: the emulated hosts of tests/multihost_test
+  clang libclang-rt-14-dev  # libFuzzer and the sanitizers for the fuzz targets (tools/fuzz.sh)
   curl python3 ca-certificates  # scripts
   python3-torch libtorch-dev pybind11-dev  # the torch.distributed backend (PyTorch 1.13, CPU)
 )

@@ -1,0 +1,37 @@
+"""tessera_fuzzer: a libFuzzer target and the regression test of its corpus."""
+
+def tessera_fuzzer(name, srcs, deps, corpus):
+    """Declares `name` and `name`_test.
+
+    `name` is the fuzzer: under --config=fuzz (clang, ASan and UBSan; tools/fuzz.sh) it links
+    libFuzzer's main, otherwise the standalone driver. `name`_test runs in every ordinary build
+    and configuration of the suite: it feeds the fuzz function every file of `corpus` (a folder
+    beside the source: the seeds, and every input a fuzzing run found to crash, once fixed).
+
+    Args:
+      name: the fuzzer's name, `<decoder>_fuzzer`.
+      srcs: the source defining LLVMFuzzerTestOneInput.
+      deps: what it calls.
+      corpus: the seed corpus folder, relative to the package.
+    """
+    native.cc_binary(
+        name = name,
+        testonly = True,
+        srcs = srcs,
+        deps = deps + select({
+            "//fuzz:libfuzzer": [],
+            "//conditions:default": ["//fuzz:standalone_driver"],
+        }),
+        linkopts = select({
+            "//fuzz:libfuzzer": ["-fsanitize=fuzzer"],
+            "//conditions:default": [],
+        }),
+    )
+    native.cc_test(
+        name = name + "_test",
+        size = "small",
+        srcs = srcs,
+        deps = deps + ["//fuzz:standalone_driver"],
+        data = native.glob([corpus + "/**"]),
+        args = [native.package_name() + "/" + corpus],
+    )
