@@ -9,6 +9,10 @@ namespace {
 using flatbuffers::FlatBufferBuilder;
 using flatbuffers::Offset;
 
+// More elements than any frame's bytes could hold: a count beyond it cannot match its data, and
+// multiplying it by an element's size could overflow.
+constexpr uint64_t kMaxFrameElements = uint64_t{1} << 40;
+
 // ---------------------------------------------------------------------------------------------
 // Enums. Inbound values are checked: the FlatBuffers Verifier does not look at enum ranges.
 
@@ -364,6 +368,21 @@ StatusOr<MessageBody> DecodeRingFrame(const proto::CollectiveChunk& wire,
   frame.element_count = wire.element_count();
   frame.sequence = wire.sequence();
   frame.data = DecodeTensor(wire.data(), message).bytes;
+  // A data frame's bytes are exactly its elements; other kinds carry none (the ring checks the
+  // count against the call, so these are what makes the two agree).
+  if (frame.kind == RingFrameKind::kData) {
+    const uint64_t element_bytes = DataTypeSize(frame.dtype);
+    if (frame.element_count > kMaxFrameElements ||
+        frame.data.size() != frame.element_count * element_bytes) {
+      return InvalidArgumentError("frame: " + std::to_string(frame.element_count) + " " +
+                                  std::string(DataTypeName(frame.dtype)) + " elements in " +
+                                  std::to_string(frame.data.size()) + " bytes of data");
+    }
+  } else if (!frame.data.empty()) {
+    return InvalidArgumentError("frame: a " + std::string(RingFrameKindName(frame.kind)) +
+                                " frame carries " +
+                                std::to_string(frame.data.size()) + " bytes of data");
+  }
   if (frame.kind == RingFrameKind::kAbort) {
     frame.notice.origin = wire.abort_origin();
     frame.notice.code = CodeOf(wire.abort_code());
@@ -500,6 +519,9 @@ StatusOr<MessageBody> DecodeBody(const proto::Header& header, const Message& mes
       body.step = b.step();
       if (b.files() != nullptr) {
         for (const flatbuffers::String* file : *b.files()) body.files.push_back(Str(file));
+      }
+      if (!ElementsAligned(b.bytes()) || !ElementsAligned(b.checksums())) {
+        return InvalidArgumentError("checkpoint reply: a misaligned vector of sizes or checksums");
       }
       if (b.bytes() != nullptr) body.bytes.assign(b.bytes()->begin(), b.bytes()->end());
       if (b.checksums() != nullptr) {

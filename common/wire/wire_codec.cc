@@ -49,6 +49,9 @@ Status VerifyTensor(const proto::TensorMeta* tensor, const Message& message,
     return InvalidArgumentError(where + ": unknown dtype " +
                                 std::to_string(static_cast<int>(tensor->dtype())));
   }
+  if (!wire::ElementsAligned(tensor->shape())) {
+    return InvalidArgumentError(where + ": misaligned shape");
+  }
   uint64_t elements = 1;
   if (tensor->shape() != nullptr) {
     for (int64_t dim : *tensor->shape()) {
@@ -139,6 +142,11 @@ DecodeResult VerifyTail(const proto::Header* header, const Message& message) {
     return Bad(reason::kNoBody, "header from " + DescribeSender(*header) +
                                     " has no known body (type " +
                                     std::to_string(static_cast<int>(header->body_type())) + ")");
+  }
+  if (!wire::ElementsAligned(header->payload_lengths())) {
+    return Bad(reason::kMalformedHeader, std::string(BodyName(header->body_type())) + " from " +
+                                             DescribeSender(*header) +
+                                             ": misaligned payload lengths");
   }
   size_t declared = header->payload_lengths() ? header->payload_lengths()->size() : 0;
   if (declared != message.payloads.size()) {

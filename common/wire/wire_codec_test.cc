@@ -4,6 +4,8 @@
 
 #include <random>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "proto/wire_generated.h"
 
@@ -267,6 +269,38 @@ TEST(WireCodecTest, RejectsRingFrameWhoseBytesDisagreeWithItsCount) {
   data.data = Payload::FromString("abcd");
   DecodeResult r = DecodeMessage(EncodeMessage(WorkerHeader(1), data), kMax);
   EXPECT_EQ(r.reason, bad_message_reason::kTensor);
+}
+
+// The chunk's own count and dtype are what the ring reads: bytes that agree with the data's
+// TensorMeta but not with them are refused too (wire_decode_fuzzer found a count of 5 over 2
+// elements' bytes, which decoded and then could not be encoded again).
+TEST(WireCodecTest, RejectsRingFrameWhoseCountDisagreesWithItsTensor) {
+  for (const auto& [count, dtype, kind, expected] :
+       std::vector<std::tuple<uint64_t, proto::DType, proto::FrameKind, std::string>>{
+           {5, proto::DType::Float32, proto::FrameKind::Data,
+            "frame: 5 float32 elements in 8 bytes of data"},
+           {2, proto::DType::Float64, proto::FrameKind::Data,
+            "frame: 2 float64 elements in 8 bytes of data"},
+           {uint64_t{1} << 62, proto::DType::Float32, proto::FrameKind::Data,
+            "frame: 4611686018427387904 float32 elements in 8 bytes of data"},
+           {2, proto::DType::Float32, proto::FrameKind::Handshake,
+            "frame: a handshake frame carries 8 bytes of data"}}) {
+    SCOPED_TRACE(expected);
+    flatbuffers::FlatBufferBuilder fbb;
+    std::vector<float> values = {1.0f, 2.0f};
+    std::vector<int64_t> shape = {2};
+    auto data = proto::CreateTensorMetaDirect(fbb, "", 0, proto::DType::Float32, &shape, 0, 0, 8);
+    proto::CollectiveChunkBuilder chunk(fbb);
+    chunk.add_kind(kind);
+    chunk.add_dtype(dtype);
+    chunk.add_element_count(count);
+    chunk.add_data(data);
+    auto body = chunk.Finish();
+    Message m = RawWith(fbb, body, proto::Role::Worker, {8}, {Payload::Copy(values.data(), 8)});
+    DecodeResult r = DecodeMessage(m, kMax);
+    EXPECT_FALSE(r.status.ok());
+    EXPECT_NE(r.status.message().find(expected), std::string::npos) << r.status;
+  }
 }
 
 TEST(WireCodecTest, RejectsOversizedBeforeParsing) {
