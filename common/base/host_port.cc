@@ -79,6 +79,11 @@ StatusOr<std::pair<std::string, int>> ParseHostPort(std::string_view text) {
     port_text = text.substr(colon + 1);
   }
   if (host.empty()) return fail("empty host");
+  // Brackets only enclose an IPv6 address; one inside a host ("[[::1]]:5", "a]:5") is a typo
+  // that would otherwise become part of the name (found by host_port_fuzzer).
+  if (host.find_first_of("[]") != std::string_view::npos) {
+    return fail("stray '[' or ']' in the host");
+  }
   if (port_text.empty()) return fail("missing port after ':'");
   for (char c : port_text) {
     if (c < '0' || c > '9') return fail("port " + Quote(port_text) + " is not a number");

@@ -40,6 +40,8 @@ TEST(HostPortTest, ErrorsSayWhatIsWrong) {
       {"[::1", "missing ']'"},
       {"[::1]", "missing :PORT"},
       {"[::1]80", "expected ':' after ']'"},
+      {"[[f0]:2", "stray '[' or ']' in the host"},
+      {"host]:2", "stray '[' or ']' in the host"},
       {"[]:80", "empty host"},
       {"tcp://host:80", "scheme"},
       {"host :80", "whitespace"},
