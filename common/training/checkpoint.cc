@@ -6,11 +6,13 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <type_traits>
 
 #include <nlohmann/json.hpp>
 
 #include "common/base/atomic_file.h"
 #include "common/base/byte_cursor.h"
+#include "common/base/json_number.h"
 
 namespace tessera {
 namespace {
@@ -199,24 +201,45 @@ StatusOr<CheckpointManifest> ReadCheckpointManifest(const std::string& root, int
     if (j.value("format", "") != "tessera-checkpoint-v1") {
       return DataLossError(path + ": not a tessera-checkpoint-v1 manifest");
     }
-    m.step = j.at("step").get<int64_t>();
+    // Every number through json_number.h: a value out of its field's range is a corrupt file.
+    auto integer = [&](auto* field, const nlohmann::json& object, const char* name) {
+      using T = std::remove_pointer_t<decltype(field)>;
+      StatusOr<T> value = JsonInteger<T>(object.at(name), name);
+      if (value.ok()) *field = *value;
+      return value.status();
+    };
+    Status read = integer(&m.step, j, "step");
     m.mode = j.at("mode").get<std::string>();
-    m.layout_fingerprint = j.at("layout_fingerprint").get<uint64_t>();
-    m.dense_elements = j.at("dense_elements").get<uint64_t>();
-    m.num_servers = j.at("num_servers").get<int>();
-    m.chunk_elements = j.at("chunk_elements").get<uint64_t>();
-    m.world_size = j.value("world_size", 0);
+    if (read.ok()) read = integer(&m.layout_fingerprint, j, "layout_fingerprint");
+    if (read.ok()) read = integer(&m.dense_elements, j, "dense_elements");
+    if (read.ok()) read = integer(&m.num_servers, j, "num_servers");
+    if (read.ok()) read = integer(&m.chunk_elements, j, "chunk_elements");
+    if (read.ok() && j.contains("world_size")) read = integer(&m.world_size, j, "world_size");
     m.optimizer = j.value("optimizer", "");
-    if (j.contains("tensors")) {
+    if (read.ok() && j.contains("tensors")) {
       for (const auto& t : j.at("tensors")) {
-        m.tensors.push_back({t.at("name").get<std::string>(),
-                             t.at("shape").get<std::vector<int64_t>>()});
+        ManifestTensor tensor{t.at("name").get<std::string>(), {}};
+        for (const auto& dim : t.at("shape")) {
+          StatusOr<int64_t> d = JsonInteger<int64_t>(dim, "a dimension of " + tensor.name);
+          if (!d.ok()) {
+            read = d.status();
+            break;
+          }
+          tensor.shape.push_back(*d);
+        }
+        m.tensors.push_back(std::move(tensor));
       }
     }
-    for (const auto& f : j.at("files")) {
-      m.files.push_back({f.at("file").get<std::string>(), f.at("bytes").get<uint64_t>(),
-                         f.at("checksum").get<uint64_t>()});
+    if (read.ok()) {
+      for (const auto& f : j.at("files")) {
+        ShardFileInfo file{f.at("file").get<std::string>(), 0, 0};
+        read = integer(&file.bytes, f, "bytes");
+        if (read.ok()) read = integer(&file.checksum, f, "checksum");
+        if (!read.ok()) break;
+        m.files.push_back(std::move(file));
+      }
     }
+    if (!read.ok()) return DataLossError(path + ": " + read.message());
   } catch (const nlohmann::json::exception& e) {
     return DataLossError(path + ": " + e.what());
   }

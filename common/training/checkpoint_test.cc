@@ -3,7 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <iterator>
 #include <optional>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/base/atomic_file.h"
@@ -91,6 +94,39 @@ TEST(CheckpointTest, OptionalManifestFieldsRoundTrip) {
   EXPECT_EQ(read->world_size, 4);
   EXPECT_EQ(read->optimizer, "adam");
   EXPECT_EQ(read->tensors, manifest.tensors);
+}
+
+// A number out of its field's range makes the manifest corrupt, naming the file and the field
+// (reading it was undefined behaviour: checkpoint_reader_fuzzer found 1e37 as dense_elements).
+TEST(CheckpointTest, ManifestNumbersOutOfRangeAreDataLoss) {
+  const std::string root = Root("ckpt_out_of_range");
+  ASSERT_TRUE(PrepareCheckpointStep(root, 3).ok());
+  CheckpointManifest manifest;
+  manifest.step = 3;
+  manifest.mode = "zero2";
+  manifest.dense_elements = 10;
+  manifest.tensors = {{"w", {2, 5}}};
+  manifest.files = {{"rank-0.ckpt", 12, 34}};
+  ASSERT_TRUE(CommitCheckpoint(root, manifest).ok());
+  const std::string path = CheckpointStepDirectory(root, 3) + "/MANIFEST.json";
+  std::ifstream in(path);
+  const std::string good((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (const auto& [from, to, message] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"\"dense_elements\": 10", "\"dense_elements\": 1e37", "dense_elements is 1e+37"},
+           {"\"bytes\": 12", "\"bytes\": -12", "bytes is -12, not an integer"},
+           {"5\n", "5.5\n", "a dimension of w is 5.5, not an integer"}}) {
+    SCOPED_TRACE(to);
+    std::string text = good;
+    const size_t at = text.find(from);
+    ASSERT_NE(at, std::string::npos) << text;
+    text.replace(at, from.size(), to);
+    ASSERT_TRUE(WriteFileAtomically(path, text.data(), text.size()).ok());
+    auto read = ReadCheckpointManifest(root, 3);
+    EXPECT_EQ(read.status().code(), StatusCode::kDataLoss);
+    EXPECT_NE(read.status().message().find(path + ": " + message), std::string::npos)
+        << read.status();
+  }
 }
 
 // The steps under a root, newest first (other names ignored), each checked whole by

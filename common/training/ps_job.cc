@@ -1,9 +1,11 @@
 #include "common/training/ps_job.h"
 
 #include <algorithm>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
+#include "common/base/json_number.h"
 #include "common/base/quote.h"
 #include "common/messages/fleet_view.h"
 
@@ -56,41 +58,64 @@ std::string EncodePsJobConfig(const PsJobConfig& c) {
   return j.dump();
 }
 
+namespace {
+
+// A field of `object` (json_number.h), its errors prefixed as the decoder's others are.
+template <typename T>
+StatusOr<T> IntegerField(const nlohmann::json& object, const char* name) {
+  StatusOr<T> value = JsonInteger<T>(object.at(name), name);
+  if (!value.ok()) return value.status().WithContext("ps job config");
+  return value;
+}
+
+StatusOr<float> FloatField(const nlohmann::json& object, const char* name) {
+  StatusOr<float> value = JsonFloat(object.at(name), name);
+  if (!value.ok()) return value.status().WithContext("ps job config");
+  return value;
+}
+
+}  // namespace
+
 StatusOr<PsJobConfig> DecodePsJobConfig(std::string_view json) {
   PsJobConfig c;
   try {
     nlohmann::json j = nlohmann::json::parse(json);
     ASSIGN_OR_RETURN(c.consistency, ParsePsMode(j.at("mode").get<std::string>()));
-    c.staleness = j.at("staleness").get<int64_t>();
-    c.num_workers = j.at("num_workers").get<int>();
+    ASSIGN_OR_RETURN(c.staleness, IntegerField<int64_t>(j, "staleness"));
+    ASSIGN_OR_RETURN(c.num_workers, IntegerField<int>(j, "num_workers"));
     const auto& o = j.at("optimizer");
     ASSIGN_OR_RETURN(c.optimizer.kind, ParseOptimizerKind(o.at("kind").get<std::string>()));
-    c.optimizer.lr = o.at("lr").get<float>();
-    c.optimizer.momentum = o.at("momentum").get<float>();
+    ASSIGN_OR_RETURN(c.optimizer.lr, FloatField(o, "lr"));
+    ASSIGN_OR_RETURN(c.optimizer.momentum, FloatField(o, "momentum"));
     c.optimizer.nesterov = o.at("nesterov").get<bool>();
-    c.optimizer.beta1 = o.at("beta1").get<float>();
-    c.optimizer.beta2 = o.at("beta2").get<float>();
-    c.optimizer.eps = o.at("eps").get<float>();
-    c.optimizer.weight_decay = o.at("weight_decay").get<float>();
-    c.optimizer.initial_accumulator_value = o.at("initial_accumulator_value").get<float>();
+    ASSIGN_OR_RETURN(c.optimizer.beta1, FloatField(o, "beta1"));
+    ASSIGN_OR_RETURN(c.optimizer.beta2, FloatField(o, "beta2"));
+    ASSIGN_OR_RETURN(c.optimizer.eps, FloatField(o, "eps"));
+    ASSIGN_OR_RETURN(c.optimizer.weight_decay, FloatField(o, "weight_decay"));
+    ASSIGN_OR_RETURN(c.optimizer.initial_accumulator_value,
+                     FloatField(o, "initial_accumulator_value"));
     const auto& s = j.at("schedule");
-    const int kind = s.at("kind").get<int>();
+    ASSIGN_OR_RETURN(const int kind, IntegerField<int>(s, "kind"));
     if (kind < 0 || kind > static_cast<int>(LrScheduleKind::kCosine)) {
       return InvalidArgumentError("ps job config: schedule kind " + std::to_string(kind));
     }
     c.schedule.kind = static_cast<LrScheduleKind>(kind);
-    c.schedule.warmup_steps = s.at("warmup_steps").get<int64_t>();
-    c.schedule.step_size = s.at("step_size").get<int64_t>();
-    c.schedule.gamma = s.at("gamma").get<float>();
-    c.schedule.total_steps = s.at("total_steps").get<int64_t>();
-    c.schedule.min_lr = s.at("min_lr").get<float>();
-    c.dense_elements = j.at("dense_elements").get<uint64_t>();
-    c.layout_fingerprint = j.at("layout_fingerprint").get<uint64_t>();
-    c.chunk_elements = j.at("chunk_elements").get<uint64_t>();
+    ASSIGN_OR_RETURN(c.schedule.warmup_steps, IntegerField<int64_t>(s, "warmup_steps"));
+    ASSIGN_OR_RETURN(c.schedule.step_size, IntegerField<int64_t>(s, "step_size"));
+    ASSIGN_OR_RETURN(c.schedule.gamma, FloatField(s, "gamma"));
+    ASSIGN_OR_RETURN(c.schedule.total_steps, IntegerField<int64_t>(s, "total_steps"));
+    ASSIGN_OR_RETURN(c.schedule.min_lr, FloatField(s, "min_lr"));
+    ASSIGN_OR_RETURN(c.dense_elements, IntegerField<uint64_t>(j, "dense_elements"));
+    ASSIGN_OR_RETURN(c.layout_fingerprint, IntegerField<uint64_t>(j, "layout_fingerprint"));
+    ASSIGN_OR_RETURN(c.chunk_elements, IntegerField<uint64_t>(j, "chunk_elements"));
     c.model = j.value("model", std::string());
     for (const auto& t : j.at("tables")) {
-      c.tables.push_back({t.at("name").get<std::string>(), t.at("rows").get<int64_t>(),
-                          t.at("dim").get<int64_t>(), t.at("init_seed").get<uint64_t>()});
+      EmbeddingTableSpec table;
+      table.name = t.at("name").get<std::string>();
+      ASSIGN_OR_RETURN(table.rows, IntegerField<int64_t>(t, "rows"));
+      ASSIGN_OR_RETURN(table.dim, IntegerField<int64_t>(t, "dim"));
+      ASSIGN_OR_RETURN(table.init_seed, IntegerField<uint64_t>(t, "init_seed"));
+      c.tables.push_back(std::move(table));
     }
   } catch (const nlohmann::json::exception& e) {
     return InvalidArgumentError(std::string("ps job config: ") + e.what());

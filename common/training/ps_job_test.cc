@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
+#include <vector>
+
 #include "common/messages/fleet_view.h"
 
 namespace tessera {
@@ -34,6 +37,36 @@ TEST(PsJobTest, ConfigRoundTripsThroughJson) {
   config.staleness = -1;
   EXPECT_FALSE(ValidatePsJobConfig(config).ok());
   EXPECT_FALSE(ParsePsMode("ps-bsp").ok());
+}
+
+// Numbers a field's type cannot hold are refused naming the field (converting them was
+// undefined behaviour: ps_job_config_fuzzer found 1e37 as dense_elements).
+TEST(PsJobTest, NumbersOutOfTheirFieldsRangeAreRefused) {
+  PsJobConfig config;
+  config.dense_elements = 10;
+  const std::string good = EncodePsJobConfig(config);
+  ASSERT_TRUE(DecodePsJobConfig(good).ok());
+  struct Case {
+    std::string field, value, message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"\"dense_elements\":10", "\"dense_elements\":1e37",
+            "ps job config: dense_elements is 1e+37, not an integer in [0, 18446744073709551615]"},
+           {"\"dense_elements\":10", "\"dense_elements\":-1",
+            "dense_elements is -1, not an integer"},
+           {"\"num_workers\":1", "\"num_workers\":4294967297",
+            "num_workers is 4294967297, not an integer in [-2147483648, 2147483647]"},
+           {"\"num_workers\":1", "\"num_workers\":1.5", "num_workers is 1.5, not an integer"},
+           {"\"lr\":", "\"lr\":1e300,\"unused\":", "lr is 1e+300, not a finite float"}}) {
+    SCOPED_TRACE(c.value);
+    std::string json = good;
+    const size_t at = json.find(c.field);
+    ASSERT_NE(at, std::string::npos) << json;
+    json.replace(at, c.field.size(), c.value);
+    auto decoded = DecodePsJobConfig(json);
+    EXPECT_EQ(decoded.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(decoded.status().message().find(c.message), std::string::npos) << decoded.status();
+  }
 }
 
 TEST(PsJobTest, ChunksCoverTheBufferRoundRobinWithKeysInTheOwnersRange) {
