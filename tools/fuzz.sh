@@ -45,16 +45,23 @@ fi
 ((${#targets[@]})) || { echo "fuzz.sh: no fuzz target matches ${only[*]}" >&2; exit 2; }
 
 ((json)) || echo "fuzz.sh: building ${#targets[@]} targets with --config=fuzz"
-bazel build --config=fuzz --noshow_progress "${targets[@]}" >/dev/null 2>"${TMPDIR:-/tmp}/fuzz-build.$$" || {
-  cat "${TMPDIR:-/tmp}/fuzz-build.$$" >&2
-  rm -f "${TMPDIR:-/tmp}/fuzz-build.$$"
+build_log="$(mktemp)"
+bazel build --config=fuzz --noshow_progress "${targets[@]}" >/dev/null 2>"$build_log" || {
+  cat "$build_log" >&2
+  rm -f "$build_log"
   exit 1
 }
-rm -f "${TMPDIR:-/tmp}/fuzz-build.$$"
+rm -f "$build_log"
 bin="$(bazel info --config=fuzz bazel-bin 2>/dev/null)"
 
-work="$(mktemp -d)"
+# The scratch corpora, and the files the readers' targets write per input (fuzz/fuzz_files.h,
+# under TMPDIR), in memory where /dev/shm exists: ten times the executions of a disk.
+shm=/dev/shm
+[[ -d "$shm" && -w "$shm" ]] || shm="${TMPDIR:-/tmp}"
+work="$(mktemp -d "$shm/tessera-fuzz.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
+mkdir -p "$work/tmp"
+export TMPDIR="$work/tmp"
 mkdir -p fuzz-crashes
 limit=(-max_total_time="$seconds")
 [[ -n "$runs" ]] && limit=(-runs="$runs")
