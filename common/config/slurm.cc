@@ -16,6 +16,9 @@ namespace {
 
 // More would be a mistake, not a cluster.
 constexpr size_t kMaxHosts = 1 << 20;
+// The host names' bytes together: a million hosts of long names would take gigabytes
+// (environment_fuzzer ran out of memory on one).
+constexpr size_t kMaxNameBytes = size_t{64} << 20;
 
 Status HostlistError(std::string_view hostlist, size_t offset, const std::string& what) {
   return InvalidArgumentError("hostlist " + Quote(hostlist) + " at offset " +
@@ -59,9 +62,22 @@ StatusOr<std::vector<std::string>> ExpandRanges(std::string_view hostlist, size_
   return out;
 }
 
-// Expands one top-level item ("r[1-2]-n[01-02]") starting at `offset`.
+Status TooLong(std::string_view hostlist, size_t offset) {
+  return HostlistError(hostlist, offset, "the host names take more than " +
+                                             std::to_string(kMaxNameBytes >> 20) + " MiB");
+}
+
+// The bytes of `names`.
+size_t Bytes(const std::vector<std::string>& names) {
+  size_t bytes = 0;
+  for (const std::string& name : names) bytes += name.size();
+  return bytes;
+}
+
+// Expands one top-level item ("r[1-2]-n[01-02]") starting at `offset`, into names of at most
+// `budget` bytes together.
 StatusOr<std::vector<std::string>> ExpandItem(std::string_view hostlist, size_t offset,
-                                              std::string_view item) {
+                                              std::string_view item, size_t budget) {
   std::vector<std::string> names = {""};
   size_t i = 0;
   while (i < item.size()) {
@@ -71,6 +87,7 @@ StatusOr<std::vector<std::string>> ExpandItem(std::string_view hostlist, size_t 
       return HostlistError(hostlist, offset + stray, "']' without '['");
     }
     std::string_view literal = item.substr(i, open == std::string_view::npos ? open : open - i);
+    if (Bytes(names) + names.size() * literal.size() > budget) return TooLong(hostlist, offset + i);
     for (std::string& name : names) name += literal;
     if (open == std::string_view::npos) break;
     const size_t close = item.find(']', open);
@@ -86,6 +103,9 @@ StatusOr<std::vector<std::string>> ExpandItem(std::string_view hostlist, size_t 
     if (names.size() * numbers.size() > kMaxHosts) {
       return HostlistError(hostlist, offset + open, "more than " + std::to_string(kMaxHosts) +
                                                         " hosts");
+    }
+    if (Bytes(names) * numbers.size() + Bytes(numbers) * names.size() > budget) {
+      return TooLong(hostlist, offset + open);
     }
     std::vector<std::string> product;
     for (const std::string& name : names) {
@@ -117,6 +137,7 @@ const std::string* Find(const Environment& env, const char* name) {
 
 StatusOr<std::vector<std::string>> ExpandHostlist(std::string_view hostlist) {
   std::vector<std::string> hosts;
+  size_t bytes = 0;  // of `hosts`' names
   size_t start = 0;
   int depth = 0;
   for (size_t i = 0; i <= hostlist.size(); ++i) {
@@ -128,7 +149,9 @@ StatusOr<std::vector<std::string>> ExpandHostlist(std::string_view hostlist) {
     if (i < hostlist.size() && (c != ',' || depth > 0)) continue;
     std::string_view item = hostlist.substr(start, i - start);
     if (item.empty()) return HostlistError(hostlist, start, "an empty host name");
-    ASSIGN_OR_RETURN(std::vector<std::string> names, ExpandItem(hostlist, start, item));
+    ASSIGN_OR_RETURN(std::vector<std::string> names,
+                     ExpandItem(hostlist, start, item, kMaxNameBytes - bytes));
+    bytes += Bytes(names);
     if (hosts.size() + names.size() > kMaxHosts) {
       return HostlistError(hostlist, start, "more than " + std::to_string(kMaxHosts) + " hosts");
     }

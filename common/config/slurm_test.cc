@@ -3,6 +3,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <string>
+
 namespace tessera {
 namespace {
 
@@ -57,6 +59,22 @@ TEST(ExpandHostlistTest, ErrorsNameTheListAndTheOffset) {
     EXPECT_THAT(hosts.status().message(), HasSubstr(c.message)) << c.hostlist;
     EXPECT_THAT(hosts.status().message(), HasSubstr("hostlist \"")) << c.hostlist;
   }
+}
+
+// A million hosts are allowed, but not a million long names: the names' bytes are capped
+// (environment_fuzzer ran out of memory on such a list), wherever the length comes from.
+TEST(ExpandHostlistTest, TheNamesBytesAreCapped) {
+  const std::string prefix(100, 'n');
+  for (const std::string& hostlist :
+       {prefix + "[1-999999]", "a[1-1000]" + prefix + "[1-999]",
+        prefix + "[1-500000]," + prefix + "[1-500000]"}) {
+    StatusOr<std::vector<std::string>> hosts = ExpandHostlist(hostlist);
+    ASSERT_FALSE(hosts.ok());
+    EXPECT_THAT(hosts.status().message(), HasSubstr("the host names take more than 64 MiB"));
+  }
+  StatusOr<std::vector<std::string>> many = ExpandHostlist("n[1-999999]");
+  ASSERT_TRUE(many.ok()) << many.status();
+  EXPECT_EQ(many->size(), 999999u);
 }
 
 TEST(SlurmJobPortTest, BelowTheEphemeralRange) {
