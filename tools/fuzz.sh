@@ -73,8 +73,8 @@ for target in "${targets[@]}"; do
   package="${target#//}"
   package="${package%%:*}"
   name="${target##*:}"
-  seeds="$package/${name%_fuzzer}_fuzz_corpus"
-  [[ -d "$seeds" ]] || seeds="$(ls -d "$package"/*_fuzz_corpus | head -1)"
+  seeds="$package/${name%_fuzzer}_fuzz_corpus"  # tessera_fuzzer's convention
+  [[ -d "$seeds" ]] || { echo "fuzz.sh: $target has no seed corpus $seeds" >&2; exit 2; }
   corpus="$work/$name"
   mkdir -p "$corpus"
   cp -r "$seeds"/. "$corpus"/
