@@ -1,19 +1,22 @@
 """tessera_fuzzer: a libFuzzer target and the regression test of its corpus."""
 
-def tessera_fuzzer(name, srcs, deps, corpus):
+def tessera_fuzzer(name, srcs, deps):
     """Declares `name` and `name`_test.
 
     `name` is the fuzzer: under --config=fuzz (clang, ASan and UBSan; tools/fuzz.sh) it links
     libFuzzer's main, otherwise the standalone driver. `name`_test runs in every ordinary build
-    and configuration of the suite: it feeds the fuzz function every file of `corpus` (a folder
-    beside the source: the seeds, and every input a fuzzing run found to crash, once fixed).
+    and configuration of the suite: it feeds the fuzz function every file of the seed corpus,
+    the folder `<decoder>_fuzz_corpus` beside the source (the seeds, and every input a fuzzing
+    run found to crash, once fixed).
 
     Args:
       name: the fuzzer's name, `<decoder>_fuzzer`.
       srcs: the source defining LLVMFuzzerTestOneInput.
       deps: what it calls.
-      corpus: the seed corpus folder, relative to the package.
     """
+    if not name.endswith("_fuzzer"):
+        fail("a fuzz target's name ends with _fuzzer: " + name)
+    corpus = name[:-len("_fuzzer")] + "_fuzz_corpus"
     native.cc_binary(
         name = name,
         testonly = True,
