@@ -18,7 +18,7 @@ namespace {
 constexpr size_t kMaxHosts = 1 << 20;
 // The host names' bytes together: a million hosts of long names would take gigabytes
 // (environment_fuzzer ran out of memory on one).
-constexpr size_t kMaxNameBytes = size_t{64} << 20;
+constexpr size_t kMaxNameBytes = size_t{16} << 20;
 
 Status HostlistError(std::string_view hostlist, size_t offset, const std::string& what) {
   return InvalidArgumentError("hostlist " + Quote(hostlist) + " at offset " +

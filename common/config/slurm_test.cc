@@ -70,7 +70,7 @@ TEST(ExpandHostlistTest, TheNamesBytesAreCapped) {
         prefix + "[1-500000]," + prefix + "[1-500000]"}) {
     StatusOr<std::vector<std::string>> hosts = ExpandHostlist(hostlist);
     ASSERT_FALSE(hosts.ok());
-    EXPECT_THAT(hosts.status().message(), HasSubstr("the host names take more than 64 MiB"));
+    EXPECT_THAT(hosts.status().message(), HasSubstr("the host names take more than 16 MiB"));
   }
   StatusOr<std::vector<std::string>> many = ExpandHostlist("n[1-999999]");
   ASSERT_TRUE(many.ok()) << many.status();
