@@ -20,7 +20,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Message again = EncodeMessage(decoded.message->header, std::move(decoded.message->body));
   DecodeResult twice = DecodeMessage(again, 1 << 20);
   if (!twice.status.ok() || twice.message->body.index() != type) {
-    std::fprintf(stderr, "decoded type %zu, re-encoded: %s\n", type, twice.status.ToString().c_str());
+    std::fprintf(stderr, "decoded type %zu, re-encoded: %s\n", type,
+                 twice.status.ToString().c_str());
     __builtin_trap();
   }
   return 0;

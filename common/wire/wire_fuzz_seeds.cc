@@ -32,9 +32,8 @@ bool WriteSeed(const std::string& path, const MessageHeader& header, MessageBody
 template <size_t I = 0>
 bool EveryType(const MessageHeader& header, int* written, const std::string& dir) {
   if constexpr (I < std::variant_size_v<MessageBody>) {
-    if (!WriteSeed(dir + "/type-" + std::to_string(I), header, MessageBody{std::in_place_index<I>})) {
-      return false;
-    }
+    const std::string path = dir + "/type-" + std::to_string(I);
+    if (!WriteSeed(path, header, MessageBody{std::in_place_index<I>})) return false;
     ++*written;
     return EveryType<I + 1>(header, written, dir);
   }
