@@ -25,10 +25,24 @@ Status HostlistError(std::string_view hostlist, size_t offset, const std::string
                               std::to_string(offset) + ": " + what);
 }
 
-// Expands one bracket group's body ("1-3,07") starting at `offset` in `hostlist`.
+Status TooLong(std::string_view hostlist, size_t offset) {
+  return HostlistError(hostlist, offset, "the host names take more than " +
+                                             std::to_string(kMaxNameBytes >> 20) + " MiB");
+}
+
+// The bytes of `names`.
+size_t Bytes(const std::vector<std::string>& names) {
+  size_t bytes = 0;
+  for (const std::string& name : names) bytes += name.size();
+  return bytes;
+}
+
+// Expands one bracket group's body ("1-3,07") starting at `offset` in `hostlist`, into
+// numbers of at most `budget` bytes together.
 StatusOr<std::vector<std::string>> ExpandRanges(std::string_view hostlist, size_t offset,
-                                                std::string_view body) {
+                                                std::string_view body, size_t budget) {
   std::vector<std::string> out;
+  size_t bytes = 0;  // of `out`'s numbers
   size_t start = 0;
   while (start <= body.size()) {
     size_t comma = body.find(',', start);
@@ -52,26 +66,21 @@ StatusOr<std::vector<std::string>> ExpandRanges(std::string_view hostlist, size_
     if (hi - lo >= kMaxHosts || out.size() + (hi - lo) >= kMaxHosts) {
       return HostlistError(hostlist, at, "more than " + std::to_string(kMaxHosts) + " hosts");
     }
-    for (uint64_t i = lo; i <= hi; ++i) {
+    // Zero-padded to the width of `low`: a million numbers padded to a few thousand digits
+    // would take gigabytes.
+    const size_t width = std::max(low.size(), std::to_string(hi).size());
+    if (bytes + (hi - lo + 1) * width > budget) return TooLong(hostlist, at);
+    bytes += (hi - lo + 1) * width;
+    // Not `i <= hi`: for hi = 2^64 - 1 that never ends (slurm_hostlist_fuzzer found it).
+    for (uint64_t i = lo;; ++i) {
       std::string text = std::to_string(i);
       if (text.size() < low.size()) text.insert(0, low.size() - text.size(), '0');
       out.push_back(std::move(text));
+      if (i == hi) break;
     }
     start = comma + 1;
   }
   return out;
-}
-
-Status TooLong(std::string_view hostlist, size_t offset) {
-  return HostlistError(hostlist, offset, "the host names take more than " +
-                                             std::to_string(kMaxNameBytes >> 20) + " MiB");
-}
-
-// The bytes of `names`.
-size_t Bytes(const std::vector<std::string>& names) {
-  size_t bytes = 0;
-  for (const std::string& name : names) bytes += name.size();
-  return bytes;
 }
 
 // Expands one top-level item ("r[1-2]-n[01-02]") starting at `offset`, into names of at most
@@ -99,7 +108,7 @@ StatusOr<std::vector<std::string>> ExpandItem(std::string_view hostlist, size_t 
     }
     ASSIGN_OR_RETURN(std::vector<std::string> numbers,
                      ExpandRanges(hostlist, offset + open + 1,
-                                  item.substr(open + 1, close - open - 1)));
+                                  item.substr(open + 1, close - open - 1), budget));
     if (names.size() * numbers.size() > kMaxHosts) {
       return HostlistError(hostlist, offset + open, "more than " + std::to_string(kMaxHosts) +
                                                         " hosts");

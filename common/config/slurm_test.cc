@@ -51,6 +51,7 @@ TEST(ExpandHostlistTest, ErrorsNameTheListAndTheOffset) {
       {"n[1,,2]", "offset 4: expected N or N-M"},
       {"n[1-99999999]", "more than"},
       {"n[[1]]", "nested '['"},
+      {"n[18446744073709551614-18446744073709551615]n[", "'[' without ']'"},
   };
   for (const auto& c : cases) {
     StatusOr<std::vector<std::string>> hosts = ExpandHostlist(c.hostlist);
@@ -63,11 +64,21 @@ TEST(ExpandHostlistTest, ErrorsNameTheListAndTheOffset) {
 
 // A million hosts are allowed, but not a million long names: the names' bytes are capped
 // (environment_fuzzer ran out of memory on such a list), wherever the length comes from.
+// The largest number ends its range (a loop to `i <= hi` never ended for hi = 2^64 - 1:
+// slurm_hostlist_fuzzer found it).
+TEST(ExpandHostlistTest, TheLargestNumberEndsItsRange) {
+  StatusOr<std::vector<std::string>> hosts =
+      ExpandHostlist("n[18446744073709551614-18446744073709551615]");
+  ASSERT_TRUE(hosts.ok()) << hosts.status();
+  EXPECT_EQ(*hosts, (std::vector<std::string>{"n18446744073709551614", "n18446744073709551615"}));
+}
+
 TEST(ExpandHostlistTest, TheNamesBytesAreCapped) {
   const std::string prefix(100, 'n');
   for (const std::string& hostlist :
        {prefix + "[1-999999]", "a[1-1000]" + prefix + "[1-999]",
-        prefix + "[1-500000]," + prefix + "[1-500000]"}) {
+        prefix + "[1-500000]," + prefix + "[1-500000]",
+        "x[" + std::string(3000, '0') + "1-999999]"}) {  // the padding counts too
     StatusOr<std::vector<std::string>> hosts = ExpandHostlist(hostlist);
     ASSERT_FALSE(hosts.ok());
     EXPECT_THAT(hosts.status().message(), HasSubstr("the host names take more than 16 MiB"));
