@@ -12,6 +12,8 @@ packages=(
   bazel-bootstrap          # Bazel 4.2.3, offline (see shared/notes/bazel-offline.md)
   g++
   libzmq3-dev cppzmq-dev   # transport
+  libsodium-dev   # job keys, handshakes (common/security)
+  python3-zmq   # the foreign client of tests/security_test
   libflatbuffers-dev flatbuffers-compiler  # wire format
   libcivetweb-dev          # /metrics over HTTP
   libgtest-dev libgmock-dev

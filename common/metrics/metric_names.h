@@ -24,6 +24,11 @@ struct MetricName {
 inline constexpr MetricName kBadMessagesTotal{
     "tessera_bad_messages_total",
     "Inbound messages rejected before use (failed verification, bad version, too large)."};
+// counter; labels: reason (malformed, wrong_key, expired, replayed, protocol: ZeroMQ's
+// handshake; handshake: a ring link's).
+inline constexpr MetricName kAuthFailuresTotal{
+    "tessera_auth_failures_total",
+    "Connections refused because the peer could not prove it holds the job's key."};
 // counter; labels: type.
 inline constexpr MetricName kMessagesReceivedTotal{"tessera_messages_received_total",
                                                    "Messages received, by message type."};
