@@ -1,8 +1,20 @@
 #include "common/security/credentials.h"
 
+#include <sodium.h>
+
+#include <cstdlib>
+
 #include "common/base/host_port.h"
 
 namespace tessera {
+
+CurveKeys JobCurveKeys(const JobKey& key) {
+  if (sodium_init() < 0) std::abort();
+  CurveKeys keys;
+  keys.secret_key = key.Derive("curve");
+  crypto_scalarmult_base(keys.public_key.data(), keys.secret_key.data());
+  return keys;
+}
 
 std::string Credentials::Describe() const {
   std::string text;
@@ -26,7 +38,8 @@ bool IsEncryptChoice(std::string_view choice) {
 
 StatusOr<Credentials> ResolveCredentials(bool insecure, std::string_view encrypt,
                                          const std::string& key_file,
-                                         std::string_view listen_host) {
+                                         std::string_view listen_host,
+                                         std::string_view coordinator_host) {
   if (!IsEncryptChoice(encrypt)) {
     return InvalidArgumentError("--encrypt=\"" + std::string(encrypt) +
                                 "\": expected auto, on or off");
@@ -53,9 +66,15 @@ StatusOr<Credentials> ResolveCredentials(bool insecure, std::string_view encrypt
   bool on = encrypt == "on";
   std::string why = "--encrypt " + std::string(encrypt);
   if (encrypt == "auto") {
-    on = !IsLoopbackHost(listen_host);
-    why += on ? ": listens on " + std::string(listen_host) + ", off the loopback"
-              : ": listens on the loopback";
+    if (!IsLoopbackHost(listen_host)) {
+      on = true;
+      why += ": listens on " + std::string(listen_host) + ", off the loopback";
+    } else if (!coordinator_host.empty() && !IsLoopbackHost(coordinator_host)) {
+      on = true;
+      why += ": the coordinator is at " + std::string(coordinator_host) + ", off the loopback";
+    } else {
+      why += ": on the loopback";
+    }
   }
   Credentials credentials = on ? Credentials::Encrypt(key) : Credentials::Authenticate(key);
   credentials.origin = "key file " + key_file + ", " + why;

@@ -8,9 +8,10 @@
 //   kEncrypt        CURVE + ZAP, keys derived from the key  handshake, then an AEAD stream
 //
 // `--encrypt auto` (the default) encrypts when the process listens on an address other than
-// the loopback: the kernel isolates loopback traffic, and a network does not. Every process of
-// a job must resolve alike (they do when their --bind-host is resolved alike, as `auto`
-// resolves it: see common/transport/bind_address.h).
+// the loopback, or its coordinator is at one: the kernel isolates loopback traffic, and a
+// network does not. Every process of a job must resolve alike, and they do: all share the
+// coordinator's host. (One that listens on 0.0.0.0 while its peers reach it at 127.0.0.1
+// encrypts alone; the handshake then fails, and both sides log that the mechanisms differ.)
 //
 // Thread-safety: an immutable value.
 #ifndef TESSERA_COMMON_SECURITY_CREDENTIALS_H_
@@ -55,11 +56,21 @@ inline constexpr char kAuthKeyFileVariable[] = "TESSERA_AUTH_KEY_FILE";
 
 // `insecure`: --insecure; `encrypt`: "auto", "on" or "off"; `key_file`: --auth-key-file (or
 // the variable's value), required unless insecure; `listen_host`: where the process's sockets
-// listen (an IP address), which decides `auto`. Errors say what to do: no key file names
-// --auth-key-file, TESSERA_AUTH_KEY_FILE, `tessera-launch --make-key-file` and --insecure.
+// listen (an IP address) and `coordinator_host` the host of its coordinator ("" for none),
+// which decide `auto`. Errors say what to do: no key file names --auth-key-file,
+// TESSERA_AUTH_KEY_FILE, `tessera-launch --make-key-file` and --insecure.
 StatusOr<Credentials> ResolveCredentials(bool insecure, std::string_view encrypt,
                                          const std::string& key_file,
-                                         std::string_view listen_host);
+                                         std::string_view listen_host,
+                                         std::string_view coordinator_host);
+
+// The CURVE key pair every process of a job uses when encrypting: the secret key is the job
+// key's "curve" subkey, so holding the job key is what proves membership either way.
+struct CurveKeys {
+  KeyBytes public_key;
+  KeyBytes secret_key;
+};
+CurveKeys JobCurveKeys(const JobKey& key);
 
 // Whether `choice` is a valid --encrypt value.
 bool IsEncryptChoice(std::string_view choice);

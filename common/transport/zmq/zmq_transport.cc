@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <thread>
 #include <vector>
 #include <zmq.hpp>
@@ -16,6 +17,7 @@
 #include "common/base/host_port.h"
 #include "common/base/logging.h"
 #include "common/metrics/metric_names.h"
+#include "common/security/connect_token.h"
 #include "common/transport/sender_identity.h"
 #include "common/wire/wire_codec.h"
 
@@ -31,6 +33,34 @@ constexpr int kMaxReceivesPerRound = 256;
 // read; on a live connection both take microseconds).
 constexpr int64_t kShutdownFlushMs = 200;
 constexpr int kCloseLingerMs = 200;
+
+// ZAP (ZeroMQ RFC 27): libzmq asks the handler bound here, in the socket's own context.
+constexpr char kZapEndpoint[] = "inproc://zeromq.zap.01";
+constexpr char kZapDomain[] = "tessera";
+constexpr char kPlainUser[] = "tessera";
+// A socket whose credentials were refused is replaced after this backoff, doubling to the max.
+constexpr int64_t kFirstRebuildBackoffMs = 10;
+constexpr int64_t kMaxRebuildBackoffMs = 1000;
+// Refused connections logged: the first kAuthLogFirst, then every kAuthLogEvery-th.
+constexpr uint64_t kAuthLogFirst = 20;
+constexpr uint64_t kAuthLogEvery = 1000;
+
+std::string_view KeyView(const KeyBytes& key) {
+  return std::string_view(reinterpret_cast<const char*>(key.data()), key.size());
+}
+
+std::string ProtocolErrorText(uint32_t code) {
+  char hex[16];
+  std::snprintf(hex, sizeof(hex), "0x%08x", code);
+  std::string text = std::string("ZeroMQ protocol error ") + hex;
+  if (code == ZMQ_PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC) {
+    text += " (a CURVE handshake that did not decrypt: the peer holds another job's key)";
+  } else if (code == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH) {
+    text += " (the peers use different security mechanisms: give every process of the job the "
+            "same --insecure and --encrypt)";
+  }
+  return text;
+}
 
 void ReleasePayloadOwner(void* /*data*/, void* hint) {
   delete static_cast<std::shared_ptr<const void>*>(hint);
@@ -88,6 +118,13 @@ struct ZmqTransport::Impl {
     std::string address;
     std::unique_ptr<zmq::socket_t> socket;
     std::deque<Frames> pending;
+    // With credentials: the socket's handshake events, and its replacement after a refusal.
+    std::unique_ptr<zmq::socket_t> monitor;
+    bool handshake_succeeded = false;  // since the socket was made
+    bool rebuild_due = false;
+    SteadyClock::time_point rebuild_at;
+    int64_t backoff_ms = kFirstRebuildBackoffMs;
+    bool refusal_reported = false;  // the error below is logged once per run of refusals
   };
   struct RoutedMessage {
     std::string routing_id;
@@ -99,6 +136,14 @@ struct ZmqTransport::Impl {
   zmq::context_t context{1};
   zmq::socket_t router{context, zmq::socket_type::router};  // I/O thread only (after Start)
   std::map<std::string, Outbound> dealers;                  // I/O thread only
+  // With credentials (I/O thread only): the ZAP handler, the ROUTER's handshake events, and
+  // what the handler checks.
+  std::unique_ptr<zmq::socket_t> zap;
+  std::unique_ptr<zmq::socket_t> router_monitor;
+  std::optional<ConnectTokenVerifier> token_verifier;  // PLAIN
+  CurveKeys curve_keys{};                               // CURVE
+  int monitors_made = 0;
+  uint64_t auth_failures_logged = 0;
   std::deque<RoutedMessage> router_pending;                 // I/O thread only
   int wake_fd = -1;
   std::thread io_thread;
@@ -117,6 +162,7 @@ struct ZmqTransport::Impl {
   Counter* bytes_sent = nullptr;
   Counter* bytes_received = nullptr;
   Counter* send_failures = nullptr;
+  CounterFamily* auth_failures = nullptr;
   uint64_t bad_messages_logged = 0;  // I/O thread only
 
   ~Impl() {
@@ -155,6 +201,15 @@ struct ZmqTransport::Impl {
           bad_message_reason::kVersion, bad_message_reason::kPayloadLength,
           bad_message_reason::kField, bad_message_reason::kFraming}) {
       RETURN_IF_ERROR(bad_by_reason->WithLabels({std::string(reason)}).status());
+    }
+    if (options.credentials.authenticated()) {
+      ASSIGN_OR_RETURN(auth_failures, metrics->RegisterCounter(names::kAuthFailuresTotal.name,
+                                                               names::kAuthFailuresTotal.help,
+                                                               {"reason"}));
+      for (std::string_view reason :
+           {"malformed", "wrong_key", "expired", "replayed", "mechanism", "protocol"}) {
+        RETURN_IF_ERROR(auth_failures->WithLabels({std::string(reason)}).status());
+      }
     }
     return OkStatus();
   }
@@ -204,6 +259,7 @@ struct ZmqTransport::Impl {
         std::lock_guard<std::mutex> lock(mu);
         if (stopped) break;
       }
+      RebuildRefusedDealers();
       items.clear();
       outbound_of_item.clear();
       items.push_back({nullptr, wake_fd, ZMQ_POLLIN, 0});
@@ -219,6 +275,23 @@ struct ZmqTransport::Impl {
         }
         items.push_back({out.socket->handle(), 0, events, 0});
         outbound_of_item.push_back(&out);
+      }
+      const size_t dealers_end = items.size();
+      // Security sockets: the ZAP handler, then the monitors (outbound_of_item names the
+      // dealer a monitor watches; null for the ROUTER's).
+      if (zap) items.push_back({zap->handle(), 0, ZMQ_POLLIN, 0});
+      outbound_of_item.resize(items.size(), nullptr);
+      const size_t monitors_begin = items.size();
+      if (router_monitor) {
+        items.push_back({router_monitor->handle(), 0, ZMQ_POLLIN, 0});
+        outbound_of_item.resize(items.size(), nullptr);
+      }
+      for (auto& [address, out] : dealers) {
+        if (!out.monitor) continue;
+        items.push_back({out.monitor->handle(), 0, ZMQ_POLLIN, 0});
+        outbound_of_item.resize(items.size(), nullptr);
+        outbound_of_item.back() = &out;
+        if (out.rebuild_due) any_pending = true;
       }
       // A ROUTER reports POLLOUT whatever one peer's queue holds, so blocked replies are retried
       // on a short timer instead of by readiness.
@@ -237,12 +310,16 @@ struct ZmqTransport::Impl {
       }
       TakeCommands();
       FlushRouter();
-      for (size_t i = 2; i < items.size(); ++i) {
+      for (size_t i = 2; i < dealers_end; ++i) {
         Outbound* out = outbound_of_item[i];
         FlushDealer(*out);
         if (items[i].revents & ZMQ_POLLIN) Drain(*out->socket, out->address);
       }
       if (items[1].revents & ZMQ_POLLIN) Drain(router, "");
+      if (zap && (items[dealers_end].revents & ZMQ_POLLIN)) ServeZap();
+      for (size_t i = monitors_begin; i < items.size(); ++i) {
+        if (items[i].revents & ZMQ_POLLIN) ReadHandshakeEvents(outbound_of_item[i]);
+      }
     }
     FlushBeforeClose();
     // Close every socket on the thread that used them. What ZeroMQ still holds may leave for
@@ -250,11 +327,14 @@ struct ZmqTransport::Impl {
     for (auto& [address, out] : dealers) {
       queued -= out.pending.size();
       out.socket->set(zmq::sockopt::linger, kCloseLingerMs);
+      CloseMonitor(*out.socket, out.monitor);
       out.socket->close();
     }
     queued -= router_pending.size();
     router.set(zmq::sockopt::linger, kCloseLingerMs);
+    CloseMonitor(router, router_monitor);
     router.close();
+    if (zap) zap->close();
   }
 
   // Hands ZeroMQ every message queued before Shutdown (a goodbye, the replies to the last
@@ -305,6 +385,8 @@ struct ZmqTransport::Impl {
       out.address = address;
       out.socket = std::make_unique<zmq::socket_t>(context, zmq::socket_type::dealer);
       ConfigureSocket(*out.socket);
+      ConfigureSecurity(*out.socket, /*listener=*/false);
+      out.monitor = MonitorHandshakes(*out.socket, /*listener=*/false);
       out.socket->connect(address);
       return &dealers.emplace(address, std::move(out)).first->second;
     } catch (const zmq::error_t& e) {
@@ -325,6 +407,210 @@ struct ZmqTransport::Impl {
     // reach DecodeMessage and get an ErrorReply.
     socket.set(zmq::sockopt::maxmsgsize,
                static_cast<int64_t>(options.max_message_bytes + (1u << 20)));
+  }
+
+  // ---- authentication (see the header) ----
+
+  // The mechanism and keys of a socket; a client's PLAIN password is a fresh token.
+  void ConfigureSecurity(zmq::socket_t& socket, bool listener) {
+    const Credentials& credentials = options.credentials;
+    if (!credentials.authenticated()) return;
+    if (listener) socket.set(zmq::sockopt::zap_domain, kZapDomain);
+    if (credentials.encrypted()) {
+      if (listener) {
+        socket.set(zmq::sockopt::curve_server, 1);
+        socket.set(zmq::sockopt::curve_secretkey, KeyView(curve_keys.secret_key));
+      } else {
+        socket.set(zmq::sockopt::curve_serverkey, KeyView(curve_keys.public_key));
+        socket.set(zmq::sockopt::curve_publickey, KeyView(curve_keys.public_key));
+        socket.set(zmq::sockopt::curve_secretkey, KeyView(curve_keys.secret_key));
+      }
+    } else if (listener) {
+      socket.set(zmq::sockopt::plain_server, 1);
+    } else {
+      socket.set(zmq::sockopt::plain_username, kPlainUser);
+      socket.set(zmq::sockopt::plain_password,
+                 MakeConnectToken(*credentials.key, WallClockMs()));
+    }
+  }
+
+  // A PAIR socket receiving `socket`'s handshake events; null without credentials.
+  std::unique_ptr<zmq::socket_t> MonitorHandshakes(zmq::socket_t& socket, bool listener) {
+    if (!options.credentials.authenticated()) return nullptr;
+    const std::string endpoint = "inproc://tessera-handshakes-" + std::to_string(++monitors_made);
+    // The listener's refusals by ZAP are counted by ServeZap; the rest fail before ZAP.
+    const int events = ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                       (listener ? 0 : ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_SUCCEEDED);
+    if (zmq_socket_monitor(socket.handle(), endpoint.c_str(), events) != 0) throw zmq::error_t();
+    auto monitor = std::make_unique<zmq::socket_t>(context, zmq::socket_type::pair);
+    monitor->set(zmq::sockopt::linger, 0);
+    monitor->connect(endpoint);
+    return monitor;
+  }
+
+  static void CloseMonitor(zmq::socket_t& socket, std::unique_ptr<zmq::socket_t>& monitor) {
+    if (!monitor) return;
+    zmq_socket_monitor(socket.handle(), nullptr, 0);
+    monitor->close();
+    monitor.reset();
+  }
+
+  void CountAuthFailure(std::string_view reason, const std::string& detail) {
+    if (auth_failures != nullptr) {  // rare: a lookup here is fine
+      StatusOr<Counter*> counter = auth_failures->WithLabels({std::string(reason)});
+      if (counter.ok()) (*counter)->Increment();
+    }
+    if (auth_failures_logged++ < kAuthLogFirst || auth_failures_logged % kAuthLogEvery == 0) {
+      TLOG(WARNING) << "transport " << router_address << ": refused a connection (" << reason
+                    << ", " << auth_failures_logged << " so far): " << detail;
+    }
+  }
+
+  // Answers the ZAP requests libzmq made for connections to the ROUTER (RFC 27): PLAIN with a
+  // valid token, or CURVE with the job's public key, is admitted; anything else is not.
+  void ServeZap() {
+    for (int round = 0; round < kMaxReceivesPerRound; ++round) {
+      std::vector<zmq::message_t> request;
+      try {
+        zmq::message_t frame;
+        if (!zap->recv(frame, zmq::recv_flags::dontwait)) return;
+        bool more = frame.more();
+        request.push_back(std::move(frame));
+        while (more && request.size() < 16) {
+          zmq::message_t next;
+          (void)zap->recv(next, zmq::recv_flags::none);
+          more = next.more();
+          request.push_back(std::move(next));
+        }
+      } catch (const zmq::error_t& e) {
+        if (e.num() == EAGAIN || e.num() == EINTR) return;
+        TLOG(ERROR) << "transport " << router_address << ": ZAP receive failed: " << e.what();
+        return;
+      }
+      // version, request id, domain, address, routing id, mechanism, credentials...
+      const std::string request_id = request.size() > 1 ? request[1].to_string() : "";
+      const std::string address = request.size() > 3 ? request[3].to_string() : "?";
+      const std::string mechanism = request.size() > 5 ? request[5].to_string() : "";
+      TokenVerdict verdict;
+      if (options.credentials.encrypted()) {
+        if (mechanism == "CURVE" && request.size() > 6 &&
+            request[6].size() == curve_keys.public_key.size() &&
+            std::memcmp(request[6].data(), curve_keys.public_key.data(),
+                        curve_keys.public_key.size()) == 0) {
+          verdict.ok = true;
+        } else {
+          verdict.reason = mechanism == "CURVE" ? "wrong_key" : "mechanism";
+          verdict.detail = "its CURVE key is not this job's";
+        }
+      } else if (mechanism == "PLAIN" && request.size() > 7 &&
+                 request[6].to_string_view() == kPlainUser) {
+        verdict = token_verifier->Verify(request[7].to_string_view(), WallClockMs());
+      } else {
+        verdict.reason = mechanism == "PLAIN" ? "malformed" : "mechanism";
+        verdict.detail = "it offered the " + mechanism + " mechanism without a Tessera token";
+      }
+      if (!verdict.ok) CountAuthFailure(verdict.reason, "from " + address + ": " + verdict.detail);
+      const std::array<std::string, 6> reply = {
+          "1.0", request_id, verdict.ok ? "200" : "400",
+          verdict.ok ? "OK" : std::string(verdict.reason), "", ""};
+      try {
+        for (size_t i = 0; i < reply.size(); ++i) {
+          zap->send(zmq::buffer(reply[i]),
+                    i + 1 < reply.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+        }
+      } catch (const zmq::error_t& e) {
+        TLOG(ERROR) << "transport " << router_address << ": ZAP reply failed: " << e.what();
+      }
+    }
+  }
+
+  // Handshake events of the ROUTER (`out` null) or of the dealer `out`.
+  void ReadHandshakeEvents(Outbound* out) {
+    zmq::socket_t& monitor = out != nullptr ? *out->monitor : *router_monitor;
+    for (int round = 0; round < kMaxReceivesPerRound; ++round) {
+      zmq::message_t event_frame;
+      zmq::message_t endpoint_frame;
+      try {
+        if (!monitor.recv(event_frame, zmq::recv_flags::dontwait)) return;
+        if (event_frame.more()) (void)monitor.recv(endpoint_frame, zmq::recv_flags::none);
+      } catch (const zmq::error_t&) {
+        return;
+      }
+      if (event_frame.size() < 6) continue;
+      uint16_t event;
+      uint32_t value;
+      std::memcpy(&event, event_frame.data(), sizeof(event));
+      std::memcpy(&value, static_cast<const uint8_t*>(event_frame.data()) + 2, sizeof(value));
+      if (out == nullptr) {
+        CountAuthFailure("protocol", "a peer failed the ZeroMQ handshake on " +
+                                         endpoint_frame.to_string() + ": " +
+                                         (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL
+                                              ? ProtocolErrorText(value)
+                                              : std::string("it closed or spoke no ZMTP")));
+        continue;
+      }
+      OnDealerHandshake(*out, event, value);
+    }
+  }
+
+  void OnDealerHandshake(Outbound& out, uint16_t event, uint32_t value) {
+    if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+      out.handshake_succeeded = true;
+      out.backoff_ms = kFirstRebuildBackoffMs;
+      out.refusal_reported = false;
+      return;
+    }
+    if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) {
+      // After a dropped connection ZeroMQ reconnects with the token the peer has seen, which
+      // it refuses as replayed: a new socket gets a new token. A fresh socket refused means
+      // the peer does not take our key.
+      if (!out.handshake_succeeded && !out.refusal_reported) {
+        out.refusal_reported = true;
+        TLOG(ERROR) << "transport " << router_address << ": " << out.address
+                    << " refused this process's credentials (key "
+                    << options.credentials.key->Fingerprint()
+                    << "): does it use this job's key (--auth-key-file, TESSERA_AUTH_KEY_FILE) "
+                       "and its clock within "
+                    << kTokenWindowMs / 60000 << " minutes of this host's? Retrying.";
+      }
+      out.rebuild_due = true;
+      out.rebuild_at = SteadyClock::now() + std::chrono::milliseconds(out.backoff_ms);
+      out.backoff_ms = std::min(2 * out.backoff_ms, kMaxRebuildBackoffMs);
+      return;
+    }
+    if (!out.refusal_reported) {
+      out.refusal_reported = true;
+      TLOG(ERROR) << "transport " << router_address << ": the handshake with " << out.address
+                  << " failed: "
+                  << (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL
+                          ? ProtocolErrorText(value)
+                          : std::string("the connection closed during it"))
+                  << "; ZeroMQ retries";
+    }
+  }
+
+  // Replaces dealers whose credentials were refused, once their backoff has passed. Messages
+  // ZeroMQ held in the old socket are lost with it (the waiting side's deadline notices);
+  // those still queued here go out on the new one.
+  void RebuildRefusedDealers() {
+    const SteadyClock::time_point now = SteadyClock::now();
+    for (auto& [address, out] : dealers) {
+      if (!out.rebuild_due || now < out.rebuild_at) continue;
+      out.rebuild_due = false;
+      try {
+        CloseMonitor(*out.socket, out.monitor);
+        out.socket->close();
+        out.socket = std::make_unique<zmq::socket_t>(context, zmq::socket_type::dealer);
+        ConfigureSocket(*out.socket);
+        ConfigureSecurity(*out.socket, /*listener=*/false);
+        out.monitor = MonitorHandshakes(*out.socket, /*listener=*/false);
+        out.handshake_succeeded = false;
+        out.socket->connect(address);
+      } catch (const zmq::error_t& e) {
+        TLOG(ERROR) << "transport " << router_address << ": cannot reconnect to " << address
+                    << ": " << e.what();
+      }
+    }
   }
 
   void FlushDealer(Outbound& out) {
@@ -514,7 +800,22 @@ StatusOr<std::unique_ptr<ZmqTransport>> ZmqTransport::Create(const ZmqTransportO
   std::string endpoint =
       "tcp://" + host + ":" + (options.port == 0 ? "*" : std::to_string(options.port));
   try {
+    const Credentials& credentials = options.credentials;
+    if (credentials.authenticated()) {
+      // The handler must be bound before the ROUTER: without one, libzmq admits any CURVE
+      // client and stalls PLAIN handshakes (notes/learned.md).
+      impl->zap = std::make_unique<zmq::socket_t>(impl->context, zmq::socket_type::rep);
+      impl->zap->set(zmq::sockopt::linger, 0);
+      impl->zap->bind(kZapEndpoint);
+      if (credentials.encrypted()) {
+        impl->curve_keys = JobCurveKeys(*credentials.key);
+      } else {
+        impl->token_verifier.emplace(*credentials.key);
+      }
+    }
     impl->ConfigureSocket(impl->router);
+    impl->ConfigureSecurity(impl->router, /*listener=*/true);
+    impl->router_monitor = impl->MonitorHandshakes(impl->router, /*listener=*/true);
     impl->router.set(zmq::sockopt::router_mandatory, 1);
     if (ipv6) impl->router.set(zmq::sockopt::ipv6, 1);
     impl->router.bind(endpoint);
@@ -527,10 +828,11 @@ StatusOr<std::unique_ptr<ZmqTransport>> ZmqTransport::Create(const ZmqTransportO
   } catch (const zmq::error_t& e) {
     return UnavailableError("cannot listen on " + endpoint + ": " + e.what());
   }
-  if (options.warn_when_exposed && !IsLoopbackHost(options.bind_host)) {
+  if (options.warn_when_exposed && !IsLoopbackHost(options.bind_host) &&
+      !options.credentials.encrypted()) {
     TLOG(WARNING) << "transport listens on " << impl->router_address
-                  << ", which is reachable from the network; Tessera does not authenticate "
-                     "peers yet, so expose it only on a trusted network";
+                  << ", which is reachable from the network, without encryption ("
+                  << options.credentials.Describe() << ")";
   }
   impl->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (impl->wake_fd < 0) return InternalError(std::string("eventfd: ") + std::strerror(errno));

@@ -16,6 +16,23 @@
 // ErrorReply; a single frame larger than max_message_bytes + 1 MiB makes ZeroMQ drop the
 // connection before reading it (ZMQ_MAXMSGSIZE), which protects memory.
 //
+// Authentication (options.credentials, common/security/credentials.h): with a job key, a peer
+// must prove it holds the key before its connection carries a single message. The I/O thread
+// also serves the ZAP handler (inproc://zeromq.zap.01 of the transport's own context, bound
+// before the ROUTER so no connection is ever admitted unchecked) and watches the sockets'
+// handshake events:
+//   - not encrypted: the PLAIN mechanism, whose password is a one-time token
+//     (common/security/connect_token.h); each outgoing socket presents a fresh one, and a
+//     socket whose token is refused (a reconnection re-presents its first token, which the
+//     listener has seen) is replaced by a new socket with a new token, after a backoff;
+//   - encrypted: CURVE, every process holding the one key pair derived from the job key, so
+//     each side proves the key to the other (the listener by decrypting the HELLO, the client
+//     by its vouch) and ZAP admits only that public key.
+// A refused connection is counted in tessera_auth_failures_total{reason} and logged with the
+// peer's address (the first 20, then every 1000th). A listener that refuses this process's own
+// credentials, or speaks another mechanism (--insecure or --encrypt differ), is logged once
+// per peer as an error naming the likely cause.
+//
 // Thread-safety: Send, Reply, Shutdown and the accessors are thread-safe; the handler runs on
 // the I/O thread.
 #ifndef TESSERA_COMMON_TRANSPORT_ZMQ_ZMQ_TRANSPORT_H_
@@ -33,6 +50,7 @@
 
 #include "common/base/status.h"
 #include "common/metrics/metrics.h"
+#include "common/security/credentials.h"
 #include "common/transport/transport.h"
 
 namespace tessera {
@@ -55,6 +73,9 @@ struct ZmqTransportOptions {
   int32_t rank = -1;
   // Outbound messages queued (not yet handed to ZeroMQ) before Send() reports back-pressure.
   size_t max_queued_messages = 100000;
+  // Who may connect, and whether traffic is encrypted; every process of a job must use the
+  // same protection and key. The default admits anyone (for tests of other layers).
+  Credentials credentials;
 };
 
 class ZmqTransport final : public Transport {
