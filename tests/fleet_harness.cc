@@ -11,6 +11,9 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/security/credentials.h"
+#include "common/security/job_key.h"
+
 namespace tessera::testing {
 
 std::string BinaryPath(const std::string& workspace_relative) {
@@ -98,8 +101,26 @@ StatusOr<int> FleetHarness::Start(const std::string& label, const std::string& b
   return StartCommand(label, argv);
 }
 
+const std::string& TestJobKeyFile() {
+  static const std::string path = [] {
+    const char* tmp = std::getenv("TEST_TMPDIR");
+    std::string file = std::string(tmp ? tmp : "/tmp") + "/job-" + std::to_string(getpid()) +
+                       ".key";
+    std::remove(file.c_str());
+    Status written = WriteKeyFile(file, JobKey::Generate());
+    if (!written.ok()) {
+      std::fprintf(stderr, "cannot write the test's job key: %s\n", written.message().c_str());
+      std::abort();
+    }
+    setenv(kAuthKeyFileVariable, file.c_str(), 1);
+    return file;
+  }();
+  return path;
+}
+
 StatusOr<int> FleetHarness::StartCommand(const std::string& label,
                                          const std::vector<std::string>& argv) {
+  TestJobKeyFile();  // every child inherits TESSERA_AUTH_KEY_FILE
   ASSIGN_OR_RETURN(int id, group_.Spawn(label, argv));
   processes_[id].label = label;
   return id;

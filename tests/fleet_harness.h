@@ -29,6 +29,11 @@ struct HttpResult {
 };
 StatusOr<HttpResult> HttpGet(const std::string& url, int64_t timeout_ms);
 
+// The job key file every process the harness starts uses: made once per test binary in
+// TEST_TMPDIR and set as TESSERA_AUTH_KEY_FILE in the test's environment, which the children
+// inherit (tessera-launch then uses it instead of making one).
+const std::string& TestJobKeyFile();
+
 // Runs `command` (sh -c) with `input` on stdin; returns its exit status and output.
 StatusOr<std::pair<int, std::string>> RunWithInput(const std::string& command,
                                                    const std::string& input);

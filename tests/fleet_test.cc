@@ -5,6 +5,8 @@
 
 #include <zmq.hpp>
 
+#include "common/security/connect_token.h"
+#include "common/security/job_key.h"
 #include "common/training/ps_job.h"
 #include "common/wire/wire_codec.h"
 #include "tests/fleet_harness.h"
@@ -184,10 +186,15 @@ TEST(FleetTest, ServerAnswersGarbageWithErrorsAndKeepsServing) {
   ASSERT_TRUE(fleet.WaitForLine(ids.workers[0], "lingering", Deadline::AfterMillis(kJobMs)).ok());
   const std::string& server = fleet.process(ids.servers[0]).address;
 
+  // A member of the job (it holds the key) that sends garbage once admitted.
+  StatusOr<JobKey> key = ReadKeyFile(TestJobKeyFile());
+  ASSERT_TRUE(key.ok()) << key.status();
   zmq::context_t context(1);
   zmq::socket_t socket(context, zmq::socket_type::dealer);
   socket.set(zmq::sockopt::linger, 0);
   socket.set(zmq::sockopt::rcvtimeo, 10000);
+  socket.set(zmq::sockopt::plain_username, "tessera");
+  socket.set(zmq::sockopt::plain_password, MakeConnectToken(*key, WallClockMs()));
   socket.connect(server);
   auto send = [&](const std::vector<std::string>& frames) {
     for (size_t i = 0; i < frames.size(); ++i) {

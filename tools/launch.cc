@@ -30,6 +30,8 @@
 #include "common/config/config.h"
 #include "common/config/flag_checks.h"
 #include "common/config/slurm.h"
+#include "common/security/credentials.h"
+#include "common/security/job_key.h"
 #include "tools/process_group.h"
 
 namespace tessera {
@@ -62,6 +64,12 @@ struct LaunchConfig {
   std::string coordinator;   // HOST:PORT; empty: 127.0.0.1:0 on a single node
   std::string attach;        // HOST:PORT of a running fleet's coordinator
   std::string bind_host;     // empty: the children's default (auto)
+  // Security: the job's key file (empty: TESSERA_AUTH_KEY_FILE, else one made for this job),
+  // --insecure, and --encrypt for every child (empty: their default, auto).
+  std::string auth_key_file;
+  bool insecure = false;
+  std::string encrypt;
+  std::string make_key_file;  // write a new key file here and exit
   std::vector<std::string> worker_args;  // forwarded unchanged to every worker
 
   // Workers this launcher starts.
@@ -144,6 +152,16 @@ Exit status:
   2    bad flags
   130  interrupted by SIGINT (143: SIGTERM)
 
+Security:
+  Every job has a key; only processes holding it can register, exchange a message or join a
+  ring. On one node the launcher makes a key for the job, in a private directory it removes
+  at exit, and gives the children its path as TESSERA_AUTH_KEY_FILE (never the key itself,
+  never in argv). Several nodes, --attach and other launchers (torchrun, mpirun, srun) need a
+  key file they share: create one with --make-key-file PATH, copy it to every node (mode
+  0600), and give --auth-key-file PATH (or TESSERA_AUTH_KEY_FILE) everywhere. Traffic is
+  encrypted when the children listen off the loopback (--encrypt auto). --insecure turns
+  authentication off. See docs/security.md.
+
 Stopping: servers and workers get SIGTERM first, then the coordinator; each stage gets
 --grace seconds before SIGKILL (a second SIGINT/SIGTERM skips the grace). Every child also
 dies with the launcher (PR_SET_PDEATHSIG), so none is left behind.
@@ -224,6 +242,20 @@ void AddFlags(CLI::App& app, LaunchConfig* config) {
                  "Where the children listen (their --bind-host): auto (default: the address on "
                  "this node's route to the coordinator), an IP address or an interface name")
       ->type_name("HOST");
+  app.add_option("--auth-key-file", config->auth_key_file,
+                 "The job's key file, shared by every node (default: TESSERA_AUTH_KEY_FILE; on "
+                 "one node without either, a key made for this job)")
+      ->type_name("PATH");
+  app.add_flag("--insecure", config->insecure,
+               "No authentication: any process that reaches a port is trusted");
+  app.add_option("--encrypt", config->encrypt,
+                 "Every child's --encrypt: auto (default: when listening off the loopback), "
+                 "on or off")
+      ->type_name("auto|on|off")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
+  app.add_option("--make-key-file", config->make_key_file,
+                 "Write a new job key to PATH (mode 0600; never overwrites) and exit")
+      ->type_name("PATH");
 }
 
 // CLI11 keeps the "--" separator among the extras; everything else is forwarded as is.
@@ -708,6 +740,8 @@ class Launcher {
   void AppendCommonFlags(std::vector<std::string>* args) const {
     if (!config_.log_level.empty()) args->insert(args->end(), {"--log-level", config_.log_level});
     if (!config_.bind_host.empty()) args->insert(args->end(), {"--bind-host", config_.bind_host});
+    if (config_.insecure) args->push_back("--insecure");
+    if (!config_.encrypt.empty()) args->insert(args->end(), {"--encrypt", config_.encrypt});
   }
 
   bool Spawn(Role role, int rank, std::vector<std::string> args) {
@@ -837,6 +871,82 @@ class Launcher {
   int interrupted_by_ = 0;  // the signal that ended the run, if one did
 };
 
+// The job's key for the children: a key file they find through TESSERA_AUTH_KEY_FILE, which
+// the launcher sets in its own environment (the children inherit it; nothing else does).
+class JobKeyForChildren {
+ public:
+  JobKeyForChildren() = default;
+  JobKeyForChildren(const JobKeyForChildren&) = delete;
+  JobKeyForChildren& operator=(const JobKeyForChildren&) = delete;
+  ~JobKeyForChildren() {
+    if (made_dir_.empty()) return;
+    unlink(path_.c_str());
+    rmdir(made_dir_.c_str());
+  }
+
+  // Checks the given key file, or makes one in a private directory when the job is this
+  // launcher's alone. Errors say what to give instead.
+  Status Prepare(const LaunchConfig& config, const Environment& env) {
+    if (config.insecure) {
+      if (config.encrypt == "on") {
+        return InvalidArgumentError("--insecure and --encrypt on contradict each other");
+      }
+      return OkStatus();
+    }
+    path_ = config.auth_key_file;
+    if (path_.empty()) {
+      auto given = env.find(kAuthKeyFileVariable);
+      if (given != env.end()) path_ = given->second;
+    }
+    if (!path_.empty()) {
+      StatusOr<JobKey> key = ReadKeyFile(path_);
+      if (!key.ok()) return key.status().WithContext("--auth-key-file");
+      fingerprint_ = key->Fingerprint();
+      if (path_[0] != '/') {
+        char cwd[4096];
+        if (getcwd(cwd, sizeof(cwd)) != nullptr) path_ = std::string(cwd) + "/" + path_;
+      }
+      setenv(kAuthKeyFileVariable, path_.c_str(), 1);
+      return OkStatus();
+    }
+    if (config.nnodes > 1 || !config.attach.empty()) {
+      return FailedPreconditionError(
+          std::string(config.nnodes > 1 ? "--nnodes > 1" : "--attach") +
+          " needs the job's key file, shared with the other launchers: create one with "
+          "`tessera-launch --make-key-file PATH`, copy it to every node, and give "
+          "--auth-key-file PATH (or TESSERA_AUTH_KEY_FILE=PATH); or --insecure");
+    }
+    const char* tmp = std::getenv("TMPDIR");
+    std::string dir = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") +
+                      "/tessera-launch-XXXXXX";
+    if (mkdtemp(dir.data()) == nullptr) {
+      return FailedPreconditionError("cannot make a private directory for the job key (" + dir +
+                                     "): " + strerror(errno));
+    }
+    made_dir_ = dir;
+    path_ = dir + "/job.key";
+    const JobKey key = JobKey::Generate();
+    RETURN_IF_ERROR(WriteKeyFile(path_, key));
+    fingerprint_ = key.Fingerprint();
+    setenv(kAuthKeyFileVariable, path_.c_str(), 1);
+    return OkStatus();
+  }
+
+  // For the log: "key 1a2b3c4d from /path (made for this job)".
+  std::string Describe() const {
+    if (path_.empty()) return "--insecure: no key, any process that reaches a port is trusted";
+    return "key " + fingerprint_ + " in " + path_ +
+           (made_dir_.empty() ? "" : " (made for this job, removed at exit)");
+  }
+  bool made() const { return !made_dir_.empty(); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  std::string made_dir_;
+  std::string fingerprint_;
+};
+
 std::string DescribeConfig(const LaunchConfig& config, const FleetBinaries& binaries) {
   std::ostringstream out;
   out << "servers=" << config.servers << " workers=" << config.LocalWorkers()
@@ -865,6 +975,15 @@ int Main(int argc, char** argv) {
     return status == 0 ? 0 : 2;
   }
   config.worker_args = ForwardedArgs(app.remaining());
+  if (!config.make_key_file.empty()) {
+    Status made = WriteKeyFile(config.make_key_file, JobKey::Generate());
+    WriteLine(made.ok() ? STDOUT_FILENO : STDERR_FILENO,
+              made.ok() ? "tessera-launch: wrote a new job key to " + config.make_key_file +
+                              " (mode 0600); give every process of the job --auth-key-file " +
+                              config.make_key_file + " or TESSERA_AUTH_KEY_FILE"
+                        : "tessera-launch: " + made.message());
+    return made.ok() ? 0 : 1;
+  }
   Status valid = ApplySlurm(app, CurrentEnvironment(), &config);
   if (valid.ok()) valid = Validate(config);
   if (!valid.ok()) {
@@ -881,6 +1000,22 @@ int Main(int argc, char** argv) {
     return 1;
   }
   TLOG(INFO) << "config: " << DescribeConfig(config, *binaries);
+  JobKeyForChildren job_key;
+  Status keyed = job_key.Prepare(config, CurrentEnvironment());
+  if (!keyed.ok()) {
+    WriteLine(STDERR_FILENO,
+              "tessera-launch: " + keyed.message() + "\nRun with --help for more information.");
+    return 2;
+  }
+  TLOG(INFO) << "security: " << job_key.Describe();
+  if (config.insecure) {
+    TLOG(WARNING) << "--insecure: authentication is off for every child; any process that "
+                     "reaches their ports can join the job";
+  } else if (config.workers == 0 && job_key.made()) {
+    Announce("a long-running fleet's key is " + job_key.path() +
+             ": jobs that attach need it (tessera-launch --attach ... --auth-key-file " +
+             job_key.path() + ")");
+  }
   InstallSignalHandlers();
   const bool checkpoints =
       std::find(config.worker_args.begin(), config.worker_args.end(), "--checkpoint-dir") !=

@@ -8,10 +8,11 @@
 namespace tessera::worker {
 
 StatusOr<std::unique_ptr<HostedCoordinator>> HostedCoordinator::Start(
-    const ProcessConfig& config) {
+    const ProcessConfig& config, const Credentials& credentials) {
   std::unique_ptr<HostedCoordinator> hosted(new HostedCoordinator());
   ASSIGN_OR_RETURN(auto host_port, ParseHostPort(config.coordinator));
   ZmqTransportOptions transport;
+  transport.credentials = credentials;
   transport.bind_host = host_port.first;
   transport.port = host_port.second;
   transport.max_message_bytes = config.max_message_bytes;

@@ -22,6 +22,7 @@
 
 #include "common/base/status.h"
 #include "common/config/config.h"
+#include "common/security/credentials.h"
 #include "common/transport/rpc_endpoint.h"
 #include "server/coordinator/coordinator.h"
 
@@ -30,7 +31,8 @@ namespace tessera::worker {
 class HostedCoordinator {
  public:
   // Binds the coordinator's address and starts serving.
-  static StatusOr<std::unique_ptr<HostedCoordinator>> Start(const ProcessConfig& config);
+  static StatusOr<std::unique_ptr<HostedCoordinator>> Start(const ProcessConfig& config,
+                                                            const Credentials& credentials);
   ~HostedCoordinator();  // stops serving (members still there are told) and joins
 
   // Waits until the coordinator has ended (every worker has left, or failed) and returns how it

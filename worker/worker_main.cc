@@ -460,7 +460,7 @@ Status RunWorker(ProcessRuntime& runtime, const WorkerFlags& flags) {
           " ..., or start a fleet and give --coordinator (docs/clusters.md)");
     }
     if (runtime.config().rank == 0) {
-      ASSIGN_OR_RETURN(hosted, HostedCoordinator::Start(runtime.config()));
+      ASSIGN_OR_RETURN(hosted, HostedCoordinator::Start(runtime.config(), runtime.credentials()));
     }
   }
   Status outcome = RunMemberOfFleet(runtime, flags);

@@ -102,6 +102,9 @@ enum FieldId : int {
   kLogLevel,
   kLinger,
   kCudaTf32,
+  kAuthKeyFile,
+  kInsecure,
+  kEncrypt,
   kNumFields,
 };
 
@@ -295,6 +298,38 @@ const Field kFields[kNumFields] = {
        return "1: GEMMs on a CUDA device may use TF32 tensor cores (~1e-3 relative error); "
               "0: float32. Env: TESSERA_CUDA_TF32";
      }},
+    {kAuthKeyFile, "--auth-key-file", nullptr, "PATH", kForAll, true,
+     [](std::string_view, std::string_view t, ProcessConfig* c) {
+       c->auth_key_file = std::string(t);
+       return OkStatus();
+     },
+     [](const ProcessConfig& c) { return c.auth_key_file; },
+     [](Role) -> const char* {
+       return "The job's key file (mode 0600; make one with tessera-launch --make-key-file): "
+              "only processes holding it may connect. Env: TESSERA_AUTH_KEY_FILE";
+     }},
+    {kInsecure, "--insecure", nullptr, "", kForAll, false,
+     [](std::string_view n, std::string_view t, ProcessConfig* c) {
+       if (t != "" && t != "0" && t != "1") return BadValue(n, t, "expected 0 or 1 (or nothing)");
+       c->insecure = t != "0";
+       return OkStatus();
+     },
+     [](const ProcessConfig& c) { return std::string(c.insecure ? "1" : "0"); },
+     [](Role) -> const char* {
+       return "Turn authentication off: any process that reaches a port is trusted (warned "
+              "about at start). Env: TESSERA_INSECURE=1";
+     }},
+    {kEncrypt, "--encrypt", nullptr, "auto|on|off", kForAll, false,
+     [](std::string_view n, std::string_view t, ProcessConfig* c) {
+       if (t != "auto" && t != "on" && t != "off") return BadValue(n, t, "expected auto, on or off");
+       c->encrypt = std::string(t);
+       return OkStatus();
+     },
+     [](const ProcessConfig& c) { return c.encrypt; },
+     [](Role) -> const char* {
+       return "Encrypt traffic (CURVE): auto does when listening off the loopback. Every "
+              "process of a job must resolve it alike. Env: TESSERA_ENCRYPT";
+     }},
 };
 
 bool HasField(Role role, const Field& field) {
@@ -438,6 +473,11 @@ ProcessFlags::ProcessFlags(Role role, CLI::App* app) : role_(role) {
     // An empty default shows nothing: so for the ranks, whose -1 stands for "not given" only.
     option->default_str(field.id == kRank || field.id == kLocalRank ? "" : field.get(defaults));
     option->group(kProcessOptionsGroup);
+    if (field.id == kInsecure) {
+      // A switch: `--insecure` alone (CLI11 would fill a missing value with the default).
+      option->expected(0, 1);
+      option->default_str("");
+    }
     bindings_.push_back({option, field.id});
   }
   std::string footer =
@@ -518,6 +558,9 @@ Status ApplyEnvironment(const Environment& env, ProcessConfig* config) {
   RETURN_IF_ERROR(ApplyVariable(env, "TESSERA_JOB", kJob, config));
   RETURN_IF_ERROR(ApplyVariable(env, "TESSERA_LOG_LEVEL", kLogLevel, config));
   RETURN_IF_ERROR(ApplyVariable(env, "TESSERA_SOCKET_IFNAME", kBindHost, config));
+  RETURN_IF_ERROR(ApplyVariable(env, "TESSERA_AUTH_KEY_FILE", kAuthKeyFile, config));
+  RETURN_IF_ERROR(ApplyVariable(env, "TESSERA_INSECURE", kInsecure, config));
+  RETURN_IF_ERROR(ApplyVariable(env, "TESSERA_ENCRYPT", kEncrypt, config));
   if (config->role == Role::kWorker) {
     RETURN_IF_ERROR(ApplyVariable(env, "TESSERA_CUDA_TF32", kCudaTf32, config));
   }

@@ -32,6 +32,9 @@
 //   job            TESSERA_JOB
 //   log_level      TESSERA_LOG_LEVEL
 //   cuda_tf32      TESSERA_CUDA_TF32                                           (workers only)
+//   auth_key_file  TESSERA_AUTH_KEY_FILE
+//   insecure       TESSERA_INSECURE
+//   encrypt        TESSERA_ENCRYPT
 //
 // Launcher families: rank, local_rank and num_workers are read from ONE family, the first of
 // torchrun > OpenMPI > Slurm that has any of its three variables set; the other families are
@@ -129,6 +132,15 @@ struct ProcessConfig {
   // mantissa on the inputs) instead of float32. Flag --cuda-tf32 0|1; env TESSERA_CUDA_TF32
   // (empty counts as 0). Not for servers or the coordinator, which compute on the CPU.
   bool cuda_tf32 = false;
+  // The job's key file (common/security/job_key.h). Flag --auth-key-file; env
+  // TESSERA_AUTH_KEY_FILE. Required unless `insecure`.
+  std::string auth_key_file;
+  // Admit any process that reaches a port (warned about on every process). Flag --insecure;
+  // env TESSERA_INSECURE=1.
+  bool insecure = false;
+  // "auto" (encrypt when listening off the loopback), "on" or "off". Flag --encrypt; env
+  // TESSERA_ENCRYPT.
+  std::string encrypt = "auto";
 
   // Where each value came from, keyed by flag name: "flag" (given on the command line) or
   // "env RANK" (etc.); fields absent here hold their default. Filled by ProcessFlags::ApplyTo

@@ -612,7 +612,34 @@ TEST(DescribeConfigTest, OneLinePerFieldWithSource) {
   EXPECT_THAT(text, HasSubstr("--max-message-bytes=1073741824 (default)\n"));
   EXPECT_THAT(text, HasSubstr("--log-level=info (default)\n"));
   EXPECT_THAT(text, HasSubstr("--cuda-tf32=0 (default)\n"));
-  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 18);  // role + 17 flags
+  EXPECT_THAT(text, HasSubstr("--insecure=0 (default)\n"));
+  EXPECT_THAT(text, HasSubstr("--encrypt=auto (default)\n"));
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 21);  // role + 20 flags
+}
+
+TEST(SecurityFlagsTest, KeyFileInsecureAndEncryptFromFlagsOrEnvironment) {
+  StatusOr<ProcessConfig> flags =
+      Parse(Role::kServer, {kCoordinatorFlag, "--auth-key-file", "/k", "--insecure", "--encrypt",
+                            "on"},
+            {});
+  ASSERT_TRUE(flags.ok()) << flags.status();
+  EXPECT_EQ(flags->auth_key_file, "/k");
+  EXPECT_TRUE(flags->insecure);
+  EXPECT_EQ(flags->encrypt, "on");
+  StatusOr<ProcessConfig> env =
+      Parse(Role::kWorker, {kCoordinatorFlag},
+            {{"TESSERA_AUTH_KEY_FILE", "/e"}, {"TESSERA_INSECURE", "1"}, {"TESSERA_ENCRYPT", "off"}});
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_EQ(env->auth_key_file, "/e");
+  EXPECT_TRUE(env->insecure);
+  EXPECT_EQ(env->encrypt, "off");
+  EXPECT_EQ(env->sources.at("--auth-key-file"), "env TESSERA_AUTH_KEY_FILE");
+  EXPECT_THAT(Parse(Role::kWorker, {kCoordinatorFlag, "--encrypt", "yes"}, {}).status().message(),
+              HasSubstr("expected auto, on or off"));
+  EXPECT_THAT(Parse(Role::kWorker, {kCoordinatorFlag}, {{"TESSERA_INSECURE", "yes"}})
+                  .status()
+                  .message(),
+              HasSubstr("TESSERA_INSECURE"));
 }
 
 TEST(CurrentEnvironmentTest, ReadsTheProcessEnvironment) {

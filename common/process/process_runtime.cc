@@ -37,6 +37,33 @@ sigset_t StopSignals() {
 
 }  // namespace
 
+StatusOr<Credentials> ResolveProcessCredentials(const ProcessConfig& config,
+                                                std::string_view listen_host) {
+  const bool standalone = config.role == Role::kWorker && config.coordinator.empty();
+  if (standalone && !config.insecure && config.auth_key_file.empty()) {
+    // No peers: a key nobody else holds admits nobody, which is right.
+    Credentials own = Credentials::Authenticate(JobKey::Generate());
+    own.origin = "a key of its own: a standalone worker has no peers";
+    return own;
+  }
+  // The coordinator's socket listens on its --coordinator host.
+  std::string coordinator_host;
+  if (!config.coordinator.empty()) {
+    ASSIGN_OR_RETURN(auto host_port, ParseHostPort(config.coordinator));
+    coordinator_host = host_port.first;
+  }
+  StatusOr<Credentials> credentials = ResolveCredentials(
+      config.insecure, config.encrypt, config.auth_key_file, listen_host, coordinator_host);
+  if (!credentials.ok() && !config.auth_key_file.empty()) {
+    auto source = config.sources.find("--auth-key-file");
+    return credentials.status().WithContext(
+        "--auth-key-file" +
+        (source != config.sources.end() && source->second != "flag" ? " (" + source->second + ")"
+                                                                    : std::string()));
+  }
+  return credentials;
+}
+
 StatusOr<std::unique_ptr<ProcessRuntime>> ProcessRuntime::Start(const ProcessConfig& config) {
   std::unique_ptr<ProcessRuntime> runtime(new ProcessRuntime(config));
   namespace names = metric_names;
@@ -62,12 +89,29 @@ StatusOr<std::unique_ptr<ProcessRuntime>> ProcessRuntime::Start(const ProcessCon
   const BindAddress& bind = runtime->bind_address_;
   // One line for all of this process's sockets: where, why, and that they are exposed.
   if (!IsLoopbackHost(bind.listen)) {
-    TLOG(WARNING) << "--bind-host " << config.bind_host << ": listening on " << bind.listen
-                  << ", reachable at " << bind.advertise << " (" << bind.how
-                  << "), from the network: Tessera does not authenticate peers yet, so expose "
-                     "it only on a trusted network";
+    TLOG(INFO) << "--bind-host " << config.bind_host << ": listening on " << bind.listen
+               << ", reachable at " << bind.advertise << " (" << bind.how
+               << "), from the network";
   } else if (config.bind_host != "auto") {
     TLOG(INFO) << "--bind-host " << config.bind_host << ": listening on " << bind.listen;
+  }
+  ASSIGN_OR_RETURN(runtime->credentials_, ResolveProcessCredentials(config, bind.listen));
+  const Credentials& credentials = runtime->credentials_;
+  if (!credentials.authenticated()) {
+    TLOG(WARNING) << "--insecure: authentication is off. Any process that reaches this "
+                     "process's ports can join the job, read its parameters and change them";
+  } else {
+    // The default (authenticated, the loopback) is said once by the launcher; what differs
+    // from it by every process.
+    if (credentials.encrypted()) {
+      TLOG(INFO) << "security: " << credentials.Describe();
+    } else {
+      TLOG(DEBUG) << "security: " << credentials.Describe();
+    }
+    if (!credentials.encrypted() && !IsLoopbackHost(bind.listen)) {
+      TLOG(WARNING) << "--encrypt off: traffic to and from " << bind.listen
+                    << " crosses the network unencrypted; anyone on the path can read it";
+    }
   }
 
   MetricsHttpOptions http_options;
@@ -78,6 +122,7 @@ StatusOr<std::unique_ptr<ProcessRuntime>> ProcessRuntime::Start(const ProcessCon
   ASSIGN_OR_RETURN(runtime->http_, MetricsHttpServer::Start(http_options, &runtime->metrics_));
 
   ZmqTransportOptions transport;
+  transport.credentials = credentials;
   transport.max_message_bytes = config.max_message_bytes;
   transport.role = config.role;
   transport.rank = config.rank;

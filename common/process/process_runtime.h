@@ -30,6 +30,7 @@
 #include "common/config/config.h"
 #include "common/metrics/metrics.h"
 #include "common/metrics/metrics_http.h"
+#include "common/security/credentials.h"
 #include "common/transport/bind_address.h"
 #include "common/transport/rpc_endpoint.h"
 
@@ -47,6 +48,9 @@ class ProcessRuntime {
   std::string metrics_url() const { return http_->url(); }
   // Where --bind-host put this process's sockets, and the address the others reach it at.
   const BindAddress& bind_address() const { return bind_address_; }
+  // How this process proves it belongs to the job (--auth-key-file, --insecure, --encrypt),
+  // for every transport and channel it opens besides the endpoint.
+  const Credentials& credentials() const { return credentials_; }
 
   // Prints the line tessera-launch waits for, on stdout:
   // "TESSERA_READY role=worker rank=1 address=tcp://... metrics=http://.../metrics pid=123".
@@ -67,6 +71,7 @@ class ProcessRuntime {
 
   const ProcessConfig config_;
   BindAddress bind_address_;
+  Credentials credentials_;
   MetricsRegistry metrics_;
   std::unique_ptr<MetricsHttpServer> http_;
   std::unique_ptr<RpcEndpoint> endpoint_;
@@ -75,6 +80,11 @@ class ProcessRuntime {
   std::condition_variable stop_cv_;
   std::atomic<int> stop_signal_{-1};
 };
+
+// The credentials `config` asks for; `listen_host` is where the process listens (decides
+// --encrypt auto). A standalone worker (no coordinator) without a key gets one of its own.
+StatusOr<Credentials> ResolveProcessCredentials(const ProcessConfig& config,
+                                                std::string_view listen_host);
 
 // See the file comment. `app` may be null (common flags only) and must not have been parsed.
 int RunProcess(Role role, int argc, char** argv, CLI::App* app,

@@ -13,6 +13,13 @@ set -euo pipefail
 
 root="${TEST_SRCDIR:?run under bazel test}/${TEST_WORKSPACE:-tessera}"
 export PYTHONPATH="$root/worker/torch:$root/tests/torch${PYTHONPATH:+:$PYTHONPATH}"
+# The job key every rank (and any tessera process the test starts) proves membership with: a
+# key file as common/security/job_key.h writes one, private to this test.
+export TESSERA_AUTH_KEY_FILE="${TEST_TMPDIR:?run under bazel test}/job.key"
+if [[ ! -e "$TESSERA_AUTH_KEY_FILE" ]]; then
+  (umask 077 && printf 'tessera-job-key-v1 %s\n' \
+    "$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')" >"$TESSERA_AUTH_KEY_FILE")
+fi
 # One thread per rank for torch's own kernels: the ranks of a test share two cores.
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 case "${TESSERA_SANITIZER:-}" in

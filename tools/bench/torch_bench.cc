@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/base/status.h"
+#include "common/security/job_key.h"
 #include "common/config/flag_checks.h"
 #include "tools/bench/torch_python.h"
 
@@ -104,9 +105,14 @@ StatusOr<std::vector<nlohmann::json>> RunRanks(const TorchBenchOptions& o, const
                                                const std::string& store_dir, int np,
                                                const std::string& what,
                                                const std::vector<std::string>& mode_args) {
+  // The ranks' job key (the tessera backend refuses to start without one), beside the store.
+  const std::string key_file = store_dir + "/job.key";
+  if (access(key_file.c_str(), F_OK) != 0) {
+    RETURN_IF_ERROR(WriteKeyFile(key_file, JobKey::Generate()));
+  }
   std::vector<ChildSpec> children;
   for (int rank = 0; rank < np; ++rank) {
-    std::vector<std::string> argv = {"/usr/bin/env",
+    std::vector<std::string> argv = {"/usr/bin/env", "TESSERA_AUTH_KEY_FILE=" + key_file,
                                      "OMP_NUM_THREADS=" + std::to_string(o.threads),
                                      "OPENBLAS_NUM_THREADS=" + std::to_string(o.threads),
                                      "OMP_WAIT_POLICY=PASSIVE",

@@ -12,9 +12,12 @@ Prints {"bench":"ps_python",...} and {"bench":"ps_mlp",...} lines on stdout.
 
 import argparse
 import json
+import os
+import shutil
 import signal
 import statistics
 import subprocess
+import tempfile
 import time
 
 import torch
@@ -22,10 +25,14 @@ import torch
 import tessera.torch
 
 
-def start_fleet(launcher):
+def start_fleet(launcher, key_dir):
+    # The fleet and this process share a job key, as a user's script and fleet would.
+    key_file = os.path.join(key_dir, "job.key")
+    subprocess.run([launcher, "--make-key-file", key_file], check=True, stdout=subprocess.DEVNULL)
+    os.environ["TESSERA_AUTH_KEY_FILE"] = key_file
     process = subprocess.Popen([launcher, "--servers", "1", "--workers", "0", "--log-level",
-                                "warning"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True)
+                                "warning", "--auth-key-file", key_file], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 60
     lines = []
     while time.monotonic() < deadline:
@@ -116,7 +123,8 @@ def main():
     parser.add_argument("--batch-size", type=int, default=64)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    fleet, address = start_fleet(args.launcher)
+    key_dir = tempfile.mkdtemp(prefix="torch-ps-bench-")
+    fleet, address = start_fleet(args.launcher, key_dir)
     try:
         print(json.dumps(push_pull(args, address)), flush=True)
         print(json.dumps(mlp(args, address)), flush=True)
@@ -126,6 +134,7 @@ def main():
             fleet.wait(timeout=30)
         except subprocess.TimeoutExpired:
             fleet.kill()
+        shutil.rmtree(key_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

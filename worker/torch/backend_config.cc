@@ -26,6 +26,25 @@ StatusOr<int64_t> ParseInteger(const std::string& name, const std::string& text,
 
 }  // namespace
 
+StatusOr<Credentials> CredentialsFromEnvironment(const Environment& env,
+                                                 std::string_view listen_host,
+                                                 std::string_view rendezvous_host) {
+  auto value = [&env](const char* name) {
+    auto it = env.find(name);
+    return it == env.end() ? std::string() : it->second;
+  };
+  const std::string insecure = value("TESSERA_INSECURE");
+  if (insecure != "" && insecure != "0" && insecure != "1") {
+    return InvalidArgumentError("TESSERA_INSECURE=" + Quote(insecure) + " is not 0 or 1");
+  }
+  const std::string encrypt = value("TESSERA_ENCRYPT");
+  StatusOr<Credentials> credentials =
+      ResolveCredentials(insecure == "1", encrypt.empty() ? "auto" : encrypt,
+                         value(kAuthKeyFileVariable), listen_host, rendezvous_host);
+  if (!credentials.ok()) return credentials.status().WithContext("the tessera backend");
+  return credentials;
+}
+
 StatusOr<BackendConfig> BackendConfigFrom(const Environment& env) {
   BackendConfig config;
   GroupMemberOptions& member = config.member;
@@ -44,6 +63,9 @@ StatusOr<BackendConfig> BackendConfigFrom(const Environment& env) {
     }
     // Every socket of a rank binds the address its peers are given.
     member.bind_host = bind->advertise;
+    ASSIGN_OR_RETURN(member.credentials,
+                     CredentialsFromEnvironment(
+                         env, member.bind_host, master == env.end() ? "" : master->second));
   }
   if (auto it = env.find("TESSERA_RING_TRANSPORT"); it != env.end()) {
     const std::string& kind = it->second;

@@ -13,6 +13,9 @@
 //                           (needs TESSERA_METRICS_PORT, which a default of 0 supplies)
 //   TESSERA_TIMEOUT_MS      the default timeout of every operation when init_process_group is
 //                           given none (default 300000, 5 minutes, instead of torch's 30)
+//   TESSERA_AUTH_KEY_FILE   the job's key file (required unless TESSERA_INSECURE=1), as
+//   TESSERA_INSECURE        tessera-worker's --auth-key-file, --insecure and --encrypt
+//   TESSERA_ENCRYPT         (common/security/credentials.h)
 //
 // Thread-safety: a pure function of the environment it is given.
 #ifndef TESSERA_WORKER_TORCH_BACKEND_CONFIG_H_
@@ -24,6 +27,7 @@
 
 #include "common/base/status.h"
 #include "common/config/config.h"
+#include "common/security/credentials.h"
 #include "worker/torch/group_member.h"
 
 namespace tessera::worker {
@@ -31,6 +35,12 @@ namespace tessera::worker {
 // torch's default process-group timeout (30 minutes), which the backend replaces with its
 // own: a process group created with exactly this timeout was given none.
 inline constexpr int64_t kTorchDefaultTimeoutMs = 30 * 60 * 1000;
+
+// The credentials the environment asks for (see above), for a process listening on
+// `listen_host` whose rendezvous is at `rendezvous_host` (they decide TESSERA_ENCRYPT=auto).
+StatusOr<Credentials> CredentialsFromEnvironment(const Environment& env,
+                                                 std::string_view listen_host,
+                                                 std::string_view rendezvous_host);
 
 struct BackendConfig {
   // What every process group of this process starts from (rank, world size, store come from

@@ -5,8 +5,15 @@
 namespace tessera::worker {
 namespace {
 
+// Every environment below also says how the ranks authenticate (without a key file, which
+// CredentialsTest covers): the backend refuses to start without either.
+Environment Insecure(Environment env) {
+  env.emplace("TESSERA_INSECURE", "1");
+  return env;
+}
+
 TEST(BackendConfigTest, DefaultsWithAnEmptyEnvironment) {
-  StatusOr<BackendConfig> config = BackendConfigFrom({});
+  StatusOr<BackendConfig> config = BackendConfigFrom(Insecure({}));
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->member.bind_host, "127.0.0.1");
   EXPECT_EQ(config->member.ring_transport, "auto");
@@ -16,11 +23,11 @@ TEST(BackendConfigTest, DefaultsWithAnEmptyEnvironment) {
 }
 
 TEST(BackendConfigTest, ReadsEveryVariable) {
-  StatusOr<BackendConfig> config = BackendConfigFrom({{"TESSERA_BIND_HOST", "10.0.0.7"},
+  StatusOr<BackendConfig> config = BackendConfigFrom(Insecure({{"TESSERA_BIND_HOST", "10.0.0.7"},
                                                       {"TESSERA_RING_TRANSPORT", "links"},
                                                       {"TESSERA_TIMEOUT_MS", "2500"},
                                                       {"TESSERA_METRICS_PORT", "9100"},
-                                                      {"TESSERA_COORDINATOR", "10.0.0.1:29500"}});
+                                                      {"TESSERA_COORDINATOR", "10.0.0.1:29500"}}));
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->member.bind_host, "10.0.0.7");
   EXPECT_EQ(config->member.ring_transport, "links");
@@ -30,18 +37,18 @@ TEST(BackendConfigTest, ReadsEveryVariable) {
 }
 
 TEST(BackendConfigTest, TheBindHostFollowsTheRouteToMasterAddrOrAnInterface) {
-  StatusOr<BackendConfig> local = BackendConfigFrom({{"MASTER_ADDR", "localhost"}});
+  StatusOr<BackendConfig> local = BackendConfigFrom(Insecure({{"MASTER_ADDR", "localhost"}}));
   ASSERT_TRUE(local.ok()) << local.status();
   EXPECT_EQ(local->member.bind_host, "127.0.0.1");
-  StatusOr<BackendConfig> named = BackendConfigFrom({{"TESSERA_SOCKET_IFNAME", "lo"}});
+  StatusOr<BackendConfig> named = BackendConfigFrom(Insecure({{"TESSERA_SOCKET_IFNAME", "lo"}}));
   ASSERT_TRUE(named.ok()) << named.status();
   EXPECT_EQ(named->member.bind_host, "127.0.0.1");
   // Every interface: the ranks bind and advertise what auto picks, never 0.0.0.0.
   StatusOr<BackendConfig> every =
-      BackendConfigFrom({{"TESSERA_BIND_HOST", "0.0.0.0"}, {"MASTER_ADDR", "127.0.0.1"}});
+      BackendConfigFrom(Insecure({{"TESSERA_BIND_HOST", "0.0.0.0"}, {"MASTER_ADDR", "127.0.0.1"}}));
   ASSERT_TRUE(every.ok()) << every.status();
   EXPECT_EQ(every->member.bind_host, "127.0.0.1");
-  StatusOr<BackendConfig> unknown = BackendConfigFrom({{"TESSERA_SOCKET_IFNAME", "nosuch0"}});
+  StatusOr<BackendConfig> unknown = BackendConfigFrom(Insecure({{"TESSERA_SOCKET_IFNAME", "nosuch0"}}));
   ASSERT_FALSE(unknown.ok());
   EXPECT_NE(unknown.status().message().find("TESSERA_SOCKET_IFNAME=\"nosuch0\""),
             std::string::npos)
@@ -49,13 +56,13 @@ TEST(BackendConfigTest, TheBindHostFollowsTheRouteToMasterAddrOrAnInterface) {
 }
 
 TEST(BackendConfigTest, ACoordinatorGetsMetricsOnAPortTheOsPicks) {
-  StatusOr<BackendConfig> config = BackendConfigFrom({{"TESSERA_COORDINATOR", "host:1"}});
+  StatusOr<BackendConfig> config = BackendConfigFrom(Insecure({{"TESSERA_COORDINATOR", "host:1"}}));
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->metrics_port, 0);
 }
 
 TEST(BackendConfigTest, TorchsDefaultTimeoutMeansNoneWasGiven) {
-  StatusOr<BackendConfig> config = BackendConfigFrom({{"TESSERA_TIMEOUT_MS", "7000"}});
+  StatusOr<BackendConfig> config = BackendConfigFrom(Insecure({{"TESSERA_TIMEOUT_MS", "7000"}}));
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(EffectiveTimeoutMs(*config, kTorchDefaultTimeoutMs), 7000);
   EXPECT_EQ(EffectiveTimeoutMs(*config, 12000), 12000);
@@ -70,11 +77,27 @@ TEST(BackendConfigTest, BadValuesNameTheVariable) {
       {"TESSERA_COORDINATOR", "host:0"},
   };
   for (const auto& [name, value] : bad) {
-    StatusOr<BackendConfig> config = BackendConfigFrom({{name, value}});
+    StatusOr<BackendConfig> config = BackendConfigFrom(Insecure({{name, value}}));
     ASSERT_FALSE(config.ok()) << name << "=" << value;
     EXPECT_EQ(config.status().code(), StatusCode::kInvalidArgument);
     EXPECT_NE(config.status().message().find(name), std::string::npos) << config.status();
   }
+}
+
+}  // namespace
+}  // namespace tessera::worker
+
+namespace tessera::worker {
+namespace {
+
+TEST(BackendConfigTest, NoKeyAndNoInsecureIsRefusedSayingWhatToDo) {
+  StatusOr<BackendConfig> config = BackendConfigFrom({});
+  EXPECT_EQ(config.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(config.status().message().find("TESSERA_AUTH_KEY_FILE"), std::string::npos)
+      << config.status();
+  EXPECT_NE(BackendConfigFrom({{"TESSERA_INSECURE", "yes"}}).status().message().find(
+                "TESSERA_INSECURE=\"yes\" is not 0 or 1"),
+            std::string::npos);
 }
 
 }  // namespace

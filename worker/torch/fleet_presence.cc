@@ -46,6 +46,7 @@ StatusOr<std::unique_ptr<FleetPresence>> FleetPresence::Start(
 
   if (!options.coordinator.empty()) {
     ZmqTransportOptions transport;
+    transport.credentials = options.credentials;
     transport.bind_host = options.bind_host;
     transport.role = Role::kWorker;
     transport.rank = options.rank;

@@ -24,6 +24,7 @@
 #include "common/metrics/metrics_http.h"
 #include "common/rendezvous/rendezvous_client.h"
 #include "common/transport/rpc_endpoint.h"
+#include "common/security/credentials.h"
 #include "worker/torch/backend_metrics.h"
 
 namespace tessera::worker {
@@ -32,6 +33,7 @@ struct FleetPresenceOptions {
   int rank = 0;
   int world_size = 1;
   std::string bind_host = "127.0.0.1";
+  Credentials credentials;  // for the coordinator
   std::optional<int> metrics_port;  // unset: no HTTP server
   std::string coordinator;          // HOST:PORT; empty: no registration
   int64_t timeout_ms = 60000;       // bounds the registration

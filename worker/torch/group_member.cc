@@ -44,6 +44,7 @@ StatusOr<std::unique_ptr<GroupMember>> GroupMember::Join(const GroupMemberOption
   const Deadline deadline = Deadline::AfterMillis(options.timeout_ms);
   auto parts = std::make_unique<Parts>();
   ZmqTransportOptions transport;
+  transport.credentials = options.credentials;
   transport.bind_host = options.bind_host;
   transport.role = Role::kWorker;
   transport.rank = options.rank;

@@ -41,6 +41,7 @@
 #include "common/messages/ring_frame.h"
 #include "common/metrics/metrics.h"
 #include "common/transport/rpc_endpoint.h"
+#include "common/security/credentials.h"
 #include "worker/collectives/channel/zmq/collective_mailbox.h"
 #include "worker/collectives/channel/zmq/ring_zmq.h"
 #include "worker/collectives/ring_collectives.h"
@@ -55,6 +56,8 @@ struct GroupMemberOptions {
   RendezvousStore* store = nullptr;  // not owned; used during Join only
   // Where this rank's transport (and its ring links) listen; peers reach it there.
   std::string bind_host = "127.0.0.1";
+  // How this rank proves it belongs to the job (its transport and ring links).
+  Credentials credentials;
   std::string ring_transport = "auto";  // auto, shm, links or zmq (ring_channel_setup.h)
   // Bounds Join and every operation, from its start (torch's process-group timeout).
   int64_t timeout_ms = 30 * 60 * 1000;

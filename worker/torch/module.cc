@@ -37,6 +37,15 @@ FleetPresence* Presence(const BackendConfig& config, int rank, int size, int64_t
     options.rank = rank;
     options.world_size = size;
     options.bind_host = config.member.bind_host;
+    options.credentials = config.member.credentials;
+    if (!config.coordinator.empty()) {
+      // As the fleet's own processes decide, from the coordinator's host.
+      StatusOr<Credentials> fleet = CredentialsFromEnvironment(
+          CurrentEnvironment(), options.bind_host,
+          config.coordinator.substr(0, config.coordinator.rfind(':')));
+      TORCH_CHECK(fleet.ok(), "tessera: ", fleet.status().message());
+      options.credentials = *fleet;
+    }
     options.metrics_port = config.metrics_port;
     options.coordinator = ps_registered ? std::string() : config.coordinator;
     options.timeout_ms = timeout_ms;
@@ -264,6 +273,10 @@ PsClientOptions MakePsClientOptions(const std::string& coordinator, int rank, in
   StatusOr<BindAddress> bind = ResolveBindAddress(bind_host, coordinator_host->first);
   Check(bind.status());
   options.bind_host = bind->advertise;
+  StatusOr<Credentials> credentials =
+      CredentialsFromEnvironment(CurrentEnvironment(), options.bind_host, coordinator_host->first);
+  Check(credentials.status());
+  options.credentials = *credentials;
   return options;
 }
 

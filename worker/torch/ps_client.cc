@@ -63,6 +63,7 @@ StatusOr<std::unique_ptr<PsClient>> PsClient::Join(const PsClientOptions& option
   client->optimizer_ = *optimizer;
 
   ZmqTransportOptions transport;
+  transport.credentials = options.credentials;
   transport.bind_host = options.bind_host;
   transport.role = Role::kWorker;
   transport.rank = options.rank;

@@ -34,6 +34,7 @@
 #include "common/training/optimizer.h"
 #include "common/training/parameter_layout.h"
 #include "common/transport/rpc_endpoint.h"
+#include "common/security/credentials.h"
 #include "worker/engines/ps_engine.h"
 
 namespace tessera::worker {
@@ -43,6 +44,7 @@ struct PsClientOptions {
   int rank = 0;
   int world_size = 1;
   std::string bind_host = "127.0.0.1";
+  Credentials credentials;  // for the fleet's servers and coordinator
   std::string mode = "ps-sync";  // ps-sync | ps-async | ps-ssp
   int64_t staleness = 0;         // ps-ssp: the bound
   std::string optimizer = "sgd";
