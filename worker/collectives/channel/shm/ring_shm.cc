@@ -15,10 +15,10 @@
 #include <climits>
 #include <cstdio>
 #include <cstring>
-#include <random>
 
 #include "common/base/process_alive.h"
 #include "common/base/role.h"
+#include "common/security/mac.h"
 
 namespace tessera::worker {
 namespace {
@@ -90,8 +90,13 @@ class RingShm::Segment {
   static StatusOr<std::shared_ptr<Segment>> Create(int rank, size_t ring_bytes) {
     const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
     const uint64_t capacity = std::max<uint64_t>(page, (ring_bytes + page - 1) / page * page);
-    std::random_device random;
-    auto draw = [&random] { return (uint64_t{random()} << 32) ^ random(); };
+    // From the kernel's random source: the name's suffix keeps others from guessing it (and
+    // from creating it first), the token tells the segment apart from any other.
+    auto draw = [] {
+      uint64_t value;
+      RandomBytes(reinterpret_cast<uint8_t*>(&value), sizeof(value));
+      return value;
+    };
     auto segment = std::shared_ptr<Segment>(new Segment());
     segment->name_ = "/tessera-ring-" + std::to_string(getpid()) + "-" + std::to_string(rank) +
                      "-" + Hex(draw());
@@ -122,8 +127,9 @@ class RingShm::Segment {
     return segment;
   }
 
-  // Opens `name`, checks its token and that it is `creator_rank`'s, and maps it: the ring too
-  // if `whole`, else only the control page. FailedPrecondition saying what is wrong.
+  // Opens `name`, checks that it is ours alone (owner, mode), its token and that it is
+  // `creator_rank`'s, and maps it: the ring too if `whole`, else only the control page.
+  // FailedPrecondition saying what is wrong.
   static StatusOr<std::shared_ptr<Segment>> Open(const RingShmSegmentName& name,
                                                  int creator_rank, bool whole) {
     const std::string where = Worker(creator_rank) + "'s shared memory segment " + name.name +
@@ -134,7 +140,26 @@ class RingShm::Segment {
                                      " (another host, or another /dev/shm?)");
     }
     struct stat info {};
-    if (fstat(fd, &info) != 0 || static_cast<size_t>(info.st_size) < kControlBytes) {
+    if (fstat(fd, &info) != 0) {
+      const int error = errno;
+      close(fd);
+      return FailedPreconditionError(where + "fstat: " + Errno(error));
+    }
+    // Ours (Create makes it 0600 as this user): a segment someone else made, or that others
+    // may read or write, could be watched or forged, so we neither read nor write it.
+    if (info.st_uid != geteuid()) {
+      close(fd);
+      return FailedPreconditionError(where + "owned by uid " + std::to_string(info.st_uid) +
+                                     ", not ours: refusing to map it");
+    }
+    if ((info.st_mode & 077) != 0) {
+      close(fd);
+      char mode[8];
+      std::snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(info.st_mode & 07777));
+      return FailedPreconditionError(where + "has mode " + mode +
+                                     " (its group or others may access it): refusing to map it");
+    }
+    if (static_cast<size_t>(info.st_size) < kControlBytes) {
       close(fd);
       return FailedPreconditionError(where + "too small to hold a ring");
     }

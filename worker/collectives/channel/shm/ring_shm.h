@@ -27,6 +27,15 @@
 // every rank could map its neighbours; only then are the names unlinked, so nothing is left in
 // /dev/shm whatever happens later.
 //
+// Who may map a segment: the job's processes run as one user, and nobody else. Create makes
+// the segment with O_EXCL and mode 0600, its name ending in 64 bits from the kernel's random
+// source (so nobody can guess it or create it first); the name and token reach the neighbours
+// only through the setup messages (over the job's authenticated transport). Before mapping a
+// neighbour's segment, Open checks (fstat) that this process's effective uid owns it and that
+// its group and others have no permission bits, and refuses it otherwise, naming it:
+//   worker 1's shared memory segment /tessera-ring-...: owned by uid 1001, not ours: refusing
+//   to map it
+//
 // Wire: a frame is the 64-byte header of ring_frame_codec.h and the payload, padded to 64
 // bytes. Every header is checked on receipt (magic, sender, size cap): a bad one fails the
 // direction, naming the peer. A frame that fits the ring is written whole and read in place; a

@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -22,6 +23,7 @@ namespace tessera::worker {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::MatchesRegex;
 using ::testing::StartsWith;
 
 constexpr size_t kPage = 4096;
@@ -295,6 +297,47 @@ TEST(RingShmTest, RejectsASegmentWithAnotherToken) {
   EXPECT_THAT(attached.status().message(), HasSubstr("shm_open: No such file or directory"));
 }
 
+// A neighbour's segment that its group or others may access is not mapped: someone else
+// could watch or forge the frames in it.
+TEST(RingShmTest, RefusesASegmentThatOthersMayAccess) {
+  auto own0 = RingShm::Create(0, kPage);
+  auto own1 = RingShm::Create(1, kPage);
+  ASSERT_TRUE(own0.ok() && own1.ok()) << own0.status() << own1.status();
+  const RingShmSegmentName name1 = RingShm::NameOf(**own1);
+  const std::string path = "/dev/shm" + name1.name;
+  struct stat info {};
+  ASSERT_EQ(stat(path.c_str(), &info), 0) << path;
+  EXPECT_EQ(info.st_mode & 0777, 0600u);  // as Create makes it
+  for (mode_t mode : {0640, 0606, 0660}) {
+    ASSERT_EQ(chmod(path.c_str(), mode), 0);
+    auto attached = RingShm::Attach(0, 2, *own0, name1, name1, nullptr);
+    EXPECT_EQ(attached.status().code(), StatusCode::kFailedPrecondition);
+    char text[8];
+    std::snprintf(text, sizeof(text), "%04o", static_cast<unsigned>(mode));
+    EXPECT_EQ(attached.status().message(),
+              "ring shm rank=0: worker 1's shared memory segment " + name1.name + ": has mode " +
+                  text + " (its group or others may access it): refusing to map it");
+  }
+  ASSERT_EQ(chmod(path.c_str(), 0600), 0);
+  EXPECT_TRUE(RingShm::Attach(0, 2, *own0, name1, name1, nullptr).ok());
+}
+
+// A segment another user owns is not mapped either. Only root can give one away.
+TEST(RingShmTest, RefusesASegmentAnotherUserOwns) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to chown a segment";
+  auto own0 = RingShm::Create(0, kPage);
+  auto own1 = RingShm::Create(1, kPage);
+  ASSERT_TRUE(own0.ok() && own1.ok()) << own0.status() << own1.status();
+  const RingShmSegmentName name1 = RingShm::NameOf(**own1);
+  const std::string path = "/dev/shm" + name1.name;
+  ASSERT_EQ(chown(path.c_str(), 65534, static_cast<gid_t>(-1)), 0) << std::strerror(errno);
+  auto attached = RingShm::Attach(0, 2, *own0, name1, name1, nullptr);
+  EXPECT_EQ(attached.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(attached.status().message(),
+            "ring shm rank=0: worker 1's shared memory segment " + name1.name +
+                ": owned by uid 65534, not ours: refusing to map it");
+}
+
 TEST(RingShmTest, ASegmentThatDoesNotFitInDevShmFailsClearly) {
   auto huge = RingShm::Create(0, size_t{1} << 50);
   EXPECT_EQ(huge.status().code(), StatusCode::kFailedPrecondition);
@@ -372,7 +415,13 @@ TEST(RingShmTest, SegmentNamesRoundTripAsText) {
   auto own = RingShm::Create(0, kPage);
   ASSERT_TRUE(own.ok()) << own.status();
   const RingShmSegmentName name = RingShm::NameOf(**own);
-  EXPECT_THAT(name.name, StartsWith("/tessera-ring-" + std::to_string(getpid()) + "-0-"));
+  const std::string prefix = "/tessera-ring-" + std::to_string(getpid()) + "-0-";
+  EXPECT_THAT(name.name, StartsWith(prefix));
+  // 64 random bits in hex: nobody can guess the name, and no two are alike.
+  EXPECT_THAT(name.name.substr(prefix.size()), MatchesRegex("[0-9a-f]{16}"));
+  auto other = RingShm::Create(0, kPage);
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_NE(RingShm::NameOf(**other).name, name.name);
   const std::string text = EncodeSegmentName(name);
   StatusOr<RingShmSegmentName> decoded = DecodeSegmentName(text);
   ASSERT_TRUE(decoded.ok()) << decoded.status();
