@@ -120,6 +120,8 @@ StatusOr<std::unique_ptr<RingLinks>> ConnectLinks(const RingChannelSetupOptions&
   links.failures = options.failures;
   links.timeout_ms = RemainingMs(deadline);
   links.spin_us = options.links_spin_us;
+  links.credentials = options.credentials;
+  links.metrics = options.metrics;
   return RingLinks::Connect(links, std::move(listener));
 }
 

@@ -34,6 +34,8 @@
 #include "common/base/failure_bus.h"
 #include "common/base/status.h"
 #include "common/messages/fleet_view.h"
+#include "common/metrics/metrics.h"
+#include "common/security/credentials.h"
 #include "common/transport/transport.h"
 #include "worker/collectives/channel/ring_channel.h"
 #include "worker/collectives/channel/zmq/collective_mailbox.h"
@@ -56,6 +58,10 @@ struct RingChannelSetupOptions {
   int64_t timeout_ms = 30000;                  // bounds the setup
   size_t segment_bytes = 1024 * 1024;          // the ring's; shm rings hold two and more
   int64_t links_spin_us = 0;                   // RingLinksOptions::spin_us
+  // Who may join the ring's TCP links (RingLinksOptions::credentials: the same on every
+  // rank); the default admits anyone.
+  Credentials credentials;
+  MetricsRegistry* metrics = nullptr;  // counts refused links; may be null; not owned
 };
 
 struct ConnectedRingChannel {

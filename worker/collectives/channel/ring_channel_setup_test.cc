@@ -66,6 +66,7 @@ class Workers {
     options.failures = failures_[rank];
     options.timeout_ms = 10000;
     options.segment_bytes = 64 << 10;
+    if (!credentials.empty()) options.credentials = credentials[rank];
     return options;
   }
 
@@ -110,6 +111,7 @@ class Workers {
 
   std::vector<std::string> addresses;
   std::vector<StatusOr<ConnectedRingChannel>> results;
+  std::vector<Credentials> credentials;  // by rank, if not empty
 
  private:
   std::vector<std::unique_ptr<RpcEndpoint>> endpoints_;
@@ -139,6 +141,43 @@ TEST(RingChannelSetupTest, EveryKindConnectsARing) {
     EXPECT_FALSE(AnySegmentLeft());
     workers.PassAFrameRound();
   }
+}
+
+JobKey KeyOf(uint8_t fill) {
+  KeyBytes bytes;
+  bytes.fill(fill);
+  return JobKey::FromBytes(bytes);
+}
+
+// The credentials reach the links: with one key the ring connects; with two both ranks fail,
+// one at least finding that its successor does not prove it holds the job key (the other may
+// find its connection closed first: ring_links_test has the details).
+TEST(RingChannelSetupTest, LinksAuthenticateWithTheCredentials) {
+  {
+    Workers workers(2);
+    workers.credentials = {Credentials::Authenticate(KeyOf(1)),
+                           Credentials::Authenticate(KeyOf(1))};
+    workers.Connect("links");
+    for (int rank = 0; rank < 2; ++rank) {
+      ASSERT_TRUE(workers.results[rank].ok()) << workers.results[rank].status();
+    }
+    workers.PassAFrameRound();
+  }
+  Workers workers(2);
+  workers.credentials = {Credentials::Authenticate(KeyOf(1)),
+                         Credentials::Authenticate(KeyOf(2))};
+  workers.Connect("links");
+  int wrong_key = 0;
+  for (int rank = 0; rank < 2; ++rank) {
+    ASSERT_FALSE(workers.results[rank].ok());
+    const std::string message = workers.results[rank].status().message();
+    if (message.find("): the peer did not prove it holds the job key") != std::string::npos) {
+      ++wrong_key;
+    } else {
+      EXPECT_THAT(message, HasSubstr("): closed by the peer during the handshake"));
+    }
+  }
+  EXPECT_GE(wrong_key, 1);
 }
 
 TEST(RingChannelSetupTest, AWorldOfOneNeedsNoChannel) {

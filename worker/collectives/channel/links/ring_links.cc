@@ -18,7 +18,10 @@
 #include <cstring>
 #include <utility>
 
+#include "common/base/logging.h"
 #include "common/base/role.h"
+#include "common/metrics/metric_names.h"
+#include "worker/collectives/channel/links/ring_link_handshake.h"
 
 namespace tessera::worker {
 
@@ -67,7 +70,7 @@ class RingLinks::BufferPool : public std::enable_shared_from_this<RingLinks::Buf
 
 namespace {
 
-constexpr uint32_t kHelloMagic = 0x4f4c4548;  // "HELO"
+constexpr uint32_t kHelloMagic = kLinkPlainHelloMagic;  // "HELO", unauthenticated
 
 template <typename T>
 void Put(uint8_t* at, T value) {
@@ -215,7 +218,8 @@ struct Closer {
   int Release() { return std::exchange(fd, -1); }
 };
 
-// Connects to next's link address and greets it: the socket, non-blocking.
+// Connects to next's link address: the socket, non-blocking. Under kNone it greets next with
+// the bare hello too; an authenticated handshake follows in Connect.
 StatusOr<int> ConnectToNext(const RingLinksOptions& options, int next, Deadline deadline,
                             const std::string& where) {
   const std::string& next_link = options.next_address;
@@ -243,6 +247,7 @@ StatusOr<int> ConnectToNext(const RingLinksOptions& options, int next, Deadline 
   if (error != 0) {
     return UnavailableError(where + "cannot connect to " + to_next_name + ": " + Errno(error));
   }
+  if (options.credentials.authenticated()) return to_next.Release();
   uint8_t hello[8];
   EncodeHello(options.rank, hello);
   RETURN_IF_ERROR(WriteAll(to_next.fd, hello, sizeof(hello), deadline)
@@ -294,6 +299,23 @@ StatusOr<std::unique_ptr<RingLinks>> RingLinks::Connect(const RingLinksOptions& 
     return InvalidArgumentError(where + "needs world_size >= 2, a rank in it, a listener or "
                                 "next's address, and a positive timeout");
   }
+  const bool authenticated = options.credentials.authenticated();
+  if (authenticated && options.credentials.key == nullptr) {
+    return InvalidArgumentError(where + "credentials ask for authentication but hold no key");
+  }
+  Counter* auth_failures = nullptr;
+  if (authenticated && options.metrics != nullptr) {
+    namespace names = metric_names;
+    ASSIGN_OR_RETURN(CounterFamily* family,
+                     options.metrics->RegisterCounter(names::kAuthFailuresTotal.name,
+                                                      names::kAuthFailuresTotal.help,
+                                                      {"reason"}));
+    ASSIGN_OR_RETURN(auth_failures, family->WithLabels({"handshake"}));
+  }
+  if (options.credentials.encrypted()) {
+    TLOG(WARNING) << where << "frames over the ring links are authenticated but NOT encrypted "
+                  << "(encrypting them is not implemented yet)";
+  }
   const int next = options.next >= 0 ? options.next : (rank + 1) % world;
   const int prev = options.prev >= 0 ? options.prev : (rank + world - 1) % world;
   const Deadline deadline = Deadline::AfterMillis(options.timeout_ms);
@@ -305,7 +327,27 @@ StatusOr<std::unique_ptr<RingLinks>> RingLinks::Connect(const RingLinksOptions& 
   }
   Closer from_prev;
   std::string prev_address;
-  if (inbound) {
+  if (authenticated) {
+    // Both ends' handshakes at once: next answers our hello only while it runs its own
+    // Connect, which waits for its next in turn, so connecting and accepting one after the
+    // other would deadlock round the ring.
+    RingLinkHandshakeOptions handshake;
+    handshake.rank = rank;
+    handshake.next = next;
+    handshake.prev = prev;
+    handshake.next_address = options.next_address;
+    handshake.link_key = RingLinkKey(*options.credentials.key);
+    handshake.deadline = deadline;
+    handshake.timeout_ms = options.timeout_ms;
+    handshake.auth_failures = auth_failures;
+    handshake.where = where;
+    ASSIGN_OR_RETURN(AuthenticatedPrev accepted,
+                     RunRingLinkHandshakes(handshake, to_next.fd,
+                                           inbound ? listener->fd : -1));
+    from_prev.fd = accepted.fd;
+    prev_address = std::move(accepted.address);
+    if (from_prev.fd >= 0) Tune(from_prev.fd, options.socket_buffer_bytes);
+  } else if (inbound) {
     ASSIGN_OR_RETURN(auto accepted, AcceptFromPrev(options, listener->fd, prev, deadline, where));
     from_prev.fd = accepted.first;
     prev_address = std::move(accepted.second);

@@ -13,8 +13,18 @@
 // thread reads it itself: TCP is the only hop.
 //
 // Connect (every rank at once, once each rank has told its predecessor where it listens):
-// connects to next's link address (sending a hello with its rank) and accepts its predecessor's
-// connection (checking the hello's rank).
+// connects to next's link address and accepts its predecessor's connection. How each end
+// knows the other depends on options.credentials (common/security/credentials.h):
+//   kNone          the connector sends a hello with its rank; the listener accepts one
+//                  connection and checks the rank (a wrong one fails Connect).
+//   kAuthenticate  a mutual challenge-response handshake keyed by the job key
+//                  (ring_link_handshake.h has the wire): neither end accepts a frame before the
+//                  other proved it holds the key. The listener keeps accepting until prev's
+//                  connection proves itself, closing (logging, counting in
+//                  tessera_auth_failures_total{reason="handshake"}) every other connection, so
+//                  a foreign or failed connection never disturbs the ring.
+//   kEncrypt       authenticates the same way; frames then travel unencrypted (an AEAD stream
+//                  over the links is separate work, not done: Connect logs a warning).
 //
 // Wire: ring_frame_codec.h (a 64-byte header and the payload). Every header is checked on
 // receipt (magic, ranges, sender, payload size cap) before anything is allocated: a bad one
@@ -58,6 +68,8 @@
 #include "common/base/failure_bus.h"
 #include "common/base/payload.h"
 #include "common/base/status.h"
+#include "common/metrics/metrics.h"
+#include "common/security/credentials.h"
 #include "worker/collectives/channel/adaptive_spin.h"
 #include "worker/collectives/channel/kept_frames.h"
 #include "worker/collectives/channel/ring_channel.h"
@@ -84,6 +96,12 @@ struct RingLinksOptions {
   // MPI's progress engine does; the budget within it adapts to recent waits (adaptive_spin.h).
   // 0: never spin.
   int64_t spin_us = kDefaultRingSpinCapUs;
+  // Who may connect (see Connect above); every rank of the ring must use the same protection
+  // and key. The default admits anyone (the hello only checks the rank).
+  Credentials credentials;
+  // Where refused connections are counted (tessera_auth_failures_total); may be null. Not
+  // owned; outlives Connect.
+  MetricsRegistry* metrics = nullptr;
 };
 
 class RingLinks : public RingChannel {

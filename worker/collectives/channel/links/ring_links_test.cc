@@ -2,10 +2,14 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <arpa/inet.h>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -14,6 +18,10 @@
 #include <vector>
 
 #include "common/base/failure_bus.h"
+#include "common/metrics/metric_names.h"
+#include "common/metrics/metrics.h"
+#include "common/security/credentials.h"
+#include "worker/collectives/channel/links/ring_link_handshake.h"
 
 namespace tessera::worker {
 namespace {
@@ -534,6 +542,294 @@ TEST(RingLinksConnectTest, AConnectionFromAnotherRankIsRejected) {
                     HasSubstr("is not from worker 2 (hello names rank 1)")));
   EXPECT_EQ(one_result.code(), StatusCode::kDeadlineExceeded);
   EXPECT_EQ(one_result.message(), "ring links rank=1: worker 0 did not connect within 300 ms");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Authenticated links (Credentials kAuthenticate): ring_link_handshake.h has the wire.
+
+JobKey KeyOf(uint8_t fill) {
+  KeyBytes bytes;
+  bytes.fill(fill);
+  return JobKey::FromBytes(bytes);
+}
+
+double HandshakeFailures(MetricsRegistry& registry) {
+  auto family = registry.RegisterCounter(metric_names::kAuthFailuresTotal.name,
+                                         metric_names::kAuthFailuresTotal.help, {"reason"});
+  EXPECT_TRUE(family.ok()) << family.status();
+  auto counter = (*family)->WithLabels({"handshake"});
+  EXPECT_TRUE(counter.ok()) << counter.status();
+  return (*counter)->Value();
+}
+
+// Connects `rank` of a ring whose listeners are `listeners` and passes a frame round: OK, or
+// why not. `links` receives the links.
+Status ConnectAndPassAFrame(int rank, int world, Listeners& listeners, const JobKey& key,
+                            MetricsRegistry* metrics, int64_t timeout_ms,
+                            std::unique_ptr<RingLinks>* links) {
+  RingLinksOptions options = ConnectOptions(rank, world, listeners.addresses[(rank + 1) % world],
+                                            timeout_ms);
+  options.credentials = Credentials::Authenticate(key);
+  options.metrics = metrics;
+  auto connected = RingLinks::Connect(options, std::move(listeners.listeners[rank]));
+  if (!connected.ok()) return connected.status();
+  *links = std::move(connected).value();
+  const Deadline deadline = Deadline::AfterMillis(10000);
+  RETURN_IF_ERROR((*links)->Send(Frame(rank, 4, 0, Pattern(1000, static_cast<uint8_t>(rank)))));
+  auto got = (*links)->Recv(4, 0, deadline);
+  if (!got.ok()) return got.status();
+  const int prev = (rank + world - 1) % world;
+  if (got->sender_rank != prev ||
+      std::vector<uint8_t>(got->data.data(), got->data.data() + got->data.size()) !=
+          Pattern(1000, static_cast<uint8_t>(prev))) {
+    return InternalError("wrong frame");
+  }
+  return (*links)->Flush(deadline);
+}
+
+TEST(RingLinksAuthTest, AnAuthenticatedRingOfTwoOrThreeExchangesFrames) {
+  for (int world : {2, 3}) {
+    Listeners listeners(world);
+    MetricsRegistry registry;
+    std::vector<std::unique_ptr<RingLinks>> links(world);
+    std::vector<Status> results(world);
+    std::vector<std::thread> threads;
+    for (int rank = 0; rank < world; ++rank) {
+      threads.emplace_back([&, rank] {
+        results[rank] = ConnectAndPassAFrame(rank, world, listeners, KeyOf(7), &registry, 10000,
+                                             &links[rank]);
+      });
+    }
+    for (auto& thread : threads) thread.join();
+    for (int rank = 0; rank < world; ++rank) {
+      ASSERT_TRUE(results[rank].ok()) << "world " << world << " rank " << rank << ": "
+                                      << results[rank];
+      EXPECT_EQ(links[rank]->prev(), (rank + world - 1) % world);
+    }
+    EXPECT_EQ(HandshakeFailures(registry), 0);
+  }
+}
+
+// A raw TCP client of `address`, blocking, with reads bounded by a 5 s timeout.
+int ConnectRaw(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  sockaddr_in remote{};
+  remote.sin_family = AF_INET;
+  remote.sin_port = htons(static_cast<uint16_t>(std::stoi(address.substr(colon + 1))));
+  inet_pton(AF_INET, "127.0.0.1", &remote.sin_addr);
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  EXPECT_GE(fd, 0);
+  timeval timeout{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&remote), sizeof(remote)), 0)
+      << std::strerror(errno);
+  return fd;
+}
+
+void WriteRaw(int fd, const std::string& bytes) {
+  EXPECT_EQ(send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(bytes.size()));
+}
+
+// Exactly `bytes` bytes, or fewer if the peer closes (or 5 s pass).
+std::string ReadRaw(int fd, size_t bytes) {
+  std::string got;
+  char buffer[256];
+  while (got.size() < bytes) {
+    const ssize_t n = recv(fd, buffer, std::min(sizeof(buffer), bytes - got.size()), 0);
+    if (n <= 0) break;
+    got.append(buffer, static_cast<size_t>(n));
+  }
+  return got;
+}
+
+// Whether the peer closed the connection (within 5 s) without sending anything: a close, or
+// a reset (a close with our bytes unread).
+bool ClosedByPeer(int fd) {
+  char byte;
+  const ssize_t n = recv(fd, &byte, 1, 0);
+  return n == 0 || (n < 0 && errno == ECONNRESET);
+}
+
+// A foreign client connects to rank 0's listener first (while rank 0 waits in Connect, before
+// rank 1 connects) and does `attack`; then rank 1 connects. The ring connects and passes its
+// frames all the same, the foreign connection is closed and counted once.
+void ExpectTheRingSurvives(const std::function<void(int fd)>& attack) {
+  Listeners listeners(2);
+  MetricsRegistry registry;
+  std::unique_ptr<RingLinks> links[2];
+  Status results[2];
+  const std::string zero_address = listeners.addresses[0];
+  std::thread zero([&] {
+    results[0] = ConnectAndPassAFrame(0, 2, listeners, KeyOf(7), &registry, 10000, &links[0]);
+  });
+  const int foreign = ConnectRaw(zero_address);
+  attack(foreign);
+  const auto one_started = SteadyClock::now();
+  results[1] = ConnectAndPassAFrame(1, 2, listeners, KeyOf(7), nullptr, 10000, &links[1]);
+  const auto one_took = SteadyClock::now() - one_started;
+  zero.join();
+  ASSERT_TRUE(results[0].ok()) << results[0];
+  ASSERT_TRUE(results[1].ok()) << results[1];
+  // Not held up by the foreign connection's handshake time (kLinkHandshakeMs).
+  EXPECT_LT(one_took, std::chrono::milliseconds(kLinkHandshakeMs / 2));
+  EXPECT_TRUE(ClosedByPeer(foreign));
+  close(foreign);
+  EXPECT_EQ(HandshakeFailures(registry), 1);
+}
+
+TEST(RingLinksAuthTest, ASilentForeignConnectionDoesNotDisturbTheRing) {
+  ExpectTheRingSurvives([](int) {});
+}
+
+TEST(RingLinksAuthTest, AForeignConnectionSendingGarbageDoesNotDisturbTheRing) {
+  ExpectTheRingSurvives([](int fd) {
+    WriteRaw(fd, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" + std::string(100, 'x'));
+    EXPECT_TRUE(ClosedByPeer(fd));  // refused at once
+  });
+}
+
+TEST(RingLinksAuthTest, AForeignConnectionWithAnotherKeysProofDoesNotDisturbTheRing) {
+  ExpectTheRingSurvives([](int fd) {
+    LinkNonce nonce_c;
+    nonce_c.fill(5);
+    WriteRaw(fd, EncodeLinkHello(1, 0, nonce_c));  // as worker 1 to worker 0
+    const std::string challenge = ReadRaw(fd, kLinkChallengeBytes);
+    ASSERT_EQ(challenge.size(), kLinkChallengeBytes);
+    LinkNonce nonce_a;
+    std::memcpy(nonce_a.data(), challenge.data() + 8, nonce_a.size());
+    const KeyBytes wrong = RingLinkKey(KeyOf(8));
+    WriteRaw(fd, EncodeLinkProof(LinkMac(wrong, "connector", 1, 0, nonce_c, nonce_a)));
+    EXPECT_TRUE(ClosedByPeer(fd));
+  });
+}
+
+// A recorded valid handshake (worker 1 to worker 0, same key, through a relay) replayed to a
+// later Connect: worker 0's fresh nonce makes the recorded proof worthless.
+TEST(RingLinksAuthTest, AReplayedHandshakeDoesNotDisturbTheRing) {
+  std::string recorded_hello, recorded_proof;
+  {
+    // Worker 0 listens only; worker 1 connects only, through a relay that records its bytes.
+    Listeners zero(1);
+    auto relay = RingLinks::Listen("127.0.0.1");
+    ASSERT_TRUE(relay.ok()) << relay.status();
+    Status zero_result, one_result;
+    std::thread zero_thread([&] {
+      RingLinksOptions options = ConnectOptions(0, 2, "", 10000);
+      options.credentials = Credentials::Authenticate(KeyOf(7));
+      zero_result = RingLinks::Connect(options, std::move(zero.listeners[0])).status();
+    });
+    std::thread one_thread([&] {
+      RingLinksOptions options = ConnectOptions(1, 2, (*relay)->address, 10000);
+      options.credentials = Credentials::Authenticate(KeyOf(7));
+      one_result = RingLinks::Connect(options, nullptr).status();
+    });
+    const int from_one = accept((*relay)->fd, nullptr, nullptr);
+    ASSERT_GE(from_one, 0);
+    timeval timeout{5, 0};
+    setsockopt(from_one, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+    const int to_zero = ConnectRaw(zero.addresses[0]);
+    recorded_hello = ReadRaw(from_one, kLinkHelloBytes);
+    WriteRaw(to_zero, recorded_hello);
+    WriteRaw(from_one, ReadRaw(to_zero, kLinkChallengeBytes));
+    recorded_proof = ReadRaw(from_one, kLinkProofBytes);
+    WriteRaw(to_zero, recorded_proof);
+    zero_thread.join();
+    one_thread.join();
+    ASSERT_TRUE(zero_result.ok()) << zero_result;  // the transcript was a valid handshake
+    ASSERT_TRUE(one_result.ok()) << one_result;
+    close(from_one);
+    close(to_zero);
+  }
+  ASSERT_EQ(recorded_hello.size(), kLinkHelloBytes);
+  ASSERT_EQ(recorded_proof.size(), kLinkProofBytes);
+  ExpectTheRingSurvives([&](int fd) {
+    WriteRaw(fd, recorded_hello);
+    EXPECT_EQ(ReadRaw(fd, kLinkChallengeBytes).size(), kLinkChallengeBytes);
+    WriteRaw(fd, recorded_proof);
+    EXPECT_TRUE(ClosedByPeer(fd));
+  });
+}
+
+// Worker 1 holds another key: both fail at once, naming their successor. Whichever checks
+// its successor's proof first says the key is wrong; the other may find its connection
+// closed first (its successor gave up on Connect already) and says that.
+TEST(RingLinksAuthTest, ARankWithAnotherKeyFailsNamingThePeer) {
+  Listeners listeners(2);
+  MetricsRegistry registry;
+  std::unique_ptr<RingLinks> links[2];
+  Status results[2];
+  const auto started = SteadyClock::now();
+  std::thread one([&] {
+    results[1] = ConnectAndPassAFrame(1, 2, listeners, KeyOf(8), nullptr, 5000, &links[1]);
+  });
+  results[0] = ConnectAndPassAFrame(0, 2, listeners, KeyOf(7), &registry, 5000, &links[0]);
+  one.join();
+  EXPECT_LT(SteadyClock::now() - started, std::chrono::milliseconds(2500));
+  int wrong_key = 0;
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string link = "ring links rank=" + std::to_string(rank) + ": ring link to worker " +
+                             std::to_string(1 - rank) + " (" + listeners.addresses[1 - rank] +
+                             "): ";
+    if (results[rank].code() == StatusCode::kFailedPrecondition) {
+      ++wrong_key;
+      EXPECT_EQ(results[rank].message(),
+                link + "the peer did not prove it holds the job key (is it this job's worker?)");
+    } else {
+      EXPECT_EQ(results[rank].code(), StatusCode::kUnavailable) << results[rank];
+      EXPECT_THAT(results[rank].message(),
+                  StartsWith(link + "closed by the peer during the handshake (its log says why: "
+                                    "a worker of another job, one holding another key"));
+    }
+  }
+  EXPECT_GE(wrong_key, 1);
+}
+
+// The listener holds another key (one direction, 1 -> 0): the connector refuses its proof at
+// once; the listener refuses the closed connection and fails at its deadline saying why.
+TEST(RingLinksAuthTest, AListenerWithAnotherKeyFailsBothEndsClearly) {
+  Listeners zero(1);
+  Status zero_result;
+  std::thread zero_thread([&] {
+    RingLinksOptions options = ConnectOptions(0, 2, "", 1500);
+    options.credentials = Credentials::Authenticate(KeyOf(8));
+    zero_result = RingLinks::Connect(options, std::move(zero.listeners[0])).status();
+  });
+  RingLinksOptions options = ConnectOptions(1, 2, zero.addresses[0], 1500);
+  options.credentials = Credentials::Authenticate(KeyOf(7));
+  const auto started = SteadyClock::now();
+  Status one_result = RingLinks::Connect(options, nullptr).status();
+  EXPECT_LT(SteadyClock::now() - started, std::chrono::milliseconds(1000));
+  zero_thread.join();
+  EXPECT_LT(SteadyClock::now() - started, std::chrono::milliseconds(4000));
+  EXPECT_EQ(one_result.code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(one_result.message(),
+            "ring links rank=1: ring link to worker 0 (" + zero.addresses[0] +
+                "): the peer did not prove it holds the job key (is it this job's worker?)");
+  EXPECT_EQ(zero_result.code(), StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(zero_result.message(),
+              AllOf(StartsWith("ring links rank=0: worker 1 did not connect within 1500 ms; "
+                               "refused 1 connection that did not complete the job-key "
+                               "handshake, the last from 127.0.0.1:"),
+                    HasSubstr(": closed the connection after our challenge: it did not accept "
+                              "our proof of the job key (do both hold the same key?)")));
+}
+
+// A worker run with --insecure (the bare hello) is refused by one with a key, which says why.
+TEST(RingLinksAuthTest, AnUnauthenticatedConnectorIsRefusedSayingWhy) {
+  Listeners zero(1);
+  Status zero_result;
+  std::thread zero_thread([&] {
+    RingLinksOptions options = ConnectOptions(0, 2, "", 1000);
+    options.credentials = Credentials::Authenticate(KeyOf(7));
+    zero_result = RingLinks::Connect(options, std::move(zero.listeners[0])).status();
+  });
+  auto insecure = RingLinks::Connect(ConnectOptions(1, 2, zero.addresses[0], 1000), nullptr);
+  zero_thread.join();
+  EXPECT_EQ(zero_result.code(), StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(zero_result.message(),
+              HasSubstr("sent a hello without authentication (does it run with --insecure "
+                        "while this job has a key?)"));
 }
 
 }  // namespace
