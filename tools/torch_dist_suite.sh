@@ -78,6 +78,10 @@ run_one() {
   local backend="$1" ws="$2" name="$1-ws$2" tmp start rc
   tmp="$(mktemp -d "${TMPDIR:-/tmp}/torch-dist-suite-$name.XXXXXX")"
   mkdir -p "$tmp/suite" "$tmp/tmp"
+  # The run's job key (the tessera backend starts only with one), written as
+  # common/security/job_key.h writes key files.
+  (umask 077 && printf 'tessera-job-key-v1 %s\n' \
+    "$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')" >"$tmp/job.key")
   rm -f "$out/$name.jsonl" "$out/$name.done" "$out/$name.xml"
   BACKEND="$backend" WORLD_SIZE="$ws" "$python" "$runner" --list "${select_args[@]}" \
     >"$out/$name.list"
@@ -85,7 +89,7 @@ run_one() {
   echo "torch_dist_suite: $name: $(wc -l <"$out/$name.list") tests, log $out/$name.log"
   rc=0
   BACKEND="$backend" WORLD_SIZE="$ws" INIT_METHOD="env://" TEMP_DIR="$tmp/suite" \
-    TMPDIR="$tmp/tmp" OMP_NUM_THREADS=1 \
+    TMPDIR="$tmp/tmp" OMP_NUM_THREADS=1 TESSERA_AUTH_KEY_FILE="$tmp/job.key" \
     timeout -k 30 "$run_timeout" "$python" "$runner" "${select_args[@]}" \
     --test-timeout "$test_timeout" --results "$out/$name.jsonl" --xml "$out/$name.xml" \
     >"$out/$name.log" 2>&1 || rc=$?

@@ -175,6 +175,8 @@ StatusOr<std::unique_ptr<RingCollectives>> MakeRing(ProcessRuntime& runtime,
   setup.timeout_ms = runtime.config().rendezvous_timeout_ms;
   setup.segment_bytes = static_cast<size_t>(worker_flags.segment_kb) * 1024;
   setup.links_spin_us = worker_flags.ring_spin_us;
+  setup.credentials = runtime.credentials();
+  setup.metrics = &runtime.metrics();
   ASSIGN_OR_RETURN(ConnectedRingChannel channel, ConnectRingChannel(setup));
   TLOG(INFO) << "ring channel: " << channel.description;
   if (channel_description != nullptr) *channel_description = channel.description;

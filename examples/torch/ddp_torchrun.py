@@ -3,8 +3,9 @@ backend: the same demo_basic as ddp_tutorial.py, but torchrun starts the ranks a
 its place in the environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), which
 init_process_group reads (init_method="env://", the default).
 
-    /usr/bin/python3 -m torch.distributed.run --standalone --nproc_per_node 2 \\
-        --redirects 2 --tee 1 examples/torch/ddp_torchrun.py
+    tessera-launch --make-key-file /tmp/job.key     # once: the ranks' shared job key
+    TESSERA_AUTH_KEY_FILE=/tmp/job.key /usr/bin/python3 -m torch.distributed.run --standalone \\
+        --nproc_per_node 2 --redirects 2 --tee 1 examples/torch/ddp_torchrun.py
 
 (`--redirects 2 --tee 1`: Debian's torchrun of torch 1.13 on Python 3.11 fails with its default
 redirect flags. `--standalone` runs its rendezvous on port 29400; to run two jobs at once give

@@ -64,6 +64,9 @@ cleanup() {
 }
 trap cleanup EXIT
 make_hosts  # 10.77.0.1 and 10.77.0.2
+# The job key both nodes' launchers share (--nnodes > 1 needs one).
+"$launch" --make-key-file "$run/job.key" >/dev/null
+export TESSERA_AUTH_KEY_FILE="$run/job.key"
 
 port=29600
 # run_once TRANSPORT OUT: both launchers; rank 0's JSON lines into OUT.

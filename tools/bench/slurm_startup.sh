@@ -48,6 +48,10 @@ trap cleanup EXIT
 # shellcheck source=tools/bench/emulated_hosts.sh
 source "$root/tools/bench/emulated_hosts.sh"
 make_hosts  # 10.77.0.1 and 10.77.0.2; the switch (and slurmctld) at 10.77.0.254
+# The job key every node's launcher shares (srun passes the environment on).
+mkdir -p "$run"
+"$launch" --make-key-file "$run/job.key" >/dev/null
+export TESSERA_AUTH_KEY_FILE="$run/job.key"
 
 mkdir -p "$run"/{state,log,spool/n1,spool/n2,munge,munge-sock}
 chmod 700 "$run/munge"

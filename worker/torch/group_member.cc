@@ -74,6 +74,8 @@ StatusOr<std::unique_ptr<GroupMember>> GroupMember::Join(const GroupMemberOption
   setup.failures = parts->failures;
   setup.timeout_ms = std::max<int64_t>(1, deadline.RemainingMillis());
   setup.segment_bytes = options.segment_bytes;
+  setup.credentials = options.credentials;
+  setup.metrics = options.metrics;
   StatusOr<ConnectedRingChannel> channel = ConnectRingChannel(setup);
   if (!channel.ok()) return channel.status().WithContext(who);
   RingCollectivesOptions ring;

@@ -1,0 +1,214 @@
+// Security of a live job (issue 15): a foreign process without the job's key is refused at every
+// port and counted, and the job trains to the same parameters as an undisturbed one; the key
+// appears nowhere a user or another process can look.
+#include <dirent.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "common/security/job_key.h"
+#include "tests/fleet_harness.h"
+
+namespace tessera::testing {
+namespace {
+
+constexpr int64_t kStartMs = 30000;
+constexpr int64_t kJobMs = 120000;
+constexpr char kPython[] = "/usr/bin/python3";
+constexpr int kAttackedSteps = 8000;
+
+// A small ps-sync job; with kAttackedSteps it trains for a few seconds, while the foreign
+// clients work.
+const std::vector<std::string> kJob = {"--batch-size", "8",  "--hidden",        "16",
+                                       "--input-dim",  "8",  "--classes",       "4",
+                                       "--train-samples", "256", "--device",    "cpu",
+                                       "--seed",       "5"};
+
+struct Fleet {
+  int coordinator = -1;
+  std::string address;  // HOST:PORT
+  int server = -1;
+  std::vector<int> workers;
+};
+
+// A coordinator, ready, and one server (which announces itself once the workers are there).
+Fleet StartServers(FleetHarness& harness) {
+  Fleet fleet;
+  auto coordinator = harness.Start("coordinator", "server/coordinator/tessera-coordinator",
+                                   {"--num-servers", "1", "--num-workers", "2"});
+  EXPECT_TRUE(coordinator.ok()) << coordinator.status();
+  fleet.coordinator = *coordinator;
+  EXPECT_TRUE(harness.WaitReady(fleet.coordinator, Deadline::AfterMillis(kStartMs)).ok());
+  fleet.address = harness.process(fleet.coordinator).address.substr(6);
+  auto server = harness.Start("server 0", "server/ps/tessera-server",
+                              {"--coordinator", fleet.address, "--num-servers", "1",
+                               "--num-workers", "2", "--rank", "0"});
+  EXPECT_TRUE(server.ok()) << server.status();
+  fleet.server = *server;
+  return fleet;
+}
+
+void StartWorkers(FleetHarness& harness, Fleet* fleet, const std::string& params, int steps) {
+  for (int r = 0; r < 2; ++r) {
+    std::vector<std::string> flags = {"--mode", "ps-sync", "--coordinator", fleet->address,
+                                      "--num-servers", "1", "--num-workers", "2", "--rank",
+                                      std::to_string(r)};
+    flags = Concat(Concat(flags, kJob), {"--steps", std::to_string(steps)});
+    if (r == 0) flags = Concat(flags, {"--save-params", params});
+    auto id = harness.Start("worker " + std::to_string(r), "worker/tessera-worker", flags);
+    ASSERT_TRUE(id.ok()) << id.status();
+    fleet->workers.push_back(*id);
+  }
+}
+
+void ExpectWorkersSucceed(FleetHarness& harness, const Fleet& fleet) {
+  for (int id : fleet.workers) {
+    auto exit = harness.WaitExit(id, Deadline::AfterMillis(kJobMs));
+    ASSERT_TRUE(exit.ok()) << exit.status();
+    EXPECT_TRUE(exit->success()) << harness.Output(id);
+  }
+}
+
+// The foreign client's run against `targets`: its JSON lines' attempts.
+int StartForeignClient(FleetHarness& harness, const std::vector<std::string>& targets,
+                       const std::string& label) {
+  std::vector<std::string> argv = {kPython, BinaryPath("tests/foreign_client.py"), "--key-file",
+                                   TestJobKeyFile()};
+  for (const std::string& target : targets) argv = Concat(argv, {"--target", target});
+  auto id = harness.StartCommand(label, argv);
+  EXPECT_TRUE(id.ok()) << id.status();
+  return *id;
+}
+
+// Checks every attempt the foreign client `id` made was refused; returns how many it made.
+int ExpectEveryAttemptRefused(FleetHarness& harness, int id) {
+  auto exit = harness.WaitExit(id, Deadline::AfterMillis(kJobMs));
+  EXPECT_TRUE(exit.ok() && exit->success()) << harness.Output(id);
+  int attempts = 0;
+  for (const std::string& line : harness.process(id).lines) {
+    if (line.empty() || line[0] != '{') continue;
+    ++attempts;
+    const bool original = line.find("\"replay_original\"") != std::string::npos;
+    if (original) {
+      // The legitimate connection whose token is then replayed: it must have been admitted,
+      // or the replay below proves nothing.
+      EXPECT_NE(line.find("\"handshake\": \"succeeded\""), std::string::npos)
+          << line << "\n" << harness.Output(id);
+      continue;
+    }
+    EXPECT_EQ(line.find("\"handshake\": \"succeeded\""), std::string::npos) << line;
+    EXPECT_NE(line.find("\"replied\": false"), std::string::npos) << line;
+  }
+  return attempts;
+}
+
+double Counter(const std::string& metrics_url, const std::string& sample) {
+  auto page = HttpGet(metrics_url, 5000);
+  if (!page.ok()) return -1;
+  size_t at = page->body.find(sample + " ");
+  if (at == std::string::npos) return -1;
+  return std::stod(page->body.substr(at + sample.size() + 1));
+}
+
+TEST(SecurityTest, AForeignClientIsRefusedEverywhereAndTheJobTrainsAsUndisturbed) {
+  const std::string undisturbed = TempPath("undisturbed.params");
+  {
+    FleetHarness harness;
+    Fleet fleet = StartServers(harness);
+    StartWorkers(harness, &fleet, undisturbed, kAttackedSteps);
+    ExpectWorkersSucceed(harness, fleet);
+  }
+  const std::string attacked = TempPath("attacked.params");
+  FleetHarness harness;
+  Fleet fleet = StartServers(harness);
+  // During the rendezvous (a foreign worker would take a rank)...
+  int before = StartForeignClient(harness, {"tcp://" + fleet.address}, "foreign client (rendezvous)");
+  EXPECT_EQ(ExpectEveryAttemptRefused(harness, before), 7);
+  // ...and during training, against the server, the workers and the coordinator.
+  StartWorkers(harness, &fleet, attacked, kAttackedSteps);
+  for (int id : {fleet.server, fleet.workers[0], fleet.workers[1]}) {
+    ASSERT_TRUE(harness.WaitReady(id, Deadline::AfterMillis(kStartMs)).ok());
+  }
+  // One client per process, at once, so that all of them work while the job trains.
+  std::vector<int> training;
+  for (int id : {fleet.server, fleet.workers[0], fleet.workers[1], fleet.coordinator}) {
+    training.push_back(StartForeignClient(harness, {harness.process(id).address},
+                                          "foreign client at " + harness.process(id).label));
+  }
+  for (int client : training) {
+    EXPECT_EQ(ExpectEveryAttemptRefused(harness, client), 7);
+    // Every attempt reached a live process: the job was still training.
+    EXPECT_EQ(harness.Output(client).find("unreachable"), std::string::npos)
+        << "the job finished before the foreign client was done; give it more steps";
+  }
+  ExpectWorkersSucceed(harness, fleet);
+
+  EXPECT_EQ(ReadWholeFile(attacked), ReadWholeFile(undisturbed))
+      << "the foreign client changed the job's parameters";
+  ASSERT_FALSE(ReadWholeFile(attacked).empty());
+  // Every kind of refusal was counted where it happened.
+  for (int id : {fleet.coordinator, fleet.server}) {
+    const std::string& url = harness.process(id).metrics_url;
+    for (const char* reason : {"wrong_key", "malformed", "replayed", "protocol"}) {
+      EXPECT_GE(Counter(url, std::string("tessera_auth_failures_total{reason=\"") + reason + "\"}"),
+                1)
+          << harness.process(id).label << " " << reason;
+    }
+  }
+}
+
+// Every process's command line, as `ps` shows them.
+std::string CommandLines() {
+  std::string all;
+  DIR* proc = opendir("/proc");
+  if (proc == nullptr) return all;
+  while (dirent* entry = readdir(proc)) {
+    std::ifstream in(std::string("/proc/") + entry->d_name + "/cmdline", std::ios::binary);
+    std::stringstream text;
+    text << in.rdbuf();
+    all += text.str() + "\n";
+  }
+  closedir(proc);
+  return all;
+}
+
+TEST(SecurityTest, TheKeyAppearsNowhereALookCanReach) {
+  StatusOr<JobKey> key = ReadKeyFile(TestJobKeyFile());
+  ASSERT_TRUE(key.ok()) << key.status();
+  const std::string text = key->Serialize();
+  const std::string hex = text.substr(text.find(' ') + 1, 64);
+  const std::string raw(reinterpret_cast<const char*>(key->bytes().data()), key->bytes().size());
+  auto expect_absent = [&](const std::string& where, const std::string& what) {
+    EXPECT_EQ(what.find(hex), std::string::npos) << "the key's hex digits in " << where;
+    EXPECT_EQ(what.find(hex.substr(0, 16)), std::string::npos) << "part of the key in " << where;
+    EXPECT_EQ(what.find(raw), std::string::npos) << "the key's bytes in " << where;
+  };
+
+  FleetHarness harness;
+  Fleet fleet = StartServers(harness);
+  StartWorkers(harness, &fleet, TempPath("nowhere.params"), 20);
+  for (int id : {fleet.server, fleet.workers[0], fleet.workers[1]}) {
+    ASSERT_TRUE(harness.WaitReady(id, Deadline::AfterMillis(kStartMs)).ok());
+  }
+  expect_absent("the processes' command lines", CommandLines());
+  const std::string& metrics = harness.process(fleet.coordinator).metrics_url;
+  const std::string base = metrics.substr(0, metrics.rfind("/metrics"));
+  for (const char* path : {"/metrics", "/sd", "/dashboard", "/dashboard/data"}) {
+    auto page = HttpGet(base + path, 5000);
+    ASSERT_TRUE(page.ok()) << path << ": " << page.status();
+    expect_absent(std::string("the coordinator's ") + path, page->body);
+  }
+  for (int id : {fleet.server, fleet.workers[0], fleet.workers[1]}) {
+    auto page = HttpGet(harness.process(id).metrics_url, 5000);
+    ASSERT_TRUE(page.ok()) << page.status();
+    expect_absent(harness.process(id).label + "'s /metrics", page->body);
+  }
+  ExpectWorkersSucceed(harness, fleet);
+  for (int id : {fleet.coordinator, fleet.server, fleet.workers[0], fleet.workers[1]}) {
+    expect_absent(harness.process(id).label + "'s output", harness.Output(id));
+  }
+}
+
+}  // namespace
+}  // namespace tessera::testing
