@@ -22,6 +22,7 @@
 #include "tools/bench/exit_bench.h"
 #include "tools/bench/memory_bench.h"
 #include "tools/bench/ps_bench.h"
+#include "tools/bench/security_bench.h"
 #include "tools/bench/torch_bench.h"
 #include "tools/bench/train_bench.h"
 #include "tools/bench/transport_bench.h"
@@ -39,6 +40,7 @@ int main(int argc, char** argv) {
       tessera::tools::AddExitBench(&app),
       tessera::tools::AddTorchBench(&app),
       tessera::tools::AddPsBench(&app),
+      tessera::tools::AddSecurityBench(&app),
   };
   CLI11_PARSE(app, argc, argv);
   tessera::SetMinLogLevel(tessera::LogLevel::kWarning);

@@ -19,6 +19,7 @@
 #include "common/base/deadline.h"
 #include "common/base/status.h"
 #include "common/config/flag_checks.h"
+#include "common/security/job_key.h"
 #include "common/transport/rpc_endpoint.h"
 #include "common/transport/zmq/zmq_endpoint.h"
 
@@ -83,10 +84,14 @@ double RawZmqRate(size_t size, double seconds, int window) {
   return rate;
 }
 
+}  // namespace
+
 // Tessera: a worker endpoint pushes one `size`-byte float tensor per PsPushPullRequest,
 // shared (not copied) from one buffer; a server endpoint verifies each and replies with an Ack.
-StatusOr<double> TesseraRate(size_t size, double seconds, int window) {
+StatusOr<double> TesseraTransportRate(size_t size, double seconds, int window,
+                                      const Credentials& credentials) {
   ZmqTransportOptions server_options;
+  server_options.credentials = credentials;
   server_options.role = Role::kServer;
   server_options.rank = 0;
   ASSIGN_OR_RETURN(auto server, StartZmqEndpoint(server_options, nullptr));
@@ -94,6 +99,7 @@ StatusOr<double> TesseraRate(size_t size, double seconds, int window) {
   server->SetHandler(MessageType::kPsPushPullRequest,
                      [raw_server](Envelope e) { raw_server->Reply(e, Ack{}); });
   ZmqTransportOptions client_options;
+  client_options.credentials = credentials;
   client_options.role = Role::kWorker;
   client_options.rank = 0;
   ASSIGN_OR_RETURN(auto client, StartZmqEndpoint(client_options, nullptr));
@@ -122,6 +128,8 @@ StatusOr<double> TesseraRate(size_t size, double seconds, int window) {
   }
   return static_cast<double>(acked) * static_cast<double>(bytes) / Seconds(Clock::now() - start);
 }
+
+namespace {
 
 std::vector<size_t> ParseSizes(const std::string& text) {
   std::vector<size_t> sizes;
@@ -160,7 +168,9 @@ int RunTransport(const std::string& sizes_text, double seconds, int window, bool
     if (!json) std::cerr << "measuring " << size << " bytes...\n";
     double memcpy_rate = MemcpyRate(size, seconds);
     double zmq_rate = RawZmqRate(size, seconds, window);
-    StatusOr<double> tessera_rate = TesseraRate(size, seconds, window);
+    // The default configuration: authenticated (a key of its own; both ends hold it).
+    StatusOr<double> tessera_rate =
+        TesseraTransportRate(size, seconds, window, Credentials::Authenticate(JobKey::Generate()));
     if (!tessera_rate.ok()) {
       std::cerr << "tessera-bench transport: " << tessera_rate.status() << "\n";
       return 1;

@@ -8,12 +8,19 @@
 #ifndef TESSERA_TOOLS_BENCH_TRANSPORT_BENCH_H_
 #define TESSERA_TOOLS_BENCH_TRANSPORT_BENCH_H_
 
+#include "common/base/status.h"
+#include "common/security/credentials.h"
 #include "tools/bench/bench_util.h"
 
 namespace tessera::tools {
 
 // Adds the `transport` subcommand to `parent`.
 BenchCommand AddTransportBench(CLI::App* parent);
+
+// Tessera's request/ack throughput (bytes/s) of `size`-byte pushes with `window` in flight for
+// `seconds`, both endpoints holding `credentials` (tessera-bench security compares them).
+StatusOr<double> TesseraTransportRate(size_t size, double seconds, int window,
+                                      const Credentials& credentials);
 
 }  // namespace tessera::tools
 
