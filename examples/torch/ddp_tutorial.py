@@ -1,9 +1,10 @@
 """PyTorch's "Getting Started with Distributed Data Parallel" tutorial on the tessera backend.
 
 The programs are the tutorial's (https://pytorch.org/tutorials/intermediate/ddp_tutorial.html),
-demo_basic and demo_checkpoint, started with torch.multiprocessing.spawn, with three changes:
+demo_basic and demo_checkpoint, started with torch.multiprocessing.spawn, with four changes:
 
-  * `import tessera.torch` (which registers the backend) and init_process_group("tessera");
+  * `import tessera.torch` (which registers the backend) and init_process_group("tessera"),
+    and tessera.torch.make_job_key() before spawning: the ranks share a job key;
   * CPU tensors and models: no .to(rank), no device_ids, map_location="cpu";
   * demo_basic trains for a few epochs over a small dataset through a DistributedSampler (each
     rank sees its own share of the samples), and both demos check that every rank ends with
@@ -31,7 +32,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-import tessera.torch  # noqa: F401  (registers the "tessera" backend)
+import tessera.torch  # registers the "tessera" backend
 
 
 def setup(rank, world_size):
@@ -179,8 +180,10 @@ def main():
     parser.add_argument("--world-size", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    # The spawned ranks inherit the environment: MASTER_PORT as given, else a free port for
-    # each demo (each is a process group of its own).
+    # The spawned ranks inherit the environment: the job key (TESSERA_AUTH_KEY_FILE, made here
+    # unless given), and MASTER_PORT as given, else a free port for each demo (each is a
+    # process group of its own).
+    tessera.torch.make_job_key()
     given_port = os.environ.get("MASTER_PORT")
     os.environ["MASTER_PORT"] = given_port or str(free_port())
     run_demo(demo_basic, args.world_size)

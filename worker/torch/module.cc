@@ -11,6 +11,7 @@
 
 #include "common/base/host_port.h"
 #include "common/transport/bind_address.h"
+#include "common/security/job_key.h"
 #include "worker/torch/backend_config.h"
 #include "worker/torch/fleet_presence.h"
 #include "worker/torch/process_group_tessera.h"
@@ -298,6 +299,13 @@ PYBIND11_MODULE(_C, module) {
              py::arg("rank"), py::arg("world_size"), py::arg("timeout"),
              py::call_guard<py::gil_scoped_release>(),
              "torch.distributed's creator of a tessera process group");
+  module.def(
+      "write_key_file",
+      [](const std::string& path) {
+        tessera::Status written = tessera::WriteKeyFile(path, tessera::JobKey::Generate());
+        if (!written.ok()) throw std::runtime_error("tessera: " + written.message());
+      },
+      py::arg("path"), "Writes a new job key to a new file at `path` (mode 0600)");
   module.def("metrics_url", &tessera::worker::MetricsUrl,
              "http://HOST:PORT/metrics of this process (TESSERA_METRICS_PORT), or ''");
   module.def("leave_fleet_with_error", &tessera::worker::LeaveFleetWithError, py::arg("error"),

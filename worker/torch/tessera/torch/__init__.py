@@ -18,11 +18,32 @@ from tessera.torch import _C
 from tessera.torch import ps as _ps
 from tessera.torch.ps import ParameterServerOptimizer, ShardedEmbedding, ShardedEmbeddingBag
 
-__all__ = ["BACKEND", "metrics_url", "ParameterServerOptimizer", "ShardedEmbedding",
-           "ShardedEmbeddingBag"]
+__all__ = ["BACKEND", "make_job_key", "metrics_url", "ParameterServerOptimizer",
+           "ShardedEmbedding", "ShardedEmbeddingBag"]
 
 # The name to give torch.distributed.init_process_group.
 BACKEND = "tessera"
+
+
+def make_job_key():
+    """A job key for the processes this one starts (torch.multiprocessing.spawn, subprocess):
+    unless TESSERA_AUTH_KEY_FILE is already set, writes a new key file (mode 0600) in a private
+    temporary directory, removed when this process exits, and sets TESSERA_AUTH_KEY_FILE to it,
+    which the children inherit. Returns the key file's path. Processes started by others
+    (torchrun, mpirun, Slurm) need one shared file instead: `tessera-launch --make-key-file`."""
+    import atexit
+    import os
+    import shutil
+    import tempfile
+    given = os.environ.get("TESSERA_AUTH_KEY_FILE")
+    if given:
+        return given
+    directory = tempfile.mkdtemp(prefix="tessera-job-key-")
+    atexit.register(shutil.rmtree, directory, True)
+    path = os.path.join(directory, "job.key")
+    _C.write_key_file(path)
+    os.environ["TESSERA_AUTH_KEY_FILE"] = path
+    return path
 
 
 def metrics_url():
