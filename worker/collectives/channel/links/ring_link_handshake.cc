@@ -55,11 +55,12 @@ std::string_view Text(const LinkNonce& nonce) { return AsText(nonce.data(), nonc
 
 KeyBytes RingLinkKey(const JobKey& key) { return key.Derive("ring-link"); }
 
-std::string EncodeLinkHello(int connector, int acceptor, const LinkNonce& nonce_c) {
+std::string EncodeLinkHello(int connector, int acceptor, const LinkNonce& nonce_c,
+                            LinkCipher records) {
   std::string hello;
   PutU32(&hello, kLinkHelloMagic);
   PutU16(&hello, kLinkHandshakeVersion);
-  PutU16(&hello, 0);
+  PutU16(&hello, static_cast<uint16_t>(records));
   PutU32(&hello, static_cast<uint32_t>(connector));
   PutU32(&hello, static_cast<uint32_t>(acceptor));
   hello.append(Text(nonce_c));
@@ -93,26 +94,42 @@ std::string EncodeLinkProof(const MacBytes& mac) {
 // One connection's handshake
 
 RingLinkHandshake::RingLinkHandshake(int fd, const KeyBytes& link_key, int rank, int peer,
-                                     bool connector)
-    : fd_(fd), key_(link_key), rank_(rank), peer_(peer), connector_(connector) {
+                                     bool connector, LinkCipher records, bool encrypt)
+    : fd_(fd),
+      key_(link_key),
+      rank_(rank),
+      peer_(peer),
+      connector_(connector),
+      records_(records),
+      encrypt_(encrypt) {
   RandomBytes(own_nonce_.data(), own_nonce_.size());
 }
 
 RingLinkHandshake RingLinkHandshake::Connector(int fd, const KeyBytes& link_key, int rank,
-                                               int next) {
-  RingLinkHandshake handshake(fd, link_key, rank, next, /*connector=*/true);
-  handshake.out_ = EncodeLinkHello(rank, next, handshake.own_nonce_);
+                                               int next, LinkCipher records) {
+  RingLinkHandshake handshake(fd, link_key, rank, next, /*connector=*/true, records,
+                              records != LinkCipher::kNone);
+  handshake.out_ = EncodeLinkHello(rank, next, handshake.own_nonce_, records);
   handshake.step_ = Step::kChallenge;
   handshake.in_wanted_ = kLinkChallengeBytes;
   return handshake;
 }
 
 RingLinkHandshake RingLinkHandshake::Acceptor(int fd, const KeyBytes& link_key, int rank,
-                                              int prev) {
-  RingLinkHandshake handshake(fd, link_key, rank, prev, /*connector=*/false);
+                                              int prev, bool encrypt) {
+  RingLinkHandshake handshake(fd, link_key, rank, prev, /*connector=*/false, LinkCipher::kNone,
+                              encrypt);
   handshake.step_ = Step::kHello;
   handshake.in_wanted_ = kLinkHelloBytes;
   return handshake;
+}
+
+LinkSession RingLinkHandshake::session() const {
+  LinkSession session;
+  session.cipher = records_;
+  session.nonce_c = connector_ ? own_nonce_ : peer_nonce_;
+  session.nonce_a = connector_ ? peer_nonce_ : own_nonce_;
+  return session;
 }
 
 short RingLinkHandshake::events() const {
@@ -217,6 +234,27 @@ void RingLinkHandshake::OnMessage() {
         return Fail(FailedPreconditionError("its hello is meant for " + Worker(acceptor) +
                                             ", not us (" + Worker(rank_) + ")"));
       }
+      const uint16_t records = GetU16(message, 6);
+      if (records == static_cast<uint16_t>(LinkCipher::kNone) && encrypt_) {
+        return Fail(FailedPreconditionError(
+            "it would send frames in the clear while this worker encrypts its ring links (do "
+            "both run with the same --encrypt?)"));
+      }
+      if (records != static_cast<uint16_t>(LinkCipher::kNone) && !encrypt_) {
+        return Fail(FailedPreconditionError(
+            "it would encrypt its frames while this worker does not (do both run with the same "
+            "--encrypt?)"));
+      }
+      if (records != static_cast<uint16_t>(LinkCipher::kNone) &&
+          !LinkCipherAvailable(static_cast<LinkCipher>(records))) {
+        const bool aes = records == static_cast<uint16_t>(LinkCipher::kAes256Gcm);
+        return Fail(FailedPreconditionError(
+            aes ? "it would encrypt with AES-256-GCM, which this machine's CPU cannot run (no "
+                  "AES-NI): every worker of a job needs it, or none"
+                : "it asks for record protection " + std::to_string(records) +
+                      ", which this worker does not know"));
+      }
+      records_ = static_cast<LinkCipher>(records);
       std::memcpy(peer_nonce_.data(), message.data() + 16, kLinkNonceBytes);
       out_ = EncodeLinkChallenge(
           rank_, own_nonce_, LinkMac(key_, "acceptor", peer_, rank_, peer_nonce_, own_nonce_));
@@ -344,6 +382,7 @@ StatusOr<AuthenticatedPrev> RunRingLinkHandshakes(const RingLinkHandshakeOptions
         if (prev.fd < 0) {
           prev.fd = std::exchange(p.fd, -1);
           prev.address = "tcp://" + p.peer;
+          prev.from_prev = p.handshake.session();
         }
         break;
       case RingLinkHandshake::State::kFailed:
@@ -359,8 +398,8 @@ StatusOr<AuthenticatedPrev> RunRingLinkHandshakes(const RingLinkHandshakeOptions
   };
 
   bool outbound_done = to_next < 0;
-  RingLinkHandshake outbound = RingLinkHandshake::Connector(to_next, options.link_key,
-                                                            options.rank, options.next);
+  RingLinkHandshake outbound = RingLinkHandshake::Connector(
+      to_next, options.link_key, options.rank, options.next, options.records);
   if (!outbound_done) outbound.Advance();
   const bool inbound = listener >= 0;
   if (inbound) fcntl(listener, F_SETFL, fcntl(listener, F_GETFL) | O_NONBLOCK);
@@ -380,7 +419,10 @@ StatusOr<AuthenticatedPrev> RunRingLinkHandshakes(const RingLinkHandshakeOptions
       }
       outbound_done = outbound.state() == RingLinkHandshake::State::kDone;
     }
-    if (outbound_done && (!inbound || prev.fd >= 0)) return prev;
+    if (outbound_done && (!inbound || prev.fd >= 0)) {
+      if (to_next >= 0) prev.to_next = outbound.session();
+      return prev;
+    }
     if (options.deadline.Expired()) {
       close_pending();
       if (prev.fd >= 0) close(prev.fd);
@@ -448,7 +490,9 @@ StatusOr<AuthenticatedPrev> RunRingLinkHandshakes(const RingLinkHandshakeOptions
             std::min(options.per_connection_ms, options.deadline.RemainingMillis());
         pending.push_back(Pending{fd, PeerName(peer),
                                   RingLinkHandshake::Acceptor(fd, options.link_key, options.rank,
-                                                              options.prev),
+                                                              options.prev,
+                                                              options.records !=
+                                                                  LinkCipher::kNone),
                                   Deadline::AfterMillis(allowed)});
         pending.back().handshake.Advance();  // its hello may be here already
         settle(pending.back());

@@ -5,7 +5,7 @@
 // Wire, all integers little-endian; k is the job key's "ring-link" subkey (JobKey::Derive):
 //
 //   hello      connector -> acceptor, 48 bytes
-//              magic "TRLH" (u32) | version 1 (u16) | 0 (u16) | connector rank (i32)
+//              magic "TRLH" (u32) | version 1 (u16) | records (u16) | connector rank (i32)
 //              | acceptor rank (i32) | nonce_c (32 random bytes)
 //   challenge  acceptor -> connector, 72 bytes, sent only for a hello from our predecessor
 //              to us
@@ -15,7 +15,9 @@
 //              magic "TRLP" (u32) | MAC(k, "tessera ring-link v1", "connector", ranks,
 //                                       nonce_c, nonce_a)
 //
-// where ranks is (connector rank, acceptor rank) and MAC is HMAC-SHA-256 over length-prefixed
+// where records is the record protection the connector will send frames with (LinkCipher,
+// ring_link_cipher.h: 0 in the clear under kAuthenticate; AES-256-GCM or ChaCha20-Poly1305
+// under kEncrypt), ranks is (connector rank, acceptor rank) and MAC is HMAC-SHA-256 over length-prefixed
 // parts (common/security/mac.h), compared in constant time. Frames (ring_frame_codec.h) follow
 // the proof on the same stream; the acceptor reads exactly the handshake's bytes.
 //
@@ -36,8 +38,13 @@
 // kMaxPendingLinkHandshakes newer ones arrive within its round trip). Connections still
 // pending when prev has proved itself are refused (and counted) too.
 //
-// Encryption (kEncrypt): ring links authenticate the same way and then carry frames in the
-// clear. An AEAD stream keyed from the handshake is separate work, not done yet.
+// Encryption (kEncrypt): the connector proposes AES-256-GCM where its CPU runs it and
+// ChaCha20-Poly1305 otherwise; the acceptor refuses a hello whose `records` disagrees with its
+// own protection (one end encrypts, the other not) or names a cipher it cannot open, saying
+// so. The MACs do not cover `records`, the record keys do (ring_link_cipher.h): a hello whose
+// cipher was changed on the way leads to keys that differ, so the first record fails; one
+// changed to "in the clear" is refused by an acceptor that encrypts. Both ends then know the
+// connection's LinkSession (cipher, nonce_c, nonce_a), from which its record key is derived.
 //
 // Thread-safety: functions are thread-safe; a RingLinkHandshake is driven by one thread.
 #ifndef TESSERA_WORKER_COLLECTIVES_CHANNEL_LINKS_RING_LINK_HANDSHAKE_H_
@@ -54,6 +61,7 @@
 #include "common/metrics/metrics.h"
 #include "common/security/job_key.h"
 #include "common/security/mac.h"
+#include "worker/collectives/channel/links/ring_link_cipher.h"
 
 namespace tessera::worker {
 
@@ -76,11 +84,20 @@ inline constexpr size_t kMaxPendingLinkHandshakes = 16;
 
 using LinkNonce = std::array<uint8_t, kLinkNonceBytes>;
 
+// What both ends of a connection agree on once its handshake is done: the cipher of its
+// records (kNone: frames in the clear) and the nonces their key is derived from.
+struct LinkSession {
+  LinkCipher cipher = LinkCipher::kNone;
+  LinkNonce nonce_c{};
+  LinkNonce nonce_a{};
+};
+
 // The subkey the handshake's MACs use.
 KeyBytes RingLinkKey(const JobKey& key);
 
 // The messages, for the handshake below and for tests that play a foreign peer.
-std::string EncodeLinkHello(int connector, int acceptor, const LinkNonce& nonce_c);
+std::string EncodeLinkHello(int connector, int acceptor, const LinkNonce& nonce_c,
+                            LinkCipher records = LinkCipher::kNone);
 // `side`: "acceptor" (the challenge's MAC) or "connector" (the proof's).
 MacBytes LinkMac(const KeyBytes& link_key, std::string_view side, int connector, int acceptor,
                  const LinkNonce& nonce_c, const LinkNonce& nonce_a);
@@ -93,10 +110,14 @@ class RingLinkHandshake {
  public:
   enum class State { kRunning, kDone, kFailed };
 
-  // The connector (to next) sends its hello, checks the challenge, sends its proof.
-  static RingLinkHandshake Connector(int fd, const KeyBytes& link_key, int rank, int next);
-  // The acceptor (from prev) checks the hello, sends the challenge, checks the proof.
-  static RingLinkHandshake Acceptor(int fd, const KeyBytes& link_key, int rank, int prev);
+  // The connector (to next) sends its hello (asking for `records`), checks the challenge,
+  // sends its proof.
+  static RingLinkHandshake Connector(int fd, const KeyBytes& link_key, int rank, int next,
+                                     LinkCipher records = LinkCipher::kNone);
+  // The acceptor (from prev) checks the hello (that it asks for encrypted records if and only
+  // if `encrypt`, with a cipher this machine has), sends the challenge, checks the proof.
+  static RingLinkHandshake Acceptor(int fd, const KeyBytes& link_key, int rank, int prev,
+                                    bool encrypt = false);
 
   // Reads and writes what the socket allows now, without blocking.
   State Advance();
@@ -107,11 +128,14 @@ class RingLinkHandshake {
   // FailedPrecondition for a peer that is not ours (wrong key, rank, bytes), Unavailable for
   // a closed or broken connection. OK unless failed.
   const Status& failure() const { return failure_; }
+  // The connection's cipher and nonces. REQUIRES: state() == kDone.
+  LinkSession session() const;
 
  private:
   enum class Step { kHello, kChallenge, kProof, kFinished };
 
-  RingLinkHandshake(int fd, const KeyBytes& link_key, int rank, int peer, bool connector);
+  RingLinkHandshake(int fd, const KeyBytes& link_key, int rank, int peer, bool connector,
+                    LinkCipher records, bool encrypt);
   // Consumes the complete message in in_ (the one `step_` expects).
   void OnMessage();
   void Fail(Status failure);
@@ -121,6 +145,8 @@ class RingLinkHandshake {
   int rank_;
   int peer_;  // next for the connector, prev for the acceptor
   bool connector_;
+  LinkCipher records_;  // the connector's: what it asks for; the acceptor's: what it was asked
+  bool encrypt_;        // the acceptor's: whether it requires encrypted records
   State state_ = State::kRunning;
   Step step_ = Step::kHello;  // the message to receive next (the connector's: kChallenge)
   Status failure_;
@@ -138,6 +164,9 @@ struct RingLinkHandshakeOptions {
   int prev = -1;
   std::string next_address;  // for errors
   KeyBytes link_key{};
+  // What the connector asks for (kNone: frames in the clear); the acceptor requires encrypted
+  // records if and only if this is not kNone.
+  LinkCipher records = LinkCipher::kNone;
   Deadline deadline = Deadline::AfterMillis(0);
   int64_t timeout_ms = 0;  // the deadline's length, for errors
   int64_t per_connection_ms = kLinkHandshakeMs;
@@ -148,6 +177,8 @@ struct RingLinkHandshakeOptions {
 struct AuthenticatedPrev {
   int fd = -1;          // non-blocking, owned by the caller from now on; -1 without a listener
   std::string address;  // where it connected from, "tcp://HOST:PORT"
+  LinkSession from_prev;  // the session of the connection from prev (fd)
+  LinkSession to_next;    // the session of the connection to next (`to_next`)
 };
 
 // Runs both ends' handshakes at once (every rank connects first, and its next answers only

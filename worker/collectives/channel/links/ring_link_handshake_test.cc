@@ -84,6 +84,44 @@ TEST(RingLinkHandshakeTest, BothEndsWithOneKeyFinishAndLeaveTheFramesThatFollow)
   EXPECT_EQ(connector.events(), 0);
 }
 
+// Under kEncrypt both ends learn the connection's cipher and both nonces, alike.
+TEST(RingLinkHandshakeTest, BothEndsAgreeOnTheSessionTheirRecordKeysComeFrom) {
+  Sockets sockets;
+  auto connector = RingLinkHandshake::Connector(sockets.fds[0], KeyOf(7), 1, 2,
+                                                LinkCipher::kChaCha20Poly1305);
+  auto acceptor = RingLinkHandshake::Acceptor(sockets.fds[1], KeyOf(7), 2, 1, /*encrypt=*/true);
+  Drive(connector, acceptor);
+  ASSERT_EQ(connector.state(), State::kDone) << connector.failure();
+  ASSERT_EQ(acceptor.state(), State::kDone) << acceptor.failure();
+  const LinkSession ours = connector.session();
+  const LinkSession theirs = acceptor.session();
+  EXPECT_EQ(ours.cipher, LinkCipher::kChaCha20Poly1305);
+  EXPECT_EQ(theirs.cipher, LinkCipher::kChaCha20Poly1305);
+  EXPECT_EQ(ours.nonce_c, theirs.nonce_c);
+  EXPECT_EQ(ours.nonce_a, theirs.nonce_a);
+  EXPECT_NE(ours.nonce_c, ours.nonce_a);
+}
+
+// An acceptor refuses a hello whose record protection is not its own, saying which.
+TEST(RingLinkHandshakeTest, TheAcceptorRefusesAHelloThatDisagreesOnEncryption) {
+  struct Case {
+    LinkCipher asked;
+    bool encrypt;
+    const char* says;
+  };
+  for (const Case& c : {Case{LinkCipher::kNone, true, "would send frames in the clear"},
+                        Case{LinkCipher::kAes256Gcm, false, "would encrypt its frames"},
+                        Case{static_cast<LinkCipher>(9), true, "record protection 9"}}) {
+    Sockets sockets;
+    auto acceptor = RingLinkHandshake::Acceptor(sockets.fds[1], KeyOf(7), 2, 1, c.encrypt);
+    WriteAll(sockets.fds[0], EncodeLinkHello(1, 2, NonceOf(3), c.asked));
+    acceptor.Advance();
+    EXPECT_EQ(acceptor.state(), State::kFailed);
+    EXPECT_EQ(acceptor.failure().code(), StatusCode::kFailedPrecondition);
+    EXPECT_THAT(acceptor.failure().message(), HasSubstr(c.says));
+  }
+}
+
 TEST(RingLinkHandshakeTest, WithAnotherKeyTheConnectorRefusesTheAcceptorsProof) {
   Sockets sockets;
   auto connector = RingLinkHandshake::Connector(sockets.fds[0], KeyOf(7), 1, 2);

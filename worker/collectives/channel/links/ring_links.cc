@@ -21,6 +21,7 @@
 #include "common/base/logging.h"
 #include "common/base/role.h"
 #include "common/metrics/metric_names.h"
+#include "worker/collectives/channel/links/ring_link_cipher.h"
 #include "worker/collectives/channel/links/ring_link_handshake.h"
 
 namespace tessera::worker {
@@ -71,6 +72,12 @@ class RingLinks::BufferPool : public std::enable_shared_from_this<RingLinks::Buf
 namespace {
 
 constexpr uint32_t kHelloMagic = kLinkPlainHelloMagic;  // "HELO", unauthenticated
+
+// kEncrypt: the buffer of sealed records to write holds a frame's header record and one full
+// payload record, so a frame's first bytes go out in one write with its header; smaller frames
+// share it. A record is cut to fit the room left only if at least kMinRecordBytes fit.
+constexpr size_t kSealedBytes = kFrameHeaderBytes + kSendRecordBytes + 2 * kRecordOverheadBytes;
+constexpr size_t kMinRecordBytes = 4096;
 
 template <typename T>
 void Put(uint8_t* at, T value) {
@@ -312,10 +319,6 @@ StatusOr<std::unique_ptr<RingLinks>> RingLinks::Connect(const RingLinksOptions& 
                                                       {"reason"}));
     ASSIGN_OR_RETURN(auth_failures, family->WithLabels({"handshake"}));
   }
-  if (options.credentials.encrypted()) {
-    TLOG(WARNING) << where << "frames over the ring links are authenticated but NOT encrypted "
-                  << "(encrypting them is not implemented yet)";
-  }
   const int next = options.next >= 0 ? options.next : (rank + 1) % world;
   const int prev = options.prev >= 0 ? options.prev : (rank + world - 1) % world;
   const Deadline deadline = Deadline::AfterMillis(options.timeout_ms);
@@ -327,6 +330,8 @@ StatusOr<std::unique_ptr<RingLinks>> RingLinks::Connect(const RingLinksOptions& 
   }
   Closer from_prev;
   std::string prev_address;
+  std::unique_ptr<RecordSealer> sealer;
+  std::unique_ptr<RecordOpener> opener;
   if (authenticated) {
     // Both ends' handshakes at once: next answers our hello only while it runs its own
     // Connect, which waits for its next in turn, so connecting and accepting one after the
@@ -337,6 +342,8 @@ StatusOr<std::unique_ptr<RingLinks>> RingLinks::Connect(const RingLinksOptions& 
     handshake.prev = prev;
     handshake.next_address = options.next_address;
     handshake.link_key = RingLinkKey(*options.credentials.key);
+    handshake.records =
+        options.credentials.encrypted() ? PreferredLinkCipher() : LinkCipher::kNone;
     handshake.deadline = deadline;
     handshake.timeout_ms = options.timeout_ms;
     handshake.auth_failures = auth_failures;
@@ -347,6 +354,23 @@ StatusOr<std::unique_ptr<RingLinks>> RingLinks::Connect(const RingLinksOptions& 
     from_prev.fd = accepted.fd;
     prev_address = std::move(accepted.address);
     if (from_prev.fd >= 0) Tune(from_prev.fd, options.socket_buffer_bytes);
+    if (options.credentials.encrypted()) {
+      // Each connection's records under a key of its own (ring_link_cipher.h).
+      const KeyBytes aead_key = RingLinkAeadKey(*options.credentials.key);
+      const auto text = [](const LinkNonce& nonce) { return AsText(nonce.data(), nonce.size()); };
+      if (to_next.fd >= 0) {
+        const LinkSession& session = accepted.to_next;
+        sealer = std::make_unique<RecordSealer>(
+            session.cipher, RecordKey(aead_key, session.cipher, rank, next,
+                                      text(session.nonce_c), text(session.nonce_a)));
+      }
+      if (from_prev.fd >= 0) {
+        const LinkSession& session = accepted.from_prev;
+        opener = std::make_unique<RecordOpener>(
+            session.cipher, RecordKey(aead_key, session.cipher, prev, rank,
+                                      text(session.nonce_c), text(session.nonce_a)));
+      }
+    }
   } else if (inbound) {
     ASSIGN_OR_RETURN(auto accepted, AcceptFromPrev(options, listener->fd, prev, deadline, where));
     from_prev.fd = accepted.first;
@@ -357,7 +381,8 @@ StatusOr<std::unique_ptr<RingLinks>> RingLinks::Connect(const RingLinksOptions& 
   return std::unique_ptr<RingLinks>(new RingLinks(rank, next, prev, to_next_fd, from_prev_fd,
                                                   options.next_address, std::move(prev_address),
                                                   options.failures, options.max_payload_bytes,
-                                                  options.spin_us));
+                                                  options.spin_us, std::move(sealer),
+                                                  std::move(opener)));
 }
 
 std::unique_ptr<RingLinks> RingLinks::FromSockets(int rank, int world_size, int to_next,
@@ -378,7 +403,8 @@ std::unique_ptr<RingLinks> RingLinks::FromSockets(int rank, int world_size, int 
 RingLinks::RingLinks(int rank, int next, int prev, int to_next, int from_prev,
                      std::string next_address, std::string prev_address,
                      std::shared_ptr<FailureBus> failures, size_t max_payload_bytes,
-                     int64_t spin_us)
+                     int64_t spin_us, std::unique_ptr<RecordSealer> sealer,
+                     std::unique_ptr<RecordOpener> opener)
     : rank_(rank),
       next_(next),
       prev_(prev),
@@ -391,7 +417,12 @@ RingLinks::RingLinks(int rank, int next, int prev, int to_next, int from_prev,
       max_payload_bytes_(max_payload_bytes),
       pool_(std::make_shared<BufferPool>()),
       recv_spin_(spin_us),
-      flush_spin_(spin_us) {
+      flush_spin_(spin_us),
+      sealer_(std::move(sealer)),
+      opener_(std::move(opener)) {
+  if (sealer_ != nullptr) {
+    sealed_.reset(new uint8_t[kSealedBytes]);
+  }
   if (to_next_ < 0) send_failure_ = FailedPreconditionError(LinkTo() + ": not this channel's");
   if (from_prev_ < 0) recv_failure_ = FailedPreconditionError(LinkFrom() + ": not this channel's");
 }
@@ -421,14 +452,17 @@ Status RingLinks::Send(RingFrame frame) {
   out.payload = FramePayload(frame);
   EncodeFrameHeader(frame, out.payload.size(), out.header);
   WriteSome();
-  if (!out_.empty() && polling_ && wake_ >= 0) {
+  if (HasUnsent() && polling_ && wake_ >= 0) {
     const uint64_t one = 1;
     (void)!write(wake_, &one, sizeof(one));  // the poller adds POLLOUT
   }
   return send_failure_;
 }
 
+bool RingLinks::HasUnsent() const { return !out_.empty() || sealed_sent_ < sealed_end_; }
+
 void RingLinks::WriteSome() {
+  if (sealer_ != nullptr) return WriteSealed();
   constexpr size_t kMaxIov = 64;
   while (!out_.empty() && send_failure_.ok()) {
     iovec iov[kMaxIov];
@@ -492,6 +526,7 @@ size_t RingLinks::RecvSome(uint8_t* at, size_t bytes, bool mid_frame) {
 }
 
 void RingLinks::ReadSome() {
+  if (opener_ != nullptr) return ReadSealed();
   while (recv_failure_.ok()) {
     if (in_header_got_ < kFrameHeaderBytes) {
       const size_t n = RecvSome(in_header_ + in_header_got_,
@@ -499,26 +534,7 @@ void RingLinks::ReadSome() {
       if (n == 0) return;
       in_header_got_ += n;
       if (in_header_got_ < kFrameHeaderBytes) continue;
-      Status decoded =
-          DecodeFrameHeader(in_header_, max_payload_bytes_, &in_frame_, &in_payload_bytes_);
-      if (decoded.ok() && in_frame_.sender_rank != prev_) {
-        decoded = InvalidArgumentError("a frame names sender rank " +
-                                       std::to_string(in_frame_.sender_rank));
-      }
-      if (!decoded.ok()) {
-        recv_failure_ = DataLossError(LinkFrom() + ": " + decoded.message());
-        return;
-      }
-      in_payload_got_ = 0;
-      in_buffer_.reset();
-      in_target_ = nullptr;
-      auto landing = landings_.find({in_frame_.tag, in_frame_.slot});
-      if (landing != landings_.end() && landing->second.second == in_payload_bytes_) {
-        in_target_ = landing->second.first;  // straight into the caller's buffer
-      } else if (in_payload_bytes_ > 0) {
-        in_buffer_ = pool_->Acquire(in_payload_bytes_);
-        in_target_ = in_buffer_.get();
-      }
+      if (!OnHeader()) return;
     } else {
       const size_t n = RecvSome(in_target_ + in_payload_got_,
                                 in_payload_bytes_ - in_payload_got_, /*mid_frame=*/true);
@@ -526,23 +542,182 @@ void RingLinks::ReadSome() {
       in_payload_got_ += n;
     }
     if (in_header_got_ == kFrameHeaderBytes && in_payload_got_ == in_payload_bytes_) {
-      Payload payload;
-      if (in_payload_bytes_ > 0) payload = Payload::Borrow(in_target_, in_payload_bytes_, in_buffer_);
-      in_buffer_.reset();
-      in_target_ = nullptr;
-      in_header_got_ = 0;
-      if (Status attached = AttachFramePayload(&in_frame_, std::move(payload)); !attached.ok()) {
-        recv_failure_ = DataLossError(LinkFrom() + ": " + attached.message());
+      OnFrame();
+      return;  // one frame at a time: the waiter may be done
+    }
+  }
+}
+
+bool RingLinks::OnHeader() {
+  Status decoded =
+      DecodeFrameHeader(in_header_, max_payload_bytes_, &in_frame_, &in_payload_bytes_);
+  if (decoded.ok() && in_frame_.sender_rank != prev_) {
+    decoded = InvalidArgumentError("a frame names sender rank " +
+                                   std::to_string(in_frame_.sender_rank));
+  }
+  if (!decoded.ok()) {
+    recv_failure_ = DataLossError(LinkFrom() + ": " + decoded.message());
+    return false;
+  }
+  in_payload_got_ = 0;
+  in_buffer_.reset();
+  in_target_ = nullptr;
+  auto landing = landings_.find({in_frame_.tag, in_frame_.slot});
+  if (landing != landings_.end() && landing->second.second == in_payload_bytes_) {
+    in_target_ = landing->second.first;  // straight into the caller's buffer
+  } else if (in_payload_bytes_ > 0) {
+    in_buffer_ = pool_->Acquire(in_payload_bytes_);
+    in_target_ = in_buffer_.get();
+  }
+  return true;
+}
+
+void RingLinks::OnFrame() {
+  Payload payload;
+  if (in_payload_bytes_ > 0) payload = Payload::Borrow(in_target_, in_payload_bytes_, in_buffer_);
+  in_buffer_.reset();
+  in_target_ = nullptr;
+  in_header_got_ = 0;
+  if (Status attached = AttachFramePayload(&in_frame_, std::move(payload)); !attached.ok()) {
+    recv_failure_ = DataLossError(LinkFrom() + ": " + attached.message());
+    return;
+  }
+  const uint64_t tag = in_frame_.tag;
+  kept_.Keep(std::move(in_frame_));
+  if (kept_.size() > kMaxKeptFrames) {
+    recv_failure_ = ResourceExhaustedError(
+        LinkFrom() + ": " + std::to_string(kept_.size()) +
+        " frames wait for no running collective (the last for tag=" + std::to_string(tag) + ")");
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// kEncrypt's records (ring_link_cipher.h)
+
+void RingLinks::WriteSealed() {
+  while (send_failure_.ok()) {
+    if (sealed_sent_ == sealed_end_) {
+      sealed_sent_ = sealed_end_ = 0;
+      SealSome();
+      if (sealed_end_ == 0 || !send_failure_.ok()) return;
+    }
+    const ssize_t n = send(to_next_, sealed_.get() + sealed_sent_, sealed_end_ - sealed_sent_,
+                           MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+      send_failure_ = UnavailableError(LinkTo() + ": send failed: " + Errno(errno));
+      return;
+    }
+    sealed_sent_ += static_cast<size_t>(n);
+    if (sealed_sent_ < sealed_end_) return;  // the socket is full
+  }
+}
+
+void RingLinks::SealSome() {
+  while (!out_.empty()) {
+    OutFrame& front = out_.front();
+    const uint8_t* in;
+    size_t bytes;
+    const size_t room = kSealedBytes - sealed_end_;
+    if (front.sealed < kFrameHeaderBytes) {  // the header: a record of its own
+      in = front.header;
+      bytes = kFrameHeaderBytes;
+      if (room < bytes + kRecordOverheadBytes) return;
+    } else {
+      const size_t offset = front.sealed - kFrameHeaderBytes;
+      in = front.payload.data() + offset;
+      bytes = std::min(front.payload.size() - offset, kSendRecordBytes);
+      if (room < bytes + kRecordOverheadBytes) {
+        if (room < kMinRecordBytes + kRecordOverheadBytes) return;
+        bytes = room - kRecordOverheadBytes;
+      }
+    }
+    if (Status sealed = sealer_->Seal(in, bytes, sealed_.get() + sealed_end_); !sealed.ok()) {
+      send_failure_ = sealed.WithContext(LinkTo());
+      return;
+    }
+    sealed_end_ += bytes + kRecordOverheadBytes;
+    front.sealed += bytes;
+    if (front.sealed == kFrameHeaderBytes + front.payload.size()) {
+      out_.pop_front();  // releases the payload: its buffer may be reused now
+    }
+  }
+}
+
+uint8_t* RingLinks::RecordTarget() {
+  return in_header_got_ < kFrameHeaderBytes ? in_header_ : in_target_ + in_payload_got_;
+}
+
+size_t RingLinks::PayloadBytesAtTarget() const {
+  size_t bytes = in_payload_got_;
+  if (opener_ != nullptr && in_header_got_ == kFrameHeaderBytes &&
+      in_record_got_ > sizeof(in_record_length_)) {
+    bytes += std::min(in_record_got_ - sizeof(in_record_length_), in_record_bytes_);
+  }
+  return bytes;
+}
+
+void RingLinks::ReadSealed() {
+  constexpr size_t kLength = sizeof(in_record_length_);
+  constexpr size_t kTag = sizeof(in_record_tag_);
+  static_assert(kLength == kRecordLengthBytes && kTag == kRecordTagBytes);
+  while (recv_failure_.ok()) {
+    const bool mid_frame = in_header_got_ > 0 || in_record_got_ > 0;
+    if (in_record_got_ < kLength) {
+      const size_t n = RecvSome(in_record_length_ + in_record_got_, kLength - in_record_got_,
+                                mid_frame);
+      if (n == 0) return;
+      in_record_got_ += n;
+      if (in_record_got_ < kLength) continue;
+      // The length is checked before a byte of the body is read: a record of the header is
+      // the header's size; one of the payload at most what the payload has left.
+      StatusOr<size_t> length = DecodeRecordLength(in_record_length_);
+      const bool header = in_header_got_ < kFrameHeaderBytes;
+      const size_t left = header ? kFrameHeaderBytes : in_payload_bytes_ - in_payload_got_;
+      if (!length.ok() || (header ? *length != left : *length > left)) {
+        recv_failure_ = DataLossError(
+            LinkFrom() + ": a record failed authentication (tampered or not from the job): " +
+            (length.ok() ? "it declares " + std::to_string(*length) + " bytes where the " +
+                               (header ? "frame header has " : "frame's payload has ") +
+                               std::to_string(left)
+                         : std::string(length.status().message())));
         return;
       }
-      const uint64_t tag = in_frame_.tag;
-      kept_.Keep(std::move(in_frame_));
-      if (kept_.size() > kMaxKeptFrames) {
-        recv_failure_ = ResourceExhaustedError(
-            LinkFrom() + ": " + std::to_string(kept_.size()) +
-            " frames wait for no running collective (the last for tag=" +
-            std::to_string(tag) + ")");
-      }
+      in_record_bytes_ = *length;
+      continue;
+    }
+    const size_t body_got = in_record_got_ - kLength;
+    if (body_got < in_record_bytes_) {
+      const size_t n =
+          RecvSome(RecordTarget() + body_got, in_record_bytes_ - body_got, /*mid_frame=*/true);
+      if (n == 0) return;
+      in_record_got_ += n;
+      continue;
+    }
+    const size_t tag_got = body_got - in_record_bytes_;
+    if (tag_got < kTag) {
+      const size_t n = RecvSome(in_record_tag_ + tag_got, kTag - tag_got, /*mid_frame=*/true);
+      if (n == 0) return;
+      in_record_got_ += n;
+      if (tag_got + n < kTag) continue;
+    }
+    // A whole record: opened where its plaintext belongs.
+    const Status opened =
+        opener_->Open(in_record_length_, RecordTarget(), in_record_bytes_, in_record_tag_);
+    in_record_got_ = 0;
+    if (!opened.ok()) {
+      recv_failure_ = DataLossError(LinkFrom() + ": " + opened.message());
+      return;
+    }
+    if (in_header_got_ < kFrameHeaderBytes) {
+      in_header_got_ = kFrameHeaderBytes;
+      if (!OnHeader()) return;
+    } else {
+      in_payload_got_ += in_record_bytes_;
+    }
+    if (in_payload_got_ == in_payload_bytes_) {
+      OnFrame();
       return;  // one frame at a time: the waiter may be done
     }
   }
@@ -575,7 +750,7 @@ Status RingLinks::Wait(const std::function<bool()>& done, Deadline deadline, boo
       // wake-up, as MPI's progress engine does. Each round yields the core, so that on an
       // oversubscribed machine a runnable peer (which we may be waiting for) runs first.
       ReadSome();
-      if (!out_.empty()) WriteSome();
+      if (HasUnsent()) WriteSome();
       if (done()) continue;
       lock.unlock();
       sched_yield();
@@ -589,7 +764,7 @@ Status RingLinks::Wait(const std::function<bool()>& done, Deadline deadline, boo
       continue;
     }
     polling_ = true;
-    const bool want_out = !out_.empty() && send_failure_.ok();
+    const bool want_out = HasUnsent() && send_failure_.ok();
     const bool want_in = recv_failure_.ok();
     lock.unlock();
     pollfd fds[3] = {{from_prev_, static_cast<short>(want_in ? POLLIN : 0), 0},
@@ -606,7 +781,7 @@ Status RingLinks::Wait(const std::function<bool()>& done, Deadline deadline, boo
         (void)!read(wake_, &drained, sizeof(drained));
       }
       if (fds[0].revents != 0) ReadSome();
-      if (fds[1].revents != 0 || !out_.empty()) WriteSome();
+      if (fds[1].revents != 0 || HasUnsent()) WriteSome();
     }
     progressed_.notify_all();
   }
@@ -625,9 +800,10 @@ StatusOr<RingFrame> RingLinks::Recv(uint64_t tag, uint32_t slot, Deadline deadli
     landings_.erase(key);
     if (in_target_ == into && in_buffer_ == nullptr) {
       // Half read into `into` when the wait ended: the rest must not land there after we
-      // return, so the frame moves to a buffer of its own.
+      // return, so the frame moves to a buffer of its own (with the part of the record being
+      // read under kEncrypt).
       in_buffer_ = pool_->Acquire(in_payload_bytes_);
-      std::memcpy(in_buffer_.get(), into, in_payload_got_);
+      std::memcpy(in_buffer_.get(), into, PayloadBytesAtTarget());
       in_target_ = in_buffer_.get();
     }
   }
@@ -636,12 +812,13 @@ StatusOr<RingFrame> RingLinks::Recv(uint64_t tag, uint32_t slot, Deadline deadli
 }
 
 Status RingLinks::Flush(Deadline deadline) {
-  Status waited = Wait([&] { return out_.empty(); }, deadline, /*for_recv=*/false);
+  Status waited = Wait([&] { return !HasUnsent(); }, deadline, /*for_recv=*/false);
   if (waited.code() == StatusCode::kDeadlineExceeded && waited.message().empty()) {
     std::lock_guard<std::mutex> lock(mu_);
-    size_t bytes = 0;
+    size_t bytes = sealed_end_ - sealed_sent_;
     for (const OutFrame& frame : out_) {
-      bytes += kFrameHeaderBytes + frame.payload.size() - frame.written;
+      bytes += kFrameHeaderBytes + frame.payload.size() -
+               (sealer_ != nullptr ? frame.sealed : frame.written);
     }
     return DeadlineExceededError(LinkTo() + ": " + std::to_string(bytes) +
                                  " bytes still unsent at the deadline (is it reading?)");
@@ -661,7 +838,7 @@ void RingLinks::CopyUnsentPayloads() {
 
 size_t RingLinks::unsent() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return out_.size();
+  return out_.size() + (sealed_sent_ < sealed_end_ ? 1 : 0);
 }
 
 Status RingLinks::failure() const {

@@ -23,12 +23,24 @@
 //                  connection proves itself, closing (logging, counting in
 //                  tessera_auth_failures_total{reason="handshake"}) every other connection, so
 //                  a foreign or failed connection never disturbs the ring.
-//   kEncrypt       authenticates the same way; frames then travel unencrypted (an AEAD stream
-//                  over the links is separate work, not done: Connect logs a warning).
+//   kEncrypt       authenticates the same way, then every byte of every frame travels sealed
+//                  in AEAD records (ring_link_cipher.h: AES-256-GCM where the CPU runs it,
+//                  else ChaCha20-Poly1305; a fresh key per connection from the handshake's
+//                  nonces; counter nonces).
 //
-// Wire: ring_frame_codec.h (a 64-byte header and the payload). Every header is checked on
-// receipt (magic, ranges, sender, payload size cap) before anything is allocated: a bad one
-// fails the link, naming the peer, since a byte stream cannot be resynchronised.
+// Wire: ring_frame_codec.h (a 64-byte header and the payload); under kEncrypt the header is one
+// record and the payload follows in records of at most kSendRecordBytes. Every header is
+// checked on receipt (magic, ranges, sender, payload size cap) before anything is allocated: a
+// bad one fails the link, naming the peer, since a byte stream cannot be resynchronised; so
+// does a record that fails authentication ("ring link from worker 3 (tcp://...): a record
+// failed authentication (tampered or not from the job)"): one tampered with, dropped,
+// replayed, reordered or sealed under another key.
+//
+// Costs of kEncrypt: the sending thread seals each frame's bytes into a reused buffer of one
+// record or a few (one pass, then the socket's copy, as without it; a borrowed payload is free
+// once sealed), and the receiving thread reads each record's ciphertext where its plaintext
+// belongs (the header, the payload's buffer or the caller's landing) and opens it in place
+// (one pass). kNone and kAuthenticate write and read frames as before, untouched.
 //
 // Progress: a thread that waits (Recv, Flush) polls both sockets with the call's deadline: it
 // reads whatever prev sent (frames are kept by (tag, slot) until a Recv takes them) and writes
@@ -76,6 +88,9 @@
 #include "worker/collectives/channel/ring_frame_codec.h"
 
 namespace tessera::worker {
+
+class RecordSealer;  // ring_link_cipher.h
+class RecordOpener;
 
 // The default cap of the adaptive spin (RingLinksOptions::spin_us, --ring-spin-us).
 inline constexpr int64_t kDefaultRingSpinCapUs = 200;
@@ -155,10 +170,12 @@ class RingLinks : public RingChannel {
   StatusOr<RingFrame> Recv(uint64_t tag, uint32_t slot, Deadline deadline,
                                uint8_t* into = nullptr, size_t into_bytes = 0) override;
 
-  // Waits until every queued frame is written to next. DeadlineExceeded naming next.
+  // Waits until every queued frame is written to next (sealed and written, under kEncrypt).
+  // DeadlineExceeded naming next.
   Status Flush(Deadline deadline) override;
 
   void CopyUnsentPayloads() override;
+  // Under kEncrypt, records sealed but not yet written count as one more frame.
   size_t unsent() const override;
 
   // Why Recv fails (the link from prev broken, or the process failed); OK otherwise.
@@ -173,17 +190,37 @@ class RingLinks : public RingChannel {
   struct OutFrame {
     uint8_t header[kFrameHeaderBytes];
     Payload payload;
-    size_t written = 0;  // of header and payload together
+    size_t written = 0;  // of header and payload together (without encryption)
+    size_t sealed = 0;   // of header and payload together (kEncrypt)
   };
 
+  // `sealer` and `opener`: kEncrypt's records to next and from prev; both null otherwise.
   RingLinks(int rank, int next, int prev, int to_next, int from_prev, std::string next_address,
             std::string prev_address, std::shared_ptr<FailureBus> failures,
-            size_t max_payload_bytes, int64_t spin_us);
+            size_t max_payload_bytes, int64_t spin_us,
+            std::unique_ptr<RecordSealer> sealer = nullptr,
+            std::unique_ptr<RecordOpener> opener = nullptr);
 
-  // Both REQUIRE mu_ held. WriteSome writes queued frames until the socket would block;
-  // ReadSome reads until it would block or one frame is complete.
+  // All REQUIRE mu_ held. WriteSome writes queued frames until the socket would block;
+  // ReadSome reads until it would block or one frame is complete. Under kEncrypt they
+  // delegate to WriteSealed (which seals records with SealSome) and ReadSealed.
   void WriteSome();
   void ReadSome();
+  void WriteSealed();
+  void SealSome();
+  void ReadSealed();
+  // The frame's header is in: decodes it and picks where its payload goes. False if the link
+  // failed (recv_failure_ says why).
+  bool OnHeader();
+  // The frame is complete: keeps it for its Recv.
+  void OnFrame();
+  // Whether anything handed to Send is still to be written.
+  bool HasUnsent() const;
+  // Where the record being read puts its bytes (kEncrypt): the header, or the payload's place.
+  uint8_t* RecordTarget();
+  // The current frame's payload bytes already at in_target_ (with kEncrypt, the record being
+  // read counts: its ciphertext is there too).
+  size_t PayloadBytesAtTarget() const;
   // Reads up to `bytes` (> 0) into `at` without blocking: how many it read; 0 when nothing is
   // there now or the link failed (then recv_failure_ says how; `mid_frame`: part of a frame
   // is in already). REQUIRES mu_ held.
@@ -224,6 +261,18 @@ class RingLinks : public RingChannel {
   std::map<std::pair<uint64_t, uint32_t>, std::pair<uint8_t*, size_t>> landings_;
   uint64_t in_payload_bytes_ = 0;
   uint64_t in_payload_got_ = 0;
+
+  // kEncrypt (ring_link_cipher.h); all null/empty otherwise, and all guarded by mu_.
+  const std::unique_ptr<RecordSealer> sealer_;
+  const std::unique_ptr<RecordOpener> opener_;
+  std::unique_ptr<uint8_t[]> sealed_;  // records sealed for next: [sealed_sent_, sealed_end_)
+  size_t sealed_end_ = 0;              // still to write
+  size_t sealed_sent_ = 0;
+  // The record being read: its length prefix and tag (the body goes to RecordTarget()).
+  uint8_t in_record_length_[4];
+  uint8_t in_record_tag_[16];
+  size_t in_record_bytes_ = 0;  // the plaintext's, once the length is in
+  size_t in_record_got_ = 0;    // of length, body and tag together
 };
 
 }  // namespace tessera::worker
