@@ -13,6 +13,7 @@
 
 #include "common/base/host_port.h"
 #include "common/base/logging.h"
+#include "common/metrics/tls_relay.h"
 
 namespace tessera {
 namespace {
@@ -63,9 +64,12 @@ void TouchPort(const std::string& host, int port) {
 
 }  // namespace
 
-MetricsHttpServer::MetricsHttpServer(std::string host) : host_(std::move(host)) {}
+MetricsHttpServer::MetricsHttpServer(std::string advertise_host,
+                                     std::shared_ptr<const HttpBasicAuth> basic_auth)
+    : advertise_host_(std::move(advertise_host)), basic_auth_(std::move(basic_auth)) {}
 
 MetricsHttpServer::~MetricsHttpServer() {
+  relay_.reset();  // no relayed request reaches civetweb after this
   if (context_ == nullptr) return;
   // mg_stop sets civetweb's stop flag and joins its threads, but the accept loop looks at the
   // flag only when poll() on the listening socket returns, which it does every 2 s (a constant
@@ -75,7 +79,7 @@ MetricsHttpServer::~MetricsHttpServer() {
   std::atomic<bool> stopped{false};
   std::thread waker([this, &stopped] {
     while (!stopped.load()) {
-      TouchPort(host_, port_);
+      TouchPort(civetweb_host_, civetweb_port_);
       std::this_thread::sleep_for(kStopWakeInterval);
     }
   });
@@ -96,6 +100,12 @@ StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
     return InvalidArgumentError("metrics http: num_threads " + std::to_string(options.num_threads) +
                                 " is not >= 1");
   }
+  const bool tls = !options.tls_cert_file.empty() || !options.tls_key_file.empty();
+  if (tls && (options.tls_cert_file.empty() || options.tls_key_file.empty())) {
+    return InvalidArgumentError(
+        "metrics http: TLS needs both a certificate file and a key file, got only the " +
+        std::string(options.tls_cert_file.empty() ? "key" : "certificate"));
+  }
   // civetweb takes numeric addresses only, IPv6 ones in brackets.
   std::string host = options.bind_host == "localhost" ? "127.0.0.1" : options.bind_host;
   auto bracketed = [](const std::string& h) {
@@ -103,16 +113,36 @@ StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   };
   std::string address = bracketed(host);
   std::string listening = address + ":" + std::to_string(options.port);
-  if (options.warn_when_exposed && !IsLoopbackHost(options.bind_host)) {
+  const bool exposed = !IsLoopbackHost(options.bind_host);
+  if (options.warn_when_exposed && exposed) {
     TLOG(WARNING) << "metrics http: binding to " << listening
-                  << ", which is reachable from the network (no authentication, no TLS)";
+                  << ", which is reachable from the network ("
+                  << (options.basic_auth ? "basic auth" : "no authentication") << ", "
+                  << (tls ? "TLS" : "no TLS") << ")";
+  }
+  if (exposed && options.basic_auth && !tls) {
+    TLOG(WARNING) << "metrics http: basic auth without TLS on " << listening
+                  << ": passwords cross the network in the clear (base64 is no encryption); "
+                     "give --metrics-tls-cert and --metrics-tls-key";
   }
 
   std::unique_ptr<MetricsHttpServer> server(new MetricsHttpServer(
-      bracketed(options.advertise_host.empty() ? host : options.advertise_host)));
+      bracketed(options.advertise_host.empty() ? host : options.advertise_host),
+      options.basic_auth));
+  if (tls) {
+    // civetweb's own TLS crashes with OpenSSL 3 (see tls_relay.h): civetweb serves plain HTTP
+    // on a loopback port of its own and the relay terminates TLS on the requested address.
+    server->scheme_ = "https";
+    server->civetweb_host_ = "127.0.0.1";
+    server->civetweb_port_ = 0;
+  } else {
+    server->civetweb_host_ = host;
+    server->civetweb_port_ = options.port;
+  }
+  std::string civetweb_listening =
+      bracketed(server->civetweb_host_) + ":" + std::to_string(server->civetweb_port_);
   server->handlers_[kMetricsPath] =
-      std::make_shared<const HttpHandler>([registry](const HttpRequest& request) {
-        if (request.method != "GET") return PlainResponse(405, "use GET for /metrics\n");
+      std::make_shared<const HttpHandler>([registry](const HttpRequest&) {
         HttpResponse response = PlainResponse(200, registry->RenderText());
         response.content_type = kMetricsContentType;
         return response;
@@ -124,7 +154,7 @@ StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
 
   std::string num_threads = std::to_string(options.num_threads);
   const char* config[] = {
-      "listening_ports",    listening.c_str(), "num_threads", num_threads.c_str(),
+      "listening_ports",    civetweb_listening.c_str(), "num_threads", num_threads.c_str(),
       "request_timeout_ms", kRequestTimeoutMs, nullptr};
   mg_callbacks callbacks = {};
   callbacks.begin_request = &MetricsHttpServer::HandleRequest;
@@ -145,13 +175,29 @@ StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   // "cannot bind to 127.0.0.1:9100: 98 (Address already in use)") went to its log.
   std::string reason = start_log.empty() ? error_text : start_log;
   if (server->context_ == nullptr) {
-    return UnavailableError("metrics http: cannot listen on " + listening + ": " + reason);
+    return UnavailableError("metrics http: cannot listen on " + civetweb_listening + ": " +
+                            reason);
   }
   mg_server_port ports[4];
   if (mg_get_server_ports(server->context_, 4, ports) < 1) {
-    return InternalError("metrics http: started on " + listening + " but has no listening port");
+    return InternalError("metrics http: started on " + civetweb_listening +
+                         " but has no listening port");
   }
+  server->civetweb_port_ = ports[0].port;
   server->port_ = ports[0].port;
+  if (tls) {
+    TlsRelayOptions relay;
+    relay.listen_host = host;
+    relay.port = options.port;
+    relay.cert_file = options.tls_cert_file;
+    relay.key_file = options.tls_key_file;
+    relay.backend_port = server->civetweb_port_;
+    relay.max_connections = options.num_threads;
+    StatusOr<std::unique_ptr<TlsRelay>> started = TlsRelay::Start(relay);
+    if (!started.ok()) return started.status().WithContext("metrics http");
+    server->relay_ = std::move(started).value();
+    server->port_ = server->relay_->port();
+  }
   if (!start_log.empty()) TLOG(WARNING) << "civetweb: " << start_log;
   // The URL reaches the user in TESSERA_READY (and the launcher's line about the process).
   TLOG(DEBUG) << "metrics http: serving " << server->url();
@@ -170,7 +216,7 @@ Status MetricsHttpServer::AddHandler(const std::string& path, HttpHandler handle
 }
 
 std::string MetricsHttpServer::url() const {
-  return "http://" + host_ + ":" + std::to_string(port_) + kMetricsPath;
+  return scheme_ + "://" + advertise_host_ + ":" + std::to_string(port_) + kMetricsPath;
 }
 
 int MetricsHttpServer::HandleRequest(mg_connection* conn) {
@@ -181,15 +227,29 @@ int MetricsHttpServer::HandleRequest(mg_connection* conn) {
   request.path = info->local_uri != nullptr ? info->local_uri : "";
   request.query = info->query_string != nullptr ? info->query_string : "";
 
-  std::shared_ptr<const HttpHandler> handler;
-  {
-    std::lock_guard<std::mutex> lock(server->mu_);
-    auto it = server->handlers_.find(request.path);
-    if (it != server->handlers_.end()) handler = it->second;
+  HttpResponse response;
+  bool head_only = request.method == "HEAD";
+  if (server->basic_auth_ != nullptr) {
+    const char* authorization = mg_get_header(conn, "Authorization");
+    if (!server->basic_auth_->Matches(authorization != nullptr ? authorization : "")) {
+      response = PlainResponse(401, "authentication required\n");
+    }
   }
-  HttpResponse response = handler != nullptr
-                              ? (*handler)(request)
-                              : PlainResponse(404, "not found: " + request.path + "\n");
+  if (response.status == 200 && request.method != "GET" && !head_only) {
+    // No page changes state: only GET and HEAD reach a handler.
+    response = PlainResponse(405, request.method + " is not allowed: use GET\n");
+  }
+  if (response.status == 200) {
+    request.method = "GET";  // a HEAD is a GET without the body
+    std::shared_ptr<const HttpHandler> handler;
+    {
+      std::lock_guard<std::mutex> lock(server->mu_);
+      auto it = server->handlers_.find(request.path);
+      if (it != server->handlers_.end()) handler = it->second;
+    }
+    response = handler != nullptr ? (*handler)(request)
+                                  : PlainResponse(404, "not found: " + request.path + "\n");
+  }
 
   // Formatted here rather than with mg_printf, whose 8 KiB stack buffer overflows civetweb's
   // fixed 100 KiB thread stacks in processes that link libraries with large static TLS
@@ -198,10 +258,12 @@ int MetricsHttpServer::HandleRequest(mg_connection* conn) {
                      mg_get_response_code_text(conn, response.status) +
                      "\r\nContent-Type: " + response.content_type +
                      "\r\nContent-Length: " + std::to_string(response.body.size()) + "\r\n" +
-                     (response.status == 405 ? "Allow: GET\r\n" : "") +  // our pages serve GET
+                     (response.status == 405 ? "Allow: GET, HEAD\r\n" : "") +
+                     (response.status == 401 ? "WWW-Authenticate: Basic realm=\"tessera\"\r\n"
+                                             : "") +
                      "Cache-Control: no-store\r\nConnection: close\r\n\r\n";
   mg_write(conn, head.data(), head.size());
-  if (request.method != "HEAD") mg_write(conn, response.body.data(), response.body.size());
+  if (!head_only) mg_write(conn, response.body.data(), response.body.size());
   return response.status;  // 1..999: civetweb sends nothing more
 }
 

@@ -5,9 +5,12 @@
 //                    MetricsHttpServer::Start(MetricsHttpOptions{}, &registry));
 //   TLOG(INFO) << "metrics at " << http->url();
 //
-// /metrics answers GET with the text exposition format 0.0.4 and 405 for other methods;
-// unknown paths get 404. Binding to anything but loopback logs a warning, since the port is
-// then reachable from the network (no authentication, no TLS).
+// /metrics answers GET with the text exposition format 0.0.4. Every page answers GET and HEAD
+// only: any other method gets 405 (Allow: GET, HEAD) before a handler runs, so no page can
+// change state. Unknown paths get 404. With `basic_auth`, every request without one of its
+// users' credentials gets 401 (WWW-Authenticate: Basic realm="tessera") before anything else.
+// Binding to anything but loopback logs a warning, since the port is then reachable from the
+// network; so does basic auth without TLS off the loopback (the password crosses in the clear).
 //
 // Lifetime: the registry, and anything the handlers capture, must outlive the server; the
 // destructor stops the server and waits for requests in flight (milliseconds: it wakes
@@ -24,12 +27,15 @@
 #include <string>
 
 #include "common/base/status.h"
+#include "common/metrics/http_basic_auth.h"
 #include "common/metrics/metrics.h"
 
 struct mg_connection;
 struct mg_context;
 
 namespace tessera {
+
+class TlsRelay;
 
 struct MetricsHttpOptions {
   std::string bind_host = "127.0.0.1";  // an IPv4 address or "localhost"
@@ -41,10 +47,16 @@ struct MetricsHttpOptions {
   // civetweb worker threads, >= 1. Idle ones cost a stack; each connection reading a request
   // holds one (see kRequestTimeoutMs in metrics_http.cc).
   int num_threads = 64;
+  // HTTP basic auth (--metrics-auth-file): null serves everyone who reaches the port.
+  std::shared_ptr<const HttpBasicAuth> basic_auth;
+  // HTTPS (--metrics-tls-cert, --metrics-tls-key): PEM files of the certificate (chain) and its
+  // private key; both or neither. url() then starts with https://.
+  std::string tls_cert_file;
+  std::string tls_key_file;
 };
 
 struct HttpRequest {
-  std::string method;  // "GET", "POST", ...
+  std::string method;  // "GET" (a HEAD is served as a GET whose body is not sent)
   std::string path;    // "/sd", URL-decoded, without the query string
   std::string query;   // after '?', not decoded; empty if none
 };
@@ -55,7 +67,7 @@ struct HttpResponse {
   std::string body;
 };
 
-// Sees every method: answer 405 for those the page does not serve.
+// Sees GET only (the server answers every other method itself, see above).
 using HttpHandler = std::function<HttpResponse(const HttpRequest&)>;
 
 class MetricsHttpServer {
@@ -74,17 +86,23 @@ class MetricsHttpServer {
   Status AddHandler(const std::string& path, HttpHandler handler);
 
   int port() const { return port_; }
-  // "http://127.0.0.1:PORT/metrics".
+  // "http://127.0.0.1:PORT/metrics" ("https://..." with TLS).
   std::string url() const;
 
  private:
-  explicit MetricsHttpServer(std::string host);
+  MetricsHttpServer(std::string advertise_host, std::shared_ptr<const HttpBasicAuth> basic_auth);
   static int HandleRequest(mg_connection* conn);
   static int LogMessage(const mg_connection* conn, const char* message);
 
-  const std::string host_;
+  const std::string advertise_host_;  // bracketed when IPv6
+  const std::shared_ptr<const HttpBasicAuth> basic_auth_;  // null: none
+  std::string scheme_ = "http";
+  // Where civetweb listens: the options' host and port, or with TLS the loopback behind relay_.
+  std::string civetweb_host_;
+  int civetweb_port_ = 0;
   mg_context* context_ = nullptr;
-  int port_ = 0;
+  std::unique_ptr<TlsRelay> relay_;  // TLS only; destroyed before civetweb stops
+  int port_ = 0;                     // the port clients connect to
 
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<const HttpHandler>> handlers_;  // guarded by mu_

@@ -6,9 +6,15 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <sys/stat.h>
+
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <string>
 #include <thread>
+#include <atomic>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -45,13 +51,13 @@ int ConnectLoopback(int port) {
 // A blocking HTTP/1.1 client for one request: connect to 127.0.0.1:port, send, wait
 // `read_delay_ms` (a slow reader), read to EOF.
 Reply Fetch(int port, const std::string& method, const std::string& target,
-            int read_delay_ms = 0) {
+            int read_delay_ms = 0, const std::string& extra_headers = "") {
   Reply reply;
   int fd = ConnectLoopback(port);
   if (fd < 0) return reply;
   std::string request = method + " " + target +
-                        " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n"
-                        "Connection: close\r\n\r\n";
+                        " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n" +
+                        extra_headers + "Connection: close\r\n\r\n";
   for (size_t sent = 0; sent < request.size();) {
     ssize_t n = send(fd, request.data() + sent, request.size() - sent, MSG_NOSIGNAL);
     if (n <= 0) break;
@@ -164,9 +170,31 @@ TEST_F(MetricsHttpServerTest, UnknownPathIs404AndOtherMethodsAre405) {
   Reply missing = Fetch(server_->port(), "GET", "/nope");
   EXPECT_EQ(missing.status, 404);
   EXPECT_THAT(missing.body, HasSubstr("/nope"));
-  Reply post = Fetch(server_->port(), "POST", "/metrics");
-  EXPECT_EQ(post.status, 405);
-  EXPECT_THAT(post.headers, HasSubstr("\r\nAllow: GET\r\n"));
+  // No page changes state: a handler never sees anything but GET.
+  int handler_calls = 0;
+  ASSERT_TRUE(server_
+                  ->AddHandler("/counted",
+                               [&handler_calls](const HttpRequest& request) {
+                                 ++handler_calls;
+                                 EXPECT_EQ(request.method, "GET");
+                                 return HttpResponse();
+                               })
+                  .ok());
+  for (const char* path : {"/metrics", "/counted", "/nope"}) {
+    for (const char* method : {"POST", "PUT", "DELETE", "PATCH", "OPTIONS"}) {
+      Reply reply = Fetch(server_->port(), method, path);
+      EXPECT_EQ(reply.status, 405) << method << " " << path;
+      EXPECT_THAT(reply.headers, HasSubstr("\r\nAllow: GET, HEAD\r\n")) << method << " " << path;
+    }
+  }
+  EXPECT_EQ(handler_calls, 0);
+  // HEAD is a GET without the body.
+  Reply head = Fetch(server_->port(), "HEAD", "/metrics");
+  EXPECT_EQ(head.status, 200);
+  EXPECT_EQ(head.body, "");
+  EXPECT_THAT(head.headers, HasSubstr("\r\nContent-Type: text/plain; version=0.0.4"));
+  EXPECT_EQ(Fetch(server_->port(), "HEAD", "/counted").status, 200);
+  EXPECT_EQ(handler_calls, 1);
 }
 
 TEST_F(MetricsHttpServerTest, ServesAddedHandlers) {
@@ -231,6 +259,139 @@ TEST(MetricsHttpServerStartTest, LocalhostMeansLoopback) {
       MetricsHttpServer::Start(options, &registry);
   ASSERT_TRUE(server.ok()) << server.status();
   EXPECT_EQ(Fetch((*server)->port(), "GET", "/metrics").status, 200);
+}
+
+std::string TempFile(const std::string& name, const std::string& text, mode_t mode) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  std::string path = std::string(dir != nullptr ? dir : "/tmp") + "/" + name;
+  unlink(path.c_str());
+  std::ofstream(path) << text;
+  chmod(path.c_str(), mode);
+  return path;
+}
+
+std::shared_ptr<const HttpBasicAuth> ReadAuth(const std::string& text) {
+  StatusOr<HttpBasicAuth> auth =
+      HttpBasicAuth::ReadFile(TempFile("metrics-auth", text, 0600));
+  EXPECT_TRUE(auth.ok()) << auth.status();
+  return auth.ok() ? std::make_shared<const HttpBasicAuth>(std::move(auth).value()) : nullptr;
+}
+
+TEST(MetricsHttpServerAuthTest, AnswersOnlyRequestsWithAListedUsersCredentials) {
+  MetricsRegistry registry;
+  MetricsHttpOptions options;
+  options.basic_auth = ReadAuth("prometheus:s3cret\n");
+  ASSERT_NE(options.basic_auth, nullptr);
+  StatusOr<std::unique_ptr<MetricsHttpServer>> server = MetricsHttpServer::Start(options, &registry);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+
+  Reply none = Fetch(port, "GET", "/metrics");
+  EXPECT_EQ(none.status, 401);
+  EXPECT_THAT(none.headers, HasSubstr("\r\nWWW-Authenticate: Basic realm=\"tessera\"\r\n"));
+  // base64("prometheus:wrong"), base64("prometheus:s3cret").
+  Reply wrong = Fetch(port, "GET", "/metrics", 0, "Authorization: Basic cHJvbWV0aGV1czp3cm9uZw==\r\n");
+  EXPECT_EQ(wrong.status, 401);
+  const std::string right = "Authorization: Basic cHJvbWV0aGV1czpzM2NyZXQ=\r\n";
+  Reply ok = Fetch(port, "GET", "/metrics", 0, right);
+  EXPECT_EQ(ok.status, 200);
+  EXPECT_EQ(ok.body, registry.RenderText());
+  // Unauthenticated requests learn nothing, not even which paths or methods exist.
+  EXPECT_EQ(Fetch(port, "GET", "/nope").status, 401);
+  EXPECT_EQ(Fetch(port, "POST", "/metrics").status, 401);
+  EXPECT_EQ(Fetch(port, "POST", "/metrics", 0, right).status, 405);
+  EXPECT_EQ(Fetch(port, "GET", "/nope", 0, right).status, 404);
+}
+
+// The test-only certificate and key (testdata/README.md).
+std::string TestData(const std::string& name) {
+  return std::string(std::getenv("TEST_SRCDIR")) + "/" + std::getenv("TEST_WORKSPACE") +
+         "/common/metrics/testdata/" + name;
+}
+
+struct CurlResult {
+  int exit_code = -1;
+  std::string output;  // the body, then the status code on a line of its own
+};
+
+// Runs curl (Debian's, OpenSSL flavour) with `args`.
+CurlResult Curl(const std::string& args) {
+  CurlResult result;
+  std::string command = "curl --silent --show-error --max-time 10 -w '\n%{http_code}' " + args + " 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return result;
+  char buffer[4096];
+  for (size_t n; (n = fread(buffer, 1, sizeof(buffer), pipe)) > 0;) result.output.append(buffer, n);
+  int status = pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
+}
+
+TEST(MetricsHttpServerTlsTest, ServesHttpsWithBasicAuthToARealClient) {
+  if (access("/usr/bin/curl", X_OK) != 0) GTEST_SKIP() << "needs /usr/bin/curl";
+  MetricsRegistry registry;
+  registry.RegisterCounter("scrapes_total", "Scrapes.").value()->WithLabels({}).value()->Increment(7);
+  MetricsHttpOptions options;
+  options.tls_cert_file = TestData("test_cert.pem");
+  options.tls_key_file = TestData("test_key.pem");
+  options.basic_auth = ReadAuth("prometheus:s3cret\n");
+  StatusOr<std::unique_ptr<MetricsHttpServer>> server = MetricsHttpServer::Start(options, &registry);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string url = (*server)->url();
+  EXPECT_EQ(url, "https://127.0.0.1:" + std::to_string((*server)->port()) + "/metrics");
+
+  // Verified against the test certificate, then with -k.
+  CurlResult verified = Curl("--cacert " + options.tls_cert_file + " -u prometheus:s3cret " + url);
+  EXPECT_EQ(verified.exit_code, 0) << verified.output;
+  EXPECT_THAT(verified.output, HasSubstr("scrapes_total 7\n"));
+  EXPECT_THAT(verified.output, ::testing::EndsWith("\n200"));
+  CurlResult insecure = Curl("-k -u prometheus:s3cret " + url);
+  EXPECT_THAT(insecure.output, ::testing::EndsWith("\n200"));
+  EXPECT_THAT(Curl("-k " + url).output, ::testing::EndsWith("\n401"));
+  EXPECT_THAT(Curl("-k -u prometheus:nope " + url).output, ::testing::EndsWith("\n401"));
+  EXPECT_THAT(Curl("-k -X POST -u prometheus:s3cret " + url).output,
+              ::testing::EndsWith("\n405"));
+  // A large page arrives whole through the relay.
+  const std::string big(8 << 20, 'x');
+  ASSERT_TRUE((*server)->AddHandler("/big", [big](const HttpRequest&) {
+                       HttpResponse response;
+                       response.body = big;
+                       return response;
+                     }).ok());
+  CurlResult large = Curl("-k -u prometheus:s3cret -o /dev/null -w '%{size_download}' " +
+                          url.substr(0, url.rfind('/')) + "/big");
+  EXPECT_THAT(large.output, HasSubstr(std::to_string(big.size())));
+  // Plain HTTP to the TLS port gets no page.
+  Reply plain = Fetch((*server)->port(), "GET", "/metrics");
+  EXPECT_EQ(plain.status, 0);
+  // Many requests in a row, and some at once.
+  for (int i = 0; i < 20; ++i) {
+    EXPECT_THAT(Curl("-k -u prometheus:s3cret " + url).output, ::testing::EndsWith("\n200")) << i;
+  }
+  std::vector<std::thread> clients;
+  std::atomic<int> ok{0};
+  for (int i = 0; i < 8; ++i) {
+    clients.emplace_back([&] {
+      if (Curl("-k -u prometheus:s3cret " + url).output.rfind("\n200") != std::string::npos) ++ok;
+    });
+  }
+  for (std::thread& client : clients) client.join();
+  EXPECT_EQ(ok.load(), 8);
+}
+
+TEST(MetricsHttpServerTlsTest, RefusesAMissingOrMismatchedKey) {
+  MetricsRegistry registry;
+  MetricsHttpOptions options;
+  options.tls_cert_file = TestData("test_cert.pem");
+  EXPECT_THAT(MetricsHttpServer::Start(options, &registry).status().message(),
+              HasSubstr("both a certificate file and a key file"));
+  options.tls_key_file = TestData("test_cert.pem");  // not a key
+  StatusOr<std::unique_ptr<MetricsHttpServer>> server = MetricsHttpServer::Start(options, &registry);
+  ASSERT_FALSE(server.ok());
+  EXPECT_THAT(server.status().message(), HasSubstr("TLS key " + options.tls_key_file));
+  options.tls_key_file = "/nonexistent/key.pem";
+  EXPECT_THAT(MetricsHttpServer::Start(options, &registry).status().message(),
+              HasSubstr("/nonexistent/key.pem"));
 }
 
 }  // namespace
