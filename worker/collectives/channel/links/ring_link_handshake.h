@@ -16,10 +16,11 @@
 //                                       nonce_c, nonce_a)
 //
 // where records is the record protection the connector will send frames with (LinkCipher,
-// ring_link_cipher.h: 0 in the clear under kAuthenticate; AES-256-GCM or ChaCha20-Poly1305
-// under kEncrypt), ranks is (connector rank, acceptor rank) and MAC is HMAC-SHA-256 over length-prefixed
-// parts (common/security/mac.h), compared in constant time. Frames (ring_frame_codec.h) follow
-// the proof on the same stream; the acceptor reads exactly the handshake's bytes.
+// ring_link_cipher.h: 0, in the clear, under kAuthenticate; 1 AES-256-GCM or 2
+// ChaCha20-Poly1305 under kEncrypt), ranks is (connector rank, acceptor rank) and MAC is
+// HMAC-SHA-256 over length-prefixed parts (common/security/mac.h), compared in constant time.
+// Frames (ring_frame_codec.h), or kEncrypt's records, follow the proof on the same stream; the
+// acceptor reads exactly the handshake's bytes.
 //
 // Why each piece: each side's MAC covers a nonce the other side just drew, so a recorded
 // handshake replayed later fails (the acceptor's fresh nonce_a differs; the connector's
