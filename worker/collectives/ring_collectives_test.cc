@@ -24,12 +24,13 @@ using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
 // BUILD compiles this file once per channel, with TESSERA_RING_TEST_CHANNEL set to zmq (frames
-// through the transport, ZeroMQ on 127.0.0.1), links, shm or mixed (links to and from worker
-// 1, shared memory elsewhere; at world 2 links throughout): every test runs over each, set up
-// by ConnectRingChannel as tessera-worker sets up its own. What differs between channels (what
-// the transport counts, a peer whose connection closes) says so where it is tested.
+// through the transport, ZeroMQ on 127.0.0.1), links, links_encrypted (links under kEncrypt),
+// shm or mixed (links to and from worker 1, shared memory elsewhere; at world 2 links
+// throughout): every test runs over each, set up by ConnectRingChannel as tessera-worker sets
+// up its own. What differs between channels (what the transport counts, a peer whose
+// connection closes) says so where it is tested.
 #ifndef TESSERA_RING_TEST_CHANNEL
-#error "BUILD defines TESSERA_RING_TEST_CHANNEL as zmq, links, shm or mixed"
+#error "BUILD defines TESSERA_RING_TEST_CHANNEL as zmq, links, links_encrypted, shm or mixed"
 #endif
 #define TESSERA_RING_TEST_STRING_(channel) #channel
 #define TESSERA_RING_TEST_STRING(channel) TESSERA_RING_TEST_STRING_(channel)
@@ -317,7 +318,9 @@ TEST(RingCollectivesTest, TheChannelIsTheOneAskedFor) {
   for (int rank = 0; rank < 2; ++rank) {
     // At world 2 mixed has no hop without worker 1: links throughout.
     EXPECT_THAT(ring.description(rank),
-                StartsWith(kChannel == "mixed" ? "links (" : std::string(kChannel) + " ("));
+                StartsWith(kChannel == "mixed" || kChannel == "links_encrypted"
+                               ? "links ("
+                               : std::string(kChannel) + " ("));
   }
 }
 

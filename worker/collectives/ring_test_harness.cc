@@ -10,6 +10,7 @@
 #include <thread>
 #include <utility>
 
+#include "common/security/credentials.h"
 #include "common/transport/inproc/inproc_transport.h"
 #include "common/transport/zmq/zmq_endpoint.h"
 #include "worker/collectives/channel/ring_channel_setup.h"
@@ -86,7 +87,14 @@ TestRing::TestRing(int world, TestRingOptions options)
     threads.emplace_back([this, rank, world, &addresses, &results] {
       Rank& r = ranks_[rank];
       RingChannelSetupOptions setup;
-      setup.kind = options_.channel == "mixed" ? "auto" : options_.channel;
+      setup.kind = options_.channel == "mixed"             ? "auto"
+                   : options_.channel == "links_encrypted" ? "links"
+                                                           : options_.channel;
+      if (options_.channel == "links_encrypted") {
+        KeyBytes key;
+        key.fill(0x42);
+        setup.credentials = Credentials::Encrypt(JobKey::FromBytes(key));
+      }
       setup.rank = rank;
       setup.world_size = world;
       setup.peer_addresses = addresses;

@@ -45,7 +45,8 @@ inline constexpr size_t kTestSegmentBytes = 1024;
 inline constexpr int64_t kTestTimeoutMs = 30000;
 
 struct TestRingOptions {
-  // ConnectRingChannel's kind: zmq, links, shm or auto; or mixed: auto where worker 1 cannot
+  // ConnectRingChannel's kind: zmq, links, shm or auto; links_encrypted: links under
+  // Credentials kEncrypt (AEAD records, ring_link_cipher.h); or mixed: auto where worker 1 cannot
   // make its shared-memory segment (it asks for far more than /dev/shm holds), so that the
   // hops to and from it use links and the others shared memory, as across hosts. links, auto
   // and mixed need real sockets (in_process false).
