@@ -18,7 +18,6 @@
 #include <cstring>
 #include <utility>
 
-#include "common/base/logging.h"
 #include "common/base/role.h"
 #include "common/metrics/metric_names.h"
 #include "worker/collectives/channel/links/ring_link_cipher.h"
