@@ -2,10 +2,12 @@
 // (issue 19's fourth finding: 200 of them starved the coordinator's /metrics for 10 s, as long
 // as Prometheus' default scrape timeout). For the coordinator (/metrics, /sd, /dashboard), a
 // server and a worker in the middle of training: with 200 such connections open to each,
-// every page answers within 1 s, and again once they are closed.
+// every page answers within 1 s, and again once they are closed. And no page changes state
+// (issue 15, item 4): every method but GET and HEAD gets 405 on each of the coordinator's pages.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -99,6 +101,47 @@ TEST(HttpEndpointsTest, EveryPageAnswersWithinASecondWhile200ConnectionsStall) {
   for (const auto& [what, url] : pages) ExpectPromptAnswer(url, what);
   for (int fd : stalled) close(fd);
   for (const auto& [what, url] : pages) ExpectPromptAnswer(url, what);
+}
+
+// One request `method path` to 127.0.0.1:port; the status code of the answer, 0 if none.
+int StatusOfRequest(int port, const std::string& method, const std::string& path) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return 0;
+  timeval timeout = {5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  sockaddr_in address = {};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+    close(fd);
+    return 0;
+  }
+  const std::string request = method + " " + path +
+                              " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 2\r\n"
+                              "Connection: close\r\n\r\n{}";
+  (void)send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+  std::string response;
+  char buffer[4096];
+  for (ssize_t n; (n = recv(fd, buffer, sizeof(buffer), 0)) > 0;) response.append(buffer, n);
+  close(fd);
+  if (response.rfind("HTTP/1.1 ", 0) != 0 || response.size() < 12) return 0;
+  return std::stoi(response.substr(9, 3));
+}
+
+TEST(HttpEndpointsTest, NoPageChangesState) {
+  FleetHarness harness;
+  auto coordinator = harness.StartCoordinator(
+      {"--num-servers", "0", "--num-workers", "1", "--rendezvous-timeout-ms", "600000"});
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  const int port = PortOf(harness.process(0).metrics_url);
+  for (const char* path : {"/metrics", "/sd", "/dashboard", "/dashboard/", "/dashboard/data"}) {
+    for (const char* method : {"POST", "PUT", "DELETE", "PATCH"}) {
+      EXPECT_EQ(StatusOfRequest(port, method, path), 405) << method << " " << path;
+    }
+    EXPECT_EQ(StatusOfRequest(port, "GET", path), 200) << path;
+    EXPECT_EQ(StatusOfRequest(port, "HEAD", path), 200) << path;
+  }
 }
 
 }  // namespace

@@ -42,7 +42,10 @@ class MultiHostTest : public ::testing::Test {
   StatusOr<int> StartOn(int host, const std::string& label, const std::string& binary,
                         const std::vector<std::string>& args,
                         const std::vector<std::string>& env = {}) {
-    std::vector<std::string> argv = Concat({"/usr/bin/env"}, env);
+    // HTTP on the transport's address, not the default loopback: /sd lists every /metrics
+    // for a Prometheus on the other host (the variable reaches tessera-launch's children too).
+    std::vector<std::string> argv =
+        Concat({"/usr/bin/env", "TESSERA_METRICS_BIND_HOST=auto"}, env);
     argv.push_back(BinaryPath(binary));
     return harness_.StartCommand(label, hosts_->Command(host, Concat(argv, args)));
   }

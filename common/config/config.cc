@@ -93,6 +93,10 @@ enum FieldId : int {
   kBindHost,
   kPort,
   kMetricsPort,
+  kMetricsBindHost,
+  kMetricsTlsCert,
+  kMetricsTlsKey,
+  kMetricsAuthFile,
   kJob,
   kRendezvousTimeout,
   kHeartbeatInterval,
@@ -224,6 +228,51 @@ const Field kFields[kNumFields] = {
      },
      [](const ProcessConfig& c) { return std::to_string(c.metrics_port); },
      [](Role) -> const char* { return "HTTP port serving /metrics; 0: the OS picks a free one"; }},
+    {kMetricsBindHost, "--metrics-bind-host", nullptr, "HOST", kForAll, true,
+     [](std::string_view, std::string_view t, ProcessConfig* c) {
+       c->metrics_bind_host = std::string(t);
+       return OkStatus();
+     },
+     [](const ProcessConfig& c) { return c.metrics_bind_host; },
+     [](Role role) -> const char* {
+       if (role == Role::kCoordinator) {
+         return "Where HTTP (/metrics, /sd, /dashboard) listens: loopback (127.0.0.1), auto "
+                "(the --bind-host address: for a Prometheus on another host), an IP address or "
+                "an interface name. Env: TESSERA_METRICS_BIND_HOST";
+       }
+       return "Where HTTP /metrics listens: loopback (127.0.0.1), auto (the transport's "
+              "address: for a Prometheus on another host), an IP address or an interface name. "
+              "Env: TESSERA_METRICS_BIND_HOST";
+     }},
+    {kMetricsTlsCert, "--metrics-tls-cert", nullptr, "PATH", kForAll, true,
+     [](std::string_view, std::string_view t, ProcessConfig* c) {
+       c->metrics_tls_cert = std::string(t);
+       return OkStatus();
+     },
+     [](const ProcessConfig& c) { return c.metrics_tls_cert; },
+     [](Role) -> const char* {
+       return "Serve HTTP over TLS with this PEM certificate (chain); needs --metrics-tls-key. "
+              "Env: TESSERA_METRICS_TLS_CERT";
+     }},
+    {kMetricsTlsKey, "--metrics-tls-key", nullptr, "PATH", kForAll, true,
+     [](std::string_view, std::string_view t, ProcessConfig* c) {
+       c->metrics_tls_key = std::string(t);
+       return OkStatus();
+     },
+     [](const ProcessConfig& c) { return c.metrics_tls_key; },
+     [](Role) -> const char* {
+       return "The PEM private key of --metrics-tls-cert. Env: TESSERA_METRICS_TLS_KEY";
+     }},
+    {kMetricsAuthFile, "--metrics-auth-file", nullptr, "PATH", kForAll, true,
+     [](std::string_view, std::string_view t, ProcessConfig* c) {
+       c->metrics_auth_file = std::string(t);
+       return OkStatus();
+     },
+     [](const ProcessConfig& c) { return c.metrics_auth_file; },
+     [](Role) -> const char* {
+       return "HTTP basic auth: a file of user:password lines (mode 0600); requests without "
+              "one get 401. Env: TESSERA_METRICS_AUTH_FILE";
+     }},
     {kJob, "--job", nullptr, "NAME", kForAll, true,
      [](std::string_view, std::string_view t, ProcessConfig* c) {
        c->job = std::string(t);
@@ -561,6 +610,10 @@ Status ApplyEnvironment(const Environment& env, ProcessConfig* config) {
   RETURN_IF_ERROR(ApplyVariable(env, "TESSERA_AUTH_KEY_FILE", kAuthKeyFile, config));
   RETURN_IF_ERROR(ApplyVariable(env, "TESSERA_INSECURE", kInsecure, config));
   RETURN_IF_ERROR(ApplyVariable(env, "TESSERA_ENCRYPT", kEncrypt, config));
+  RETURN_IF_ERROR(ApplyVariable(env, "TESSERA_METRICS_BIND_HOST", kMetricsBindHost, config));
+  RETURN_IF_ERROR(ApplyVariable(env, "TESSERA_METRICS_TLS_CERT", kMetricsTlsCert, config));
+  RETURN_IF_ERROR(ApplyVariable(env, "TESSERA_METRICS_TLS_KEY", kMetricsTlsKey, config));
+  RETURN_IF_ERROR(ApplyVariable(env, "TESSERA_METRICS_AUTH_FILE", kMetricsAuthFile, config));
   if (config->role == Role::kWorker) {
     RETURN_IF_ERROR(ApplyVariable(env, "TESSERA_CUDA_TF32", kCudaTf32, config));
   }
@@ -630,6 +683,19 @@ Status ValidateConfig(const ProcessConfig& c) {
     if (std::isspace(static_cast<unsigned char>(ch)) || ch == '/') {
       return InvalidArgumentError(Named(c, kBindHost) + ": not a host name or IP address");
     }
+  }
+  if (c.metrics_bind_host.empty()) return InvalidArgumentError("--metrics-bind-host is empty");
+  for (char ch : c.metrics_bind_host) {
+    if (std::isspace(static_cast<unsigned char>(ch)) || ch == '/') {
+      return InvalidArgumentError(Named(c, kMetricsBindHost) +
+                                  ": not loopback, auto, a host name or an IP address");
+    }
+  }
+  if (c.metrics_tls_cert.empty() != c.metrics_tls_key.empty()) {
+    return InvalidArgumentError(
+        (c.metrics_tls_cert.empty() ? Named(c, kMetricsTlsKey) : Named(c, kMetricsTlsCert)) +
+        " needs " + (c.metrics_tls_cert.empty() ? "--metrics-tls-cert" : "--metrics-tls-key") +
+        " too: TLS takes a certificate and its key");
   }
   RETURN_IF_ERROR(CheckPort(c, kPort, c.port));
   RETURN_IF_ERROR(CheckPort(c, kMetricsPort, c.metrics_port));

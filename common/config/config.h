@@ -35,6 +35,10 @@
 //   auth_key_file  TESSERA_AUTH_KEY_FILE
 //   insecure       TESSERA_INSECURE
 //   encrypt        TESSERA_ENCRYPT
+//   metrics_bind_host  TESSERA_METRICS_BIND_HOST
+//   metrics_tls_cert   TESSERA_METRICS_TLS_CERT
+//   metrics_tls_key    TESSERA_METRICS_TLS_KEY
+//   metrics_auth_file  TESSERA_METRICS_AUTH_FILE
 //
 // Launcher families: rank, local_rank and num_workers are read from ONE family, the first of
 // torchrun > OpenMPI > Slurm that has any of its three variables set; the other families are
@@ -109,6 +113,18 @@ struct ProcessConfig {
   int port = 0;
   // HTTP /metrics port, 0 = OS picks. Flag --metrics-port.
   int metrics_port = 0;
+  // Where HTTP (/metrics; the coordinator's /sd and /dashboard) listens: "loopback"
+  // (127.0.0.1, whatever --bind-host says), "auto" (the transport's address, as --bind-host
+  // resolves it: what a Prometheus on another host needs), or an IP address or interface name
+  // as for --bind-host. Flag --metrics-bind-host; env TESSERA_METRICS_BIND_HOST.
+  std::string metrics_bind_host = "loopback";
+  // HTTPS: PEM certificate (chain) and its key; both or neither. Flags --metrics-tls-cert,
+  // --metrics-tls-key; env TESSERA_METRICS_TLS_CERT, TESSERA_METRICS_TLS_KEY.
+  std::string metrics_tls_cert;
+  std::string metrics_tls_key;
+  // HTTP basic auth: a file of user:password lines, mode 0600 (common/metrics/
+  // http_basic_auth.h). Flag --metrics-auth-file; env TESSERA_METRICS_AUTH_FILE.
+  std::string metrics_auth_file;
   // Job name: 1..64 of [A-Za-z0-9._-]. Flag --job; env TESSERA_JOB.
   std::string job = "tessera";
   // How long to wait for the whole fleet to register. Flag --rendezvous-timeout-ms.

@@ -614,7 +614,8 @@ TEST(DescribeConfigTest, OneLinePerFieldWithSource) {
   EXPECT_THAT(text, HasSubstr("--cuda-tf32=0 (default)\n"));
   EXPECT_THAT(text, HasSubstr("--insecure=0 (default)\n"));
   EXPECT_THAT(text, HasSubstr("--encrypt=auto (default)\n"));
-  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 21);  // role + 20 flags
+  EXPECT_THAT(text, HasSubstr("--metrics-bind-host=\"loopback\" (default)\n"));
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 25);  // role + 24 flags
 }
 
 TEST(SecurityFlagsTest, KeyFileInsecureAndEncryptFromFlagsOrEnvironment) {
@@ -640,6 +641,57 @@ TEST(SecurityFlagsTest, KeyFileInsecureAndEncryptFromFlagsOrEnvironment) {
                   .status()
                   .message(),
               HasSubstr("TESSERA_INSECURE"));
+}
+
+TEST(MetricsHttpFlagsTest, BindHostTlsAndAuthFromFlagsOrEnvironment) {
+  StatusOr<ProcessConfig> defaults = Parse(Role::kCoordinator, {}, {});
+  ASSERT_TRUE(defaults.ok()) << defaults.status();
+  EXPECT_EQ(defaults->metrics_bind_host, "loopback");
+  EXPECT_EQ(defaults->metrics_tls_cert, "");
+  EXPECT_EQ(defaults->metrics_auth_file, "");
+
+  StatusOr<ProcessConfig> flags =
+      Parse(Role::kServer,
+            {kCoordinatorFlag, "--metrics-bind-host", "auto", "--metrics-tls-cert", "/c.pem",
+             "--metrics-tls-key", "/k.pem", "--metrics-auth-file", "/a"},
+            {{"TESSERA_METRICS_BIND_HOST", "10.0.0.9"}});
+  ASSERT_TRUE(flags.ok()) << flags.status();
+  EXPECT_EQ(flags->metrics_bind_host, "auto");  // the flag beats the environment
+  EXPECT_EQ(flags->metrics_tls_cert, "/c.pem");
+  EXPECT_EQ(flags->metrics_tls_key, "/k.pem");
+  EXPECT_EQ(flags->metrics_auth_file, "/a");
+
+  StatusOr<ProcessConfig> env = Parse(Role::kWorker, {kCoordinatorFlag},
+                                      {{"TESSERA_METRICS_BIND_HOST", "eth0"},
+                                       {"TESSERA_METRICS_TLS_CERT", "/ec.pem"},
+                                       {"TESSERA_METRICS_TLS_KEY", "/ek.pem"},
+                                       {"TESSERA_METRICS_AUTH_FILE", "/ea"}});
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_EQ(env->metrics_bind_host, "eth0");
+  EXPECT_EQ(env->metrics_tls_cert, "/ec.pem");
+  EXPECT_EQ(env->metrics_tls_key, "/ek.pem");
+  EXPECT_EQ(env->metrics_auth_file, "/ea");
+  EXPECT_EQ(env->sources.at("--metrics-bind-host"), "env TESSERA_METRICS_BIND_HOST");
+
+  // TLS takes both files.
+  StatusOr<ProcessConfig> cert_only =
+      Parse(Role::kWorker, {kCoordinatorFlag, "--metrics-tls-cert", "/c.pem"}, {});
+  ASSERT_FALSE(cert_only.ok());
+  EXPECT_THAT(cert_only.status().message(), HasSubstr("--metrics-tls-cert=\"/c.pem\" needs "
+                                                      "--metrics-tls-key too"));
+  StatusOr<ProcessConfig> key_only =
+      Parse(Role::kWorker, {kCoordinatorFlag}, {{"TESSERA_METRICS_TLS_KEY", "/k.pem"}});
+  ASSERT_FALSE(key_only.ok());
+  EXPECT_THAT(key_only.status().message(), HasSubstr("(from TESSERA_METRICS_TLS_KEY) needs "
+                                                     "--metrics-tls-cert too"));
+  EXPECT_THAT(Parse(Role::kWorker, {kCoordinatorFlag, "--metrics-bind-host", ""}, {})
+                  .status()
+                  .message(),
+              HasSubstr("--metrics-bind-host is empty"));
+  EXPECT_THAT(Parse(Role::kWorker, {kCoordinatorFlag, "--metrics-bind-host", "a b"}, {})
+                  .status()
+                  .message(),
+              HasSubstr("--metrics-bind-host=\"a b\""));
 }
 
 TEST(CurrentEnvironmentTest, ReadsTheProcessEnvironment) {
