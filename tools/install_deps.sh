@@ -16,6 +16,7 @@ packages=(
   python3-zmq   # the foreign client of tests/security_test
   libflatbuffers-dev flatbuffers-compiler  # wire format
   libcivetweb-dev          # /metrics over HTTP
+  libssl-dev               # HTTPS for /metrics (common/metrics/tls_relay: civetweb's own TLS crashes with OpenSSL 3)
   libgtest-dev libgmock-dev
   libopenblas-dev          # CPU GEMM
   libcli11-dev             # flags
