@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 
 #include "common/security/mac.h"
@@ -64,14 +65,22 @@ TokenVerdict ConnectTokenVerifier::Verify(std::string_view token, int64_t now_ms
     return verdict;
   }
   const int64_t issued = GetIssued(bytes + 1);
-  if (issued < now_ms - kTokenWindowMs || issued > now_ms + kTokenWindowMs) {
+  // |now - issued| in unsigned arithmetic: any two int64 clocks, without overflow.
+  const bool ahead = issued > now_ms;
+  const uint64_t skew = ahead ? uint64_t(issued) - uint64_t(now_ms)
+                              : uint64_t(now_ms) - uint64_t(issued);
+  if (skew > uint64_t{kTokenWindowMs}) {
     verdict.reason = "expired";
-    verdict.detail = "the token was issued " + std::to_string((now_ms - issued) / 1000) +
-                     " s from now (" + std::to_string(kTokenWindowMs / 1000) +
+    verdict.detail = "the token was issued " + std::to_string(skew / 1000) + " s " +
+                     (ahead ? "ahead of" : "before") + " this host's clock (" +
+                     std::to_string(kTokenWindowMs / 1000) +
                      " s allowed: are the hosts' clocks apart?)";
     return verdict;
   }
-  while (!by_issue_.empty() && by_issue_.front().first < now_ms - kTokenWindowMs) {
+  // Forget what the window has passed (saturating: `now_ms` may be near the int64 limits).
+  const int64_t window_start = now_ms < INT64_MIN + kTokenWindowMs ? INT64_MIN
+                                                                    : now_ms - kTokenWindowMs;
+  while (!by_issue_.empty() && by_issue_.front().first < window_start) {
     seen_.erase(by_issue_.front().second);
     by_issue_.pop_front();
   }

@@ -54,5 +54,23 @@ TEST(ConnectTokenTest, TokensOutsideTheWindowAreRefusedAndOldNoncesForgotten) {
   EXPECT_EQ(verifier.remembered(), 2u);
 }
 
+// Found by connect_token_fuzzer: the skew of a token from a clock near the int64 limits
+// overflowed (undefined behaviour) while the refusal was worded.
+TEST(ConnectTokenTest, ClocksAtTheLimitsAreRefusedWithoutOverflow) {
+  const JobKey key = JobKey::Generate();
+  ConnectTokenVerifier verifier(key);
+  for (int64_t issued : {INT64_MIN, int64_t{0}, INT64_MAX}) {
+    for (int64_t now : {INT64_MIN, int64_t{-1}, INT64_MAX}) {
+      TokenVerdict verdict = verifier.Verify(MakeConnectToken(key, issued), now);
+      EXPECT_EQ(verdict.ok, issued == now || (issued == 0 && now == -1))
+          << issued << " at " << now << ": " << verdict.detail;
+      if (!verdict.ok) EXPECT_EQ(verdict.reason, "expired");
+    }
+  }
+  EXPECT_EQ(verifier.Verify(MakeConnectToken(key, kNow - 3600 * 1000), kNow).detail,
+            "the token was issued 3600 s before this host's clock (600 s allowed: are the "
+            "hosts' clocks apart?)");
+}
+
 }  // namespace
 }  // namespace tessera
