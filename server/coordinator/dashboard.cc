@@ -244,12 +244,16 @@ void Dashboard::ScrapeOnce(const HeardSource& heard) {
       if (member.state != MemberState::kJoining && member.state != MemberState::kAlive) continue;
       Target target;
       target.key = {member.role, member.rank};
-      StatusOr<std::pair<std::string, std::string>> split =
-          SplitMetricsUrl(member.metrics_address, member.host);
-      if (split.ok()) {
-        target.url = "http://" + split->first + split->second;
-      } else {
+      StatusOr<MetricsUrlParts> split = SplitMetricsUrl(member.metrics_address, member.host);
+      if (!split.ok()) {
         target.result = split.status();
+      } else if (split->scheme != "http") {
+        // The scraper speaks plain HTTP, without the members' basic-auth credentials.
+        target.result = UnimplementedError(
+            member.Name() + " serves /metrics over " + split->scheme +
+            ", which the dashboard does not scrape; Prometheus does, through /sd");
+      } else {
+        target.url = "http://" + split->address + split->path;
       }
       targets.push_back(std::move(target));
     }

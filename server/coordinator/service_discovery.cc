@@ -10,18 +10,21 @@
 namespace tessera::server {
 namespace {
 
-constexpr std::string_view kHttpScheme = "http://";
 
 }  // namespace
 
-StatusOr<std::pair<std::string, std::string>> SplitMetricsUrl(std::string_view url,
-                                                              std::string_view fallback_host) {
+StatusOr<MetricsUrlParts> SplitMetricsUrl(std::string_view url, std::string_view fallback_host) {
   auto fail = [url](std::string_view why) {
     return InvalidArgumentError("metrics URL " + Quote(url) +
-                                " is not http://HOST:PORT/PATH: " + std::string(why));
+                                " is not http(s)://HOST:PORT/PATH: " + std::string(why));
   };
-  if (url.compare(0, kHttpScheme.size(), kHttpScheme) != 0) return fail("not an http:// URL");
-  std::string_view rest = url.substr(kHttpScheme.size());
+  MetricsUrlParts parts;
+  const size_t separator = url.find("://");
+  if (separator != std::string_view::npos) parts.scheme = std::string(url.substr(0, separator));
+  if (parts.scheme != "http" && parts.scheme != "https") {
+    return fail("not an http:// or https:// URL");
+  }
+  std::string_view rest = url.substr(separator + 3);
   size_t slash = rest.find('/');
   std::string_view authority = rest.substr(0, slash);
   std::string path = slash == std::string_view::npos ? "/" : std::string(rest.substr(slash));
@@ -30,7 +33,9 @@ StatusOr<std::pair<std::string, std::string>> SplitMetricsUrl(std::string_view u
   auto [host, port] = *host_port;
   if (port == 0) return fail("port 0");
   if (IsUnspecifiedHost(host) && !fallback_host.empty()) host = std::string(fallback_host);
-  return std::make_pair(JoinHostPort(host, port), path);
+  parts.address = JoinHostPort(host, port);
+  parts.path = path;
+  return parts;
 }
 
 std::vector<ScrapeTarget> ScrapeTargets(const FleetView& view, const ScrapeTarget& coordinator,
@@ -38,15 +43,15 @@ std::vector<ScrapeTarget> ScrapeTargets(const FleetView& view, const ScrapeTarge
   std::vector<ScrapeTarget> targets = {coordinator};
   for (const MemberInfo& member : view.members) {
     if (member.state != MemberState::kJoining && member.state != MemberState::kAlive) continue;
-    StatusOr<std::pair<std::string, std::string>> split =
-        SplitMetricsUrl(member.metrics_address, member.host);
+    StatusOr<MetricsUrlParts> split = SplitMetricsUrl(member.metrics_address, member.host);
     if (!split.ok()) {
       if (skipped != nullptr) skipped->push_back(member.Name() + ": " + split.status().message());
       continue;
     }
     ScrapeTarget target;
-    target.address = split->first;
-    target.metrics_path = split->second;
+    target.address = split->address;
+    target.metrics_path = split->path;
+    target.scheme = split->scheme;
     target.role = std::string(RoleName(member.role));
     target.rank = member.rank;
     target.job = view.job;
@@ -58,12 +63,13 @@ std::vector<ScrapeTarget> ScrapeTargets(const FleetView& view, const ScrapeTarge
 std::string TargetGroupsJson(const std::vector<ScrapeTarget>& targets) {
   nlohmann::json groups = nlohmann::json::array();
   for (const ScrapeTarget& target : targets) {
-    groups.push_back({{"targets", {target.address}},
-                      {"labels",
-                       {{"__metrics_path__", target.metrics_path},
-                        {"role", target.role},
-                        {"rank", std::to_string(target.rank)},
-                        {"tessera_job", target.job}}}});
+    nlohmann::json labels = {{"__metrics_path__", target.metrics_path},
+                             {"role", target.role},
+                             {"rank", std::to_string(target.rank)},
+                             {"tessera_job", target.job}};
+    // Prometheus' own label for the scheme; absent means http.
+    if (target.scheme != "http") labels["__scheme__"] = target.scheme;
+    groups.push_back({{"targets", {target.address}}, {"labels", labels}});
   }
   return groups.dump() + "\n";
 }
@@ -75,8 +81,9 @@ StatusOr<std::unique_ptr<ServiceDiscovery>> ServiceDiscovery::Create(
   ASSIGN_OR_RETURN(auto split,
                    SplitMetricsUrl(resolved.coordinator_metrics_url, resolved.coordinator_host));
   ScrapeTarget coordinator;
-  coordinator.address = split.first;
-  coordinator.metrics_path = split.second;
+  coordinator.address = split.address;
+  coordinator.metrics_path = split.path;
+  coordinator.scheme = split.scheme;
   coordinator.role = std::string(RoleName(Role::kCoordinator));
   coordinator.rank = 0;
   coordinator.job = resolved.job;

@@ -38,16 +38,21 @@ namespace tessera::server {
 struct ScrapeTarget {
   std::string address;       // HOST:PORT, what Prometheus connects to
   std::string metrics_path;  // "/metrics"
+  std::string scheme = "http";  // "https" for a member serving TLS (--metrics-tls-cert)
   std::string role;          // "coordinator", "server", "worker"
   int rank = 0;
   std::string job;  // the Tessera job's name
 };
 
-// {HOST:PORT, PATH} of "http://HOST:PORT/PATH" (PATH "/" when absent). An unspecified host
-// (0.0.0.0, ::) becomes `fallback_host` when that is not empty. InvalidArgument quoting the URL
-// when it is not of that form.
-StatusOr<std::pair<std::string, std::string>> SplitMetricsUrl(std::string_view url,
-                                                              std::string_view fallback_host);
+// The parts of "http://HOST:PORT/PATH" or "https://HOST:PORT/PATH" (PATH "/" when absent). An
+// unspecified host (0.0.0.0, ::) becomes `fallback_host` when that is not empty.
+// InvalidArgument quoting the URL when it is not of that form.
+struct MetricsUrlParts {
+  std::string scheme;   // "http" or "https"
+  std::string address;  // HOST:PORT
+  std::string path;
+};
+StatusOr<MetricsUrlParts> SplitMetricsUrl(std::string_view url, std::string_view fallback_host);
 
 // The coordinator's target, then one per joining or alive member of `view`. Members whose
 // metrics address cannot be parsed are left out and named, with the reason, in `*skipped`

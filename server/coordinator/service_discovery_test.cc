@@ -70,34 +70,50 @@ std::vector<std::string> Summarize(const std::string& json) {
 TEST(SplitMetricsUrlTest, GivesHostPortAndPath) {
   auto split = SplitMetricsUrl("http://127.0.0.1:9100/metrics", "");
   ASSERT_TRUE(split.ok()) << split.status();
-  EXPECT_EQ(split->first, "127.0.0.1:9100");
-  EXPECT_EQ(split->second, "/metrics");
+  EXPECT_EQ(split->address, "127.0.0.1:9100");
+  EXPECT_EQ(split->path, "/metrics");
 
   split = SplitMetricsUrl("http://node3:80", "");
   ASSERT_TRUE(split.ok()) << split.status();
-  EXPECT_EQ(split->first, "node3:80");
-  EXPECT_EQ(split->second, "/");
+  EXPECT_EQ(split->address, "node3:80");
+  EXPECT_EQ(split->path, "/");
 
   split = SplitMetricsUrl("http://[::1]:9100/metrics", "");
   ASSERT_TRUE(split.ok()) << split.status();
-  EXPECT_EQ(split->first, "[::1]:9100");
+  EXPECT_EQ(split->address, "[::1]:9100");
+}
+
+TEST(SplitMetricsUrlTest, TakesHttpsAndSaysSo) {
+  auto split = SplitMetricsUrl("https://10.0.0.2:9100/metrics", "");
+  ASSERT_TRUE(split.ok()) << split.status();
+  EXPECT_EQ(split->scheme, "https");
+  EXPECT_EQ(split->address, "10.0.0.2:9100");
+  EXPECT_EQ(SplitMetricsUrl("http://10.0.0.2:9100/metrics", "")->scheme, "http");
+  ScrapeTarget target;
+  target.address = "10.0.0.2:9100";
+  target.metrics_path = "/metrics";
+  target.scheme = "https";
+  EXPECT_NE(TargetGroupsJson({target}).find("\"__scheme__\":\"https\""), std::string::npos)
+      << TargetGroupsJson({target});
+  target.scheme = "http";
+  EXPECT_EQ(TargetGroupsJson({target}).find("__scheme__"), std::string::npos);
 }
 
 TEST(SplitMetricsUrlTest, ReplacesAnUnspecifiedHost) {
   auto split = SplitMetricsUrl("http://0.0.0.0:9100/metrics", "node7");
   ASSERT_TRUE(split.ok()) << split.status();
-  EXPECT_EQ(split->first, "node7:9100");
+  EXPECT_EQ(split->address, "node7:9100");
   split = SplitMetricsUrl("http://[::]:9100/metrics", "node7");
   ASSERT_TRUE(split.ok()) << split.status();
-  EXPECT_EQ(split->first, "node7:9100");
+  EXPECT_EQ(split->address, "node7:9100");
   // Without a fallback it stays as it is.
   split = SplitMetricsUrl("http://0.0.0.0:9100/metrics", "");
   ASSERT_TRUE(split.ok()) << split.status();
-  EXPECT_EQ(split->first, "0.0.0.0:9100");
+  EXPECT_EQ(split->address, "0.0.0.0:9100");
 }
 
 TEST(SplitMetricsUrlTest, RejectsWhatIsNotHttpHostPort) {
-  for (const char* bad : {"", "127.0.0.1:9100/metrics", "https://127.0.0.1:9100/metrics",
+  for (const char* bad : {"", "127.0.0.1:9100/metrics", "ftp://127.0.0.1:9100/metrics",
                           "tcp://127.0.0.1:9100", "http://127.0.0.1/metrics",
                           "http://127.0.0.1:0/metrics", "http://:9100/metrics"}) {
     auto split = SplitMetricsUrl(bad, "node7");
