@@ -10,6 +10,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "common/security/private_file.h"
+
 namespace tessera {
 namespace {
 
@@ -83,53 +85,8 @@ std::string JobKey::Serialize() const {
 }
 
 StatusOr<JobKey> ReadKeyFile(const std::string& path) {
-  const std::string where = "key file " + path + ": ";
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  if (fd < 0) {
-    return FailedPreconditionError(where + std::strerror(errno) +
-                                   (errno == ELOOP ? " (a symbolic link is not accepted)" : ""));
-  }
-  struct stat info;
-  if (fstat(fd, &info) != 0) {
-    const int error = errno;
-    close(fd);
-    return FailedPreconditionError(where + std::strerror(error));
-  }
-  if (!S_ISREG(info.st_mode)) {
-    close(fd);
-    return FailedPreconditionError(where + "not a regular file");
-  }
-  if (info.st_uid != geteuid()) {
-    close(fd);
-    return FailedPreconditionError(where + "owned by uid " + std::to_string(info.st_uid) +
-                                 ", not by this user (uid " + std::to_string(geteuid()) +
-                                 "); a job key must be its user's own");
-  }
-  if ((info.st_mode & 077) != 0) {
-    close(fd);
-    char mode[8];
-    std::snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(info.st_mode & 07777));
-    return FailedPreconditionError(where + "mode " + mode +
-                                 " lets other users read or change it; run chmod 600 " + path);
-  }
-  std::string text(kMaxKeyFileBytes + 1, '\0');
-  size_t size = 0;
-  while (size < text.size()) {
-    const ssize_t n = read(fd, text.data() + size, text.size() - size);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int error = errno;
-      close(fd);
-      sodium_memzero(text.data(), text.size());
-      return FailedPreconditionError(where + std::strerror(error));
-    }
-    if (n == 0) break;
-    size += static_cast<size_t>(n);
-  }
-  close(fd);
-  StatusOr<JobKey> key = size > kMaxKeyFileBytes
-                             ? StatusOr<JobKey>(InvalidArgumentError("longer than a key file"))
-                             : JobKey::Parse(std::string_view(text.data(), size));
+  ASSIGN_OR_RETURN(std::string text, ReadPrivateFile(path, "key file", kMaxKeyFileBytes));
+  StatusOr<JobKey> key = JobKey::Parse(text);
   sodium_memzero(text.data(), text.size());
   if (!key.ok()) return key.status().WithContext("key file " + path);
   return key;

@@ -98,7 +98,7 @@ TEST(JobKeyTest, AnOversizedFileIsRefused) {
     out << "tessera-job-key-v1 " << std::string(10000, 'a');
   }
   ASSERT_EQ(chmod(path.c_str(), 0600), 0);
-  EXPECT_THAT(ReadKeyFile(path).status().message(), HasSubstr("longer than a key file"));
+  EXPECT_THAT(ReadKeyFile(path).status().message(), HasSubstr("larger than 256 bytes"));
 }
 
 }  // namespace
