@@ -19,6 +19,7 @@
 #include "worker/collectives/channel/links/ring_link_cipher.h"
 #include "worker/collectives/channel/links/ring_link_handshake.h"
 #include "worker/collectives/channel/links/ring_links.h"
+#include "worker/collectives/channel/links/ring_links_testing.h"
 
 namespace tessera::worker {
 namespace {
@@ -26,23 +27,14 @@ namespace {
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
+using testing::KeyOf;
+using testing::Listeners;
+using testing::Pattern;
 
 using Bytes = std::vector<uint8_t>;
 
 constexpr char kAuthenticationFailure[] =
     "a record failed authentication (tampered or not from the job)";
-
-JobKey KeyOf(uint8_t fill) {
-  KeyBytes bytes;
-  bytes.fill(fill);
-  return JobKey::FromBytes(bytes);
-}
-
-Bytes Pattern(size_t bytes, uint8_t seed) {
-  Bytes out(bytes);
-  for (size_t i = 0; i < bytes; ++i) out[i] = static_cast<uint8_t>(i * 31 + seed);
-  return out;
-}
 
 RingFrame Frame(int sender, uint64_t tag, uint32_t slot, Bytes bytes) {
   RingFrame frame;
@@ -62,19 +54,6 @@ RingFrame Frame(int sender, uint64_t tag, uint32_t slot, Bytes bytes) {
 Bytes DataOf(const RingFrame& frame) {
   return Bytes(frame.data.data(), frame.data.data() + frame.data.size());
 }
-
-struct Listeners {
-  explicit Listeners(int world) {
-    for (int rank = 0; rank < world; ++rank) {
-      auto listener = RingLinks::Listen("127.0.0.1");
-      EXPECT_TRUE(listener.ok()) << listener.status();
-      addresses.push_back((*listener)->address);
-      listeners.push_back(std::move(listener).value());
-    }
-  }
-  std::vector<std::unique_ptr<RingLinks::Listener>> listeners;
-  std::vector<std::string> addresses;
-};
 
 StatusOr<std::unique_ptr<RingLinks>> ConnectRank(int rank, int world, std::string next_address,
                                                  std::unique_ptr<RingLinks::Listener> listener,

@@ -1,4 +1,5 @@
 #include "worker/collectives/channel/links/ring_links.h"
+#include "worker/collectives/channel/links/ring_links_testing.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -29,6 +30,9 @@ namespace {
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
+using testing::KeyOf;
+using testing::Listeners;
+using testing::Pattern;
 
 RingFrame Frame(int sender, uint64_t tag, uint32_t slot, std::vector<uint8_t> bytes = {}) {
   RingFrame frame;
@@ -45,12 +49,6 @@ RingFrame Frame(int sender, uint64_t tag, uint32_t slot, std::vector<uint8_t> by
   frame.buffer_elements = 1234;
   if (!bytes.empty()) frame.data = Payload::FromVector(std::move(bytes));
   return frame;
-}
-
-std::vector<uint8_t> Pattern(size_t bytes, uint8_t seed) {
-  std::vector<uint8_t> out(bytes);
-  for (size_t i = 0; i < bytes; ++i) out[i] = static_cast<uint8_t>(i * 31 + seed);
-  return out;
 }
 
 // Ranks 0 and 1 of a world of two over socket pairs.
@@ -396,19 +394,6 @@ TEST(RingLinksTest, AFailureOnTheBusWakesAWaiterWithTheRootCause) {
 
 // Connect: each rank runs on its own thread with a real loopback listener, as ring channel
 // setup does once the ranks have swapped their listeners' addresses.
-struct Listeners {
-  explicit Listeners(int world) {
-    for (int rank = 0; rank < world; ++rank) {
-      auto listener = RingLinks::Listen("127.0.0.1");
-      EXPECT_TRUE(listener.ok()) << listener.status();
-      addresses.push_back((*listener)->address);
-      listeners.push_back(std::move(listener).value());
-    }
-  }
-  std::vector<std::unique_ptr<RingLinks::Listener>> listeners;
-  std::vector<std::string> addresses;
-};
-
 RingLinksOptions ConnectOptions(int rank, int world, std::string next_address,
                                 int64_t timeout_ms = 10000) {
   RingLinksOptions options;
@@ -546,12 +531,6 @@ TEST(RingLinksConnectTest, AConnectionFromAnotherRankIsRejected) {
 
 // ---------------------------------------------------------------------------------------------
 // Authenticated links (Credentials kAuthenticate): ring_link_handshake.h has the wire.
-
-JobKey KeyOf(uint8_t fill) {
-  KeyBytes bytes;
-  bytes.fill(fill);
-  return JobKey::FromBytes(bytes);
-}
 
 double HandshakeFailures(MetricsRegistry& registry) {
   auto family = registry.RegisterCounter(metric_names::kAuthFailuresTotal.name,
