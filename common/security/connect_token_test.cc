@@ -64,7 +64,9 @@ TEST(ConnectTokenTest, ClocksAtTheLimitsAreRefusedWithoutOverflow) {
       TokenVerdict verdict = verifier.Verify(MakeConnectToken(key, issued), now);
       EXPECT_EQ(verdict.ok, issued == now || (issued == 0 && now == -1))
           << issued << " at " << now << ": " << verdict.detail;
-      if (!verdict.ok) EXPECT_EQ(verdict.reason, "expired");
+      if (!verdict.ok) {
+        EXPECT_EQ(verdict.reason, "expired");
+      }
     }
   }
   EXPECT_EQ(verifier.Verify(MakeConnectToken(key, kNow - 3600 * 1000), kNow).detail,
