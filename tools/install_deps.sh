@@ -12,8 +12,8 @@ packages=(
   bazel-bootstrap          # Bazel 4.2.3, offline (see shared/notes/bazel-offline.md)
   g++
   libzmq3-dev cppzmq-dev   # transport
-  libsodium-dev   # job keys, handshakes (common/security)
-  python3-zmq   # the foreign client of tests/security_test
+  libsodium-dev            # job keys, handshakes, ring-link encryption (common/security)
+  python3-zmq              # the foreign client of tests/security_test
   libflatbuffers-dev flatbuffers-compiler  # wire format
   libcivetweb-dev          # /metrics over HTTP
   libssl-dev               # HTTPS for /metrics (common/metrics/tls_relay: civetweb's own TLS crashes with OpenSSL 3)
