@@ -193,4 +193,18 @@ std::string HumanBytes(size_t bytes) {
   return std::to_string(bytes) + " B";
 }
 
+std::vector<nlohmann::json> BenchLines(const std::vector<ChildOutput>& outputs,
+                                       const std::string& bench) {
+  std::vector<nlohmann::json> lines;
+  for (const ChildOutput& output : outputs) {
+    for (const std::string& line : output.stdout_lines) {
+      const size_t start = line.find("{\"bench\"");
+      if (start == std::string::npos) continue;
+      nlohmann::json j = nlohmann::json::parse(line.substr(start), nullptr, false);
+      if (j.is_object() && j.value("bench", "") == bench) lines.push_back(std::move(j));
+    }
+  }
+  return lines;
+}
+
 }  // namespace tessera::tools

@@ -60,6 +60,11 @@ struct ChildSpec {
 StatusOr<std::vector<ChildOutput>> RunAllToCompletion(const std::vector<ChildSpec>& children,
                                                       int64_t timeout_ms);
 
+// The {"bench": `bench`, ...} objects the children printed on stdout (after any "[worker N] "
+// prefix tessera-launch adds), in order.
+std::vector<nlohmann::json> BenchLines(const std::vector<ChildOutput>& outputs,
+                                       const std::string& bench);
+
 // The last stdout line that parses as a JSON object.
 StatusOr<nlohmann::json> LastJsonLine(const std::string& label, const ChildOutput& output);
 

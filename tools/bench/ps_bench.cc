@@ -65,21 +65,6 @@ Status ParseOptions(PsBenchOptions* o) {
   return OkStatus();
 }
 
-// The {"bench":"ps",...} objects of `outputs` (after any "[worker N] " prefix).
-std::vector<nlohmann::json> BenchLines(const std::vector<ChildOutput>& outputs,
-                                       const std::string& bench) {
-  std::vector<nlohmann::json> lines;
-  for (const ChildOutput& output : outputs) {
-    for (const std::string& line : output.stdout_lines) {
-      const size_t start = line.find("{\"bench\"");
-      if (start == std::string::npos) continue;
-      nlohmann::json j = nlohmann::json::parse(line.substr(start), nullptr, false);
-      if (j.is_object() && j.value("bench", "") == bench) lines.push_back(std::move(j));
-    }
-  }
-  return lines;
-}
-
 // Per (system, servers, workers, bytes): each worker's line.
 using Key = std::tuple<std::string, int, int, size_t>;
 struct Results {

@@ -66,17 +66,9 @@ Status MeasureLaunched(const SecurityBenchOptions& o, const std::string& path,
   ASSIGN_OR_RETURN(std::vector<ChildOutput> outputs,
                    RunAllToCompletion({{what, argv}}, int64_t{o.timeout_s} * 1000));
   std::map<size_t, double> slowest;
-  for (const ChildOutput& output : outputs) {
-    for (const std::vector<std::string>* lines : {&output.stdout_lines, &output.stderr_lines}) {
-      for (const std::string& line : *lines) {
-        const size_t start = line.find("{\"bench\"");
-        if (start == std::string::npos) continue;
-        nlohmann::json j = nlohmann::json::parse(line.substr(start), nullptr, false);
-        if (!j.is_object() || j.value("bench", "") != (ps ? "ps" : "allreduce")) continue;
-        double& median = slowest[j.value("bytes", size_t{0})];
-        median = std::max(median, j.value("median_s", 0.0));
-      }
-    }
+  for (const nlohmann::json& line : BenchLines(outputs, ps ? "ps" : "allreduce")) {
+    double& median = slowest[line.value("bytes", size_t{0})];
+    median = std::max(median, line.value("median_s", 0.0));
   }
   for (size_t size : o.sizes) {
     auto it = slowest.find(size);
