@@ -19,6 +19,7 @@
 #include "common/base/version.h"
 #include "common/messages/fleet_view.h"
 #include "common/metrics/metric_names.h"
+#include "common/process/metrics_http_settings.h"
 #include "common/transport/bind_address.h"
 #include "common/transport/zmq/zmq_endpoint.h"
 
@@ -62,49 +63,6 @@ StatusOr<Credentials> ResolveProcessCredentials(const ProcessConfig& config,
                                                                     : std::string()));
   }
   return credentials;
-}
-
-StatusOr<MetricsHttpOptions> ResolveMetricsHttpOptions(const ProcessConfig& config,
-                                                       const BindAddress& transport,
-                                                       std::string_view coordinator_host) {
-  MetricsHttpOptions options;
-  options.port = config.metrics_port;
-  if (config.metrics_bind_host == "loopback") {
-    options.bind_host = "127.0.0.1";
-    if (!IsLoopbackHost(transport.listen)) {
-      // Said once, where a user looking for the scrape target will look.
-      TLOG(INFO) << "--metrics-bind-host loopback: HTTP stays on 127.0.0.1 while the transport "
-                    "listens on "
-                 << transport.listen
-                 << "; a Prometheus on another host cannot scrape it (pass --metrics-bind-host "
-                    "auto, and see docs/security-http.md)";
-    }
-  } else if (config.metrics_bind_host == "auto") {
-    options.bind_host = transport.listen;
-    options.advertise_host = transport.advertise;
-  } else {
-    StatusOr<BindAddress> own = ResolveBindAddress(config.metrics_bind_host, coordinator_host);
-    if (!own.ok()) return own.status().WithContext("--metrics-bind-host");
-    options.bind_host = own->listen;
-    options.advertise_host = own->advertise;
-  }
-  options.tls_cert_file = config.metrics_tls_cert;
-  options.tls_key_file = config.metrics_tls_key;
-  if (!config.metrics_auth_file.empty()) {
-    StatusOr<HttpBasicAuth> auth = HttpBasicAuth::ReadFile(config.metrics_auth_file);
-    if (!auth.ok()) return auth.status().WithContext("--metrics-auth-file");
-    options.basic_auth = std::make_shared<const HttpBasicAuth>(std::move(auth).value());
-  }
-  const bool exposed = !IsLoopbackHost(options.bind_host);
-  if (exposed) {
-    TLOG(INFO) << "--metrics-bind-host " << config.metrics_bind_host << ": HTTP listens on "
-               << options.bind_host << ", from the network, "
-               << (options.tls_cert_file.empty() ? "without TLS" : "over TLS") << ", "
-               << (options.basic_auth ? "with basic auth" : "without authentication");
-  }
-  options.warn_when_exposed = false;  // said above; MetricsHttpServer still warns about basic
-                                      // auth in the clear
-  return options;
 }
 
 StatusOr<std::unique_ptr<ProcessRuntime>> ProcessRuntime::Start(const ProcessConfig& config) {
@@ -158,7 +116,8 @@ StatusOr<std::unique_ptr<ProcessRuntime>> ProcessRuntime::Start(const ProcessCon
   }
 
   ASSIGN_OR_RETURN(MetricsHttpOptions http_options,
-                   ResolveMetricsHttpOptions(config, bind, coordinator_host));
+                   ResolveMetricsHttpOptions(MetricsHttpSettings::FromConfig(config), bind,
+                                             coordinator_host));
   ASSIGN_OR_RETURN(runtime->http_, MetricsHttpServer::Start(http_options, &runtime->metrics_));
 
   ZmqTransportOptions transport;

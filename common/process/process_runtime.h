@@ -86,15 +86,6 @@ class ProcessRuntime {
 StatusOr<Credentials> ResolveProcessCredentials(const ProcessConfig& config,
                                                 std::string_view listen_host);
 
-// Where and how HTTP is served (--metrics-bind-host, --metrics-tls-cert/-key,
-// --metrics-auth-file): "loopback" is 127.0.0.1; "auto" is `transport` (what --bind-host
-// resolved to); anything else resolves like --bind-host. Reads the auth file (errors name the
-// flag and the file). Logs how HTTP is exposed when it is off the loopback, and that it stays
-// on the loopback while the transport is not.
-StatusOr<MetricsHttpOptions> ResolveMetricsHttpOptions(const ProcessConfig& config,
-                                                       const BindAddress& transport,
-                                                       std::string_view coordinator_host);
-
 // See the file comment. `app` may be null (common flags only) and must not have been parsed.
 int RunProcess(Role role, int argc, char** argv, CLI::App* app,
                const std::function<Status(ProcessRuntime&)>& body);

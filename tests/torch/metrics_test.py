@@ -1,14 +1,18 @@
 """What a tessera process group shows the outside: Prometheus /metrics per rank
-(TESSERA_METRICS_PORT), promtool-clean, and registration with a running tessera-coordinator
-(TESSERA_COORDINATOR), whose service discovery then lists every torch rank."""
+(TESSERA_METRICS_PORT), promtool-clean, over HTTPS with basic auth when asked
+(TESSERA_METRICS_TLS_CERT/_KEY, TESSERA_METRICS_AUTH_FILE), and registration with a running
+tessera-coordinator (TESSERA_COORDINATOR), whose service discovery then lists every torch rank."""
 
+import base64
 import json
 import os
 import subprocess
 import sys
 import tempfile
+import ssl
 import time
 import unittest
+import urllib.error
 import urllib.request
 
 import torch
@@ -34,6 +38,34 @@ def _ops_then_metrics(rank, world_size):
     dist.broadcast(torch.zeros(10, dtype=torch.int64), src=0)
     dist.barrier()
     return tessera.torch.metrics_url(), _fetch(tessera.torch.metrics_url())
+
+
+_TESTDATA = os.path.join(_RUNFILES, "common/metrics/testdata")
+
+
+def _fetch_https(url, authorization=None):
+    """(status, body) of a GET of `url`, verified against the test certificate."""
+    context = ssl.create_default_context(cafile=os.path.join(_TESTDATA, "test_cert.pem"))
+    request = urllib.request.Request(url)
+    if authorization:
+        request.add_header("Authorization", "Basic " +
+                           base64.b64encode(authorization.encode()).decode())
+    try:
+        with urllib.request.urlopen(request, timeout=10, context=context) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, ""
+
+
+def _https_metrics(rank, world_size):
+    import tessera.torch
+
+    dist.all_reduce(torch.zeros(16))
+    url = tessera.torch.metrics_url()
+    results = (url, _fetch_https(url), _fetch_https(url, "prometheus:wrong"),
+               _fetch_https(url, "prometheus:s3cret"))
+    dist.barrier()  # neither rank stops serving before the other has read its page
+    return results
 
 
 def _sample(text, name):
@@ -69,6 +101,38 @@ class MetricsTest(unittest.TestCase):
                         check = subprocess.run(["promtool", "check", "metrics"], stdin=stdin,
                                                capture_output=True, text=True, timeout=60)
                 self.assertEqual(check.returncode, 0, check.stdout + check.stderr)
+
+
+class MetricsSecurityTest(unittest.TestCase):
+    def test_each_rank_serves_https_with_basic_auth(self):
+        with tempfile.TemporaryDirectory() as directory:
+            users = os.path.join(directory, "users")
+            with open(os.open(users, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+                f.write("prometheus:s3cret\n")
+            results = torch_testing.run_ranks(_https_metrics, 2, env={
+                "TESSERA_METRICS_PORT": "0",
+                "TESSERA_METRICS_TLS_CERT": os.path.join(_TESTDATA, "test_cert.pem"),
+                "TESSERA_METRICS_TLS_KEY": os.path.join(_TESTDATA, "test_key.pem"),
+                "TESSERA_METRICS_AUTH_FILE": users})
+        for rank, (url, anonymous, wrong, right) in enumerate(results):
+            with self.subTest(rank=rank):
+                self.assertTrue(url.startswith("https://127.0.0.1:"), url)
+                self.assertEqual(anonymous[0], 401)
+                self.assertEqual(wrong[0], 401)
+                self.assertEqual(right[0], 200)
+                self.assertIn('tessera_collective_bytes_total{op="allreduce"} 64', right[1])
+
+    def test_a_readable_auth_file_stops_the_group_naming_the_variable(self):
+        with tempfile.TemporaryDirectory() as directory:
+            users = os.path.join(directory, "users")
+            with open(users, "w") as f:
+                f.write("prometheus:s3cret\n")
+            os.chmod(users, 0o644)
+            failure = torch_testing.run_ranks(_ops_then_metrics, 1, return_errors=True, env={
+                "TESSERA_METRICS_PORT": "0", "TESSERA_METRICS_AUTH_FILE": users})
+        self.assertIsInstance(failure, torch_testing.RankFailure)
+        self.assertIn("TESSERA_METRICS_AUTH_FILE", failure.errors[0])
+        self.assertIn("chmod 600", failure.errors[0])
 
 
 def _registered(rank, world_size):

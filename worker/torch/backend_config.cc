@@ -83,7 +83,7 @@ StatusOr<BackendConfig> BackendConfigFrom(const Environment& env) {
   if (auto it = env.find("TESSERA_METRICS_PORT"); it != env.end()) {
     ASSIGN_OR_RETURN(int64_t port, ParseInteger("TESSERA_METRICS_PORT", it->second, 0, 65535,
                                                 "a port (0-65535; 0: the OS picks one)"));
-    config.metrics_port = static_cast<int>(port);
+    config.metrics = MetricsHttpSettings::FromEnvironment(static_cast<int>(port), env);
   }
   if (auto it = env.find("TESSERA_COORDINATOR"); it != env.end() && !it->second.empty()) {
     StatusOr<std::pair<std::string, int>> host_port = ParseHostPort(it->second);
@@ -95,7 +95,7 @@ StatusOr<BackendConfig> BackendConfigFrom(const Environment& env) {
     }
     config.coordinator = it->second;
     // The coordinator lists each rank by its /metrics: one is served if none was asked for.
-    if (!config.metrics_port) config.metrics_port = 0;
+    if (!config.metrics) config.metrics = MetricsHttpSettings::FromEnvironment(0, env);
   }
   return config;
 }

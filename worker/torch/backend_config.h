@@ -3,11 +3,14 @@
 // flags to give it):
 //
 //   TESSERA_BIND_HOST       where each rank's transport and ring links listen, and the
-//                           address its peers get (default 127.0.0.1: one host); also the
-//                           interface of /metrics
+//                           address its peers get (default 127.0.0.1: one host)
 //   TESSERA_RING_TRANSPORT  auto (default), shm, links or zmq, as tessera-worker's flag
 //   TESSERA_METRICS_PORT    serve Prometheus /metrics on this port (0: the OS picks one, and
 //                           the URL is logged); unset: no /metrics
+//   TESSERA_METRICS_BIND_HOST  where /metrics listens: loopback (default), auto (where the
+//   TESSERA_METRICS_TLS_CERT   transport does) or as TESSERA_BIND_HOST; HTTPS and basic auth,
+//   TESSERA_METRICS_TLS_KEY    as tessera-worker's --metrics-* flags
+//   TESSERA_METRICS_AUTH_FILE  (common/process/metrics_http_settings.h)
 //   TESSERA_COORDINATOR     HOST:PORT of a running tessera-coordinator: each rank registers
 //                           there as a worker, so its dashboard and /sd list the ranks
 //                           (needs TESSERA_METRICS_PORT, which a default of 0 supplies)
@@ -27,6 +30,7 @@
 
 #include "common/base/status.h"
 #include "common/config/config.h"
+#include "common/process/metrics_http_settings.h"
 #include "common/security/credentials.h"
 #include "worker/torch/group_member.h"
 
@@ -46,8 +50,8 @@ struct BackendConfig {
   // What every process group of this process starts from (rank, world size, store come from
   // torch; timeout_ms from torch unless it is torch's default).
   GroupMemberOptions member;
-  std::optional<int> metrics_port;  // unset: no /metrics
-  std::string coordinator;          // HOST:PORT; empty: none
+  std::optional<MetricsHttpSettings> metrics;  // unset: no /metrics
+  std::string coordinator;                     // HOST:PORT; empty: none
 };
 
 // InvalidArgument naming the variable and what it should hold for a bad value.

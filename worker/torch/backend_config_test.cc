@@ -18,7 +18,7 @@ TEST(BackendConfigTest, DefaultsWithAnEmptyEnvironment) {
   EXPECT_EQ(config->member.bind_host, "127.0.0.1");
   EXPECT_EQ(config->member.ring_transport, "auto");
   EXPECT_EQ(config->member.timeout_ms, 5 * 60 * 1000);
-  EXPECT_FALSE(config->metrics_port.has_value());
+  EXPECT_FALSE(config->metrics.has_value());
   EXPECT_TRUE(config->coordinator.empty());
 }
 
@@ -27,12 +27,22 @@ TEST(BackendConfigTest, ReadsEveryVariable) {
                                                       {"TESSERA_RING_TRANSPORT", "links"},
                                                       {"TESSERA_TIMEOUT_MS", "2500"},
                                                       {"TESSERA_METRICS_PORT", "9100"},
+                                                      {"TESSERA_METRICS_BIND_HOST", "auto"},
+                                                      {"TESSERA_METRICS_TLS_CERT", "/c.pem"},
+                                                      {"TESSERA_METRICS_TLS_KEY", "/k.pem"},
+                                                      {"TESSERA_METRICS_AUTH_FILE", "/users"},
                                                       {"TESSERA_COORDINATOR", "10.0.0.1:29500"}}));
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->member.bind_host, "10.0.0.7");
   EXPECT_EQ(config->member.ring_transport, "links");
   EXPECT_EQ(config->member.timeout_ms, 2500);
-  EXPECT_EQ(config->metrics_port, 9100);
+  ASSERT_TRUE(config->metrics.has_value());
+  EXPECT_EQ(config->metrics->port, 9100);
+  EXPECT_EQ(config->metrics->bind_host, "auto");
+  EXPECT_EQ(config->metrics->tls_cert_file, "/c.pem");
+  EXPECT_EQ(config->metrics->tls_key_file, "/k.pem");
+  EXPECT_EQ(config->metrics->auth_file, "/users");
+  EXPECT_EQ(config->metrics->Name("auth-file"), "TESSERA_METRICS_AUTH_FILE");
   EXPECT_EQ(config->coordinator, "10.0.0.1:29500");
 }
 
@@ -58,7 +68,9 @@ TEST(BackendConfigTest, TheBindHostFollowsTheRouteToMasterAddrOrAnInterface) {
 TEST(BackendConfigTest, ACoordinatorGetsMetricsOnAPortTheOsPicks) {
   StatusOr<BackendConfig> config = BackendConfigFrom(Insecure({{"TESSERA_COORDINATOR", "host:1"}}));
   ASSERT_TRUE(config.ok()) << config.status();
-  EXPECT_EQ(config->metrics_port, 0);
+  ASSERT_TRUE(config->metrics.has_value());
+  EXPECT_EQ(config->metrics->port, 0);
+  EXPECT_EQ(config->metrics->bind_host, "loopback");
 }
 
 TEST(BackendConfigTest, TorchsDefaultTimeoutMeansNoneWasGiven) {

@@ -29,15 +29,19 @@ StatusOr<std::unique_ptr<FleetPresence>> FleetPresence::Start(
   info->Set(1);
   ASSIGN_OR_RETURN(presence->backend_metrics_, BackendMetrics::Register(&registry));
 
-  if (options.metrics_port) {
-    MetricsHttpOptions http;
-    http.bind_host = options.bind_host;
-    http.port = *options.metrics_port;
+  if (options.metrics) {
+    const std::string coordinator_host =
+        options.coordinator.substr(0, options.coordinator.rfind(':'));
+    // The transport binds the address its peers are given.
+    StatusOr<MetricsHttpOptions> http = ResolveMetricsHttpOptions(
+        *options.metrics, BindAddress{options.bind_host, options.bind_host, "TESSERA_BIND_HOST"},
+        coordinator_host);
     StatusOr<std::unique_ptr<MetricsHttpServer>> server =
-        MetricsHttpServer::Start(http, &registry);
+        http.ok() ? MetricsHttpServer::Start(*http, &registry)
+                  : StatusOr<std::unique_ptr<MetricsHttpServer>>(http.status());
     if (!server.ok()) {
       return Status(server.status().code(),
-                    "TESSERA_METRICS_PORT=" + std::to_string(*options.metrics_port) + ": " +
+                    "TESSERA_METRICS_PORT=" + std::to_string(options.metrics->port) + ": " +
                         server.status().message());
     }
     presence->http_ = std::move(server).value();

@@ -22,6 +22,7 @@
 #include "common/base/status.h"
 #include "common/metrics/metrics.h"
 #include "common/metrics/metrics_http.h"
+#include "common/process/metrics_http_settings.h"
 #include "common/rendezvous/rendezvous_client.h"
 #include "common/transport/rpc_endpoint.h"
 #include "common/security/credentials.h"
@@ -34,9 +35,9 @@ struct FleetPresenceOptions {
   int world_size = 1;
   std::string bind_host = "127.0.0.1";
   Credentials credentials;  // for the coordinator
-  std::optional<int> metrics_port;  // unset: no HTTP server
-  std::string coordinator;          // HOST:PORT; empty: no registration
-  int64_t timeout_ms = 60000;       // bounds the registration
+  std::optional<MetricsHttpSettings> metrics;  // unset: no HTTP server
+  std::string coordinator;                     // HOST:PORT; empty: no registration
+  int64_t timeout_ms = 60000;                  // bounds the registration
 };
 
 class FleetPresence {

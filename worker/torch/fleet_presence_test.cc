@@ -31,7 +31,7 @@ TEST(FleetPresenceTest, RecordsEveryOpInTheProcessRegistry) {
 
 TEST(FleetPresenceTest, ServesMetricsOnAPortTheOsPicks) {
   FleetPresenceOptions options;
-  options.metrics_port = 0;
+  options.metrics = MetricsHttpSettings();
   auto presence = FleetPresence::Start(options);
   ASSERT_TRUE(presence.ok()) << presence.status();
   EXPECT_EQ((*presence)->metrics_url().rfind("http://127.0.0.1:", 0), 0u)
@@ -55,7 +55,7 @@ TEST(FleetPresenceTest, AnAbsentCoordinatorFailsNamingItWithinTheTimeout) {
   FleetPresenceOptions options;
   options.rank = 1;
   options.world_size = 2;
-  options.metrics_port = 0;
+  options.metrics = MetricsHttpSettings();
   options.coordinator = "127.0.0.1:" + std::to_string(ClosedPort());
   options.timeout_ms = 500;
   const auto start = std::chrono::steady_clock::now();

@@ -47,7 +47,7 @@ FleetPresence* Presence(const BackendConfig& config, int rank, int size, int64_t
       TORCH_CHECK(fleet.ok(), "tessera: ", fleet.status().message());
       options.credentials = *fleet;
     }
-    options.metrics_port = config.metrics_port;
+    options.metrics = config.metrics;
     options.coordinator = ps_registered ? std::string() : config.coordinator;
     options.timeout_ms = timeout_ms;
     StatusOr<std::unique_ptr<FleetPresence>> started = FleetPresence::Start(options);
