@@ -102,7 +102,9 @@ int RunSecurity(SecurityBenchOptions o) {
       Credentials::None(), Credentials::Authenticate(key), Credentials::Encrypt(key)};
   Best best;
   for (int repeat = 0; repeat < o.repeats; ++repeat) {
-    for (int s = 0; s < kSettings; ++s) {
+    // Each repeat starts with the next setting, so none always runs first (or after another).
+    for (int turn = 0; turn < kSettings; ++turn) {
+      const int s = (repeat + turn) % kSettings;
       const Setting setting = static_cast<Setting>(s);
       if (!o.json) {
         std::cerr << "repeat " << repeat + 1 << "/" << o.repeats << ": " << kSettingNames[s]

@@ -8,8 +8,9 @@
 //   allreduce  ring all-reduce over ring links, 2 workers (tessera-launch --mode bench-allreduce
 //              --ring-transport links)
 // with three settings: insecure (--insecure), authenticated (the default on the loopback) and
-// encrypted (--encrypt on). Settings alternate within each repeat, and each figure is the best
-// of --repeats, so drift on a shared machine hits all three alike. Goal: authenticated >= 0.95x
+// encrypted (--encrypt on). Settings alternate within each repeat, each repeat starting with
+// the next, and each figure is the best of --repeats, so drift on a shared machine and the
+// position in a repeat hit all three alike. Goal: authenticated >= 0.95x
 // insecure from 64 KiB up.
 #ifndef TESSERA_TOOLS_BENCH_SECURITY_BENCH_H_
 #define TESSERA_TOOLS_BENCH_SECURITY_BENCH_H_
