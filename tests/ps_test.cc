@@ -135,6 +135,54 @@ TEST(PsTest, SharedMemoryAndSocketsTrainTheSameModel) {
   }
 }
 
+// Workers and servers that lose 5% and repeat 1% of their parameter-server messages (requests
+// and replies; TESSERA_INJECT_FAULTS) train bitwise the model of an undisturbed run: a lost
+// request or reply is resent after --ps-resend-ms, and a server applies each push once and
+// answers its copies again. Over shared memory (mlp) and over the sockets with embedding
+// tables (ctr).
+TEST(PsTest, SyncThroughLostAndRepeatedMessagesIsBitwiseUndisturbed) {
+  for (const std::string model : {"mlp", "ctr"}) {
+    SCOPED_TRACE(model);
+    FleetHarness harness;
+    const std::string memory = model == "mlp" ? "--ps-shared-memory=true"
+                                              : "--ps-shared-memory=false";
+    std::string lossy_output;
+    for (int lossy = 0; lossy < 2; ++lossy) {
+      const std::string path = TempPath(model + (lossy ? "_lossy.bin" : "_clean.bin"));
+      std::vector<std::string> argv = {"/usr/bin/env"};
+      if (lossy) argv.push_back("TESSERA_INJECT_FAULTS=seed=11,drop=0.05,duplicate=0.01,sends=ps");
+      argv = Concat(argv, {BinaryPath("tools/tessera-launch"), "--servers", "2", "--workers",
+                           "3", "--mode", "ps-sync", "--"});
+      argv = Concat(argv, Concat(TrainingFlags(model, "momentum"),
+                                 {"--batch-size", "16", "--save-params", path, memory,
+                                  "--ps-resend-ms", "100"}));
+      auto id = harness.StartCommand(lossy ? "lossy" : "clean", argv);
+      ASSERT_TRUE(id.ok()) << id.status();
+      auto exit = harness.WaitExit(*id, Deadline::AfterMillis(kRunMs));
+      ASSERT_TRUE(exit.ok() && exit->success()) << harness.Output(*id);
+      if (lossy) lossy_output = harness.Output(*id);
+    }
+    // Faults were injected in all five processes, and some messages were lost.
+    EXPECT_EQ(CountOf(lossy_output, "this process loses, repeats and delays messages"), 5)
+        << lossy_output;
+    std::smatch lost;
+    int total_lost = 0;
+    const std::regex lost_line("TESSERA_INJECT_FAULTS: lost ([0-9]+)");
+    for (auto it = std::sregex_iterator(lossy_output.begin(), lossy_output.end(), lost_line);
+         it != std::sregex_iterator(); ++it) {
+      total_lost += std::stoi((*it)[1]);
+    }
+    EXPECT_GT(total_lost, 0) << lossy_output;
+    auto clean = worker::LoadParams(TempPath(model + "_clean.bin"));
+    auto lossy = worker::LoadParams(TempPath(model + "_lossy.bin"));
+    ASSERT_TRUE(clean.ok() && lossy.ok());
+    ASSERT_EQ(clean->values.size(), lossy->values.size());
+    for (size_t i = 0; i < clean->values.size(); ++i) {
+      ASSERT_EQ(lossy->values[i], clean->values[i]) << "parameter " << i;
+    }
+  }
+}
+
 // ps-sync stopped after a checkpoint and resumed (new fleet, servers restored from their
 // shards) ends bitwise where an uninterrupted run ends: the servers' chunks, optimizer state and
 // embedding rows, and the workers' data order, all continue exactly.

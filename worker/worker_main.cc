@@ -74,6 +74,7 @@ struct WorkerFlags {
   int64_t staleness = 2;
   uint64_t ps_chunk_elements = 1 << 16;
   bool ps_shared_memory = true;
+  int64_t ps_resend_ms = 2000;
   double bucket_mb = 25;
   bool no_overlap = false;
   uint64_t segment_kb = 1024;
@@ -116,6 +117,12 @@ void AddWorkerFlags(CLI::App* app, WorkerFlags* flags) {
   ps->add_option("--ps-shared-memory", flags->ps_shared_memory,
                  "Servers on this host exchange gradients and values with this worker through "
                  "shared memory instead of sockets (false: always sockets)")
+      ->capture_default_str();
+  ps->add_option("--ps-resend-ms", flags->ps_resend_ms,
+                 "A request to a server unanswered this long is sent again (the same request: "
+                 "a server applies it once), then after twice as long, up to 8x, until "
+                 "--request-timeout-ms; 0: never")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
       ->capture_default_str();
   auto* ddp = app->add_option_group("All-reduce (--mode allreduce, zero1-3)");
   ddp->add_option("--bucket-mb", flags->bucket_mb,
@@ -381,6 +388,7 @@ Status RunTraining(ProcessRuntime& runtime, const WorkerFlags& worker_flags,
     options.optimizer = optimizer;
     options.schedule = schedule;
     options.request_timeout_ms = runtime.config().request_timeout_ms;
+    options.request_resend_ms = worker_flags.ps_resend_ms;
     options.stop_requested = [&runtime] { return runtime.StopRequested(); };
     ASSIGN_OR_RETURN(engine, PsEngine::Create(options, &runtime.endpoint(), client->view(), rank,
                                               &runtime.metrics()));

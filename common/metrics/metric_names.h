@@ -48,6 +48,11 @@ inline constexpr MetricName kSendFailuresTotal{
 // histogram (seconds); labels: type.
 inline constexpr MetricName kRpcLatencySeconds{
     "tessera_rpc_latency_seconds", "Time from sending a request to receiving its reply."};
+// counter; labels: type (the request's message type).
+inline constexpr MetricName kRpcResentTotal{
+    "tessera_rpc_resent_total",
+    "Requests sent again, with the same id, because no reply came in time (the request or its "
+    "reply may have been lost; the receiver serves a request once)."};
 
 // --- Process ---
 
@@ -101,6 +106,11 @@ inline constexpr MetricName kPsSkippedUpdatesTotal{
     "tessera_ps_skipped_updates_total",
     "ps-sync chunk updates dropped because a worker skipped the step (a NaN or Inf in its "
     "gradients, --on-nonfinite skip)."};
+// counter.
+inline constexpr MetricName kPsRepeatedRequestsTotal{
+    "tessera_ps_repeated_requests_total",
+    "Requests that arrived again (resent by their worker after a lost request or reply, or "
+    "duplicated on the way): served once, answered again."};
 // gauge.
 inline constexpr MetricName kPsStaleness{
     "tessera_ps_staleness_steps",

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <memory>
 #include <sstream>
@@ -21,6 +22,7 @@
 #include "common/metrics/metric_names.h"
 #include "common/process/metrics_http_settings.h"
 #include "common/transport/bind_address.h"
+#include "common/transport/faulty/faulty_transport.h"
 #include "common/transport/zmq/zmq_endpoint.h"
 
 namespace tessera {
@@ -137,12 +139,33 @@ StatusOr<std::unique_ptr<ProcessRuntime>> ProcessRuntime::Start(const ProcessCon
     transport.warn_when_exposed = false;  // said above
     transport.port = config.port;
   }
-  ASSIGN_OR_RETURN(runtime->endpoint_, StartZmqEndpoint(transport, &runtime->metrics_));
+  const char* faults_text = std::getenv("TESSERA_INJECT_FAULTS");
+  if (faults_text == nullptr || *faults_text == '\0' || config.role == Role::kCoordinator) {
+    ASSIGN_OR_RETURN(runtime->endpoint_, StartZmqEndpoint(transport, &runtime->metrics_));
+    return runtime;
+  }
+  // A test of whole jobs: the parameter-server path made lossy (faulty_transport.h).
+  StatusOr<FaultOptions> faults = FaultOptions::Parse(faults_text);
+  if (!faults.ok()) return faults.status().WithContext("TESSERA_INJECT_FAULTS");
+  TLOG(WARNING) << "TESSERA_INJECT_FAULTS: this process loses, repeats and delays messages on "
+                   "purpose ("
+                << faults->ToString() << "); for tests only";
+  ASSIGN_OR_RETURN(std::unique_ptr<ZmqTransport> zmq,
+                   ZmqTransport::Create(transport, &runtime->metrics_));
+  auto faulty = std::make_unique<FaultyTransport>(std::move(zmq), *faults);
+  runtime->faults_ = faulty.get();
+  ASSIGN_OR_RETURN(runtime->endpoint_, RpcEndpoint::Start(std::move(faulty), transport.role,
+                                                          transport.rank, &runtime->metrics_));
   return runtime;
 }
 
 ProcessRuntime::~ProcessRuntime() {
   if (endpoint_) endpoint_->Shutdown();
+  if (faults_ != nullptr) {
+    TLOG(WARNING) << "TESSERA_INJECT_FAULTS: lost " << faults_->dropped() << ", repeated "
+                  << faults_->duplicated() << " and delayed " << faults_->delayed()
+                  << " messages";
+  }
 }
 
 void ProcessRuntime::AnnounceReady(int rank) {

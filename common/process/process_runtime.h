@@ -32,6 +32,7 @@
 #include "common/metrics/metrics_http.h"
 #include "common/security/credentials.h"
 #include "common/transport/bind_address.h"
+#include "common/transport/faulty/faulty_transport.h"
 #include "common/transport/rpc_endpoint.h"
 
 namespace tessera {
@@ -75,6 +76,7 @@ class ProcessRuntime {
   MetricsRegistry metrics_;
   std::unique_ptr<MetricsHttpServer> http_;
   std::unique_ptr<RpcEndpoint> endpoint_;
+  FaultyTransport* faults_ = nullptr;  // owned by endpoint_, under TESSERA_INJECT_FAULTS
 
   std::mutex mu_;
   std::condition_variable stop_cv_;

@@ -1,5 +1,7 @@
 #include "common/transport/rpc_endpoint.h"
 
+#include <chrono>
+#include <utility>
 #include <vector>
 
 #include "common/base/logging.h"
@@ -19,6 +21,9 @@ StatusOr<std::unique_ptr<RpcEndpoint>> RpcEndpoint::Start(std::unique_ptr<Transp
                      metrics->RegisterHistogram(metric_names::kRpcLatencySeconds.name,
                                                 metric_names::kRpcLatencySeconds.help, {"type"},
                                                 DefaultLatencyBuckets()));
+    ASSIGN_OR_RETURN(endpoint->resent_family_,
+                     metrics->RegisterCounter(metric_names::kRpcResentTotal.name,
+                                              metric_names::kRpcResentTotal.help, {"type"}));
   }
   RpcEndpoint* raw = endpoint.get();
   endpoint->transport_ = std::move(transport);
@@ -75,7 +80,8 @@ void RpcEndpoint::ReplaceHandler(MessageType type, MessageHandler handler) {
 std::shared_future<StatusOr<Envelope>> RpcEndpoint::CallAsync(const std::string& address,
                                                               MessageBody request, int64_t step,
                                                               Deadline deadline,
-                                                              std::string_view what) {
+                                                              std::string_view what,
+                                                              int64_t resend_after_ms) {
   const uint64_t request_id = next_request_id_.fetch_add(1);
   auto call = std::make_shared<PendingCall>();
   call->address = address;
@@ -83,6 +89,12 @@ std::shared_future<StatusOr<Envelope>> RpcEndpoint::CallAsync(const std::string&
   call->deadline = deadline;
   call->timeout_ms = deadline.RemainingMillis();
   call->started = SteadyClock::now();
+  if (resend_after_ms > 0) {
+    call->resend = OutgoingMessage{request_id, step, request};  // shares the payloads
+    call->resend_wait = std::chrono::milliseconds(resend_after_ms);
+    call->resend_max_ms = resend_after_ms * kMaxResendFactor;
+    call->next_resend = call->started + call->resend_wait;
+  }
   std::shared_future<StatusOr<Envelope>> future = call->promise.get_future().share();
   bool wake_expiry = false;
   {
@@ -102,8 +114,9 @@ std::shared_future<StatusOr<Envelope>> RpcEndpoint::CallAsync(const std::string&
     }
     // The expiry thread sleeps until the earliest deadline; wake it only to move that earlier
     // (one wake-up per call would cost a context switch per request).
-    wake_expiry = deadline.when() < next_expiry_;
-    if (wake_expiry) next_expiry_ = deadline.when();
+    const SteadyClock::time_point next = NextEvent(*call);
+    wake_expiry = next < next_expiry_;
+    if (wake_expiry) next_expiry_ = next;
   }
   if (wake_expiry) expire_cv_.notify_all();
   Status sent = transport_->Send(address, OutgoingMessage{request_id, step, std::move(request)});
@@ -112,8 +125,9 @@ std::shared_future<StatusOr<Envelope>> RpcEndpoint::CallAsync(const std::string&
 }
 
 StatusOr<Envelope> RpcEndpoint::Call(const std::string& address, MessageBody request,
-                                     int64_t step, Deadline deadline, std::string_view what) {
-  return CallAsync(address, std::move(request), step, deadline, what).get();
+                                     int64_t step, Deadline deadline, std::string_view what,
+                                     int64_t resend_after_ms) {
+  return CallAsync(address, std::move(request), step, deadline, what, resend_after_ms).get();
 }
 
 void RpcEndpoint::Reply(const Envelope& request, MessageBody reply) {
@@ -216,27 +230,56 @@ void RpcEndpoint::OnMessage(Envelope envelope) {
               << "): no pending call and no handler (a late reply?)";
 }
 
+SteadyClock::time_point RpcEndpoint::NextEvent(const PendingCall& call) {
+  return std::min(call.deadline.when(), call.next_resend);
+}
+
 void RpcEndpoint::ExpireLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
     auto next = SteadyClock::time_point::max();
     auto now = SteadyClock::now();
     std::vector<std::shared_ptr<PendingCall>> expired;
+    std::vector<std::pair<std::string, OutgoingMessage>> resends;
     for (auto it = pending_.begin(); it != pending_.end();) {
-      if (it->second->deadline.when() <= now) {
+      PendingCall& call = *it->second;
+      if (call.deadline.when() <= now) {
         expired.push_back(std::move(it->second));
         it = pending_.erase(it);
-      } else {
-        next = std::min(next, it->second->deadline.when());
-        ++it;
+        continue;
       }
+      if (call.next_resend <= now) {
+        resends.emplace_back(call.address, *call.resend);
+        call.resend_wait = std::min(2 * call.resend_wait,
+                                    std::chrono::milliseconds(call.resend_max_ms));
+        call.next_resend = now + call.resend_wait;
+      }
+      next = std::min(next, NextEvent(call));
+      ++it;
     }
-    if (!expired.empty()) {
+    if (!expired.empty() || !resends.empty()) {
       lock.unlock();
       for (auto& call : expired) {
         call->promise.set_value(DeadlineExceededError(
             call->what + ": no reply from " + call->address + " within " +
             std::to_string(call->timeout_ms) + " ms"));
+      }
+      for (auto& [address, message] : resends) {
+        const MessageType type = TypeOf(message.body);
+        if (resent_family_ != nullptr) {
+          Counter*& resent = resent_[static_cast<size_t>(type)];
+          if (resent == nullptr) {
+            StatusOr<Counter*> child =
+                resent_family_->WithLabels({std::string(MessageTypeName(type))});
+            if (child.ok()) resent = *child;
+          }
+          if (resent != nullptr) resent->Increment();
+        }
+        const uint64_t request_id = message.request_id;
+        // A failure to queue it is the same loss as before: the next resend or the deadline.
+        Status sent = transport_->Send(address, std::move(message));
+        TLOG(DEBUG) << "resent " << MessageTypeName(type) << " " << request_id << " to "
+                    << address << (sent.ok() ? std::string() : ": " + sent.ToString());
       }
       lock.lock();
       continue;

@@ -63,12 +63,24 @@ class RpcEndpoint {
   // Sends `request` (of training step `step`, -1 for none) to `address` and returns a future
   // for its reply. The future is completed with DeadlineExceeded naming `what` and `address`
   // if no reply arrives by `deadline`, or with the error of an ErrorReply.
+  //
+  // With `resend_after_ms` > 0 the request is sent again, with the same id, when no reply has
+  // come that long after it was sent, then after twice as long, and so on (at most
+  // kMaxResendFactor times the first wait), until the deadline: for a receiver that serves a
+  // request id once (server/ps/request_ledger.h), since a request or its reply may be lost.
+  // The request's payloads are sent again as they are then: their owner keeps them unchanged
+  // until the future completes. Counted in tessera_rpc_resent_total{type}.
   std::shared_future<StatusOr<Envelope>> CallAsync(const std::string& address,
                                                    MessageBody request, int64_t step,
-                                                   Deadline deadline, std::string_view what);
+                                                   Deadline deadline, std::string_view what,
+                                                   int64_t resend_after_ms = 0);
   // CallAsync and wait.
   StatusOr<Envelope> Call(const std::string& address, MessageBody request, int64_t step,
-                          Deadline deadline, std::string_view what);
+                          Deadline deadline, std::string_view what,
+                          int64_t resend_after_ms = 0);
+
+  // The longest wait between two sends of one request, as a multiple of resend_after_ms.
+  static constexpr int64_t kMaxResendFactor = 8;
 
   // Answers `request` (which arrived as a request) with `reply`; a failure to queue it is
   // logged, naming the requester (the requester's deadline reports the loss).
@@ -90,18 +102,28 @@ class RpcEndpoint {
     Deadline deadline{SteadyClock::time_point::max()};
     int64_t timeout_ms = 0;
     SteadyClock::time_point started;
+    // Resending (resend_after_ms > 0): what to send again, when, and the wait after that.
+    std::optional<OutgoingMessage> resend;
+    SteadyClock::time_point next_resend = SteadyClock::time_point::max();
+    std::chrono::milliseconds resend_wait{0};
+    int64_t resend_max_ms = 0;
   };
 
   RpcEndpoint() = default;
   void OnMessage(Envelope envelope);
   void Complete(uint64_t request_id, StatusOr<Envelope> result);
   void ExpireLoop();
+  // When `call` next needs the expiry thread: its deadline or its next resend.
+  static SteadyClock::time_point NextEvent(const PendingCall& call);
 
   std::unique_ptr<Transport> transport_;
   // Reply latency by message type (family null without a registry); each child is looked up
   // on its type's first reply and cached. Both are touched on the transport's I/O thread only.
   HistogramFamily* latency_family_ = nullptr;
   std::array<Histogram*, kMessageTypeCount> latency_{};
+  // Resends by message type, as latency_; touched on the expiry thread only.
+  CounterFamily* resent_family_ = nullptr;
+  std::array<Counter*, kMessageTypeCount> resent_{};
   std::atomic<uint64_t> next_request_id_{1};
   SenderIdentity identity_;  // for the text of our own errors
 
@@ -111,7 +133,7 @@ class RpcEndpoint {
   Status failure_;                                             // guarded by mu_
   bool stopping_ = false;                                      // guarded by mu_
   int handlers_running_ = 0;                                   // guarded by mu_
-  // When the expiry thread wakes next (max: it waits for a notify).
+  // When the expiry thread wakes next, for a deadline or a resend (max: it waits for a notify).
   SteadyClock::time_point next_expiry_ = SteadyClock::time_point::max();  // guarded by mu_
   std::condition_variable handlers_idle_cv_;
   std::condition_variable expire_cv_;

@@ -3,7 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <mutex>
 #include <thread>
+#include <vector>
 
 #include "common/transport/faulty/faulty_transport.h"
 #include "common/transport/inproc/inproc_transport.h"
@@ -244,6 +247,70 @@ TEST(RpcEndpointFaultTest, ConcurrentCallsWithLostRepliesAllEnd) {
   EXPECT_EQ(answered + expired, 100);
   EXPECT_GT(answered.load(), 0);
   EXPECT_GT(expired.load(), 0);
+}
+
+// A call that resends: a lost request is sent again with the same id until one arrives, and
+// the call completes with its reply; the resends are counted by type.
+TEST(RpcEndpointFaultTest, AResendingCallOutlivesALostRequest) {
+  MetricsRegistry metrics;
+  AckingServer server(NewTransport());
+  std::vector<uint64_t> ids;
+  std::mutex ids_mu;
+  RpcEndpoint* s = server.endpoint.get();
+  s->SetHandler(MessageType::kHeartbeat, [&, s](Envelope envelope) {
+    {
+      std::lock_guard<std::mutex> lock(ids_mu);
+      ids.push_back(envelope.header.request_id);
+    }
+    s->Reply(envelope, Ack{std::to_string(SequenceOf(envelope))});
+  });
+  auto faulty = std::make_unique<FaultyTransport>(NewTransport(), FaultOptions());
+  FaultyTransport* faults = faulty.get();
+  auto started = RpcEndpoint::Start(std::move(faulty), Role::kWorker, 0, &metrics);
+  ASSERT_TRUE(started.ok()) << started.status();
+  std::unique_ptr<RpcEndpoint> client = std::move(started).value();
+  faults->Disconnect(server.endpoint->address());
+  auto reply = client->CallAsync(server.endpoint->address(), Request(5), 3,
+                                 Deadline::AfterMillis(20000), "push of step 3",
+                                 /*resend_after_ms=*/10);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // 10, 30, 70 ms: 3 lost
+  faults->Reconnect(server.endpoint->address());
+  ASSERT_TRUE(reply.get().ok()) << reply.get().status();
+  EXPECT_TRUE(AnswersRequest(*reply.get(), 5));
+  EXPECT_GE(faults->dropped(), 2u);
+  {
+    std::lock_guard<std::mutex> lock(ids_mu);
+    ASSERT_GE(ids.size(), 1u);
+    EXPECT_EQ(ids.front(), ids.back());  // one request, however often it arrived
+  }
+  EXPECT_NE(metrics.RenderText().find("tessera_rpc_resent_total{type=\"Heartbeat\"}"),
+            std::string::npos)
+      << metrics.RenderText();
+  // Answered: no more resends.
+  const uint64_t dropped = faults->dropped();
+  size_t arrived = 0;
+  {
+    std::lock_guard<std::mutex> lock(ids_mu);
+    arrived = ids.size();
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  std::lock_guard<std::mutex> lock(ids_mu);
+  EXPECT_EQ(ids.size(), arrived);
+  EXPECT_EQ(faults->dropped(), dropped);
+}
+
+// A resending call with no answer at all still ends at its deadline, naming what it waited for.
+TEST(RpcEndpointFaultTest, AResendingCallStillEndsAtItsDeadline) {
+  auto silent = Start(Role::kServer);  // handles nothing: but its Unimplemented is lost too
+  auto faulty = std::make_unique<FaultyTransport>(NewTransport(), FaultOptions());
+  faulty->Disconnect(silent->address());
+  auto client = Start(Role::kWorker, std::move(faulty));
+  const auto started = SteadyClock::now();
+  auto reply = client->Call(silent->address(), Request(1), -1, Deadline::AfterMillis(300),
+                            "pull of emb", /*resend_after_ms=*/20);
+  ASSERT_EQ(reply.status().code(), StatusCode::kDeadlineExceeded) << reply.status();
+  EXPECT_NE(reply.status().message().find("pull of emb"), std::string::npos);
+  EXPECT_LT(SteadyClock::now() - started, std::chrono::seconds(5));
 }
 
 }  // namespace

@@ -39,6 +39,10 @@ StatusOr<std::unique_ptr<PsMetrics>> PsMetrics::Register(MetricsRegistry* regist
                    registry->RegisterCounter(names::kPsSkippedUpdatesTotal.name,
                                              names::kPsSkippedUpdatesTotal.help, {}));
   ASSIGN_OR_RETURN(m->skipped_updates_, skipped->WithLabels({}));
+  ASSIGN_OR_RETURN(CounterFamily * repeated,
+                   registry->RegisterCounter(names::kPsRepeatedRequestsTotal.name,
+                                             names::kPsRepeatedRequestsTotal.help, {}));
+  ASSIGN_OR_RETURN(m->repeated_requests_, repeated->WithLabels({}));
   return m;
 }
 

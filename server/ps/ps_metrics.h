@@ -36,6 +36,8 @@ class PsMetrics {
   void SparseNonFinitePush() { sparse_nonfinite_->Increment(); }
   // ps-sync: a chunk's update dropped because a worker skipped the step.
   void DenseUpdateSkipped() { skipped_updates_->Increment(); }
+  // A request arrived again (resent or duplicated): served once.
+  void RequestRepeated() { repeated_requests_->Increment(); }
 
   // ps-ssp: the current gap between the fastest and the slowest worker, and the lead of a
   // reply just released (the gauge keeps the largest).
@@ -61,6 +63,7 @@ class PsMetrics {
   Counter* dense_nonfinite_ = nullptr;
   Counter* sparse_nonfinite_ = nullptr;
   Counter* skipped_updates_ = nullptr;
+  Counter* repeated_requests_ = nullptr;
 
   std::mutex lead_mu_;
   int64_t max_lead_ = 0;  // guarded by lead_mu_ (so the gauge never moves down)

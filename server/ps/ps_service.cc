@@ -28,7 +28,9 @@ struct Job {
   std::unique_ptr<DenseShard> dense;
   std::unique_ptr<SparseTables> tables;
   std::unique_ptr<WorkerRegions> regions;  // of the workers on this host that offered one
-  RequestLedger ledger;  // pushes and checkpoints taken, so a copy is dropped
+  // Pushes and checkpoints taken and answered, so a copy is served once and answered again.
+  // Shared with the replies that leave later.
+  std::shared_ptr<RequestLedger> ledger = std::make_shared<RequestLedger>();
 };
 
 constexpr MessageType kServed[] = {MessageType::kPsInitRequest, MessageType::kPsPushPullRequest,
@@ -86,12 +88,24 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
                           status.WithContext("server " + std::to_string(options_.server_rank)));
   }
 
+  // Answers a request the job's ledger took, and records that it was answered: a copy is then
+  // answered with `kept` if given, else anew.
+  void Answer(const Envelope& request, const Job& job, MessageBody reply, bool keep) {
+    std::optional<MessageBody> kept;
+    if (keep) kept = reply;
+    job.ledger->Answered(request.header.sender_rank, request.header.request_id, std::move(kept));
+    endpoint_->Reply(request, std::move(reply));
+  }
+
   // Replies that leave later, from whichever request releases them: the transport answers on
-  // the request's connection without keeping the request (and its tensors) alive.
+  // the request's connection without keeping the request (and its tensors) alive. With a
+  // ledger, the request is recorded as answered (a copy is answered anew).
   template <typename Body>
-  std::function<void(Body)> ReplyLater(const Envelope& request) {
-    return [endpoint = endpoint_, origin = request.origin,
-            id = request.header.request_id](Body body) {
+  std::function<void(Body)> ReplyLater(const Envelope& request,
+                                       std::shared_ptr<RequestLedger> ledger = nullptr) {
+    return [endpoint = endpoint_, origin = request.origin, id = request.header.request_id,
+            rank = request.header.sender_rank, ledger = std::move(ledger)](Body body) {
+      if (ledger != nullptr) ledger->Answered(rank, id);
       Status sent = endpoint->transport().Reply(origin, OutgoingMessage{id, -1, std::move(body)});
       if (!sent.ok()) TLOG(WARNING) << MessageTypeName(TypeOfBody<Body>()) << ": " << sent;
     };
@@ -116,11 +130,21 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
     const PsPushPullRequest* push_pull = request.As<PsPushPullRequest>();
     const bool changes_state = type != MessageType::kSparsePullRequest &&
                                (push_pull == nullptr || push_pull->has_gradients);
-    if (changes_state &&
-        !job->ledger.FirstTime(request.header.sender_rank, request.header.request_id)) {
-      TLOG(WARNING) << MessageTypeName(type) << " " << request.header.request_id << " of "
-                    << request.header.DescribeSender() << " arrived twice; served once";
-      return;
+    if (changes_state) {
+      switch (job->ledger->Take(request.header.sender_rank, request.header.request_id)) {
+        case RequestLedger::kNew:
+          break;
+        case RequestLedger::kTaken:
+          // The original's reply, when it goes, answers the copy too (one request id).
+          TLOG(DEBUG) << MessageTypeName(type) << " " << request.header.request_id << " of "
+                      << request.header.DescribeSender()
+                      << " arrived again while it is served; served once";
+          metrics_->RequestRepeated();
+          return;
+        case RequestLedger::kAnswered:
+          metrics_->RequestRepeated();
+          return AnswerAgain(request, *job);
+      }
     }
     Status status = OkStatus();
     switch (type) {
@@ -142,7 +166,7 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
           status = job->tables->Push(body->table, request.header.sender_rank,
                                      request.header.step, body->row_ids, body->values);
         }
-        if (status.ok()) endpoint_->Reply(request, Ack{});
+        if (status.ok()) Answer(request, *job, Ack{}, /*keep=*/true);
         break;
       }
       case MessageType::kSparsePullRequest: {
@@ -157,32 +181,61 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
       default:
         return;
     }
+    if (!status.ok()) {
+      if (changes_state) {
+        job->ledger->Answered(request.header.sender_rank, request.header.request_id,
+                              ErrorReplyOf(status.WithContext(
+                                  "server " + std::to_string(options_.server_rank))));
+      }
+      AnswerError(request, status);
+    }
+  }
+
+  // A copy of an answered request (its reply may have been lost): the reply kept, or for a
+  // dense push-pull of step t the values after step t, which its reply carried (ps-sync
+  // applies no later step before this worker pushes one; in the other models they may be
+  // newer, as any pull's). Applies nothing.
+  void AnswerAgain(const Envelope& request, const Job& job) {
+    const int rank = request.header.sender_rank;
+    if (std::optional<MessageBody> kept = job.ledger->ReplyOf(rank, request.header.request_id)) {
+      endpoint_->Reply(request, std::move(*kept));
+      return;
+    }
+    if (request.type() != MessageType::kPsPushPullRequest) return;  // every other reply is kept
+    Status status = ServePushPull(request, job, /*again=*/true);
     if (!status.ok()) AnswerError(request, status);
   }
 
-  Status ServePushPull(const Envelope& request, const Job& job) {
+  // `again`: a copy of an answered push, served as the pull of its step's values (see
+  // AnswerAgain).
+  Status ServePushPull(const Envelope& request, const Job& job, bool again = false) {
     const PsPushPullRequest* body = request.As<PsPushPullRequest>();
     const int rank = request.header.sender_rank;
-    const int64_t step = request.header.step;
-    if (body->skip && !body->has_gradients) {
+    const int64_t step = again ? request.header.step + 1 : request.header.step;
+    const bool push = body->has_gradients && !again;
+    const bool skip = body->skip && !again;
+    if (skip && !push) {
       return InvalidArgumentError("worker " + std::to_string(rank) + " skipped step " +
                                   std::to_string(step) + " in a pull (a skip is a push)");
     }
+    // A push is answered once (its copies again, from the ledger); a pull at every asking.
+    std::shared_ptr<RequestLedger> ledger = push ? job.ledger : nullptr;
     if (!body->in_region) {
-      if (body->skip) {
-        return job.dense->Skip(rank, step, body->tensors, ReplyLater<PsPushPullReply>(request));
+      if (skip) {
+        return job.dense->Skip(rank, step, body->tensors,
+                               ReplyLater<PsPushPullReply>(request, ledger));
       }
-      return job.dense->PushPull(rank, step, body->tensors, body->has_gradients,
-                                 ReplyLater<PsPushPullReply>(request));
+      return job.dense->PushPull(rank, step, body->tensors, push,
+                                 ReplyLater<PsPushPullReply>(request, ledger));
     }
     // A skip's gradients are not read: the region's views are not taken.
-    const bool read = body->has_gradients && !body->skip;
+    const bool read = push && !skip;
     ASSIGN_OR_RETURN(std::vector<TensorData> tensors,
                      job.regions->Tensors(rank, body->tensors, read));
     DenseShard::ReplyCallback reply =
-        job.regions->ReplyInto(rank, ReplyLater<PsPushPullReply>(request));
-    if (body->skip) return job.dense->Skip(rank, step, tensors, std::move(reply));
-    return job.dense->PushPull(rank, step, tensors, body->has_gradients, std::move(reply));
+        job.regions->ReplyInto(rank, ReplyLater<PsPushPullReply>(request, ledger));
+    if (skip) return job.dense->Skip(rank, step, tensors, std::move(reply));
+    return job.dense->PushPull(rank, step, tensors, push, std::move(reply));
   }
 
   // A worker on this host offers its shared region; a refusal is an answer, not an error (its
@@ -229,8 +282,11 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
       std::lock_guard<std::mutex> lock(job_mu_);
       if (job_ != nullptr && job_->token == job->token && job_->init_rank == job->init_rank &&
           job_->init_request_id == job->init_request_id) {
-        // A copy of the init that created the current job (its original was answered).
-        TLOG(WARNING) << "the init of the current job arrived twice; served once";
+        // A copy of the init that created the current job (its reply may have been lost):
+        // answered again, nothing replaced.
+        TLOG(DEBUG) << "the init of the current job arrived again; served once";
+        metrics_->RequestRepeated();
+        endpoint_->Reply(request, Ack{});
         return;
       }
       if (job_ != nullptr) TLOG(INFO) << "a new job replaces the previous one";
@@ -254,8 +310,10 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
                                        ? RestoreShard(parts, body->directory, body->step)
                                        : SaveShard(parts, body->directory, body->step);
     if (!info.ok()) return info.status();
-    endpoint_->Reply(request, CheckpointReply{body->directory, body->step, {info->file},
-                                              {info->bytes}, {info->checksum}});
+    Answer(request, job,
+           CheckpointReply{body->directory, body->step, {info->file}, {info->bytes},
+                           {info->checksum}},
+           /*keep=*/true);
     return OkStatus();
   }
 

@@ -48,16 +48,37 @@ TEST_F(PsServiceTest, ALostReplyFailsTheCallAtItsDeadlineAndTheServerStaysCorrec
   EXPECT_EQ(DenseUpdates(), 2);
 }
 
-// Every request every worker sends arrives twice (the same request id), the init included.
-// The model must be the reference's: no gradient applied twice, no step applied early, and
-// every call answered with its own reply.
-class DuplicateTest : public PsServiceTest {
+// Requests that arrive twice (the same request id) or not at all, and replies lost: the model
+// must be the reference's (no gradient applied twice, no step applied early) and every call
+// answered with its own reply.
+class RepeatTest : public PsServiceTest {
  protected:
-  void Run(PsConsistency consistency, int num_workers) {
+  // Every request every worker sends arrives twice, the init included.
+  static Fleet Duplicated(int num_workers) {
     Fleet fleet;
     fleet.num_workers = num_workers;
     fleet.worker_faults = FaultOptions{};
     fleet.worker_faults->duplicate_probability = 1.0;
+    return fleet;
+  }
+  // A fifth of the requests and of the replies lost, a tenth of the requests twice: the
+  // workers resend what is not answered within 20 ms, and every call is answered.
+  static Fleet Lossy(int num_workers, uint64_t seed) {
+    Fleet fleet;
+    fleet.num_workers = num_workers;
+    fleet.worker_faults = FaultOptions{};
+    fleet.worker_faults->seed = seed;
+    fleet.worker_faults->drop_probability = 0.2;
+    fleet.worker_faults->duplicate_probability = 0.1;
+    fleet.server_faults = FaultOptions{};
+    fleet.server_faults->seed = seed + 1;
+    fleet.server_faults->drop_probability = 0.2;
+    fleet.resend_ms = 20;
+    return fleet;
+  }
+
+  void Run(PsConsistency consistency, Fleet fleet) {
+    const int num_workers = fleet.num_workers;
     ASSERT_NO_FATAL_FAILURE(Start(fleet));
     const PsJobConfig config = TestConfig(consistency, num_workers);
     const ByKey initial = InitialValues(config);
@@ -126,13 +147,36 @@ class DuplicateTest : public PsServiceTest {
     auto restored = Checkpoint(root, 3, /*restore=*/true).get();
     EXPECT_TRUE(restored.ok()) << restored.status();
     EXPECT_EQ(ValuesOf(Pull(0, 4, {50})), reference.values());
-    for (const FaultyTransport* faults : worker_faults_) EXPECT_GE(faults->duplicated(), 6u);
+    if (fleet.worker_faults->duplicate_probability == 1.0) {
+      for (const FaultyTransport* faults : worker_faults_) EXPECT_GE(faults->duplicated(), 6u);
+    } else {
+      uint64_t dropped = server_faults_->dropped();
+      for (const FaultyTransport* faults : worker_faults_) dropped += faults->dropped();
+      EXPECT_GT(dropped, 0u);
+      auto repeated = metrics_.RegisterCounter(metric_names::kPsRepeatedRequestsTotal.name,
+                                               metric_names::kPsRepeatedRequestsTotal.help);
+      ASSERT_TRUE(repeated.ok()) << repeated.status();
+      EXPECT_GT((*repeated)->WithLabels({}).value()->Value(), 0);
+    }
   }
 };
 
-TEST_F(DuplicateTest, SyncWithOneWorkerAppliesEachStepOnce) { Run(PsConsistency::kSync, 1); }
-TEST_F(DuplicateTest, SyncWithTwoWorkersAppliesEachStepOnce) { Run(PsConsistency::kSync, 2); }
-TEST_F(DuplicateTest, AsyncAppliesEachPushOnce) { Run(PsConsistency::kAsync, 2); }
+TEST_F(RepeatTest, SyncWithOneWorkerAppliesEachStepOnce) {
+  Run(PsConsistency::kSync, Duplicated(1));
+}
+TEST_F(RepeatTest, SyncWithTwoWorkersAppliesEachStepOnce) {
+  Run(PsConsistency::kSync, Duplicated(2));
+}
+TEST_F(RepeatTest, AsyncAppliesEachPushOnce) { Run(PsConsistency::kAsync, Duplicated(2)); }
+TEST_F(RepeatTest, SyncThroughLostRequestsAndRepliesAppliesEachStepOnce) {
+  Run(PsConsistency::kSync, Lossy(2, 1));
+}
+TEST_F(RepeatTest, SyncThroughLostRequestsAndRepliesWithAnotherSeed) {
+  Run(PsConsistency::kSync, Lossy(3, 2));
+}
+TEST_F(RepeatTest, AsyncThroughLostRequestsAndRepliesAppliesEachPushOnce) {
+  Run(PsConsistency::kAsync, Lossy(2, 7));
+}
 
 // ---- Threads -------------------------------------------------------------------------------
 

@@ -156,7 +156,7 @@ ByKey PsServiceTest::RandomGrads(std::mt19937& random, const ByKey& like) {
 Reply PsServiceTest::Send(int worker, MessageBody body, int64_t step, const std::string& what,
                           int64_t timeout_ms) {
   return workers_[worker]->CallAsync(server_->address(), std::move(body), step,
-                                     Deadline::AfterMillis(timeout_ms), what);
+                                     Deadline::AfterMillis(timeout_ms), what, fleet_.resend_ms);
 }
 
 Status PsServiceTest::Init(const PsJobConfig& config, const ByKey& values) {

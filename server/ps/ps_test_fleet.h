@@ -48,6 +48,7 @@ struct Fleet {
   int num_workers = 2;
   std::optional<FaultOptions> server_faults;  // on what the server sends (its replies)
   std::optional<FaultOptions> worker_faults;  // on what every worker sends (its requests)
+  int64_t resend_ms = 0;  // the workers' calls resend after this long (0: never)
 };
 
 // The test job of `num_workers` workers (see the file comment).

@@ -87,7 +87,8 @@ StatusOr<std::unique_ptr<PsEngine>> PsEngine::Create(const PsEngineOptions& opti
 PsEngine::Reply PsEngine::Send(int server, MessageBody request, int64_t step,
                                const std::string& what) {
   return endpoint_->CallAsync(server_addresses_[server], std::move(request), step,
-                              Deadline::AfterMillis(options_.request_timeout_ms), what);
+                              Deadline::AfterMillis(options_.request_timeout_ms), what,
+                              options_.request_resend_ms);
 }
 
 Status PsEngine::AwaitReply(const Reply& reply, const std::string& what,

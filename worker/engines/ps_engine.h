@@ -47,6 +47,9 @@ struct PsEngineOptions {
   OptimizerOptions optimizer;
   LrScheduleOptions schedule;
   int64_t request_timeout_ms = 30000;
+  // A request unanswered this long is sent again (RpcEndpoint::CallAsync; a server applies a
+  // request once, server/ps/request_ledger.h); 0: never.
+  int64_t request_resend_ms = 2000;
   // Offer each server a shared region (common/transport/shm/shared_region.h) for its chunks:
   // a server on this host maps it, and then gradients and values pass through memory instead
   // of the sockets (the kernel's copies out and back on both sides); other servers refuse and

@@ -1,8 +1,67 @@
 #include "common/transport/faulty/faulty_transport.h"
 
+#include <cerrno>
+#include <cstdlib>
+#include <sstream>
 #include <utility>
 
 namespace tessera {
+
+StatusOr<FaultOptions> FaultOptions::Parse(std::string_view text) {
+  FaultOptions options;
+  size_t begin = 0;
+  while (begin <= text.size()) {
+    size_t end = text.find(',', begin);
+    if (end == std::string_view::npos) end = text.size();
+    const std::string part(text.substr(begin, end - begin));
+    begin = end + 1;
+    if (part.empty()) continue;
+    const size_t equals = part.find('=');
+    const std::string name = part.substr(0, equals);
+    const std::string value = equals == std::string::npos ? "" : part.substr(equals + 1);
+    const auto bad = [&](const std::string& why) {
+      return InvalidArgumentError("faults \"" + std::string(text) + "\": \"" + part + "\" " + why);
+    };
+    char* rest = nullptr;
+    errno = 0;
+    if (name == "drop" || name == "duplicate" || name == "delay") {
+      const double p = std::strtod(value.c_str(), &rest);
+      if (value.empty() || *rest != '\0' || errno != 0 || !(p >= 0 && p <= 1)) {
+        return bad("is not a probability in [0, 1]");
+      }
+      (name == "drop" ? options.drop_probability
+                      : name == "duplicate" ? options.duplicate_probability
+                                            : options.delay_probability) = p;
+    } else if (name == "seed" || name == "delay_ms") {
+      const unsigned long long n = std::strtoull(value.c_str(), &rest, 10);
+      if (value.empty() || *rest != '\0' || errno != 0 || value[0] == '-' ||
+          (name == "delay_ms" && n > 3600000)) {
+        return bad(name == "seed" ? "is not a number" : "is not 0-3600000 ms");
+      }
+      if (name == "seed") {
+        options.seed = n;
+      } else {
+        options.delay_ms = static_cast<int64_t>(n);
+      }
+    } else if (name == "sends") {
+      if (value != "ps") return bad("names no kind of request (sends=ps)");
+      options.send_types = {MessageType::kPsInitRequest, MessageType::kPsPushPullRequest,
+                            MessageType::kSparsePushRequest, MessageType::kSparsePullRequest,
+                            MessageType::kCheckpointRequest};
+    } else {
+      return bad("is not one of seed, drop, duplicate, delay, delay_ms, sends");
+    }
+  }
+  return options;
+}
+
+std::string FaultOptions::ToString() const {
+  std::ostringstream out;
+  out << "seed " << seed << ", drop " << drop_probability << ", duplicate "
+      << duplicate_probability << ", delay " << delay_probability << " (" << delay_ms << " ms)"
+      << (send_types.empty() ? ", every message" : ", parameter-server requests and replies");
+  return out.str();
+}
 
 FaultyTransport::FaultyTransport(std::unique_ptr<Transport> inner, FaultOptions options)
     : inner_(std::move(inner)), options_(options), random_(options.seed) {
@@ -41,6 +100,16 @@ void FaultyTransport::Reconnect(const std::string& address) {
 Status FaultyTransport::Submit(Outgoing outgoing) {
   std::lock_guard<std::mutex> lock(mu_);
   if (stopped_) return CancelledError("transport at " + inner_->address() + " is shut down");
+  const std::string& to = outgoing.is_reply ? outgoing.origin.reply_to : outgoing.address;
+  if (!outgoing.is_reply && !options_.send_types.empty() &&
+      options_.send_types.count(TypeOf(outgoing.message.body)) == 0) {
+    // Untouched, but never ahead of a delayed message to the same destination.
+    if (waiting_[to] == 0) return Forward(outgoing);
+    ++waiting_[to];
+    later_.emplace(last_due_[to], std::move(outgoing));
+    cv_.notify_all();
+    return OkStatus();
+  }
   // Three draws per message whatever happens to it, so one fault does not shift the others.
   std::uniform_real_distribution<double> uniform(0.0, 1.0);
   const bool drop = uniform(random_) < options_.drop_probability;

@@ -14,6 +14,10 @@
 // Decisions come from one seeded generator in the order messages are sent, so a test that
 // sends from one thread sees the same faults on every run.
 //
+// Processes take one from the environment, for tests of whole jobs (common/process): with
+// TESSERA_INJECT_FAULTS="seed=7,drop=0.05,duplicate=0.01,sends=ps" a worker or server loses
+// 5% and repeats 1% of what it sends on the parameter-server path (FaultOptions::Parse).
+//
 // Thread-safety: thread-safe. Delayed messages leave from the decorator's own timer thread.
 #ifndef TESSERA_COMMON_TRANSPORT_FAULTY_FAULTY_TRANSPORT_H_
 #define TESSERA_COMMON_TRANSPORT_FAULTY_FAULTY_TRANSPORT_H_
@@ -27,6 +31,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include "common/base/deadline.h"
@@ -41,6 +46,16 @@ struct FaultOptions {
   double duplicate_probability = 0;  // the message is sent twice
   double delay_probability = 0;      // the message waits delay_ms before it leaves
   int64_t delay_ms = 0;
+  // Sends of these types only (empty: every Send); replies always. Other sends leave
+  // untouched, drawing nothing, behind any delayed message to their destination.
+  std::set<MessageType> send_types;
+
+  // "seed=N,drop=P,duplicate=P,delay=P,delay_ms=MS,sends=ps" (any subset, any order; P in
+  // [0, 1]); sends=ps is the requests a worker sends its parameter servers (init, push-pull,
+  // sparse push and pull, checkpoint), whose servers answer nothing else. InvalidArgument
+  // naming the part that is wrong.
+  static StatusOr<FaultOptions> Parse(std::string_view text);
+  std::string ToString() const;
 };
 
 class FaultyTransport final : public Transport {

@@ -83,5 +83,56 @@ TEST(FaultyTransportTest, ADisconnectedDestinationGetsNothingUntilReconnected) {
   EXPECT_EQ(pair.sender->dropped(), 1u);
 }
 
+// Only the chosen sends are faulted; the others pass untouched, still in order behind a
+// delayed message to the same destination.
+TEST(FaultyTransportTest, SendsOfOtherTypesPassUntouchedAndInOrder) {
+  FaultOptions faults;
+  faults.seed = 3;
+  faults.drop_probability = 1;  // every chosen send is lost
+  faults.send_types = {MessageType::kPsPushPullRequest};
+  Pair pair(faults);
+  constexpr uint64_t kCount = 200;
+  for (uint64_t i = 0; i < kCount; ++i) ASSERT_TRUE(pair.Send(i).ok());  // heartbeats
+  ASSERT_TRUE(pair.sender->Send(pair.receiver->address(),
+                                OutgoingMessage{0, 1, PsPushPullRequest{}}).ok());
+  std::vector<uint64_t> got = pair.Received(200);
+  ASSERT_EQ(got.size(), kCount);
+  for (uint64_t i = 0; i < kCount; ++i) EXPECT_EQ(got[i], i);
+  EXPECT_EQ(pair.sender->dropped(), 1u);
+
+  faults.drop_probability = 0;
+  faults.delay_probability = 1;
+  faults.delay_ms = 50;
+  Pair delayed(faults);
+  ASSERT_TRUE(delayed.sender->Send(delayed.receiver->address(),
+                                   OutgoingMessage{0, 1, PsPushPullRequest{}}).ok());
+  ASSERT_TRUE(delayed.Send(7).ok());  // not delayed itself, but behind the push
+  StatusOr<Envelope> first = delayed.queue.Pop(Deadline::AfterMillis(2000), "the push");
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->type(), MessageType::kPsPushPullRequest);
+  EXPECT_EQ(delayed.Received(), std::vector<uint64_t>{7});
+}
+
+TEST(FaultOptionsTest, ParsesEveryPartAndNamesAWrongOne) {
+  StatusOr<FaultOptions> options =
+      FaultOptions::Parse("seed=9,drop=0.05,duplicate=0.01,delay=0.2,delay_ms=30,sends=ps");
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->seed, 9u);
+  EXPECT_DOUBLE_EQ(options->drop_probability, 0.05);
+  EXPECT_DOUBLE_EQ(options->duplicate_probability, 0.01);
+  EXPECT_DOUBLE_EQ(options->delay_probability, 0.2);
+  EXPECT_EQ(options->delay_ms, 30);
+  EXPECT_EQ(options->send_types.count(MessageType::kPsPushPullRequest), 1u);
+  EXPECT_EQ(options->send_types.count(MessageType::kHeartbeat), 0u);
+  EXPECT_TRUE(FaultOptions::Parse("").ok());
+  for (const char* wrong : {"drop=2", "drop=x", "drop=", "seed=-1", "delay_ms=99999999",
+                            "sends=all", "lose=0.1", "drop"}) {
+    StatusOr<FaultOptions> bad = FaultOptions::Parse(std::string("seed=1,") + wrong);
+    ASSERT_FALSE(bad.ok()) << wrong;
+    EXPECT_NE(bad.status().message().find(std::string("\"") + wrong + "\""), std::string::npos)
+        << bad.status();
+  }
+}
+
 }  // namespace
 }  // namespace tessera
