@@ -6,6 +6,7 @@
 #include <array>
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <map>
 #include <optional>
@@ -254,6 +255,12 @@ struct ZmqTransport::Impl {
   void Run() {
     std::vector<zmq::pollitem_t> items;
     std::vector<Outbound*> outbound_of_item;
+    // The security sockets (ZAP, monitors) carry a message per connection, not per request,
+    // but every socket polled costs every round (zmq_poll asks each for its state): while the
+    // data sockets are busy they are polled once a millisecond, else every round.
+    constexpr auto kSecurityPollEvery = std::chrono::milliseconds(1);
+    SteadyClock::time_point security_polled{};
+    bool busy = false;  // the last round found data to read
     while (true) {
       {
         std::lock_guard<std::mutex> lock(mu);
@@ -273,29 +280,37 @@ struct ZmqTransport::Impl {
           events |= ZMQ_POLLOUT;
           any_pending = true;
         }
+        if (out.rebuild_due) any_pending = true;
         items.push_back({out.socket->handle(), 0, events, 0});
         outbound_of_item.push_back(&out);
       }
       const size_t dealers_end = items.size();
-      // Security sockets: the ZAP handler, then the monitors (outbound_of_item names the
-      // dealer a monitor watches; null for the ROUTER's).
-      if (zap) items.push_back({zap->handle(), 0, ZMQ_POLLIN, 0});
-      outbound_of_item.resize(items.size(), nullptr);
-      const size_t monitors_begin = items.size();
-      if (router_monitor) {
-        items.push_back({router_monitor->handle(), 0, ZMQ_POLLIN, 0});
+      const SteadyClock::time_point now = SteadyClock::now();
+      const bool poll_security = (zap == nullptr && router_monitor == nullptr) || !busy ||
+                                 now - security_polled >= kSecurityPollEvery;
+      const size_t zap_item = zap && poll_security ? items.size() : SIZE_MAX;  // MAX: not polled
+      const size_t monitors_begin = items.size() + (zap && poll_security ? 1 : 0);
+      if (poll_security) {
+        security_polled = now;
+        // The ZAP handler, then the monitors (outbound_of_item names the dealer a monitor
+        // watches; null for the ROUTER's).
+        if (zap) items.push_back({zap->handle(), 0, ZMQ_POLLIN, 0});
         outbound_of_item.resize(items.size(), nullptr);
-      }
-      for (auto& [address, out] : dealers) {
-        if (!out.monitor) continue;
-        items.push_back({out.monitor->handle(), 0, ZMQ_POLLIN, 0});
-        outbound_of_item.resize(items.size(), nullptr);
-        outbound_of_item.back() = &out;
-        if (out.rebuild_due) any_pending = true;
+        if (router_monitor) {
+          items.push_back({router_monitor->handle(), 0, ZMQ_POLLIN, 0});
+          outbound_of_item.resize(items.size(), nullptr);
+        }
+        for (auto& [address, out] : dealers) {
+          if (!out.monitor) continue;
+          items.push_back({out.monitor->handle(), 0, ZMQ_POLLIN, 0});
+          outbound_of_item.resize(items.size(), nullptr);
+          outbound_of_item.back() = &out;
+        }
       }
       // A ROUTER reports POLLOUT whatever one peer's queue holds, so blocked replies are retried
-      // on a short timer instead of by readiness.
-      auto timeout = std::chrono::milliseconds(any_pending ? 1 : 200);
+      // on a short timer instead of by readiness. A round without the security sockets waits
+      // no longer than until they are due.
+      auto timeout = std::chrono::milliseconds(any_pending || !poll_security ? 1 : 200);
       try {
         zmq::poll(items.data(), items.size(), timeout);
       } catch (const zmq::error_t& e) {
@@ -316,7 +331,9 @@ struct ZmqTransport::Impl {
         if (items[i].revents & ZMQ_POLLIN) Drain(*out->socket, out->address);
       }
       if (items[1].revents & ZMQ_POLLIN) Drain(router, "");
-      if (zap && (items[dealers_end].revents & ZMQ_POLLIN)) ServeZap();
+      busy = false;  // a wake-up (something to send) or something received
+      for (size_t i = 0; i < dealers_end; ++i) busy |= (items[i].revents & ZMQ_POLLIN) != 0;
+      if (zap_item != SIZE_MAX && (items[zap_item].revents & ZMQ_POLLIN)) ServeZap();
       for (size_t i = monitors_begin; i < items.size(); ++i) {
         if (items[i].revents & ZMQ_POLLIN) ReadHandshakeEvents(outbound_of_item[i]);
       }
