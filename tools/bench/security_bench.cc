@@ -23,6 +23,7 @@ constexpr std::array<const char*, kSettings> kSettingNames = {"insecure", "authe
 struct SecurityBenchOptions {
   std::string sizes_text = "64K,1M,16M";
   std::vector<size_t> sizes;
+  std::vector<std::string> paths = {"transport", "ps", "allreduce"};
   double seconds = 1;
   int repeats = 3;
   int window = 8;
@@ -110,7 +111,10 @@ int RunSecurity(SecurityBenchOptions o) {
         std::cerr << "repeat " << repeat + 1 << "/" << o.repeats << ": " << kSettingNames[s]
                   << "...\n";
       }
-      for (size_t size : o.sizes) {
+      const auto wanted = [&o](const std::string& path) {
+        return std::find(o.paths.begin(), o.paths.end(), path) != o.paths.end();
+      };
+      for (size_t size : wanted("transport") ? o.sizes : std::vector<size_t>{}) {
         StatusOr<double> rate = TesseraTransportRate(size, o.seconds, o.window, credentials[s]);
         if (!rate.ok()) {
           std::cerr << "tessera-bench security: transport (" << kSettingNames[s]
@@ -120,6 +124,7 @@ int RunSecurity(SecurityBenchOptions o) {
         Keep(&best, "transport", size, setting, *rate);
       }
       for (const char* path : {"ps", "allreduce"}) {
+        if (!wanted(path)) continue;
         Status measured = MeasureLaunched(o, path, key_file, setting, &best);
         if (!measured.ok()) {
           std::cerr << "tessera-bench security: " << measured << "\n";
@@ -136,7 +141,7 @@ int RunSecurity(SecurityBenchOptions o) {
               << std::setw(15) << "insecure GB/s" << std::setw(16) << "authenticated"
               << std::setw(12) << "encrypted" << "\n";
   }
-  for (const char* path : {"transport", "ps", "allreduce"}) {
+  for (const std::string& path : o.paths) {
     for (size_t size : o.sizes) {
       const auto& row = best[{path, size}];
       const double base = row[kInsecure];
@@ -181,6 +186,10 @@ BenchCommand AddSecurityBench(CLI::App* parent) {
       ->capture_default_str();
   app->add_option("--repeats", o->repeats, "Rounds of all three settings; the best counts")
       ->check(CLI::Range(1, 100))
+      ->capture_default_str();
+  app->add_option("--paths", o->paths, "Which paths to measure")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"transport", "ps", "allreduce"}))
       ->capture_default_str();
   app->add_option("--timeout", o->timeout_s, "Seconds one launched job may take")
       ->check(CLI::Range(1, 86400))

@@ -1,4 +1,5 @@
-// tessera-bench security [--sizes 64K,1M,16M] [--seconds 1] [--repeats 3] [--json]
+// tessera-bench security [--sizes 64K,1M,16M] [--paths transport,ps,allreduce] [--seconds 1]
+//                        [--repeats 3] [--json]
 //
 // security: what authentication and encryption cost (issue 15), each beside the same path with
 // no security, in the same run, on the three paths the data takes:
