@@ -4,12 +4,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cstdlib>
-#include <fstream>
 #include <string>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+
+#include "common/base/test_files.h"
 
 namespace tessera {
 namespace {
@@ -26,15 +26,6 @@ std::string Basic(const std::string& user_colon_password) {
                     user_colon_password.size(), sodium_base64_VARIANT_ORIGINAL);
   out.pop_back();  // the terminating NUL
   return "Basic " + out;
-}
-
-std::string WriteFile(const std::string& name, const std::string& text, mode_t mode) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  std::string path = std::string(dir != nullptr ? dir : "/tmp") + "/" + name;
-  unlink(path.c_str());
-  std::ofstream(path) << text;
-  chmod(path.c_str(), mode);
-  return path;
 }
 
 TEST(HttpBasicAuthTest, MatchesOnlyAListedUserWithItsPassword) {
@@ -67,14 +58,14 @@ TEST(HttpBasicAuthTest, RejectsBadLinesNamingTheLineButNotItsText) {
 }
 
 TEST(HttpBasicAuthTest, ReadsAPrivateFileAndRefusesOthers) {
-  std::string good = WriteFile("auth-good", "prometheus:pw\n", 0600);
+  std::string good = WriteTestFile("auth-good", "prometheus:pw\n", 0600);
   StatusOr<HttpBasicAuth> auth = HttpBasicAuth::ReadFile(good);
   ASSERT_TRUE(auth.ok()) << auth.status();
   EXPECT_TRUE(auth->Matches(Basic("prometheus:pw")));
-  EXPECT_TRUE(HttpBasicAuth::ReadFile(WriteFile("auth-0400", "a:b\n", 0400)).ok());
+  EXPECT_TRUE(HttpBasicAuth::ReadFile(WriteTestFile("auth-0400", "a:b\n", 0400)).ok());
 
   for (mode_t mode : {0640, 0604, 0660, 0644}) {
-    std::string path = WriteFile("auth-open", "prometheus:pw\n", mode);
+    std::string path = WriteTestFile("auth-open", "prometheus:pw\n", mode);
     StatusOr<HttpBasicAuth> refused = HttpBasicAuth::ReadFile(path);
     ASSERT_FALSE(refused.ok()) << std::oct << mode;
     EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
@@ -89,11 +80,11 @@ TEST(HttpBasicAuthTest, ReadsAPrivateFileAndRefusesOthers) {
   ASSERT_EQ(symlink(good.c_str(), link.c_str()), 0);
   EXPECT_THAT(HttpBasicAuth::ReadFile(link).status().message(), HasSubstr("symbolic link"));
 
-  std::string bad = WriteFile("auth-bad", "no-colon-here\n", 0600);
+  std::string bad = WriteTestFile("auth-bad", "no-colon-here\n", 0600);
   EXPECT_THAT(HttpBasicAuth::ReadFile(bad).status().message(), HasSubstr(bad));
 
   if (geteuid() == 0) {
-    std::string foreign = WriteFile("auth-foreign", "a:b\n", 0600);
+    std::string foreign = WriteTestFile("auth-foreign", "a:b\n", 0600);
     ASSERT_EQ(chown(foreign.c_str(), 12345, 12345), 0);
     EXPECT_THAT(HttpBasicAuth::ReadFile(foreign).status().message(), HasSubstr("uid 12345"));
   }

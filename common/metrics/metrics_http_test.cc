@@ -20,6 +20,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
+#include "common/base/test_files.h"
+
 namespace tessera {
 namespace {
 
@@ -261,18 +263,9 @@ TEST(MetricsHttpServerStartTest, LocalhostMeansLoopback) {
   EXPECT_EQ(Fetch((*server)->port(), "GET", "/metrics").status, 200);
 }
 
-std::string TempFile(const std::string& name, const std::string& text, mode_t mode) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  std::string path = std::string(dir != nullptr ? dir : "/tmp") + "/" + name;
-  unlink(path.c_str());
-  std::ofstream(path) << text;
-  chmod(path.c_str(), mode);
-  return path;
-}
-
 std::shared_ptr<const HttpBasicAuth> ReadAuth(const std::string& text) {
   StatusOr<HttpBasicAuth> auth =
-      HttpBasicAuth::ReadFile(TempFile("metrics-auth", text, 0600));
+      HttpBasicAuth::ReadFile(WriteTestFile("metrics-auth", text, 0600));
   EXPECT_TRUE(auth.ok()) << auth.status();
   return auth.ok() ? std::make_shared<const HttpBasicAuth>(std::move(auth).value()) : nullptr;
 }

@@ -1,27 +1,14 @@
 #include "common/process/metrics_http_settings.h"
 
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cstdlib>
-#include <fstream>
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include "common/base/test_files.h"
 
 namespace tessera {
 namespace {
 
 using ::testing::HasSubstr;
-
-std::string TempFile(const std::string& name, const std::string& text, mode_t mode) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  std::string path = std::string(dir != nullptr ? dir : "/tmp") + "/" + name;
-  unlink(path.c_str());
-  std::ofstream(path) << text;
-  chmod(path.c_str(), mode);
-  return path;
-}
 
 const BindAddress kLoopbackTransport{"127.0.0.1", "127.0.0.1", "test"};
 
@@ -72,7 +59,7 @@ TEST(MetricsHttpSettingsTest, ErrorsNameTheSettingAsGiven) {
   EXPECT_THAT(host.status().message(), HasSubstr("TESSERA_METRICS_BIND_HOST"));
 
   settings.bind_host = "loopback";
-  settings.auth_file = TempFile("users", "prometheus:s3cret\n", 0644);
+  settings.auth_file = WriteTestFile("users", "prometheus:s3cret\n", 0644);
   StatusOr<MetricsHttpOptions> readable =
       ResolveMetricsHttpOptions(settings, kLoopbackTransport, "");
   ASSERT_FALSE(readable.ok());
@@ -80,7 +67,7 @@ TEST(MetricsHttpSettingsTest, ErrorsNameTheSettingAsGiven) {
   EXPECT_THAT(readable.status().message(), HasSubstr(settings.auth_file));
 
   settings.from_environment = false;
-  settings.auth_file = TempFile("users", "prometheus:s3cret\n", 0600);
+  settings.auth_file = WriteTestFile("users", "prometheus:s3cret\n", 0600);
   StatusOr<MetricsHttpOptions> read = ResolveMetricsHttpOptions(settings, kLoopbackTransport, "");
   ASSERT_TRUE(read.ok()) << read.status();
   ASSERT_NE(read->basic_auth, nullptr);
