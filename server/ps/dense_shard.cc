@@ -368,6 +368,17 @@ std::string DenseShard::FirstBehind(int64_t step) const {
   return "";
 }
 
+std::string DenseShard::FirstAhead(int64_t step) const {
+  for (const auto& [key, chunk] : chunks_) {
+    std::lock_guard<std::mutex> lock(chunk->mu);
+    if (chunk->policy.version() > step) {
+      return "chunk " + std::to_string(chunk->where.index) + " (at step " +
+             std::to_string(chunk->policy.version()) + ")";
+    }
+  }
+  return "";
+}
+
 std::map<uint64_t, ChunkState> DenseShard::Snapshot() const {
   std::map<uint64_t, ChunkState> saved;
   for (const auto& [key, chunk] : chunks_) {

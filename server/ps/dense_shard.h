@@ -85,6 +85,8 @@ class DenseShard {
 
   // "chunk 3" for the first chunk whose version is below `step`; empty when none is.
   std::string FirstBehind(int64_t step) const;
+  // "chunk 3 (at step 8)" for the first chunk whose version is above `step`; empty when none is.
+  std::string FirstAhead(int64_t step) const;
 
   // The chunks (index, size, key) in key order; fixed at creation.
   const std::vector<DenseChunk>& chunks() const { return layout_; }

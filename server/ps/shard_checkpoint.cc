@@ -23,6 +23,12 @@ std::string FirstBehind(const ShardParts& parts, int64_t step) {
   return behind.empty() ? parts.tables->FirstBehind(step) : behind;
 }
 
+// The first chunk or table whose version is above `step` ("chunk 3 (at step 8)").
+std::string FirstAhead(const ShardParts& parts, int64_t step) {
+  std::string ahead = parts.dense->FirstAhead(step);
+  return ahead.empty() ? parts.tables->FirstAhead(step) : ahead;
+}
+
 }  // namespace
 
 std::string ShardFileName(int server_rank) {
@@ -42,6 +48,15 @@ StatusOr<ShardFileInfo> SaveShard(const ShardParts& parts, const std::string& ro
       return DeadlineExceededError("checkpoint of step " + std::to_string(step) + ": " + behind +
                                    " has not applied that step after " +
                                    std::to_string(wait_ms) + " ms");
+    }
+    // Every chunk and table holds exactly `step`, so the shards of all servers are one step
+    // (nothing applies step + 1 without the push of the worker that asked for this checkpoint,
+    // unless workers disagree on where they are).
+    const std::string ahead = FirstAhead(parts, step);
+    if (!ahead.empty()) {
+      return FailedPreconditionError("checkpoint of step " + std::to_string(step) + ": " +
+                                     ahead + " has applied a later step; a ps-sync checkpoint "
+                                     "holds one step on every server");
     }
   }
   CheckpointShard shard;
