@@ -542,18 +542,28 @@ Status PsEngine::Step(int64_t step, float* params, float* grads,
 
 StatusOr<bool> PsEngine::AgreeToStop(int64_t step, bool stop) {
   if (options_.consistency != PsConsistency::kSync || chunks_.empty()) return stop;
-  if (stopped_step_ != step || stopped_by_ < 0) {
-    if (stop && !StopAskedIn(step)) {
-      TLOG(INFO) << "asked to stop during step " << step << "; every worker stops after step "
-                 << step + 1 << " (the servers tell them with its replies)";
+  const bool said = StopAskedIn(step);  // what this worker's pushes of the step said
+  const int by = stopped_step_ == step ? stopped_by_ : -1;
+  if (by >= 0) {
+    if (!said) {
+      TLOG(INFO) << "worker " << by << " was asked to stop: every worker stops after step "
+                 << step;
     }
-    return false;
+    return true;
   }
-  if (stopped_by_ != rank_ && !StopAskedIn(step)) {
-    TLOG(INFO) << "worker " << stopped_by_ << " was asked to stop: every worker stops after step "
-               << step;
+  if (said) {
+    // Servers that record no stop requests (of a version before them) answered: stopping
+    // alone, as workers did then, beats never stopping.
+    TLOG(WARNING) << "this worker's pushes of step " << step << " said it was asked to stop, "
+                  << "and the servers' replies did not (servers of an older version?): "
+                  << "stopping without the other workers";
+    return true;
   }
-  return true;
+  if (stop) {
+    TLOG(INFO) << "asked to stop during step " << step << "; every worker stops after step "
+               << step + 1 << " (this worker's pushes of it say so)";
+  }
+  return false;
 }
 
 StatusOr<std::vector<ShardFileInfo>> PsEngine::CheckpointServers(const std::string& root,
