@@ -7,7 +7,9 @@
 // has every server write its shard of that step and commits the checkpoint; only then do the
 // servers, and then the coordinator, get SIGTERM. Everything exits within --grace, nothing is
 // killed, and a new fleet resuming from the checkpoint ends bitwise where an uninterrupted run
-// ends (the servers' chunks, momentum and embedding rows, and the workers' data order).
+// ends (the servers' chunks, momentum and embedding rows, and the workers' data order). The
+// same when only one worker is signalled (a preempted machine): every worker stops after the
+// step that worker's pushes announced the stop in.
 #include <errno.h>
 #include <signal.h>
 #include <unistd.h>
@@ -58,6 +60,54 @@ void RunToSuccess(FleetHarness& harness, const std::string& label,
 
 bool Exists(const std::string& path) { return std::ifstream(path).good(); }
 
+// The step after which every worker of the 3 says it stopped ("" unless all say the same).
+std::string CommonStopStep(const std::string& output) {
+  std::set<std::string> steps;
+  for (int w = 0; w < 3; ++w) {
+    std::smatch match;
+    const std::regex stopped("\\[worker " + std::to_string(w) +
+                             "\\][^\\n]*stopped after step ([0-9]+) [(,]");
+    if (!std::regex_search(output, match, stopped)) return "";
+    steps.insert(match[1]);
+  }
+  return steps.size() == 1 ? *steps.begin() : "";
+}
+
+// Resumes a new fleet with `flags` (their --checkpoint-dir holds the checkpoint of `step`) and
+// expects it to end with the parameters in `whole` (the uninterrupted run's), bitwise.
+void ExpectResumeEndsLikeTheUninterruptedRun(FleetHarness& harness,
+                                             const std::vector<std::string>& flags,
+                                             const std::string& step, const std::string& whole,
+                                             const std::string& resumed) {
+  auto again =
+      harness.Start("resumed", "tools/tessera-launch",
+                    Concat(Fleet(), Concat(flags, {"--resume", "--save-params", resumed})));
+  ASSERT_TRUE(again.ok()) << again.status();
+  auto finished = harness.WaitExit(*again, Deadline::AfterMillis(kRunMs));
+  ASSERT_TRUE(finished.ok()) << finished.status();
+  ASSERT_TRUE(finished->success()) << finished->Describe() << "\n" << harness.Output(*again);
+  EXPECT_NE(harness.Output(*again).find("resumed from the checkpoint of step " + step),
+            std::string::npos)
+      << harness.Output(*again);
+  auto a = worker::LoadParams(whole);
+  auto b = worker::LoadParams(resumed);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_EQ(a->values.size(), b->values.size());
+  EXPECT_TRUE(a->values == b->values)
+      << "the resumed run ends elsewhere than the uninterrupted one";
+}
+
+// Both tests compare with one uninterrupted run.
+class PsPreemptionTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    FleetHarness harness;
+    RunToSuccess(harness, "uninterrupted",
+                 Concat(Fleet(), Concat(TrainingFlags(), {"--save-params", Whole()})));
+  }
+  static std::string Whole() { return TempPath("ps_preempt_whole.bin"); }
+};
+
 // The pids the launcher announced ("[launch] server 1 pid=123 metrics=...").
 std::vector<int> AnnouncedPids(const std::string& output) {
   std::vector<int> pids;
@@ -69,16 +119,11 @@ std::vector<int> AnnouncedPids(const std::string& output) {
   return pids;
 }
 
-TEST(PsPreemptionTest, SigtermToTheLauncherCheckpointsEveryServerAtOneStepAndResumesBitwise) {
+TEST_F(PsPreemptionTest, SigtermToTheLauncherCheckpointsEveryServerAtOneStepAndResumesBitwise) {
   FleetHarness harness;
   const std::string dir = TempPath("ps_preempt_ckpt");
-  const std::string whole = TempPath("ps_preempt_whole.bin");
-  const std::string resumed = TempPath("ps_preempt_resumed.bin");
   const std::vector<std::string> flags =
       Concat(TrainingFlags(), {"--checkpoint-dir", dir, "--checkpoint-on-sigterm"});
-
-  RunToSuccess(harness, "uninterrupted",
-               Concat(Fleet(), Concat(TrainingFlags(), {"--save-params", whole})));
 
   auto launcher = harness.Start("preempted", "tools/tessera-launch", Concat(Fleet(), flags));
   ASSERT_TRUE(launcher.ok()) << launcher.status();
@@ -144,20 +189,46 @@ TEST(PsPreemptionTest, SigtermToTheLauncherCheckpointsEveryServerAtOneStepAndRes
   EXPECT_NE(output.find("checkpoint of step " + step + " committed"), std::string::npos) << output;
 
   // A new fleet resumes from it and ends bitwise where the uninterrupted run ends.
-  auto again = harness.Start("resumed", "tools/tessera-launch",
-                             Concat(Fleet(), Concat(flags, {"--resume", "--save-params", resumed})));
-  ASSERT_TRUE(again.ok()) << again.status();
-  auto finished = harness.WaitExit(*again, Deadline::AfterMillis(kRunMs));
-  ASSERT_TRUE(finished.ok()) << finished.status();
-  ASSERT_TRUE(finished->success()) << finished->Describe() << "\n" << harness.Output(*again);
-  EXPECT_NE(harness.Output(*again).find("resumed from the checkpoint of step " + step),
+  ExpectResumeEndsLikeTheUninterruptedRun(harness, flags, step, Whole(),
+                                          TempPath("ps_preempt_resumed.bin"));
+}
+
+// Preemption of one worker: only worker 1 gets SIGTERM. Its next step's pushes say so, and
+// every worker, told by the servers, stops after that same step; rank 0 checkpoints it (the
+// launcher, stopping the fleet for worker 1's exit, stops the servers only after the workers).
+// The resumed job ends bitwise like the uninterrupted one.
+TEST_F(PsPreemptionTest, OneWorkerSignalledStopsEveryWorkerAfterTheSameStep) {
+  FleetHarness harness;
+  const std::string dir = TempPath("ps_preempt_one_ckpt");
+  const std::vector<std::string> flags =
+      Concat(TrainingFlags(), {"--checkpoint-dir", dir, "--checkpoint-on-sigterm"});
+  auto launcher = harness.Start("preempted", "tools/tessera-launch", Concat(Fleet(), flags));
+  ASSERT_TRUE(launcher.ok()) << launcher.status();
+  ASSERT_TRUE(harness.WaitForLine(*launcher, "worker 2 | step 20/", Deadline::AfterMillis(kRunMs))
+                  .ok())
+      << harness.Output(*launcher);
+  std::smatch match;
+  const std::string started = harness.Output(*launcher);
+  ASSERT_TRUE(std::regex_search(started, match, std::regex(R"(\[launch\] worker 1 pid=(\d+))")))
+      << started;
+  ASSERT_EQ(kill(std::stoi(match[1]), SIGTERM), 0);
+  auto exit = harness.WaitExit(*launcher, Deadline::AfterMillis(kRunMs));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  const std::string output = harness.Output(*launcher);
+  const std::string step = CommonStopStep(output);
+  ASSERT_FALSE(step.empty()) << output;
+  EXPECT_LT(std::stoi(step), kSteps) << "the job ended before the signal\n" << output;
+  EXPECT_NE(output.find("worker 1 was asked to stop: every worker stops after step " + step),
             std::string::npos)
-      << harness.Output(*again);
-  auto a = worker::LoadParams(whole);
-  auto b = worker::LoadParams(resumed);
-  ASSERT_TRUE(a.ok() && b.ok());
-  ASSERT_EQ(a->values.size(), b->values.size());
-  EXPECT_TRUE(a->values == b->values) << "the resumed run ends elsewhere than the uninterrupted one";
+      << output;
+  EXPECT_NE(output.find("checkpoint of step " + step + " committed"), std::string::npos) << output;
+  EXPECT_EQ(output.find("sent SIGKILL"), std::string::npos) << output;
+  std::ifstream latest(dir + "/LATEST");
+  std::string latest_step;
+  latest >> latest_step;
+  EXPECT_EQ(latest_step, step);
+  ExpectResumeEndsLikeTheUninterruptedRun(harness, flags, step, Whole(),
+                                          TempPath("ps_preempt_one_resumed.bin"));
 }
 
 }  // namespace
