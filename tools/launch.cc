@@ -712,8 +712,9 @@ class Launcher {
     StopReport report;
     std::map<int, double> killed_after_s;  // by child: how long after its SIGTERM
     for (int stage = 0; stage < 3; ++stage) {
-      const std::chrono::milliseconds share = std::max(
-          std::chrono::milliseconds(0), std::chrono::milliseconds(end.RemainingMillis()) - keep[stage]);
+      const std::chrono::milliseconds share =
+          std::max(std::chrono::milliseconds(0),
+                   std::chrono::milliseconds(end.RemainingMillis()) - keep[stage]);
       StopReport part = group_.Stop(stages[stage], share, sink, hurry);
       for (int id : part.killed) killed_after_s[id] = static_cast<double>(share.count()) / 1000;
       report.killed.insert(report.killed.end(), part.killed.begin(), part.killed.end());
