@@ -49,15 +49,6 @@ StatusOr<ShardFileInfo> SaveShard(const ShardParts& parts, const std::string& ro
                                    " has not applied that step after " +
                                    std::to_string(wait_ms) + " ms");
     }
-    // Every chunk and table holds exactly `step`, so the shards of all servers are one step
-    // (nothing applies step + 1 without the push of the worker that asked for this checkpoint,
-    // unless workers disagree on where they are).
-    const std::string ahead = FirstAhead(parts, step);
-    if (!ahead.empty()) {
-      return FailedPreconditionError("checkpoint of step " + std::to_string(step) + ": " +
-                                     ahead + " has applied a later step; a ps-sync checkpoint "
-                                     "holds one step on every server");
-    }
   }
   CheckpointShard shard;
   for (auto& [index, saved] : parts.dense->Snapshot()) {
@@ -68,6 +59,18 @@ StatusOr<ShardFileInfo> SaveShard(const ShardParts& parts, const std::string& ro
     shard.ints[name + ".ids"] = std::move(rows.ids);
     shard.floats[name + ".values"] = std::move(rows.values);
     shard.floats[name + ".state"] = std::move(rows.state);
+  }
+  if (parts.config->consistency == PsConsistency::kSync) {
+    // Versions only grow: at `step` or more before the snapshot and at most `step` after it,
+    // every part was exactly at `step` while it was copied, so the shards of all servers are
+    // one step (nothing applies step + 1 without the push of the worker that asked for this
+    // checkpoint, unless the workers disagree on where they are).
+    const std::string ahead = FirstAhead(parts, step);
+    if (!ahead.empty()) {
+      return FailedPreconditionError("checkpoint of step " + std::to_string(step) + ": " +
+                                     ahead + " has applied a later step; a ps-sync checkpoint "
+                                     "holds one step on every server");
+    }
   }
   RETURN_IF_ERROR(PrepareCheckpointStep(root, step));
   ASSIGN_OR_RETURN(ShardFileInfo info,
