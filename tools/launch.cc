@@ -3,9 +3,9 @@
 // it: the first process to fail stops the whole fleet, and nothing is left running on any path.
 //
 // Sequence: coordinator -> its TESSERA_READY line gives the address -> servers and workers ->
-// every worker exits -> optional linger (a last metrics scrape) -> SIGTERM to servers and
-// workers, then to the coordinator, each stage followed by SIGKILL after --grace. The exit
-// status is 0 only when every worker exited 0.
+// every worker exits -> optional linger (a last metrics scrape) -> SIGTERM to the workers (if
+// any still run), then to the servers, then to the coordinator, all within --grace, then
+// SIGKILL to whatever still runs. The exit status is 0 only when every worker exited 0.
 #include <signal.h>
 #include <unistd.h>
 
@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -43,6 +44,9 @@ constexpr std::string_view kReadyPrefix = "TESSERA_READY";
 // week). Far past any real job, so that a few digits too many are caught.
 constexpr int kMaxProcesses = 65536;
 constexpr double kMaxSeconds = 7 * 24 * 3600;
+// When the fleet stops, the part of --grace the workers leave to the servers and the
+// coordinator (at most half of it); see StopFleetAndReport.
+constexpr std::chrono::milliseconds kStopReserve{1000};
 
 // ---------------------------------------------------------------------------------------------
 // Configuration: parsed from flags in one place, validated once.
@@ -162,9 +166,13 @@ Security:
   encrypted when the children listen off the loopback (--encrypt auto). --insecure turns
   authentication off. See docs/security.md.
 
-Stopping: servers and workers get SIGTERM first, then the coordinator; each stage gets
---grace seconds before SIGKILL (a second SIGINT/SIGTERM skips the grace). Every child also
-dies with the launcher (PR_SET_PDEATHSIG), so none is left behind.
+Stopping (Ctrl-C, SIGTERM, a failure, or the end of the job): the workers get SIGTERM
+first, then, once they have exited, the servers, then the coordinator; the whole stop takes at
+most --grace seconds, after which whatever still runs gets SIGKILL (a second SIGINT/SIGTERM
+skips the grace). The workers may use all of it but 1 s (half of a shorter grace), e.g. to
+finish their step together and write a --checkpoint-on-sigterm checkpoint through the servers
+(docs/checkpoints.md). Every child also dies with the launcher (PR_SET_PDEATHSIG), so none is
+left behind.
 )";
 
 void AddFlags(CLI::App& app, LaunchConfig* config) {
@@ -203,7 +211,9 @@ void AddFlags(CLI::App& app, LaunchConfig* config) {
       ->capture_default_str();
   app.add_option("--log-level", config->log_level, "debug|info|warning|error, for every child")
       ->type_name("LEVEL");
-  app.add_option("--grace", config->grace_s, "Time between SIGTERM and SIGKILL when stopping")
+  app.add_option("--grace", config->grace_s,
+                 "Time the fleet has to stop (workers, then servers, then the coordinator get "
+                 "SIGTERM) before SIGKILL")
       ->type_name("SECONDS")
       ->check(FiniteRange(0, kMaxSeconds))
       ->capture_default_str();
@@ -683,21 +693,39 @@ class Launcher {
     int signals_before = g_signal_count;
     auto sink = [this](const ChildEvent& event) { HandleEvent(event); };
     auto hurry = [signals_before] { return g_signal_count > signals_before; };
-    // The coordinator goes last: servers and workers deregister through it as they stop.
-    std::vector<int> others, coordinator;
+    // In stages, all within one --grace: the workers first, for they may still need the
+    // servers (a ps-* step they finish together, the --checkpoint-on-sigterm checkpoint the
+    // servers write); then the servers; the coordinator last, as everyone deregisters through
+    // it. Each stage ends when its processes have exited, or at its share of the grace: the
+    // workers may use all of it but kStopReserve (or half, for a short grace), the servers all
+    // but half of that, so that the later stages still get their SIGTERM and a moment to leave.
+    std::vector<int> stages[3];  // workers, servers, coordinator
     for (size_t id = 0; id < members_.size(); ++id) {
-      (members_[id].role == Role::kCoordinator ? coordinator : others)
-          .push_back(static_cast<int>(id));
+      const Role role = members_[id].role;
+      stages[role == Role::kWorker ? 0 : role == Role::kServer ? 1 : 2].push_back(
+          static_cast<int>(id));
     }
-    StopReport report = group_.Stop(others, ToMillis(config_.grace_s), sink, hurry);
-    StopReport last = group_.Stop(coordinator, ToMillis(config_.grace_s), sink, hurry);
-    report.killed.insert(report.killed.end(), last.killed.begin(), last.killed.end());
-    report.unreaped.insert(report.unreaped.end(), last.unreaped.begin(), last.unreaped.end());
+    const std::chrono::milliseconds grace = ToMillis(config_.grace_s);
+    const std::chrono::milliseconds reserve = std::min(kStopReserve, grace / 2);
+    const std::chrono::milliseconds keep[3] = {reserve, reserve / 2, std::chrono::milliseconds(0)};
+    const Deadline end = Deadline::After(grace);
+    StopReport report;
+    std::map<int, double> killed_after_s;  // by child: how long after its SIGTERM
+    for (int stage = 0; stage < 3; ++stage) {
+      const std::chrono::milliseconds share =
+          std::max(std::chrono::milliseconds(0),
+                   std::chrono::milliseconds(end.RemainingMillis()) - keep[stage]);
+      StopReport part = group_.Stop(stages[stage], share, sink, hurry);
+      for (int id : part.killed) killed_after_s[id] = static_cast<double>(share.count()) / 1000;
+      report.killed.insert(report.killed.end(), part.killed.begin(), part.killed.end());
+      report.unreaped.insert(report.unreaped.end(), part.unreaped.begin(), part.unreaped.end());
+    }
     bool hurried = g_signal_count > signals_before;
     for (int id : report.killed) {
       Announce(Describe(members_[id]) + " was still running " +
                (hurried ? std::string("at the second signal")
-                        : FormatSeconds(config_.grace_s) + " after SIGTERM") +
+                        : FormatSeconds(killed_after_s[id]) + " after SIGTERM (--grace " +
+                              FormatSeconds(config_.grace_s) + " for the whole fleet)") +
                "; sent SIGKILL");
     }
     for (int id : report.unreaped) {
@@ -778,8 +806,10 @@ class Launcher {
     if (interrupted_by_ == 0 && !failure_.has_value() && g_first_signal != 0) {
       interrupted_by_ = g_first_signal;
       if (stopping_) return;
-      Announce("received " + SignalName(interrupted_by_) + "; stopping the fleet (SIGKILL after " +
-               FormatSeconds(config_.grace_s) + ", or at once on a second signal)");
+      Announce("received " + SignalName(interrupted_by_) +
+               "; stopping the fleet: workers, then servers, then the coordinator (SIGKILL to "
+               "what still runs after " + FormatSeconds(config_.grace_s) +
+               ", or at once on a second signal)");
     }
   }
 

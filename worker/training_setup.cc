@@ -173,7 +173,8 @@ void AddTrainingFlags(CLI::App* app, TrainingFlags* f) {
       ->capture_default_str();
   train->add_flag("--checkpoint-on-sigterm", f->checkpoint_on_sigterm,
                   "On SIGTERM or SIGINT (preemption), checkpoint the step just finished into "
-                  "--checkpoint-dir before exiting");
+                  "--checkpoint-dir before exiting (ps-sync, allreduce, zero1-3: the step all "
+                  "workers agree to stop after; waits are then not cut 1 s after the signal)");
   train->add_flag("--resume", f->resume,
                   "Continue after the newest checkpoint in --checkpoint-dir (from step 1 if "
                   "there is none yet)");

@@ -316,7 +316,8 @@ std::string FormatSummary(const TrainingSummary& s, const TrainingFlags& flags,
 }
 
 // Trains in `flags.mode`: alone (local, client may be null) or as worker client->rank() of
-// the fleet. Sets *every_rank_stops (if not null) when the ranks of a ring mode agreed to stop.
+// the fleet. Sets *every_rank_stops (if not null) when the ranks of a ring mode or of ps-sync
+// agreed to stop.
 Status RunTraining(ProcessRuntime& runtime, const WorkerFlags& worker_flags,
                    RendezvousClient* client, const PeerWiring& wiring,
                    bool* every_rank_stops = nullptr) {
@@ -390,6 +391,16 @@ Status RunTraining(ProcessRuntime& runtime, const WorkerFlags& worker_flags,
     options.request_timeout_ms = runtime.config().request_timeout_ms;
     options.request_resend_ms = worker_flags.ps_resend_ms;
     options.stop_requested = [&runtime] { return runtime.StopRequested(); };
+    // As in the ring modes: the steps up to the agreed stop and the checkpoint must not be
+    // cut short by the grace.
+    options.stop_grace = !(trainer.checkpoint_on_stop && !trainer.checkpoint_dir.empty());
+    if (options.consistency == PsConsistency::kSync) {
+      // The servers told every worker alike (PsEngine::AgreeToStop): a plain goodbye, as the
+      // ring modes say it, for a relayed stop would cut rank 0's checkpoint short.
+      trainer.on_stop_agreed = [every_rank_stops] {
+        if (every_rank_stops != nullptr) *every_rank_stops = true;
+      };
+    }
     ASSIGN_OR_RETURN(engine, PsEngine::Create(options, &runtime.endpoint(), client->view(), rank,
                                               &runtime.metrics()));
   }

@@ -42,6 +42,9 @@ struct PsPushPullRequest {
   // With has_gradients: this worker skips the step (its gradients held a NaN or Inf,
   // --on-nonfinite skip); the tensors name the chunks and carry no bytes.
   bool skip = false;
+  // With has_gradients: this worker was asked to stop (read once per step: every request of
+  // the step says the same). ps-sync: the workers stop after this step (see stopped_by).
+  bool stop = false;
 };
 
 struct PsPushPullReply {
@@ -50,6 +53,10 @@ struct PsPushPullReply {
   bool region_mapped = false;  // to an offer: mapped, else region_refusal says why
   std::string region_refusal;
   int skipped_by = -1;  // ps-sync: the worker that skipped the step this push was of (-1: none)
+  // ps-sync: the lowest rank asked to stop (PsPushPullRequest::stop) in the step whose values
+  // this reply carries, -1 when none was. Every chunk on every server says the same, so every
+  // worker learns with the step's replies that all stop after it.
+  int stopped_by = -1;
 };
 
 struct SparsePushRequest {

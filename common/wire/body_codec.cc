@@ -252,13 +252,15 @@ class BodyEncoder {
     auto tensors = EncodeTensors(fbb_, std::move(b.tensors), payloads_);
     return As(proto::CreatePsPushPullRequestDirect(
         fbb_, &tensors, b.has_gradients, b.job_token, b.model.empty() ? nullptr : b.model.c_str(),
-        b.region_pid, b.region_fd, b.region_token_high, b.region_token_low, b.in_region, b.skip));
+        b.region_pid, b.region_fd, b.region_token_high, b.region_token_low, b.in_region, b.skip,
+        b.stop));
   }
   Encoded operator()(PsPushPullReply& b) {
     auto tensors = EncodeTensors(fbb_, std::move(b.tensors), payloads_);
     return As(proto::CreatePsPushPullReplyDirect(
         fbb_, &tensors, b.region_mapped,
-        b.region_refusal.empty() ? nullptr : b.region_refusal.c_str(), b.skipped_by));
+        b.region_refusal.empty() ? nullptr : b.region_refusal.c_str(), b.skipped_by,
+        b.stopped_by));
   }
   Encoded operator()(SparsePushRequest& b) {
     auto ids = EncodeTensor(fbb_, std::move(b.row_ids), payloads_);
@@ -487,12 +489,14 @@ StatusOr<MessageBody> DecodeBody(const proto::Header& header, const Message& mes
       return MessageBody(PsPushPullRequest{DecodeTensors(b.tensors(), message), b.has_gradients(),
                                            b.job_token(), Str(b.model()), b.region_pid(),
                                            b.region_fd(), b.region_token_high(),
-                                           b.region_token_low(), b.in_region(), b.skip()});
+                                           b.region_token_low(), b.in_region(), b.skip(),
+                                           b.stop()});
     }
     case proto::Body::PsPushPullReply: {
       const auto& b = *header.body_as_PsPushPullReply();
       return MessageBody(PsPushPullReply{DecodeTensors(b.tensors(), message), b.region_mapped(),
-                                         Str(b.region_refusal()), b.skipped_by()});
+                                         Str(b.region_refusal()), b.skipped_by(),
+                                         b.stopped_by()});
     }
     case proto::Body::SparsePushRequest: {
       const auto& b = *header.body_as_SparsePushRequest();

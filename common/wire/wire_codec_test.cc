@@ -37,6 +37,7 @@ Message PushOf(std::vector<float> values, std::vector<int64_t> shape) {
   push.region_token_low = 6;
   push.in_region = true;
   push.skip = true;
+  push.stop = true;
   return EncodeMessage(WorkerHeader(3), std::move(push));
 }
 
@@ -90,6 +91,7 @@ TEST(WireCodecTest, RoundTripPushPull) {
   EXPECT_EQ(push.region_token_low, 6u);
   EXPECT_TRUE(push.in_region);
   EXPECT_TRUE(push.skip);
+  EXPECT_TRUE(push.stop);
   ASSERT_EQ(push.tensors.size(), 1u);
   EXPECT_EQ(push.tensors[0].name, "layer0.w");
   EXPECT_EQ(push.tensors[0].key, 7u);
@@ -158,9 +160,10 @@ TEST(WireCodecTest, RoundTripEveryBody) {
   EXPECT_EQ(reply.files, (std::vector<std::string>{"a", "b"}));
   EXPECT_EQ(reply.checksums, (std::vector<uint64_t>{3, 4}));
   const auto pulled = std::get<PsPushPullReply>(
-      Decoded(EncodeMessage(WorkerHeader(0), PsPushPullReply{{}, true, "not here", 1})).body);
+      Decoded(EncodeMessage(WorkerHeader(0), PsPushPullReply{{}, true, "not here", 1, 2})).body);
   EXPECT_TRUE(pulled.region_mapped);
   EXPECT_EQ(pulled.skipped_by, 1);
+  EXPECT_EQ(pulled.stopped_by, 2);
   EXPECT_EQ(pulled.region_refusal, "not here");
   const auto clean = std::get<Goodbye>(Decoded(EncodeMessage(WorkerHeader(0), Goodbye{"done"})).body);
   EXPECT_EQ(clean.code, StatusCode::kOk);

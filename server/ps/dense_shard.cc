@@ -1,5 +1,6 @@
 #include "server/ps/dense_shard.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <optional>
@@ -23,6 +24,18 @@ const float* FloatsOf(const TensorData& tensor, std::vector<float>* scratch) {
   return scratch->data();
 }
 
+// How many steps behind the version a ps-sync chunk remembers who asked to stop: a copy of a
+// push (answered again as the pull of its step's values, request_ledger.h) comes within a few.
+constexpr int64_t kStopMemorySteps = 1024;
+
+// `value` becomes min(value, candidate), -1 counting as none.
+void StoreLowestRank(std::atomic<int>* value, int candidate) {
+  int current = value->load(std::memory_order_relaxed);
+  while ((current < 0 || candidate < current) &&
+         !value->compare_exchange_weak(current, candidate, std::memory_order_relaxed)) {
+  }
+}
+
 }  // namespace
 
 // A chunk's values. Replies send them without a copy: each holds a lease (`readers`) until
@@ -43,6 +56,7 @@ struct DenseShard::PendingReply {
   std::atomic<int> remaining{0};   // parts not filled yet
   bool push = false;               // the request gave gradients (or skipped them)
   std::atomic<int> skipped_by{-1};  // ps-sync: who skipped the step this push was of
+  std::atomic<int> stopped_by{-1};  // ps-sync: the lowest rank asked to stop in that step
 };
 
 // A part of a PendingReply, with the rule that releases it.
@@ -67,6 +81,9 @@ struct DenseShard::Chunk {
   // ps-sync: the last step dropped because a worker skipped it, and that worker.
   int64_t dropped_step = 0;  // guarded by mu
   int dropped_by = -1;       // guarded by mu
+  // ps-sync: by step (of the last kStopMemorySteps), the lowest rank whose push of it asked to
+  // stop. Only steps with such a push are here.
+  std::map<int64_t, int> stopped_by;  // guarded by mu
 };
 
 StatusOr<std::unique_ptr<DenseShard>> DenseShard::Create(const PsJobConfig& config,
@@ -120,18 +137,19 @@ DenseShard::~DenseShard() {
 }
 
 Status DenseShard::PushPull(int rank, int64_t step, const std::vector<TensorData>& tensors,
-                            bool push, ReplyCallback reply) {
+                            bool push, ReplyCallback reply, bool stop) {
   return Serve(rank, step, tensors, push ? Gradients::kGiven : Gradients::kNone,
-               std::move(reply));
+               std::move(reply), stop);
 }
 
 Status DenseShard::Skip(int rank, int64_t step, const std::vector<TensorData>& tensors,
-                        ReplyCallback reply) {
-  return Serve(rank, step, tensors, Gradients::kSkipped, std::move(reply));
+                        ReplyCallback reply, bool stop) {
+  return Serve(rank, step, tensors, Gradients::kSkipped, std::move(reply), stop);
 }
 
 Status DenseShard::Serve(int rank, int64_t step, const std::vector<TensorData>& tensors,
-                         Gradients gradients, ReplyCallback reply) {
+                         Gradients gradients, ReplyCallback reply, bool stop) {
+  const bool record_stop = stop && config_.consistency == PsConsistency::kSync;
   const bool push = gradients != Gradients::kNone;
   const bool given = gradients == Gradients::kGiven;
   if (push && step < 1) {
@@ -190,6 +208,12 @@ Status DenseShard::Serve(int rank, int64_t step, const std::vector<TensorData>& 
         }
         ASSIGN_OR_RETURN(PushDecision decision, given ? chunk.policy.Push(rank, step)
                                                       : chunk.policy.Skip(rank, step));
+        // Before the step can be applied (this push may be its last): every reply of the step
+        // is released after every worker's push of it was recorded here.
+        if (record_stop) {
+          auto [at, added] = chunk.stopped_by.emplace(step, rank);
+          if (!added) at->second = std::min(at->second, rank);
+        }
         switch (decision.action) {
           case PushAction::kHold:
           case PushAction::kApplyHeld:
@@ -204,6 +228,7 @@ Status DenseShard::Serve(int rank, int64_t step, const std::vector<TensorData>& 
               chunk.dropped_by = decision.skipped_by;
               metrics_->DenseUpdateSkipped();
             }
+            if (decision.action != PushAction::kHold) ForgetOldStops(&chunk);
             break;
           }
           case PushAction::kApplyNow: {
@@ -265,6 +290,11 @@ void DenseShard::ApplyHeld(int64_t step, Chunk* chunk) {
   metrics_->DenseUpdate();
 }
 
+void DenseShard::ForgetOldStops(Chunk* chunk) {
+  const int64_t oldest = chunk->policy.version() - kStopMemorySteps;
+  chunk->stopped_by.erase(chunk->stopped_by.begin(), chunk->stopped_by.lower_bound(oldest));
+}
+
 // ps-async / ps-ssp: one worker's gradient, applied at once as update `update`.
 void DenseShard::ApplyOne(int64_t update, const float* grad, Chunk* chunk) {
   const float lr = LearningRate(config_.schedule, config_.optimizer.lr, update - 1);
@@ -300,6 +330,11 @@ void DenseShard::ReleaseReady(Chunk* chunk, Ready* ready) {
         waiter.rule.min_version == chunk->dropped_step) {
       waiter.reply->skipped_by.store(chunk->dropped_by, std::memory_order_relaxed);
     }
+    // ps-sync: whether the workers stop after the step whose values this reply carries.
+    if (!chunk->stopped_by.empty()) {
+      auto stop = chunk->stopped_by.find(waiter.rule.min_version);
+      if (stop != chunk->stopped_by.end()) StoreLowestRank(&waiter.reply->stopped_by, stop->second);
+    }
     // A lease on the current values: the reply sends them as they are, without a copy.
     std::shared_ptr<Values> values = chunk->values;
     values->readers.fetch_add(1, std::memory_order_relaxed);
@@ -320,6 +355,7 @@ void DenseShard::Send(const Ready& ready) {
     PsPushPullReply reply;
     reply.tensors = std::move(pending->parts);
     reply.skipped_by = pending->skipped_by.load(std::memory_order_relaxed);
+    reply.stopped_by = pending->stopped_by.load(std::memory_order_relaxed);
     pending->send(std::move(reply));
   }
 }
@@ -328,6 +364,17 @@ std::string DenseShard::FirstBehind(int64_t step) const {
   for (const auto& [key, chunk] : chunks_) {
     std::lock_guard<std::mutex> lock(chunk->mu);
     if (chunk->policy.version() < step) return "chunk " + std::to_string(chunk->where.index);
+  }
+  return "";
+}
+
+std::string DenseShard::FirstAhead(int64_t step) const {
+  for (const auto& [key, chunk] : chunks_) {
+    std::lock_guard<std::mutex> lock(chunk->mu);
+    if (chunk->policy.version() > step) {
+      return "chunk " + std::to_string(chunk->where.index) + " (at step " +
+             std::to_string(chunk->policy.version()) + ")";
+    }
   }
   return "";
 }
@@ -353,6 +400,7 @@ void DenseShard::Restore(std::map<uint64_t, ChunkState> saved, int64_t step) {
       chunk->held.clear();
       chunk->dropped_step = 0;
       chunk->dropped_by = -1;
+      chunk->stopped_by.clear();
       ReleaseReady(chunk.get(), &ready);
     }
     Send(ready);

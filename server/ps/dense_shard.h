@@ -67,18 +67,26 @@ class DenseShard {
   // belongs to server 0, not server 1"). A refusal by the policy (ps-sync's "worker 0 pushed
   // step 3 twice") comes after the chunks before it in the request took their gradient.
   // REQUIRES: 0 <= rank < the job's workers.
+  //
+  // `stop` (with `push`): worker `rank` was asked to stop, and says so with every push of the
+  // step. ps-sync records the lowest such rank of each step, and every reply carrying the
+  // values after step t (a push of t, a pull of t + 1) names it in
+  // PsPushPullReply::stopped_by: every chunk, on every server, gives each worker the same
+  // answer, so all stop after the same step. Ignored in ps-async and ps-ssp.
   Status PushPull(int rank, int64_t step, const std::vector<TensorData>& tensors, bool push,
-                  ReplyCallback reply);
+                  ReplyCallback reply, bool stop = false);
   // Worker `rank` skips step `step` (its gradients held a NaN or Inf, --on-nonfinite skip):
   // as a push of the chunks `tensors` names (their bytes are not read) that gives no
   // gradient. ps-sync drops the step on these chunks for every worker, and each reply to a
   // push of it says who skipped it (PsPushPullReply::skipped_by); ps-async and ps-ssp apply
   // nothing of this worker's. Errors as PushPull's.
   Status Skip(int rank, int64_t step, const std::vector<TensorData>& tensors,
-              ReplyCallback reply);
+              ReplyCallback reply, bool stop = false);
 
   // "chunk 3" for the first chunk whose version is below `step`; empty when none is.
   std::string FirstBehind(int64_t step) const;
+  // "chunk 3 (at step 8)" for the first chunk whose version is above `step`; empty when none is.
+  std::string FirstAhead(int64_t step) const;
 
   // The chunks (index, size, key) in key order; fixed at creation.
   const std::vector<DenseChunk>& chunks() const { return layout_; }
@@ -104,10 +112,12 @@ class DenseShard {
 
   DenseShard(const PsJobConfig& config, const ServerPlacement& placement, PsMetrics* metrics);
   Status Serve(int rank, int64_t step, const std::vector<TensorData>& tensors,
-               Gradients gradients, ReplyCallback reply);
+               Gradients gradients, ReplyCallback reply, bool stop);
   std::string OwnerMessage(uint64_t key) const;
   // REQUIRES: chunk->mu held.
   void ApplyHeld(int64_t step, Chunk* chunk);
+  // ps-sync: forgets the stop requests of steps long applied. REQUIRES: chunk->mu held.
+  static void ForgetOldStops(Chunk* chunk);
   void ApplyOne(int64_t update, const float* grad, Chunk* chunk);
   // The chunk's values, ready to be updated in place: a fresh copy when a reply still holds
   // the current ones.

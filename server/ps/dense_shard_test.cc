@@ -65,9 +65,10 @@ class DenseShardTest : public ::testing::Test {
     return shard.ok() ? std::move(shard).value() : nullptr;
   }
 
-  Captured Push(DenseShard& shard, int rank, int64_t step, std::vector<TensorData> grads) {
+  Captured Push(DenseShard& shard, int rank, int64_t step, std::vector<TensorData> grads,
+                bool stop = false) {
     Captured captured;
-    Status status = shard.PushPull(rank, step, grads, true, captured.Callback());
+    Status status = shard.PushPull(rank, step, grads, true, captured.Callback(), stop);
     EXPECT_TRUE(status.ok()) << status;
     return captured;
   }
@@ -176,6 +177,53 @@ TEST_F(DenseShardTest, SyncSkipDropsTheStepForEveryWorkerAndNamesWhoSkipped) {
   EXPECT_EQ((*next.reply)->skipped_by, -1);
   EXPECT_EQ(next.Values(0), Floats(4, 0));  // 1 - 0.5 * 2
   EXPECT_EQ(last.Values(0), next.Values(0));
+}
+
+// ps-sync: a push that asks to stop makes every reply with the values after its step name
+// the lowest rank that asked, whichever push of the step came last; the pull of the next step
+// (how a copy of an answered push is answered again) says the same; a later step without a
+// stop request says nothing; a skip asks like a push.
+TEST_F(DenseShardTest, SyncRepliesOfAStepNameTheLowestRankAskedToStopInIt) {
+  auto shard = Create(Config(PsConsistency::kSync, 3));
+  Captured first = Push(*shard, 0, 1, {Chunk(0, Floats(4, 1)), Chunk(2, Floats(2, 1))});
+  Captured second = Push(*shard, 2, 1, {Chunk(0, Floats(4, 1)), Chunk(2, Floats(2, 1))},
+                         /*stop=*/true);
+  EXPECT_FALSE(second.came());
+  Captured last = Push(*shard, 1, 1, {Chunk(0, Floats(4, 1)), Chunk(2, Floats(2, 1))},
+                       /*stop=*/true);
+  for (const Captured* reply : {&first, &second, &last}) {
+    ASSERT_TRUE(reply->came());
+    EXPECT_EQ((*reply->reply)->stopped_by, 1);
+    EXPECT_EQ(reply->Values(0), Floats(4, 0.5f));  // applied as usual
+  }
+  Captured again;
+  ASSERT_TRUE(shard->PushPull(0, 2, {Ask(0), Ask(2)}, false, again.Callback()).ok());
+  ASSERT_TRUE(again.came());
+  EXPECT_EQ((*again.reply)->stopped_by, 1);
+
+  std::vector<Captured> next;
+  for (int rank = 0; rank < 3; ++rank) next.push_back(Push(*shard, rank, 2, {Chunk(0, Floats(4))}));
+  for (const Captured& reply : next) {
+    ASSERT_TRUE(reply.came());
+    EXPECT_EQ((*reply.reply)->stopped_by, -1);
+  }
+  Captured skipped;
+  ASSERT_TRUE(shard->Skip(2, 3, {Ask(0)}, skipped.Callback(), /*stop=*/true).ok());
+  Captured a = Push(*shard, 0, 3, {Chunk(0, Floats(4))});
+  Captured b = Push(*shard, 1, 3, {Chunk(0, Floats(4))});
+  for (const Captured* reply : {&skipped, &a, &b}) {
+    ASSERT_TRUE(reply->came());
+    EXPECT_EQ((*reply->reply)->stopped_by, 2);
+    EXPECT_EQ((*reply->reply)->skipped_by, 2);
+  }
+}
+
+// ps-async and ps-ssp have no common step to stop after: a stop request changes no reply.
+TEST_F(DenseShardTest, AsyncIgnoresStopRequests) {
+  auto shard = Create(Config(PsConsistency::kAsync, 2));
+  Captured pushed = Push(*shard, 1, 1, {Chunk(1, Floats(4, 2))}, /*stop=*/true);
+  ASSERT_TRUE(pushed.came());
+  EXPECT_EQ((*pushed.reply)->stopped_by, -1);
 }
 
 // ps-async: a skip applies nothing; the reply goes at once with the current values.

@@ -214,6 +214,7 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
     const int64_t step = again ? request.header.step + 1 : request.header.step;
     const bool push = body->has_gradients && !again;
     const bool skip = body->skip && !again;
+    const bool stop = body->stop && push;  // ps-sync: the workers stop after this step
     if (skip && !push) {
       return InvalidArgumentError("worker " + std::to_string(rank) + " skipped step " +
                                   std::to_string(step) + " in a pull (a skip is a push)");
@@ -223,10 +224,10 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
     if (!body->in_region) {
       if (skip) {
         return job.dense->Skip(rank, step, body->tensors,
-                               ReplyLater<PsPushPullReply>(request, ledger));
+                               ReplyLater<PsPushPullReply>(request, ledger), stop);
       }
       return job.dense->PushPull(rank, step, body->tensors, push,
-                                 ReplyLater<PsPushPullReply>(request, ledger));
+                                 ReplyLater<PsPushPullReply>(request, ledger), stop);
     }
     // A skip's gradients are not read: the region's views are not taken.
     const bool read = push && !skip;
@@ -234,8 +235,8 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
                      job.regions->Tensors(rank, body->tensors, read));
     DenseShard::ReplyCallback reply =
         job.regions->ReplyInto(rank, ReplyLater<PsPushPullReply>(request, ledger));
-    if (skip) return job.dense->Skip(rank, step, tensors, std::move(reply));
-    return job.dense->PushPull(rank, step, tensors, push, std::move(reply));
+    if (skip) return job.dense->Skip(rank, step, tensors, std::move(reply), stop);
+    return job.dense->PushPull(rank, step, tensors, push, std::move(reply), stop);
   }
 
   // A worker on this host offers its shared region; a refusal is an answer, not an error (its

@@ -16,6 +16,9 @@
 //                         ps-ssp   as async, but the reply to a push of step t waits until the
 //                                  slowest worker has pushed step t - K (--staleness K).
 //                       Without gradients: a pull of the values after step header.step - 1.
+//                       ps-sync stop agreement: a push saying `stop` (its worker was asked to
+//                       stop) makes every reply with the values after that step name the
+//                       lowest such rank (stopped_by), so every worker stops after it.
 //   SparsePushRequest   row gradients of one table -> Ack (ps-sync: applied once all W workers
 //                       pushed their rows for the step, summed in rank order and averaged).
 //   SparsePullRequest   rows -> SparsePullReply (ps-sync: after step header.step - 1 applied).

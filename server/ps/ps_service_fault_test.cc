@@ -181,7 +181,7 @@ TEST_F(RepeatTest, AsyncThroughLostRequestsAndRepliesAppliesEachPushOnce) {
 // ---- Threads -------------------------------------------------------------------------------
 
 // Four workers, each on its own thread, push to the same chunk and rows while a fifth thread
-// writes checkpoints of the live state: both sides of every chunk's and table's lock at once.
+// copies the live state for checkpoints: both sides of every chunk's and table's lock at once.
 TEST_F(PsServiceTest, ManyWorkersPushTheSameChunkWhileCheckpointsAreWritten) {
   constexpr int kWorkers = 4;
   constexpr int64_t kSteps = 25;
@@ -204,7 +204,11 @@ TEST_F(PsServiceTest, ManyWorkersPushTheSameChunkWhileCheckpointsAreWritten) {
       const std::string root = TempRoot("live-" + std::string(PsModeName(consistency)));
       while (!done.load()) {
         auto saved = Checkpoint(root, 0, /*restore=*/false).get();
-        EXPECT_TRUE(saved.ok()) << saved.status();
+        // ps-sync: the live state is copied, then refused as a checkpoint of step 0 once
+        // training has passed it (a ps-sync shard is of one step).
+        EXPECT_TRUE(saved.ok() || (consistency == PsConsistency::kSync &&
+                                   saved.status().code() == StatusCode::kFailedPrecondition))
+            << saved.status();
       }
     });
     std::vector<std::thread> threads;

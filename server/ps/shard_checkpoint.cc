@@ -23,6 +23,12 @@ std::string FirstBehind(const ShardParts& parts, int64_t step) {
   return behind.empty() ? parts.tables->FirstBehind(step) : behind;
 }
 
+// The first chunk or table whose version is above `step` ("chunk 3 (at step 8)").
+std::string FirstAhead(const ShardParts& parts, int64_t step) {
+  std::string ahead = parts.dense->FirstAhead(step);
+  return ahead.empty() ? parts.tables->FirstAhead(step) : ahead;
+}
+
 }  // namespace
 
 std::string ShardFileName(int server_rank) {
@@ -53,6 +59,18 @@ StatusOr<ShardFileInfo> SaveShard(const ShardParts& parts, const std::string& ro
     shard.ints[name + ".ids"] = std::move(rows.ids);
     shard.floats[name + ".values"] = std::move(rows.values);
     shard.floats[name + ".state"] = std::move(rows.state);
+  }
+  if (parts.config->consistency == PsConsistency::kSync) {
+    // Versions only grow: at `step` or more before the snapshot and at most `step` after it,
+    // every part was exactly at `step` while it was copied, so the shards of all servers are
+    // one step (nothing applies step + 1 without the push of the worker that asked for this
+    // checkpoint, unless the workers disagree on where they are).
+    const std::string ahead = FirstAhead(parts, step);
+    if (!ahead.empty()) {
+      return FailedPreconditionError("checkpoint of step " + std::to_string(step) + ": " +
+                                     ahead + " has applied a later step; a ps-sync checkpoint "
+                                     "holds one step on every server");
+    }
   }
   RETURN_IF_ERROR(PrepareCheckpointStep(root, step));
   ASSIGN_OR_RETURN(ShardFileInfo info,

@@ -38,7 +38,8 @@ std::string ShardFileName(int server_rank);
 
 // Writes this server's shard of `step` under `root` (creating the step's directory). In
 // ps-sync it first waits until every chunk and table applied `step`: DeadlineExceeded naming
-// one that has not after `wait_ms`.
+// one that has not after `wait_ms`; FailedPrecondition naming one that applied a later step
+// (the shard would not be of `step`).
 StatusOr<ShardFileInfo> SaveShard(const ShardParts& parts, const std::string& root, int64_t step,
                                   int64_t wait_ms = kCheckpointWaitMs);
 

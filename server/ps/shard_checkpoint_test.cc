@@ -130,6 +130,27 @@ TEST_F(ShardCheckpointTest, SyncSaveWaitsForTheStepToBeAppliedEverywhere) {
   EXPECT_TRUE(waited.ok()) << waited.status();
 }
 
+// ps-sync: a shard is of one step; a part that has applied a later step is named instead.
+TEST_F(ShardCheckpointTest, SyncSaveRefusesAStepAlreadyPassed) {
+  ASSERT_NO_FATAL_FAILURE(Create(PsConsistency::kSync));
+  Step(1, 1);
+  Step(2, 1);
+  auto passed = SaveShard(parts_, TempRoot("passed"), 1, /*wait_ms=*/50);
+  EXPECT_EQ(passed.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(passed.status().message(),
+            "checkpoint of step 1: chunk 0 (at step 2) has applied a later step; a ps-sync "
+            "checkpoint holds one step on every server");
+  // Only the table ahead (the dense chunks of step 3 not pushed yet).
+  ASSERT_TRUE(tables_->Push("emb.0", 0, 3, TensorData::Int64s("row_ids", {}),
+                            TensorData::Floats("values", 0, {}))
+                  .ok());
+  auto table_ahead = SaveShard(parts_, TempRoot("passed"), 2, /*wait_ms=*/50);
+  EXPECT_NE(table_ahead.status().message().find("table 'emb.0' (at step 3)"), std::string::npos)
+      << table_ahead.status();
+  EXPECT_TRUE(SaveShard(parts_, TempRoot("passed"), 3, /*wait_ms=*/0).status().code() ==
+              StatusCode::kDeadlineExceeded);
+}
+
 TEST_F(ShardCheckpointTest, EveryCheckComesBeforeAnythingChanges) {
   ASSERT_NO_FATAL_FAILURE(Create(PsConsistency::kAsync));
   Step(1, 1);

@@ -193,6 +193,16 @@ std::string SparseTables::FirstBehind(int64_t step) const {
   return "";
 }
 
+std::string SparseTables::FirstAhead(int64_t step) const {
+  for (const auto& [name, table] : tables_) {
+    std::lock_guard<std::mutex> lock(table->mu);
+    if (table->policy.version() > step) {
+      return "table '" + name + "' (at step " + std::to_string(table->policy.version()) + ")";
+    }
+  }
+  return "";
+}
+
 std::map<std::string, TableRows> SparseTables::Snapshot() const {
   std::map<std::string, TableRows> saved;
   for (const auto& [name, table] : tables_) {

@@ -64,6 +64,9 @@ class SparseTables {
 
   // "table 'emb.0'" for the first table whose version is below `step`; empty when none is.
   std::string FirstBehind(int64_t step) const;
+  // "table 'emb.0' (at step 8)" for the first table whose version is above `step`; empty when
+  // none is.
+  std::string FirstAhead(int64_t step) const;
 
   // Every table's rows by name, each exported under its table's lock.
   std::map<std::string, TableRows> Snapshot() const;

@@ -91,9 +91,17 @@ PsEngine::Reply PsEngine::Send(int server, MessageBody request, int64_t step,
                               options_.request_resend_ms);
 }
 
+bool PsEngine::StopAskedIn(int64_t step) {
+  if (stop_read_step_ != step) {
+    stop_read_step_ = step;
+    stop_asked_ = options_.stop_requested && options_.stop_requested();
+  }
+  return stop_asked_;
+}
+
 Status PsEngine::AwaitReply(const Reply& reply, const std::string& what,
                             std::optional<Deadline>* stop_grace) {
-  while (options_.stop_requested &&
+  while (options_.stop_requested && options_.stop_grace &&
          reply.wait_for(std::chrono::milliseconds(kStopCheckMs)) != std::future_status::ready) {
     if (!stop_grace->has_value() && options_.stop_requested()) {
       *stop_grace = Deadline::AfterMillis(kStopGraceMs);
@@ -264,6 +272,7 @@ std::pair<PsEngine::Reply, std::string> PsEngine::SendChunks(int64_t step,
   const SharedRegion* region = regions_[server].get();
   request.in_region = region != nullptr;
   request.skip = skip;
+  request.stop = push && StopAskedIn(step);
   for (size_t i : group) {
     const DenseChunk& chunk = chunks_[i];
     if (region != nullptr && send_gradients) {
@@ -385,6 +394,11 @@ Status PsEngine::PushPull(int64_t step, const float* grads, float* params,
     if (reply.skipped_by >= 0 && reply.skipped_by != rank_ && !told_skip) {
       told_skip = true;
       SkippedByPeer(step, reply.skipped_by, std::nullopt);
+    }
+    if (push && reply.stopped_by >= 0) {
+      if (stopped_step_ != step) stopped_by_ = -1;
+      stopped_step_ = step;
+      stopped_by_ = stopped_by_ < 0 ? reply.stopped_by : std::min(stopped_by_, reply.stopped_by);
     }
     if (reply.tensors.size() != groups[r].size()) {
       return DataLossError(replies[r].second + ": the reply has " +
@@ -524,6 +538,32 @@ Status PsEngine::Step(int64_t step, float* params, float* grads,
   RETURN_IF_ERROR(sparse_status);
   last_step_ = step;
   return OkStatus();
+}
+
+StatusOr<bool> PsEngine::AgreeToStop(int64_t step, bool stop) {
+  if (options_.consistency != PsConsistency::kSync || chunks_.empty()) return stop;
+  const bool said = StopAskedIn(step);  // what this worker's pushes of the step said
+  const int by = stopped_step_ == step ? stopped_by_ : -1;
+  if (by >= 0) {
+    if (!said) {
+      TLOG(INFO) << "worker " << by << " was asked to stop: every worker stops after step "
+                 << step;
+    }
+    return true;
+  }
+  if (said) {
+    // Servers that record no stop requests (of a version before them) answered: stopping
+    // alone, as workers did then, beats never stopping.
+    TLOG(WARNING) << "this worker's pushes of step " << step << " said it was asked to stop, "
+                  << "and the servers' replies did not (servers of an older version?): "
+                  << "stopping without the other workers";
+    return true;
+  }
+  if (stop) {
+    TLOG(INFO) << "asked to stop during step " << step << "; every worker stops after step "
+               << step + 1 << " (this worker's pushes of it say so)";
+  }
+  return false;
 }
 
 StatusOr<std::vector<ShardFileInfo>> PsEngine::CheckpointServers(const std::string& root,

@@ -55,11 +55,18 @@ struct PsEngineOptions {
   // of the sockets (the kernel's copies out and back on both sides); other servers refuse and
   // get frames.
   bool shared_memory = true;
-  // True once the process was asked to stop. Requests in flight then get kStopGraceMs more to
-  // be answered (so a healthy fleet finishes its step, and --checkpoint-on-sigterm can write
-  // its checkpoint); after that the wait fails with Cancelled naming what it waited for, e.g.
-  // when a peer's death holds a ps-sync step forever. Null: never.
+  // True once the process was asked to stop. Each step's pushes say whether it was (read
+  // once per step), and in ps-sync the servers answer every worker alike whether any was
+  // (AgreeToStop). Requests in flight get kStopGraceMs more to be answered once a stop is
+  // seen (so a healthy fleet finishes its step); after that the wait fails with Cancelled
+  // naming what it waited for, e.g. when a peer's death holds a ps-sync step forever. Null:
+  // never.
   std::function<bool()> stop_requested;
+  // Whether a stop cuts waits short after kStopGraceMs (above). False with
+  // --checkpoint-on-sigterm, whose steps up to the agreed one and whose checkpoint must not be
+  // lost to a step slower than the grace: a hung peer is then left to the heartbeat and the
+  // request timeout (as the ring modes do).
+  bool stop_grace = true;
 };
 
 // See PsEngineOptions::stop_requested.
@@ -88,6 +95,12 @@ class PsEngine final : public TrainingEngine {
   void OnGradientsReady(uint64_t offset, uint64_t size) override;
   Status Step(int64_t step, float* params, float* grads,
               const std::vector<SparseRows>& sparse) override;
+  // ps-sync: whether the replies of `step` said that a worker was asked to stop in it (every
+  // worker hears the same from every server, so all stop after the same step: no worker waits
+  // in the next step for one that left, and rank 0's checkpoint holds every server's shard of
+  // that step). `stop` (this worker's own answer now) counts from the next step: its pushes
+  // of this one did not say so. ps-async and ps-ssp have no common step: `stop`.
+  StatusOr<bool> AgreeToStop(int64_t step, bool stop) override;
   // Rank 0 asks every server to write its shard (ps-sync: once the step is applied
   // everywhere, so the checkpoint is exactly the state after `step`; ps-async/ssp: a snapshot
   // of whatever each server holds) and commits the manifest; other ranks do nothing.
@@ -124,6 +137,9 @@ class PsEngine final : public TrainingEngine {
   StatusOr<std::vector<ShardFileInfo>> CheckpointServers(const std::string& root, int64_t step,
                                                          bool restore);
   Reply Send(int server, MessageBody request, int64_t step, const std::string& what);
+  // Whether this worker's pushes of `step` say it was asked to stop: options_.stop_requested,
+  // read at the step's first push and kept for the rest of them.
+  bool StopAskedIn(int64_t step);
   // Waits until `reply` is ready; Cancelled naming `what` once a stop was seen
   // (options_.stop_requested) and `*stop_grace` (set then, shared by the waits of one call)
   // expired.
@@ -151,6 +167,12 @@ class PsEngine final : public TrainingEngine {
   uint64_t dense_elements_ = 0;
   std::shared_ptr<const void> grads_owner_;  // SetGradientOwner's
   int64_t last_step_ = 0;  // the last step whose values the engine has
+  // StopAskedIn's answer and the step it is for.
+  int64_t stop_read_step_ = 0;
+  bool stop_asked_ = false;
+  // ps-sync: the lowest rank the replies of step stopped_step_ said was asked to stop (-1: none).
+  int64_t stopped_step_ = 0;
+  int stopped_by_ = -1;
   // The backward pass being reported (OnBackwardStart): its step and gradients, the elements of
   // each chunk not reported ready yet, and the requests already sent with their chunks.
   int64_t early_step_ = 0;  // 0: none
