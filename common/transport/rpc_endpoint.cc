@@ -9,6 +9,14 @@
 
 namespace tessera {
 
+// Completes `call`, dropping its copy for resending first: the request's payloads belong to
+// their owner again as soon as the caller can see the reply (the call itself may be held a
+// moment longer, e.g. by the expiry thread).
+void RpcEndpoint::Settle(PendingCall& call, StatusOr<Envelope> result) {
+  call.resend.reset();
+  call.promise.set_value(std::move(result));
+}
+
 StatusOr<std::unique_ptr<RpcEndpoint>> RpcEndpoint::Start(std::unique_ptr<Transport> transport,
                                                           std::optional<Role> role, int32_t rank,
                                                           MetricsRegistry* metrics) {
@@ -50,7 +58,7 @@ void RpcEndpoint::Shutdown() {
     pending.swap(pending_);
   }
   for (auto& [id, call] : pending) {
-    call->promise.set_value(
+    Settle(*call,
         CancelledError(call->what + ": endpoint shut down before " + call->address + " replied"));
   }
 }
@@ -100,15 +108,15 @@ std::shared_future<StatusOr<Envelope>> RpcEndpoint::CallAsync(const std::string&
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) {
-      call->promise.set_value(CancelledError(call->what + ": endpoint is shut down"));
+      Settle(*call, CancelledError(call->what + ": endpoint is shut down"));
       return future;
     }
     if (!failure_.ok()) {
-      call->promise.set_value(failure_.WithContext(call->what + " not sent"));
+      Settle(*call, failure_.WithContext(call->what + " not sent"));
       return future;
     }
     if (!pending_.emplace(request_id, call).second) {
-      call->promise.set_value(
+      Settle(*call,
           InternalError(call->what + ": request id " + std::to_string(request_id) + " reused"));
       return future;
     }
@@ -154,7 +162,7 @@ void RpcEndpoint::FailAll(const Status& status) {
     root = failure_;
     pending.swap(pending_);
   }
-  for (auto& [id, call] : pending) call->promise.set_value(root.WithContext(call->what));
+  for (auto& [id, call] : pending) Settle(*call, root.WithContext(call->what));
 }
 
 void RpcEndpoint::Complete(uint64_t request_id, StatusOr<Envelope> result) {
@@ -166,7 +174,7 @@ void RpcEndpoint::Complete(uint64_t request_id, StatusOr<Envelope> result) {
     call = std::move(it->second);
     pending_.erase(it);
   }
-  call->promise.set_value(std::move(result));
+  Settle(*call, std::move(result));
 }
 
 void RpcEndpoint::OnMessage(Envelope envelope) {
@@ -183,7 +191,7 @@ void RpcEndpoint::OnMessage(Envelope envelope) {
     }
     if (call != nullptr) {
       if (const ErrorReply* error = envelope.As<ErrorReply>()) {
-        call->promise.set_value(StatusOf(*error).WithContext(
+        Settle(*call, StatusOf(*error).WithContext(
             call->what + ": " + envelope.header.DescribeSender() + " at " + call->address));
         return;
       }
@@ -199,7 +207,7 @@ void RpcEndpoint::OnMessage(Envelope envelope) {
               std::chrono::duration<double>(SteadyClock::now() - call->started).count());
         }
       }
-      call->promise.set_value(std::move(envelope));
+      Settle(*call, std::move(envelope));
       return;
     }
   }
@@ -260,7 +268,7 @@ void RpcEndpoint::ExpireLoop() {
     if (!expired.empty() || !resends.empty()) {
       lock.unlock();
       for (auto& call : expired) {
-        call->promise.set_value(DeadlineExceededError(
+        Settle(*call, DeadlineExceededError(
             call->what + ": no reply from " + call->address + " within " +
             std::to_string(call->timeout_ms) + " ms"));
       }

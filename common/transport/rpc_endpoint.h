@@ -112,6 +112,8 @@ class RpcEndpoint {
   RpcEndpoint() = default;
   void OnMessage(Envelope envelope);
   void Complete(uint64_t request_id, StatusOr<Envelope> result);
+  // Sets `call`'s result, once it is out of pending_ (see the definition).
+  static void Settle(PendingCall& call, StatusOr<Envelope> result);
   void ExpireLoop();
   // When `call` next needs the expiry thread: its deadline or its next resend.
   static SteadyClock::time_point NextEvent(const PendingCall& call);

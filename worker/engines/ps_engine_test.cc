@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <thread>
+
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -177,6 +179,12 @@ TEST(PsEngineTest, ABorrowedBufferLivesAsLongAsARequestThatOutlivesItsStep) {
   EXPECT_FALSE(buffer.expired());  // the held request keeps it
   EXPECT_EQ(server.HeldChunk(), sent);
   server.DropHeld();
+  // The step returned at its first failed reply; the step's other calls, which keep the buffer
+  // for resending until they end, end at the same deadline a moment later.
+  const Deadline released = Deadline::AfterMillis(5000);
+  while (!buffer.expired() && !released.Expired()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   EXPECT_TRUE(buffer.expired());
 }
 
