@@ -119,17 +119,25 @@ std::vector<int> AnnouncedPids(const std::string& output) {
   return pids;
 }
 
+// Starts the fleet's launcher with `flags` and waits until worker 2 logged step 20: its id,
+// or the error (with the launcher's output).
+StatusOr<int> StartAndReachStep20(FleetHarness& harness, const std::vector<std::string>& flags) {
+  StatusOr<int> launcher =
+      harness.Start("preempted", "tools/tessera-launch", Concat(Fleet(), flags));
+  if (!launcher.ok()) return launcher;
+  Status reached =
+      harness.WaitForLine(*launcher, "worker 2 | step 20/", Deadline::AfterMillis(kRunMs));
+  if (!reached.ok()) return reached.WithContext(harness.Output(*launcher));
+  return launcher;
+}
+
 TEST_F(PsPreemptionTest, SigtermToTheLauncherCheckpointsEveryServerAtOneStepAndResumesBitwise) {
   FleetHarness harness;
   const std::string dir = TempPath("ps_preempt_ckpt");
   const std::vector<std::string> flags =
       Concat(TrainingFlags(), {"--checkpoint-dir", dir, "--checkpoint-on-sigterm"});
-
-  auto launcher = harness.Start("preempted", "tools/tessera-launch", Concat(Fleet(), flags));
+  StatusOr<int> launcher = StartAndReachStep20(harness, flags);
   ASSERT_TRUE(launcher.ok()) << launcher.status();
-  ASSERT_TRUE(harness.WaitForLine(*launcher, "worker 2 | step 20/", Deadline::AfterMillis(kRunMs))
-                  .ok())
-      << harness.Output(*launcher);
   const SteadyClock::time_point signalled = SteadyClock::now();
   ASSERT_TRUE(harness.Signal(*launcher, SIGTERM).ok());
   auto exit = harness.WaitExit(*launcher, Deadline::AfterMillis(kRunMs));
@@ -202,11 +210,8 @@ TEST_F(PsPreemptionTest, OneWorkerSignalledStopsEveryWorkerAfterTheSameStep) {
   const std::string dir = TempPath("ps_preempt_one_ckpt");
   const std::vector<std::string> flags =
       Concat(TrainingFlags(), {"--checkpoint-dir", dir, "--checkpoint-on-sigterm"});
-  auto launcher = harness.Start("preempted", "tools/tessera-launch", Concat(Fleet(), flags));
+  StatusOr<int> launcher = StartAndReachStep20(harness, flags);
   ASSERT_TRUE(launcher.ok()) << launcher.status();
-  ASSERT_TRUE(harness.WaitForLine(*launcher, "worker 2 | step 20/", Deadline::AfterMillis(kRunMs))
-                  .ok())
-      << harness.Output(*launcher);
   std::smatch match;
   const std::string started = harness.Output(*launcher);
   ASSERT_TRUE(std::regex_search(started, match, std::regex(R"(\[launch\] worker 1 pid=(\d+))")))

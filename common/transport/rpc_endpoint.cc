@@ -1,5 +1,6 @@
 #include "common/transport/rpc_endpoint.h"
 
+#include <array>
 #include <chrono>
 #include <utility>
 #include <vector>
@@ -8,6 +9,23 @@
 #include "common/metrics/metric_names.h"
 
 namespace tessera {
+namespace {
+
+// The child of `family` labelled with `type`'s name, looked up on first use and kept in
+// `cache`; null without a family (or when the lookup failed).
+template <typename Child, typename Family>
+Child* ChildOfType(Family* family, std::array<Child*, kMessageTypeCount>& cache,
+                   MessageType type) {
+  if (family == nullptr) return nullptr;
+  Child*& child = cache[static_cast<size_t>(type)];
+  if (child == nullptr) {
+    auto found = family->WithLabels({std::string(MessageTypeName(type))});
+    if (found.ok()) child = *found;
+  }
+  return child;
+}
+
+}  // namespace
 
 // Completes `call`, dropping its copy for resending first: the request's payloads belong to
 // their owner again as soon as the caller can see the reply (the call itself may be held a
@@ -195,17 +213,8 @@ void RpcEndpoint::OnMessage(Envelope envelope) {
             call->what + ": " + envelope.header.DescribeSender() + " at " + call->address));
         return;
       }
-      if (latency_family_ != nullptr) {
-        Histogram*& latency = latency_[static_cast<size_t>(type)];
-        if (latency == nullptr) {
-          StatusOr<Histogram*> child =
-              latency_family_->WithLabels({std::string(MessageTypeName(type))});
-          if (child.ok()) latency = *child;
-        }
-        if (latency != nullptr) {
-          latency->Observe(
-              std::chrono::duration<double>(SteadyClock::now() - call->started).count());
-        }
+      if (Histogram* latency = ChildOfType(latency_family_, latency_, type)) {
+        latency->Observe(std::chrono::duration<double>(SteadyClock::now() - call->started).count());
       }
       Settle(*call, std::move(envelope));
       return;
@@ -274,15 +283,7 @@ void RpcEndpoint::ExpireLoop() {
       }
       for (auto& [address, message] : resends) {
         const MessageType type = TypeOf(message.body);
-        if (resent_family_ != nullptr) {
-          Counter*& resent = resent_[static_cast<size_t>(type)];
-          if (resent == nullptr) {
-            StatusOr<Counter*> child =
-                resent_family_->WithLabels({std::string(MessageTypeName(type))});
-            if (child.ok()) resent = *child;
-          }
-          if (resent != nullptr) resent->Increment();
-        }
+        if (Counter* resent = ChildOfType(resent_family_, resent_, type)) resent->Increment();
         const uint64_t request_id = message.request_id;
         // A failure to queue it is the same loss as before: the next resend or the deadline.
         Status sent = transport_->Send(address, std::move(message));

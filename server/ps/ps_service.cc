@@ -83,9 +83,12 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
     });
   }
 
+  Status WithServer(const Status& status) const {
+    return status.WithContext("server " + std::to_string(options_.server_rank));
+  }
+
   void AnswerError(const Envelope& request, const Status& status) {
-    endpoint_->ReplyError(request,
-                          status.WithContext("server " + std::to_string(options_.server_rank)));
+    endpoint_->ReplyError(request, WithServer(status));
   }
 
   // Answers a request the job's ledger took, and records that it was answered: a copy is then
@@ -183,11 +186,11 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
     }
     if (!status.ok()) {
       if (changes_state) {
-        job->ledger->Answered(request.header.sender_rank, request.header.request_id,
-                              ErrorReplyOf(status.WithContext(
-                                  "server " + std::to_string(options_.server_rank))));
+        // A copy gets the same error.
+        Answer(request, *job, ErrorReplyOf(WithServer(status)), /*keep=*/true);
+      } else {
+        AnswerError(request, status);
       }
-      AnswerError(request, status);
     }
   }
 
