@@ -17,6 +17,7 @@
 #include <cstring>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -53,6 +54,7 @@ constexpr std::chrono::milliseconds kStopReserve{1000};
 
 struct LaunchConfig {
   int servers = 0;
+  int replicas = 1;  // of each key range (ps-* modes); passed to workers as --replicas
   int workers = 1;
   std::string mode = "local";
   double linger_s = 0;
@@ -185,6 +187,13 @@ void AddFlags(CLI::App& app, LaunchConfig* config) {
       ->type_name("N")
       ->check(CLI::Range(0, kMaxProcesses))
       ->capture_default_str();
+  app.add_option("--replicas", config->replicas,
+                 "ps-* modes: copies of each key range, on consecutive servers; with 2 or more a "
+                 "server's death is survived while every range has a live copy (the launcher "
+                 "and the workers carry on without it)")
+      ->type_name("R")
+      ->check(CLI::Range(1, kMaxProcesses))
+      ->capture_default_str();
   CLI::Option* workers =
       app.add_option("--workers", config->workers,
                      "Workers to start (0: a long-running fleet, until interrupted)")
@@ -287,6 +296,10 @@ Status Validate(const LaunchConfig& config) {
   };
   if (config.servers < 0) return reject("--servers", "0 or more", config.servers);
   if (config.workers < 0) return reject("--workers", "0 or more", config.workers);
+  if (config.replicas > 1 && config.replicas > config.servers) {
+    return reject("--replicas", "at most --servers=" + std::to_string(config.servers),
+                  config.replicas);
+  }
   if (config.nnodes < 1) return reject("--nnodes", "1 or more", config.nnodes);
   if (config.node_rank < 0 || config.node_rank >= config.nnodes) {
     return reject("--node-rank", "in [0, --nnodes=" + std::to_string(config.nnodes) + ")",
@@ -652,6 +665,9 @@ class Launcher {
       AppendRankAndFleet(rank, &args);
       AppendCommonFlags(&args);
       args.insert(args.end(), {"--local-rank", std::to_string(local), "--mode", config_.mode});
+      if (config_.replicas > 1) {
+        args.insert(args.end(), {"--replicas", std::to_string(config_.replicas)});
+      }
       args.insert(args.end(), config_.worker_args.begin(), config_.worker_args.end());
       Spawn(Role::kWorker, rank, std::move(args));
     }
@@ -757,6 +773,26 @@ class Launcher {
       args->insert(args->end(), {"--num-servers", std::to_string(config_.servers)});
     }
     args->insert(args->end(), {"--num-workers", std::to_string(config_.WorldSize())});
+  }
+
+  // "range 1 was lost with its replicas, servers 1 and 2": the first range all of whose
+  // replicas are among lost_servers_; empty while every range has one.
+  std::string LostRange() const {
+    for (int range = 0; range < config_.servers; ++range) {
+      std::string servers;
+      bool lost = true;
+      for (int k = 0; k < config_.replicas && lost; ++k) {
+        const int server = (range + k) % config_.servers;
+        lost = lost_servers_.count(server) > 0;
+        if (k > 0) servers += k + 1 == config_.replicas ? " and " : ", ";
+        servers += std::to_string(server);
+      }
+      if (lost) {
+        return "range " + std::to_string(range) + " was lost with its replicas, servers " +
+               servers;
+      }
+    }
+    return "";
   }
 
   void AppendRankAndFleet(int rank, std::vector<std::string>* args) const {
@@ -869,6 +905,17 @@ class Launcher {
       return;
     }
     // The coordinator and servers must outlive the workers; after that, a clean exit is fine.
+    // With --replicas, a server may go while its ranges have other live copies.
+    if (!exit.success() && member.role == Role::kServer && config_.replicas > 1) {
+      lost_servers_.insert(member.rank);
+      const std::string lost = LostRange();
+      if (lost.empty()) {
+        Announce(what + ": its key ranges go on with their other replicas (--replicas " +
+                 std::to_string(config_.replicas) + ")");
+        return;
+      }
+      return Fail(what + "; " + lost);
+    }
     if (!exit.success()) return Fail(what);
     // Several nodes: a clean exit of the coordinator means every node's workers have left.
     if (member.role == Role::kCoordinator && config_.nnodes > 1) {
@@ -894,6 +941,7 @@ class Launcher {
   std::vector<Member> members_;      // indexed by ProcessGroup child id
   std::string coordinator_address_;  // HOST:PORT, from the coordinator's ready line
   int workers_finished_ = 0;         // workers that exited 0
+  std::set<int> lost_servers_;       // servers that died (--replicas > 1)
   bool lingering_ = false;           // every worker has finished
   bool coordinator_done_ = false;    // several nodes: the coordinator exited 0
   bool stopping_ = false;            // StopAll() is under way: exits are expected

@@ -45,6 +45,7 @@
 #include "common/metrics/metric_names.h"
 #include "common/process/process_runtime.h"
 #include "common/rendezvous/rendezvous_client.h"
+#include "common/training/checkpoint.h"
 #include "common/training/ps_job.h"
 #include "common/transport/rpc_endpoint.h"
 #include "worker/collectives/channel/links/ring_links.h"
@@ -75,6 +76,7 @@ struct WorkerFlags {
   uint64_t ps_chunk_elements = 1 << 16;
   bool ps_shared_memory = true;
   int64_t ps_resend_ms = 2000;
+  int ps_replicas = 1;
   double bucket_mb = 25;
   bool no_overlap = false;
   uint64_t segment_kb = 1024;
@@ -117,6 +119,12 @@ void AddWorkerFlags(CLI::App* app, WorkerFlags* flags) {
   ps->add_option("--ps-shared-memory", flags->ps_shared_memory,
                  "Servers on this host exchange gradients and values with this worker through "
                  "shared memory instead of sockets (false: always sockets)")
+      ->capture_default_str();
+  ps->add_option("--replicas", flags->ps_replicas,
+                 "Copies of each key range, on consecutive servers: with 2 or more, the job goes "
+                 "on when a server dies as long as every range has a live copy (every push goes "
+                 "to each copy; docs/parameter-server.md)")
+      ->check(CLI::Range(1, 64))
       ->capture_default_str();
   ps->add_option("--ps-resend-ms", flags->ps_resend_ms,
                  "A request to a server unanswered this long is sent again (the same request: "
@@ -315,6 +323,16 @@ std::string FormatSummary(const TrainingSummary& s, const TrainingFlags& flags,
   return line.str();
 }
 
+// Where a job that lost state can resume from: "the last checkpoint is step 20 in DIR (resume
+// with --resume)", or that there is none.
+std::string LastCheckpointSaying(const std::string& dir) {
+  if (dir.empty()) return "no checkpoints were written (--checkpoint-dir): the job starts over";
+  StatusOr<int64_t> step = LatestCheckpointStep(dir);
+  if (!step.ok()) return "no checkpoint in " + dir + " yet: the job starts over";
+  return "the last checkpoint is step " + std::to_string(*step) + " in " + dir +
+         " (resume with --resume)";
+}
+
 // Trains in `flags.mode`: alone (local, client may be null) or as worker client->rank() of
 // the fleet. Sets *every_rank_stops (if not null) when the ranks of a ring mode or of ps-sync
 // agreed to stop.
@@ -347,6 +365,13 @@ Status RunTraining(ProcessRuntime& runtime, const WorkerFlags& worker_flags,
   std::unique_ptr<Collectives> collectives;  // outlives the engine (declared first)
   std::unique_ptr<RingStopGrace> stop_grace;  // ring modes
   std::unique_ptr<TrainingEngine> engine;
+  // Goes before the engine: the fleet client stops asking it about lost servers.
+  struct ForgetPeerLoss {
+    RendezvousClient* client = nullptr;
+    ~ForgetPeerLoss() {
+      if (client != nullptr) client->SetPeerLossHandler(nullptr);
+    }
+  } forget_peer_loss;
   if (local) {
     ASSIGN_OR_RETURN(engine, LocalEngine::Create(optimizer, schedule));
   } else if (worker_flags.mode == "allreduce" || worker_flags.mode == "zero1" ||
@@ -390,6 +415,7 @@ Status RunTraining(ProcessRuntime& runtime, const WorkerFlags& worker_flags,
     options.schedule = schedule;
     options.request_timeout_ms = runtime.config().request_timeout_ms;
     options.request_resend_ms = worker_flags.ps_resend_ms;
+    options.replicas = worker_flags.ps_replicas;
     options.stop_requested = [&runtime] { return runtime.StopRequested(); };
     // As in the ring modes: the steps up to the agreed stop and the checkpoint must not be
     // cut short by the grace.
@@ -401,8 +427,20 @@ Status RunTraining(ProcessRuntime& runtime, const WorkerFlags& worker_flags,
         if (every_rank_stops != nullptr) *every_rank_stops = true;
       };
     }
-    ASSIGN_OR_RETURN(engine, PsEngine::Create(options, &runtime.endpoint(), client->view(), rank,
-                                              &runtime.metrics()));
+    ASSIGN_OR_RETURN(std::unique_ptr<PsEngine> ps,
+                     PsEngine::Create(options, &runtime.endpoint(), client->view(), rank,
+                                      &runtime.metrics()));
+    // A server's death is survived while every key range has a live replica; else the
+    // failure names the lost range and where the job can resume from.
+    client->SetPeerLossHandler(
+        [ps = ps.get(), dir = trainer.checkpoint_dir](const FailureNotice& notice) -> Status {
+          if (notice.role != Role::kServer) return AbortedError("");
+          Status survived = ps->ServerLost(notice.rank, notice.reason);
+          if (survived.ok()) return survived;
+          return Status(survived.code(), survived.message() + "; " + LastCheckpointSaying(dir));
+        });
+    forget_peer_loss.client = client;
+    engine = std::move(ps);
   }
   TLOG(INFO) << "training " << model->name() << " (" << model->layout().total_size()
              << " dense parameters, " << model->embedding_tables().size()

@@ -9,6 +9,11 @@
 //   SparsePushRequest   embedding rows' gradients (reply: Ack)
 //   SparsePullRequest   embedding rows by id (reply: SparsePullReply)
 //   CheckpointRequest   write or restore this server's shard of a step (reply: CheckpointReply)
+//
+// Ranges: the keys server r owns with one copy of each (ServerKeyRange) and the embedding rows
+// that hash to r (SparseRowOwner) are range r. With --replicas R, range r is held by servers
+// r, r + 1, ..., r + R - 1 (mod the servers; the first live one is its primary), and every
+// request names the range it is for (`range`; -1, as with R = 1: the server's own).
 #ifndef TESSERA_COMMON_MESSAGES_PS_MESSAGES_H_
 #define TESSERA_COMMON_MESSAGES_PS_MESSAGES_H_
 
@@ -24,6 +29,7 @@ struct PsInitRequest {
   std::string config;                // the job's configuration, JSON (common/training/ps_job.h)
   std::vector<TensorData> tensors;   // this server's dense chunks: "chunk<i>", key, values
   uint64_t job_token = 0;            // the same on every worker of a job, new for the next
+  int32_t range = -1;  // the key range of the chunks (-1: the server's own; see below)
 };
 
 struct PsPushPullRequest {
@@ -45,6 +51,10 @@ struct PsPushPullRequest {
   // With has_gradients: this worker was asked to stop (read once per step: every request of
   // the step says the same). ps-sync: the workers stop after this step (see stopped_by).
   bool stop = false;
+  int32_t range = -1;  // the key range of the chunks (-1: the server's own; see below)
+  // A backup's reply leaves the values out (the worker has them from the range's primary):
+  // its tensors only name the chunks.
+  bool ack_only = false;
 };
 
 struct PsPushPullReply {
@@ -63,11 +73,13 @@ struct SparsePushRequest {
   std::string table;
   TensorData row_ids;  // int64
   TensorData values;   // float32, rows x dim
+  int32_t range = -1;  // the range the rows hash to (-1: the server's own; see below)
 };
 
 struct SparsePullRequest {
   std::string table;
   TensorData row_ids;  // int64
+  int32_t range = -1;  // the range the rows hash to (-1: the server's own; see below)
 };
 
 struct SparsePullReply {
@@ -80,6 +92,7 @@ struct CheckpointRequest {
   std::string directory;  // the checkpoint root (common/training/checkpoint.h)
   int64_t step = 0;
   bool restore = false;  // false: write this server's shard of `step`; true: load it
+  int32_t range = -1;    // the range whose shard (-1: the server's own; see below)
 };
 
 struct CheckpointReply {

@@ -134,6 +134,14 @@ inline constexpr MetricName kPsClientBytesSentTotal{
 inline constexpr MetricName kPsClientBytesReceivedTotal{
     "tessera_ps_client_bytes_received_total",
     "Tensor bytes workers received from servers, by operation."};
+// counter: --replicas R > 1.
+inline constexpr MetricName kPsClientFailoversTotal{
+    "tessera_ps_client_failovers_total",
+    "Servers this worker carried on without (their key ranges' other replicas serve them)."};
+// counter: --replicas R > 1.
+inline constexpr MetricName kPsClientRetargetedTotal{
+    "tessera_ps_client_retargeted_total",
+    "Requests asked again of a key range's new primary after its primary failed."};
 
 // --- Collectives and the all-reduce (DDP) engine ---
 

@@ -75,6 +75,16 @@ StatusOr<std::unique_ptr<RendezvousClient>> RendezvousClient::Join(
       TLOG(WARNING) << what << "; carrying on";
       return;
     }
+    std::function<Status(const FailureNotice&)> on_peer_loss;
+    {
+      std::lock_guard<std::mutex> lock(raw->mu_);
+      on_peer_loss = raw->on_peer_loss_;
+    }
+    if (on_peer_loss) {
+      Status carry_on = on_peer_loss(notice);
+      if (carry_on.ok()) return;  // the handler said how it carries on
+      if (!carry_on.message().empty()) what += "; " + carry_on.message();
+    }
     raw->Fail(AbortedError(what));
   });
 
@@ -141,6 +151,11 @@ void RendezvousClient::StopHeartbeats() {
 Status RendezvousClient::health() const {
   std::lock_guard<std::mutex> lock(mu_);
   return health_;
+}
+
+void RendezvousClient::SetPeerLossHandler(std::function<Status(const FailureNotice&)> handler) {
+  std::lock_guard<std::mutex> lock(mu_);
+  on_peer_loss_ = std::move(handler);
 }
 
 void RendezvousClient::SetFailureCallback(std::function<void(const Status&)> callback) {

@@ -25,6 +25,7 @@
 #include "common/base/status.h"
 #include "common/config/config.h"
 #include "common/messages/fleet_view.h"
+#include "common/messages/rendezvous_messages.h"
 #include "common/metrics/metrics.h"
 #include "common/transport/rpc_endpoint.h"
 
@@ -82,6 +83,11 @@ class RendezvousClient {
   Status health() const;
   // Runs once with the first failure (on an internal thread; must not block).
   void SetFailureCallback(std::function<void(const Status&)> callback);
+  // Asked about each failed peer (not the coordinator) while peer failures are fatal: OK when
+  // this process carries on without it (a server whose key ranges have other live replicas;
+  // the handler logs how); else why not, which the failure then says (when not empty). Runs
+  // on the endpoint's handler thread and must not block. Null: every loss is fatal.
+  void SetPeerLossHandler(std::function<Status(const FailureNotice&)> handler);
 
   // Says goodbye to the coordinator (a clean exit, not a failure) and stops heartbeating.
   void Leave(const std::string& reason);
@@ -114,6 +120,7 @@ class RendezvousClient {
   bool stopping_ = false;                              // guarded by mu_
   Status health_;                                      // guarded by mu_
   std::function<void(const Status&)> on_failure_;      // guarded by mu_
+  std::function<Status(const FailureNotice&)> on_peer_loss_;  // guarded by mu_
   std::map<std::string, uint64_t> barrier_generation_;  // guarded by mu_
   std::thread heartbeat_thread_;
 };

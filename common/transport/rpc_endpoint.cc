@@ -183,6 +183,22 @@ void RpcEndpoint::FailAll(const Status& status) {
   for (auto& [id, call] : pending) Settle(*call, root.WithContext(call->what));
 }
 
+void RpcEndpoint::FailCallsTo(const std::string& address, const Status& status) {
+  std::vector<std::shared_ptr<PendingCall>> failed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      if (it->second->address == address) {
+        failed.push_back(std::move(it->second));
+        it = pending_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& call : failed) Settle(*call, status.WithContext(call->what));
+}
+
 void RpcEndpoint::Complete(uint64_t request_id, StatusOr<Envelope> result) {
   std::shared_ptr<PendingCall> call;
   {

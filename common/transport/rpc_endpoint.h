@@ -91,6 +91,9 @@ class RpcEndpoint {
   // Fails every pending call with `status` (e.g. a peer was declared failed) and later calls
   // too, until the endpoint is destroyed. The first status given is kept as the root cause.
   void FailAll(const Status& status);
+  // Fails the pending calls to `address` with `status` (a peer this process can do without
+  // was declared failed); later calls to it are not refused.
+  void FailCallsTo(const std::string& address, const Status& status);
 
   void Shutdown();
 

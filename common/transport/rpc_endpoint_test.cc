@@ -114,6 +114,24 @@ TEST(RpcEndpointTest, FailAllFailsPendingAndLaterCallsWithTheRootCause) {
   EXPECT_NE(later.status().message().find("worker 2 failed"), std::string::npos);
 }
 
+TEST(RpcEndpointTest, FailCallsToFailsOnlyThatPeersCallsAndLaterCallsGoOut) {
+  auto silent = Start(Role::kServer);
+  silent->SetHandler(MessageType::kHeartbeat, [](Envelope) {});
+  auto answering = Start(Role::kServer);
+  RpcEndpoint* a = answering.get();
+  answering->SetHandler(MessageType::kHeartbeat, [a](Envelope e) { a->Reply(e, Ack{"ok"}); });
+  auto client = Start(Role::kWorker);
+  auto to_silent = client->CallAsync(silent->address(), Request(1), -1,
+                                     Deadline::AfterMillis(60000), "push to server 0");
+  client->FailCallsTo(silent->address(), UnavailableError("server 0 failed"));
+  StatusOr<Envelope> failed = to_silent.get();
+  EXPECT_EQ(failed.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(failed.status().message().find("push to server 0"), std::string::npos);
+  auto other = client->Call(answering->address(), Request(2), -1, Deadline::AfterMillis(10000),
+                            "push to server 1");
+  EXPECT_TRUE(other.ok()) << other.status();
+}
+
 // Whether `reply` is the Ack of request `sequence`.
 bool AnswersRequest(const Envelope& reply, uint64_t sequence) {
   const Ack* ack = reply.As<Ack>();

@@ -246,14 +246,15 @@ class BodyEncoder {
   }
   Encoded operator()(PsInitRequest& b) {
     auto tensors = EncodeTensors(fbb_, std::move(b.tensors), payloads_);
-    return As(proto::CreatePsInitRequestDirect(fbb_, b.config.c_str(), &tensors, b.job_token));
+    return As(proto::CreatePsInitRequestDirect(fbb_, b.config.c_str(), &tensors, b.job_token,
+                                                     b.range));
   }
   Encoded operator()(PsPushPullRequest& b) {
     auto tensors = EncodeTensors(fbb_, std::move(b.tensors), payloads_);
     return As(proto::CreatePsPushPullRequestDirect(
         fbb_, &tensors, b.has_gradients, b.job_token, b.model.empty() ? nullptr : b.model.c_str(),
         b.region_pid, b.region_fd, b.region_token_high, b.region_token_low, b.in_region, b.skip,
-        b.stop));
+        b.stop, b.range, b.ack_only));
   }
   Encoded operator()(PsPushPullReply& b) {
     auto tensors = EncodeTensors(fbb_, std::move(b.tensors), payloads_);
@@ -265,11 +266,12 @@ class BodyEncoder {
   Encoded operator()(SparsePushRequest& b) {
     auto ids = EncodeTensor(fbb_, std::move(b.row_ids), payloads_);
     auto values = EncodeTensor(fbb_, std::move(b.values), payloads_);
-    return As(proto::CreateSparsePushRequestDirect(fbb_, b.table.c_str(), ids, values));
+    return As(proto::CreateSparsePushRequestDirect(fbb_, b.table.c_str(), ids, values,
+                                                   b.range));
   }
   Encoded operator()(SparsePullRequest& b) {
     auto ids = EncodeTensor(fbb_, std::move(b.row_ids), payloads_);
-    return As(proto::CreateSparsePullRequestDirect(fbb_, b.table.c_str(), ids));
+    return As(proto::CreateSparsePullRequestDirect(fbb_, b.table.c_str(), ids, b.range));
   }
   Encoded operator()(SparsePullReply& b) {
     auto ids = EncodeTensor(fbb_, std::move(b.row_ids), payloads_);
@@ -278,7 +280,7 @@ class BodyEncoder {
   }
   Encoded operator()(CheckpointRequest& b) {
     return As(proto::CreateCheckpointRequestDirect(fbb_, b.directory.c_str(), b.step,
-                                                   b.restore));
+                                                   b.restore, b.range));
   }
   Encoded operator()(CheckpointReply& b) {
     std::vector<Offset<flatbuffers::String>> files;
@@ -482,7 +484,8 @@ StatusOr<MessageBody> DecodeBody(const proto::Header& header, const Message& mes
     }
     case proto::Body::PsInitRequest: {
       const auto& b = *header.body_as_PsInitRequest();
-      return MessageBody(PsInitRequest{Str(b.config()), DecodeTensors(b.tensors(), message), b.job_token()});
+      return MessageBody(PsInitRequest{Str(b.config()), DecodeTensors(b.tensors(), message), b.job_token(),
+                                     b.range()});
     }
     case proto::Body::PsPushPullRequest: {
       const auto& b = *header.body_as_PsPushPullRequest();
@@ -490,7 +493,7 @@ StatusOr<MessageBody> DecodeBody(const proto::Header& header, const Message& mes
                                            b.job_token(), Str(b.model()), b.region_pid(),
                                            b.region_fd(), b.region_token_high(),
                                            b.region_token_low(), b.in_region(), b.skip(),
-                                           b.stop()});
+                                           b.stop(), b.range(), b.ack_only()});
     }
     case proto::Body::PsPushPullReply: {
       const auto& b = *header.body_as_PsPushPullReply();
@@ -501,11 +504,12 @@ StatusOr<MessageBody> DecodeBody(const proto::Header& header, const Message& mes
     case proto::Body::SparsePushRequest: {
       const auto& b = *header.body_as_SparsePushRequest();
       return MessageBody(SparsePushRequest{Str(b.table()), DecodeTensor(b.row_ids(), message),
-                               DecodeTensor(b.values(), message)});
+                               DecodeTensor(b.values(), message), b.range()});
     }
     case proto::Body::SparsePullRequest: {
       const auto& b = *header.body_as_SparsePullRequest();
-      return MessageBody(SparsePullRequest{Str(b.table()), DecodeTensor(b.row_ids(), message)});
+      return MessageBody(
+          SparsePullRequest{Str(b.table()), DecodeTensor(b.row_ids(), message), b.range()});
     }
     case proto::Body::SparsePullReply: {
       const auto& b = *header.body_as_SparsePullReply();
@@ -514,7 +518,7 @@ StatusOr<MessageBody> DecodeBody(const proto::Header& header, const Message& mes
     }
     case proto::Body::CheckpointRequest: {
       const auto& b = *header.body_as_CheckpointRequest();
-      return MessageBody(CheckpointRequest{Str(b.directory()), b.step(), b.restore()});
+      return MessageBody(CheckpointRequest{Str(b.directory()), b.step(), b.restore(), b.range()});
     }
     case proto::Body::CheckpointReply: {
       const auto& b = *header.body_as_CheckpointReply();

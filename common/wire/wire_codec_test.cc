@@ -38,6 +38,8 @@ Message PushOf(std::vector<float> values, std::vector<int64_t> shape) {
   push.in_region = true;
   push.skip = true;
   push.stop = true;
+  push.range = 2;
+  push.ack_only = true;
   return EncodeMessage(WorkerHeader(3), std::move(push));
 }
 
@@ -92,6 +94,8 @@ TEST(WireCodecTest, RoundTripPushPull) {
   EXPECT_TRUE(push.in_region);
   EXPECT_TRUE(push.skip);
   EXPECT_TRUE(push.stop);
+  EXPECT_EQ(push.range, 2);
+  EXPECT_TRUE(push.ack_only);
   ASSERT_EQ(push.tensors.size(), 1u);
   EXPECT_EQ(push.tensors[0].name, "layer0.w");
   EXPECT_EQ(push.tensors[0].key, 7u);

@@ -1,6 +1,8 @@
 #include "server/ps/ps_service.h"
 
+#include <map>
 #include <mutex>
+#include <string>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -18,8 +20,10 @@
 namespace tessera::server {
 namespace {
 
-// Everything this server holds for one job, from rank 0's init until the next job's init.
+// Everything this server holds of one key range of one job, from rank 0's init of the range
+// until the next job's init.
 struct Job {
+  int range = 0;  // the server's own rank, or another's it holds a replica of (--replicas)
   PsJobConfig config;
   uint64_t token = 0;  // PsInitRequest.job_token
   // The init that created the job: a copy of it must not replace the job.
@@ -44,7 +48,6 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
  public:
   Impl(const PsServiceOptions& options, RpcEndpoint* endpoint, std::unique_ptr<PsMetrics> metrics)
       : options_(options),
-        placement_{options.server_rank, options.num_servers, options.key_space},
         endpoint_(endpoint),
         metrics_(std::move(metrics)),
         queue_(options.threads) {}
@@ -87,6 +90,24 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
     return status.WithContext("server " + std::to_string(options_.server_rank));
   }
 
+  // The key range `request` is for (its `range`; -1: this server's own), or InvalidArgument.
+  StatusOr<int> RangeOf(const Envelope& request) const {
+    int range = -1;
+    if (const auto* init = request.As<PsInitRequest>()) range = init->range;
+    if (const auto* push_pull = request.As<PsPushPullRequest>()) range = push_pull->range;
+    if (const auto* push = request.As<SparsePushRequest>()) range = push->range;
+    if (const auto* pull = request.As<SparsePullRequest>()) range = pull->range;
+    if (const auto* checkpoint = request.As<CheckpointRequest>()) range = checkpoint->range;
+    if (range < 0) return options_.server_rank;
+    if (range >= options_.num_servers) {
+      return InvalidArgumentError("range " + std::to_string(range) + " of " +
+                                  std::string(MessageTypeName(request.type())) + " from " +
+                                  request.header.DescribeSender() + " is outside the " +
+                                  std::to_string(options_.num_servers) + " servers' ranges");
+    }
+    return range;
+  }
+
   void AnswerError(const Envelope& request, const Status& status) {
     endpoint_->ReplyError(request, WithServer(status));
   }
@@ -119,15 +140,18 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
   void Serve(const Envelope& request) {
     const MessageType type = request.type();
     if (type == MessageType::kPsInitRequest) return ServeInit(request);
+    StatusOr<int> range = RangeOf(request);
+    if (!range.ok()) return AnswerError(request, range.status());
     std::shared_ptr<Job> job;
     if (type == MessageType::kCheckpointRequest) {
-      job = CurrentJob();
+      job = JobOf(*range);
       if (job == nullptr) {
-        return AnswerError(request,
-                           FailedPreconditionError("checkpoint: no job was initialised"));
+        return AnswerError(request, FailedPreconditionError(
+                                        "checkpoint: no job was initialised" +
+                                        RangeSuffix(*range)));
       }
     } else {
-      job = JobOrPark(request);
+      job = JobOrPark(request, *range);
       if (job == nullptr) return;
     }
     const PsPushPullRequest* push_pull = request.As<PsPushPullRequest>();
@@ -224,20 +248,23 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
     }
     // A push is answered once (its copies again, from the ledger); a pull at every asking.
     std::shared_ptr<RequestLedger> ledger = push ? job.ledger : nullptr;
+    DenseShard::ReplyCallback send = ReplyLater<PsPushPullReply>(request, ledger);
+    if (body->ack_only) {
+      // A backup's reply: the worker takes the values from the range's primary.
+      send = [send = std::move(send)](PsPushPullReply reply) {
+        for (TensorData& tensor : reply.tensors) tensor.bytes = Payload();
+        send(std::move(reply));
+      };
+    }
     if (!body->in_region) {
-      if (skip) {
-        return job.dense->Skip(rank, step, body->tensors,
-                               ReplyLater<PsPushPullReply>(request, ledger), stop);
-      }
-      return job.dense->PushPull(rank, step, body->tensors, push,
-                                 ReplyLater<PsPushPullReply>(request, ledger), stop);
+      if (skip) return job.dense->Skip(rank, step, body->tensors, std::move(send), stop);
+      return job.dense->PushPull(rank, step, body->tensors, push, std::move(send), stop);
     }
     // A skip's gradients are not read: the region's views are not taken.
     const bool read = push && !skip;
     ASSIGN_OR_RETURN(std::vector<TensorData> tensors,
                      job.regions->Tensors(rank, body->tensors, read));
-    DenseShard::ReplyCallback reply =
-        job.regions->ReplyInto(rank, ReplyLater<PsPushPullReply>(request, ledger));
+    DenseShard::ReplyCallback reply = job.regions->ReplyInto(rank, std::move(send));
     if (skip) return job.dense->Skip(rank, step, tensors, std::move(reply), stop);
     return job.dense->PushPull(rank, step, tensors, push, std::move(reply), stop);
   }
@@ -263,53 +290,62 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
 
   void ServeInit(const Envelope& request) {
     const PsInitRequest* init = request.As<PsInitRequest>();
+    StatusOr<int> range = RangeOf(request);
+    if (!range.ok()) return AnswerError(request, range.status());
     StatusOr<PsJobConfig> config = DecodePsJobConfig(init->config);
     if (!config.ok()) return AnswerError(request, config.status());
     auto job = std::make_shared<Job>();
+    job->range = *range;
     job->config = *config;
     job->token = init->job_token;
     job->init_rank = request.header.sender_rank;
     job->init_request_id = request.header.request_id;
+    const ServerPlacement placement{*range, options_.num_servers, options_.key_space};
     StatusOr<std::unique_ptr<DenseShard>> dense =
-        DenseShard::Create(*config, placement_, init->tensors, metrics_.get());
-    if (!dense.ok()) return AnswerError(request, dense.status());
+        DenseShard::Create(*config, placement, init->tensors, metrics_.get());
+    if (!dense.ok()) return AnswerError(request, dense.status().WithContext(RangeName(*range)));
     job->dense = std::move(dense).value();
     job->regions = std::make_unique<WorkerRegions>(job->dense->chunks());
-    job->tables = std::make_unique<SparseTables>(*config, options_.server_rank,
-                                                 options_.num_servers, metrics_.get());
-    double bytes = 0;
-    for (const DenseChunk& chunk : job->dense->chunks()) {
-      bytes += static_cast<double>(chunk.size) * sizeof(float);
-    }
+    job->tables = std::make_unique<SparseTables>(*config, *range, options_.num_servers,
+                                                 metrics_.get());
+    const double bytes = DenseBytes(*job);
+    double all_bytes = 0;  // of every range this server holds
     std::vector<Envelope> early;
     {
       std::lock_guard<std::mutex> lock(job_mu_);
-      if (job_ != nullptr && job_->token == job->token && job_->init_rank == job->init_rank &&
-          job_->init_request_id == job->init_request_id) {
-        // A copy of the init that created the current job (its reply may have been lost):
-        // answered again, nothing replaced.
+      auto held = jobs_.find(*range);
+      if (held != jobs_.end() && held->second->token == job->token &&
+          held->second->init_rank == job->init_rank &&
+          held->second->init_request_id == job->init_request_id) {
+        // A copy of the init that created the range's current job (its reply may have been
+        // lost): answered again, nothing replaced.
         TLOG(DEBUG) << "the init of the current job arrived again; served once";
         metrics_->RequestRepeated();
         endpoint_->Reply(request, Ack{});
         return;
       }
-      if (job_ != nullptr) TLOG(INFO) << "a new job replaces the previous one";
-      job_ = job;
+      if (!jobs_.empty() && jobs_.begin()->second->token != job->token) {
+        TLOG(INFO) << "a new job replaces the previous one";
+        jobs_.clear();
+      }
+      jobs_[*range] = job;
+      for (const auto& [held_range, held_job] : jobs_) all_bytes += DenseBytes(*held_job);
       early.swap(before_init_);
     }
-    metrics_->NewJob(bytes, bytes * static_cast<double>(job->dense->state_per_element()));
+    metrics_->NewJob(all_bytes, all_bytes * static_cast<double>(job->dense->state_per_element()));
     TLOG(INFO) << PsModeName(config->consistency) << " job for " << config->num_workers
-               << " workers: " << job->dense->chunks().size() << " dense chunks ("
-               << static_cast<uint64_t>(bytes) << " bytes), " << config->tables.size()
-               << " embedding tables, " << config->optimizer.ToString();
+               << " workers" << RangeSuffix(*range) << ": " << job->dense->chunks().size()
+               << " dense chunks (" << static_cast<uint64_t>(bytes) << " bytes), "
+               << config->tables.size() << " embedding tables, "
+               << config->optimizer.ToString();
     endpoint_->Reply(request, Ack{});
     for (Envelope& envelope : early) Post(std::move(envelope));
   }
 
   Status ServeCheckpoint(const Envelope& request, const Job& job) {
     const CheckpointRequest* body = request.As<CheckpointRequest>();
-    const ShardParts parts{&job.config, options_.server_rank, options_.num_servers,
-                           job.dense.get(), job.tables.get()};
+    const ShardParts parts{&job.config, job.range, options_.num_servers, job.dense.get(),
+                           job.tables.get()};
     StatusOr<ShardFileInfo> info = body->restore
                                        ? RestoreShard(parts, body->directory, body->step)
                                        : SaveShard(parts, body->directory, body->step);
@@ -321,22 +357,40 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
     return OkStatus();
   }
 
-  std::shared_ptr<Job> CurrentJob() {
-    std::lock_guard<std::mutex> lock(job_mu_);
-    return job_;
+  static double DenseBytes(const Job& job) {
+    double bytes = 0;
+    for (const DenseChunk& chunk : job.dense->chunks()) {
+      bytes += static_cast<double>(chunk.size) * sizeof(float);
+    }
+    return bytes;
   }
 
-  // A request before its job exists waits for the job's init (other workers start as fast as
-  // rank 0; a push-pull names its job, so one of the next job waits while the servers still
-  // hold the previous one). Returns null after parking it.
-  std::shared_ptr<Job> JobOrPark(const Envelope& request) {
+  static std::string RangeName(int range) { return "range " + std::to_string(range); }
+
+  // ", range 2" for a range this server holds a replica of; empty for its own.
+  std::string RangeSuffix(int range) const {
+    return range == options_.server_rank ? std::string() : ", " + RangeName(range);
+  }
+
+  std::shared_ptr<Job> JobOf(int range) {
+    std::lock_guard<std::mutex> lock(job_mu_);
+    auto it = jobs_.find(range);
+    return it == jobs_.end() ? nullptr : it->second;
+  }
+
+  // A request before its job exists waits for the job's init of its range (other workers
+  // start as fast as rank 0; a push-pull names its job, so one of the next job waits while
+  // the servers still hold the previous one). Returns null after parking it.
+  std::shared_ptr<Job> JobOrPark(const Envelope& request, int range) {
     const PsPushPullRequest* push_pull = request.As<PsPushPullRequest>();
     std::lock_guard<std::mutex> lock(job_mu_);
-    if (job_ == nullptr || (push_pull != nullptr && push_pull->job_token != job_->token)) {
+    auto it = jobs_.find(range);
+    if (it == jobs_.end() ||
+        (push_pull != nullptr && push_pull->job_token != it->second->token)) {
       before_init_.push_back(request);
       return nullptr;
     }
-    return job_;
+    return it->second;
   }
 
   static Status CheckRank(const Job& job, const Envelope& request) {
@@ -349,12 +403,12 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
   }
 
   const PsServiceOptions options_;
-  const ServerPlacement placement_;
   RpcEndpoint* const endpoint_;
   const std::unique_ptr<PsMetrics> metrics_;
 
   std::mutex job_mu_;
-  std::shared_ptr<Job> job_;           // guarded by job_mu_
+  // By range: this server's own, and with --replicas those it holds a replica of.
+  std::map<int, std::shared_ptr<Job>> jobs_;  // guarded by job_mu_
   std::vector<Envelope> before_init_;  // guarded by job_mu_
 
   WorkQueue queue_;  // last: its threads stop before the rest goes

@@ -25,6 +25,60 @@ TEST_F(PsServiceTest, SyncRepliesWaitForEveryWorkerThenCarryTheAveragedUpdate) {
   EXPECT_EQ(ValuesOf(second), (ByKey{{50, {0, 1, 2, 4}}}));
 }
 
+// --replicas: server 1 holds range 0 beside its own, each with its own chunks, rows and
+// steps; every request names its range, a push parks until its range's init, and a backup's
+// push (ack_only) is applied but answered without the values.
+TEST_F(PsServiceTest, HoldsAnotherServersRangeBesideItsOwn) {
+  ASSERT_NO_FATAL_FAILURE(Start({}));
+  const PsJobConfig config = TestConfig(PsConsistency::kSync, 1);
+  const ByKey own = InitialValues(config);
+  const ByKey other = InitialValues(config, /*range=*/0);
+  ASSERT_FALSE(other.empty());
+  ASSERT_TRUE(Init(config, own).ok());
+  // Range 0's push arrives before range 0 is initialised: it waits for its init.
+  PsPushPullRequest backup{{}, true, kTestToken, {}};
+  backup.range = 0;
+  backup.ack_only = true;
+  ByKey grads;
+  for (const auto& [key, values] : other) {
+    grads[key] = Floats(values.size(), 2.0f);
+    backup.tensors.push_back(TensorData::Floats("chunk", key, grads[key]));
+  }
+  Reply parked = Send(0, std::move(backup), 1, "backup push of range 0");
+  EXPECT_EQ(parked.wait_for(kStillWaiting), std::future_status::timeout);
+  ASSERT_TRUE(Init(config, other, /*range=*/0).ok());
+  const StatusOr<Envelope>& acked = parked.get();
+  ASSERT_TRUE(acked.ok()) << acked.status();
+  for (const TensorData& tensor : acked->As<PsPushPullReply>()->tensors) {
+    EXPECT_TRUE(tensor.bytes.empty()) << "a backup's reply carries the values of " << tensor.key;
+  }
+  // The push was applied to range 0 (p - 0.5 * 2), and range 1 is untouched.
+  std::vector<uint64_t> keys;
+  for (const auto& [key, values] : other) keys.push_back(key);
+  PsPushPullRequest pull{{}, false, kTestToken, {}};
+  pull.range = 0;
+  for (uint64_t key : keys) {
+    pull.tensors.push_back(TensorData{"chunk", key, DataType::kFloat32, {}, Payload()});
+  }
+  ByKey expected = other;
+  for (auto& [key, values] : expected) {
+    for (float& v : values) v -= 1.0f;
+  }
+  EXPECT_EQ(ValuesOf(Send(0, std::move(pull), 2, "pull of range 0")), expected);
+  std::vector<uint64_t> own_keys;
+  for (const auto& [key, values] : own) own_keys.push_back(key);
+  EXPECT_EQ(ValuesOf(Pull(0, 1, own_keys)), own);
+  // A range beyond the fleet's servers is refused, naming it.
+  PsPushPullRequest beyond{{}, false, kTestToken, {}};
+  beyond.range = 7;
+  auto refused = Send(0, std::move(beyond), 1, "pull of range 7").get();
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("range 7 of PsPushPullRequest from worker 0 is "
+                                            "outside the 2 servers' ranges"),
+            std::string::npos)
+      << refused.status();
+}
+
 TEST_F(PsServiceTest, KeysAndRowsOfAnotherServerAreRefusedNamingTheOwner) {
   ASSERT_NO_FATAL_FAILURE(Start({}));
   ASSERT_TRUE(Init(TestConfig(PsConsistency::kSync, 2), {{50, {0, 0, 0, 0}}}).ok());

@@ -125,13 +125,14 @@ void PsServiceTest::Start(Fleet fleet) {
   service_ = std::move(service).value();
 }
 
-ByKey PsServiceTest::InitialValues(const PsJobConfig& config) const {
+ByKey PsServiceTest::InitialValues(const PsJobConfig& config, int range) const {
+  if (range < 0) range = fleet_.server_rank;
   auto plan = PlanDenseChunks(config.dense_elements, config.chunk_elements, fleet_.num_servers,
                               kTestKeySpace);
   EXPECT_TRUE(plan.ok()) << plan.status();
   ByKey values;
   for (const DenseChunk& chunk : *plan) {
-    if (chunk.server != fleet_.server_rank) continue;
+    if (chunk.server != range) continue;
     Floats v(chunk.size);
     for (size_t j = 0; j < v.size(); ++j) v[j] = static_cast<float>(chunk.index) + j / 8.0f;
     values[chunk.key] = v;
@@ -159,8 +160,8 @@ Reply PsServiceTest::Send(int worker, MessageBody body, int64_t step, const std:
                                      Deadline::AfterMillis(timeout_ms), what, fleet_.resend_ms);
 }
 
-Status PsServiceTest::Init(const PsJobConfig& config, const ByKey& values) {
-  PsInitRequest init{EncodePsJobConfig(config), {}, kTestToken};
+Status PsServiceTest::Init(const PsJobConfig& config, const ByKey& values, int range) {
+  PsInitRequest init{EncodePsJobConfig(config), {}, kTestToken, range};
   for (const auto& [key, v] : values) init.tensors.push_back(TensorData::Floats("chunk", key, v));
   return Send(0, std::move(init), 0, "init").get().status();
 }

@@ -92,8 +92,9 @@ class PsServiceTest : public ::testing::Test {
   void Start(Fleet fleet);
   void TearDown() override { service_.reset(); }
 
-  // The initial values of this server's chunks under `config`: chunk c's element j is c + j/8.
-  ByKey InitialValues(const PsJobConfig& config) const;
+  // The initial values of this server's chunks under `config` (of range `range`'s, when it is
+  // given: --replicas): chunk c's element j is c + j/8.
+  ByKey InitialValues(const PsJobConfig& config, int range = -1) const;
   // Row ids of the table owned by server `owner`.
   Ids RowsOwnedBy(int owner, size_t count) const;
   static ByKey RandomGrads(std::mt19937& random, const ByKey& like);
@@ -101,7 +102,8 @@ class PsServiceTest : public ::testing::Test {
   // Requests, as worker `worker` sends them. Init comes from worker 0.
   Reply Send(int worker, MessageBody body, int64_t step, const std::string& what,
              int64_t timeout_ms = kTestTimeoutMs);
-  Status Init(const PsJobConfig& config, const ByKey& values);
+  // `range`: PsInitRequest::range (-1: the server's own).
+  Status Init(const PsJobConfig& config, const ByKey& values, int range = -1);
   // what: "push-pull of step <step> by worker <worker>".
   Reply PushPull(int worker, int64_t step, const ByKey& grads,
                  int64_t timeout_ms = kTestTimeoutMs);

@@ -62,6 +62,13 @@ StatusOr<std::unique_ptr<PsEngine>> PsEngine::Create(const PsEngineOptions& opti
                                 " needs parameter servers: start the fleet with --servers N "
                                 "(tessera-launch) or --num-servers N");
   }
+  if (options.replicas < 1 || options.replicas > view.num_servers) {
+    return InvalidArgumentError("--replicas " + std::to_string(options.replicas) +
+                                " needs between 1 and the fleet's " +
+                                std::to_string(view.num_servers) + " servers");
+  }
+  engine->replicas_ = options.replicas;
+  engine->lost_.assign(static_cast<size_t>(view.num_servers), false);
   namespace names = metric_names;
   ASSIGN_OR_RETURN(HistogramFamily * latency,
                    metrics->RegisterHistogram(names::kPsClientLatencySeconds.name,
@@ -81,14 +88,117 @@ StatusOr<std::unique_ptr<PsEngine>> PsEngine::Create(const PsEngineOptions& opti
     ASSIGN_OR_RETURN(engine->bytes_sent_[i], sent->WithLabels({ops[i]}));
     ASSIGN_OR_RETURN(engine->bytes_received_[i], received->WithLabels({ops[i]}));
   }
+  ASSIGN_OR_RETURN(CounterFamily * failovers,
+                   metrics->RegisterCounter(names::kPsClientFailoversTotal.name,
+                                            names::kPsClientFailoversTotal.help, {}));
+  ASSIGN_OR_RETURN(engine->failovers_, failovers->WithLabels({}));
+  ASSIGN_OR_RETURN(CounterFamily * retargeted,
+                   metrics->RegisterCounter(names::kPsClientRetargetedTotal.name,
+                                            names::kPsClientRetargetedTotal.help, {}));
+  ASSIGN_OR_RETURN(engine->retargeted_, retargeted->WithLabels({}));
   return engine;
 }
 
-PsEngine::Reply PsEngine::Send(int server, MessageBody request, int64_t step,
-                               const std::string& what) {
+std::shared_future<StatusOr<Envelope>> PsEngine::SendTo(int server, MessageBody request,
+                                                        int64_t step, const std::string& what) {
   return endpoint_->CallAsync(server_addresses_[server], std::move(request), step,
                               Deadline::AfterMillis(options_.request_timeout_ms), what,
                               options_.request_resend_ms);
+}
+
+PsEngine::Reply PsEngine::Send(int range, MessageBody request, int64_t step,
+                               const std::string& what, Fanout fanout,
+                               std::optional<std::pair<MessageBody, int64_t>> ask_again) {
+  Reply reply;
+  reply.range = range;
+  if (ask_again.has_value()) {
+    reply.ask_again = std::move(ask_again->first);
+    reply.ask_again_step = ask_again->second;
+  } else if (fanout == Fanout::kPrimary && replicas_ > 1) {
+    reply.ask_again = request;
+    reply.ask_again_step = step;
+  }
+  std::vector<int> servers = LiveReplicas(range);
+  if (servers.empty()) {
+    // Every copy failed: ServerLost has failed the endpoint, whose calls say why.
+    servers.push_back(range);
+  }
+  if (fanout == Fanout::kPrimary) servers.resize(1);
+  for (size_t k = 0; k < servers.size(); ++k) {
+    MessageBody copy = k + 1 < servers.size() ? request : std::move(request);
+    if (k > 0 && fanout == Fanout::kValues) {
+      if (auto* push_pull = std::get_if<PsPushPullRequest>(&copy)) push_pull->ack_only = true;
+    }
+    const std::string copy_what =
+        replicas_ == 1 ? what : what + " (replica on server " + std::to_string(servers[k]) + ")";
+    reply.copies.emplace_back(servers[k], SendTo(servers[k], std::move(copy), step, copy_what));
+  }
+  return reply;
+}
+
+std::vector<int> PsEngine::LiveReplicas(int range) const {
+  std::vector<int> live;
+  std::lock_guard<std::mutex> lock(lost_mu_);
+  for (int k = 0; k < replicas_; ++k) {
+    const int server = (range + k) % view_.num_servers;
+    if (!lost_[static_cast<size_t>(server)]) live.push_back(server);
+  }
+  return live;
+}
+
+bool PsEngine::IsLost(int server) const {
+  std::lock_guard<std::mutex> lock(lost_mu_);
+  return lost_[static_cast<size_t>(server)];
+}
+
+std::string PsEngine::RangeLostMessage(int range) const {
+  const auto [begin, end] = ServerKeyRange(view_.key_space, view_.num_servers, range);
+  std::string servers;
+  for (int k = 0; k < replicas_; ++k) {
+    if (k > 0) servers += k + 1 == replicas_ ? " and " : ", ";
+    servers += std::to_string((range + k) % view_.num_servers);
+  }
+  return "range " + std::to_string(range) + " (keys [" + std::to_string(begin) + ", " +
+         std::to_string(end) + ") and the embedding rows hashing to it) is lost: " +
+         (replicas_ == 1 ? "its only copy was on server " + servers + " (--replicas 1)"
+                         : "its " + std::to_string(replicas_) + " replicas, servers " + servers +
+                               ", failed");
+}
+
+Status PsEngine::ServerLost(int server, const std::string& reason) {
+  if (server < 0 || server >= view_.num_servers) {
+    return InvalidArgumentError("server " + std::to_string(server) + " is not in the fleet view");
+  }
+  if (replicas_ == 1) return FailedPreconditionError(RangeLostMessage(server));
+  std::string moved;  // "range 1 to server 2, ..."
+  {
+    std::lock_guard<std::mutex> lock(lost_mu_);
+    if (lost_[static_cast<size_t>(server)]) return OkStatus();
+    lost_[static_cast<size_t>(server)] = true;
+  }
+  for (int range = 0; range < view_.num_servers; ++range) {
+    const int offset = (server - range + view_.num_servers) % view_.num_servers;
+    if (offset >= replicas_) continue;  // not a replica of `range`
+    const std::vector<int> live = LiveReplicas(range);
+    if (live.empty()) return FailedPreconditionError(RangeLostMessage(range));
+    // Its primary moved when the failed server was the first live one before.
+    bool was_primary = true;
+    for (int k = 0; k < offset; ++k) {
+      if (!IsLost((range + k) % view_.num_servers)) was_primary = false;
+    }
+    if (was_primary) {
+      moved += std::string(moved.empty() ? "" : ", ") + "range " + std::to_string(range) +
+               " to server " + std::to_string(live[0]);
+    }
+  }
+  failovers_->Increment();
+  TLOG(WARNING) << "server " << server << " failed (" << reason << "); carrying on with the "
+                << "other replicas of its ranges"
+                << (moved.empty() ? std::string() : "; new primaries: " + moved);
+  endpoint_->FailCallsTo(server_addresses_[server],
+                         UnavailableError("server " + std::to_string(server) + " failed: " +
+                                          reason));
+  return OkStatus();
 }
 
 bool PsEngine::StopAskedIn(int64_t step) {
@@ -99,8 +209,8 @@ bool PsEngine::StopAskedIn(int64_t step) {
   return stop_asked_;
 }
 
-Status PsEngine::AwaitReply(const Reply& reply, const std::string& what,
-                            std::optional<Deadline>* stop_grace) {
+Status PsEngine::AwaitReply(const std::shared_future<StatusOr<Envelope>>& reply,
+                            const std::string& what, std::optional<Deadline>* stop_grace) {
   while (options_.stop_requested && options_.stop_grace &&
          reply.wait_for(std::chrono::milliseconds(kStopCheckMs)) != std::future_status::ready) {
     if (!stop_grace->has_value() && options_.stop_requested()) {
@@ -116,15 +226,50 @@ Status PsEngine::AwaitReply(const Reply& reply, const std::string& what,
   return OkStatus();
 }
 
+StatusOr<Envelope> PsEngine::Await(Reply* reply, const std::string& what,
+                                   std::optional<Deadline>* stop_grace) {
+  while (true) {
+    for (const auto& [server, copy] : reply->copies) {
+      RETURN_IF_ERROR(AwaitReply(copy, what, stop_grace));
+    }
+    std::optional<StatusOr<Envelope>> answer;
+    bool first_lost = false;
+    for (size_t k = 0; k < reply->copies.size(); ++k) {
+      const auto& [server, copy] = reply->copies[k];
+      const StatusOr<Envelope>& result = copy.get();
+      if (!result.ok() && replicas_ > 1 && IsLost(server)) {
+        first_lost |= k == 0;
+        continue;  // a replica that failed: the others answer for it
+      }
+      if (!result.ok()) return result.status().WithContext(what);
+      if (!answer.has_value()) answer = result;
+    }
+    if (answer.has_value() && !(first_lost && reply->ask_again.has_value())) {
+      return std::move(*answer);
+    }
+    const std::vector<int> live = LiveReplicas(reply->range);
+    if (live.empty() || !reply->ask_again.has_value()) {
+      return FailedPreconditionError(RangeLostMessage(reply->range)).WithContext(what);
+    }
+    // What only the failed primary was to answer, from the range's new one.
+    retargeted_->Increment();
+    const std::string again = what + " (asked again of server " + std::to_string(live[0]) +
+                              ", the range's primary now)";
+    reply->copies.clear();
+    reply->copies.emplace_back(live[0],
+                               SendTo(live[0], *reply->ask_again, reply->ask_again_step, again));
+  }
+}
+
 Status PsEngine::WaitAll(std::vector<std::pair<Reply, std::string>>* replies,
                          std::vector<StatusOr<Envelope>>* results) {
   Status first = OkStatus();
   results->clear();
   std::optional<Deadline> stop_grace;  // set once a stop is seen
   for (auto& [reply, what] : *replies) {
-    RETURN_IF_ERROR(AwaitReply(reply, what, &stop_grace));
-    StatusOr<Envelope> result = reply.get();
-    if (!result.ok() && first.ok()) first = result.status().WithContext(what);
+    StatusOr<Envelope> result = Await(&reply, what, &stop_grace);
+    if (!result.ok() && result.status().code() == StatusCode::kCancelled) return result.status();
+    if (!result.ok() && first.ok()) first = result.status();
     results->push_back(std::move(result));
   }
   return first;
@@ -167,26 +312,35 @@ Status PsEngine::Initialize(const ParameterLayout& layout,
   const Deadline serving_deadline = Deadline::AfterMillis(options_.request_timeout_ms);
   if (rank_ == 0) {
     const std::string json = EncodePsJobConfig(config);
-    auto init = [&](int s) {
-      PsInitRequest request{json, {}, job_token_};
-      for (size_t i : chunks_of_server_[s]) {
+    // Each range on each of its replicas (with --replicas 1: server s, range s).
+    auto init = [&](std::pair<int, int> range_server) {
+      const auto [range, server] = range_server;
+      PsInitRequest request{json, {}, job_token_, range};
+      for (size_t i : chunks_of_server_[range]) {
         const DenseChunk& chunk = chunks_[i];
         request.tensors.push_back(ChunkTensor(chunk, params + chunk.offset, nullptr));
       }
-      return std::make_pair(
-          Send(s, std::move(request), 0, "init of server " + std::to_string(s)),
-          "initialising server " + std::to_string(s));
+      std::string what = "init of server " + std::to_string(server);
+      if (range != server) what += " (a replica of range " + std::to_string(range) + ")";
+      Reply reply;
+      reply.range = range;
+      reply.copies.emplace_back(server, SendTo(server, std::move(request), 0, what));
+      return std::make_pair(std::move(reply), "initialising server " + std::to_string(server));
     };
-    std::vector<int> pending(static_cast<size_t>(view_.num_servers));
-    for (int s = 0; s < view_.num_servers; ++s) pending[static_cast<size_t>(s)] = s;
+    std::vector<std::pair<int, int>> pending;
+    for (int range = 0; range < view_.num_servers; ++range) {
+      for (int k = 0; k < replicas_; ++k) {
+        pending.emplace_back(range, (range + k) % view_.num_servers);
+      }
+    }
     bool told = false;
     while (!pending.empty()) {
       std::vector<std::pair<Reply, std::string>> replies;
-      for (int s : pending) replies.push_back(init(s));
+      for (const auto& range_server : pending) replies.push_back(init(range_server));
       std::vector<StatusOr<Envelope>> results;
       Status first = WaitAll(&replies, &results);
       if (first.ok()) break;
-      std::vector<int> starting;
+      std::vector<std::pair<int, int>> starting;
       for (size_t i = 0; i < results.size(); ++i) {
         if (results[i].ok()) continue;
         if (!IsStillStarting(results[i].status(), serving_deadline)) {
@@ -213,7 +367,11 @@ Status PsEngine::Initialize(const ParameterLayout& layout,
     if (!IsStillStarting(pulled, serving_deadline)) return pulled.WithContext("initial pull");
     std::this_thread::sleep_for(std::chrono::milliseconds(kStartingRetryMs));
   }
-  return options_.shared_memory ? OfferRegions(/*step=*/1) : OkStatus();
+  if (options_.shared_memory && replicas_ > 1) {
+    TLOG(INFO) << "--replicas " << replicas_ << ": chunks travel over the transport (a shared "
+               << "region is one server's)";
+  }
+  return options_.shared_memory && replicas_ == 1 ? OfferRegions(/*step=*/1) : OkStatus();
 }
 
 Status PsEngine::OfferRegions(int64_t step) {
@@ -267,8 +425,9 @@ std::pair<PsEngine::Reply, std::string> PsEngine::SendChunks(int64_t step,
                                                              bool skip, double* sent) {
   const bool push = grads != nullptr;
   const bool send_gradients = push && !skip;
-  const int server = chunks_[group[0]].server;
+  const int server = chunks_[group[0]].server;  // the range (its server with --replicas 1)
   PsPushPullRequest request{{}, push, job_token_, model};
+  request.range = server;
   const SharedRegion* region = regions_[server].get();
   request.in_region = region != nullptr;
   request.skip = skip;
@@ -286,9 +445,22 @@ std::pair<PsEngine::Reply, std::string> PsEngine::SendChunks(int64_t step,
   }
   std::string what = std::string(skip ? "skip-pull" : push ? "push-pull" : "pull") + " of step " +
                      std::to_string(step) + " (" + std::to_string(group.size()) +
-                     " chunks from chunk " + std::to_string(chunks_[group[0]].index) +
-                     ") with server " + std::to_string(server);
-  Reply reply = Send(server, std::move(request), step, what);
+                     " chunks from chunk " + std::to_string(chunks_[group[0]].index) + ") with " +
+                     (replicas_ == 1 ? "server " : "range ") + std::to_string(server);
+  // Asked again of a new primary: the values this request's reply carries, as a pull (the
+  // push reached every replica already, and a pull applies nothing).
+  std::optional<std::pair<MessageBody, int64_t>> ask_again;
+  if (replicas_ > 1) {
+    PsPushPullRequest pull{{}, false, job_token_, model};
+    pull.range = server;
+    for (const TensorData& tensor : request.tensors) {
+      pull.tensors.push_back(
+          TensorData{tensor.name, tensor.key, tensor.dtype, tensor.shape, Payload()});
+    }
+    ask_again.emplace(std::move(pull), push ? step + 1 : step);
+  }
+  Reply reply = Send(server, std::move(request), step, what, Fanout::kValues,
+                     std::move(ask_again));
   return {std::move(reply), std::move(what)};
 }
 
@@ -385,11 +557,9 @@ Status PsEngine::PushPull(int64_t step, const float* grads, float* params,
   double received = 0;
   bool told_skip = false;
   for (size_t r = 0; r < replies.size(); ++r) {
-    RETURN_IF_ERROR(AwaitReply(replies[r].first, replies[r].second, &stop_grace));
-    StatusOr<Envelope> result = replies[r].first.get();
-    if (!result.ok()) return result.status().WithContext(replies[r].second);
+    ASSIGN_OR_RETURN(Envelope result, Await(&replies[r].first, replies[r].second, &stop_grace));
     ASSIGN_OR_RETURN(PsPushPullReply reply,
-                     TakeBody<PsPushPullReply>(std::move(result).value(), replies[r].second));
+                     TakeBody<PsPushPullReply>(std::move(result), replies[r].second));
     // ps-sync: another worker skipped this step, so the servers dropped it (told once).
     if (reply.skipped_by >= 0 && reply.skipped_by != rank_ && !told_skip) {
       told_skip = true;
@@ -455,7 +625,7 @@ Status PsEngine::LookupRows(size_t table, const std::vector<int64_t>& ids, float
     std::string what = "pull of " + std::to_string(ids_of[s].size()) + " rows of table '" +
                        spec.name + "' from server " + std::to_string(s);
     // The ids are copied: a request may outlive this call (see SetGradientOwner).
-    SparsePullRequest request{spec.name, TensorData::Int64s("row_ids", ids_of[s])};
+    SparsePullRequest request{spec.name, TensorData::Int64s("row_ids", ids_of[s]), s};
     bytes_sent_[kSparsePull]->Increment(static_cast<double>(ids_of[s].size() * sizeof(int64_t)));
     replies.emplace_back(Send(s, std::move(request), last_step_ + 1, what), what);
     servers.push_back(s);
@@ -524,8 +694,8 @@ Status PsEngine::Step(int64_t step, float* params, float* grads,
           static_cast<double>(ids_of[s].size() * (sizeof(int64_t) + dim * sizeof(float))));
       SparsePushRequest request{tables_[t].name,
                                 TensorData::Int64s("row_ids", std::move(ids_of[s])),
-                                TensorData::Floats("values", 0, std::move(grads_of[s]))};
-      acks.emplace_back(Send(s, std::move(request), step, what), what);
+                                TensorData::Floats("values", 0, std::move(grads_of[s])), s};
+      acks.emplace_back(Send(s, std::move(request), step, what, Fanout::kAll), what);
     }
   }
   Status dense = PushPull(step, grads, params);
@@ -572,7 +742,10 @@ StatusOr<std::vector<ShardFileInfo>> PsEngine::CheckpointServers(const std::stri
   for (int s = 0; s < view_.num_servers; ++s) {
     std::string what = std::string(restore ? "restore" : "checkpoint") + " of step " +
                        std::to_string(step) + " on server " + std::to_string(s);
-    replies.emplace_back(Send(s, CheckpointRequest{root, step, restore}, step, what), what);
+    // Every replica loads its range's file; the primary alone writes it.
+    replies.emplace_back(Send(s, CheckpointRequest{root, step, restore, s}, step, what,
+                              restore ? Fanout::kAll : Fanout::kPrimary),
+                         what);
   }
   std::vector<StatusOr<Envelope>> results;
   RETURN_IF_ERROR(WaitAll(&replies, &results));

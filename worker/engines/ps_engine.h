@@ -18,6 +18,18 @@
 // failure notice (RendezvousClient fails the endpoint), naming the lost process; otherwise a
 // call fails after --request-timeout-ms naming the server and the request.
 //
+// Replicated ranges (--replicas R > 1): key range r (the chunks and embedding rows server r
+// holds with R = 1) lives on servers r, r + 1, ..., r + R - 1 (mod S), and every request for
+// it goes to each live replica: gradients and row pushes to all (every replica applies the
+// same sums in the same order, so all hold bitwise the same values and optimizer state), the
+// values from the first live one (its primary; the others answer with an ack), row pulls and
+// checkpoint writes to the primary only. A step completes when every live replica answered,
+// so an acknowledged update is on every live replica. When a server fails (ServerLost, from
+// the coordinator's notice) its pending calls fail, its ranges' next replicas become their
+// primaries, and what only it was to answer (the values of a push, a row pull, a checkpoint
+// write) is asked again of them; nothing is applied twice (a re-ask is a pull). Shared
+// memory is not used (each region is one server's).
+//
 // Thread-safety: the training thread only.
 #ifndef TESSERA_WORKER_ENGINES_PS_ENGINE_H_
 #define TESSERA_WORKER_ENGINES_PS_ENGINE_H_
@@ -25,6 +37,7 @@
 #include <future>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -55,6 +68,8 @@ struct PsEngineOptions {
   // of the sockets (the kernel's copies out and back on both sides); other servers refuse and
   // get frames.
   bool shared_memory = true;
+  // Copies of each key range, on consecutive servers (see above); 1: no replication.
+  int replicas = 1;
   // True once the process was asked to stop. Each step's pushes say whether it was (read
   // once per step), and in ps-sync the servers answer every worker alike whether any was
   // (AgreeToStop). Requests in flight get kStopGraceMs more to be answered once a stop is
@@ -101,6 +116,10 @@ class PsEngine final : public TrainingEngine {
   // that step). `stop` (this worker's own answer now) counts from the next step: its pushes
   // of this one did not say so. ps-async and ps-ssp have no common step: `stop`.
   StatusOr<bool> AgreeToStop(int64_t step, bool stop) override;
+  // Server `server` failed (`reason`, the coordinator's): OK when every key range still has a
+  // live replica (the failover is logged and counted), else FailedPrecondition naming a range
+  // that was lost with its replicas (with --replicas 1, the server's own). Thread-safe; quick.
+  Status ServerLost(int server, const std::string& reason);
   // Rank 0 asks every server to write its shard (ps-sync: once the step is applied
   // everywhere, so the checkpoint is exactly the state after `step`; ps-async/ssp: a snapshot
   // of whatever each server holds) and commits the manifest; other ranks do nothing.
@@ -111,7 +130,18 @@ class PsEngine final : public TrainingEngine {
 
  private:
   struct Op;  // per-operation metrics
-  using Reply = std::shared_future<StatusOr<Envelope>>;
+  // Who gets a range's request: its primary, or every live replica (kValues: the primary's
+  // reply carries the values, the others' only name the chunks, PsPushPullRequest::ack_only).
+  enum class Fanout { kPrimary, kAll, kValues };
+  // A request to a key range: its copies (server, reply), the primary's first, and what to
+  // ask the range's next primary when the first copy's server fails before answering (none:
+  // any copy's answer will do).
+  struct Reply {
+    int range = 0;
+    std::vector<std::pair<int, std::shared_future<StatusOr<Envelope>>>> copies;
+    std::optional<MessageBody> ask_again;
+    int64_t ask_again_step = 0;
+  };
 
   PsEngine(const PsEngineOptions& options, RpcEndpoint* endpoint, const FleetView& view, int rank)
       : options_(options), endpoint_(endpoint), view_(view), rank_(rank) {}
@@ -136,14 +166,32 @@ class PsEngine final : public TrainingEngine {
   // Sends a CheckpointRequest to every server; their shards' files in server order.
   StatusOr<std::vector<ShardFileInfo>> CheckpointServers(const std::string& root, int64_t step,
                                                          bool restore);
-  Reply Send(int server, MessageBody request, int64_t step, const std::string& what);
+  // Sends `request` for key range `range` by `fanout` (see Fanout; with --replicas 1 the one
+  // server). `ask_again`: for Reply::ask_again, else the request itself with kPrimary.
+  Reply Send(int range, MessageBody request, int64_t step, const std::string& what,
+             Fanout fanout = Fanout::kPrimary,
+             std::optional<std::pair<MessageBody, int64_t>> ask_again = std::nullopt);
+  // One copy of a request to `server`.
+  std::shared_future<StatusOr<Envelope>> SendTo(int server, MessageBody request, int64_t step,
+                                                const std::string& what);
+  // The servers holding `range` that have not failed, its primary first.
+  std::vector<int> LiveReplicas(int range) const;
+  bool IsLost(int server) const;
+  // "range 1 (keys [a, b) and the rows hashing to it) was lost with its replicas, servers 1
+  // and 2".
+  std::string RangeLostMessage(int range) const;
+  // Waits for `reply` (as AwaitReply) and returns the answer that counts: the first copy's
+  // (the values) when it asks again, else any copy's. Copies whose servers failed meanwhile
+  // are passed over; a first copy lost so is asked again of the next live replica.
+  StatusOr<Envelope> Await(Reply* reply, const std::string& what,
+                           std::optional<Deadline>* stop_grace);
   // Whether this worker's pushes of `step` say it was asked to stop: options_.stop_requested,
   // read at the step's first push and kept for the rest of them.
   bool StopAskedIn(int64_t step);
   // Waits until `reply` is ready; Cancelled naming `what` once a stop was seen
   // (options_.stop_requested) and `*stop_grace` (set then, shared by the waits of one call)
   // expired.
-  Status AwaitReply(const Reply& reply, const std::string& what,
+  Status AwaitReply(const std::shared_future<StatusOr<Envelope>>& reply, const std::string& what,
                     std::optional<Deadline>* stop_grace);
   // Waits for every reply and returns the first error (with its `what`); the results in order.
   Status WaitAll(std::vector<std::pair<Reply, std::string>>* replies,
@@ -154,8 +202,13 @@ class PsEngine final : public TrainingEngine {
   const FleetView view_;
   const int rank_;
   std::vector<std::string> server_addresses_;  // by server rank
+  int replicas_ = 1;
+  mutable std::mutex lost_mu_;
+  std::vector<bool> lost_;  // by server: failed (ServerLost); guarded by lost_mu_
+  Counter* failovers_ = nullptr;
+  Counter* retargeted_ = nullptr;
   std::vector<DenseChunk> chunks_;
-  std::vector<std::vector<size_t>> chunks_of_server_;  // indices into chunks_
+  std::vector<std::vector<size_t>> chunks_of_server_;  // by range: indices into chunks_
   // By server: the region it mapped (null: its chunks travel in frames), and the floats of
   // each half (gradients, then values); by chunk: its offset in its server's halves.
   std::vector<std::shared_ptr<SharedRegion>> regions_;
