@@ -496,6 +496,7 @@ Status RunMember(ProcessRuntime& runtime, const WorkerFlags& flags, RendezvousCl
     bench.flags = flags.bench;
     bench.chunk_elements = flags.ps_chunk_elements;
     bench.shared_memory = flags.ps_shared_memory;
+    bench.replicas = flags.ps_replicas;
     bench.request_timeout_ms = runtime.config().request_timeout_ms;
     return RunPsBench(&runtime.endpoint(), client, &runtime.metrics(), bench, print_line);
   }

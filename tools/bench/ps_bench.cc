@@ -37,6 +37,7 @@ struct PsBenchOptions {
   bool no_python = false;
   bool json = false;
   int timeout_s = 600;
+  int replicas = 1;  // > 1: also the sockets path with --replicas, beside 1
 
   std::vector<std::pair<int, int>> configs;  // (servers, workers)
   std::vector<size_t> sizes;
@@ -96,18 +97,22 @@ Status Check(const std::vector<nlohmann::json>& lines, const PsBenchOptions& o, 
 }
 
 // `shared_memory`: the default path (the workers share memory with the servers on their host)
-// as system "shm", else the transport's sockets as system "tessera".
+// as system "shm", else the transport's sockets as system "tessera", or with `replicas` > 1
+// copies of each key range (always sockets) as system "replicated".
 Status MeasureTessera(const PsBenchOptions& o, int servers, int workers, bool shared_memory,
-                      Results* results) {
+                      Results* results, int replicas = 1) {
   ASSIGN_OR_RETURN(std::string launch, FindRunfile("tools/tessera-launch"));
   const std::string flag = std::string("--ps-shared-memory=") + (shared_memory ? "true" : "false");
+  const std::string system = replicas > 1 ? "replicated" : shared_memory ? "shm" : "tessera";
   const std::string what = "tessera-launch --servers " + std::to_string(servers) +
-                           " --workers " + std::to_string(workers) + " --mode bench-ps " + flag;
+                           " --workers " + std::to_string(workers) + " --replicas " +
+                           std::to_string(replicas) + " --mode bench-ps " + flag;
   ASSIGN_OR_RETURN(
       std::vector<ChildOutput> outputs,
       RunAllToCompletion({{what,
                            {launch, "--servers", std::to_string(servers), "--workers",
-                            std::to_string(workers), "--mode", "bench-ps", "--log-level",
+                            std::to_string(workers), "--replicas", std::to_string(replicas),
+                            "--mode", "bench-ps", "--log-level",
                             "warning", "--", "--bench-sizes=" + JoinSizes(o.sizes),
                             "--bench-warmup=" + std::to_string(o.warmup),
                             "--bench-iters=" + std::to_string(o.iters),
@@ -117,9 +122,7 @@ Status MeasureTessera(const PsBenchOptions& o, int servers, int workers, bool sh
   std::vector<nlohmann::json> lines = BenchLines(outputs, "ps");
   RETURN_IF_ERROR(Check(lines, o, workers, what));
   for (nlohmann::json& line : lines) {
-    results->rows[{shared_memory ? "shm" : "tessera", servers, workers,
-                   line.value("bytes", size_t{0})}]
-        .push_back(line);
+    results->rows[{system, servers, workers, line.value("bytes", size_t{0})}].push_back(line);
   }
   return OkStatus();
 }
@@ -247,6 +250,25 @@ std::vector<nlohmann::json> Goals(const PsBenchOptions& o, const Results& r) {
       mlp_here ? r.mlp.value("ps_sync_s", 0.0) / r.mlp.value("alone_s", 1.0) : 0;
   goals.push_back(Goal("MLP in ps-sync (1 x 1) within 1.5x the step time alone", mlp_here,
                        mlp_ratio <= 1.5, Fixed(mlp_ratio, 2) + "x"));
+  if (o.replicas > 1) {
+    // Push+pull time with R copies over with one, at 16 MiB, in each config that has both.
+    bool measured = false, met = true;
+    std::string detail;
+    for (const auto& [servers, workers] : o.configs) {
+      const auto one = r.rows.find({"tessera", servers, workers, kGoalBytes});
+      const auto many = r.rows.find({"replicated", servers, workers, kGoalBytes});
+      if (one == r.rows.end() || many == r.rows.end()) continue;
+      const double ratio =
+          FiguresOf(one->second).worker_gbps / FiguresOf(many->second).worker_gbps;
+      measured = true;
+      met = met && ratio <= 1.5;
+      detail += std::string(detail.empty() ? "" : ", ") + std::to_string(servers) + " x " +
+                std::to_string(workers) + ": " + Fixed(ratio, 2) + "x";
+    }
+    goals.push_back(Goal("--replicas " + std::to_string(o.replicas) +
+                             " costs at most 1.5x the push+pull time of --replicas 1 at 16 MiB",
+                         measured, met, detail));
+  }
   return goals;
 }
 
@@ -294,12 +316,23 @@ void Report(const PsBenchOptions& o, const Results& r) {
                "sockets (--ps-shared-memory=false), zmq = raw ZeroMQ, same chunks ("
             << o.chunk_elements * 4 / 1024
             << " KiB) and requests, no header, checks or optimizer; shm = tessera's default "
-               "path, through memory it shares with the servers on its host\n\n";
+               "path, through memory it shares with the servers on its host";
+  if (o.replicas > 1) {
+    std::cout << "; R=" << o.replicas << " = tessera's sockets with --replicas " << o.replicas
+              << " (every push to each copy of its key range, the values from one), time x = "
+                 "its push+pull time over tessera's";
+  }
+  std::cout << "\n\n";
   std::cout << std::left << std::setw(7) << "S x W" << std::setw(9) << "size" << std::right
             << std::setw(12) << "GB/s/wkr" << std::setw(11) << "aggr GB/s" << std::setw(10)
             << "req/s" << std::setw(12) << "zmq GB/s" << std::setw(11) << "zmq aggr"
             << std::setw(10) << "vs zmq" << std::setw(12) << "shm GB/s" << std::setw(12)
-            << "shm vs zmq" << "\n";
+            << "shm vs zmq";
+  if (o.replicas > 1) {
+    std::cout << std::setw(12) << ("R=" + std::to_string(o.replicas) + " GB/s") << std::setw(10)
+              << "time x";
+  }
+  std::cout << "\n";
   for (const auto& [servers, workers] : o.configs) {
     for (size_t size : o.sizes) {
       const auto t = r.rows.find({"tessera", servers, workers, size});
@@ -325,6 +358,12 @@ void Report(const PsBenchOptions& o, const Results& r) {
         const double shm_gbps = FiguresOf(m->second).worker_gbps;
         std::cout << std::setw(12) << Fixed(shm_gbps, 3);
         if (zmq_gbps > 0) std::cout << std::setw(11) << Fixed(shm_gbps / zmq_gbps, 2) << "x";
+      }
+      const auto rep = r.rows.find({"replicated", servers, workers, size});
+      if (rep != r.rows.end()) {
+        const double rep_gbps = FiguresOf(rep->second).worker_gbps;
+        std::cout << std::setw(12) << Fixed(rep_gbps, 3) << std::setw(10)
+                  << Fixed(ft.worker_gbps / rep_gbps, 2) << "x";
       }
       std::cout << "\n";
     }
@@ -357,6 +396,9 @@ int RunPsBench(const PsBenchOptions& o) {
   Results results;
   for (const auto& [servers, workers] : o.configs) {
     Status status = MeasureTessera(o, servers, workers, /*shared_memory=*/false, &results);
+    if (status.ok() && o.replicas > 1 && servers >= o.replicas) {
+      status = MeasureTessera(o, servers, workers, /*shared_memory=*/false, &results, o.replicas);
+    }
     if (status.ok()) status = MeasureTessera(o, servers, workers, /*shared_memory=*/true, &results);
     if (status.ok() && !o.no_zmq) status = MeasureZmq(o, servers, workers, &results);
     if (!status.ok()) {
@@ -407,6 +449,11 @@ BenchCommand AddPsBench(CLI::App* parent) {
       ->capture_default_str();
   app->add_option("--mlp-steps", o->mlp_steps, "Timed steps of each MLP run (after 5 untimed)")
       ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  app->add_option("--replicas", o->replicas,
+                  "Also run the sockets path with this many copies of each key range (configs "
+                  "with at least as many servers), beside one copy: the cost of replication")
+      ->check(CLI::Range(1, 64))
       ->capture_default_str();
   app->add_flag("--no-zmq", o->no_zmq, "Skip the raw ZeroMQ limit");
   app->add_flag("--no-python", o->no_python, "Skip the Python path and the MLP");
