@@ -7,6 +7,7 @@
 //   tessera-bench allreduce ...   tools/bench/allreduce_bench.h
 //   tessera-bench memory ...      tools/bench/memory_bench.h
 //   tessera-bench exit ...        tools/bench/exit_bench.h
+//   tessera-bench failover ...    tools/bench/failover_bench.h
 //   tessera-bench torch ...       tools/bench/torch_bench.h
 //   tessera-bench ps ...          tools/bench/ps_bench.h
 //
@@ -20,6 +21,7 @@
 #include "tools/bench/allreduce_bench.h"
 #include "tools/bench/bench_util.h"
 #include "tools/bench/exit_bench.h"
+#include "tools/bench/failover_bench.h"
 #include "tools/bench/memory_bench.h"
 #include "tools/bench/ps_bench.h"
 #include "tools/bench/security_bench.h"
@@ -38,6 +40,7 @@ int main(int argc, char** argv) {
       tessera::tools::AddAllReduceBench(&app),
       tessera::tools::AddMemoryBench(&app),
       tessera::tools::AddExitBench(&app),
+      tessera::tools::AddFailoverBench(&app),
       tessera::tools::AddTorchBench(&app),
       tessera::tools::AddPsBench(&app),
       tessera::tools::AddSecurityBench(&app),

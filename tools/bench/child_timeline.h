@@ -3,6 +3,7 @@
 #ifndef TESSERA_TOOLS_BENCH_CHILD_TIMELINE_H_
 #define TESSERA_TOOLS_BENCH_CHILD_TIMELINE_H_
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <utility>
@@ -47,6 +48,26 @@ class Timeline {
       RETURN_IF_ERROR(PollOnce("'" + text + "' from " + group_.Label(child)));
     }
   }
+
+  // Polls until `child` printed a line containing `text` as its line `from` or later; returns
+  // its index and the line.
+  StatusOr<std::pair<size_t, Line>> WaitForLineFrom(int child, const std::string& text,
+                                                    size_t from) {
+    while (true) {
+      const std::vector<Line>& lines = lines_[child];
+      for (size_t i = from; i < lines.size(); ++i) {
+        if (lines[i].text.find(text) != std::string::npos) return std::make_pair(i, lines[i]);
+      }
+      from = std::max(from, lines.size());
+      if (exits_.count(child) != 0) {
+        return FailedPreconditionError(group_.Label(child) + " exited without printing '" +
+                                       text + "'" + Tail(child));
+      }
+      RETURN_IF_ERROR(PollOnce("'" + text + "' from " + group_.Label(child)));
+    }
+  }
+  // How many lines `child` printed so far.
+  size_t LineCount(int child) { return lines_[child].size(); }
 
   // Polls until `child` exited with status 0; returns when it was reaped.
   StatusOr<Clock::time_point> WaitForExit(int child) {

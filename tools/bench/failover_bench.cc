@@ -1,0 +1,201 @@
+#include "tools/bench/failover_bench.h"
+
+#include <signal.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "common/base/status.h"
+#include "tools/bench/child_timeline.h"
+
+namespace tessera::tools {
+namespace {
+
+struct FailoverBenchOptions {
+  int rounds = 10;
+  int servers = 3;
+  int workers = 3;
+  int replicas = 2;
+  bool no_hang = false;
+  int timeout_s = 300;
+  bool json = false;
+};
+
+constexpr double kKillGoalMs = 1000;
+constexpr double kHangGoalMs = 5000;
+constexpr int kStepsBeforeDeath = 50;  // worker 0's steps before the death
+
+double MillisBetween(Clock::time_point start, Clock::time_point end) {
+  return std::chrono::duration<double, std::milli>(end - start).count();
+}
+
+struct Death {
+  const char* name;  // "kill", "hang"
+  int signal;
+  double goal_ms;
+  const char* what;
+};
+
+const Death kDeaths[] = {
+    {"kill", SIGKILL, kKillGoalMs, "SIGKILL (the process is gone)"},
+    {"hang", SIGSTOP, kHangGoalMs, "SIGSTOP (silent: the heartbeat timeout)"},
+};
+
+// One round's figures in milliseconds: detected, first_step, step_before.
+using Round = std::map<std::string, double>;
+
+// Runs a fleet, lets `server` die by `death` once worker 0 logged kStepsBeforeDeath steps, and
+// times the failover.
+Status MeasureRound(const FailoverBenchOptions& o, const std::string& launcher,
+                    const Death& death, int server, Round* round) {
+  Timeline timeline(int64_t{o.timeout_s} * 1000);
+  // A small dense model, many short steps, each logged: the first step after the failover is
+  // seen within a step.
+  ASSIGN_OR_RETURN(
+      int fleet,
+      timeline.Spawn("tessera-launch",
+                     {launcher, "--servers", std::to_string(o.servers), "--workers",
+                      std::to_string(o.workers), "--replicas", std::to_string(o.replicas),
+                      "--mode", "ps-sync", "--log-level", "info", "--", "--hidden", "32,16",
+                      "--input-dim", "16", "--classes", "4", "--train-samples", "1920",
+                      "--batch-size", "16", "--ps-chunk-elements", "100", "--steps", "1000000",
+                      "--log-every", "1", "--optimizer", "momentum"}));
+  ASSIGN_OR_RETURN(Timeline::Line announced,
+                   timeline.WaitForLine(fleet, "[launch] server " + std::to_string(server) +
+                                                   " pid="));
+  const size_t at = announced.text.find(" pid=") + 5;
+  const int pid = std::stoi(announced.text.substr(at));
+  const std::string step_line = "worker 0 | step ";
+  ASSIGN_OR_RETURN(auto before,
+                   timeline.WaitForLineFrom(
+                       fleet, step_line + std::to_string(kStepsBeforeDeath) + "/", 0));
+  ASSIGN_OR_RETURN(auto earlier,
+                   timeline.WaitForLineFrom(
+                       fleet, step_line + std::to_string(kStepsBeforeDeath - 20) + "/", 0));
+  (*round)["step_before_ms"] = MillisBetween(earlier.second.when, before.second.when) / 20;
+  const size_t from = timeline.LineCount(fleet);
+  const Clock::time_point died = Clock::now();
+  if (kill(pid, death.signal) != 0) {
+    return InternalError("could not signal server " + std::to_string(server) + " (pid " +
+                         std::to_string(pid) + ")");
+  }
+  ASSIGN_OR_RETURN(auto noticed,
+                   timeline.WaitForLineFrom(
+                       fleet, "worker 0 | server " + std::to_string(server) + " failed (", from));
+  ASSIGN_OR_RETURN(auto stepped, timeline.WaitForLineFrom(fleet, step_line, noticed.first + 1));
+  (*round)["detected_ms"] = MillisBetween(died, noticed.second.when);
+  (*round)["first_step_ms"] = MillisBetween(died, stepped.second.when);
+  // A stopped server takes no SIGTERM: it goes now, then the fleet.
+  if (death.signal == SIGSTOP) kill(pid, SIGKILL);
+  RETURN_IF_ERROR(timeline.Signal(fleet, SIGTERM));
+  (void)timeline.WaitForExit(fleet);  // 128 + SIGTERM: stopped as asked
+  return OkStatus();
+}
+
+double Max(const std::vector<double>& values) {
+  return values.empty() ? 0 : *std::max_element(values.begin(), values.end());
+}
+
+int RunFailoverBench(const FailoverBenchOptions& o) {
+  if (o.replicas < 2 || o.replicas > o.servers) {
+    std::cerr << "tessera-bench failover: --replicas must be in [2, --servers]\n";
+    return 1;
+  }
+  StatusOr<std::string> launcher = FindRunfile("tools/tessera-launch");
+  if (!launcher.ok()) {
+    std::cerr << "tessera-bench failover: " << launcher.status() << "\n";
+    return 1;
+  }
+  nlohmann::json report = {{"bench", "failover"},     {"rounds", o.rounds},
+                           {"servers", o.servers},    {"workers", o.workers},
+                           {"replicas", o.replicas},  {"deaths", nlohmann::json::array()}};
+  for (const Death& death : kDeaths) {
+    if (death.signal == SIGSTOP && o.no_hang) continue;
+    std::map<std::string, std::vector<double>> samples;
+    for (int r = 0; r < o.rounds; ++r) {
+      Round round;
+      const int server = r % o.servers;
+      Status status = MeasureRound(o, *launcher, death, server, &round);
+      if (!status.ok()) {
+        std::cerr << "tessera-bench failover: " << death.name << " round " << r + 1
+                  << " (server " << server << "): " << status << "\n";
+        return 1;
+      }
+      for (const auto& [name, ms] : round) samples[name].push_back(ms);
+      if (!o.json) {
+        std::fprintf(stderr, "%s %d/%d: server %d, first step after %.0f ms\n", death.name,
+                     r + 1, o.rounds, server, round["first_step_ms"]);
+      }
+    }
+    const double p50 = Median(samples["first_step_ms"]);
+    const double max = Max(samples["first_step_ms"]);
+    report["deaths"].push_back({{"death", death.name},
+                                {"what", death.what},
+                                {"first_step_p50_ms", p50},
+                                {"first_step_max_ms", max},
+                                {"detected_p50_ms", Median(samples["detected_ms"])},
+                                {"detected_max_ms", Max(samples["detected_ms"])},
+                                {"step_before_p50_ms", Median(samples["step_before_ms"])},
+                                {"goal_ms", death.goal_ms},
+                                {"p50_to_goal", p50 / death.goal_ms},
+                                {"max_to_goal", max / death.goal_ms},
+                                {"met", max < death.goal_ms},
+                                {"samples_ms", samples["first_step_ms"]}});
+  }
+  if (o.json) {
+    std::cout << report.dump() << std::endl;
+    return 0;
+  }
+  std::printf("failover: ps-sync, %d servers x %d workers, --replicas %d; from a server's death "
+              "to worker 0's first step after it, %d deaths each (servers in turn)\n",
+              o.servers, o.workers, o.replicas, o.rounds);
+  std::printf("%-42s %9s %9s %11s %11s %9s %7s %7s\n", "death", "p50 ms", "max ms",
+              "noticed p50", "noticed max", "step ms", "goal ms", "max/goal");
+  for (const nlohmann::json& d : report["deaths"]) {
+    std::printf("%-42s %9.0f %9.0f %11.0f %11.0f %9.2f %7.0f %7.2f\n",
+                d["what"].get<std::string>().c_str(), d["first_step_p50_ms"].get<double>(),
+                d["first_step_max_ms"].get<double>(), d["detected_p50_ms"].get<double>(),
+                d["detected_max_ms"].get<double>(), d["step_before_p50_ms"].get<double>(),
+                d["goal_ms"].get<double>(), d["max_to_goal"].get<double>());
+  }
+  std::printf("goals: a death seen at once under 1 s, one seen by the default heartbeat timeout "
+              "under 5 s (max/goal < 1 meets it)\n");
+  return 0;
+}
+
+}  // namespace
+
+BenchCommand AddFailoverBench(CLI::App* parent) {
+  auto o = std::make_shared<FailoverBenchOptions>();
+  CLI::App* app = parent->add_subcommand(
+      "failover", "How long a replicated ps-sync job stops when a server dies (SIGKILL, and "
+                  "SIGSTOP found by the heartbeat timeout): p50 and max to the next step");
+  app->add_option("--rounds", o->rounds, "Deaths of each kind, each in a fresh fleet")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  app->add_option("--servers", o->servers, "Servers of each fleet")
+      ->check(CLI::Range(2, 64))
+      ->capture_default_str();
+  app->add_option("--workers", o->workers, "Workers of each fleet")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  app->add_option("--replicas", o->replicas, "Copies of each key range (2 to --servers)")
+      ->check(CLI::Range(2, 64))
+      ->capture_default_str();
+  app->add_flag("--no-hang", o->no_hang,
+                "Skip the SIGSTOP deaths (each waits out the heartbeat timeout)");
+  app->add_option("--timeout-s", o->timeout_s, "Bound on each round")
+      ->check(CLI::Range(1, 3600))
+      ->capture_default_str();
+  app->add_flag("--json", o->json, "One JSON object instead of the table");
+  return BenchCommand{app, [o] { return RunFailoverBench(*o); }};
+}
+
+}  // namespace tessera::tools
