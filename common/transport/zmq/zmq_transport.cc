@@ -144,6 +144,10 @@ struct ZmqTransport::Impl {
   std::optional<ConnectTokenVerifier> token_verifier;  // PLAIN
   CurveKeys curve_keys{};                               // CURVE
   int monitors_made = 0;
+  // The security sockets are drained on the next round whatever their file descriptors say:
+  // a new socket signals nothing for the messages that reach it before its first receive, and
+  // a drain cut short by kMaxReceivesPerRound goes on. I/O thread (and Start, before it).
+  bool security_backlog = true;
   uint64_t auth_failures_logged = 0;
   std::deque<RoutedMessage> router_pending;                 // I/O thread only
   int wake_fd = -1;
@@ -255,12 +259,15 @@ struct ZmqTransport::Impl {
   void Run() {
     std::vector<zmq::pollitem_t> items;
     std::vector<Outbound*> outbound_of_item;
-    // The security sockets (ZAP, monitors) carry a message per connection, not per request,
-    // but every socket polled costs every round (zmq_poll asks each for its state): while the
-    // data sockets are busy they are polled once a millisecond, else every round.
-    constexpr auto kSecurityPollEvery = std::chrono::milliseconds(1);
-    SteadyClock::time_point security_polled{};
-    bool busy = false;  // the last round found data to read
+    // The security sockets (ZAP, monitors) carry a message per connection, not per request.
+    // zmq_poll asks every socket item for its state before and after polling (ZMQ_EVENTS, a
+    // system call each), which on the data path would make an authenticated process pay for
+    // them every round; so they are polled by their file descriptors (ZMQ_FD, which signals
+    // when something may have arrived for the socket) and drained, to EAGAIN, when it does.
+    // A drain cut short, or a new security socket, is drained the next round anyway
+    // (`security_backlog`), and all of them every kSecurityDrainEvery as a safeguard.
+    constexpr auto kSecurityDrainEvery = std::chrono::milliseconds(10);
+    SteadyClock::time_point drained_all = SteadyClock::now();
     while (true) {
       {
         std::lock_guard<std::mutex> lock(mu);
@@ -285,32 +292,25 @@ struct ZmqTransport::Impl {
         outbound_of_item.push_back(&out);
       }
       const size_t dealers_end = items.size();
-      const SteadyClock::time_point now = SteadyClock::now();
-      const bool poll_security = (zap == nullptr && router_monitor == nullptr) || !busy ||
-                                 now - security_polled >= kSecurityPollEvery;
-      const size_t zap_item = zap && poll_security ? items.size() : SIZE_MAX;  // MAX: not polled
-      const size_t monitors_begin = items.size() + (zap && poll_security ? 1 : 0);
-      if (poll_security) {
-        security_polled = now;
-        // The ZAP handler, then the monitors (outbound_of_item names the dealer a monitor
-        // watches; null for the ROUTER's).
-        if (zap) items.push_back({zap->handle(), 0, ZMQ_POLLIN, 0});
+      // The ZAP handler, then the monitors (outbound_of_item names the dealer a monitor
+      // watches; null for the ROUTER's), by their file descriptors.
+      const size_t zap_item = zap ? items.size() : SIZE_MAX;  // MAX: none
+      const size_t monitors_begin = items.size() + (zap ? 1 : 0);
+      if (zap) items.push_back({nullptr, zap->get(zmq::sockopt::fd), ZMQ_POLLIN, 0});
+      outbound_of_item.resize(items.size(), nullptr);
+      if (router_monitor) {
+        items.push_back({nullptr, router_monitor->get(zmq::sockopt::fd), ZMQ_POLLIN, 0});
         outbound_of_item.resize(items.size(), nullptr);
-        if (router_monitor) {
-          items.push_back({router_monitor->handle(), 0, ZMQ_POLLIN, 0});
-          outbound_of_item.resize(items.size(), nullptr);
-        }
-        for (auto& [address, out] : dealers) {
-          if (!out.monitor) continue;
-          items.push_back({out.monitor->handle(), 0, ZMQ_POLLIN, 0});
-          outbound_of_item.resize(items.size(), nullptr);
-          outbound_of_item.back() = &out;
-        }
+      }
+      for (auto& [address, out] : dealers) {
+        if (!out.monitor) continue;
+        items.push_back({nullptr, out.monitor->get(zmq::sockopt::fd), ZMQ_POLLIN, 0});
+        outbound_of_item.resize(items.size(), nullptr);
+        outbound_of_item.back() = &out;
       }
       // A ROUTER reports POLLOUT whatever one peer's queue holds, so blocked replies are retried
-      // on a short timer instead of by readiness. A round without the security sockets waits
-      // no longer than until they are due.
-      auto timeout = std::chrono::milliseconds(any_pending || !poll_security ? 1 : 200);
+      // on a short timer instead of by readiness.
+      auto timeout = std::chrono::milliseconds(any_pending || security_backlog ? 1 : 200);
       try {
         zmq::poll(items.data(), items.size(), timeout);
       } catch (const zmq::error_t& e) {
@@ -331,11 +331,17 @@ struct ZmqTransport::Impl {
         if (items[i].revents & ZMQ_POLLIN) Drain(*out->socket, out->address);
       }
       if (items[1].revents & ZMQ_POLLIN) Drain(router, "");
-      busy = false;  // a wake-up (something to send) or something received
-      for (size_t i = 0; i < dealers_end; ++i) busy |= (items[i].revents & ZMQ_POLLIN) != 0;
-      if (zap_item != SIZE_MAX && (items[zap_item].revents & ZMQ_POLLIN)) ServeZap();
+      const SteadyClock::time_point now = SteadyClock::now();
+      const bool drain_all = security_backlog || now - drained_all >= kSecurityDrainEvery;
+      if (drain_all) drained_all = now;
+      security_backlog = false;
+      if (zap_item != SIZE_MAX && (drain_all || (items[zap_item].revents & ZMQ_POLLIN))) {
+        security_backlog |= ServeZap();
+      }
       for (size_t i = monitors_begin; i < items.size(); ++i) {
-        if (items[i].revents & ZMQ_POLLIN) ReadHandshakeEvents(outbound_of_item[i]);
+        if (drain_all || (items[i].revents & ZMQ_POLLIN)) {
+          security_backlog |= ReadHandshakeEvents(outbound_of_item[i]);
+        }
       }
     }
     FlushBeforeClose();
@@ -453,6 +459,7 @@ struct ZmqTransport::Impl {
 
   // A PAIR socket receiving `socket`'s handshake events; null without credentials.
   std::unique_ptr<zmq::socket_t> MonitorHandshakes(zmq::socket_t& socket, bool listener) {
+    security_backlog = true;
     if (!options.credentials.authenticated()) return nullptr;
     const std::string endpoint = "inproc://tessera-handshakes-" + std::to_string(++monitors_made);
     // The listener's refusals by ZAP are counted by ServeZap; the rest fail before ZAP.
@@ -485,12 +492,13 @@ struct ZmqTransport::Impl {
 
   // Answers the ZAP requests libzmq made for connections to the ROUTER (RFC 27): PLAIN with a
   // valid token, or CURVE with the job's public key, is admitted; anything else is not.
-  void ServeZap() {
+  // Returns true when it stopped at kMaxReceivesPerRound before the socket was empty.
+  bool ServeZap() {
     for (int round = 0; round < kMaxReceivesPerRound; ++round) {
       std::vector<zmq::message_t> request;
       try {
         zmq::message_t frame;
-        if (!zap->recv(frame, zmq::recv_flags::dontwait)) return;
+        if (!zap->recv(frame, zmq::recv_flags::dontwait)) return false;
         bool more = frame.more();
         request.push_back(std::move(frame));
         while (more && request.size() < 16) {
@@ -500,9 +508,9 @@ struct ZmqTransport::Impl {
           request.push_back(std::move(next));
         }
       } catch (const zmq::error_t& e) {
-        if (e.num() == EAGAIN || e.num() == EINTR) return;
+        if (e.num() == EAGAIN || e.num() == EINTR) return false;
         TLOG(ERROR) << "transport " << router_address << ": ZAP receive failed: " << e.what();
-        return;
+        return false;
       }
       // version, request id, domain, address, routing id, mechanism, credentials...
       const std::string request_id = request.size() > 1 ? request[1].to_string() : "";
@@ -539,19 +547,21 @@ struct ZmqTransport::Impl {
         TLOG(ERROR) << "transport " << router_address << ": ZAP reply failed: " << e.what();
       }
     }
+    return true;
   }
 
-  // Handshake events of the ROUTER (`out` null) or of the dealer `out`.
-  void ReadHandshakeEvents(Outbound* out) {
+  // Handshake events of the ROUTER (`out` null) or of the dealer `out`. Returns true when it
+  // stopped at kMaxReceivesPerRound before the monitor was empty.
+  bool ReadHandshakeEvents(Outbound* out) {
     zmq::socket_t& monitor = out != nullptr ? *out->monitor : *router_monitor;
     for (int round = 0; round < kMaxReceivesPerRound; ++round) {
       zmq::message_t event_frame;
       zmq::message_t endpoint_frame;
       try {
-        if (!monitor.recv(event_frame, zmq::recv_flags::dontwait)) return;
+        if (!monitor.recv(event_frame, zmq::recv_flags::dontwait)) return false;
         if (event_frame.more()) (void)monitor.recv(endpoint_frame, zmq::recv_flags::none);
       } catch (const zmq::error_t&) {
-        return;
+        return false;
       }
       if (event_frame.size() < 6) continue;
       uint16_t event;
@@ -568,6 +578,7 @@ struct ZmqTransport::Impl {
       }
       OnDealerHandshake(*out, event, value);
     }
+    return true;
   }
 
   void OnDealerHandshake(Outbound& out, uint16_t event, uint32_t value) {
