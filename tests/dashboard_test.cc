@@ -274,6 +274,10 @@ TEST(DashboardTest, ChromiumShowsEveryProcessAndChartsWithData) {
   EXPECT_GT(points["step-time/worker 0"], 0);
   EXPECT_GT(points["bytes-sent/server 0"], 0);
   EXPECT_EQ(TagsWith(dom, "data-worker").size(), 2u) << "straggler rows";
+  // The key ranges: the one server's, answered by it.
+  const auto ranges = TagsWith(dom, "data-range");
+  ASSERT_EQ(ranges.size(), 1u) << "key range rows";
+  EXPECT_EQ(ranges[0].at("data-primary"), "0");
   Progress(start, "DOM lists " + Describe(listed) + "; loss points worker 0/1: " +
                       std::to_string(points["loss/worker 0"]) + "/" +
                       std::to_string(points["loss/worker 1"]) + ", throughput points: " +

@@ -188,9 +188,9 @@ void AddFlags(CLI::App& app, LaunchConfig* config) {
       ->check(CLI::Range(0, kMaxProcesses))
       ->capture_default_str();
   app.add_option("--replicas", config->replicas,
-                 "ps-* modes: copies of each key range, on consecutive servers; with 2 or more a "
-                 "server's death is survived while every range has a live copy (the launcher "
-                 "and the workers carry on without it)")
+                 "ps-* modes: copies of each key range, on consecutive servers (the "
+                 "coordinator's --replicas); with 2 or more a server's death is survived while "
+                 "every range has a live copy (the launcher and the workers carry on without it)")
       ->type_name("R")
       ->check(CLI::Range(1, kMaxProcesses))
       ->capture_default_str();
@@ -647,6 +647,9 @@ class Launcher {
     AppendCommonFlags(&args);
     // Several nodes: the coordinator stays until the other nodes' workers are done too.
     if (config_.nnodes > 1) args.push_back("--exit-when-workers-leave");
+    if (config_.replicas > 1) {
+      args.insert(args.end(), {"--replicas", std::to_string(config_.replicas)});
+    }
     if (!Spawn(Role::kCoordinator, 0, std::move(args))) return false;
     while (!ShouldStop() && !members_[0].ready) PollOnce(Deadline::AfterMillis(1000));
     return !ShouldStop();
@@ -665,9 +668,6 @@ class Launcher {
       AppendRankAndFleet(rank, &args);
       AppendCommonFlags(&args);
       args.insert(args.end(), {"--local-rank", std::to_string(local), "--mode", config_.mode});
-      if (config_.replicas > 1) {
-        args.insert(args.end(), {"--replicas", std::to_string(config_.replicas)});
-      }
       args.insert(args.end(), config_.worker_args.begin(), config_.worker_args.end());
       Spawn(Role::kWorker, rank, std::move(args));
     }

@@ -76,7 +76,6 @@ struct WorkerFlags {
   uint64_t ps_chunk_elements = 1 << 16;
   bool ps_shared_memory = true;
   int64_t ps_resend_ms = 2000;
-  int ps_replicas = 1;
   double bucket_mb = 25;
   bool no_overlap = false;
   uint64_t segment_kb = 1024;
@@ -119,12 +118,6 @@ void AddWorkerFlags(CLI::App* app, WorkerFlags* flags) {
   ps->add_option("--ps-shared-memory", flags->ps_shared_memory,
                  "Servers on this host exchange gradients and values with this worker through "
                  "shared memory instead of sockets (false: always sockets)")
-      ->capture_default_str();
-  ps->add_option("--replicas", flags->ps_replicas,
-                 "Copies of each key range, on consecutive servers: with 2 or more, the job goes "
-                 "on when a server dies as long as every range has a live copy (every push goes "
-                 "to each copy; docs/parameter-server.md)")
-      ->check(CLI::Range(1, 64))
       ->capture_default_str();
   ps->add_option("--ps-resend-ms", flags->ps_resend_ms,
                  "A request to a server unanswered this long is sent again (the same request: "
@@ -415,7 +408,6 @@ Status RunTraining(ProcessRuntime& runtime, const WorkerFlags& worker_flags,
     options.schedule = schedule;
     options.request_timeout_ms = runtime.config().request_timeout_ms;
     options.request_resend_ms = worker_flags.ps_resend_ms;
-    options.replicas = worker_flags.ps_replicas;
     options.stop_requested = [&runtime] { return runtime.StopRequested(); };
     // As in the ring modes: the steps up to the agreed stop and the checkpoint must not be
     // cut short by the grace.
@@ -496,7 +488,6 @@ Status RunMember(ProcessRuntime& runtime, const WorkerFlags& flags, RendezvousCl
     bench.flags = flags.bench;
     bench.chunk_elements = flags.ps_chunk_elements;
     bench.shared_memory = flags.ps_shared_memory;
-    bench.replicas = flags.ps_replicas;
     bench.request_timeout_ms = runtime.config().request_timeout_ms;
     return RunPsBench(&runtime.endpoint(), client, &runtime.metrics(), bench, print_line);
   }

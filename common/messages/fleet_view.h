@@ -40,6 +40,9 @@ struct FleetView {
   int num_servers = 0;
   int num_workers = 0;
   uint64_t key_space = 0;
+  // Copies of each key range: range r (server r's keys and embedding rows) is held by servers
+  // r, r + 1, ..., r + replicas - 1 (mod num_servers); the first live one is its primary.
+  int replicas = 1;
   std::vector<MemberInfo> members;  // sorted by (role, rank)
 
   const MemberInfo* Find(Role role, int rank) const;

@@ -225,7 +225,7 @@ class BodyEncoder {
           m.host.c_str(), m.pid, WireState(m.state), m.key_begin, m.key_end));
     }
     return As(proto::CreateFleetViewDirect(fbb_, b.job.c_str(), b.epoch, b.num_servers,
-                                           b.num_workers, b.key_space, &members));
+                                           b.num_workers, b.key_space, &members, b.replicas));
   }
   Encoded operator()(Heartbeat& b) { return As(proto::CreateHeartbeat(fbb_, b.sequence)); }
   Encoded operator()(HeartbeatAck& b) { return As(proto::CreateHeartbeatAck(fbb_, b.epoch)); }
@@ -338,6 +338,12 @@ StatusOr<MessageBody> DecodeFleetView(const proto::FleetView& wire) {
   view.num_servers = wire.num_servers();
   view.num_workers = wire.num_workers();
   view.key_space = wire.key_space();
+  view.replicas = wire.replicas();
+  if (view.replicas < 1 || (view.num_servers > 0 && view.replicas > view.num_servers)) {
+    return InvalidArgumentError("fleet view: " + std::to_string(view.replicas) +
+                                " replicas of each key range for " +
+                                std::to_string(view.num_servers) + " servers");
+  }
   if (wire.members() != nullptr) {
     for (const proto::Member* m : *wire.members()) {
       MemberInfo info;

@@ -109,9 +109,10 @@ TEST(WireCodecTest, RoundTripEveryBody) {
   FleetView view;
   view.job = "job-1";
   view.epoch = 3;
-  view.num_servers = 1;
+  view.num_servers = 2;
   view.num_workers = 2;
   view.key_space = 1000;
+  view.replicas = 2;
   view.members.push_back({Role::kServer, 0, "tcp://127.0.0.1:5000",
                           "http://127.0.0.1:6000/metrics", "h", 11, MemberState::kAlive, 0, 1000});
   view.members.push_back({Role::kWorker, 1, "tcp://127.0.0.1:5002", "", "h", 13,
@@ -147,6 +148,7 @@ TEST(WireCodecTest, RoundTripEveryBody) {
   const FleetView& back = std::get<FleetView>(fleet.body);
   EXPECT_EQ(back.job, "job-1");
   EXPECT_EQ(back.key_space, 1000u);
+  EXPECT_EQ(back.replicas, 2);
   ASSERT_EQ(back.members.size(), 2u);
   EXPECT_EQ(back.members[0].metrics_address, "http://127.0.0.1:6000/metrics");
   EXPECT_EQ(back.members[1].state, MemberState::kFailed);
@@ -412,6 +414,15 @@ TEST(WireCodecTest, RejectsEnumsOutsideTheirRange) {
     DecodeResult r = DecodeMessage(RawWith(fbb, view, proto::Role::Coordinator), kMax);
     EXPECT_EQ(r.reason, bad_message_reason::kField);
     EXPECT_NE(r.status.message().find("member 0 has no role"), std::string::npos) << r.status;
+  }
+  {
+    flatbuffers::FlatBufferBuilder fbb;
+    auto view = proto::CreateFleetViewDirect(fbb, "j", 1, 2, 0, 0, nullptr, /*replicas=*/3);
+    DecodeResult r = DecodeMessage(RawWith(fbb, view, proto::Role::Coordinator), kMax);
+    EXPECT_FALSE(r.status.ok());
+    EXPECT_NE(r.status.message().find("3 replicas of each key range for 2 servers"),
+              std::string::npos)
+        << r.status;
   }
 }
 

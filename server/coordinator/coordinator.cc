@@ -55,6 +55,11 @@ StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(RpcEndpoint* endpoint
                                 " is smaller than --num-servers=" +
                                 std::to_string(options.num_servers));
   }
+  if (options.replicas < 1 || (options.replicas > 1 && options.replicas > options.num_servers)) {
+    return InvalidArgumentError("--replicas=" + std::to_string(options.replicas) +
+                                " must be between 1 and --num-servers=" +
+                                std::to_string(options.num_servers));
+  }
   std::unique_ptr<Coordinator> coordinator(new Coordinator(endpoint, options));
   if (coordinator->IsFleet() && options.num_servers == 0) {
     coordinator->complete_ = true;  // nothing to wait for: jobs may attach at once
@@ -747,6 +752,7 @@ FleetView Coordinator::BuildView() const {
   view.num_servers = options_.num_servers;
   view.num_workers = ExpectedWorkers();
   view.key_space = options_.key_space;
+  view.replicas = options_.replicas;
   for (const auto& [key, member] : members_) view.members.push_back(member.info);
   return view;
 }

@@ -60,6 +60,8 @@ struct CoordinatorOptions {
   // the coordinator until the other nodes' workers are done. Not with num_workers == 0.
   bool exit_when_workers_leave = false;
   uint64_t key_space = uint64_t{1} << 20;  // keys [0, key_space), split over the servers
+  // Copies of each key range, in the fleet view (FleetView::replicas); 1 to num_servers.
+  int replicas = 1;
   int64_t rendezvous_timeout_ms = 60000;
   int64_t heartbeat_timeout_ms = 10000;
   // Called with the new membership whenever it changes (a process registers, the fleet

@@ -25,6 +25,13 @@ int main(int argc, char** argv) {
                  "Number of parameter keys [0, N), split into contiguous ranges over the "
                  "servers (default 1048576)")
       ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 62));
+  int replicas = 1;
+  app.add_option("--replicas", replicas,
+                 "Copies of each parameter-server key range, on consecutive servers (in the "
+                 "fleet view: the workers replicate every push, and a job outlives a server's "
+                 "death while every range has a live copy; docs/parameter-server.md)")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
   std::string file_sd;
   app.add_option("--file-sd", file_sd,
                  "Keep a Prometheus file_sd targets file (JSON) here listing every live "
@@ -48,6 +55,7 @@ int main(int argc, char** argv) {
     options.num_workers = config.num_workers;
     options.exit_when_workers_leave = exit_when_workers_leave;
     options.key_space = key_space;
+    options.replicas = replicas;
     options.rendezvous_timeout_ms = config.rendezvous_timeout_ms;
     options.heartbeat_timeout_ms = config.heartbeat_timeout_ms;
     // Service discovery: shared with the /sd handler, which may outlive this function.

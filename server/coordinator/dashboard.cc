@@ -345,6 +345,28 @@ std::string Dashboard::DataJson(int64_t since_unix_ms) const {
   doc["heartbeat_timeout_ms"] = options_.heartbeat_timeout_ms;
   doc["straggler_window_s"] = options_.straggler_window_ms / 1000.0;
   doc["expected"] = {{"server", fleet_.num_servers}, {"worker", fleet_.num_workers}};
+  // Parameter-server key ranges: range r on servers r .. r + replicas - 1 (FleetView), each
+  // copy's state, and the primary (the first live copy; -1: the range is lost).
+  doc["replicas"] = fleet_.replicas;
+  json ranges = json::array();
+  for (int range = 0; range < fleet_.num_servers; ++range) {
+    const auto [begin, end] = ServerKeyRange(fleet_.key_space, fleet_.num_servers, range);
+    json copies = json::array();
+    int primary = -1;
+    for (int k = 0; k < fleet_.replicas; ++k) {
+      const int server = (range + k) % fleet_.num_servers;
+      const MemberInfo* member = fleet_.Find(Role::kServer, server);
+      const MemberState state = member != nullptr ? member->state : MemberState::kJoining;
+      if (primary < 0 && state == MemberState::kAlive) primary = server;
+      copies.push_back({{"server", server}, {"state", std::string(MemberStateName(state))}});
+    }
+    ranges.push_back({{"range", range},
+                      {"key_begin", begin},
+                      {"key_end", end},
+                      {"copies", copies},
+                      {"primary", primary}});
+  }
+  doc["ranges"] = ranges;
 
   json processes = json::array();
   processes.push_back({{"name", "coordinator"},

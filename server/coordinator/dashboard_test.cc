@@ -192,6 +192,39 @@ TEST(DashboardTest, ThePageIsSelfContained) {
   EXPECT_TRUE(doc.at("straggler").at("slowest").is_null());
 }
 
+// --replicas 2 over 3 servers, server 1 failed: range 0 (servers 0, 1) and range 2 (2, 0) keep
+// their primaries, range 1 (servers 1, 2) is answered by server 2; with server 2 failed too,
+// range 1 is lost.
+TEST(DashboardTest, ShowsEachKeyRangesCopiesAndPrimary) {
+  auto dashboard = Dashboard::Create(Options()).value();
+  FleetView view;
+  view.job = "dashjob";
+  view.num_servers = 3;
+  view.num_workers = 1;
+  view.key_space = 30;
+  view.replicas = 2;
+  view.members = {Member(Role::kServer, 0, MemberState::kAlive, "http://127.0.0.1:1/m", 100),
+                  Member(Role::kServer, 1, MemberState::kFailed, "http://127.0.0.1:1/m", 101),
+                  Member(Role::kServer, 2, MemberState::kAlive, "http://127.0.0.1:1/m", 102)};
+  dashboard->UpdateFleet(view);
+  json doc = json::parse(dashboard->ServeData({"GET", "/dashboard/data", ""}).body);
+  EXPECT_EQ(doc.at("replicas"), 2);
+  const json& ranges = doc.at("ranges");
+  ASSERT_EQ(ranges.size(), 3u);
+  EXPECT_EQ(ranges[0].at("primary"), 0);
+  EXPECT_EQ(ranges[1].at("primary"), 2);
+  EXPECT_EQ(ranges[2].at("primary"), 2);
+  EXPECT_EQ(ranges[1].at("key_begin"), 10);
+  EXPECT_EQ(ranges[1].at("key_end"), 20);
+  EXPECT_EQ(ranges[1].at("copies"),
+            json::parse(R"([{"server": 1, "state": "failed"}, {"server": 2, "state": "alive"}])"));
+  view.members[2].state = MemberState::kFailed;
+  dashboard->UpdateFleet(view);
+  doc = json::parse(dashboard->ServeData({"GET", "/dashboard/data", ""}).body);
+  EXPECT_EQ(doc.at("ranges")[1].at("primary"), -1);
+  EXPECT_EQ(doc.at("ranges")[2].at("primary"), 0);
+}
+
 TEST(DashboardTest, ScrapesMembersIntoHistoryRatesAndStragglers) {
   FakeProcess worker0(true), worker1(true), server0(false);
   auto dashboard = Dashboard::Create(Options()).value();

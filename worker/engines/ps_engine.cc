@@ -62,12 +62,12 @@ StatusOr<std::unique_ptr<PsEngine>> PsEngine::Create(const PsEngineOptions& opti
                                 " needs parameter servers: start the fleet with --servers N "
                                 "(tessera-launch) or --num-servers N");
   }
-  if (options.replicas < 1 || options.replicas > view.num_servers) {
-    return InvalidArgumentError("--replicas " + std::to_string(options.replicas) +
-                                " needs between 1 and the fleet's " +
+  if (view.replicas < 1 || view.replicas > view.num_servers) {
+    return InvalidArgumentError("the fleet view has " + std::to_string(view.replicas) +
+                                " replicas of each key range for " +
                                 std::to_string(view.num_servers) + " servers");
   }
-  engine->replicas_ = options.replicas;
+  engine->replicas_ = view.replicas;
   engine->lost_.assign(static_cast<size_t>(view.num_servers), false);
   namespace names = metric_names;
   ASSIGN_OR_RETURN(HistogramFamily * latency,

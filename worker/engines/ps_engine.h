@@ -18,7 +18,7 @@
 // failure notice (RendezvousClient fails the endpoint), naming the lost process; otherwise a
 // call fails after --request-timeout-ms naming the server and the request.
 //
-// Replicated ranges (--replicas R > 1): key range r (the chunks and embedding rows server r
+// Replicated ranges (FleetView::replicas R > 1, the coordinator's --replicas): key range r (the chunks and embedding rows server r
 // holds with R = 1) lives on servers r, r + 1, ..., r + R - 1 (mod S), and every request for
 // it goes to each live replica: gradients and row pushes to all (every replica applies the
 // same sums in the same order, so all hold bitwise the same values and optimizer state), the
@@ -68,8 +68,6 @@ struct PsEngineOptions {
   // of the sockets (the kernel's copies out and back on both sides); other servers refuse and
   // get frames.
   bool shared_memory = true;
-  // Copies of each key range, on consecutive servers (see above); 1: no replication.
-  int replicas = 1;
   // True once the process was asked to stop. Each step's pushes say whether it was (read
   // once per step), and in ps-sync the servers answer every worker alike whether any was
   // (AgreeToStop). Requests in flight get kStopGraceMs more to be answered once a stop is

@@ -36,7 +36,6 @@ StatusOr<nlohmann::json> RunSize(RpcEndpoint* endpoint, RendezvousClient& client
   engine_options.consistency = PsConsistency::kAsync;
   engine_options.chunk_elements = options.chunk_elements;
   engine_options.shared_memory = options.shared_memory;
-  engine_options.replicas = options.replicas;
   engine_options.request_timeout_ms = timeout;
   ASSIGN_OR_RETURN(engine_options.optimizer, ParseOptimizerOptions("sgd", "lr=0"));
   ASSIGN_OR_RETURN(std::unique_ptr<PsEngine> engine,

@@ -34,7 +34,6 @@ struct PsBenchOptions {
   AllReduceBenchFlags flags;        // --bench-sizes, --bench-warmup, --bench-iters, --bench-seconds
   uint64_t chunk_elements = 1 << 16;  // --ps-chunk-elements
   bool shared_memory = true;          // --ps-shared-memory
-  int replicas = 1;                   // --replicas
   int64_t request_timeout_ms = 30000;
 };
 
