@@ -176,6 +176,14 @@ Status FleetHarness::WaitReady(int id, Deadline deadline) {
   return OkStatus();
 }
 
+Status FleetHarness::RunToSuccess(const std::string& label, const std::string& binary,
+                                  const std::vector<std::string>& args, int64_t timeout_ms) {
+  ASSIGN_OR_RETURN(int id, Start(label, binary, args));
+  ASSIGN_OR_RETURN(tools::ChildExit exit, WaitExit(id, Deadline::AfterMillis(timeout_ms)));
+  if (exit.success()) return OkStatus();
+  return InternalError(label + ": " + exit.Describe() + "\n" + Output(id));
+}
+
 StatusOr<tools::ChildExit> FleetHarness::WaitExit(int id, Deadline deadline) {
   while (!exits_.count(id)) {
     if (deadline.Expired()) {

@@ -64,6 +64,10 @@ class FleetHarness {
   Status WaitReady(int id, Deadline deadline);
   // The exit of `id`, or DeadlineExceeded naming it.
   StatusOr<tools::ChildExit> WaitExit(int id, Deadline deadline);
+  // Starts `binary args` (as Start) and waits for its exit: OK when it exited 0 within
+  // `timeout_ms`, else an error naming `label` with its exit and its output.
+  Status RunToSuccess(const std::string& label, const std::string& binary,
+                      const std::vector<std::string>& args, int64_t timeout_ms);
   Status Signal(int id, int signal) { return group_.Signal(id, signal); }
 
   const Process& process(int id) const { return processes_.at(id); }

@@ -144,11 +144,8 @@ void ExpectSameParams(const std::string& expected, const std::string& actual,
 
 void RunToSuccess(FleetHarness& harness, const std::string& label,
                   const std::vector<std::string>& args) {
-  auto id = harness.Start(label, "tools/tessera-launch", args);
-  ASSERT_TRUE(id.ok()) << id.status();
-  auto exit = harness.WaitExit(*id, Deadline::AfterMillis(kRunMs));
-  ASSERT_TRUE(exit.ok()) << exit.status() << "\n" << harness.Output(*id);
-  ASSERT_TRUE(exit->success()) << label << ": " << exit->Describe() << "\n" << harness.Output(*id);
+  Status ran = harness.RunToSuccess(label, "tools/tessera-launch", args, kRunMs);
+  ASSERT_TRUE(ran.ok()) << ran;
 }
 
 // ps-sync with one copy of each range and nobody killed: what every killed run must end with.

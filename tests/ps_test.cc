@@ -43,11 +43,8 @@ std::vector<std::string> TrainingFlags(const std::string& model, const std::stri
 // Runs `binary args` to completion; fails the test unless it exits 0.
 void RunToSuccess(FleetHarness& harness, const std::string& label, const std::string& binary,
                   const std::vector<std::string>& args) {
-  auto id = harness.Start(label, binary, args);
-  ASSERT_TRUE(id.ok()) << id.status();
-  auto exit = harness.WaitExit(*id, Deadline::AfterMillis(kRunMs));
-  ASSERT_TRUE(exit.ok()) << exit.status() << "\n" << harness.Output(*id);
-  ASSERT_TRUE(exit->success()) << label << ": " << exit->Describe() << "\n" << harness.Output(*id);
+  Status ran = harness.RunToSuccess(label, binary, args, kRunMs);
+  ASSERT_TRUE(ran.ok()) << ran;
 }
 
 // How often `needle` occurs in `text`.

@@ -23,15 +23,18 @@ _IN, _HIDDEN, _CLASSES = 12, 24, 3
 
 
 class Fleet:
-    """A long-running fleet of `servers` servers on the loopback, for the length of a `with`."""
+    """A long-running fleet of `servers` servers on the loopback, for the length of a `with`,
+    with `replicas` copies of each key range."""
 
-    def __init__(self, servers):
+    def __init__(self, servers, replicas=1):
         self.servers = servers
+        self.replicas = replicas
 
     def __enter__(self):
         binary = os.path.join(_RUNFILES, "tools/tessera-launch")
         self.process = subprocess.Popen(
-            [binary, "--servers", str(self.servers), "--workers", "0"],
+            [binary, "--servers", str(self.servers), "--workers", "0", "--replicas",
+             str(self.replicas)],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.server_pids = {}
         self.lines = []
@@ -101,6 +104,44 @@ def _train_ps(rank, world_size, address, mode, steps, options):
     state = {name: p.detach().clone() for name, p in model.named_parameters()}
     opt.close()
     return state, losses
+
+
+def _train_ps_sync_killing(rank, world_size, address, steps, options, kill_pid, kill_at):
+    """_train_ps in ps-sync, where rank 0 SIGKILLs the process `kill_pid` before step `kill_at`
+    (0: nobody)."""
+    model = _mlp()
+    opt = _ps(rank, world_size, address, model, mode="ps-sync", **options)
+    for step in range(1, steps + 1):
+        if rank == 0 and kill_pid and step == kill_at:
+            os.kill(kill_pid, signal.SIGKILL)
+        x, y = _batch(rank, step)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    state = {name: p.detach().clone() for name, p in model.named_parameters()}
+    opt.close()
+    return state
+
+
+class ReplicationTest(unittest.TestCase):
+    def test_a_killed_server_changes_nothing_with_two_copies_of_each_range(self):
+        workers, steps = 3, 12
+        options = dict(optimizer="sgd", lr=0.1, momentum=0.9, chunk_elements=100)
+        with Fleet(3) as fleet:
+            undisturbed = torch_testing.run_ranks(_train_ps_sync_killing, workers, init=False,
+                                                  args=(fleet.address, steps, options, 0, 0))
+        with Fleet(3, replicas=2) as fleet:
+            killed = torch_testing.run_ranks(
+                _train_ps_sync_killing, workers, init=False,
+                args=(fleet.address, steps, options, fleet.server_pids[1], 6))
+            fleet.process.send_signal(signal.SIGINT)
+            output, _ = fleet.process.communicate(timeout=30)
+        self.assertIn("server 1", output)
+        self.assertIn("its key ranges go on with their other replicas", output)
+        for rank in range(workers):
+            for name in undisturbed[rank]:
+                with self.subTest(rank=rank, tensor=name):
+                    self.assertTrue(torch.equal(killed[rank][name], undisturbed[rank][name]))
 
 
 def _accuracy(state):

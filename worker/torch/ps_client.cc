@@ -104,13 +104,24 @@ StatusOr<std::unique_ptr<PsClient>> PsClient::Join(const PsClientOptions& option
   ASSIGN_OR_RETURN(client->engine_,
                    PsEngine::Create(engine, client->endpoint_.get(), client->client_->view(),
                                     client->rank_, &client->metrics_));
+  // A server's death is survived while every key range has a live copy (the fleet's
+  // --replicas), as in tessera-worker; otherwise the failure names the range that was lost.
+  client->client_->SetPeerLossHandler(
+      [engine = client->engine_.get()](const FailureNotice& notice) -> Status {
+        if (notice.role != Role::kServer) return AbortedError("");
+        return engine->ServerLost(notice.rank, notice.reason);
+      });
   TLOG(INFO) << who << " joined the fleet at " << options.coordinator << ": "
              << client->client_->view().num_servers << " servers, " << options.mode << ", "
              << client->optimizer_.ToString() << ", lr schedule " << options.schedule.ToString();
   return client;
 }
 
-PsClient::~PsClient() { Leave("the torch process is exiting"); }
+PsClient::~PsClient() {
+  Leave("the torch process is exiting");
+  // The engine goes before the fleet client (members in reverse): no more questions for it.
+  if (client_) client_->SetPeerLossHandler(nullptr);
+}
 
 int PsClient::num_servers() const { return client_->view().num_servers; }
 
