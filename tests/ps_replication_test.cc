@@ -179,6 +179,45 @@ TEST(PsReplicationTest, SyncCtrWithEmbeddingTablesLosesNothingWhenAServerIsKille
   }
 }
 
+// Checkpoints of a replicated job are one file per range, written by the range's primary
+// (after the failover, range 1's by server 2), and loaded onto every replica: a job killed in
+// a server and checkpointed every 50 steps resumes from step 200, with two copies or one, and
+// ends with bitwise the parameters of the undisturbed run.
+TEST(PsReplicationTest, CheckpointsWrittenAfterAFailoverResumeBitwise) {
+  const std::string undisturbed = Undisturbed("mlp");
+  const std::string dir = TempPath("ps_replication_checkpoints");
+  const std::vector<std::string> flags =
+      Concat(TrainingFlags("mlp"), {"--checkpoint-dir", dir, "--checkpoint-every", "50"});
+  {
+    FleetHarness harness;
+    StatusOr<int> launcher =
+        StartAndReach(harness, "checkpointed", Concat(Fleet("ps-sync", 2), flags), /*step=*/20);
+    ASSERT_TRUE(launcher.ok()) << launcher.status();
+    KillServer(harness, *launcher, 1);
+    auto exit = harness.WaitExit(*launcher, Deadline::AfterMillis(kRunMs));
+    ASSERT_TRUE(exit.ok() && exit->success()) << harness.Output(*launcher);
+    const std::string output = harness.Output(*launcher);
+    EXPECT_NE(output.find("its key ranges go on with their other replicas"), std::string::npos)
+        << output;
+    ASSERT_NE(output.find("checkpoint of step 200 committed"), std::string::npos) << output;
+  }
+  for (int replicas : {2, 1}) {
+    FleetHarness harness;
+    const std::string params =
+        TempPath("ps_replication_resumed_" + std::to_string(replicas) + ".bin");
+    auto resumed = harness.Start(
+        "resumed", "tools/tessera-launch",
+        Concat(Fleet("ps-sync", replicas),
+               Concat(flags, {"--resume-step", "200", "--save-params", params})));
+    ASSERT_TRUE(resumed.ok()) << resumed.status();
+    auto exit = harness.WaitExit(*resumed, Deadline::AfterMillis(kRunMs));
+    const std::string output = harness.Output(*resumed);
+    ASSERT_TRUE(exit.ok() && exit->success()) << output;
+    EXPECT_NE(output.find("resumed from the checkpoint of step 200"), std::string::npos) << output;
+    ExpectSameParams(undisturbed, params, "resumed with --replicas " + std::to_string(replicas));
+  }
+}
+
 // The value of `sample` ("name{labels}") on the page at `url`, or -1.
 double Scrape(const std::string& url, const std::string& sample) {
   StatusOr<HttpResult> page = HttpGet(url, 10000);
