@@ -54,7 +54,7 @@ constexpr std::chrono::milliseconds kStopReserve{1000};
 
 struct LaunchConfig {
   int servers = 0;
-  int replicas = 1;  // of each key range (ps-* modes); passed to workers as --replicas
+  int replicas = 1;  // of each key range (ps-* modes); passed to the coordinator
   int workers = 1;
   std::string mode = "local";
   double linger_s = 0;

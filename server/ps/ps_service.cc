@@ -2,8 +2,8 @@
 
 #include <map>
 #include <mutex>
-#include <string>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 

@@ -26,6 +26,12 @@
 //                       server's shard of a step -> CheckpointReply.
 // Every error names the key, chunk, table or row, and the owner where another server owns it.
 //
+// Replicated ranges (--replicas): a server holds its own key range and the ranges of the
+// servers before it whose copies it keeps; every request names its range (`range`, -1: the
+// server's own), and each range is a part of the job of its own (init, chunks, rows, ledger,
+// checkpoint file). A backup's push (`ack_only`) is applied like any other and answered
+// without the values.
+//
 // The service is thin: it reads the requests, hands them to the job's parts on its work queue
 // (work_queue.h) and answers. The parts: DenseShard (dense_shard.h) and SparseTables
 // (sparse_tables.h), both releasing replies by a ConsistencyPolicy (consistency_policy.h);

@@ -265,7 +265,8 @@ struct ZmqTransport::Impl {
     // them every round; so they are polled by their file descriptors (ZMQ_FD, which signals
     // when something may have arrived for the socket) and drained, to EAGAIN, when it does.
     // A drain cut short, or a new security socket, is drained the next round anyway
-    // (`security_backlog`), and all of them every kSecurityDrainEvery as a safeguard.
+    // (`security_backlog`), and all of them once kSecurityDrainEvery has passed, as a
+    // safeguard against a missed signal (at the next wake-up: within 200 ms when idle).
     constexpr auto kSecurityDrainEvery = std::chrono::milliseconds(10);
     SteadyClock::time_point drained_all = SteadyClock::now();
     while (true) {
