@@ -148,7 +148,13 @@ TEST(SecurityTest, AForeignClientIsRefusedEverywhereAndTheJobTrainsAsUndisturbed
     EXPECT_EQ(harness.Output(client).find("unreachable"), std::string::npos)
         << "a process had exited before the foreign client was done";
   }
-  for (int worker : fleet.workers) ASSERT_TRUE(harness.Signal(worker, SIGTERM).ok());
+  // Once they have trained (slowly, under the sanitizers), the lingering workers may go.
+  for (int worker : fleet.workers) {
+    ASSERT_TRUE(harness.WaitForLine(worker, "finished; lingering", Deadline::AfterMillis(kJobMs))
+                    .ok())
+        << harness.Output(worker);
+    ASSERT_TRUE(harness.Signal(worker, SIGTERM).ok());
+  }
   ExpectWorkersSucceed(harness, fleet);
 
   EXPECT_EQ(ReadWholeFile(attacked), ReadWholeFile(undisturbed))
