@@ -157,26 +157,26 @@ std::string Undisturbed(const std::string& model) {
   return path;
 }
 
-TEST(PsReplicationTest, SyncMlpLosesNothingWhenAServerIsKilledAtARandomStep) {
-  const std::string undisturbed = Undisturbed("mlp");
-  for (int seed : {1, 2, 3}) {
+// ps-sync with `model`: for each seed a server killed at a random step, and the job ends with
+// the parameters of the undisturbed run, bitwise.
+void ExpectKillsChangeNothing(const std::string& model, const std::vector<int>& seeds) {
+  const std::string undisturbed = Undisturbed(model);
+  for (int seed : seeds) {
     FleetHarness harness;
-    const std::string params = TempPath("ps_replication_mlp_" + std::to_string(seed) + ".bin");
-    RunWithAKill(harness, "ps-sync", Concat(TrainingFlags("mlp"), {"--save-params", params}),
+    const std::string params =
+        TempPath("ps_replication_" + model + "_" + std::to_string(seed) + ".bin");
+    RunWithAKill(harness, "ps-sync", Concat(TrainingFlags(model), {"--save-params", params}),
                  seed);
-    ExpectSameParams(undisturbed, params, "seed " + std::to_string(seed));
+    ExpectSameParams(undisturbed, params, model + ", seed " + std::to_string(seed));
   }
 }
 
+TEST(PsReplicationTest, SyncMlpLosesNothingWhenAServerIsKilledAtARandomStep) {
+  ExpectKillsChangeNothing("mlp", {1, 2, 3});
+}
+
 TEST(PsReplicationTest, SyncCtrWithEmbeddingTablesLosesNothingWhenAServerIsKilled) {
-  const std::string undisturbed = Undisturbed("ctr");
-  for (int seed : {4, 5}) {
-    FleetHarness harness;
-    const std::string params = TempPath("ps_replication_ctr_" + std::to_string(seed) + ".bin");
-    RunWithAKill(harness, "ps-sync", Concat(TrainingFlags("ctr"), {"--save-params", params}),
-                 seed);
-    ExpectSameParams(undisturbed, params, "seed " + std::to_string(seed));
-  }
+  ExpectKillsChangeNothing("ctr", {4, 5});
 }
 
 // Checkpoints of a replicated job are one file per range, written by the range's primary
