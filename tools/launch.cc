@@ -32,6 +32,7 @@
 #include "common/config/config.h"
 #include "common/config/flag_checks.h"
 #include "common/config/slurm.h"
+#include "common/messages/fleet_view.h"
 #include "common/security/credentials.h"
 #include "common/security/job_key.h"
 #include "tools/process_group.h"
@@ -782,7 +783,7 @@ class Launcher {
       std::string servers;
       bool lost = true;
       for (int k = 0; k < config_.replicas && lost; ++k) {
-        const int server = (range + k) % config_.servers;
+        const int server = RangeReplicaServer(range, k, config_.servers);
         lost = lost_servers_.count(server) > 0;
         if (k > 0) servers += k + 1 == config_.replicas ? " and " : ", ";
         servers += std::to_string(server);

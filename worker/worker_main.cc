@@ -426,9 +426,8 @@ Status RunTraining(ProcessRuntime& runtime, const WorkerFlags& worker_flags,
     // failure names the lost range and where the job can resume from.
     client->SetPeerLossHandler(
         [ps = ps.get(), dir = trainer.checkpoint_dir](const FailureNotice& notice) -> Status {
-          if (notice.role != Role::kServer) return AbortedError("");
-          Status survived = ps->ServerLost(notice.rank, notice.reason);
-          if (survived.ok()) return survived;
+          Status survived = ps->PeerLost(notice);
+          if (survived.ok() || survived.message().empty()) return survived;
           return Status(survived.code(), survived.message() + "; " + LastCheckpointSaying(dir));
         });
     forget_peer_loss.client = client;

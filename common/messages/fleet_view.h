@@ -54,6 +54,11 @@ struct FleetView {
 // Server `rank` of `num_servers` owns keys [first, second): contiguous, as even as possible.
 std::pair<uint64_t, uint64_t> ServerKeyRange(uint64_t key_space, int num_servers, int rank);
 
+// The server that holds copy `k` (0: the first) of key range `range` (FleetView::replicas).
+inline int RangeReplicaServer(int range, int k, int num_servers) {
+  return (range + k) % num_servers;
+}
+
 }  // namespace tessera
 
 #endif  // TESSERA_COMMON_MESSAGES_FLEET_VIEW_H_

@@ -354,7 +354,7 @@ std::string Dashboard::DataJson(int64_t since_unix_ms) const {
     json copies = json::array();
     int primary = -1;
     for (int k = 0; k < fleet_.replicas; ++k) {
-      const int server = (range + k) % fleet_.num_servers;
+      const int server = RangeReplicaServer(range, k, fleet_.num_servers);
       const MemberInfo* member = fleet_.Find(Role::kServer, server);
       const MemberState state = member != nullptr ? member->state : MemberState::kJoining;
       if (primary < 0 && state == MemberState::kAlive) primary = server;

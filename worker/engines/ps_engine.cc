@@ -140,7 +140,7 @@ std::vector<int> PsEngine::LiveReplicas(int range) const {
   std::vector<int> live;
   std::lock_guard<std::mutex> lock(lost_mu_);
   for (int k = 0; k < replicas_; ++k) {
-    const int server = (range + k) % view_.num_servers;
+    const int server = RangeReplicaServer(range, k, view_.num_servers);
     if (!lost_[static_cast<size_t>(server)]) live.push_back(server);
   }
   return live;
@@ -156,13 +156,19 @@ std::string PsEngine::RangeLostMessage(int range) const {
   std::string servers;
   for (int k = 0; k < replicas_; ++k) {
     if (k > 0) servers += k + 1 == replicas_ ? " and " : ", ";
-    servers += std::to_string((range + k) % view_.num_servers);
+    servers += std::to_string(RangeReplicaServer(range, k, view_.num_servers));
   }
   return "range " + std::to_string(range) + " (keys [" + std::to_string(begin) + ", " +
          std::to_string(end) + ") and the embedding rows hashing to it) is lost: " +
          (replicas_ == 1 ? "its only copy was on server " + servers + " (--replicas 1)"
                          : "its " + std::to_string(replicas_) + " replicas, servers " + servers +
                                ", failed");
+}
+
+Status PsEngine::PeerLost(const FailureNotice& notice) {
+  // A worker's loss is the job's end (an empty reason: the notice says it all).
+  if (notice.role != Role::kServer) return AbortedError("");
+  return ServerLost(notice.rank, notice.reason);
 }
 
 Status PsEngine::ServerLost(int server, const std::string& reason) {
@@ -184,7 +190,7 @@ Status PsEngine::ServerLost(int server, const std::string& reason) {
     // Its primary moved when the failed server was the first live one before.
     bool was_primary = true;
     for (int k = 0; k < offset; ++k) {
-      if (!IsLost((range + k) % view_.num_servers)) was_primary = false;
+      if (!IsLost(RangeReplicaServer(range, k, view_.num_servers))) was_primary = false;
     }
     if (was_primary) {
       moved += std::string(moved.empty() ? "" : ", ") + "range " + std::to_string(range) +
@@ -330,7 +336,7 @@ Status PsEngine::Initialize(const ParameterLayout& layout,
     std::vector<std::pair<int, int>> pending;
     for (int range = 0; range < view_.num_servers; ++range) {
       for (int k = 0; k < replicas_; ++k) {
-        pending.emplace_back(range, (range + k) % view_.num_servers);
+        pending.emplace_back(range, RangeReplicaServer(range, k, view_.num_servers));
       }
     }
     bool told = false;

@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "common/messages/fleet_view.h"
+#include "common/messages/rendezvous_messages.h"
 #include "common/metrics/metrics.h"
 #include "common/training/checkpoint.h"
 #include "common/training/ps_job.h"
@@ -118,6 +119,8 @@ class PsEngine final : public TrainingEngine {
   // live replica (the failover is logged and counted), else FailedPrecondition naming a range
   // that was lost with its replicas (with --replicas 1, the server's own). Thread-safe; quick.
   Status ServerLost(int server, const std::string& reason);
+  // For RendezvousClient::SetPeerLossHandler: ServerLost for a server; an error for a worker.
+  Status PeerLost(const FailureNotice& notice);
   // Rank 0 asks every server to write its shard (ps-sync: once the step is applied
   // everywhere, so the checkpoint is exactly the state after `step`; ps-async/ssp: a snapshot
   // of whatever each server holds) and commits the manifest; other ranks do nothing.

@@ -107,9 +107,8 @@ StatusOr<std::unique_ptr<PsClient>> PsClient::Join(const PsClientOptions& option
   // A server's death is survived while every key range has a live copy (the fleet's
   // --replicas), as in tessera-worker; otherwise the failure names the range that was lost.
   client->client_->SetPeerLossHandler(
-      [engine = client->engine_.get()](const FailureNotice& notice) -> Status {
-        if (notice.role != Role::kServer) return AbortedError("");
-        return engine->ServerLost(notice.rank, notice.reason);
+      [engine = client->engine_.get()](const FailureNotice& notice) {
+        return engine->PeerLost(notice);
       });
   TLOG(INFO) << who << " joined the fleet at " << options.coordinator << ": "
              << client->client_->view().num_servers << " servers, " << options.mode << ", "
