@@ -210,6 +210,23 @@ TEST(CoordinatorTest, RendezvousTimeoutNamesTheMissingProcesses) {
   EXPECT_EQ(run.code(), StatusCode::kDeadlineExceeded);
 }
 
+// The fleet view's replicas (--replicas): 1 to the number of servers, or a clear refusal.
+TEST(CoordinatorTest, MoreReplicasThanServersAreRefused) {
+  auto endpoint = NewEndpoint();
+  MetricsRegistry metrics;
+  CoordinatorOptions options;
+  options.num_servers = 2;
+  options.replicas = 3;
+  auto refused = Coordinator::Create(endpoint.get(), options, &metrics);
+  ASSERT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("--replicas=3 must be between 1 and "
+                                            "--num-servers=2"),
+            std::string::npos)
+      << refused.status();
+  options.replicas = 2;
+  EXPECT_TRUE(Coordinator::Create(endpoint.get(), options, &metrics).ok());
+}
+
 TEST(CoordinatorTest, BadRegistrationsAreRejectedClearly) {
   Fleet fleet(1, 2);
   auto endpoint = NewEndpoint();
