@@ -30,6 +30,10 @@ struct PsInitRequest {
   std::vector<TensorData> tensors;   // this server's dense chunks: "chunk<i>", key, values
   uint64_t job_token = 0;            // the same on every worker of a job, new for the next
   int32_t range = -1;  // the key range of the chunks (-1: the server's own; see below)
+  // A copy of the range from another replica, for a server that joined: the shard's entries
+  // (CheckpointReply::tensors) and the step they are of; the job starts from them. 0: no copy.
+  std::vector<TensorData> copy;
+  int64_t copy_step = 0;
 };
 
 struct PsPushPullRequest {
@@ -55,6 +59,9 @@ struct PsPushPullRequest {
   // A backup's reply leaves the values out (the worker has them from the range's primary):
   // its tensors only name the chunks.
   bool ack_only = false;
+  // With has_gradients (ps-sync): the lowest server rank this worker knows joined in a failed
+  // server's place (-1: none), read once per step like `stop` (see PsPushPullReply::joining).
+  int32_t join = -1;
 };
 
 struct PsPushPullReply {
@@ -67,6 +74,9 @@ struct PsPushPullReply {
   // this reply carries, -1 when none was. Every chunk on every server says the same, so every
   // worker learns with the step's replies that all stop after it.
   int stopped_by = -1;
+  // ps-sync: the lowest server rank a push of that step said joined (-1: none). Every chunk on
+  // every server says the same, so every worker includes that server from the next step on.
+  int joining = -1;
 };
 
 struct SparsePushRequest {
@@ -93,6 +103,8 @@ struct CheckpointRequest {
   int64_t step = 0;
   bool restore = false;  // false: write this server's shard of `step`; true: load it
   int32_t range = -1;    // the range whose shard (-1: the server's own; see below)
+  // Write nothing: the reply carries the shard's entries (CheckpointReply::tensors).
+  bool copy = false;
 };
 
 struct CheckpointReply {
@@ -101,6 +113,7 @@ struct CheckpointReply {
   std::vector<std::string> files;  // shard files written, inside the step directory
   std::vector<uint64_t> bytes;     // their sizes
   std::vector<uint64_t> checksums;
+  std::vector<TensorData> tensors;  // CheckpointRequest::copy: the shard's entries
 };
 
 }  // namespace tessera

@@ -25,6 +25,9 @@ struct RegisterRequest {
   std::string host;
   int64_t pid = 0;
   int32_t num_workers = 0;  // a worker's idea of its job's size (0: the coordinator's)
+  // A server started with --join: it takes a failed server's place in a running fleet (its
+  // requested_rank, or the lowest failed rank when -1).
+  bool join = false;
 };
 
 struct Heartbeat {

@@ -83,6 +83,10 @@ inline constexpr MetricName kBarrierWaitSeconds{
 // gauge: dense chunk floats plus embedding rows' floats held, parameters only.
 inline constexpr MetricName kPsParameterBytes{
     "tessera_ps_parameter_bytes", "Parameter bytes this server holds for the ps-* job."};
+// gauge: 1 with --replicas 1; R when every range has its copies.
+inline constexpr MetricName kPsKeyRanges{
+    "tessera_ps_key_ranges",
+    "Key ranges of the ps-* job this server holds: its own and those it keeps copies of."};
 // gauge.
 inline constexpr MetricName kPsOptimizerStateBytes{
     "tessera_ps_optimizer_state_bytes", "Optimizer state bytes this server holds."};
@@ -142,6 +146,11 @@ inline constexpr MetricName kPsClientFailoversTotal{
 inline constexpr MetricName kPsClientRetargetedTotal{
     "tessera_ps_client_retargeted_total",
     "Requests asked again of a key range's new primary after its primary failed."};
+
+// counter: --replicas R > 1, worker rank 0 (which makes the copies).
+inline constexpr MetricName kPsClientRangeCopiesTotal{
+    "tessera_ps_client_range_copies_total",
+    "Key ranges copied to a server that joined in a failed server's place."};
 
 // --- Collectives and the all-reduce (DDP) engine ---
 

@@ -215,7 +215,7 @@ class BodyEncoder {
   Encoded operator()(RegisterRequest& b) {
     return As(proto::CreateRegisterRequestDirect(fbb_, WireRole(b.role), b.requested_rank,
                                                  b.address.c_str(), b.metrics_address.c_str(),
-                                                 b.host.c_str(), b.pid, b.num_workers));
+                                                 b.host.c_str(), b.pid, b.num_workers, b.join));
   }
   Encoded operator()(FleetView& b) {
     std::vector<Offset<proto::Member>> members;
@@ -246,22 +246,23 @@ class BodyEncoder {
   }
   Encoded operator()(PsInitRequest& b) {
     auto tensors = EncodeTensors(fbb_, std::move(b.tensors), payloads_);
+    auto copy = EncodeTensors(fbb_, std::move(b.copy), payloads_);
     return As(proto::CreatePsInitRequestDirect(fbb_, b.config.c_str(), &tensors, b.job_token,
-                                                     b.range));
+                                               b.range, &copy, b.copy_step));
   }
   Encoded operator()(PsPushPullRequest& b) {
     auto tensors = EncodeTensors(fbb_, std::move(b.tensors), payloads_);
     return As(proto::CreatePsPushPullRequestDirect(
         fbb_, &tensors, b.has_gradients, b.job_token, b.model.empty() ? nullptr : b.model.c_str(),
         b.region_pid, b.region_fd, b.region_token_high, b.region_token_low, b.in_region, b.skip,
-        b.stop, b.range, b.ack_only));
+        b.stop, b.range, b.ack_only, b.join));
   }
   Encoded operator()(PsPushPullReply& b) {
     auto tensors = EncodeTensors(fbb_, std::move(b.tensors), payloads_);
     return As(proto::CreatePsPushPullReplyDirect(
         fbb_, &tensors, b.region_mapped,
         b.region_refusal.empty() ? nullptr : b.region_refusal.c_str(), b.skipped_by,
-        b.stopped_by));
+        b.stopped_by, b.joining));
   }
   Encoded operator()(SparsePushRequest& b) {
     auto ids = EncodeTensor(fbb_, std::move(b.row_ids), payloads_);
@@ -280,13 +281,14 @@ class BodyEncoder {
   }
   Encoded operator()(CheckpointRequest& b) {
     return As(proto::CreateCheckpointRequestDirect(fbb_, b.directory.c_str(), b.step,
-                                                   b.restore, b.range));
+                                                   b.restore, b.range, b.copy));
   }
   Encoded operator()(CheckpointReply& b) {
     std::vector<Offset<flatbuffers::String>> files;
     for (const std::string& file : b.files) files.push_back(fbb_.CreateString(file));
+    auto tensors = EncodeTensors(fbb_, std::move(b.tensors), payloads_);
     return As(proto::CreateCheckpointReplyDirect(fbb_, b.directory.c_str(), b.step, &files,
-                                                 &b.bytes, &b.checksums));
+                                                 &b.bytes, &b.checksums, &tensors));
   }
   Encoded operator()(RingFrame& b) {
     Offset<proto::TensorMeta> data;
@@ -457,6 +459,7 @@ StatusOr<MessageBody> DecodeBody(const proto::Header& header, const Message& mes
       body.host = Str(b.host());
       body.pid = b.pid();
       body.num_workers = b.num_workers();
+      body.join = b.join();
       return MessageBody(std::move(body));
     }
     case proto::Body::FleetView: return DecodeFleetView(*header.body_as_FleetView());
@@ -490,8 +493,9 @@ StatusOr<MessageBody> DecodeBody(const proto::Header& header, const Message& mes
     }
     case proto::Body::PsInitRequest: {
       const auto& b = *header.body_as_PsInitRequest();
-      return MessageBody(PsInitRequest{Str(b.config()), DecodeTensors(b.tensors(), message), b.job_token(),
-                                     b.range()});
+      return MessageBody(PsInitRequest{Str(b.config()), DecodeTensors(b.tensors(), message),
+                                       b.job_token(), b.range(),
+                                       DecodeTensors(b.copy(), message), b.copy_step()});
     }
     case proto::Body::PsPushPullRequest: {
       const auto& b = *header.body_as_PsPushPullRequest();
@@ -499,13 +503,13 @@ StatusOr<MessageBody> DecodeBody(const proto::Header& header, const Message& mes
                                            b.job_token(), Str(b.model()), b.region_pid(),
                                            b.region_fd(), b.region_token_high(),
                                            b.region_token_low(), b.in_region(), b.skip(),
-                                           b.stop(), b.range(), b.ack_only()});
+                                           b.stop(), b.range(), b.ack_only(), b.join()});
     }
     case proto::Body::PsPushPullReply: {
       const auto& b = *header.body_as_PsPushPullReply();
       return MessageBody(PsPushPullReply{DecodeTensors(b.tensors(), message), b.region_mapped(),
                                          Str(b.region_refusal()), b.skipped_by(),
-                                         b.stopped_by()});
+                                         b.stopped_by(), b.joining()});
     }
     case proto::Body::SparsePushRequest: {
       const auto& b = *header.body_as_SparsePushRequest();
@@ -524,7 +528,8 @@ StatusOr<MessageBody> DecodeBody(const proto::Header& header, const Message& mes
     }
     case proto::Body::CheckpointRequest: {
       const auto& b = *header.body_as_CheckpointRequest();
-      return MessageBody(CheckpointRequest{Str(b.directory()), b.step(), b.restore(), b.range()});
+      return MessageBody(
+          CheckpointRequest{Str(b.directory()), b.step(), b.restore(), b.range(), b.copy()});
     }
     case proto::Body::CheckpointReply: {
       const auto& b = *header.body_as_CheckpointReply();
@@ -541,6 +546,7 @@ StatusOr<MessageBody> DecodeBody(const proto::Header& header, const Message& mes
       if (b.checksums() != nullptr) {
         body.checksums.assign(b.checksums()->begin(), b.checksums()->end());
       }
+      body.tensors = DecodeTensors(b.tensors(), message);
       return MessageBody(std::move(body));
     }
     case proto::Body::CollectiveChunk:

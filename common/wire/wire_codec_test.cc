@@ -40,6 +40,7 @@ Message PushOf(std::vector<float> values, std::vector<int64_t> shape) {
   push.stop = true;
   push.range = 2;
   push.ack_only = true;
+  push.join = 1;
   return EncodeMessage(WorkerHeader(3), std::move(push));
 }
 
@@ -96,6 +97,7 @@ TEST(WireCodecTest, RoundTripPushPull) {
   EXPECT_TRUE(push.stop);
   EXPECT_EQ(push.range, 2);
   EXPECT_TRUE(push.ack_only);
+  EXPECT_EQ(push.join, 1);
   ASSERT_EQ(push.tensors.size(), 1u);
   EXPECT_EQ(push.tensors[0].name, "layer0.w");
   EXPECT_EQ(push.tensors[0].key, 7u);
@@ -166,11 +168,44 @@ TEST(WireCodecTest, RoundTripEveryBody) {
   EXPECT_EQ(reply.files, (std::vector<std::string>{"a", "b"}));
   EXPECT_EQ(reply.checksums, (std::vector<uint64_t>{3, 4}));
   const auto pulled = std::get<PsPushPullReply>(
-      Decoded(EncodeMessage(WorkerHeader(0), PsPushPullReply{{}, true, "not here", 1, 2})).body);
+      Decoded(EncodeMessage(WorkerHeader(0), PsPushPullReply{{}, true, "not here", 1, 2, 0})).body);
   EXPECT_TRUE(pulled.region_mapped);
+  EXPECT_EQ(pulled.joining, 0);
   EXPECT_EQ(pulled.skipped_by, 1);
   EXPECT_EQ(pulled.stopped_by, 2);
   EXPECT_EQ(pulled.region_refusal, "not here");
+  // A server joining in a failed one's place, and a range copied to it.
+  RegisterRequest join{Role::kServer, 1, "tcp://a:1", "", "a", 77, 0};
+  join.join = true;
+  EXPECT_TRUE(std::get<RegisterRequest>(Decoded(EncodeMessage(WorkerHeader(0), join)).body).join);
+  CheckpointRequest export_request{"", 12, false, 1};
+  export_request.copy = true;
+  const auto exported = std::get<CheckpointRequest>(
+      Decoded(EncodeMessage(WorkerHeader(0), export_request)).body);
+  EXPECT_TRUE(exported.copy);
+  EXPECT_EQ(exported.range, 1);
+  CheckpointReply copy_reply{"", 12, {}, {}, {}};
+  copy_reply.tensors.push_back(TensorData::Floats("chunk0.state", 0, {}));
+  copy_reply.tensors.push_back(TensorData::Floats("chunk0.state", 0, {1, 2}));
+  copy_reply.tensors.push_back(TensorData::Int64s("emb.ids", {7}));
+  const auto copied = std::get<CheckpointReply>(
+      Decoded(EncodeMessage(WorkerHeader(0), copy_reply)).body);
+  ASSERT_EQ(copied.tensors.size(), 3u);
+  EXPECT_EQ(copied.tensors[0].name, "chunk0.state");  // no elements (SGD keeps no state)
+  EXPECT_TRUE(copied.tensors[0].bytes.empty());
+  EXPECT_EQ(copied.tensors[1].Read<float>(), (std::vector<float>{1, 2}));
+  EXPECT_EQ(copied.tensors[2].name, "emb.ids");
+  EXPECT_EQ(copied.tensors[2].Read<int64_t>(), (std::vector<int64_t>{7}));
+  PsInitRequest init{"{}", {TensorData::Floats("chunk0", 5, {1.5f})}, 99, 1};
+  init.copy.push_back(TensorData::Floats("chunk0.values", 0, {4, 5}));
+  init.copy_step = 12;
+  const auto inited = std::get<PsInitRequest>(Decoded(EncodeMessage(WorkerHeader(0), init)).body);
+  EXPECT_EQ(inited.copy_step, 12);
+  ASSERT_EQ(inited.copy.size(), 1u);
+  EXPECT_EQ(inited.copy[0].name, "chunk0.values");
+  EXPECT_EQ(inited.copy[0].Read<float>(), (std::vector<float>{4, 5}));
+  ASSERT_EQ(inited.tensors.size(), 1u);
+  EXPECT_EQ(inited.tensors[0].Read<float>(), (std::vector<float>{1.5f}));
   const auto clean = std::get<Goodbye>(Decoded(EncodeMessage(WorkerHeader(0), Goodbye{"done"})).body);
   EXPECT_EQ(clean.code, StatusCode::kOk);
   const auto failed = std::get<Goodbye>(Decoded(EncodeMessage(

@@ -24,8 +24,9 @@ const float* FloatsOf(const TensorData& tensor, std::vector<float>* scratch) {
   return scratch->data();
 }
 
-// How many steps behind the version a ps-sync chunk remembers who asked to stop: a copy of a
-// push (answered again as the pull of its step's values, request_ledger.h) comes within a few.
+// How many steps behind the version a ps-sync chunk remembers who asked to stop (and which
+// server joined): a copy of a push (answered again as the pull of its step's values,
+// request_ledger.h) comes within a few.
 constexpr int64_t kStopMemorySteps = 1024;
 
 // `value` becomes min(value, candidate), -1 counting as none.
@@ -57,6 +58,7 @@ struct DenseShard::PendingReply {
   bool push = false;               // the request gave gradients (or skipped them)
   std::atomic<int> skipped_by{-1};  // ps-sync: who skipped the step this push was of
   std::atomic<int> stopped_by{-1};  // ps-sync: the lowest rank asked to stop in that step
+  std::atomic<int> joining{-1};     // ps-sync: the lowest server rank said to join in it
 };
 
 // A part of a PendingReply, with the rule that releases it.
@@ -82,8 +84,13 @@ struct DenseShard::Chunk {
   int64_t dropped_step = 0;  // guarded by mu
   int dropped_by = -1;       // guarded by mu
   // ps-sync: by step (of the last kStopMemorySteps), the lowest rank whose push of it asked to
-  // stop. Only steps with such a push are here.
-  std::map<int64_t, int> stopped_by;  // guarded by mu
+  // stop and the lowest server rank a push of it said joined. Only steps with such a push are
+  // here.
+  struct StepNotes {
+    int stopped_by = -1;
+    int joining = -1;
+  };
+  std::map<int64_t, StepNotes> notes;  // guarded by mu
 };
 
 StatusOr<std::unique_ptr<DenseShard>> DenseShard::Create(const PsJobConfig& config,
@@ -137,19 +144,21 @@ DenseShard::~DenseShard() {
 }
 
 Status DenseShard::PushPull(int rank, int64_t step, const std::vector<TensorData>& tensors,
-                            bool push, ReplyCallback reply, bool stop) {
+                            bool push, ReplyCallback reply, bool stop, int join) {
   return Serve(rank, step, tensors, push ? Gradients::kGiven : Gradients::kNone,
-               std::move(reply), stop);
+               std::move(reply), stop, join);
 }
 
 Status DenseShard::Skip(int rank, int64_t step, const std::vector<TensorData>& tensors,
-                        ReplyCallback reply, bool stop) {
-  return Serve(rank, step, tensors, Gradients::kSkipped, std::move(reply), stop);
+                        ReplyCallback reply, bool stop, int join) {
+  return Serve(rank, step, tensors, Gradients::kSkipped, std::move(reply), stop, join);
 }
 
 Status DenseShard::Serve(int rank, int64_t step, const std::vector<TensorData>& tensors,
-                         Gradients gradients, ReplyCallback reply, bool stop) {
-  const bool record_stop = stop && config_.consistency == PsConsistency::kSync;
+                         Gradients gradients, ReplyCallback reply, bool stop, int join) {
+  const bool sync = config_.consistency == PsConsistency::kSync;
+  const bool record_stop = stop && sync;
+  const bool record_join = join >= 0 && sync;
   const bool push = gradients != Gradients::kNone;
   const bool given = gradients == Gradients::kGiven;
   if (push && step < 1) {
@@ -210,9 +219,12 @@ Status DenseShard::Serve(int rank, int64_t step, const std::vector<TensorData>& 
                                                       : chunk.policy.Skip(rank, step));
         // Before the step can be applied (this push may be its last): every reply of the step
         // is released after every worker's push of it was recorded here.
-        if (record_stop) {
-          auto [at, added] = chunk.stopped_by.emplace(step, rank);
-          if (!added) at->second = std::min(at->second, rank);
+        if (record_stop || record_join) {
+          Chunk::StepNotes& notes = chunk.notes[step];
+          if (record_stop && (notes.stopped_by < 0 || rank < notes.stopped_by)) {
+            notes.stopped_by = rank;
+          }
+          if (record_join && (notes.joining < 0 || join < notes.joining)) notes.joining = join;
         }
         switch (decision.action) {
           case PushAction::kHold:
@@ -292,7 +304,7 @@ void DenseShard::ApplyHeld(int64_t step, Chunk* chunk) {
 
 void DenseShard::ForgetOldStops(Chunk* chunk) {
   const int64_t oldest = chunk->policy.version() - kStopMemorySteps;
-  chunk->stopped_by.erase(chunk->stopped_by.begin(), chunk->stopped_by.lower_bound(oldest));
+  chunk->notes.erase(chunk->notes.begin(), chunk->notes.lower_bound(oldest));
 }
 
 // ps-async / ps-ssp: one worker's gradient, applied at once as update `update`.
@@ -330,10 +342,18 @@ void DenseShard::ReleaseReady(Chunk* chunk, Ready* ready) {
         waiter.rule.min_version == chunk->dropped_step) {
       waiter.reply->skipped_by.store(chunk->dropped_by, std::memory_order_relaxed);
     }
-    // ps-sync: whether the workers stop after the step whose values this reply carries.
-    if (!chunk->stopped_by.empty()) {
-      auto stop = chunk->stopped_by.find(waiter.rule.min_version);
-      if (stop != chunk->stopped_by.end()) StoreLowestRank(&waiter.reply->stopped_by, stop->second);
+    // ps-sync: whether the workers stop after the step whose values this reply carries, and
+    // which server joins then.
+    if (!chunk->notes.empty()) {
+      auto notes = chunk->notes.find(waiter.rule.min_version);
+      if (notes != chunk->notes.end()) {
+        if (notes->second.stopped_by >= 0) {
+          StoreLowestRank(&waiter.reply->stopped_by, notes->second.stopped_by);
+        }
+        if (notes->second.joining >= 0) {
+          StoreLowestRank(&waiter.reply->joining, notes->second.joining);
+        }
+      }
     }
     // A lease on the current values: the reply sends them as they are, without a copy.
     std::shared_ptr<Values> values = chunk->values;
@@ -356,6 +376,7 @@ void DenseShard::Send(const Ready& ready) {
     reply.tensors = std::move(pending->parts);
     reply.skipped_by = pending->skipped_by.load(std::memory_order_relaxed);
     reply.stopped_by = pending->stopped_by.load(std::memory_order_relaxed);
+    reply.joining = pending->joining.load(std::memory_order_relaxed);
     pending->send(std::move(reply));
   }
 }
@@ -400,7 +421,7 @@ void DenseShard::Restore(std::map<uint64_t, ChunkState> saved, int64_t step) {
       chunk->held.clear();
       chunk->dropped_step = 0;
       chunk->dropped_by = -1;
-      chunk->stopped_by.clear();
+      chunk->notes.clear();
       ReleaseReady(chunk.get(), &ready);
     }
     Send(ready);

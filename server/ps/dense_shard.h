@@ -73,15 +73,18 @@ class DenseShard {
   // values after step t (a push of t, a pull of t + 1) names it in
   // PsPushPullReply::stopped_by: every chunk, on every server, gives each worker the same
   // answer, so all stop after the same step. Ignored in ps-async and ps-ssp.
+  // `join` (with `push`, -1: none): the lowest server rank worker `rank` knows joined the fleet
+  // in a failed server's place; recorded and answered (PsPushPullReply::joining) as `stop` is,
+  // so every worker starts using that server after the same step.
   Status PushPull(int rank, int64_t step, const std::vector<TensorData>& tensors, bool push,
-                  ReplyCallback reply, bool stop = false);
+                  ReplyCallback reply, bool stop = false, int join = -1);
   // Worker `rank` skips step `step` (its gradients held a NaN or Inf, --on-nonfinite skip):
   // as a push of the chunks `tensors` names (their bytes are not read) that gives no
   // gradient. ps-sync drops the step on these chunks for every worker, and each reply to a
   // push of it says who skipped it (PsPushPullReply::skipped_by); ps-async and ps-ssp apply
   // nothing of this worker's. Errors as PushPull's.
   Status Skip(int rank, int64_t step, const std::vector<TensorData>& tensors,
-              ReplyCallback reply, bool stop = false);
+              ReplyCallback reply, bool stop = false, int join = -1);
 
   // "chunk 3" for the first chunk whose version is below `step`; empty when none is.
   std::string FirstBehind(int64_t step) const;
@@ -112,11 +115,11 @@ class DenseShard {
 
   DenseShard(const PsJobConfig& config, const ServerPlacement& placement, PsMetrics* metrics);
   Status Serve(int rank, int64_t step, const std::vector<TensorData>& tensors,
-               Gradients gradients, ReplyCallback reply, bool stop);
+               Gradients gradients, ReplyCallback reply, bool stop, int join);
   std::string OwnerMessage(uint64_t key) const;
   // REQUIRES: chunk->mu held.
   void ApplyHeld(int64_t step, Chunk* chunk);
-  // ps-sync: forgets the stop requests of steps long applied. REQUIRES: chunk->mu held.
+  // ps-sync: forgets the stop requests (and joins) of steps long applied. REQUIRES: chunk->mu held.
   static void ForgetOldStops(Chunk* chunk);
   void ApplyOne(int64_t update, const float* grad, Chunk* chunk);
   // The chunk's values, ready to be updated in place: a fresh copy when a reply still holds

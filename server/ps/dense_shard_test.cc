@@ -66,9 +66,9 @@ class DenseShardTest : public ::testing::Test {
   }
 
   Captured Push(DenseShard& shard, int rank, int64_t step, std::vector<TensorData> grads,
-                bool stop = false) {
+                bool stop = false, int join = -1) {
     Captured captured;
-    Status status = shard.PushPull(rank, step, grads, true, captured.Callback(), stop);
+    Status status = shard.PushPull(rank, step, grads, true, captured.Callback(), stop, join);
     EXPECT_TRUE(status.ok()) << status;
     return captured;
   }
@@ -215,6 +215,27 @@ TEST_F(DenseShardTest, SyncRepliesOfAStepNameTheLowestRankAskedToStopInIt) {
     ASSERT_TRUE(reply->came());
     EXPECT_EQ((*reply->reply)->stopped_by, 2);
     EXPECT_EQ((*reply->reply)->skipped_by, 2);
+  }
+}
+
+// ps-sync: a server said to join (a replacement of a failed one) is named in every reply of the
+// step the same way, the lowest rank when pushes disagree, beside a stop; the next step without
+// one says nothing.
+TEST_F(DenseShardTest, SyncRepliesOfAStepNameTheLowestServerSaidToJoinInIt) {
+  auto shard = Create(Config(PsConsistency::kSync, 3));
+  Captured first = Push(*shard, 0, 1, {Chunk(0, Floats(4, 1))});
+  Captured second = Push(*shard, 1, 1, {Chunk(0, Floats(4, 1))}, /*stop=*/false, /*join=*/2);
+  Captured last = Push(*shard, 2, 1, {Chunk(0, Floats(4, 1))}, /*stop=*/true, /*join=*/1);
+  for (const Captured* reply : {&first, &second, &last}) {
+    ASSERT_TRUE(reply->came());
+    EXPECT_EQ((*reply->reply)->joining, 1);
+    EXPECT_EQ((*reply->reply)->stopped_by, 2);
+  }
+  std::vector<Captured> next;
+  for (int rank = 0; rank < 3; ++rank) next.push_back(Push(*shard, rank, 2, {Chunk(0, Floats(4))}));
+  for (const Captured& reply : next) {
+    ASSERT_TRUE(reply.came());
+    EXPECT_EQ((*reply.reply)->joining, -1);
   }
 }
 

@@ -16,6 +16,7 @@ StatusOr<std::unique_ptr<PsMetrics>> PsMetrics::Register(MetricsRegistry* regist
   ASSIGN_OR_RETURN(m->staleness_, gauge(names::kPsStaleness));
   ASSIGN_OR_RETURN(m->max_released_staleness_, gauge(names::kPsMaxReleasedStaleness));
   ASSIGN_OR_RETURN(m->waiting_, gauge(names::kPsWaitingRequests));
+  ASSIGN_OR_RETURN(m->key_ranges_, gauge(names::kPsKeyRanges));
   ASSIGN_OR_RETURN(CounterFamily * updates,
                    registry->RegisterCounter(names::kPsUpdatesTotal.name,
                                              names::kPsUpdatesTotal.help, {"kind"}));

@@ -24,6 +24,8 @@ class PsMetrics {
   // A new job holds `parameter_bytes` of dense values and `state_bytes` of optimizer state;
   // the staleness record starts again.
   void NewJob(double parameter_bytes, double state_bytes);
+  // This server holds `ranges` key ranges of the job (its own and its replicas).
+  void SetKeyRanges(int ranges) { key_ranges_->Set(static_cast<double>(ranges)); }
 
   void DenseUpdate() { dense_updates_->Increment(); }
   void SparseUpdate() { sparse_updates_->Increment(); }
@@ -55,6 +57,7 @@ class PsMetrics {
   Gauge* staleness_ = nullptr;
   Gauge* max_released_staleness_ = nullptr;
   Gauge* waiting_ = nullptr;
+  Gauge* key_ranges_ = nullptr;
   Counter* dense_updates_ = nullptr;
   Counter* sparse_updates_ = nullptr;
   Counter* dense_gradient_bytes_ = nullptr;

@@ -155,8 +155,11 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
       if (job == nullptr) return;
     }
     const PsPushPullRequest* push_pull = request.As<PsPushPullRequest>();
+    const CheckpointRequest* checkpoint = request.As<CheckpointRequest>();
+    // A copy of a range (CheckpointRequest::copy) writes nothing; it is answered at each asking.
     const bool changes_state = type != MessageType::kSparsePullRequest &&
-                               (push_pull == nullptr || push_pull->has_gradients);
+                               (push_pull == nullptr || push_pull->has_gradients) &&
+                               (checkpoint == nullptr || !checkpoint->copy);
     if (changes_state) {
       switch (job->ledger->Take(request.header.sender_rank, request.header.request_id)) {
         case RequestLedger::kNew:
@@ -242,6 +245,7 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
     const bool push = body->has_gradients && !again;
     const bool skip = body->skip && !again;
     const bool stop = body->stop && push;  // ps-sync: the workers stop after this step
+    const int join = push ? body->join : -1;  // ps-sync: a server joins after this step
     if (skip && !push) {
       return InvalidArgumentError("worker " + std::to_string(rank) + " skipped step " +
                                   std::to_string(step) + " in a pull (a skip is a push)");
@@ -257,16 +261,16 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
       };
     }
     if (!body->in_region) {
-      if (skip) return job.dense->Skip(rank, step, body->tensors, std::move(send), stop);
-      return job.dense->PushPull(rank, step, body->tensors, push, std::move(send), stop);
+      if (skip) return job.dense->Skip(rank, step, body->tensors, std::move(send), stop, join);
+      return job.dense->PushPull(rank, step, body->tensors, push, std::move(send), stop, join);
     }
     // A skip's gradients are not read: the region's views are not taken.
     const bool read = push && !skip;
     ASSIGN_OR_RETURN(std::vector<TensorData> tensors,
                      job.regions->Tensors(rank, body->tensors, read));
     DenseShard::ReplyCallback reply = job.regions->ReplyInto(rank, std::move(send));
-    if (skip) return job.dense->Skip(rank, step, tensors, std::move(reply), stop);
-    return job.dense->PushPull(rank, step, tensors, push, std::move(reply), stop);
+    if (skip) return job.dense->Skip(rank, step, tensors, std::move(reply), stop, join);
+    return job.dense->PushPull(rank, step, tensors, push, std::move(reply), stop, join);
   }
 
   // A worker on this host offers its shared region; a refusal is an answer, not an error (its
@@ -308,6 +312,19 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
     job->regions = std::make_unique<WorkerRegions>(job->dense->chunks());
     job->tables = std::make_unique<SparseTables>(*config, *range, options_.num_servers,
                                                  metrics_.get());
+    if (init->copy_step > 0) {
+      // A copy of the range from one of its replicas (this server joined in a failed one's
+      // place): the job starts at that step with its values, optimizer state and rows.
+      const ShardParts parts{&job->config, job->range, options_.num_servers, job->dense.get(),
+                             job->tables.get()};
+      const std::string from = "the copy of " + RangeName(*range) + " of step " +
+                               std::to_string(init->copy_step) + " from " +
+                               request.header.DescribeSender();
+      if (Status loaded = LoadShardCopy(parts, init->copy, init->copy_step, from); !loaded.ok()) {
+        return AnswerError(request, loaded);
+      }
+      TLOG(INFO) << "took " << from << " (" << init->copy.size() << " entries)";
+    }
     const double bytes = DenseBytes(*job);
     double all_bytes = 0;  // of every range this server holds
     std::vector<Envelope> early;
@@ -330,6 +347,7 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
       }
       jobs_[*range] = job;
       for (const auto& [held_range, held_job] : jobs_) all_bytes += DenseBytes(*held_job);
+      metrics_->SetKeyRanges(static_cast<int>(jobs_.size()));
       early.swap(before_init_);
     }
     metrics_->NewJob(all_bytes, all_bytes * static_cast<double>(job->dense->state_per_element()));
@@ -346,6 +364,13 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
     const CheckpointRequest* body = request.As<CheckpointRequest>();
     const ShardParts parts{&job.config, job.range, options_.num_servers, job.dense.get(),
                            job.tables.get()};
+    if (body->copy) {
+      ASSIGN_OR_RETURN(std::vector<TensorData> tensors, CopyShard(parts, body->step));
+      CheckpointReply reply{"", body->step, {}, {}, {}};
+      reply.tensors = std::move(tensors);
+      endpoint_->Reply(request, std::move(reply));
+      return OkStatus();
+    }
     StatusOr<ShardFileInfo> info = body->restore
                                        ? RestoreShard(parts, body->directory, body->step)
                                        : SaveShard(parts, body->directory, body->step);

@@ -23,7 +23,10 @@
 //                       pushed their rows for the step, summed in rank order and averaged).
 //   SparsePullRequest   rows -> SparsePullReply (ps-sync: after step header.step - 1 applied).
 //   CheckpointRequest   write (ps-sync: once the step is applied everywhere) or restore this
-//                       server's shard of a step -> CheckpointReply.
+//                       server's shard of a step -> CheckpointReply; or (`copy`) the shard of
+//                       the step in the reply, no file: a range copied to a server that joined.
+//   PsInitRequest with `copy` (a server that joined in a failed one's place): the range's job
+//                       starts from that copy, at its step; requests parked for it go then.
 // Every error names the key, chunk, table or row, and the owner where another server owns it.
 //
 // Replicated ranges (--replicas): a server holds its own key range and the ranges of the

@@ -79,6 +79,68 @@ TEST_F(PsServiceTest, HoldsAnotherServersRangeBesideItsOwn) {
       << refused.status();
 }
 
+// A range copied to a server that joined in a failed one's place: the copy of a step (no file,
+// answered at every asking) starts the range's job at that step on the init that carries it,
+// whatever initial values the init carries too; a copy that does not fit is refused naming it.
+TEST_F(PsServiceTest, ARangeCopyStartsTheRangesJobAtItsStep) {
+  ASSERT_NO_FATAL_FAILURE(Start({}));
+  const PsJobConfig config = TestConfig(PsConsistency::kSync, 1);
+  const ByKey other = InitialValues(config, /*range=*/0);
+  ASSERT_TRUE(Init(config, other, /*range=*/0).ok());
+  auto with_range = [](PsPushPullRequest request) {
+    request.range = 0;
+    return request;
+  };
+  PsPushPullRequest push{{}, true, kTestToken, {}};
+  for (const auto& [key, values] : other) {
+    push.tensors.push_back(TensorData::Floats("chunk", key, Floats(values.size(), 2.0f)));
+  }
+  ASSERT_TRUE(Send(0, with_range(push), 1, "push of range 0").get().ok());
+  ASSERT_TRUE(Send(0,
+                   SparsePushRequest{"emb.0", TensorData::Int64s("row_ids", {}),
+                                     TensorData::Floats("values", 0, {}), 0},
+                   1, "row push of range 0")
+                  .get()
+                  .ok());
+  CheckpointRequest ask{"", 1, false, 0};
+  ask.copy = true;
+  const Reply copy_reply = Send(0, ask, 1, "copy of range 0");
+  const StatusOr<Envelope>& copied = copy_reply.get();
+  ASSERT_TRUE(copied.ok()) << copied.status();
+  const std::vector<TensorData> copy = copied->As<CheckpointReply>()->tensors;
+  ASSERT_FALSE(copy.empty());
+  EXPECT_TRUE(Send(0, ask, 1, "copy of range 0 again").get().ok());  // not a ledger's copy
+
+  PsInitRequest bad{EncodePsJobConfig(config), {}, kTestToken, 0};
+  for (const auto& [key, v] : other) bad.tensors.push_back(TensorData::Floats("chunk", key, v));
+  PsInitRequest good = bad;
+  bad.copy.assign(copy.begin() + 1, copy.end());
+  bad.copy_step = 1;
+  const Status refused = Send(0, std::move(bad), 0, "init with a short copy").get().status();
+  EXPECT_EQ(refused.code(), StatusCode::kDataLoss) << refused;
+  EXPECT_NE(refused.message().find("the copy of range 0 of step 1 from worker 0: entry '"),
+            std::string::npos)
+      << refused;
+  good.copy = copy;
+  good.copy_step = 1;
+  const Status taken = Send(0, std::move(good), 0, "init with the copy").get().status();
+  ASSERT_TRUE(taken.ok()) << taken;
+  // The values after step 1 (p - 0.5 * 2), not the init's; step 2 applies next.
+  PsPushPullRequest pull{{}, false, kTestToken, {}};
+  for (const auto& [key, values] : other) {
+    pull.tensors.push_back(TensorData{"chunk", key, DataType::kFloat32, {}, Payload()});
+  }
+  ByKey expected = other;
+  for (auto& [key, values] : expected) {
+    for (float& v : values) v -= 1.0f;
+  }
+  EXPECT_EQ(ValuesOf(Send(0, with_range(pull), 2, "pull of range 0")), expected);
+  for (auto& [key, values] : expected) {
+    for (float& v : values) v -= 1.0f;
+  }
+  EXPECT_EQ(ValuesOf(Send(0, with_range(push), 2, "push of step 2")), expected);
+}
+
 TEST_F(PsServiceTest, KeysAndRowsOfAnotherServerAreRefusedNamingTheOwner) {
   ASSERT_NO_FATAL_FAILURE(Start({}));
   ASSERT_TRUE(Init(TestConfig(PsConsistency::kSync, 2), {{50, {0, 0, 0, 0}}}).ok());

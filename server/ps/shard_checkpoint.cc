@@ -29,14 +29,8 @@ std::string FirstAhead(const ShardParts& parts, int64_t step) {
   return ahead.empty() ? parts.tables->FirstAhead(step) : ahead;
 }
 
-}  // namespace
-
-std::string ShardFileName(int server_rank) {
-  return "server-" + std::to_string(server_rank) + ".ckpt";
-}
-
-StatusOr<ShardFileInfo> SaveShard(const ShardParts& parts, const std::string& root, int64_t step,
-                                  int64_t wait_ms) {
+// The shard of `step` (see SaveShard).
+StatusOr<CheckpointShard> TakeShard(const ShardParts& parts, int64_t step, int64_t wait_ms) {
   if (parts.config->consistency == PsConsistency::kSync) {
     const Deadline deadline = Deadline::AfterMillis(wait_ms);
     std::string behind = FirstBehind(parts, step);
@@ -72,6 +66,53 @@ StatusOr<ShardFileInfo> SaveShard(const ShardParts& parts, const std::string& ro
                                      "holds one step on every server");
     }
   }
+  return shard;
+}
+
+// Checks `shard` (read from `from`) against the job, then every chunk and table takes its
+// values and restarts at `step`.
+Status LoadShard(const ShardParts& parts, CheckpointShard shard, int64_t step,
+                 const std::string& from) {
+  const PsJobConfig& config = *parts.config;
+  // An entry of `size` floats (0: any size).
+  auto take = [&](const std::string& name, size_t size) -> StatusOr<std::vector<float>> {
+    auto it = shard.floats.find(name);
+    if (it == shard.floats.end() || (size > 0 && it->second.size() != size)) {
+      return DataLossError(from + ": entry '" + name + "' is missing or has the wrong size");
+    }
+    return std::move(it->second);
+  };
+  // Everything is checked before anything changes.
+  std::map<uint64_t, ChunkState> chunks;
+  for (const DenseChunk& chunk : parts.dense->chunks()) {
+    ChunkState& saved = chunks[chunk.index];
+    ASSIGN_OR_RETURN(saved.values, take(ChunkEntry(chunk.index) + ".values", chunk.size));
+    ASSIGN_OR_RETURN(saved.state, take(ChunkEntry(chunk.index) + ".state",
+                                       parts.dense->state_per_element() * chunk.size));
+  }
+  std::map<std::string, TableRows> rows;
+  for (const EmbeddingTableSpec& table : config.tables) {
+    TableRows& saved = rows[table.name];
+    saved.ids = std::move(shard.ints[table.name + ".ids"]);
+    ASSIGN_OR_RETURN(saved.values, take(table.name + ".values", 0));
+    ASSIGN_OR_RETURN(saved.state, take(table.name + ".state", 0));
+  }
+  StatusOr<SparseTables::Restored> tables = parts.tables->PrepareRestore(rows);
+  if (!tables.ok()) return tables.status().WithContext(from);
+  parts.dense->Restore(std::move(chunks), step);
+  parts.tables->CommitRestore(std::move(tables).value(), step);
+  return OkStatus();
+}
+
+}  // namespace
+
+std::string ShardFileName(int server_rank) {
+  return "server-" + std::to_string(server_rank) + ".ckpt";
+}
+
+StatusOr<ShardFileInfo> SaveShard(const ShardParts& parts, const std::string& root, int64_t step,
+                                  int64_t wait_ms) {
+  ASSIGN_OR_RETURN(CheckpointShard shard, TakeShard(parts, step, wait_ms));
   RETURN_IF_ERROR(PrepareCheckpointStep(root, step));
   ASSIGN_OR_RETURN(ShardFileInfo info,
                    WriteCheckpointShard(CheckpointStepDirectory(root, step) + "/" +
@@ -107,35 +148,40 @@ StatusOr<ShardFileInfo> RestoreShard(const ShardParts& parts, const std::string&
   if (mine == nullptr) return DataLossError(directory + "/MANIFEST.json lists no " + file_name);
   const std::string path = directory + "/" + mine->file;
   ASSIGN_OR_RETURN(CheckpointShard shard, ReadCheckpointShard(path, *mine));
-  // An entry of `size` floats (0: any size).
-  auto take = [&](const std::string& name, size_t size) -> StatusOr<std::vector<float>> {
-    auto it = shard.floats.find(name);
-    if (it == shard.floats.end() || (size > 0 && it->second.size() != size)) {
-      return DataLossError(path + ": entry '" + name + "' is missing or has the wrong size");
-    }
-    return std::move(it->second);
-  };
-  // Everything is checked before anything changes.
-  std::map<uint64_t, ChunkState> chunks;
-  for (const DenseChunk& chunk : parts.dense->chunks()) {
-    ChunkState& saved = chunks[chunk.index];
-    ASSIGN_OR_RETURN(saved.values, take(ChunkEntry(chunk.index) + ".values", chunk.size));
-    ASSIGN_OR_RETURN(saved.state, take(ChunkEntry(chunk.index) + ".state",
-                                       parts.dense->state_per_element() * chunk.size));
-  }
-  std::map<std::string, TableRows> rows;
-  for (const EmbeddingTableSpec& table : config.tables) {
-    TableRows& saved = rows[table.name];
-    saved.ids = std::move(shard.ints[table.name + ".ids"]);
-    ASSIGN_OR_RETURN(saved.values, take(table.name + ".values", 0));
-    ASSIGN_OR_RETURN(saved.state, take(table.name + ".state", 0));
-  }
-  StatusOr<SparseTables::Restored> tables = parts.tables->PrepareRestore(rows);
-  if (!tables.ok()) return tables.status().WithContext(path);
-  parts.dense->Restore(std::move(chunks), step);
-  parts.tables->CommitRestore(std::move(tables).value(), step);
+  RETURN_IF_ERROR(LoadShard(parts, std::move(shard), step, path));
   TLOG(INFO) << "restored the checkpoint of step " << step << " from " << path;
   return *mine;
+}
+
+StatusOr<std::vector<TensorData>> CopyShard(const ShardParts& parts, int64_t step,
+                                            int64_t wait_ms) {
+  ASSIGN_OR_RETURN(CheckpointShard shard, TakeShard(parts, step, wait_ms));
+  std::vector<TensorData> tensors;
+  for (auto& [name, floats] : shard.floats) {
+    tensors.push_back(TensorData::Floats(name, 0, std::move(floats)));
+  }
+  for (auto& [name, ints] : shard.ints) tensors.push_back(TensorData::Int64s(name, std::move(ints)));
+  return tensors;
+}
+
+Status LoadShardCopy(const ShardParts& parts, const std::vector<TensorData>& tensors,
+                     int64_t step, const std::string& from) {
+  CheckpointShard shard;
+  for (const TensorData& tensor : tensors) {
+    const size_t element = tensor.dtype == DataType::kInt64 ? sizeof(int64_t) : sizeof(float);
+    if ((tensor.dtype != DataType::kFloat32 && tensor.dtype != DataType::kInt64) ||
+        tensor.bytes.size() % element != 0) {
+      return DataLossError(from + ": entry '" + tensor.name + "' holds " +
+                           std::to_string(tensor.bytes.size()) + " bytes of " +
+                           std::string(DataTypeName(tensor.dtype)) +
+                           " (expected float32 or int64)");
+    }
+    const bool added = tensor.dtype == DataType::kInt64
+                           ? shard.ints.emplace(tensor.name, tensor.Read<int64_t>()).second
+                           : shard.floats.emplace(tensor.name, tensor.Read<float>()).second;
+    if (!added) return DataLossError(from + ": entry '" + tensor.name + "' appears twice");
+  }
+  return LoadShard(parts, std::move(shard), step, from);
 }
 
 }  // namespace tessera::server

@@ -12,8 +12,10 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/base/status.h"
+#include "common/messages/tensor_data.h"
 #include "common/training/checkpoint.h"
 #include "common/training/ps_job.h"
 #include "server/ps/dense_shard.h"
@@ -50,6 +52,15 @@ StatusOr<ShardFileInfo> SaveShard(const ShardParts& parts, const std::string& ro
 // Then every chunk and table takes the saved values and restarts at `step`.
 StatusOr<ShardFileInfo> RestoreShard(const ShardParts& parts, const std::string& root,
                                      int64_t step);
+
+// A range copied to a server that joined in a failed one's place (ps_service.h): SaveShard's
+// shard of `step` (the same waits and checks) as tensors, one per entry (float32 or int64),
+// instead of a file; and LoadShard's restore from such tensors (`from` names their source in
+// errors). Nothing changes unless every entry checks.
+StatusOr<std::vector<TensorData>> CopyShard(const ShardParts& parts, int64_t step,
+                                            int64_t wait_ms = kCheckpointWaitMs);
+Status LoadShardCopy(const ShardParts& parts, const std::vector<TensorData>& tensors,
+                     int64_t step, const std::string& from);
 
 }  // namespace tessera::server
 

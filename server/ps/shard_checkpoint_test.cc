@@ -102,6 +102,54 @@ TEST_F(ShardCheckpointTest, RestoreBringsBackValuesStateAndRowsOfTheStep) {
   Step(3, 5);  // step 3 again, from step 2's state
 }
 
+// A range copied to a server that joined: the shard of the step as tensors, loaded into another
+// job of the same config, holds the same values, state and rows and goes on alike.
+TEST_F(ShardCheckpointTest, CopyLoadsIntoAnotherJobAsTheStepWas) {
+  ASSERT_NO_FATAL_FAILURE(Create(PsConsistency::kSync));
+  Step(1, 1);
+  Step(2, 2);
+  auto copy = CopyShard(parts_, 2);
+  ASSERT_TRUE(copy.ok()) << copy.status();
+  const auto dense_at_2 = dense_->Snapshot();
+  const auto rows_at_2 = tables_->Snapshot();
+
+  auto other_dense = DenseShard::Create(config_, {0, 1, 100},
+                                        {TensorData::Floats("chunk0", 0, Floats(4, 9)),
+                                         TensorData::Floats("chunk1", 1, Floats(2, 9))},
+                                        metrics_.get());
+  ASSERT_TRUE(other_dense.ok()) << other_dense.status();
+  SparseTables other_tables(config_, 0, 1, metrics_.get());
+  const ShardParts other{&config_, 0, 1, other_dense->get(), &other_tables};
+  // A copy missing an entry, or with one of the wrong type, changes nothing.
+  std::vector<TensorData> short_copy(copy->begin() + 1, copy->end());
+  Status refused = LoadShardCopy(other, short_copy, 2, "copy from server 1");
+  EXPECT_EQ(refused.code(), StatusCode::kDataLoss) << refused;
+  EXPECT_NE(refused.message().find("copy from server 1: entry '"), std::string::npos) << refused;
+  std::vector<TensorData> odd = *copy;
+  odd[0].dtype = DataType::kUInt8;
+  EXPECT_EQ(LoadShardCopy(other, odd, 2, "copy").code(), StatusCode::kDataLoss);
+  EXPECT_EQ((*other_dense)->Snapshot().at(0).values, Floats(4, 9));
+
+  ASSERT_TRUE(LoadShardCopy(other, *copy, 2, "copy from server 1").ok());
+  EXPECT_EQ((*other_dense)->Snapshot().at(0).values, dense_at_2.at(0).values);
+  EXPECT_EQ((*other_dense)->Snapshot().at(0).state, dense_at_2.at(0).state);
+  EXPECT_EQ(other_tables.Snapshot().at("emb.0").ids, rows_at_2.at("emb.0").ids);
+  EXPECT_EQ(other_tables.Snapshot().at("emb.0").state, rows_at_2.at("emb.0").state);
+  // Step 3 on both: bitwise the same.
+  Step(3, 5);
+  ASSERT_TRUE(other_tables.Push("emb.0", 0, 3, TensorData::Int64s("row_ids", {3}),
+                                TensorData::Floats("values", 0, {5, 5}))
+                  .ok());
+  ASSERT_TRUE((*other_dense)
+                  ->PushPull(0, 3,
+                             {TensorData::Floats("chunk0", 0, Floats(4, 5)),
+                              TensorData::Floats("chunk1", 1, Floats(2, 0))},
+                             true, [](PsPushPullReply) {})
+                  .ok());
+  EXPECT_EQ((*other_dense)->Snapshot().at(0).values, dense_->Snapshot().at(0).values);
+  EXPECT_EQ(other_tables.Snapshot().at("emb.0").values, tables_->Snapshot().at("emb.0").values);
+}
+
 TEST_F(ShardCheckpointTest, SyncSaveWaitsForTheStepToBeAppliedEverywhere) {
   ASSERT_NO_FATAL_FAILURE(Create(PsConsistency::kSync));
   Step(1, 1);
