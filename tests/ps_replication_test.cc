@@ -35,11 +35,11 @@ constexpr int kServers = 3;
 
 // 3 workers x 16 samples, SGD with momentum, many short steps (the kill lands mid-job, under
 // the sanitizers too). Dense chunks of 100 floats, so every server holds several.
-std::vector<std::string> TrainingFlags(const std::string& model) {
+std::vector<std::string> TrainingFlags(const std::string& model, int steps = kSteps) {
   std::vector<std::string> flags = {"--optimizer", "momentum", "--lr", "0.1", "--device", "cpu",
                                     "--train-samples", "1920", "--batch-size", "16",
                                     "--ps-chunk-elements", "100", "--seed", "3", "--log-every",
-                                    "10", "--steps", std::to_string(kSteps)};
+                                    "10", "--steps", std::to_string(steps)};
   if (model == "mlp") {
     flags.insert(flags.end(), {"--hidden", "32,16", "--input-dim", "16", "--classes", "4"});
   } else {
@@ -149,11 +149,13 @@ void RunToSuccess(FleetHarness& harness, const std::string& label,
 }
 
 // ps-sync with one copy of each range and nobody killed: what every killed run must end with.
-std::string Undisturbed(const std::string& model) {
-  const std::string path = TempPath("ps_replication_undisturbed_" + model + ".bin");
+std::string Undisturbed(const std::string& model, int steps = kSteps) {
+  const std::string path = TempPath("ps_replication_undisturbed_" + model + "_" +
+                                    std::to_string(steps) + ".bin");
   FleetHarness harness;
   RunToSuccess(harness, "undisturbed " + model,
-               Concat(Fleet("ps-sync", 1), Concat(TrainingFlags(model), {"--save-params", path})));
+               Concat(Fleet("ps-sync", 1),
+                      Concat(TrainingFlags(model, steps), {"--save-params", path})));
   return path;
 }
 
@@ -216,6 +218,118 @@ TEST(PsReplicationTest, CheckpointsWrittenAfterAFailoverResumeBitwise) {
     EXPECT_NE(output.find("resumed from the checkpoint of step 200"), std::string::npos) << output;
     ExpectSameParams(undisturbed, params, "resumed with --replicas " + std::to_string(replicas));
   }
+}
+
+// What the launcher announced for `role` `rank` ("[launch] server 1 pid=123 metrics=URL"): URL.
+std::string AnnouncedMetrics(const std::string& output, const std::string& role, int rank) {
+  std::smatch match;
+  const std::regex line("\\[launch\\] " + role + " " + std::to_string(rank) +
+                        " pid=\\d+ metrics=(\\S+)");
+  return std::regex_search(output, match, line) ? std::string(match[1]) : "";
+}
+
+double Scrape(const std::string& url, const std::string& sample);
+
+// Stops (SIGSTOP) or continues (SIGCONT) the fleet's workers, so the test's steps land between
+// two of their training steps whatever the machine's speed.
+void SignalWorkers(FleetHarness& harness, int launcher, int signal) {
+  for (int w = 0; w < kWorkers; ++w) {
+    const int pid = AnnouncedPid(harness.Output(launcher), "worker", w);
+    ASSERT_GT(pid, 0) << harness.Output(launcher);
+    ASSERT_EQ(kill(pid, signal), 0) << "worker " << w;
+  }
+}
+
+// Item 3: server 1 is killed, a server started with tessera-launch --add-servers joins in its
+// place, and the workers copy its two ranges to it at a step they agree on: every range has
+// its 2 copies again (the dashboard's view of the ranges, the new server's
+// tessera_ps_key_ranges, worker 0's tessera_ps_client_range_copies_total). Then server 2 (range
+// 1's other copy, and range 2's) is killed too, and nothing is lost: the job ends bitwise as
+// the undisturbed run. The workers are paused (SIGSTOP) around each kill and the join, so that
+// each lands mid-job on a fast machine and a slow (sanitized) one alike.
+TEST(PsReplicationTest, AJoiningServerRestoresTheCopiesAndALaterKillLosesNothing) {
+  constexpr int kJoinSteps = 1500;
+  const std::string undisturbed = Undisturbed("mlp", kJoinSteps);
+  FleetHarness harness;
+  const std::string params = TempPath("ps_replication_joined.bin");
+  StatusOr<int> launcher = StartAndReach(
+      harness, "joined",
+      Concat(Fleet("ps-sync", 2), Concat(TrainingFlags("mlp", kJoinSteps),
+                                         {"--save-params", params})),
+      /*step=*/20);
+  ASSERT_TRUE(launcher.ok()) << launcher.status();
+  const std::string started = harness.Output(*launcher);
+  std::smatch match;
+  ASSERT_TRUE(std::regex_search(started, match,
+                                std::regex("children get --coordinator (\\S+)\\)")))
+      << started;
+  const std::string coordinator = match[1];
+  const std::string data_url =
+      std::regex_replace(AnnouncedMetrics(started, "coordinator", 0), std::regex("/metrics$"),
+                         "/dashboard/data");
+
+  ASSERT_NO_FATAL_FAILURE(SignalWorkers(harness, *launcher, SIGSTOP));
+  const int first_pid = AnnouncedPid(started, "server", 1);
+  KillServer(harness, *launcher, 1);
+  ASSERT_TRUE(harness
+                  .WaitForLine(*launcher, "failed: its process (pid " + std::to_string(first_pid),
+                               Deadline::AfterMillis(kRunMs))
+                  .ok())
+      << harness.Output(*launcher);
+  StatusOr<int> added = harness.Start("add-servers", "tools/tessera-launch",
+                                      {"--attach", coordinator, "--add-servers", "1"});
+  ASSERT_TRUE(added.ok()) << added.status();
+  ASSERT_TRUE(harness
+                  .WaitForLine(*launcher, "[launch] server 1 joined the fleet",
+                               Deadline::AfterMillis(kRunMs))
+                  .ok())
+      << harness.Output(*launcher) << harness.Output(*added);
+  ASSERT_NO_FATAL_FAILURE(SignalWorkers(harness, *launcher, SIGCONT));
+  ASSERT_TRUE(harness
+                  .WaitForLine(*launcher, "worker 0 | server 1 (", Deadline::AfterMillis(kRunMs))
+                  .ok())
+      << harness.Output(*launcher);
+  // Worker 0 copied both ranges (read before the pause: a stopped process serves no page).
+  const std::string worker0 = AnnouncedMetrics(harness.Output(*launcher), "worker", 0);
+  EXPECT_EQ(Scrape(worker0, "tessera_ps_client_range_copies_total"), 2);
+  ASSERT_NO_FATAL_FAILURE(SignalWorkers(harness, *launcher, SIGSTOP));
+  const std::string joined = harness.Output(*launcher);
+  EXPECT_NE(joined.find("holds its ranges again after step"), std::string::npos) << joined;
+  EXPECT_NE(joined.find("range 0 from server 0, range 1 from server 2"), std::string::npos)
+      << joined;
+  const std::string joined_metrics = AnnouncedMetrics(harness.Output(*added), "server", 1);
+  ASSERT_FALSE(joined_metrics.empty()) << harness.Output(*added);
+  EXPECT_EQ(Scrape(joined_metrics, "tessera_ps_key_ranges"), 2);
+  // The coordinator's view: both copies of every range alive again.
+  StatusOr<HttpResult> data = HttpGet(data_url, 10000);
+  ASSERT_TRUE(data.ok()) << data.status();
+  const std::regex alive_copies(
+      R"re("copies":\[\{"server":\d,"state":"alive"\},\{"server":\d,"state":"alive"\}\])re");
+  const auto copies = std::distance(
+      std::sregex_iterator(data->body.begin(), data->body.end(), alive_copies),
+      std::sregex_iterator());
+  EXPECT_EQ(copies, kServers) << data->body;
+
+  // Server 2, an original, holds range 1's other copy: its death loses nothing now.
+  const int second_pid = AnnouncedPid(started, "server", 2);
+  KillServer(harness, *launcher, 2);
+  ASSERT_TRUE(harness
+                  .WaitForLine(*launcher, "failed: its process (pid " + std::to_string(second_pid),
+                               Deadline::AfterMillis(kRunMs))
+                  .ok())
+      << harness.Output(*launcher);
+  ASSERT_NO_FATAL_FAILURE(SignalWorkers(harness, *launcher, SIGCONT));
+  auto exit = harness.WaitExit(*launcher, Deadline::AfterMillis(kRunMs));
+  const std::string output = harness.Output(*launcher);
+  ASSERT_TRUE(exit.ok() && exit->success()) << output;
+  EXPECT_EQ(output.find("was lost with its replicas"), std::string::npos) << output;
+  ExpectSameParams(undisturbed, params, "killed, joined, killed again");
+  // The added server leaves with the fleet, cleanly.
+  auto added_exit = harness.WaitExit(*added, Deadline::AfterMillis(kRunMs));
+  ASSERT_TRUE(added_exit.ok()) << added_exit.status();
+  EXPECT_TRUE(added_exit->success()) << harness.Output(*added);
+  EXPECT_NE(harness.Output(*added).find("have left; done"), std::string::npos)
+      << harness.Output(*added);
 }
 
 // The value of `sample` ("name{labels}") on the page at `url`, or -1.

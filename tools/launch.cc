@@ -42,6 +42,8 @@ namespace tools {
 namespace {
 
 constexpr std::string_view kReadyPrefix = "TESSERA_READY";
+// The coordinator's line when a server joined in a failed one's place (coordinator_main.cc).
+constexpr std::string_view kJoinedPrefix = "TESSERA_JOINED";
 // Largest --servers, --workers, --nnodes, --nproc-per-node; and of any time in seconds (a
 // week). Far past any real job, so that a few digits too many are caught.
 constexpr int kMaxProcesses = 65536;
@@ -70,6 +72,7 @@ struct LaunchConfig {
   std::optional<int> nproc_per_node;  // absent: --workers is this node's count
   std::string coordinator;   // HOST:PORT; empty: 127.0.0.1:0 on a single node
   std::string attach;        // HOST:PORT of a running fleet's coordinator
+  int add_servers = 0;       // with attach: servers joining in failed ones' places
   std::string bind_host;     // empty: the children's default (auto)
   // Security: the job's key file (empty: TESSERA_AUTH_KEY_FILE, else one made for this job),
   // --insecure, and --encrypt for every child (empty: their default, auto).
@@ -256,8 +259,15 @@ void AddFlags(CLI::App& app, LaunchConfig* config) {
       ->type_name("HOST:PORT");
   app.add_option("--attach", config->attach,
                  "Start only the workers, as a job of the running fleet whose coordinator is "
-                 "at HOST:PORT (see \"Long-running fleet\")")
+                 "at HOST:PORT (see \"Long-running fleet\"); with --add-servers, only servers")
       ->type_name("HOST:PORT");
+  app.add_option("--add-servers", config->add_servers,
+                 "With --attach HOST:PORT: start N servers that join the running fleet there, "
+                 "each in the place of a failed server (tessera-server --join); with --replicas "
+                 "2 or more the workers copy its key ranges to it while training goes on. Runs "
+                 "until the fleet stops")
+      ->type_name("N")
+      ->check(CLI::Range(0, kMaxProcesses));
   app.add_option("--bind-host", config->bind_host,
                  "Where the children listen (their --bind-host): auto (default: the address on "
                  "this node's route to the coordinator), an IP address or an interface name")
@@ -341,6 +351,14 @@ Status Validate(const LaunchConfig& config) {
   if (!config.coordinator.empty()) {
     RETURN_IF_ERROR(check_address("--coordinator", config.coordinator, config.node_rank == 0));
   }
+  if (config.add_servers > 0 && config.attach.empty()) {
+    return InvalidArgumentError("--add-servers joins a running fleet: give its coordinator with "
+                                "--attach HOST:PORT");
+  }
+  if (config.add_servers > 0 && config.workers > 0) {
+    return InvalidArgumentError("--add-servers starts servers only; drop --workers (or give "
+                                "--workers 0)");
+  }
   if (!config.attach.empty()) {
     RETURN_IF_ERROR(check_address("--attach", config.attach, false));
     if (!config.coordinator.empty()) {
@@ -350,7 +368,9 @@ Status Validate(const LaunchConfig& config) {
       return InvalidArgumentError("--attach joins a running fleet, which has its servers; "
                                   "drop --servers");
     }
-    if (config.LocalWorkers() < 1) return InvalidArgumentError("--attach needs --workers 1 or more");
+    if (config.LocalWorkers() < 1 && config.add_servers == 0) {
+      return InvalidArgumentError("--attach needs --workers 1 or more (or --add-servers N)");
+    }
   }
   if (!(config.linger_s >= 0)) return reject("--linger", "0 or more", config.linger_s);
   if (config.max_restarts < 0) return reject("--max-restarts", "0 or more", config.max_restarts);
@@ -496,9 +516,10 @@ StatusOr<int64_t> ParseInteger(const std::string& key, const std::string& value)
   return InvalidArgumentError(key + "=" + value + " is not a non-negative integer");
 }
 
-StatusOr<ReadyInfo> ParseReadyLine(const std::string& line) {
+// The key=value tokens after a line's prefix (role, rank, address, metrics, pid).
+StatusOr<ReadyInfo> ParseFields(const std::string& fields) {
   ReadyInfo info;
-  std::istringstream tokens(line.substr(kReadyPrefix.size()));
+  std::istringstream tokens(fields);
   std::string token;
   while (tokens >> token) {
     size_t equals = token.find('=');
@@ -517,6 +538,15 @@ StatusOr<ReadyInfo> ParseReadyLine(const std::string& line) {
   }
   if (info.role.empty()) return InvalidArgumentError("no role=");
   if (info.rank < 0) return InvalidArgumentError("no rank=");
+  return info;
+}
+
+StatusOr<ReadyInfo> ParseJoinedLine(const std::string& line) {
+  return ParseFields(line.substr(kJoinedPrefix.size()));
+}
+
+StatusOr<ReadyInfo> ParseReadyLine(const std::string& line) {
+  ASSIGN_OR_RETURN(ReadyInfo info, ParseFields(line.substr(kReadyPrefix.size())));
   if (info.address.rfind("tcp://", 0) != 0 ||
       info.address.find(':', std::string("tcp://").size()) == std::string::npos) {
     return InvalidArgumentError("address= must be tcp://HOST:PORT, got '" + info.address + "'");
@@ -606,7 +636,10 @@ struct Member {
 // "worker 1 (pid 1234)", "coordinator (pid 1200)".
 std::string Describe(const Member& member) {
   std::string name = RoleName(member.role);
-  if (member.role != Role::kCoordinator) name += " " + std::to_string(member.rank);
+  if (member.rank < 0) name = "joining " + name;  // its rank not known yet
+  if (member.role != Role::kCoordinator && member.rank >= 0) {
+    name += " " + std::to_string(member.rank);
+  }
   return name + " (pid " + std::to_string(member.pid) + ")";
 }
 
@@ -657,6 +690,14 @@ class Launcher {
   }
 
   void StartServersAndWorkers() {
+    // Joining servers: the coordinator gives each a failed server's rank (their ready lines
+    // say which).
+    for (int joined = 0; joined < config_.add_servers && !ShouldStop(); ++joined) {
+      std::vector<std::string> args = {binaries_.server, "--coordinator", coordinator_address_,
+                                       "--join"};
+      AppendCommonFlags(&args);
+      Spawn(Role::kServer, -1 - joined, std::move(args));
+    }
     for (int rank = 0; rank < config_.servers && !ShouldStop(); ++rank) {
       std::vector<std::string> args = {binaries_.server};
       AppendRankAndFleet(rank, &args);
@@ -676,6 +717,13 @@ class Launcher {
 
   void SuperviseUntilWorkersFinish() {
     const int workers = config_.LocalWorkers();
+    if (config_.add_servers > 0 && !ShouldStop()) {
+      Announce(std::to_string(config_.add_servers) + " servers joining the fleet at " +
+               coordinator_address_ + ", each in a failed server's place; serving until the "
+               "fleet stops (or Ctrl-C)");
+      while (!ShouldStop() && group_.RunningCount() > 0) PollOnce(Deadline::AfterMillis(1000));
+      return;
+    }
     if (workers == 0 && !ShouldStop()) {
       Announce("no workers: a long-running fleet, until interrupted (Ctrl-C); jobs attach with "
                "tessera-launch --attach " + coordinator_address_ + " --workers N ...");
@@ -758,6 +806,11 @@ class Launcher {
                (members_.size() > 1 ? "; stopped the rest of the fleet" : "; stopped the fleet"));
       return 1;
     }
+    if (config_.add_servers > 0) {
+      Announce("the " + std::to_string(config_.add_servers) + " servers added to the fleet at " +
+               coordinator_address_ + " have left; done");
+      return 0;
+    }
     Announce("all " + std::to_string(config_.LocalWorkers()) + " workers" +
              (config_.nnodes > 1 ? " of node " + std::to_string(config_.node_rank) : "") +
              " finished; " + (members_.size() > static_cast<size_t>(config_.LocalWorkers())
@@ -809,8 +862,10 @@ class Launcher {
     if (!config_.encrypt.empty()) args->insert(args->end(), {"--encrypt", config_.encrypt});
   }
 
+  // `rank` < 0: a joining server, its rank not known yet (-1 for the first, -2, ...).
   bool Spawn(Role role, int rank, std::vector<std::string> args) {
-    std::string label = std::string(RoleName(role)) + " " + std::to_string(rank);
+    std::string label = rank < 0 ? "joining server " + std::to_string(-rank)
+                                 : std::string(RoleName(role)) + " " + std::to_string(rank);
     if (LogLevelEnabled(LogLevel::kDebug)) {
       std::string command;
       for (const std::string& arg : args) command += " " + arg;
@@ -866,6 +921,11 @@ class Launcher {
       HandleReady(member, event.line);
       return;
     }
+    if (event.stream == ChildStream::kStdout && member.role == Role::kCoordinator &&
+        event.line.rfind(kJoinedPrefix, 0) == 0) {
+      HandleJoined(event.line);
+      return;
+    }
     int fd = event.stream == ChildStream::kStdout ? STDOUT_FILENO : STDERR_FILENO;
     WriteLine(fd, member.prefix + event.line);
   }
@@ -876,6 +936,11 @@ class Launcher {
       Fail(Describe(member) + " printed a malformed ready line (" + info.status().message() +
            "): " + line);
       return;
+    }
+    if (member.rank < 0 && member.role == Role::kServer && info->role == RoleName(member.role)) {
+      // A joining server: the coordinator chose its rank.
+      member.rank = info->rank;
+      member.prefix = "[server " + std::to_string(member.rank) + "] ";
     }
     if (info->role != RoleName(member.role) || info->rank != member.rank) {
       Fail(Describe(member) + " announced itself as role=" + info->role +
@@ -890,6 +955,21 @@ class Launcher {
       Announce("coordinator address " + info->address + " (children get --coordinator " +
                coordinator_address_ + ")");
     }
+  }
+
+  // The coordinator's "TESSERA_JOINED role=server rank=1 ...": a server took a failed one's
+  // place (tessera-server --join), so that rank's ranges have their copy again.
+  void HandleJoined(const std::string& line) {
+    StatusOr<ReadyInfo> info = ParseJoinedLine(line);
+    if (!info.ok()) {
+      Announce("the coordinator printed a malformed line (" + info.status().message() + "): " +
+               line);
+      return;
+    }
+    lost_servers_.erase(info->rank);
+    Announce("server " + std::to_string(info->rank) + " joined the fleet (pid " +
+             std::to_string(info->pid) + " at " + info->address +
+             ") in the place of the failed one; the workers copy its key ranges to it");
   }
 
   void HandleExit(Member& member, const ChildExit& exit) {
@@ -918,6 +998,10 @@ class Launcher {
       return Fail(what + "; " + lost);
     }
     if (!exit.success()) return Fail(what);
+    if (config_.add_servers > 0) {  // a joined server leaves when the fleet's coordinator stops
+      Announce(what + ": the fleet it joined is over");
+      return;
+    }
     // Several nodes: a clean exit of the coordinator means every node's workers have left.
     if (member.role == Role::kCoordinator && config_.nnodes > 1) {
       coordinator_done_ = true;
@@ -1054,6 +1138,8 @@ int Main(int argc, char** argv) {
     return status == 0 ? 0 : 2;
   }
   config.worker_args = ForwardedArgs(app.remaining());
+  // Adding servers starts no workers unless asked to (which Validate refuses).
+  if (config.add_servers > 0 && app.count("--workers") == 0) config.workers = 0;
   if (!config.make_key_file.empty()) {
     Status made = WriteKeyFile(config.make_key_file, JobKey::Generate());
     WriteLine(made.ok() ? STDOUT_FILENO : STDERR_FILENO,

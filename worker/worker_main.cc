@@ -358,11 +358,13 @@ Status RunTraining(ProcessRuntime& runtime, const WorkerFlags& worker_flags,
   std::unique_ptr<Collectives> collectives;  // outlives the engine (declared first)
   std::unique_ptr<RingStopGrace> stop_grace;  // ring modes
   std::unique_ptr<TrainingEngine> engine;
-  // Goes before the engine: the fleet client stops asking it about lost servers.
+  // Goes before the engine: the fleet client stops telling it about lost and joined servers.
   struct ForgetPeerLoss {
     RendezvousClient* client = nullptr;
     ~ForgetPeerLoss() {
-      if (client != nullptr) client->SetPeerLossHandler(nullptr);
+      if (client == nullptr) return;
+      client->SetPeerLossHandler(nullptr);
+      client->SetFleetChangeHandler(nullptr);
     }
   } forget_peer_loss;
   if (local) {
@@ -430,6 +432,8 @@ Status RunTraining(ProcessRuntime& runtime, const WorkerFlags& worker_flags,
           if (survived.ok() || survived.message().empty()) return survived;
           return Status(survived.code(), survived.message() + "; " + LastCheckpointSaying(dir));
         });
+    // A server that joined in a failed one's place gets its ranges back (ps-sync).
+    client->SetFleetChangeHandler([ps = ps.get()](const FleetView& view) { ps->FleetChanged(view); });
     forget_peer_loss.client = client;
     engine = std::move(ps);
   }

@@ -38,6 +38,17 @@ struct HeartbeatAck {
   uint64_t epoch = 0;  // of the coordinator's fleet view
 };
 
+// The reason of the coordinator's notice (role coordinator) when it stopped without an error:
+// its job is over, and whoever is still attached leaves.
+inline std::string CoordinatorStoppedReason(const std::string& job) {
+  return "the coordinator of job '" + job + "' has stopped";
+}
+inline bool IsCleanCoordinatorStop(const std::string& reason) {
+  const std::string head = "the coordinator of job '", tail = "' has stopped";
+  return reason.size() >= head.size() + tail.size() && reason.compare(0, head.size(), head) == 0 &&
+         reason.compare(reason.size() - tail.size(), tail.size(), tail) == 0;
+}
+
 // The coordinator's word that a member failed: every wait for it ends with this.
 struct FailureNotice {
   Role role = Role::kWorker;

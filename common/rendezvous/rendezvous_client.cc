@@ -67,6 +67,9 @@ StatusOr<std::unique_ptr<RendezvousClient>> RendezvousClient::Join(
     const std::string address = notice.address.empty() ? "?" : notice.address;
     const std::string reason = notice.reason.empty() ? "no reason given" : notice.reason;
     if (notice.role == Role::kCoordinator) {  // it stopped: nobody is left to carry on with
+      if (raw->health().ok() && IsCleanCoordinatorStop(notice.reason)) {
+        raw->coordinator_stopped_cleanly_ = true;
+      }
       raw->Fail(UnavailableError("lost contact with the coordinator: " + reason));
       return;
     }
@@ -87,6 +90,19 @@ StatusOr<std::unique_ptr<RendezvousClient>> RendezvousClient::Join(
     }
     raw->Fail(AbortedError(what));
   });
+  // A newer view (a server joined in a failed one's place): to the handler, once per epoch.
+  endpoint->SetHandler(MessageType::kFleetView, [raw](Envelope envelope) {
+    const FleetView& view = *envelope.As<FleetView>();
+    std::function<void(const FleetView&)> on_fleet_change;
+    {
+      std::lock_guard<std::mutex> lock(raw->mu_);
+      if (view.epoch <= raw->newest_epoch_) return;
+      raw->newest_epoch_ = view.epoch;
+      on_fleet_change = raw->on_fleet_change_;
+    }
+    TLOG(DEBUG) << "fleet view of epoch " << view.epoch << " from the coordinator";
+    if (on_fleet_change) on_fleet_change(view);
+  });
 
   RegisterRequest request;
   request.role = options.role;
@@ -96,6 +112,7 @@ StatusOr<std::unique_ptr<RendezvousClient>> RendezvousClient::Join(
   request.host = options.host.empty() ? LocalHostName() : options.host;
   request.pid = static_cast<int64_t>(getpid());
   request.num_workers = options.num_workers;
+  request.join = options.join;
   TLOG(INFO) << "registering as " << me << " with the coordinator at "
              << options.coordinator_address << " (waiting up to " << options.rendezvous_timeout_ms
              << " ms for the whole fleet)";
@@ -130,13 +147,28 @@ StatusOr<std::unique_ptr<RendezvousClient>> RendezvousClient::Join(
                          endpoint->address() + ")");
   }
   endpoint->SetIdentity(options.role, client->rank_);
-  client->heartbeat_thread_ = std::thread([raw] { raw->HeartbeatLoop(); });
+  {
+    std::lock_guard<std::mutex> lock(client->mu_);
+    client->newest_epoch_ = std::max(client->newest_epoch_, client->view_.epoch);
+  }
+  if (!options.join) client->StartHeartbeats();
   return client;
+}
+
+void RendezvousClient::StartHeartbeats() {
+  if (heartbeat_thread_.joinable()) return;
+  heartbeat_thread_ = std::thread([this] { HeartbeatLoop(); });
+}
+
+void RendezvousClient::SetFleetChangeHandler(std::function<void(const FleetView&)> handler) {
+  std::lock_guard<std::mutex> lock(mu_);
+  on_fleet_change_ = std::move(handler);
 }
 
 RendezvousClient::~RendezvousClient() {
   StopHeartbeats();
   endpoint_->ClearHandler(MessageType::kFailureNotice);
+  endpoint_->ClearHandler(MessageType::kFleetView);
 }
 
 void RendezvousClient::StopHeartbeats() {

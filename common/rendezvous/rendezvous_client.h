@@ -3,7 +3,8 @@
 // Join() registers this process (role, listen address, /metrics address) and waits until the
 // coordinator has heard from the whole fleet; it returns the FleetView and this process's
 // rank. From then on a heartbeat thread tells the coordinator we are alive, and the
-// coordinator tells us when another process failed (a FailureNotice). Either way the first
+// coordinator tells us when another process failed (a FailureNotice) or when a server joined
+// in a failed one's place (a newer FleetView, SetFleetChangeHandler). Either way the first
 // failure becomes health() and fails every pending and later call on the endpoint, so a
 // process waiting on a dead peer gets an error naming it instead of hanging.
 //
@@ -11,6 +12,7 @@
 #ifndef TESSERA_COMMON_RENDEZVOUS_RENDEZVOUS_CLIENT_H_
 #define TESSERA_COMMON_RENDEZVOUS_RENDEZVOUS_CLIENT_H_
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -48,6 +50,10 @@ struct RendezvousOptions {
   // cannot go on); false, it is logged and this process carries on (servers outlive jobs).
   // Losing the coordinator is always a failure.
   bool peer_failures_are_fatal = true;
+  // A server taking a failed server's place in a running fleet (tessera-server --join): Join
+  // returns with the view at once and the process heartbeats only from StartHeartbeats() on
+  // (once it serves: the coordinator makes it alive, and tells the others, at its first).
+  bool join = false;
   // True once this process was asked to stop (SIGTERM, SIGINT): Join and Barrier then give up
   // waiting within kStopCheckMs with Cancelled, instead of waiting out their timeouts. Null:
   // never.
@@ -81,6 +87,9 @@ class RendezvousClient {
 
   // OK while the fleet is healthy, else the first failure seen.
   Status health() const;
+  // Whether the first failure was the coordinator saying it stopped without an error (the
+  // fleet's end, not a fault).
+  bool coordinator_stopped_cleanly() const { return coordinator_stopped_cleanly_; }
   // Runs once with the first failure (on an internal thread; must not block).
   void SetFailureCallback(std::function<void(const Status&)> callback);
   // Asked about each failed peer (not the coordinator) while peer failures are fatal: OK when
@@ -88,6 +97,12 @@ class RendezvousClient {
   // the handler logs how); else why not, which the failure then says (when not empty). Runs
   // on the endpoint's handler thread and must not block. Null: every loss is fatal.
   void SetPeerLossHandler(std::function<Status(const FailureNotice&)> handler);
+
+  // Called with each newer fleet view the coordinator sends (a server joined in a failed
+  // one's place), on the endpoint's handler thread; must not block. Null: ignored.
+  void SetFleetChangeHandler(std::function<void(const FleetView&)> handler);
+  // RendezvousOptions::join: starts heartbeating (the first one at once). Once only.
+  void StartHeartbeats();
 
   // Says goodbye to the coordinator (a clean exit, not a failure) and stops heartbeating.
   void Leave(const std::string& reason);
@@ -121,6 +136,9 @@ class RendezvousClient {
   Status health_;                                      // guarded by mu_
   std::function<void(const Status&)> on_failure_;      // guarded by mu_
   std::function<Status(const FailureNotice&)> on_peer_loss_;  // guarded by mu_
+  std::function<void(const FleetView&)> on_fleet_change_;      // guarded by mu_
+  uint64_t newest_epoch_ = 0;                                  // guarded by mu_
+  std::atomic<bool> coordinator_stopped_cleanly_{false};
   std::map<std::string, uint64_t> barrier_generation_;  // guarded by mu_
   std::thread heartbeat_thread_;
 };

@@ -78,8 +78,7 @@ Coordinator::~Coordinator() { StopServing(OkStatus()); }
 void Coordinator::StopServing(const Status& why) {
   if (stopped_serving_) return;
   stopped_serving_ = true;
-  const Status stopped = UnavailableError("the coordinator of job '" + options_.job +
-                                          "' has stopped" +
+  const Status stopped = UnavailableError(CoordinatorStoppedReason(options_.job) +
                                           (why.ok() ? "" : ": " + why.message()));
   // The responder refers to the endpoint only (which owns it), so it may outlive this.
   RpcEndpoint* endpoint = endpoint_;
@@ -236,13 +235,17 @@ void Coordinator::HandleRegister(const Envelope& envelope) {
                             options_.job + "' has " + std::to_string(job_workers_)));
     }
   }
+  if (request->join) return HandleJoin(envelope);
   int expected = role == Role::kServer ? options_.num_servers : ExpectedWorkers();
   if (complete_ && !job_worker) {
     return ReplyError(envelope.origin, request_id,
                       FailedPreconditionError(
                           "the rendezvous of job '" + options_.job +
                           "' is already complete (epoch " + std::to_string(epoch_) +
-                          "); a " + role_name + " at " + address + " cannot join it"));
+                          "); a " + role_name + " at " + address + " cannot join it" +
+                          (role == Role::kServer
+                               ? " (start it with --join to take a failed server's place)"
+                               : "")));
   }
   if (expected == 0) {
     return ReplyError(envelope.origin, request_id,
@@ -298,6 +301,96 @@ void Coordinator::HandleRegister(const Envelope& envelope) {
   } else if (static_cast<int>(members_.size()) == options_.num_servers + options_.num_workers) {
     CompleteRendezvous();
   }
+  PublishSnapshot();
+}
+
+void Coordinator::HandleJoin(const Envelope& envelope) {
+  const RegisterRequest* request = envelope.As<RegisterRequest>();
+  const uint64_t request_id = envelope.header.request_id;
+  const std::string& address = request->address;
+  if (request->role != Role::kServer) {
+    return ReplyError(envelope.origin, request_id,
+                      InvalidArgumentError("only a server joins a running fleet in a failed "
+                                           "one's place (--join); a " +
+                                           std::string(RoleName(request->role)) + " at " +
+                                           address + " asked to"));
+  }
+  if (!complete_) {
+    return ReplyError(envelope.origin, request_id,
+                      FailedPreconditionError(
+                          "a server at " + address + " asked to join (--join), but the fleet of "
+                          "job '" + options_.job + "' is still assembling; start it without "
+                          "--join"));
+  }
+  std::vector<int> failed;
+  for (const auto& [key, member] : members_) {
+    if (key.first == Role::kServer && member.info.state == MemberState::kFailed) {
+      failed.push_back(key.second);
+    }
+  }
+  std::string failed_names;
+  for (int rank : failed) {
+    failed_names += (failed_names.empty() ? "" : ", ") + std::to_string(rank);
+  }
+  int rank = request->requested_rank;
+  if (rank < 0) {
+    if (failed.empty()) {
+      return ReplyError(envelope.origin, request_id,
+                        FailedPreconditionError(
+                            "a server at " + address + " asked to join (--join) job '" +
+                            options_.job + "', but none of its " +
+                            std::to_string(options_.num_servers) +
+                            " servers has failed: a joining server takes a failed one's place"));
+    }
+    rank = failed.front();
+  } else if (std::find(failed.begin(), failed.end(), rank) == failed.end()) {
+    auto it = members_.find({Role::kServer, rank});
+    const std::string state = rank >= options_.num_servers
+                                  ? "not in the fleet (it has " +
+                                        std::to_string(options_.num_servers) + " servers)"
+                              : it == members_.end() ? "not registered"
+                                                     : std::string(MemberStateName(
+                                                           it->second.info.state));
+    return ReplyError(envelope.origin, request_id,
+                      FailedPreconditionError(
+                          "a server at " + address + " asked to join job '" + options_.job +
+                          "' as server " + std::to_string(rank) + ", which is " + state +
+                          "; a joining server takes a failed one's place (failed: " +
+                          (failed.empty() ? std::string("none") : failed_names) + ")"));
+  }
+  Member& member = members_.at({Role::kServer, rank});
+  member.info.address = address;
+  member.info.metrics_address = request->metrics_address;
+  member.info.host = request->host;
+  member.info.pid = request->pid;
+  member.info.state = MemberState::kJoining;
+  member.route = envelope.origin;
+  member.register_request_id = request_id;
+  member.last_seen = SteadyClock::now();
+  member.joining_late = true;
+  TLOG(INFO) << member.info.Name() << " joins job '" << options_.job << "' from " << address
+             << " (pid " << member.info.pid << ") in the place of the failed one; it is "
+             << "alive once it heartbeats (serving), and the workers then copy its ranges to it";
+  Status sent = endpoint_->transport().Reply(member.route,
+                                             OutgoingMessage{request_id, -1, BuildView()});
+  if (!sent.ok()) TLOG(WARNING) << "fleet view for " << member.info.Name() << ": " << sent;
+  UpdateMemberGauges();
+  PublishSnapshot();
+}
+
+void Coordinator::PromoteJoined(Member& member) {
+  member.info.state = MemberState::kAlive;
+  member.joining_late = false;
+  ++epoch_;
+  TLOG(INFO) << member.info.Name() << " (pid " << member.info.pid << ") is serving: telling "
+             << "every process (fleet view epoch " << epoch_ << ")";
+  const FleetView view = BuildView();
+  for (auto& [key, other] : members_) {
+    if (other.info.state != MemberState::kAlive || &other == &member) continue;
+    Status sent = endpoint_->transport().Reply(other.route, OutgoingMessage{0, -1, view});
+    if (!sent.ok()) TLOG(WARNING) << "fleet view to " << other.info.Name() << ": " << sent;
+  }
+  UpdateMemberGauges();
   PublishSnapshot();
 }
 
@@ -451,6 +544,13 @@ Coordinator::Member* Coordinator::FindLive(const MessageHeader& header) {
 
 void Coordinator::HandleHeartbeat(const Envelope& envelope) {
   if (heartbeats_ != nullptr) heartbeats_->Increment();
+  if (envelope.header.sender_role.has_value()) {
+    auto joining = members_.find({*envelope.header.sender_role, envelope.header.sender_rank});
+    if (joining != members_.end() && joining->second.joining_late &&
+        joining->second.info.state == MemberState::kJoining) {
+      PromoteJoined(joining->second);  // its first heartbeat: it serves now
+    }
+  }
   Member* member = FindLive(envelope.header);
   if (member == nullptr) {
     return ReplyError(envelope.origin, envelope.header.request_id,
@@ -708,6 +808,18 @@ Status Coordinator::CheckTimers() {
     CheckLocalProcesses();
   }
   for (auto& [key, member] : members_) {
+    if (member.joining_late && member.info.state == MemberState::kJoining &&
+        std::chrono::duration_cast<std::chrono::milliseconds>(now - member.last_seen).count() >
+            options_.heartbeat_timeout_ms) {
+      member.info.state = MemberState::kFailed;
+      member.joining_late = false;
+      TLOG(WARNING) << member.info.Name() << " (pid " << member.info.pid << ") joined but did "
+                    << "not heartbeat within " << options_.heartbeat_timeout_ms
+                    << " ms; its place is free again";
+      UpdateMemberGauges();
+      PublishSnapshot();
+      continue;
+    }
     if (member.info.state != MemberState::kAlive) continue;
     int64_t silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - member.last_seen).count();
     if (silent > options_.heartbeat_timeout_ms) {

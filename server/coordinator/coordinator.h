@@ -11,6 +11,10 @@
 //     naming it;
 //   - runs barriers over all members or one role, releasing them when every live participant
 //     has arrived, or failing them naming who is missing (timeout) or who failed;
+//   - takes a server started with --join into a complete fleet in the place of a failed one:
+//     it gets the view at once, and once it heartbeats (it serves) it is alive and every other
+//     live member gets the new view (request id 0, the epoch one higher), from which the
+//     workers copy its key ranges to it (worker/engines/ps_engine.h);
 //   - records departures (Goodbye): a clean one is not a failure; one that carries an error
 //     (the member is stopping because of it) declares the member failed at once, and the
 //     FailureNotice the others get quotes that error.
@@ -100,6 +104,9 @@ class Coordinator {
     Origin route;                    // where to send its replies and notices
     uint64_t register_request_id = 0;
     SteadyClock::time_point last_seen;
+    // A server that registered with --join in a failed one's place: kJoining until its first
+    // heartbeat (sent once it serves), then alive, and every other member gets the view.
+    bool joining_late = false;
   };
   struct Arrival {
     Origin route;
@@ -123,6 +130,11 @@ class Coordinator {
   void StopServing(const Status& why);
   void Handle(const Envelope& envelope);
   void HandleRegister(const Envelope& envelope);
+  // A server's registration with --join: it takes the place of a failed server (the one it
+  // asks for, or the lowest failed rank) and gets the view at once; see Member::joining_late.
+  void HandleJoin(const Envelope& envelope);
+  // A joined server's first heartbeat: alive, the epoch moves, every live member gets the view.
+  void PromoteJoined(Member& member);
   void HandleHeartbeat(const Envelope& envelope);
   void HandleBarrier(const Envelope& envelope);
   void HandleGoodbye(const Envelope& envelope);

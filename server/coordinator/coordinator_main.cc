@@ -1,6 +1,10 @@
 // tessera-coordinator: the rendezvous point of one job (see server/coordinator/coordinator.h).
 #include <unistd.h>
 
+#include <cstdio>
+#include <memory>
+#include <set>
+
 #include <CLI/CLI.hpp>
 
 #include "common/base/logging.h"
@@ -89,10 +93,22 @@ int main(int argc, char** argv) {
                  << runtime.metrics_url().substr(0, runtime.metrics_url().rfind('/'))
                  << "/dashboard";
     }
-    options.on_fleet_change = [discovery, dashboard](const FleetView& view) {
+    // Servers that failed: one alive again joined in its place (--join), which a launcher
+    // learns from a line on stdout (it counts the copies of each range; tools/launch.cc).
+    auto failed_servers = std::make_shared<std::set<int>>();
+    options.on_fleet_change = [discovery, dashboard, failed_servers](const FleetView& view) {
       Status updated = discovery->Update(view);
       if (!updated.ok()) TLOG(WARNING) << "service discovery: " << updated;
       if (dashboard) dashboard->UpdateFleet(view);
+      for (const MemberInfo& member : view.members) {
+        if (member.role != Role::kServer) continue;
+        if (member.state == MemberState::kFailed) failed_servers->insert(member.rank);
+        if (member.state == MemberState::kAlive && failed_servers->erase(member.rank) > 0) {
+          std::printf("TESSERA_JOINED role=server rank=%d address=%s pid=%lld\n", member.rank,
+                      member.address.c_str(), static_cast<long long>(member.pid));
+          std::fflush(stdout);
+        }
+      }
     };
     ASSIGN_OR_RETURN(auto coordinator, server::Coordinator::Create(&runtime.endpoint(), options,
                                                                    &runtime.metrics()));

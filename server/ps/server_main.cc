@@ -48,12 +48,13 @@ class FatalError {
   Status status_;  // guarded by mu_
 };
 
-Status Serve(ProcessRuntime& runtime) {
+Status Serve(ProcessRuntime& runtime, bool join) {
   RpcEndpoint& endpoint = runtime.endpoint();
   RendezvousOptions options = RendezvousOptionsFrom(runtime.config());
   options.metrics_address = runtime.metrics_url();
   options.stop_requested = [&runtime] { return runtime.StopRequested(); };
   options.peer_failures_are_fatal = false;  // so every failure the client reports is fatal
+  options.join = join;
   ASSIGN_OR_RETURN(std::unique_ptr<RendezvousClient> client,
                    RendezvousClient::Join(&endpoint, options, &runtime.metrics()));
   const int rank = client->rank();
@@ -81,12 +82,22 @@ Status Serve(ProcessRuntime& runtime) {
     return ps.status();
   }
   runtime.AnnounceReady(rank);
+  if (join) {
+    // Serving now: the coordinator makes this server alive at its first heartbeat and tells
+    // the workers, whose rank 0 then copies this rank's key ranges here (ps-sync).
+    client->StartHeartbeats();
+    TLOG(INFO) << "joined in the place of the failed server " << rank
+               << "; the workers copy its key ranges here at their next step; serving until "
+                  "stopped";
+  }
 
   // Workers begin with a barrier of the whole fleet, servers included. A failure here (a
   // worker died while starting) is the job's problem, not this server's: log and keep serving.
   // In a long-running fleet (no workers in the view) jobs come and go and their barriers are
   // their workers' alone.
-  if (client->view().num_workers == 0) {
+  if (join) {
+    // The fleet started long ago: no start barrier to enter.
+  } else if (client->view().num_workers == 0) {
     TLOG(INFO) << "long-running fleet: jobs' workers attach, train and leave; serving until "
                   "stopped";
   } else if (Status start = client->Barrier("start", std::nullopt,
@@ -100,6 +111,12 @@ Status Serve(ProcessRuntime& runtime) {
   while (!runtime.WaitForStop(Deadline::AfterMillis(kServeWakeMs))) {
   }
   Status failed = fatal->Get();
+  if (!failed.ok() && client->coordinator_stopped_cleanly()) {
+    // The fleet is over (its launcher stops the coordinator last): not a fault of this server,
+    // which may have joined from elsewhere (--join, tessera-launch --add-servers).
+    TLOG(INFO) << "the coordinator stopped: the fleet is over; exiting";
+    return OkStatus();
+  }
   if (!failed.ok()) return failed;  // no goodbye: the coordinator is gone
   TLOG(INFO) << "stopping: leaving the fleet";
   // Said as a stop: the coordinator tells the workers, whose requests to this server would
@@ -115,8 +132,14 @@ int main(int argc, char** argv) {
   CLI::App app(
       "tessera-server: one parameter-server shard. Joins the fleet at --coordinator, serves "
       "pushes and pulls for its key range, and runs until SIGTERM.");
+  bool join = false;
+  app.add_flag("--join", join,
+               "Join a running fleet in the place of a failed server (--rank R, or the lowest "
+               "failed rank): with --replicas 2 or more the workers copy that rank's key ranges "
+               "here at a ps-sync step boundary, restoring every range's copies "
+               "(docs/parameter-server.md)");
   return tessera::RunProcess(tessera::Role::kServer, argc, argv, &app,
-                             [](tessera::ProcessRuntime& runtime) {
-                               return tessera::server::Serve(runtime);
+                             [&join](tessera::ProcessRuntime& runtime) {
+                               return tessera::server::Serve(runtime, join);
                              });
 }

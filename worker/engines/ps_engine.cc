@@ -96,6 +96,10 @@ StatusOr<std::unique_ptr<PsEngine>> PsEngine::Create(const PsEngineOptions& opti
                    metrics->RegisterCounter(names::kPsClientRetargetedTotal.name,
                                             names::kPsClientRetargetedTotal.help, {}));
   ASSIGN_OR_RETURN(engine->retargeted_, retargeted->WithLabels({}));
+  ASSIGN_OR_RETURN(CounterFamily * copies,
+                   metrics->RegisterCounter(names::kPsClientRangeCopiesTotal.name,
+                                            names::kPsClientRangeCopiesTotal.help, {}));
+  ASSIGN_OR_RETURN(engine->range_copies_, copies->WithLabels({}));
   return engine;
 }
 
@@ -177,10 +181,19 @@ Status PsEngine::ServerLost(int server, const std::string& reason) {
   }
   if (replicas_ == 1) return FailedPreconditionError(RangeLostMessage(server));
   std::string moved;  // "range 1 to server 2, ..."
+  std::string address;
   {
     std::lock_guard<std::mutex> lock(lost_mu_);
-    if (lost_[static_cast<size_t>(server)]) return OkStatus();
+    if (lost_[static_cast<size_t>(server)]) {
+      // A server that joined in its place and failed before it was taken in.
+      if (joined_.erase(server) > 0) {
+        TLOG(WARNING) << "server " << server << ", which joined in the failed one's place, "
+                      << "failed before it was given its ranges (" << reason << ")";
+      }
+      return OkStatus();
+    }
     lost_[static_cast<size_t>(server)] = true;
+    address = server_addresses_[static_cast<size_t>(server)];
   }
   for (int range = 0; range < view_.num_servers; ++range) {
     const int offset = (server - range + view_.num_servers) % view_.num_servers;
@@ -201,18 +214,135 @@ Status PsEngine::ServerLost(int server, const std::string& reason) {
   TLOG(WARNING) << "server " << server << " failed (" << reason << "); carrying on with the "
                 << "other replicas of its ranges"
                 << (moved.empty() ? std::string() : "; new primaries: " + moved);
-  endpoint_->FailCallsTo(server_addresses_[server],
+  endpoint_->FailCallsTo(address,
                          UnavailableError("server " + std::to_string(server) + " failed: " +
                                           reason));
   return OkStatus();
+}
+
+void PsEngine::FleetChanged(const FleetView& view) {
+  for (const MemberInfo& member : view.members) {
+    if (member.role != Role::kServer || member.state != MemberState::kAlive ||
+        member.rank < 0 || member.rank >= view_.num_servers) {
+      continue;
+    }
+    std::lock_guard<std::mutex> lock(lost_mu_);
+    const auto rank = static_cast<size_t>(member.rank);
+    if (!lost_[rank] || member.address == server_addresses_[rank] ||
+        joined_.count(member.rank) > 0) {
+      continue;
+    }
+    if (options_.consistency != PsConsistency::kSync) {
+      TLOG(WARNING) << "server " << member.rank << " joined at " << member.address << " in the "
+                    << "failed one's place; " << PsModeName(options_.consistency) << " has no "
+                    << "step common to every worker at which to copy its ranges to it, so it "
+                    << "stays unused and its ranges keep their other copies";
+      continue;
+    }
+    joined_[member.rank] = member.address;
+    TLOG(INFO) << "server " << member.rank << " joined at " << member.address << " in the "
+               << "failed one's place; it gets its ranges after the next step every worker "
+               << "agrees on";
+    joined_cv_.notify_all();
+  }
 }
 
 bool PsEngine::StopAskedIn(int64_t step) {
   if (stop_read_step_ != step) {
     stop_read_step_ = step;
     stop_asked_ = options_.stop_requested && options_.stop_requested();
+    std::lock_guard<std::mutex> lock(lost_mu_);
+    join_asked_ = joined_.empty() ? -1 : joined_.begin()->first;
   }
   return stop_asked_;
+}
+
+int PsEngine::JoinAskedIn(int64_t step) {
+  StopAskedIn(step);
+  return join_asked_;
+}
+
+Status PsEngine::TakeInJoined(int64_t step, int server, const float* params) {
+  // This worker's view may come a moment after another's push named the server.
+  std::string address;
+  {
+    std::unique_lock<std::mutex> lock(lost_mu_);
+    const Deadline deadline = Deadline::AfterMillis(options_.request_timeout_ms);
+    while (joined_.count(server) == 0) {
+      if (deadline.Expired()) {
+        return DeadlineExceededError(
+            "the replies of step " + std::to_string(step) + " say server " +
+            std::to_string(server) + " joined, but the coordinator's fleet view saying so did "
+            "not reach this worker within " + std::to_string(options_.request_timeout_ms) + " ms");
+      }
+      if (options_.stop_requested && options_.stop_requested()) {
+        return CancelledError("waiting for the fleet view with server " + std::to_string(server) +
+                              ": stopped (the process was asked to stop)");
+      }
+      joined_cv_.wait_for(lock, std::chrono::milliseconds(kStopCheckMs));
+    }
+    address = joined_[server];
+    server_addresses_[static_cast<size_t>(server)] = address;
+  }
+  auto started = SteadyClock::now();
+  // The ranges it holds a copy of: those whose replicas include it.
+  std::vector<int> ranges;
+  for (int range = 0; range < view_.num_servers; ++range) {
+    if ((server - range + view_.num_servers) % view_.num_servers < replicas_) {
+      ranges.push_back(range);
+    }
+  }
+  std::string copied;  // "range 0 from server 2, ..."
+  double bytes = 0;
+  if (rank_ == 0) {
+    for (int range : ranges) {
+      const std::string what = "copy of range " + std::to_string(range) + " at step " +
+                               std::to_string(step) + " for server " + std::to_string(server);
+      CheckpointRequest ask{"", step, false, range};
+      ask.copy = true;
+      Reply copy = Send(range, std::move(ask), step, what);
+      std::optional<Deadline> stop_grace;
+      ASSIGN_OR_RETURN(Envelope answer, Await(&copy, what, &stop_grace));
+      ASSIGN_OR_RETURN(CheckpointReply shard, TakeBody<CheckpointReply>(std::move(answer), what));
+      PsInitRequest init{config_json_, {}, job_token_, range};
+      for (size_t i : chunks_of_server_[static_cast<size_t>(range)]) {
+        const DenseChunk& chunk = chunks_[i];
+        init.tensors.push_back(ChunkTensor(chunk, params + chunk.offset, nullptr));
+      }
+      for (const TensorData& entry : shard.tensors) {
+        bytes += static_cast<double>(entry.bytes.size());
+      }
+      init.copy = std::move(shard.tensors);
+      init.copy_step = step;
+      const std::string to = "the copy of range " + std::to_string(range) + " to server " +
+                             std::to_string(server) + " (joined at " + address + ")";
+      Reply taken;
+      taken.range = range;
+      taken.copies.emplace_back(server, SendTo(server, std::move(init), step, to));
+      RETURN_IF_ERROR(Await(&taken, to, &stop_grace).status());
+      range_copies_->Increment();
+      copied += std::string(copied.empty() ? "" : ", ") + "range " + std::to_string(range) +
+                " from server " + std::to_string(copy.copies.front().first);
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(lost_mu_);
+    lost_[static_cast<size_t>(server)] = false;
+    joined_.erase(server);
+  }
+  if (rank_ == 0) {
+    TLOG(WARNING) << "server " << server << " (" << address << ") holds its ranges again after "
+                  << "step " << step << ": " << copied << " ("
+                  << static_cast<uint64_t>(bytes) << " bytes in "
+                  << std::chrono::duration_cast<std::chrono::milliseconds>(SteadyClock::now() -
+                                                                           started)
+                         .count()
+                  << " ms); " << replicas_ << " copies of every range it holds";
+  } else {
+    TLOG(INFO) << "server " << server << " (" << address << ") holds its ranges from step "
+               << step + 1 << " on";
+  }
+  return OkStatus();
 }
 
 Status PsEngine::AwaitReply(const std::shared_future<StatusOr<Envelope>>& reply,
@@ -316,8 +446,9 @@ Status PsEngine::Initialize(const ParameterLayout& layout,
   // starting is answered Unimplemented in between, so both first contacts retry that until
   // the request deadline.
   const Deadline serving_deadline = Deadline::AfterMillis(options_.request_timeout_ms);
+  config_json_ = EncodePsJobConfig(config);
   if (rank_ == 0) {
-    const std::string json = EncodePsJobConfig(config);
+    const std::string& json = config_json_;
     // Each range on each of its replicas (with --replicas 1: server s, range s).
     auto init = [&](std::pair<int, int> range_server) {
       const auto [range, server] = range_server;
@@ -438,6 +569,9 @@ std::pair<PsEngine::Reply, std::string> PsEngine::SendChunks(int64_t step,
   request.in_region = region != nullptr;
   request.skip = skip;
   request.stop = push && StopAskedIn(step);
+  if (push && replicas_ > 1 && options_.consistency == PsConsistency::kSync) {
+    request.join = JoinAskedIn(step);
+  }
   for (size_t i : group) {
     const DenseChunk& chunk = chunks_[i];
     if (region != nullptr && send_gradients) {
@@ -576,6 +710,11 @@ Status PsEngine::PushPull(int64_t step, const float* grads, float* params,
       stopped_step_ = step;
       stopped_by_ = stopped_by_ < 0 ? reply.stopped_by : std::min(stopped_by_, reply.stopped_by);
     }
+    if (push && reply.joining >= 0) {
+      if (joining_step_ != step) joining_ = -1;
+      joining_step_ = step;
+      joining_ = joining_ < 0 ? reply.joining : std::min(joining_, reply.joining);
+    }
     if (reply.tensors.size() != groups[r].size()) {
       return DataLossError(replies[r].second + ": the reply has " +
                            std::to_string(reply.tensors.size()) + " chunks, not " +
@@ -713,6 +852,11 @@ Status PsEngine::Step(int64_t step, float* params, float* grads,
   RETURN_IF_ERROR(dense);
   RETURN_IF_ERROR(sparse_status);
   last_step_ = step;
+  if (joining_step_ == step && joining_ >= 0) {
+    return TakeInJoined(step, joining_, params)
+        .WithContext("taking in server " + std::to_string(joining_) + " after step " +
+                     std::to_string(step));
+  }
   return OkStatus();
 }
 

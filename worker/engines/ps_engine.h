@@ -30,11 +30,23 @@
 // write) is asked again of them; nothing is applied twice (a re-ask is a pull). Shared
 // memory is not used (each region is one server's).
 //
+// Re-replication (ps-sync): a server started with --join in a failed one's place reaches every
+// worker as a newer fleet view (FleetChanged). Each worker's pushes of its next step name it
+// (PsPushPullRequest::join, read once per step), and every reply of that step says the same
+// (PsPushPullReply::joining), so all workers agree on the step after which it holds its ranges.
+// At the end of that step rank 0 copies each of its ranges from the range's primary
+// (CheckpointRequest::copy) to it (PsInitRequest::copy), and every worker sends it that
+// range's requests from the next step on (the server parks those that arrive before the copy).
+// Every range then has its R copies again. ps-async and ps-ssp have no common step: there a
+// joined server is logged and left unused.
+//
 // Thread-safety: the training thread only.
 #ifndef TESSERA_WORKER_ENGINES_PS_ENGINE_H_
 #define TESSERA_WORKER_ENGINES_PS_ENGINE_H_
 
+#include <condition_variable>
 #include <future>
+#include <map>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -121,6 +133,10 @@ class PsEngine final : public TrainingEngine {
   Status ServerLost(int server, const std::string& reason);
   // For RendezvousClient::SetPeerLossHandler: ServerLost for a server; an error for a worker.
   Status PeerLost(const FailureNotice& notice);
+  // For RendezvousClient::SetFleetChangeHandler: a failed server alive again at a new address
+  // (it joined in its place) is taken in at the next agreed step (see above). Thread-safe;
+  // quick.
+  void FleetChanged(const FleetView& view);
   // Rank 0 asks every server to write its shard (ps-sync: once the step is applied
   // everywhere, so the checkpoint is exactly the state after `step`; ps-async/ssp: a snapshot
   // of whatever each server holds) and commits the manifest; other ranks do nothing.
@@ -187,8 +203,14 @@ class PsEngine final : public TrainingEngine {
   StatusOr<Envelope> Await(Reply* reply, const std::string& what,
                            std::optional<Deadline>* stop_grace);
   // Whether this worker's pushes of `step` say it was asked to stop: options_.stop_requested,
-  // read at the step's first push and kept for the rest of them.
+  // read at the step's first push and kept for the rest of them; and (ps-sync, read with it)
+  // the lowest server rank that joined and is not taken in yet (-1: none).
   bool StopAskedIn(int64_t step);
+  int JoinAskedIn(int64_t step);
+  // The replies of `step` named `server` as joining: its address (from FleetChanged, waited
+  // for when this worker has not heard yet), rank 0's copy of its ranges to it, and from the
+  // next step on it holds them.
+  Status TakeInJoined(int64_t step, int server, const float* params);
   // Waits until `reply` is ready; Cancelled naming `what` once a stop was seen
   // (options_.stop_requested) and `*stop_grace` (set then, shared by the waits of one call)
   // expired.
@@ -202,10 +224,17 @@ class PsEngine final : public TrainingEngine {
   RpcEndpoint* const endpoint_;
   const FleetView view_;
   const int rank_;
-  std::vector<std::string> server_addresses_;  // by server rank
+  // By server rank; an entry changes when a joined server is taken in. Guarded by lost_mu_ for
+  // the other threads (ServerLost); the training thread, which alone writes it, reads it free.
+  std::vector<std::string> server_addresses_;
   int replicas_ = 1;
   mutable std::mutex lost_mu_;
   std::vector<bool> lost_;  // by server: failed (ServerLost); guarded by lost_mu_
+  // Servers that joined in a failed one's place and are not taken in yet: rank -> address.
+  std::map<int, std::string> joined_;  // guarded by lost_mu_
+  std::condition_variable joined_cv_;  // signalled when joined_ grows
+  Counter* range_copies_ = nullptr;
+  std::string config_json_;  // the job's PsJobConfig (rank 0's init; a joined server's too)
   Counter* failovers_ = nullptr;
   Counter* retargeted_ = nullptr;
   std::vector<DenseChunk> chunks_;
@@ -224,6 +253,10 @@ class PsEngine final : public TrainingEngine {
   // StopAskedIn's answer and the step it is for.
   int64_t stop_read_step_ = 0;
   bool stop_asked_ = false;
+  int join_asked_ = -1;
+  // ps-sync: the lowest server rank the replies of step joining_step_ said joins (-1: none).
+  int64_t joining_step_ = 0;
+  int joining_ = -1;
   // ps-sync: the lowest rank the replies of step stopped_step_ said was asked to stop (-1: none).
   int64_t stopped_step_ = 0;
   int stopped_by_ = -1;

@@ -110,6 +110,9 @@ StatusOr<std::unique_ptr<PsClient>> PsClient::Join(const PsClientOptions& option
       [engine = client->engine_.get()](const FailureNotice& notice) {
         return engine->PeerLost(notice);
       });
+  // A server that joined in a failed one's place gets its ranges back (ps-sync).
+  client->client_->SetFleetChangeHandler(
+      [engine = client->engine_.get()](const FleetView& view) { engine->FleetChanged(view); });
   TLOG(INFO) << who << " joined the fleet at " << options.coordinator << ": "
              << client->client_->view().num_servers << " servers, " << options.mode << ", "
              << client->optimizer_.ToString() << ", lr schedule " << options.schedule.ToString();
@@ -119,7 +122,10 @@ StatusOr<std::unique_ptr<PsClient>> PsClient::Join(const PsClientOptions& option
 PsClient::~PsClient() {
   Leave("the torch process is exiting");
   // The engine goes before the fleet client (members in reverse): no more questions for it.
-  if (client_) client_->SetPeerLossHandler(nullptr);
+  if (client_) {
+    client_->SetPeerLossHandler(nullptr);
+    client_->SetFleetChangeHandler(nullptr);
+  }
 }
 
 int PsClient::num_servers() const { return client_->view().num_servers; }
