@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <future>
+#include <mutex>
 #include <set>
 #include <thread>
 
@@ -309,6 +310,79 @@ TEST(CoordinatorTest, AFailingMembersErrorReachesEveryoneAtOnce) {
   EXPECT_EQ(fleet.coordinator->Snapshot().Find(Role::kWorker, 0)->state, MemberState::kAlive);
 }
 
+// A server started with --join takes a failed server's place: it gets the view at once and is
+// joining until its first heartbeat; then it is alive, and every live member gets the newer
+// view (once). A join with no failed server, of a live rank, or by a worker is refused.
+TEST(CoordinatorTest, AJoiningServerTakesAFailedOnesPlaceAndEveryoneGetsTheNewView) {
+  Fleet fleet(2, 1, 10000, /*heartbeat_ms=*/10000);
+  auto processes = JoinAll(fleet, {{Role::kServer, 0}, {Role::kServer, 1}, {Role::kWorker, 0}});
+  std::mutex mu;
+  std::vector<FleetView> seen;
+  processes[2].client->SetPeerLossHandler([](const FailureNotice&) { return OkStatus(); });
+  processes[2].client->SetFleetChangeHandler([&](const FleetView& view) {
+    std::lock_guard<std::mutex> lock(mu);
+    seen.push_back(view);
+  });
+  auto join = [&](Role role, int rank) {
+    Process process;
+    process.endpoint = NewEndpoint();
+    RendezvousOptions options = fleet.Options(role, rank);
+    options.join = true;
+    auto client = RendezvousClient::Join(process.endpoint.get(), options, nullptr);
+    if (client.ok()) process.client = std::move(client).value();
+    return std::make_pair(client.status(), std::move(process));
+  };
+  Status none = join(Role::kServer, -1).first;
+  EXPECT_EQ(none.code(), StatusCode::kFailedPrecondition) << none;
+  EXPECT_NE(none.message().find("none of its 2 servers has failed: a joining server takes a "
+                                "failed one's place"),
+            std::string::npos)
+      << none;
+  Status as_worker = join(Role::kWorker, -1).first;
+  EXPECT_NE(as_worker.message().find("only a server joins a running fleet"), std::string::npos)
+      << as_worker;
+
+  processes[1].client->LeaveWithError(InternalError("disk on fire"));
+  Deadline deadline = Deadline::AfterMillis(5000);
+  while (fleet.coordinator->Snapshot().Find(Role::kServer, 1)->state != MemberState::kFailed &&
+         !deadline.Expired()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  Status live = join(Role::kServer, 0).first;
+  EXPECT_NE(live.message().find("as server 0, which is alive; a joining server takes a failed "
+                                "one's place (failed: 1)"),
+            std::string::npos)
+      << live;
+  const uint64_t epoch_before = fleet.coordinator->Snapshot().epoch;
+  auto [joined_status, joined] = join(Role::kServer, -1);
+  ASSERT_TRUE(joined_status.ok()) << joined_status;
+  EXPECT_EQ(joined.client->rank(), 1);
+  EXPECT_EQ(joined.client->view().Find(Role::kServer, 1)->address, joined.endpoint->address());
+  EXPECT_EQ(fleet.coordinator->Snapshot().Find(Role::kServer, 1)->state, MemberState::kJoining);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_TRUE(seen.empty()) << "told before the joined server serves";
+  }
+  joined.client->StartHeartbeats();
+  deadline = Deadline::AfterMillis(5000);
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!seen.empty() || deadline.Expired()) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_GT(seen[0].epoch, epoch_before);
+  const MemberInfo* server = seen[0].Find(Role::kServer, 1);
+  ASSERT_NE(server, nullptr);
+  EXPECT_EQ(server->state, MemberState::kAlive);
+  EXPECT_EQ(server->address, joined.endpoint->address());
+  EXPECT_EQ(fleet.coordinator->Snapshot().Find(Role::kServer, 1)->state, MemberState::kAlive);
+  processes[2].client->SetFleetChangeHandler(nullptr);
+}
+
 // A member registered from the coordinator's host whose process is gone is declared failed at
 // once, not after the heartbeat timeout (10 s here).
 TEST(CoordinatorTest, GoneLocalProcessIsDeclaredFailedAtOnce) {
@@ -383,6 +457,7 @@ TEST(CoordinatorTest, StoppedCoordinatorTellsItsMembersAtOnce) {
   EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
   EXPECT_NE(s.message().find("lost contact with the coordinator"), std::string::npos) << s;
   EXPECT_NE(s.message().find("the coordinator of job 'test' has stopped"), std::string::npos) << s;
+  EXPECT_TRUE((*client)->coordinator_stopped_cleanly());  // the fleet's end, not a fault
   fleet.run_thread = std::thread([] {});  // for ~Fleet
 }
 
