@@ -84,7 +84,7 @@ TEST(OutputTest, PrintConfigShowsEverySettingAndExits) {
                    {"--mode", "allreduce", "--steps", "7", "--print-config"});
   std::string all;
   for (const std::string& line : lines) all += line + "\n";
-  EXPECT_NE(all.find("--heartbeat-timeout-ms=10000 (default)"), std::string::npos) << all;
+  EXPECT_NE(all.find("--heartbeat-timeout-ms=4000 (default)"), std::string::npos) << all;
   EXPECT_NE(all.find("--steps=7 (flag)"), std::string::npos) << all;
   EXPECT_NE(all.find("--mode=allreduce (flag)"), std::string::npos) << all;
   EXPECT_NE(all.find("--optimizer="), std::string::npos) << all;

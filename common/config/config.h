@@ -133,7 +133,7 @@ struct ProcessConfig {
   int64_t heartbeat_interval_ms = 1000;
   // Silence after which a process is declared failed; > heartbeat_interval_ms.
   // Flag --heartbeat-timeout-ms.
-  int64_t heartbeat_timeout_ms = 10000;
+  int64_t heartbeat_timeout_ms = 4000;
   // Longest wait for any single request's reply. Flag --request-timeout-ms.
   int64_t request_timeout_ms = 30000;
   // Cap on one received message (header + payloads), in [kMinMessageBytes,

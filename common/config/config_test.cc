@@ -60,7 +60,7 @@ TEST(ProcessConfigTest, WorkerDefaults) {
   EXPECT_EQ(config->job, "tessera");
   EXPECT_EQ(config->rendezvous_timeout_ms, 60000);
   EXPECT_EQ(config->heartbeat_interval_ms, 1000);
-  EXPECT_EQ(config->heartbeat_timeout_ms, 10000);
+  EXPECT_EQ(config->heartbeat_timeout_ms, 4000);
   EXPECT_EQ(config->request_timeout_ms, 30000);
   EXPECT_EQ(config->max_message_bytes, uint64_t{1} << 30);
   EXPECT_EQ(config->log_level, LogLevel::kInfo);
@@ -409,7 +409,7 @@ TEST(ProcessConfigTest, BadValuesNameTheFlagOrVariable) {
       {Role::kWorker, {c, "--heartbeat-timeout-ms=1000"}, {},
        {"--heartbeat-timeout-ms=1000 must be greater than --heartbeat-interval-ms=1000"}},
       {Role::kWorker, {c, "--heartbeat-interval-ms=20000"}, {},
-       {"--heartbeat-timeout-ms=10000 must be greater than --heartbeat-interval-ms=20000"}},
+       {"--heartbeat-timeout-ms=4000 must be greater than --heartbeat-interval-ms=20000"}},
       {Role::kWorker, {c, "--request-timeout-ms=0"}, {},
        {"--request-timeout-ms=0 is out of range"}},
       {Role::kWorker, {c, "--rendezvous-timeout-ms=-1"}, {}, {"--rendezvous-timeout-ms=-1"}},
@@ -463,7 +463,7 @@ TEST(ProcessConfigTest, HelpListsEveryFlagWithDefaultAndEnvironment) {
         "--num-servers INT=0", "--coordinator HOST:PORT", "--bind-host HOST=auto",
         "--port PORT=0", "--metrics-port PORT=0", "--job NAME=tessera",
         "--rendezvous-timeout-ms MS=60000", "--heartbeat-interval-ms MS=1000",
-        "--heartbeat-timeout-ms MS=10000", "--request-timeout-ms MS=30000",
+        "--heartbeat-timeout-ms MS=4000", "--request-timeout-ms MS=30000",
         "--max-message-bytes BYTES=1073741824", "--log-level LEVEL=info", "--linger SECONDS=0",
         "--cuda-tf32 0|1=0", "RANK | OMPI_COMM_WORLD_RANK | SLURM_PROCID", "LOCAL_RANK",
         "WORLD_SIZE", "MASTER_ADDR + MASTER_PORT", "TESSERA_NUM_SERVERS", "TESSERA_JOB",

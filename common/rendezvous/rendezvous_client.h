@@ -44,7 +44,7 @@ struct RendezvousOptions {
   std::string host;                 // empty: this machine's name (LocalHostName)
   int64_t rendezvous_timeout_ms = 60000;
   int64_t heartbeat_interval_ms = 1000;
-  int64_t heartbeat_timeout_ms = 10000;
+  int64_t heartbeat_timeout_ms = 4000;
   int64_t request_timeout_ms = 30000;
   // When another member fails: true, that becomes this process's failure (workers: their job
   // cannot go on); false, it is logged and this process carries on (servers outlive jobs).

@@ -67,7 +67,7 @@ struct CoordinatorOptions {
   // Copies of each key range, in the fleet view (FleetView::replicas); 1 to num_servers.
   int replicas = 1;
   int64_t rendezvous_timeout_ms = 60000;
-  int64_t heartbeat_timeout_ms = 10000;
+  int64_t heartbeat_timeout_ms = 4000;
   // Called with the new membership whenever it changes (a process registers, the fleet
   // completes, a member fails or leaves), and once from Create(). Runs on the Run() thread (or
   // Create()'s), so it must be quick and must not call back into the Coordinator. May be empty.

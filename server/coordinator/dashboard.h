@@ -61,7 +61,7 @@ struct DashboardOptions {
   std::string coordinator_metrics_url;  // http://HOST:PORT/metrics
   int64_t coordinator_pid = 0;
   // Shown on the page, which marks heartbeats older than half of it.
-  int64_t heartbeat_timeout_ms = 10000;
+  int64_t heartbeat_timeout_ms = 4000;
   int64_t scrape_interval_ms = 1000;  // > 0
   int64_t scrape_timeout_ms = 800;    // > 0, <= scrape_interval_ms
   int64_t history_seconds = 600;      // > 0

@@ -629,7 +629,7 @@ class FailureTest(unittest.TestCase):
         # Rank 0's error names worker 1 and quotes its exception...
         self.assertIn("worker 1", other)
         self.assertIn("it stopped with UNKNOWN: RuntimeError: injected failure at step 3", other)
-        # ...within 1 s of the failure (not after a request timeout or the 10 s heartbeat; the
+        # ...within 1 s of the failure (not after a request timeout or the heartbeat timeout; the
         # interpreter's own exit after that is Python's business).
         failed_at = float(failing.split("failing at ")[1].split()[0])
         self.assertIn("raised at ", other)

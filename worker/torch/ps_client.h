@@ -54,7 +54,7 @@ struct PsClientOptions {
   bool shared_memory = true;  // PsEngineOptions::shared_memory
   int64_t rendezvous_timeout_ms = 60000;  // joining: the coordinator and the job's workers
   int64_t request_timeout_ms = 30000;     // each push, pull or checkpoint
-  int64_t heartbeat_timeout_ms = 10000;
+  int64_t heartbeat_timeout_ms = 4000;
 };
 
 class PsClient {
