@@ -180,21 +180,32 @@ Status PsEngine::ServerLost(int server, const std::string& reason) {
     return InvalidArgumentError("server " + std::to_string(server) + " is not in the fleet view");
   }
   if (replicas_ == 1) return FailedPreconditionError(RangeLostMessage(server));
-  std::string moved;  // "range 1 to server 2, ..."
   std::string address;
+  bool joiner = false;  // a joined server not taken in yet
   {
     std::lock_guard<std::mutex> lock(lost_mu_);
     if (lost_[static_cast<size_t>(server)]) {
-      // A server that joined in its place and failed before it was taken in.
-      if (joined_.erase(server) > 0) {
-        TLOG(WARNING) << "server " << server << ", which joined in the failed one's place, "
-                      << "failed before it was given its ranges (" << reason << ")";
-      }
-      return OkStatus();
+      // A server that joined in its place and failed before it held its ranges: forgotten
+      // (TakeInJoined passes it over), and calls to it fail now.
+      auto joined = joined_.find(server);
+      if (joined == joined_.end() || joined->second.empty()) return OkStatus();
+      TLOG(WARNING) << "server " << server << ", which joined in the failed one's place, "
+                    << "failed before it held its ranges (" << reason << ")";
+      address = std::move(joined->second);
+      joined->second.clear();
+      joiner = true;
+    } else {
+      lost_[static_cast<size_t>(server)] = true;
+      address = server_addresses_[static_cast<size_t>(server)];
     }
-    lost_[static_cast<size_t>(server)] = true;
-    address = server_addresses_[static_cast<size_t>(server)];
   }
+  const Status failed =
+      UnavailableError("server " + std::to_string(server) + " failed: " + reason);
+  if (joiner) {
+    endpoint_->FailCallsTo(address, failed);
+    return OkStatus();
+  }
+  std::string moved;  // "range 1 to server 2, ..."
   for (int range = 0; range < view_.num_servers; ++range) {
     const int offset = (server - range + view_.num_servers) % view_.num_servers;
     if (offset >= replicas_) continue;  // not a replica of `range`
@@ -214,9 +225,7 @@ Status PsEngine::ServerLost(int server, const std::string& reason) {
   TLOG(WARNING) << "server " << server << " failed (" << reason << "); carrying on with the "
                 << "other replicas of its ranges"
                 << (moved.empty() ? std::string() : "; new primaries: " + moved);
-  endpoint_->FailCallsTo(address,
-                         UnavailableError("server " + std::to_string(server) + " failed: " +
-                                          reason));
+  endpoint_->FailCallsTo(address, failed);
   return OkStatus();
 }
 
@@ -228,8 +237,9 @@ void PsEngine::FleetChanged(const FleetView& view) {
     }
     std::lock_guard<std::mutex> lock(lost_mu_);
     const auto rank = static_cast<size_t>(member.rank);
+    auto joined = joined_.find(member.rank);
     if (!lost_[rank] || member.address == server_addresses_[rank] ||
-        joined_.count(member.rank) > 0) {
+        (joined != joined_.end() && joined->second == member.address)) {
       continue;
     }
     if (options_.consistency != PsConsistency::kSync) {
@@ -282,6 +292,12 @@ Status PsEngine::TakeInJoined(int64_t step, int server, const float* params) {
       joined_cv_.wait_for(lock, std::chrono::milliseconds(kStopCheckMs));
     }
     address = joined_[server];
+    if (address.empty()) {  // it failed since (ServerLost): its ranges keep their copies
+      joined_.erase(server);
+      TLOG(WARNING) << "server " << server << " was to hold its ranges after step " << step
+                    << ", but failed before; they keep their other copies";
+      return OkStatus();
+    }
     server_addresses_[static_cast<size_t>(server)] = address;
   }
   auto started = SteadyClock::now();
@@ -319,7 +335,16 @@ Status PsEngine::TakeInJoined(int64_t step, int server, const float* params) {
       Reply taken;
       taken.range = range;
       taken.copies.emplace_back(server, SendTo(server, std::move(init), step, to));
-      RETURN_IF_ERROR(Await(&taken, to, &stop_grace).status());
+      if (Status sent = Await(&taken, to, &stop_grace).status(); !sent.ok()) {
+        std::lock_guard<std::mutex> lock(lost_mu_);
+        auto joined = joined_.find(server);
+        if (joined == joined_.end() || !joined->second.empty()) return sent;
+        // It failed meanwhile (ServerLost): the others fail over from it when told.
+        TLOG(WARNING) << "server " << server << " failed while its ranges were copied to it ("
+                      << sent << "); they keep their other copies";
+        joined_.erase(joined);
+        return OkStatus();
+      }
       range_copies_->Increment();
       copied += std::string(copied.empty() ? "" : ", ") + "range " + std::to_string(range) +
                 " from server " + std::to_string(copy.copies.front().first);
