@@ -246,7 +246,8 @@ void SignalWorkers(FleetHarness& harness, int launcher, int signal) {
 // tessera_ps_key_ranges, worker 0's tessera_ps_client_range_copies_total). Then server 2 (range
 // 1's other copy, and range 2's) is killed too, and nothing is lost: the job ends bitwise as
 // the undisturbed run. The workers are paused (SIGSTOP) around each kill and the join, so that
-// each lands mid-job on a fast machine and a slow (sanitized) one alike.
+// each lands mid-job on a fast machine and a slow (sanitized) one alike; the heartbeat timeout
+// is longer than any pause.
 TEST(PsReplicationTest, AJoiningServerRestoresTheCopiesAndALaterKillLosesNothing) {
   constexpr int kJoinSteps = 1500;
   const std::string undisturbed = Undisturbed("mlp", kJoinSteps);
@@ -254,7 +255,8 @@ TEST(PsReplicationTest, AJoiningServerRestoresTheCopiesAndALaterKillLosesNothing
   const std::string params = TempPath("ps_replication_joined.bin");
   StatusOr<int> launcher = StartAndReach(
       harness, "joined",
-      Concat(Fleet("ps-sync", 2), Concat(TrainingFlags("mlp", kJoinSteps),
+      Concat(Fleet("ps-sync", 2, {"--heartbeat-timeout-ms", "120000"}),
+             Concat(TrainingFlags("mlp", kJoinSteps),
                                          {"--save-params", params})),
       /*step=*/20);
   ASSERT_TRUE(launcher.ok()) << launcher.status();
@@ -277,7 +279,8 @@ TEST(PsReplicationTest, AJoiningServerRestoresTheCopiesAndALaterKillLosesNothing
                   .ok())
       << harness.Output(*launcher);
   StatusOr<int> added = harness.Start("add-servers", "tools/tessera-launch",
-                                      {"--attach", coordinator, "--add-servers", "1"});
+                                      {"--attach", coordinator, "--add-servers", "1",
+                                       "--heartbeat-timeout-ms", "120000"});
   ASSERT_TRUE(added.ok()) << added.status();
   ASSERT_TRUE(harness
                   .WaitForLine(*launcher, "[launch] server 1 joined the fleet",

@@ -64,6 +64,7 @@ struct LaunchConfig {
   std::string bin_dir;
   double start_timeout_s = 60;
   std::string log_level;  // empty: children use their own default
+  std::optional<int64_t> heartbeat_timeout_ms;  // absent: the children's default
   double grace_s = 5;
   int max_restarts = 0;
   // Multi-node (torchrun's --nnodes/--node-rank/--nproc-per-node/--rdzv-endpoint).
@@ -222,6 +223,11 @@ void AddFlags(CLI::App& app, LaunchConfig* config) {
       ->type_name("SECONDS")
       ->check(FiniteRange(0, kMaxSeconds))
       ->capture_default_str();
+  app.add_option("--heartbeat-timeout-ms", config->heartbeat_timeout_ms,
+                 "Every child's --heartbeat-timeout-ms (default theirs, 4000): the silence after "
+                 "which the coordinator declares a process failed")
+      ->type_name("MS")
+      ->check(CLI::Range(int64_t{1001}, int64_t{kMaxSeconds} * 1000));
   app.add_option("--log-level", config->log_level, "debug|info|warning|error, for every child")
       ->type_name("LEVEL");
   app.add_option("--grace", config->grace_s,
@@ -857,6 +863,10 @@ class Launcher {
 
   void AppendCommonFlags(std::vector<std::string>* args) const {
     if (!config_.log_level.empty()) args->insert(args->end(), {"--log-level", config_.log_level});
+    if (config_.heartbeat_timeout_ms) {
+      args->insert(args->end(),
+                   {"--heartbeat-timeout-ms", std::to_string(*config_.heartbeat_timeout_ms)});
+    }
     if (!config_.bind_host.empty()) args->insert(args->end(), {"--bind-host", config_.bind_host});
     if (config_.insecure) args->push_back("--insecure");
     if (!config_.encrypt.empty()) args->insert(args->end(), {"--encrypt", config_.encrypt});

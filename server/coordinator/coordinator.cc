@@ -281,14 +281,7 @@ void Coordinator::HandleRegister(const Envelope& envelope) {
   Member& member = members_[{role, rank}];
   member.info.role = role;
   member.info.rank = rank;
-  member.info.address = address;
-  member.info.metrics_address = request->metrics_address;
-  member.info.host = request->host;
-  member.info.pid = request->pid;
-  member.info.state = MemberState::kJoining;
-  member.route = envelope.origin;
-  member.register_request_id = request_id;
-  member.last_seen = SteadyClock::now();
+  TakeRegistration(envelope, &member);
   TLOG(INFO) << member.info.Name() << " registered from " << address << " (pid "
              << member.info.pid << "); " << members_.size() << " of "
              << options_.num_servers + ExpectedWorkers() << " processes are here";
@@ -302,6 +295,18 @@ void Coordinator::HandleRegister(const Envelope& envelope) {
     CompleteRendezvous();
   }
   PublishSnapshot();
+}
+
+void Coordinator::TakeRegistration(const Envelope& envelope, Member* member) {
+  const RegisterRequest* request = envelope.As<RegisterRequest>();
+  member->info.address = request->address;
+  member->info.metrics_address = request->metrics_address;
+  member->info.host = request->host;
+  member->info.pid = request->pid;
+  member->info.state = MemberState::kJoining;
+  member->route = envelope.origin;
+  member->register_request_id = envelope.header.request_id;
+  member->last_seen = SteadyClock::now();
 }
 
 void Coordinator::HandleJoin(const Envelope& envelope) {
@@ -359,14 +364,7 @@ void Coordinator::HandleJoin(const Envelope& envelope) {
                           (failed.empty() ? std::string("none") : failed_names) + ")"));
   }
   Member& member = members_.at({Role::kServer, rank});
-  member.info.address = address;
-  member.info.metrics_address = request->metrics_address;
-  member.info.host = request->host;
-  member.info.pid = request->pid;
-  member.info.state = MemberState::kJoining;
-  member.route = envelope.origin;
-  member.register_request_id = request_id;
-  member.last_seen = SteadyClock::now();
+  TakeRegistration(envelope, &member);
   member.joining_late = true;
   TLOG(INFO) << member.info.Name() << " joins job '" << options_.job << "' from " << address
              << " (pid " << member.info.pid << ") in the place of the failed one; it is "

@@ -133,6 +133,8 @@ class Coordinator {
   // A server's registration with --join: it takes the place of a failed server (the one it
   // asks for, or the lowest failed rank) and gets the view at once; see Member::joining_late.
   void HandleJoin(const Envelope& envelope);
+  // The registration's address, host, pid and route into `member`, which is joining from now.
+  void TakeRegistration(const Envelope& envelope, Member* member);
   // A joined server's first heartbeat: alive, the epoch moves, every live member gets the view.
   void PromoteJoined(Member& member);
   void HandleHeartbeat(const Envelope& envelope);
