@@ -204,6 +204,7 @@ void Coordinator::HandleRegister(const Envelope& envelope) {
     TLOG(WARNING) << reachable.message();
     return ReplyError(envelope.origin, request_id, reachable);
   }
+  if (request->join) return HandleJoin(envelope);
   const bool job_worker = IsFleet() && role == Role::kWorker;
   if (job_worker) {
     const int size = request->num_workers;
@@ -235,7 +236,6 @@ void Coordinator::HandleRegister(const Envelope& envelope) {
                             options_.job + "' has " + std::to_string(job_workers_)));
     }
   }
-  if (request->join) return HandleJoin(envelope);
   int expected = role == Role::kServer ? options_.num_servers : ExpectedWorkers();
   if (complete_ && !job_worker) {
     return ReplyError(envelope.origin, request_id,
