@@ -227,7 +227,7 @@ void AddFlags(CLI::App& app, LaunchConfig* config) {
                  "Every child's --heartbeat-timeout-ms (default theirs, 4000): the silence after "
                  "which the coordinator declares a process failed")
       ->type_name("MS")
-      ->check(CLI::Range(int64_t{1001}, int64_t{kMaxSeconds} * 1000));
+      ->check(CLI::Range(int64_t{1001}, static_cast<int64_t>(kMaxSeconds) * 1000));
   app.add_option("--log-level", config->log_level, "debug|info|warning|error, for every child")
       ->type_name("LEVEL");
   app.add_option("--grace", config->grace_s,

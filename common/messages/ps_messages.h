@@ -32,7 +32,7 @@ struct PsInitRequest {
   int32_t range = -1;  // the key range of the chunks (-1: the server's own; see below)
   // A copy of the range from another replica, for a server that joined: the shard's entries
   // (CheckpointReply::tensors) and the step they are of; the job starts from them. 0: no copy.
-  std::vector<TensorData> copy;
+  std::vector<TensorData> copy = {};
   int64_t copy_step = 0;
 };
 
@@ -113,7 +113,7 @@ struct CheckpointReply {
   std::vector<std::string> files;  // shard files written, inside the step directory
   std::vector<uint64_t> bytes;     // their sizes
   std::vector<uint64_t> checksums;
-  std::vector<TensorData> tensors;  // CheckpointRequest::copy: the shard's entries
+  std::vector<TensorData> tensors = {};  // CheckpointRequest::copy: the shard's entries
 };
 
 }  // namespace tessera
