@@ -143,6 +143,66 @@ class ReplicationTest(unittest.TestCase):
                 with self.subTest(rank=rank, tensor=name):
                     self.assertTrue(torch.equal(killed[rank][name], undisturbed[rank][name]))
 
+    def test_a_server_joining_in_a_killed_ones_place_restores_the_copies(self):
+        # Server 1 killed, a server added in its place (the workers copy ranges 0 and 1 to it),
+        # then server 2 killed: range 1's copies are servers 1 (the new one) and 2, so nothing
+        # is lost, and every rank ends bitwise as the undisturbed run.
+        workers, steps = 3, 14
+        options = dict(optimizer="sgd", lr=0.1, momentum=0.9, chunk_elements=100)
+        with Fleet(3) as fleet:
+            undisturbed = torch_testing.run_ranks(_train_ps_sync_killing, workers, init=False,
+                                                  args=(fleet.address, steps, options, 0, 0))
+        log = os.path.join(tempfile.mkdtemp(), "added.log")
+        with Fleet(3, replicas=2) as fleet:
+            results = torch_testing.run_ranks(
+                _train_ps_sync_rejoining, workers, init=False,
+                args=(fleet.address, steps, options, fleet.server_pids, log))
+            fleet.process.send_signal(signal.SIGINT)
+            output, _ = fleet.process.communicate(timeout=30)
+        self.assertIn("server 1 joined the fleet", output)
+        self.assertNotIn("was lost with its replicas", output)
+        for rank in range(workers):
+            for name in undisturbed[rank]:
+                with self.subTest(rank=rank, tensor=name):
+                    self.assertTrue(torch.equal(results[rank][name], undisturbed[rank][name]))
+        # The added server left with the fleet, and its launcher with it, cleanly.
+        deadline = time.monotonic() + 30
+        while "have left; done" not in open(log).read() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertIn("have left; done", open(log).read())
+
+
+def _train_ps_sync_rejoining(rank, world_size, address, steps, options, pids, log):
+    """_train_ps in ps-sync, where rank 0 SIGKILLs server 1 before step 3, starts a server in
+    its place (tessera-launch --attach ADDRESS --add-servers 1, its output in `log`) before
+    step 5, and SIGKILLs server 2 (range 1's other copy) before step 10, by when the workers
+    have copied the joined server its ranges."""
+    model = _mlp()
+    opt = _ps(rank, world_size, address, model, mode="ps-sync", **options)
+    for step in range(1, steps + 1):
+        if rank == 0 and step == 3:
+            os.kill(pids[1], signal.SIGKILL)
+        if rank == 0 and step == 5:
+            with open(log, "w") as out:  # the launcher outlives this process: a file, no pipe
+                subprocess.Popen([os.path.join(_RUNFILES, "tools/tessera-launch"), "--attach",
+                                  address, "--add-servers", "1"],
+                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            deadline = time.monotonic() + 60
+            while "[launch] server 1 pid=" not in open(log).read():
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the added server did not start:\n" + open(log).read())
+                time.sleep(0.05)
+            time.sleep(1)  # it heartbeats once it serves; then every worker hears of it
+        if rank == 0 and step == 10:
+            os.kill(pids[2], signal.SIGKILL)
+        x, y = _batch(rank, step)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    state = {name: p.detach().clone() for name, p in model.named_parameters()}
+    opt.close()
+    return state
+
 
 def _accuracy(state):
     model = _mlp()
