@@ -8,6 +8,8 @@
 // A failure notice about a worker (or another server) is logged and serving goes on: servers
 // hold state that outlives any one worker, and a job's workers decide themselves what a peer's
 // failure means for them.
+// With --join it takes the place of a failed server of a running fleet: it heartbeats once it
+// serves, and the workers copy that rank's key ranges to it (worker/engines/ps_engine.h).
 #include <memory>
 #include <mutex>
 #include <optional>
