@@ -518,9 +518,12 @@ Status PsEngine::Initialize(const ParameterLayout& layout,
       std::this_thread::sleep_for(std::chrono::milliseconds(kStartingRetryMs));
       pending = std::move(starting);
     }
-    TLOG(INFO) << "initialised " << view_.num_servers << " servers: " << chunks_.size()
-               << " dense chunks of up to " << options_.chunk_elements << " floats, "
-               << tables.size() << " embedding tables";
+    TLOG(INFO) << "initialised " << view_.num_servers << " servers"
+               << (replicas_ > 1 ? " (" + std::to_string(replicas_) + " copies of each of their " +
+                                       std::to_string(view_.num_servers) + " key ranges)"
+                                 : std::string())
+               << ": " << chunks_.size() << " dense chunks of up to " << options_.chunk_elements
+               << " floats, " << tables.size() << " embedding tables";
   }
   // Everyone, rank 0 included, starts from the servers' values.
   while (true) {
