@@ -124,47 +124,48 @@ def _train_ps_sync_killing(rank, world_size, address, steps, options, kill_pid, 
 
 
 class ReplicationTest(unittest.TestCase):
+    _OPTIONS = dict(optimizer="sgd", lr=0.1, momentum=0.9, chunk_elements=100)
+
+    def _undisturbed(self, workers, steps):
+        with Fleet(3) as fleet:
+            return torch_testing.run_ranks(_train_ps_sync_killing, workers, init=False,
+                                           args=(fleet.address, steps, self._OPTIONS, 0, 0))
+
+    def _expect_same(self, results, undisturbed):
+        for rank, state in enumerate(results):
+            for name in undisturbed[rank]:
+                with self.subTest(rank=rank, tensor=name):
+                    self.assertTrue(torch.equal(state[name], undisturbed[rank][name]))
+
     def test_a_killed_server_changes_nothing_with_two_copies_of_each_range(self):
         workers, steps = 3, 12
-        options = dict(optimizer="sgd", lr=0.1, momentum=0.9, chunk_elements=100)
-        with Fleet(3) as fleet:
-            undisturbed = torch_testing.run_ranks(_train_ps_sync_killing, workers, init=False,
-                                                  args=(fleet.address, steps, options, 0, 0))
+        undisturbed = self._undisturbed(workers, steps)
         with Fleet(3, replicas=2) as fleet:
             killed = torch_testing.run_ranks(
                 _train_ps_sync_killing, workers, init=False,
-                args=(fleet.address, steps, options, fleet.server_pids[1], 6))
+                args=(fleet.address, steps, self._OPTIONS, fleet.server_pids[1], 6))
             fleet.process.send_signal(signal.SIGINT)
             output, _ = fleet.process.communicate(timeout=30)
         self.assertIn("server 1", output)
         self.assertIn("its key ranges go on with their other replicas", output)
-        for rank in range(workers):
-            for name in undisturbed[rank]:
-                with self.subTest(rank=rank, tensor=name):
-                    self.assertTrue(torch.equal(killed[rank][name], undisturbed[rank][name]))
+        self._expect_same(killed, undisturbed)
 
     def test_a_server_joining_in_a_killed_ones_place_restores_the_copies(self):
         # Server 1 killed, a server added in its place (the workers copy ranges 0 and 1 to it),
         # then server 2 killed: range 1's copies are servers 1 (the new one) and 2, so nothing
         # is lost, and every rank ends bitwise as the undisturbed run.
         workers, steps = 3, 14
-        options = dict(optimizer="sgd", lr=0.1, momentum=0.9, chunk_elements=100)
-        with Fleet(3) as fleet:
-            undisturbed = torch_testing.run_ranks(_train_ps_sync_killing, workers, init=False,
-                                                  args=(fleet.address, steps, options, 0, 0))
+        undisturbed = self._undisturbed(workers, steps)
         log = os.path.join(tempfile.mkdtemp(), "added.log")
         with Fleet(3, replicas=2) as fleet:
             results = torch_testing.run_ranks(
                 _train_ps_sync_rejoining, workers, init=False,
-                args=(fleet.address, steps, options, fleet.server_pids, log))
+                args=(fleet.address, steps, self._OPTIONS, fleet.server_pids, log))
             fleet.process.send_signal(signal.SIGINT)
             output, _ = fleet.process.communicate(timeout=30)
         self.assertIn("server 1 joined the fleet", output)
         self.assertNotIn("was lost with its replicas", output)
-        for rank in range(workers):
-            for name in undisturbed[rank]:
-                with self.subTest(rank=rank, tensor=name):
-                    self.assertTrue(torch.equal(results[rank][name], undisturbed[rank][name]))
+        self._expect_same(results, undisturbed)
         # The added server left with the fleet, and its launcher with it, cleanly.
         deadline = time.monotonic() + 30
         while "have left; done" not in open(log).read() and time.monotonic() < deadline:
