@@ -106,14 +106,14 @@ def _train_ps(rank, world_size, address, mode, steps, options):
     return state, losses
 
 
-def _train_ps_sync_killing(rank, world_size, address, steps, options, kill_pid, kill_at):
-    """_train_ps in ps-sync, where rank 0 SIGKILLs the process `kill_pid` before step `kill_at`
-    (0: nobody)."""
+def _ps_sync_run(rank, world_size, address, steps, options, before_step):
+    """_train_ps in ps-sync, calling before_step(step) on rank 0 before each step; the final
+    parameters."""
     model = _mlp()
     opt = _ps(rank, world_size, address, model, mode="ps-sync", **options)
     for step in range(1, steps + 1):
-        if rank == 0 and kill_pid and step == kill_at:
-            os.kill(kill_pid, signal.SIGKILL)
+        if rank == 0:
+            before_step(step)
         x, y = _batch(rank, step)
         opt.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
@@ -121,6 +121,15 @@ def _train_ps_sync_killing(rank, world_size, address, steps, options, kill_pid, 
     state = {name: p.detach().clone() for name, p in model.named_parameters()}
     opt.close()
     return state
+
+
+def _train_ps_sync_killing(rank, world_size, address, steps, options, kill_pid, kill_at):
+    """_train_ps in ps-sync, where rank 0 SIGKILLs the process `kill_pid` before step `kill_at`
+    (0: nobody)."""
+    def before_step(step):
+        if kill_pid and step == kill_at:
+            os.kill(kill_pid, signal.SIGKILL)
+    return _ps_sync_run(rank, world_size, address, steps, options, before_step)
 
 
 class ReplicationTest(unittest.TestCase):
@@ -178,12 +187,10 @@ def _train_ps_sync_rejoining(rank, world_size, address, steps, options, pids, lo
     its place (tessera-launch --attach ADDRESS --add-servers 1, its output in `log`) before
     step 5, and SIGKILLs server 2 (range 1's other copy) before step 10, by when the workers
     have copied the joined server its ranges."""
-    model = _mlp()
-    opt = _ps(rank, world_size, address, model, mode="ps-sync", **options)
-    for step in range(1, steps + 1):
-        if rank == 0 and step == 3:
+    def before_step(step):
+        if step == 3:
             os.kill(pids[1], signal.SIGKILL)
-        if rank == 0 and step == 5:
+        if step == 5:
             with open(log, "w") as out:  # the launcher outlives this process: a file, no pipe
                 subprocess.Popen([os.path.join(_RUNFILES, "tools/tessera-launch"), "--attach",
                                   address, "--add-servers", "1"],
@@ -194,15 +201,9 @@ def _train_ps_sync_rejoining(rank, world_size, address, steps, options, pids, lo
                     raise RuntimeError("the added server did not start:\n" + open(log).read())
                 time.sleep(0.05)
             time.sleep(1)  # it heartbeats once it serves; then every worker hears of it
-        if rank == 0 and step == 10:
+        if step == 10:
             os.kill(pids[2], signal.SIGKILL)
-        x, y = _batch(rank, step)
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
-    state = {name: p.detach().clone() for name, p in model.named_parameters()}
-    opt.close()
-    return state
+    return _ps_sync_run(rank, world_size, address, steps, options, before_step)
 
 
 def _accuracy(state):
