@@ -103,6 +103,18 @@ class Transport {
   // Answers a request on the connection it arrived on. Thread-safe.
   virtual Status Reply(const Origin& origin, OutgoingMessage message) = 0;
 
+  // Watches the process listening at `address` without sending it anything: connects (as a
+  // Send would) and, once that connection has been made, closed, and a reconnection is
+  // refused (nothing listens there any more: the process is gone, even on another host, whose
+  // kernel closes a dead process's connections), calls `on_gone` once, on the transport's
+  // thread (it must be quick), and closes the connection. A host that vanishes whole (no
+  // refusal comes back) is not reported: heartbeats find that. Watching an address again
+  // replaces its `on_gone`. Thread-safe. Backends that cannot tell return Unimplemented.
+  virtual Status Watch(const std::string& address, std::function<void()> on_gone) {
+    (void)on_gone;
+    return UnimplementedError("this transport cannot watch " + address);
+  }
+
   // Hands on what Send/Reply queued before (waiting briefly for a peer that does not read, so
   // replies and goodbyes sent just before are not lost), stops the I/O thread and closes every
   // socket; later Send/Reply fail. Idempotent.

@@ -67,6 +67,10 @@ class FaultyTransport final : public Transport {
   Status Start(MessageHandler handler) override { return inner_->Start(std::move(handler)); }
   Status Send(const std::string& address, OutgoingMessage message) override;
   Status Reply(const Origin& origin, OutgoingMessage message) override;
+  // Connections are the inner transport's: watched there, without faults.
+  Status Watch(const std::string& address, std::function<void()> on_gone) override {
+    return inner_->Watch(address, std::move(on_gone));
+  }
   void Shutdown() override;
   void SetIdentity(Role role, int32_t rank) override { inner_->SetIdentity(role, rank); }
 

@@ -42,6 +42,9 @@ constexpr char kPlainUser[] = "tessera";
 // A socket whose credentials were refused is replaced after this backoff, doubling to the max.
 constexpr int64_t kFirstRebuildBackoffMs = 10;
 constexpr int64_t kMaxRebuildBackoffMs = 1000;
+// A watched peer's reconnection that fails within this long was refused (nothing listens
+// there); one that takes longer timed out or found no route, which says nothing of the process.
+constexpr int64_t kRefusedWithinMs = 1000;
 // Refused connections logged: the first kAuthLogFirst, then every kAuthLogEvery-th.
 constexpr uint64_t kAuthLogFirst = 20;
 constexpr uint64_t kAuthLogEvery = 1000;
@@ -126,6 +129,13 @@ struct ZmqTransport::Impl {
     SteadyClock::time_point rebuild_at;
     int64_t backoff_ms = kFirstRebuildBackoffMs;
     bool refusal_reported = false;  // the error below is logged once per run of refusals
+    // Watch(): `on_gone` is called once the connection, made once, closed and a reconnection
+    // was refused; then the dealer is closed and forgotten (`forget`, at the end of the round).
+    std::function<void()> on_gone;
+    bool connected_once = false;  // survives rebuilds
+    bool lost = false;            // the connection closed; no new one made since
+    SteadyClock::time_point attempt_started;
+    bool forget = false;
   };
   struct RoutedMessage {
     std::string routing_id;
@@ -155,6 +165,7 @@ struct ZmqTransport::Impl {
 
   std::mutex mu;
   std::deque<Command> commands;  // guarded by mu
+  std::deque<std::pair<std::string, std::function<void()>>> watches;  // guarded by mu
   bool stopped = false;          // guarded by mu
   std::atomic<size_t> queued{0};  // messages accepted by Send/Reply, not yet given to ZeroMQ
   SenderIdentity identity;
@@ -341,9 +352,10 @@ struct ZmqTransport::Impl {
       }
       for (size_t i = monitors_begin; i < items.size(); ++i) {
         if (drain_all || (items[i].revents & ZMQ_POLLIN)) {
-          security_backlog |= ReadHandshakeEvents(outbound_of_item[i]);
+          security_backlog |= ReadMonitorEvents(outbound_of_item[i]);
         }
       }
+      ForgetGoneDealers();
     }
     FlushBeforeClose();
     // Close every socket on the thread that used them. What ZeroMQ still holds may leave for
@@ -359,6 +371,23 @@ struct ZmqTransport::Impl {
     CloseMonitor(router, router_monitor);
     router.close();
     if (zap) zap->close();
+  }
+
+  // Closes the watched dealers whose peer is gone (ZeroMQ would retry them for ever); what
+  // they still held for the peer is dropped, and counted as failed sends.
+  void ForgetGoneDealers() {
+    for (auto it = dealers.begin(); it != dealers.end();) {
+      Outbound& out = it->second;
+      if (!out.forget) {
+        ++it;
+        continue;
+      }
+      queued -= out.pending.size();
+      if (send_failures) send_failures->Increment(static_cast<double>(out.pending.size()));
+      CloseMonitor(*out.socket, out.monitor);
+      out.socket->close();
+      it = dealers.erase(it);
+    }
   }
 
   // Hands ZeroMQ every message queued before Shutdown (a goodbye, the replies to the last
@@ -381,9 +410,19 @@ struct ZmqTransport::Impl {
 
   void TakeCommands() {
     std::deque<Command> taken;
+    std::deque<std::pair<std::string, std::function<void()>>> new_watches;
     {
       std::lock_guard<std::mutex> lock(mu);
       taken.swap(commands);
+      new_watches.swap(watches);
+    }
+    for (auto& [address, on_gone] : new_watches) {
+      StatusOr<Outbound*> out = DealerFor(address);
+      if (!out.ok()) {
+        TLOG(ERROR) << "transport " << router_address << ": cannot watch: " << out.status();
+        continue;
+      }
+      (*out)->on_gone = std::move(on_gone);
     }
     for (Command& command : taken) {
       if (command.is_reply) {
@@ -410,7 +449,7 @@ struct ZmqTransport::Impl {
       out.socket = std::make_unique<zmq::socket_t>(context, zmq::socket_type::dealer);
       ConfigureSocket(*out.socket);
       ConfigureSecurity(*out.socket, /*listener=*/false);
-      out.monitor = MonitorHandshakes(*out.socket, /*listener=*/false);
+      out.monitor = MonitorEvents(*out.socket, /*listener=*/false);
       out.socket->connect(address);
       return &dealers.emplace(address, std::move(out)).first->second;
     } catch (const zmq::error_t& e) {
@@ -458,14 +497,23 @@ struct ZmqTransport::Impl {
     }
   }
 
-  // A PAIR socket receiving `socket`'s handshake events; null without credentials.
-  std::unique_ptr<zmq::socket_t> MonitorHandshakes(zmq::socket_t& socket, bool listener) {
+  // A PAIR socket receiving `socket`'s handshake events (with credentials) and, for a dealer,
+  // its connection events (for Watch: a dealer may be watched after it connected); null for
+  // a listener without credentials.
+  std::unique_ptr<zmq::socket_t> MonitorEvents(zmq::socket_t& socket, bool listener) {
     security_backlog = true;
-    if (!options.credentials.authenticated()) return nullptr;
-    const std::string endpoint = "inproc://tessera-handshakes-" + std::to_string(++monitors_made);
-    // The listener's refusals by ZAP are counted by ServeZap; the rest fail before ZAP.
-    const int events = ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
-                       (listener ? 0 : ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_SUCCEEDED);
+    int events = 0;
+    if (options.credentials.authenticated()) {
+      // The listener's refusals by ZAP are counted by ServeZap; the rest fail before ZAP.
+      events = ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+               (listener ? 0 : ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_SUCCEEDED);
+    }
+    if (!listener) {
+      events |= ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_CONNECT_DELAYED |
+                ZMQ_EVENT_CLOSED;
+    }
+    if (events == 0) return nullptr;
+    const std::string endpoint = "inproc://tessera-events-" + std::to_string(++monitors_made);
     if (zmq_socket_monitor(socket.handle(), endpoint.c_str(), events) != 0) throw zmq::error_t();
     auto monitor = std::make_unique<zmq::socket_t>(context, zmq::socket_type::pair);
     monitor->set(zmq::sockopt::linger, 0);
@@ -551,9 +599,9 @@ struct ZmqTransport::Impl {
     return true;
   }
 
-  // Handshake events of the ROUTER (`out` null) or of the dealer `out`. Returns true when it
+  // Monitor events of the ROUTER (`out` null) or of the dealer `out`. Returns true when it
   // stopped at kMaxReceivesPerRound before the monitor was empty.
-  bool ReadHandshakeEvents(Outbound* out) {
+  bool ReadMonitorEvents(Outbound* out) {
     zmq::socket_t& monitor = out != nullptr ? *out->monitor : *router_monitor;
     for (int round = 0; round < kMaxReceivesPerRound; ++round) {
       zmq::message_t event_frame;
@@ -577,12 +625,41 @@ struct ZmqTransport::Impl {
                                               : std::string("it closed or spoke no ZMTP")));
         continue;
       }
-      OnDealerHandshake(*out, event, value);
+      OnDealerEvent(*out, event, value);
     }
     return true;
   }
 
-  void OnDealerHandshake(Outbound& out, uint16_t event, uint32_t value) {
+  void OnDealerEvent(Outbound& out, uint16_t event, uint32_t value) {
+    switch (event) {
+      case ZMQ_EVENT_CONNECTED:
+        out.connected_once = true;
+        out.lost = false;
+        return;
+      case ZMQ_EVENT_DISCONNECTED:
+        if (out.connected_once) {
+          out.lost = true;
+          out.attempt_started = SteadyClock::now();
+        }
+        return;
+      case ZMQ_EVENT_CONNECT_DELAYED:
+        out.attempt_started = SteadyClock::now();
+        return;
+      case ZMQ_EVENT_CLOSED:
+        // A connection attempt failed (a dropped connection is DISCONNECTED instead).
+        if (out.lost && out.on_gone && !out.forget &&
+            SteadyClock::now() - out.attempt_started <
+                std::chrono::milliseconds(kRefusedWithinMs)) {
+          TLOG(INFO) << "transport " << router_address << ": the connection to " << out.address
+                     << " closed and reconnecting is refused: nothing listens there any more";
+          out.forget = true;
+          std::function<void()> on_gone = std::move(out.on_gone);
+          on_gone();
+        }
+        return;
+      default:
+        break;
+    }
     if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
       out.handshake_succeeded = true;
       out.backoff_ms = kFirstRebuildBackoffMs;
@@ -632,8 +709,13 @@ struct ZmqTransport::Impl {
         out.socket = std::make_unique<zmq::socket_t>(context, zmq::socket_type::dealer);
         ConfigureSocket(*out.socket);
         ConfigureSecurity(*out.socket, /*listener=*/false);
-        out.monitor = MonitorHandshakes(*out.socket, /*listener=*/false);
+        out.monitor = MonitorEvents(*out.socket, /*listener=*/false);
         out.handshake_succeeded = false;
+        // The new socket's first connection is a reconnection: refused, the peer is gone.
+        if (out.connected_once) {
+          out.lost = true;
+          out.attempt_started = SteadyClock::now();
+        }
         out.socket->connect(address);
       } catch (const zmq::error_t& e) {
         TLOG(ERROR) << "transport " << router_address << ": cannot reconnect to " << address
@@ -844,7 +926,7 @@ StatusOr<std::unique_ptr<ZmqTransport>> ZmqTransport::Create(const ZmqTransportO
     }
     impl->ConfigureSocket(impl->router);
     impl->ConfigureSecurity(impl->router, /*listener=*/true);
-    impl->router_monitor = impl->MonitorHandshakes(impl->router, /*listener=*/true);
+    impl->router_monitor = impl->MonitorEvents(impl->router, /*listener=*/true);
     impl->router.set(zmq::sockopt::router_mandatory, 1);
     if (ipv6) impl->router.set(zmq::sockopt::ipv6, 1);
     impl->router.bind(endpoint);
@@ -901,6 +983,22 @@ Status ZmqTransport::Send(const std::string& address, OutgoingMessage message) {
   command.frames.message = EncodeMessage(
       impl_->identity.Header(message.request_id, message.step), std::move(message.body));
   return impl_->Enqueue(std::move(command));
+}
+
+Status ZmqTransport::Watch(const std::string& address, std::function<void()> on_gone) {
+  if (!IsValidTcpAddress(address)) {
+    return InvalidArgumentError("cannot watch '" + address +
+                                "': expected tcp://HOST:PORT with a port in 1..65535");
+  }
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    if (impl_->stopped) {
+      return CancelledError("transport at " + impl_->router_address + " is shut down");
+    }
+    impl_->watches.emplace_back(address, std::move(on_gone));
+  }
+  impl_->Wake();
+  return OkStatus();
 }
 
 Status ZmqTransport::Reply(const Origin& origin, OutgoingMessage message) {

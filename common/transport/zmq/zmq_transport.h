@@ -95,6 +95,9 @@ class ZmqTransport final : public Transport {
   Status Start(MessageHandler handler) override;
   Status Send(const std::string& address, OutgoingMessage message) override;
   Status Reply(const Origin& origin, OutgoingMessage message) override;
+  // The connection's events tell: ZMQ_EVENT_DISCONNECTED, then a reconnection attempt closed
+  // (ZMQ_EVENT_CLOSED) within a second, before any ZMQ_EVENT_CONNECTED.
+  Status Watch(const std::string& address, std::function<void()> on_gone) override;
   void Shutdown() override;
   void SetIdentity(Role role, int32_t rank) override;
 

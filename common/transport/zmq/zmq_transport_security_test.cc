@@ -256,6 +256,10 @@ TEST(ZmqTransportTokenTest, AfterADroppedConnectionANewTokenReconnects) {
   const std::string& address = server->address();
   CuttableRelay relay(std::stoi(address.substr(address.rfind(':') + 1)));
   auto client = StartWith(Credentials::Authenticate(key), &client_queue, nullptr);
+  // A dropped connection to a peer that still listens is not its end (Transport::Watch),
+  // although the reconnection is refused once (as replayed).
+  std::atomic<int> gone{0};
+  ASSERT_TRUE(client->Watch(relay.address(), [&gone] { ++gone; }).ok());
 
   ASSERT_TRUE(client->Send(relay.address(), Note(1)).ok());
   ASSERT_TRUE(server_queue.Pop(Soon(), "the first note").ok());
@@ -276,6 +280,24 @@ TEST(ZmqTransportTokenTest, AfterADroppedConnectionANewTokenReconnects) {
   ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_GE(second->header.request_id, 2u);
   EXPECT_GE(relay.connections(), 3);
+  EXPECT_EQ(gone.load(), 0) << "a peer that listens was reported gone";
+}
+
+TEST_P(ZmqTransportSecurityTest, AWatchedPeerThatGoesIsReported) {
+  const JobKey key = JobKey::Generate();
+  EnvelopeQueue server_queue, client_queue;
+  auto server = StartWith(Of(key), &server_queue, nullptr);
+  auto client = StartWith(Of(key), &client_queue, nullptr);
+  std::atomic<int> gone{0};
+  ASSERT_TRUE(client->Watch(server->address(), [&gone] { ++gone; }).ok());
+  ASSERT_TRUE(client->Send(server->address(), Note(1)).ok());
+  ASSERT_TRUE(server_queue.Pop(Soon(), "the note").ok());
+  server->Shutdown();
+  const Deadline deadline = Soon();
+  while (gone.load() == 0 && !deadline.Expired()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  EXPECT_EQ(gone.load(), 1);
 }
 
 }  // namespace

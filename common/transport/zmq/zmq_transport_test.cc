@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
 #include <cstring>
 #include <thread>
 #include <zmq.hpp>
@@ -267,6 +270,78 @@ TEST(ZmqTransportTest, SendAfterShutdownFails) {
   transport->Shutdown();
   transport->Shutdown();  // idempotent
   EXPECT_EQ(transport->Send("tcp://127.0.0.1:9", AckMessage(1)).code(), StatusCode::kCancelled);
+}
+
+// A flag set by a watch's on_gone, waited for by the test thread.
+class GoneFlag {
+ public:
+  std::function<void()> Setter() {
+    return [this] {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++calls_;
+      changed_.notify_all();
+    };
+  }
+  // The calls made once one was or `deadline` passed.
+  int WaitForCall(Deadline deadline) {
+    std::unique_lock<std::mutex> lock(mu_);
+    changed_.wait_until(lock, deadline.when(), [&] { return calls_ > 0; });
+    return calls_;
+  }
+  int calls() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return calls_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable changed_;
+  int calls_ = 0;
+};
+
+TEST(ZmqTransportTest, AWatchedPeerThatGoesIsReportedOnceAndOneThatStaysIsNot) {
+  EnvelopeQueue watcher_queue, going_queue, staying_queue;
+  auto watcher = StartTransport(&watcher_queue, nullptr);
+  auto going = StartTransport(&going_queue, nullptr);
+  auto staying = StartTransport(&staying_queue, nullptr);
+  GoneFlag going_gone, staying_gone, never_gone;
+  ASSERT_TRUE(watcher->Watch(going->address(), going_gone.Setter()).ok());
+  ASSERT_TRUE(watcher->Watch(staying->address(), staying_gone.Setter()).ok());
+  // Nothing listens at a port just freed: a peer never reached is not reported as gone.
+  std::string nobody;
+  {
+    EnvelopeQueue queue;
+    auto freed = StartTransport(&queue, nullptr);
+    nobody = freed->address();
+  }
+  ASSERT_TRUE(watcher->Watch(nobody, never_gone.Setter()).ok());
+  // Let the watches connect (a message over each proves the connection is up).
+  ASSERT_TRUE(watcher->Send(going->address(), AckMessage(1)).ok());
+  ASSERT_TRUE(watcher->Send(staying->address(), AckMessage(2)).ok());
+  ASSERT_TRUE(going_queue.Pop(Soon(), "ack").ok());
+  ASSERT_TRUE(staying_queue.Pop(Soon(), "ack").ok());
+
+  const auto shut = std::chrono::steady_clock::now();
+  going->Shutdown();
+  EXPECT_EQ(going_gone.WaitForCall(Soon()), 1);
+  const auto seen = std::chrono::steady_clock::now();
+  // A refused reconnection comes back at once; the deadline is for slow (sanitized) builds.
+  EXPECT_LT(std::chrono::duration_cast<std::chrono::milliseconds>(seen - shut).count(), 5000);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(going_gone.calls(), 1);
+  EXPECT_EQ(staying_gone.calls(), 0);
+  EXPECT_EQ(never_gone.calls(), 0);
+  // The watched connection still carries messages.
+  ASSERT_TRUE(watcher->Send(staying->address(), AckMessage(3)).ok());
+  EXPECT_TRUE(staying_queue.Pop(Soon(), "ack").ok());
+}
+
+TEST(ZmqTransportTest, WatchRejectsBadAddressesAndFailsAfterShutdown) {
+  EnvelopeQueue queue;
+  auto transport = StartTransport(&queue, nullptr);
+  EXPECT_EQ(transport->Watch("127.0.0.1:5", [] {}).code(), StatusCode::kInvalidArgument);
+  transport->Shutdown();
+  EXPECT_EQ(transport->Watch("tcp://127.0.0.1:9", [] {}).code(), StatusCode::kCancelled);
 }
 
 }  // namespace
