@@ -67,17 +67,27 @@ EmulatedHosts::~EmulatedHosts() {
 }
 
 std::vector<std::string> EmulatedHosts::Command(int i, const std::vector<std::string>& argv,
-                                                bool private_shm) const {
+                                                bool private_shm, bool own_hostname) const {
   std::vector<std::string> command = {"/usr/bin/nsenter", "--net=" + NetnsPath(namespaces_.at(i)),
                                       "--"};
-  if (private_shm) {
-    command.insert(command.end(),
-                   {"/usr/bin/unshare", "--mount", "--propagation", "private", "/bin/sh", "-c",
-                    "mount -t tmpfs tmpfs /dev/shm && exec \"$@\"", "sh"});
+  if (private_shm || own_hostname) {
+    command.push_back("/usr/bin/unshare");
+    std::string script;
+    if (private_shm) {
+      command.insert(command.end(), {"--mount", "--propagation", "private"});
+      script += "mount -t tmpfs tmpfs /dev/shm && ";
+    }
+    if (own_hostname) {
+      command.push_back("--uts");
+      script += "hostname " + HostName(i) + " && ";
+    }
+    command.insert(command.end(), {"/bin/sh", "-c", script + "exec \"$@\"", "sh"});
   }
   command.insert(command.end(), argv.begin(), argv.end());
   return command;
 }
+
+std::string EmulatedHosts::HostName(int i) { return "emulated-host-" + std::to_string(i); }
 
 std::vector<std::string> EmulatedHosts::SwitchCommand(const std::vector<std::string>& argv) const {
   return Concat({"/usr/bin/nsenter", "--net=" + NetnsPath(switch_), "--"}, argv);

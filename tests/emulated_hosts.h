@@ -34,9 +34,13 @@ class EmulatedHosts {
   // 10.77.0.(i+1): host i's address on the shared network.
   static std::string Address(int i);
   // `argv` run inside host i (nsenter, no fork: the pid started is argv's). With
-  // `private_shm`, /dev/shm is a fresh tmpfs of its own.
+  // `private_shm`, /dev/shm is a fresh tmpfs of its own; with `own_hostname`, its host name is
+  // HostName(i) instead of this machine's (a UTS namespace), so a coordinator on another
+  // emulated host cannot take it for one of its own host's processes (whose pids it checks).
   std::vector<std::string> Command(int i, const std::vector<std::string>& argv,
-                                   bool private_shm = true) const;
+                                   bool private_shm = true, bool own_hostname = false) const;
+  // "emulated-host-i".
+  static std::string HostName(int i);
   // `argv` run in the switch's network namespace (at kSwitchAddress).
   std::vector<std::string> SwitchCommand(const std::vector<std::string>& argv) const;
   static constexpr const char* kSwitchAddress = "10.77.0.254";

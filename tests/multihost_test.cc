@@ -3,6 +3,8 @@
 // docs/clusters.md and no --bind-host, to bitwise the parameters of the same job on one host;
 // a member advertising a loopback address from another host is refused naming the fix; an
 // interface name and 0.0.0.0 work; /sd and every /metrics are reachable from the other host.
+#include <signal.h>
+
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -41,13 +43,14 @@ class MultiHostTest : public ::testing::Test {
   // `binary` with `args` on host `host`, with `env` (NAME=VALUE) added to its environment.
   StatusOr<int> StartOn(int host, const std::string& label, const std::string& binary,
                         const std::vector<std::string>& args,
-                        const std::vector<std::string>& env = {}) {
+                        const std::vector<std::string>& env = {}, bool own_hostname = false) {
     // HTTP on the transport's address, not the default loopback: /sd lists every /metrics
     // for a Prometheus on the other host (the variable reaches tessera-launch's children too).
     std::vector<std::string> argv =
         Concat({"/usr/bin/env", "TESSERA_METRICS_BIND_HOST=auto"}, env);
     argv.push_back(BinaryPath(binary));
-    return harness_.StartCommand(label, hosts_->Command(host, Concat(argv, args)));
+    return harness_.StartCommand(
+        label, hosts_->Command(host, Concat(argv, args), /*private_shm=*/true, own_hostname));
   }
 
   // A coordinator on host 0 (at its address, port 0), `servers` servers on hosts 0, 1, 0, ...
@@ -314,6 +317,88 @@ TEST_F(MultiHostTest, ServiceDiscoveryAndMetricsAreReachableFromTheOtherHost) {
                   })
                   .ok());
   EXPECT_EQ(targets.size(), 5u) << "the coordinator, 2 servers and 2 workers";
+}
+
+// A server that dies on another host (issue 16): the coordinator checks the pids of its own
+// host only and the heartbeat limit is 60 s here, so only the dead process's closed connection
+// can tell (its kernel closes it, and its port then refuses the coordinator's reconnection:
+// Transport::Watch). Host 1 has a host name of its own. ps-sync, --replicas 2: the job goes on
+// with the other copies at once and ends with the parameters of the same job undisturbed.
+TEST_F(MultiHostTest, AServerDyingOnAnotherHostIsSeenByItsClosedConnectionAtOnce) {
+  const std::vector<std::string> training = {
+      "--optimizer", "momentum", "--lr", "0.1", "--device", "cpu", "--train-samples", "1280",
+      "--batch-size", "16", "--ps-chunk-elements", "100", "--seed", "3", "--log-every", "10",
+      "--steps", "300", "--hidden", "32,16", "--input-dim", "16", "--classes", "4"};
+  const std::vector<std::string> slow_heartbeats = {"--heartbeat-timeout-ms", "60000"};
+  const std::string path = TempPath("server-killed-across.params");
+  auto coordinator = StartOn(0, "coordinator", "server/coordinator/tessera-coordinator",
+                             Concat({"--coordinator", EmulatedHosts::Address(0) + ":0",
+                                     "--num-servers", "3", "--num-workers", "2", "--replicas",
+                                     "2"},
+                                    slow_heartbeats));
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  ASSERT_TRUE(harness_.WaitReady(*coordinator, Deadline::AfterMillis(30000)).ok())
+      << harness_.Output(*coordinator);
+  const std::string address =
+      harness_.process(*coordinator).address.substr(std::string("tcp://").size());
+  std::vector<int> servers, workers;
+  for (int s = 0; s < 3; ++s) {
+    const int host = s == 1 ? 1 : 0;
+    auto server = StartOn(host, "server " + std::to_string(s), "server/ps/tessera-server",
+                          Concat({"--coordinator", address, "--num-servers", "3",
+                                  "--num-workers", "2", "--rank", std::to_string(s)},
+                                 slow_heartbeats),
+                          {}, /*own_hostname=*/host == 1);
+    ASSERT_TRUE(server.ok()) << server.status();
+    servers.push_back(*server);
+  }
+  for (int r = 0; r < 2; ++r) {
+    auto worker = StartOn(r, "worker " + std::to_string(r), "worker/tessera-worker",
+                          Concat(Concat({"--mode", "ps-sync", "--coordinator", address,
+                                         "--num-servers", "3", "--num-workers", "2", "--rank",
+                                         std::to_string(r)},
+                                        Concat(training, slow_heartbeats)),
+                                 r == 0 ? std::vector<std::string>{"--save-params", path}
+                                        : std::vector<std::string>{}),
+                          {}, /*own_hostname=*/r == 1);
+    ASSERT_TRUE(worker.ok()) << worker.status();
+    workers.push_back(*worker);
+  }
+  ASSERT_TRUE(harness_.WaitForLine(workers[0], "step 100/", Deadline::AfterMillis(kRunMs)).ok())
+      << harness_.Output(workers[0]);
+  const int64_t pid = harness_.process(servers[1]).pid;
+  ASSERT_GT(pid, 0);
+  const SteadyClock::time_point killed = SteadyClock::now();
+  ASSERT_EQ(kill(static_cast<pid_t>(pid), SIGKILL), 0);
+  ExpectWorkersSucceed(TwoWorkerJob{*coordinator, "", servers, workers});
+  const std::string seen = "server 1 (" + harness_.process(servers[1]).address +
+                           ", pid " + std::to_string(pid) + ") failed: its connection closed and " +
+                           harness_.process(servers[1]).address +
+                           " refuses connections (on " + EmulatedHosts::HostName(1) + ")";
+  StatusOr<SteadyClock::time_point> told = harness_.LineTime(*coordinator, seen);
+  ASSERT_TRUE(told.ok()) << told.status() << "\n" << harness_.Output(*coordinator);
+  // At once: a reconnection is refused within a round trip (the heartbeats would take 60 s).
+  EXPECT_LT(std::chrono::duration_cast<std::chrono::milliseconds>(*told - killed).count(), 5000);
+  for (int id : workers) {
+    EXPECT_NE(harness_.Output(id).find("server 1 failed (its connection closed"),
+              std::string::npos)
+        << harness_.Output(id);
+  }
+  // The same job on one host, undisturbed and with one copy of each range.
+  FleetHarness undisturbed;
+  const std::string reference = TempPath("server-killed-reference.params");
+  auto job = StartTwoWorkerJob(undisturbed, "ps-sync", 3, {},
+                               {Concat(training, {"--save-params", reference}), training});
+  ASSERT_TRUE(job.ok()) << job.status();
+  for (int id : job->workers) {
+    auto exit = undisturbed.WaitExit(id, Deadline::AfterMillis(kRunMs));
+    ASSERT_TRUE(exit.ok() && exit->status == 0) << undisturbed.Output(id);
+  }
+  undisturbed.StopAll();
+  const std::string params = ReadWholeFile(path);
+  EXPECT_FALSE(params.empty());
+  EXPECT_TRUE(params == ReadWholeFile(reference))
+      << "the job that lost server 1 ended with other parameters than the undisturbed one";
 }
 
 }  // namespace

@@ -307,6 +307,36 @@ void Coordinator::TakeRegistration(const Envelope& envelope, Member* member) {
   member->route = envelope.origin;
   member->register_request_id = envelope.header.request_id;
   member->last_seen = SteadyClock::now();
+  if (host_.empty() || member->info.host == host_) return;  // CheckLocalProcesses sees it
+  std::shared_ptr<GoneAddresses> gone = gone_;
+  Status watched = endpoint_->transport().Watch(member->info.address, [gone, address = member->info.address] {
+    std::lock_guard<std::mutex> lock(gone->mu);
+    gone->addresses.push_back(address);
+  });
+  if (!watched.ok()) {
+    TLOG(WARNING) << "cannot watch " << member->info.Name() << "'s connection (its death is "
+                  << "found by its heartbeats only): " << watched;
+  }
+}
+
+void Coordinator::CheckGoneAddresses() {
+  std::vector<std::string> addresses;
+  {
+    std::lock_guard<std::mutex> lock(gone_->mu);
+    addresses.swap(gone_->addresses);
+  }
+  bool failed = false;
+  for (const std::string& address : addresses) {
+    for (auto& [key, member] : members_) {
+      if (member.info.address != address || member.info.state != MemberState::kAlive) continue;
+      DeclareGone(member,
+                  "its connection closed and " + address + " refuses connections (on " +
+                      member.info.host + ")",
+                  /*stopped=*/false, ": it crashed or was killed");
+      failed = true;
+    }
+  }
+  if (failed) MaybeEndJob();  // not inside the loop: it erases members
 }
 
 void Coordinator::HandleJoin(const Envelope& envelope) {
@@ -805,6 +835,7 @@ Status Coordinator::CheckTimers() {
     next_local_check_ = now + std::chrono::milliseconds(kLocalCheckMs);
     CheckLocalProcesses();
   }
+  CheckGoneAddresses();
   for (auto& [key, member] : members_) {
     if (member.joining_late && member.info.state == MemberState::kJoining &&
         std::chrono::duration_cast<std::chrono::milliseconds>(now - member.last_seen).count() >

@@ -7,8 +7,10 @@
 //     heartbeat_timeout, or at once when it registered from the coordinator's own host and
 //     its process is gone (crashed or killed: checked every kLocalCheckMs, and once more when
 //     the coordinator stops, so that a fleet shut down because one of its processes died
-//     still tells the others which); every other live member then gets a FailureNotice
-//     naming it;
+//     still tells the others which), or, from another host, when the connection the
+//     coordinator keeps to its listen address closes and a reconnection is refused (the
+//     process is gone, its kernel closed its sockets: Transport::Watch); every other live
+//     member then gets a FailureNotice naming it;
 //   - runs barriers over all members or one role, releasing them when every live participant
 //     has arrived, or failing them naming who is missing (timeout) or who failed;
 //   - takes a server started with --join into a complete fleet in the place of a failed one:
@@ -40,6 +42,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -143,6 +146,8 @@ class Coordinator {
   Status CheckTimers();
   // Declares failed every live member of this host whose process is gone.
   void CheckLocalProcesses();
+  // Declares failed every live member of another host whose watched address is gone.
+  void CheckGoneAddresses();
 
   // Refuses a member whose advertised address the others cannot reach: an unspecified one, or
   // a loopback one from a member that connected from another host (`source`: its IP address).
@@ -200,6 +205,13 @@ class Coordinator {
   SteadyClock::time_point job_started_;
   SteadyClock::time_point started_ = SteadyClock::now();
   const std::string host_;  // LocalHostName(): members registered with it are checked by pid
+  // The listen addresses of other hosts' members that Transport::Watch reported gone: filled
+  // on the transport's thread (which may outlive this, hence shared), drained by CheckTimers.
+  struct GoneAddresses {
+    std::mutex mu;
+    std::vector<std::string> addresses;  // guarded by mu
+  };
+  std::shared_ptr<GoneAddresses> gone_ = std::make_shared<GoneAddresses>();
   SteadyClock::time_point next_local_check_;
 
   GaugeFamily* members_gauge_ = nullptr;

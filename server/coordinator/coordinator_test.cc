@@ -426,6 +426,42 @@ TEST(CoordinatorTest, GoneLocalProcessIsDeclaredFailedAtOnce) {
   raw->FailAll(CancelledError("test over"));
 }
 
+// A member of another host (pids mean nothing there) that dies: its kernel closes its
+// sockets, so the connection the coordinator keeps to its listen address closes and its port
+// refuses a reconnection; the others learn it at once, not after the heartbeat limit (60 s).
+TEST(CoordinatorTest, AnotherHostsMemberWhoseConnectionClosesIsDeclaredFailedAtOnce) {
+  Fleet fleet(0, 2, 10000, /*heartbeat_ms=*/60000);
+  std::vector<Process> processes(2);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    processes[rank].endpoint = NewEndpoint();
+    threads.emplace_back([&, rank] {
+      RendezvousOptions options = fleet.Options(Role::kWorker, rank, 60000);
+      if (rank == 1) options.host = "another-host";
+      auto client = RendezvousClient::Join(processes[rank].endpoint.get(), options, nullptr);
+      ASSERT_TRUE(client.ok()) << client.status();
+      processes[rank].client = std::move(client).value();
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_NE(processes[0].client, nullptr);
+  ASSERT_NE(processes[1].client, nullptr);
+  std::promise<Status> told;
+  processes[0].client->SetFailureCallback([&](const Status& s) { told.set_value(s); });
+  const std::string address = processes[1].endpoint->address();
+  processes[1].client.reset();  // gone without a goodbye, as if killed
+  processes[1].endpoint.reset();
+  auto future = told.get_future();
+  ASSERT_EQ(future.wait_for(std::chrono::seconds(5)), std::future_status::ready);
+  Status s = future.get();
+  EXPECT_EQ(s.code(), StatusCode::kAborted);
+  EXPECT_NE(s.message().find("worker 1"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("its connection closed and " + address +
+                             " refuses connections (on another-host)"),
+            std::string::npos)
+      << s;
+}
+
 TEST(CoordinatorTest, LostCoordinatorIsDetectedByClients) {
   auto fleet = std::make_unique<Fleet>(0, 1);
   auto processes = JoinAll(*fleet, {{Role::kWorker, 0}});

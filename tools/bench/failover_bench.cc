@@ -2,7 +2,10 @@
 
 #include <signal.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdlib>
 #include <cstdio>
 #include <iostream>
 #include <map>
@@ -13,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/base/status.h"
+#include "tools/bench/bench_util.h"
 #include "tools/bench/child_timeline.h"
 
 namespace tessera::tools {
@@ -37,16 +41,124 @@ double MillisBetween(Clock::time_point start, Clock::time_point end) {
 }
 
 struct Death {
-  const char* name;  // "kill", "hang"
+  const char* name;  // "kill", "kill-remote", "hang"
   int signal;
   double goal_ms;
   const char* what;
+  // The server is of "another host": it runs with a host name of its own (a UTS namespace;
+  // needs root), so the coordinator cannot check its pid and sees its death only as its
+  // closed connection (Transport::Watch). The fleet is started process by process then.
+  bool remote = false;
 };
 
 const Death kDeaths[] = {
     {"kill", SIGKILL, kKillGoalMs, "SIGKILL (the process is gone)"},
+    {"kill-remote", SIGKILL, kKillGoalMs, "SIGKILL on another host (closed connection)", true},
     {"hang", SIGSTOP, kHangGoalMs, "SIGSTOP (silent: the heartbeat timeout)"},
 };
+
+// The job of every round: a small dense model, many short steps, each logged, so the first
+// step after the failover is seen within a step.
+const std::vector<std::string> kTraining = {
+    "--hidden", "32,16", "--input-dim", "16", "--classes", "4", "--train-samples", "1920",
+    "--batch-size", "16", "--ps-chunk-elements", "100", "--steps", "1000000", "--log-every",
+    "1", "--optimizer", "momentum"};
+
+// A running fleet: what to watch for worker 0's lines (and their prefix), and the pid of the
+// server that is to die.
+struct RunningFleet {
+  std::vector<int> children;  // the launcher, or every process
+  int worker0 = -1;           // the child whose output has worker 0's lines
+  std::string prefix;         // before worker 0's lines there
+  int pid = -1;
+};
+
+// tessera-launch with the fleet.
+StatusOr<RunningFleet> Launch(const FailoverBenchOptions& o, const std::string& launcher,
+                              int server, Timeline& timeline) {
+  std::vector<std::string> argv = {launcher, "--servers", std::to_string(o.servers),
+                                   "--workers", std::to_string(o.workers), "--replicas",
+                                   std::to_string(o.replicas), "--mode", "ps-sync",
+                                   "--log-level", "info", "--"};
+  argv.insert(argv.end(), kTraining.begin(), kTraining.end());
+  RunningFleet fleet;
+  ASSIGN_OR_RETURN(fleet.worker0, timeline.Spawn("tessera-launch", argv));
+  fleet.children = {fleet.worker0};
+  fleet.prefix = "worker 0 | ";
+  ASSIGN_OR_RETURN(Timeline::Line announced,
+                   timeline.WaitForLine(fleet.worker0, "[launch] server " +
+                                                           std::to_string(server) + " pid="));
+  fleet.pid = std::stoi(announced.text.substr(announced.text.find(" pid=") + 5));
+  return fleet;
+}
+
+// The pid=N of a child's TESSERA_READY line, and its address=.
+StatusOr<std::pair<int, std::string>> Ready(Timeline& timeline, int child) {
+  ASSIGN_OR_RETURN(Timeline::Line ready, timeline.WaitForLine(child, "TESSERA_READY "));
+  const std::string& text = ready.text;
+  const size_t pid_at = text.find(" pid=");
+  const size_t address_at = text.find(" address=");
+  if (pid_at == std::string::npos || address_at == std::string::npos) {
+    return InternalError("unexpected ready line: " + text);
+  }
+  const size_t address_end = text.find(' ', address_at + 9);
+  return std::make_pair(std::stoi(text.substr(pid_at + 5)),
+                        text.substr(address_at + 9, address_end - address_at - 9));
+}
+
+// The fleet process by process (as tessera-launch would start it), server `server` in a UTS
+// namespace with a host name of its own.
+StatusOr<RunningFleet> StartByHand(const FailoverBenchOptions& o, const std::string& key_file,
+                                   int server, Timeline& timeline) {
+  ASSIGN_OR_RETURN(std::string coordinator_binary,
+                   FindRunfile("server/coordinator/tessera-coordinator"));
+  ASSIGN_OR_RETURN(std::string server_binary, FindRunfile("server/ps/tessera-server"));
+  ASSIGN_OR_RETURN(std::string worker_binary, FindRunfile("worker/tessera-worker"));
+  const std::vector<std::string> env = {"/usr/bin/env", "TESSERA_AUTH_KEY_FILE=" + key_file};
+  const std::vector<std::string> fleet_flags = {"--num-servers", std::to_string(o.servers),
+                                                "--num-workers", std::to_string(o.workers)};
+  auto command = [&](const std::vector<std::string>& prefix, const std::string& binary,
+                     const std::vector<std::string>& args) {
+    std::vector<std::string> argv = prefix;
+    argv.push_back(binary);
+    argv.insert(argv.end(), fleet_flags.begin(), fleet_flags.end());
+    argv.insert(argv.end(), args.begin(), args.end());
+    return argv;
+  };
+  RunningFleet fleet;
+  ASSIGN_OR_RETURN(int coordinator,
+                   timeline.Spawn("coordinator",
+                                  command(env, coordinator_binary,
+                                          {"--coordinator", "127.0.0.1:0", "--replicas",
+                                           std::to_string(o.replicas)})));
+  fleet.children.push_back(coordinator);
+  ASSIGN_OR_RETURN(auto coordinator_ready, Ready(timeline, coordinator));
+  const std::string address = coordinator_ready.second.substr(std::string("tcp://").size());
+  std::vector<std::string> remote = env;
+  remote.insert(remote.end(), {"/usr/bin/unshare", "--uts", "/bin/sh", "-c",
+                               "hostname tessera-bench-other-host && exec \"$@\"", "sh"});
+  for (int s = 0; s < o.servers; ++s) {
+    ASSIGN_OR_RETURN(int child, timeline.Spawn("server " + std::to_string(s),
+                                               command(s == server ? remote : env, server_binary,
+                                                       {"--coordinator", address, "--rank",
+                                                        std::to_string(s)})));
+    fleet.children.push_back(child);
+    if (s == server) fleet.pid = child;  // the child's id until it is ready, below
+  }
+  for (int w = 0; w < o.workers; ++w) {
+    std::vector<std::string> args = {"--mode", "ps-sync", "--coordinator", address, "--rank",
+                                     std::to_string(w), "--log-level", "info"};
+    args.insert(args.end(), kTraining.begin(), kTraining.end());
+    ASSIGN_OR_RETURN(int child,
+                     timeline.Spawn("worker " + std::to_string(w), command(env, worker_binary, args)));
+    fleet.children.push_back(child);
+    if (w == 0) fleet.worker0 = child;
+  }
+  // A server is ready (and says its pid) once the whole fleet has registered.
+  ASSIGN_OR_RETURN(auto ready, Ready(timeline, fleet.pid));
+  fleet.pid = ready.first;
+  return fleet;
+}
 
 // One round's figures in milliseconds: detected, first_step, step_before.
 using Round = std::map<std::string, double>;
@@ -54,25 +166,14 @@ using Round = std::map<std::string, double>;
 // Runs a fleet, lets `server` die by `death` once worker 0 logged kStepsBeforeDeath steps, and
 // times the failover.
 Status MeasureRound(const FailoverBenchOptions& o, const std::string& launcher,
-                    const Death& death, int server, Round* round) {
+                    const std::string& key_file, const Death& death, int server, Round* round) {
   Timeline timeline(int64_t{o.timeout_s} * 1000);
-  // A small dense model, many short steps, each logged: the first step after the failover is
-  // seen within a step.
-  ASSIGN_OR_RETURN(
-      int fleet,
-      timeline.Spawn("tessera-launch",
-                     {launcher, "--servers", std::to_string(o.servers), "--workers",
-                      std::to_string(o.workers), "--replicas", std::to_string(o.replicas),
-                      "--mode", "ps-sync", "--log-level", "info", "--", "--hidden", "32,16",
-                      "--input-dim", "16", "--classes", "4", "--train-samples", "1920",
-                      "--batch-size", "16", "--ps-chunk-elements", "100", "--steps", "1000000",
-                      "--log-every", "1", "--optimizer", "momentum"}));
-  ASSIGN_OR_RETURN(Timeline::Line announced,
-                   timeline.WaitForLine(fleet, "[launch] server " + std::to_string(server) +
-                                                   " pid="));
-  const size_t at = announced.text.find(" pid=") + 5;
-  const int pid = std::stoi(announced.text.substr(at));
-  const std::string step_line = "worker 0 | step ";
+  ASSIGN_OR_RETURN(RunningFleet running, death.remote
+                                             ? StartByHand(o, key_file, server, timeline)
+                                             : Launch(o, launcher, server, timeline));
+  const int fleet = running.worker0;
+  const int pid = running.pid;
+  const std::string step_line = running.prefix + "step ";
   ASSIGN_OR_RETURN(auto before,
                    timeline.WaitForLineFrom(
                        fleet, step_line + std::to_string(kStepsBeforeDeath) + "/", 0));
@@ -88,14 +189,17 @@ Status MeasureRound(const FailoverBenchOptions& o, const std::string& launcher,
   }
   ASSIGN_OR_RETURN(auto noticed,
                    timeline.WaitForLineFrom(
-                       fleet, "worker 0 | server " + std::to_string(server) + " failed (", from));
+                       fleet, running.prefix + "server " + std::to_string(server) + " failed (",
+                       from));
   ASSIGN_OR_RETURN(auto stepped, timeline.WaitForLineFrom(fleet, step_line, noticed.first + 1));
   (*round)["detected_ms"] = MillisBetween(died, noticed.second.when);
   (*round)["first_step_ms"] = MillisBetween(died, stepped.second.when);
   // A stopped server takes no SIGTERM: it goes now, then the fleet.
   if (death.signal == SIGSTOP) kill(pid, SIGKILL);
-  RETURN_IF_ERROR(timeline.Signal(fleet, SIGTERM));
-  (void)timeline.WaitForExit(fleet);  // 128 + SIGTERM: stopped as asked
+  for (int child : running.children) RETURN_IF_ERROR(timeline.Signal(child, SIGTERM));
+  for (int child : running.children) {
+    (void)timeline.WaitForExit(child);  // 128 + SIGTERM (or the killed server): as asked
+  }
   return OkStatus();
 }
 
@@ -113,6 +217,16 @@ int RunFailoverBench(const FailoverBenchOptions& o) {
     std::cerr << "tessera-bench failover: " << launcher.status() << "\n";
     return 1;
   }
+  // The fleets started by hand share a key, as the launcher's children do.
+  const std::string key_file = "/tmp/tessera-failover-bench-" + std::to_string(getpid()) + ".key";
+  if (std::system((*launcher + " --make-key-file " + key_file + " > /dev/null").c_str()) != 0) {
+    std::cerr << "tessera-bench failover: could not make the key file " << key_file << "\n";
+    return 1;
+  }
+  struct RemoveKey {
+    std::string path;
+    ~RemoveKey() { std::remove(path.c_str()); }
+  } remove_key{key_file};
   nlohmann::json report = {{"bench", "failover"},     {"rounds", o.rounds},
                            {"servers", o.servers},    {"workers", o.workers},
                            {"replicas", o.replicas},  {"deaths", nlohmann::json::array()}};
@@ -122,7 +236,7 @@ int RunFailoverBench(const FailoverBenchOptions& o) {
     for (int r = 0; r < o.rounds; ++r) {
       Round round;
       const int server = r % o.servers;
-      Status status = MeasureRound(o, *launcher, death, server, &round);
+      Status status = MeasureRound(o, *launcher, key_file, death, server, &round);
       if (!status.ok()) {
         std::cerr << "tessera-bench failover: " << death.name << " round " << r + 1
                   << " (server " << server << "): " << status << "\n";
@@ -165,8 +279,9 @@ int RunFailoverBench(const FailoverBenchOptions& o) {
                 d["detected_max_ms"].get<double>(), d["step_before_p50_ms"].get<double>(),
                 d["goal_ms"].get<double>(), d["max_to_goal"].get<double>());
   }
-  std::printf("goals: a death seen at once under 1 s, one seen by the default heartbeat timeout "
-              "under 5 s (max/goal < 1 meets it)\n");
+  std::printf("goals: a death seen at once (this host's pid, another host's closed "
+              "connection) under 1 s, one seen by the default heartbeat timeout under 5 s "
+              "(max/goal < 1 meets it)\n");
   return 0;
 }
 
@@ -175,8 +290,10 @@ int RunFailoverBench(const FailoverBenchOptions& o) {
 BenchCommand AddFailoverBench(CLI::App* parent) {
   auto o = std::make_shared<FailoverBenchOptions>();
   CLI::App* app = parent->add_subcommand(
-      "failover", "How long a replicated ps-sync job stops when a server dies (SIGKILL, and "
-                  "SIGSTOP found by the heartbeat timeout): p50 and max to the next step");
+      "failover", "How long a replicated ps-sync job stops when a server dies (SIGKILL on this "
+                  "host, SIGKILL on another host (a host name of its own: needs root) seen as a "
+                  "closed connection, and SIGSTOP found by the heartbeat timeout): p50 and max "
+                  "to the next step");
   app->add_option("--rounds", o->rounds, "Deaths of each kind, each in a fresh fleet")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();

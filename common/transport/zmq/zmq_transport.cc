@@ -650,8 +650,6 @@ struct ZmqTransport::Impl {
         if (out.lost && out.on_gone && !out.forget &&
             SteadyClock::now() - out.attempt_started <
                 std::chrono::milliseconds(kRefusedWithinMs)) {
-          TLOG(INFO) << "transport " << router_address << ": the connection to " << out.address
-                     << " closed and reconnecting is refused: nothing listens there any more";
           out.forget = true;
           std::function<void()> on_gone = std::move(out.on_gone);
           on_gone();
