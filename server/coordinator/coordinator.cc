@@ -17,6 +17,11 @@ namespace {
 // How often CheckLocalProcesses looks (a kill() and a /proc read per member of this host).
 constexpr int64_t kLocalCheckMs = 200;
 
+// Members of other hosts watched through a connection each at most (every server, and workers
+// up to this many): each costs three ZeroMQ sockets and four file descriptors, against the
+// context's 1023 sockets and the usual limit of 1024 descriptors.
+constexpr size_t kMaxWatched = 128;
+
 // The requests the coordinator serves.
 constexpr MessageType kHandledTypes[] = {MessageType::kRegisterRequest, MessageType::kHeartbeat,
                                          MessageType::kBarrierRequest, MessageType::kGoodbye};
@@ -308,15 +313,27 @@ void Coordinator::TakeRegistration(const Envelope& envelope, Member* member) {
   member->register_request_id = envelope.header.request_id;
   member->last_seen = SteadyClock::now();
   if (host_.empty() || member->info.host == host_) return;  // CheckLocalProcesses sees it
+  const std::string& address = member->info.address;
+  if (watched_.count(address) != 0) return;
+  if (watched_.size() >= kMaxWatched && member->info.role != Role::kServer) {
+    if (!watch_limit_logged_) {
+      watch_limit_logged_ = true;
+      TLOG(INFO) << "watching the connections of " << kMaxWatched << " members of other hosts "
+                 << "already; the deaths of further workers are found by their heartbeats";
+    }
+    return;
+  }
   std::shared_ptr<GoneAddresses> gone = gone_;
-  Status watched = endpoint_->transport().Watch(member->info.address, [gone, address = member->info.address] {
+  Status watched = endpoint_->transport().Watch(address, [gone, address] {
     std::lock_guard<std::mutex> lock(gone->mu);
     gone->addresses.push_back(address);
   });
   if (!watched.ok()) {
     TLOG(WARNING) << "cannot watch " << member->info.Name() << "'s connection (its death is "
                   << "found by its heartbeats only): " << watched;
+    return;
   }
+  watched_.insert(address);
 }
 
 void Coordinator::CheckGoneAddresses() {
@@ -327,6 +344,7 @@ void Coordinator::CheckGoneAddresses() {
   }
   bool failed = false;
   for (const std::string& address : addresses) {
+    watched_.erase(address);  // the transport closed that connection
     for (auto& [key, member] : members_) {
       if (member.info.address != address || member.info.state != MemberState::kAlive) continue;
       DeclareGone(member,

@@ -45,6 +45,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -212,6 +213,8 @@ class Coordinator {
     std::vector<std::string> addresses;  // guarded by mu
   };
   std::shared_ptr<GoneAddresses> gone_ = std::make_shared<GoneAddresses>();
+  std::set<std::string> watched_;  // the addresses watched now (Run thread)
+  bool watch_limit_logged_ = false;
   SteadyClock::time_point next_local_check_;
 
   GaugeFamily* members_gauge_ = nullptr;
