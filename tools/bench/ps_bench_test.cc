@@ -4,6 +4,7 @@
 // benchmarks are not tests.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <string>
@@ -63,6 +64,40 @@ TEST(PsBenchTest, JsonShape) {
     EXPECT_GT(by_kind["mlp"][0]["figures"].value("alone_s", 0.0), 0.0);
     EXPECT_GT(by_kind["mlp"][0]["figures"].value("ps_sync_s", 0.0), 0.0);
   }
+}
+
+// --replicas: the sockets path with one copy and with two, in alternated pairs of runs; the
+// replicated row carries each pair's ratio of push+pull times and their median.
+TEST(PsBenchTest, ReplicasComeInPairsOfRuns) {
+  StatusOr<std::string> bench = FindRunfile("tools/tessera-bench");
+  ASSERT_TRUE(bench.ok()) << bench.status();
+  const std::vector<std::string> argv = {*bench,     "ps",       "--configs", "2x2",
+                                         "--sizes",  "64K",      "--iters",   "3",
+                                         "--warmup", "1",        "--replicas", "2",
+                                         "--replica-pairs", "2", "--no-python", "--no-zmq",
+                                         "--json"};
+  StatusOr<ChildOutput> output = RunToCompletion("tessera-bench ps --replicas 2", argv, 240'000);
+  ASSERT_TRUE(output.ok()) << output.status();
+  std::map<std::string, nlohmann::json> row_of;
+  for (const std::string& line : output->stdout_lines) {
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    ASSERT_TRUE(j.is_object()) << "not a JSON object: " << line;
+    if (j.value("kind", "") == "row") row_of[j.value("system", "")] = j;
+  }
+  ASSERT_EQ(row_of.size(), 3u) << "tessera, replicated and shm";
+  const nlohmann::json& replicated = row_of["replicated"];
+  ASSERT_TRUE(replicated.contains("time_ratio_pairs")) << replicated.dump();
+  ASSERT_EQ(replicated["time_ratio_pairs"].size(), 2u) << replicated.dump();
+  for (const nlohmann::json& ratio : replicated["time_ratio_pairs"]) {
+    EXPECT_GT(ratio.get<double>(), 0.0) << replicated.dump();
+  }
+  const double low = std::min(replicated["time_ratio_pairs"][0].get<double>(),
+                              replicated["time_ratio_pairs"][1].get<double>());
+  const double high = std::max(replicated["time_ratio_pairs"][0].get<double>(),
+                               replicated["time_ratio_pairs"][1].get<double>());
+  EXPECT_GE(replicated.value("time_ratio", 0.0), low);
+  EXPECT_LE(replicated.value("time_ratio", 0.0), high);
+  EXPECT_FALSE(row_of["tessera"].contains("time_ratio")) << row_of["tessera"].dump();
 }
 
 }  // namespace
