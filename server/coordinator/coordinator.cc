@@ -17,9 +17,9 @@ namespace {
 // How often CheckLocalProcesses looks (a kill() and a /proc read per member of this host).
 constexpr int64_t kLocalCheckMs = 200;
 
-// Members of other hosts watched through a connection each at most (every server, and workers
-// up to this many): each costs three ZeroMQ sockets and four file descriptors, against the
-// context's 1023 sockets and the usual limit of 1024 descriptors.
+// Members watched through a connection each at most (every server, and workers up to this
+// many): each costs three ZeroMQ sockets and four file descriptors, against the context's 1023
+// sockets and the usual limit of 1024 descriptors.
 constexpr size_t kMaxWatched = 128;
 
 // The requests the coordinator serves.
@@ -312,14 +312,14 @@ void Coordinator::TakeRegistration(const Envelope& envelope, Member* member) {
   member->route = envelope.origin;
   member->register_request_id = envelope.header.request_id;
   member->last_seen = SteadyClock::now();
-  if (host_.empty() || member->info.host == host_) return;  // CheckLocalProcesses sees it
   const std::string& address = member->info.address;
   if (watched_.count(address) != 0) return;
   if (watched_.size() >= kMaxWatched && member->info.role != Role::kServer) {
     if (!watch_limit_logged_) {
       watch_limit_logged_ = true;
-      TLOG(INFO) << "watching the connections of " << kMaxWatched << " members of other hosts "
-                 << "already; the deaths of further workers are found by their heartbeats";
+      TLOG(INFO) << "watching the connections of " << kMaxWatched << " members already; the "
+                 << "deaths of further workers are found by their pids (on this host) and "
+                 << "heartbeats";
     }
     return;
   }
@@ -342,11 +342,15 @@ void Coordinator::CheckGoneAddresses() {
     std::lock_guard<std::mutex> lock(gone_->mu);
     addresses.swap(gone_->addresses);
   }
-  bool failed = false;
+  bool failed = false, local = false;
   for (const std::string& address : addresses) {
     watched_.erase(address);  // the transport closed that connection
     for (auto& [key, member] : members_) {
       if (member.info.address != address || member.info.state != MemberState::kAlive) continue;
+      if (!host_.empty() && member.info.host == host_) {
+        local = true;  // its pid tells more (and CheckLocalProcesses says it as always)
+        continue;
+      }
       DeclareGone(member,
                   "its connection closed and " + address + " refuses connections (on " +
                       member.info.host + ")",
@@ -355,6 +359,7 @@ void Coordinator::CheckGoneAddresses() {
     }
   }
   if (failed) MaybeEndJob();  // not inside the loop: it erases members
+  if (local) CheckLocalProcesses();
 }
 
 void Coordinator::HandleJoin(const Envelope& envelope) {

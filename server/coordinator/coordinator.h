@@ -4,13 +4,13 @@
 // process has registered, each gets the FleetView: everyone's rank and address, and for
 // servers their key ranges. After that the coordinator
 //   - answers heartbeats, and declares a member failed when it has been silent for
-//     heartbeat_timeout, or at once when it registered from the coordinator's own host and
-//     its process is gone (crashed or killed: checked every kLocalCheckMs, and once more when
-//     the coordinator stops, so that a fleet shut down because one of its processes died
-//     still tells the others which), or, from another host, when the connection the
-//     coordinator keeps to its listen address closes and a reconnection is refused (the
-//     process is gone, its kernel closed its sockets: Transport::Watch); every other live
-//     member then gets a FailureNotice naming it;
+//     heartbeat_timeout, or at once when its process is gone: the coordinator keeps a
+//     connection to every member's listen address, and when it closes and a reconnection is
+//     refused (the process's kernel closed its sockets: Transport::Watch), a member of another
+//     host is declared failed, and one of the coordinator's own host is checked by its pid
+//     (as it also is every kLocalCheckMs, and once more when the coordinator stops, so that a
+//     fleet shut down because one of its processes died still tells the others which); every
+//     other live member then gets a FailureNotice naming it;
 //   - runs barriers over all members or one role, releasing them when every live participant
 //     has arrived, or failing them naming who is missing (timeout) or who failed;
 //   - takes a server started with --join into a complete fleet in the place of a failed one:
@@ -147,7 +147,8 @@ class Coordinator {
   Status CheckTimers();
   // Declares failed every live member of this host whose process is gone.
   void CheckLocalProcesses();
-  // Declares failed every live member of another host whose watched address is gone.
+  // Declares failed every live member of another host whose watched address is gone; checks
+  // the pids of this host's at once.
   void CheckGoneAddresses();
 
   // Refuses a member whose advertised address the others cannot reach: an unspecified one, or
@@ -206,7 +207,7 @@ class Coordinator {
   SteadyClock::time_point job_started_;
   SteadyClock::time_point started_ = SteadyClock::now();
   const std::string host_;  // LocalHostName(): members registered with it are checked by pid
-  // The listen addresses of other hosts' members that Transport::Watch reported gone: filled
+  // The listen addresses of members that Transport::Watch reported gone: filled
   // on the transport's thread (which may outlive this, hence shared), drained by CheckTimers.
   struct GoneAddresses {
     std::mutex mu;

@@ -46,8 +46,8 @@ struct Death {
   double goal_ms;
   const char* what;
   // The server is of "another host": it runs with a host name of its own (a UTS namespace;
-  // needs root), so the coordinator cannot check its pid and sees its death only as its
-  // closed connection (Transport::Watch). The fleet is started process by process then.
+  // needs root), so the coordinator cannot check its pid and has only its closed connection
+  // (Transport::Watch). The fleet is started process by process then.
   bool remote = false;
 };
 
@@ -279,9 +279,8 @@ int RunFailoverBench(const FailoverBenchOptions& o) {
                 d["detected_max_ms"].get<double>(), d["step_before_p50_ms"].get<double>(),
                 d["goal_ms"].get<double>(), d["max_to_goal"].get<double>());
   }
-  std::printf("goals: a death seen at once (this host's pid, another host's closed "
-              "connection) under 1 s, one seen by the default heartbeat timeout under 5 s "
-              "(max/goal < 1 meets it)\n");
+  std::printf("goals: a death seen at once (its closed connection) under 1 s, one seen by the "
+              "default heartbeat timeout under 5 s (max/goal < 1 meets it)\n");
   return 0;
 }
 
