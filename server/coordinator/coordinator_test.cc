@@ -462,6 +462,21 @@ TEST(CoordinatorTest, AnotherHostsMemberWhoseConnectionClosesIsDeclaredFailedAtO
       << s;
 }
 
+// On the coordinator's own host the pid decides: a member whose listen address closes while
+// its process lives on (here, the test's own) is not declared failed for it.
+TEST(CoordinatorTest, ALocalMembersClosedConnectionIsJudgedByItsPid) {
+  Fleet fleet(0, 2, 10000, /*heartbeat_ms=*/60000);
+  auto processes = JoinAll(fleet, {{Role::kWorker, 0}, {Role::kWorker, 1}});
+  ASSERT_NE(processes[0].client, nullptr);
+  std::atomic<bool> told{false};
+  processes[0].client->SetFailureCallback([&](const Status&) { told = true; });
+  processes[1].client.reset();
+  processes[1].endpoint.reset();
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // refusals take milliseconds
+  EXPECT_FALSE(told.load()) << "a member whose process lives was declared failed";
+  EXPECT_TRUE(processes[0].client->health().ok()) << processes[0].client->health();
+}
+
 TEST(CoordinatorTest, LostCoordinatorIsDetectedByClients) {
   auto fleet = std::make_unique<Fleet>(0, 1);
   auto processes = JoinAll(*fleet, {{Role::kWorker, 0}});

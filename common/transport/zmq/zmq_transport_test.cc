@@ -4,9 +4,9 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <functional>
 #include <mutex>
-#include <cstring>
 #include <thread>
 #include <zmq.hpp>
 
