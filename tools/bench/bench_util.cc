@@ -12,6 +12,8 @@
 #include <filesystem>
 
 #include "common/base/deadline.h"
+#include "common/security/credentials.h"
+#include "common/security/job_key.h"
 #include "tools/process_group.h"
 
 namespace tessera::tools {
@@ -153,6 +155,16 @@ StatusOr<std::unique_ptr<ScratchDirectory>> ScratchDirectory::Create() {
 ScratchDirectory::~ScratchDirectory() {
   std::error_code ignored;
   std::filesystem::remove_all(path_, ignored);
+}
+
+Status ShareNewJobKey(const std::string& directory) {
+  const std::string path = directory + "/job.key";
+  RETURN_IF_ERROR(WriteKeyFile(path, JobKey::Generate()));
+  if (setenv(kAuthKeyFileVariable, path.c_str(), 1) != 0) {
+    return InternalError(std::string("setenv ") + kAuthKeyFileVariable + ": " +
+                         std::strerror(errno));
+  }
+  return OkStatus();
 }
 
 StatusOr<int64_t> ParsePositive(const std::string& item) {

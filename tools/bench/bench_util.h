@@ -93,6 +93,11 @@ class ScratchDirectory {
   const std::string path_;
 };
 
+// A new job key for the children a benchmark starts itself (tessera-launch makes its own):
+// written to `directory`/job.key and named by TESSERA_AUTH_KEY_FILE in this process's
+// environment, which every child started later inherits.
+Status ShareNewJobKey(const std::string& directory);
+
 // Comma-separated values of `flag`, each parsed by `parse`; an error quotes the flag and text.
 template <typename T>
 StatusOr<std::vector<T>> ParseList(const std::string& flag, const std::string& text,

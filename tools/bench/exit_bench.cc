@@ -155,6 +155,13 @@ int RunExitBench(const ExitBenchOptions& options) {
     std::cerr << "tessera-bench exit: " << binaries.status() << "\n";
     return 1;
   }
+  // The coordinator and server started by hand need the job key tessera-launch would give.
+  StatusOr<std::unique_ptr<ScratchDirectory>> scratch = ScratchDirectory::Create();
+  Status shared = scratch.ok() ? ShareNewJobKey((*scratch)->path()) : scratch.status();
+  if (!shared.ok()) {
+    std::cerr << "tessera-bench exit: " << shared << "\n";
+    return 1;
+  }
   const int64_t timeout_ms = int64_t{options.timeout_s} * 1000;
   std::map<std::string, std::vector<double>> samples;
   for (int r = 0; r < options.rounds; ++r) {

@@ -2,10 +2,7 @@
 
 #include <signal.h>
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <cstdlib>
 #include <cstdio>
 #include <iostream>
 #include <map>
@@ -106,15 +103,13 @@ StatusOr<std::pair<int, std::string>> Ready(Timeline& timeline, int child) {
                         text.substr(address_at + 9, address_end - address_at - 9));
 }
 
-// The fleet process by process (as tessera-launch would start it), server `server` in a UTS
-// namespace with a host name of its own.
-StatusOr<RunningFleet> StartByHand(const FailoverBenchOptions& o, const std::string& key_file,
-                                   int server, Timeline& timeline) {
+// The fleet process by process (as tessera-launch would start it; the job key is in the
+// environment), server `server` in a UTS namespace with a host name of its own.
+StatusOr<RunningFleet> StartByHand(const FailoverBenchOptions& o, int server, Timeline& timeline) {
   ASSIGN_OR_RETURN(std::string coordinator_binary,
                    FindRunfile("server/coordinator/tessera-coordinator"));
   ASSIGN_OR_RETURN(std::string server_binary, FindRunfile("server/ps/tessera-server"));
   ASSIGN_OR_RETURN(std::string worker_binary, FindRunfile("worker/tessera-worker"));
-  const std::vector<std::string> env = {"/usr/bin/env", "TESSERA_AUTH_KEY_FILE=" + key_file};
   const std::vector<std::string> fleet_flags = {"--num-servers", std::to_string(o.servers),
                                                 "--num-workers", std::to_string(o.workers)};
   auto command = [&](const std::vector<std::string>& prefix, const std::string& binary,
@@ -126,31 +121,32 @@ StatusOr<RunningFleet> StartByHand(const FailoverBenchOptions& o, const std::str
     return argv;
   };
   RunningFleet fleet;
-  ASSIGN_OR_RETURN(int coordinator,
-                   timeline.Spawn("coordinator",
-                                  command(env, coordinator_binary,
-                                          {"--coordinator", "127.0.0.1:0", "--replicas",
-                                           std::to_string(o.replicas)})));
+  ASSIGN_OR_RETURN(
+      int coordinator,
+      timeline.Spawn("coordinator", command({}, coordinator_binary,
+                                            {"--coordinator", "127.0.0.1:0", "--replicas",
+                                             std::to_string(o.replicas)})));
   fleet.children.push_back(coordinator);
   ASSIGN_OR_RETURN(auto coordinator_ready, Ready(timeline, coordinator));
   const std::string address = coordinator_ready.second.substr(std::string("tcp://").size());
-  std::vector<std::string> remote = env;
-  remote.insert(remote.end(), {"/usr/bin/unshare", "--uts", "/bin/sh", "-c",
-                               "hostname tessera-bench-other-host && exec \"$@\"", "sh"});
+  const std::vector<std::string> remote = {
+      "/usr/bin/unshare", "--uts", "/bin/sh", "-c",
+      "hostname tessera-bench-other-host && exec \"$@\"", "sh"};
   for (int s = 0; s < o.servers; ++s) {
-    ASSIGN_OR_RETURN(int child, timeline.Spawn("server " + std::to_string(s),
-                                               command(s == server ? remote : env, server_binary,
-                                                       {"--coordinator", address, "--rank",
-                                                        std::to_string(s)})));
+    ASSIGN_OR_RETURN(
+        int child,
+        timeline.Spawn("server " + std::to_string(s),
+                       command(s == server ? remote : std::vector<std::string>{}, server_binary,
+                               {"--coordinator", address, "--rank", std::to_string(s)})));
     fleet.children.push_back(child);
     if (s == server) fleet.pid = child;  // the child's id until it is ready, below
   }
   for (int w = 0; w < o.workers; ++w) {
-    std::vector<std::string> args = {"--mode", "ps-sync", "--coordinator", address, "--rank",
-                                     std::to_string(w), "--log-level", "info"};
+    std::vector<std::string> args = {"--mode", "ps-sync",         "--coordinator", address,
+                                     "--rank", std::to_string(w), "--log-level",   "info"};
     args.insert(args.end(), kTraining.begin(), kTraining.end());
-    ASSIGN_OR_RETURN(int child,
-                     timeline.Spawn("worker " + std::to_string(w), command(env, worker_binary, args)));
+    ASSIGN_OR_RETURN(
+        int child, timeline.Spawn("worker " + std::to_string(w), command({}, worker_binary, args)));
     fleet.children.push_back(child);
     if (w == 0) fleet.worker0 = child;
   }
@@ -166,11 +162,10 @@ using Round = std::map<std::string, double>;
 // Runs a fleet, lets `server` die by `death` once worker 0 logged kStepsBeforeDeath steps, and
 // times the failover.
 Status MeasureRound(const FailoverBenchOptions& o, const std::string& launcher,
-                    const std::string& key_file, const Death& death, int server, Round* round) {
+                    const Death& death, int server, Round* round) {
   Timeline timeline(int64_t{o.timeout_s} * 1000);
-  ASSIGN_OR_RETURN(RunningFleet running, death.remote
-                                             ? StartByHand(o, key_file, server, timeline)
-                                             : Launch(o, launcher, server, timeline));
+  ASSIGN_OR_RETURN(RunningFleet running, death.remote ? StartByHand(o, server, timeline)
+                                                      : Launch(o, launcher, server, timeline));
   const int fleet = running.worker0;
   const int pid = running.pid;
   const std::string step_line = running.prefix + "step ";
@@ -218,15 +213,12 @@ int RunFailoverBench(const FailoverBenchOptions& o) {
     return 1;
   }
   // The fleets started by hand share a key, as the launcher's children do.
-  const std::string key_file = "/tmp/tessera-failover-bench-" + std::to_string(getpid()) + ".key";
-  if (std::system((*launcher + " --make-key-file " + key_file + " > /dev/null").c_str()) != 0) {
-    std::cerr << "tessera-bench failover: could not make the key file " << key_file << "\n";
+  StatusOr<std::unique_ptr<ScratchDirectory>> scratch = ScratchDirectory::Create();
+  Status shared = scratch.ok() ? ShareNewJobKey((*scratch)->path()) : scratch.status();
+  if (!shared.ok()) {
+    std::cerr << "tessera-bench failover: " << shared << "\n";
     return 1;
   }
-  struct RemoveKey {
-    std::string path;
-    ~RemoveKey() { std::remove(path.c_str()); }
-  } remove_key{key_file};
   nlohmann::json report = {{"bench", "failover"},     {"rounds", o.rounds},
                            {"servers", o.servers},    {"workers", o.workers},
                            {"replicas", o.replicas},  {"deaths", nlohmann::json::array()}};
@@ -236,7 +228,7 @@ int RunFailoverBench(const FailoverBenchOptions& o) {
     for (int r = 0; r < o.rounds; ++r) {
       Round round;
       const int server = r % o.servers;
-      Status status = MeasureRound(o, *launcher, key_file, death, server, &round);
+      Status status = MeasureRound(o, *launcher, death, server, &round);
       if (!status.ok()) {
         std::cerr << "tessera-bench failover: " << death.name << " round " << r + 1
                   << " (server " << server << "): " << status << "\n";
