@@ -15,6 +15,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "common/base/descriptor_limit.h"
 #include "common/base/host_port.h"
 #include "common/base/logging.h"
 #include "common/base/version.h"
@@ -68,6 +69,7 @@ StatusOr<Credentials> ResolveProcessCredentials(const ProcessConfig& config,
 }
 
 StatusOr<std::unique_ptr<ProcessRuntime>> ProcessRuntime::Start(const ProcessConfig& config) {
+  RaiseDescriptorLimit();  // a coordinator or server of a large fleet holds many connections
   std::unique_ptr<ProcessRuntime> runtime(new ProcessRuntime(config));
   namespace names = metric_names;
   ASSIGN_OR_RETURN(GaugeFamily * start_time,

@@ -18,8 +18,8 @@ namespace {
 constexpr int64_t kLocalCheckMs = 200;
 
 // Members watched through a connection each at most (every server, and workers up to this
-// many): each costs three ZeroMQ sockets and four file descriptors, against the context's 1023
-// sockets and the usual limit of 1024 descriptors.
+// many): each costs three ZeroMQ sockets (of the context's 1023) and four file descriptors
+// (the process raised its limit to the hard one: common/base/descriptor_limit.h).
 constexpr size_t kMaxWatched = 128;
 
 // The requests the coordinator serves.
