@@ -157,6 +157,13 @@ ScratchDirectory::~ScratchDirectory() {
   std::filesystem::remove_all(path_, ignored);
 }
 
+std::string ReadyField(const std::string& line, const std::string& key) {
+  const size_t at = line.find(" " + key + "=");
+  if (at == std::string::npos) return "";
+  const size_t begin = at + key.size() + 2;
+  return line.substr(begin, line.find(' ', begin) - begin);
+}
+
 Status ShareNewJobKey(const std::string& directory) {
   const std::string path = directory + "/job.key";
   RETURN_IF_ERROR(WriteKeyFile(path, JobKey::Generate()));

@@ -93,6 +93,9 @@ class ScratchDirectory {
   const std::string path_;
 };
 
+// The value of `key=` in a TESSERA_READY line ("address", "pid", ...); empty when absent.
+std::string ReadyField(const std::string& line, const std::string& key);
+
 // A new job key for the children a benchmark starts itself (tessera-launch makes its own):
 // written to `directory`/job.key and named by TESSERA_AUTH_KEY_FILE in this process's
 // environment, which every child started later inherits.

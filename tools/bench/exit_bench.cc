@@ -80,14 +80,6 @@ Status MeasureLocalWorker(const Binaries& bin, int64_t timeout_ms, Round* round)
   return OkStatus();
 }
 
-// The value of `key=` in a TESSERA_READY line.
-std::string ReadyField(const std::string& line, const std::string& key) {
-  const size_t at = line.find(" " + key + "=");
-  if (at == std::string::npos) return "";
-  const size_t begin = at + key.size() + 2;
-  return line.substr(begin, line.find(' ', begin) - begin);
-}
-
 // A long-running fleet's coordinator and one server: SIGTERM to the server once it is ready,
 // then to the coordinator.
 Status MeasureCoordinatorAndServer(const Binaries& bin, int64_t timeout_ms, Round* round) {

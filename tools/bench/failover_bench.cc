@@ -92,15 +92,12 @@ StatusOr<RunningFleet> Launch(const FailoverBenchOptions& o, const std::string& 
 // The pid=N of a child's TESSERA_READY line, and its address=.
 StatusOr<std::pair<int, std::string>> Ready(Timeline& timeline, int child) {
   ASSIGN_OR_RETURN(Timeline::Line ready, timeline.WaitForLine(child, "TESSERA_READY "));
-  const std::string& text = ready.text;
-  const size_t pid_at = text.find(" pid=");
-  const size_t address_at = text.find(" address=");
-  if (pid_at == std::string::npos || address_at == std::string::npos) {
-    return InternalError("unexpected ready line: " + text);
+  const std::string pid = ReadyField(ready.text, "pid");
+  const std::string address = ReadyField(ready.text, "address");
+  if (pid.empty() || address.empty()) {
+    return InternalError("a TESSERA_READY line without pid= or address=: " + ready.text);
   }
-  const size_t address_end = text.find(' ', address_at + 9);
-  return std::make_pair(std::stoi(text.substr(pid_at + 5)),
-                        text.substr(address_at + 9, address_end - address_at - 9));
+  return std::make_pair(std::stoi(pid), address);
 }
 
 // The fleet process by process (as tessera-launch would start it; the job key is in the
