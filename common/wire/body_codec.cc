@@ -255,7 +255,9 @@ class BodyEncoder {
     return As(proto::CreatePsPushPullRequestDirect(
         fbb_, &tensors, b.has_gradients, b.job_token, b.model.empty() ? nullptr : b.model.c_str(),
         b.region_pid, b.region_fd, b.region_token_high, b.region_token_low, b.in_region, b.skip,
-        b.stop, b.range, b.ack_only, b.join));
+        b.stop, b.range, b.ack_only, b.join,
+        b.forward_to.empty() ? nullptr : b.forward_to.c_str(), b.forwarded, b.dropped_by,
+        b.stopped_by, b.joining));
   }
   Encoded operator()(PsPushPullReply& b) {
     auto tensors = EncodeTensors(fbb_, std::move(b.tensors), payloads_);
@@ -503,7 +505,9 @@ StatusOr<MessageBody> DecodeBody(const proto::Header& header, const Message& mes
                                            b.job_token(), Str(b.model()), b.region_pid(),
                                            b.region_fd(), b.region_token_high(),
                                            b.region_token_low(), b.in_region(), b.skip(),
-                                           b.stop(), b.range(), b.ack_only(), b.join()});
+                                           b.stop(), b.range(), b.ack_only(), b.join(),
+                                           Str(b.forward_to()), b.forwarded(), b.dropped_by(),
+                                           b.stopped_by(), b.joining()});
     }
     case proto::Body::PsPushPullReply: {
       const auto& b = *header.body_as_PsPushPullReply();

@@ -41,6 +41,11 @@ Message PushOf(std::vector<float> values, std::vector<int64_t> shape) {
   push.range = 2;
   push.ack_only = true;
   push.join = 1;
+  push.forward_to = "tcp://10.0.0.2:5000";
+  push.forwarded = true;
+  push.dropped_by = 2;
+  push.stopped_by = 0;
+  push.joining = 3;
   return EncodeMessage(WorkerHeader(3), std::move(push));
 }
 
@@ -98,6 +103,11 @@ TEST(WireCodecTest, RoundTripPushPull) {
   EXPECT_EQ(push.range, 2);
   EXPECT_TRUE(push.ack_only);
   EXPECT_EQ(push.join, 1);
+  EXPECT_EQ(push.forward_to, "tcp://10.0.0.2:5000");
+  EXPECT_TRUE(push.forwarded);
+  EXPECT_EQ(push.dropped_by, 2);
+  EXPECT_EQ(push.stopped_by, 0);
+  EXPECT_EQ(push.joining, 3);
   ASSERT_EQ(push.tensors.size(), 1u);
   EXPECT_EQ(push.tensors[0].name, "layer0.w");
   EXPECT_EQ(push.tensors[0].key, 7u);
