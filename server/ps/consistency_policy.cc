@@ -32,7 +32,16 @@ StatusOr<PushDecision> ConsistencyPolicy::Arrive(int rank, int64_t step, bool sk
     return decision;
   }
   // A step at or below the version was applied (or restored): a push of it would start a step
-  // that nobody else pushes again, and apply it a second time if everybody did.
+  // that nobody else pushes again, and apply it a second time if everybody did. One applied
+  // without this worker's push here (forwarded, Advance) is its first push of the step here:
+  // the worker lost its reply with the former primary and asks again.
+  if (step <= version_ && clocks_[rank] < step) {
+    clocks_[rank] = step;
+    decision.action = PushAction::kApplied;
+    decision.update = step;
+    decision.reply.min_version = step;
+    return decision;
+  }
   if (step <= version_) {
     return AlreadyExistsError("worker " + std::to_string(rank) + " pushed step " +
                               std::to_string(step) + ", which is applied already (step " +
@@ -86,6 +95,14 @@ int64_t ConsistencyPolicy::Spread() const {
 
 int64_t ConsistencyPolicy::Lead(const ReleaseRule& rule) const {
   return rule.min_clock >= 0 ? rule.step - SlowestClock() : 0;
+}
+
+bool ConsistencyPolicy::Advance(int64_t step) {
+  if (step <= version_) return false;
+  version_ = step;
+  pushed_.erase(step);
+  skipped_by_.erase(step);
+  return true;
 }
 
 void ConsistencyPolicy::Restore(int64_t step) {

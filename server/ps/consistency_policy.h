@@ -14,7 +14,10 @@
 //   ps-ssp    applied as in ps-async, but the reply to a push of step t waits until the slowest
 //             worker's clock is at least t - K (K = the job's staleness).
 //   A pull of step t (no gradients) waits until the version is at least t - 1, in every model.
-// ps-sync also refuses a worker's second push of a step, and a push of a step already applied.
+// ps-sync also refuses a worker's second push of a step, and a push of a step already applied
+// that this worker pushed here. A backup (two copies of a part: its primary forwards each step
+// it applies, Advance) answers a push of a step it applied that way with the values: the
+// worker's reply from the primary was lost with the primary.
 // A skip (a worker's gradients of step t held a NaN or Inf, --on-nonfinite skip) counts as its
 // push of step t: in ps-sync the step is then dropped for every worker (nothing applied, the
 // version still becomes t, so every reply goes with the values of step t - 1); elsewhere it
@@ -52,6 +55,9 @@ enum class PushAction {
   kDropHeld,   // ps-sync: the last push of step `update`, which worker `skipped_by` skipped:
                // drop every held gradient of it, apply nothing
   kNone,       // ps-async / ps-ssp: a skip: nothing to apply
+  kApplied,    // ps-sync: step `update` was applied here without this worker's push (a step
+               // forwarded by the part's former primary, Advance): nothing to apply, the
+               // reply goes with the values after it
 };
 
 struct PushDecision {
@@ -89,6 +95,12 @@ class ConsistencyPolicy {
   // without a clock condition).
   int64_t Spread() const;
   int64_t Lead(const ReleaseRule& rule) const;
+
+  // ps-sync: step `step` was applied to the part elsewhere (its primary forwarded it): the
+  // version becomes `step`, and pushes of it held here are answered as their step applied
+  // (the caller drops their gradients). False, changing nothing, when the version is `step`
+  // or later already (a copy of the forward). REQUIRES: version() >= step - 1.
+  bool Advance(int64_t step);
 
   // The part was restored from a checkpoint of step `step`: its version and every worker's
   // clock are `step`, and nothing is held any more.

@@ -42,6 +42,35 @@ TEST(ConsistencyPolicyTest, SyncRefusesASecondPushOfAStepAndOneOfAnAppliedStep) 
   EXPECT_EQ(policy.version(), 1);
 }
 
+// A backup whose primary forwards each step (Advance): the workers' pushes of a step it holds
+// are answered as applied once per worker (their replies were lost with the primary); a
+// second push of it by the same worker is refused as anywhere; a forward of a step it took
+// already changes nothing; and pushes of the step held here when its forward comes are released
+// by it.
+TEST(ConsistencyPolicyTest, SyncAdvancedByForwardsAnswersEachWorkersLatePushOnce) {
+  ConsistencyPolicy policy(PsConsistency::kSync, 2, 0);
+  EXPECT_TRUE(policy.Advance(1));
+  EXPECT_FALSE(policy.Advance(1));  // a copy of the forward
+  EXPECT_EQ(policy.version(), 1);
+  PushDecision late = MustPush(policy, 0, 1);
+  EXPECT_EQ(late.action, PushAction::kApplied);
+  EXPECT_EQ(late.update, 1);
+  EXPECT_TRUE(policy.MayRelease(late.reply));
+  StatusOr<PushDecision> again = policy.Push(0, 1);
+  EXPECT_EQ(again.status().code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(again.status().message(), "worker 0 pushed step 1, which is applied already (step 1)");
+  // Step 2: worker 1 pushed it here (the primary failed), then the primary's forward came.
+  PushDecision held = MustPush(policy, 1, 2);
+  EXPECT_EQ(held.action, PushAction::kHold);
+  EXPECT_FALSE(policy.MayRelease(held.reply));
+  EXPECT_TRUE(policy.Advance(2));
+  EXPECT_TRUE(policy.MayRelease(held.reply));
+  EXPECT_EQ(MustPush(policy, 0, 2).action, PushAction::kApplied);  // worker 0's, after it
+  // Step 3 completes here from the workers' pushes as on any primary.
+  EXPECT_EQ(MustPush(policy, 0, 3).action, PushAction::kHold);
+  EXPECT_EQ(MustPush(policy, 1, 3).action, PushAction::kApplyHeld);
+}
+
 TEST(ConsistencyPolicyTest, SyncWithOneWorkerAppliesEveryPush) {
   ConsistencyPolicy policy(PsConsistency::kSync, 1, 0);
   EXPECT_EQ(MustPush(policy, 0, 1).action, PushAction::kApplyHeld);
