@@ -6,9 +6,17 @@
 //   RETURN_IF_ERROR(shard->PushPull(rank, step, request.tensors, request.has_gradients,
 //                                   [](PsPushPullReply reply) { ...send it... }));
 //
-// No lock spans two chunks: requests for different chunks proceed in parallel, and a request
-// for several chunks takes their locks one after the other (its reply goes once the last chunk
-// released its part).
+// Requests for different chunks proceed in parallel, and a request for several chunks takes
+// their locks one after the other (its reply goes once the last chunk released its part). Only
+// a forwarded step (ApplyForwarded) holds several chunks' locks at once, taken in key order.
+//
+// Forwarded steps (ps-sync with two copies of each key range): the range's primary is given
+// the address of its backup with the workers' pushes (`forward_to`); each step it applies (or
+// drops) goes to the backup through the Forwarder, with the averaged gradients and the step's
+// notes, and the step's replies wait until the backup has it (ApplyForwarded: it acknowledges
+// a step it took, then applies it: held in its memory, the step is on both live copies), and
+// the backup applies the same gradients with the same optimizer code: bitwise the primary's
+// values and state.
 //
 // Thread-safety: thread-safe. A reply callback runs on the thread of the request that released
 // its last part (the request's own, or a later one's), after the chunk's lock is released.
@@ -48,14 +56,30 @@ class DenseShard {
  public:
   using ReplyCallback = std::function<void(PsPushPullReply reply)>;
 
+  // A step the primary applied (or dropped), for the range's backup.
+  struct ForwardedStep {
+    int64_t step = 0;
+    // The chunks' averaged gradients (name "chunk<i>", key); no bytes when the step was dropped.
+    std::vector<TensorData> gradients;
+    int dropped_by = -1;  // the worker that skipped the step (nothing applied); -1: none
+    int stopped_by = -1;  // the step's notes (see PushPull's stop and join)
+    int joining = -1;
+  };
+  // Sends `forwarded` to the backup at `to`, and calls `done` once, later and from another
+  // thread, when the backup has it or is gone (the range then lives on this server alone).
+  using Forwarder = std::function<void(const std::string& to, ForwardedStep forwarded,
+                                       std::function<void()> done)>;
+
   // The chunks the job's plan gives this server, starting from `initial` (one float32 tensor
   // per chunk, by key: PsInitRequest.tensors). InvalidArgument naming a chunk that is missing
   // or of the wrong size, or when tensors for other chunks came too; InvalidArgument from the
-  // plan. `metrics` must outlive the shard.
+  // plan. `metrics` must outlive the shard. `forwarder` (null: none) sends the steps of pushes
+  // naming a backup (ps-sync; see above).
   static StatusOr<std::unique_ptr<DenseShard>> Create(const PsJobConfig& config,
                                                       const ServerPlacement& placement,
                                                       const std::vector<TensorData>& initial,
-                                                      PsMetrics* metrics);
+                                                      PsMetrics* metrics,
+                                                      Forwarder forwarder = nullptr);
   // Replies still waiting are dropped (their workers time out, or were told the job ended).
   ~DenseShard();
 
@@ -76,15 +100,29 @@ class DenseShard {
   // `join` (with `push`, -1: none): the lowest server rank worker `rank` knows joined the fleet
   // in a failed server's place; recorded and answered (PsPushPullReply::joining) as `stop` is,
   // so every worker starts using that server after the same step.
+  // `forward_to` (ps-sync, with `push`; empty: none): the address of the range's backup; the
+  // step this push completes goes there before its replies (see above).
   Status PushPull(int rank, int64_t step, const std::vector<TensorData>& tensors, bool push,
-                  ReplyCallback reply, bool stop = false, int join = -1);
+                  ReplyCallback reply, bool stop = false, int join = -1,
+                  const std::string& forward_to = std::string());
   // Worker `rank` skips step `step` (its gradients held a NaN or Inf, --on-nonfinite skip):
   // as a push of the chunks `tensors` names (their bytes are not read) that gives no
   // gradient. ps-sync drops the step on these chunks for every worker, and each reply to a
   // push of it says who skipped it (PsPushPullReply::skipped_by); ps-async and ps-ssp apply
   // nothing of this worker's. Errors as PushPull's.
   Status Skip(int rank, int64_t step, const std::vector<TensorData>& tensors,
-              ReplyCallback reply, bool stop = false, int join = -1);
+              ReplyCallback reply, bool stop = false, int join = -1,
+              const std::string& forward_to = std::string());
+  // The backup's side: takes `forwarded` (the primary's step; ps-sync), calls `taken` (its
+  // acknowledgement), then applies it to each chunk it names whose version is the step before
+  // it, as the primary did; a chunk at the step or later took it already (a copy) and is left
+  // alone. Pushes of the step held here (workers that asked this copy after the primary
+  // failed) are answered with its values. The chunks' next forwarded step (sent only once this
+  // one was acknowledged) waits until this one is applied. Errors, before
+  // anything changed and without `taken`: NotFound for a chunk not here, InvalidArgument for a
+  // gradient that does not fit its chunk, FailedPrecondition naming a chunk more than a step
+  // behind.
+  Status ApplyForwarded(const ForwardedStep& forwarded, const std::function<void()>& taken);
 
   // "chunk 3" for the first chunk whose version is below `step`; empty when none is.
   std::string FirstBehind(int64_t step) const;
@@ -113,15 +151,23 @@ class DenseShard {
 
   enum class Gradients { kNone, kGiven, kSkipped };
 
-  DenseShard(const PsJobConfig& config, const ServerPlacement& placement, PsMetrics* metrics);
+  DenseShard(const PsJobConfig& config, const ServerPlacement& placement, PsMetrics* metrics,
+             Forwarder forwarder);
   Status Serve(int rank, int64_t step, const std::vector<TensorData>& tensors,
-               Gradients gradients, ReplyCallback reply, bool stop, int join);
+               Gradients gradients, ReplyCallback reply, bool stop, int join,
+               const std::string& forward_to);
+  // The chunk `key` names and whether `tensor` fits it as a gradient (`given`), or the error.
+  StatusOr<Chunk*> ChunkFor(const TensorData& tensor, bool given, const char* what) const;
   std::string OwnerMessage(uint64_t key) const;
-  // REQUIRES: chunk->mu held.
-  void ApplyHeld(int64_t step, Chunk* chunk);
+  // ps-sync: the held gradients of `step`, summed in rank order and averaged, and no longer
+  // held. REQUIRES: chunk->mu held.
+  TensorData AverageHeld(int64_t step, Chunk* chunk);
+  // The backup acknowledged (or lost) step `step` of `chunks`: their replies go.
+  void Forwarded(int64_t step, const std::vector<Chunk*>& chunks);
   // ps-sync: forgets the stop requests (and joins) of steps long applied. REQUIRES: chunk->mu held.
   static void ForgetOldStops(Chunk* chunk);
-  void ApplyOne(int64_t update, const float* grad, Chunk* chunk);
+  // Applies `grad` as the optimizer's update `update`. REQUIRES: chunk->mu held.
+  void ApplyGradient(int64_t update, const float* grad, Chunk* chunk);
   // The chunk's values, ready to be updated in place: a fresh copy when a reply still holds
   // the current ones.
   float* Writable(Chunk* chunk);
@@ -131,6 +177,7 @@ class DenseShard {
   const PsJobConfig config_;
   const ServerPlacement placement_;
   PsMetrics* const metrics_;
+  const Forwarder forwarder_;
   size_t state_per_element_ = 0;
   std::vector<DenseChunk> layout_;                  // fixed after Create
   std::map<uint64_t, std::unique_ptr<Chunk>> chunks_;  // by key; the map is fixed after Create

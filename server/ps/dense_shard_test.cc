@@ -240,6 +240,139 @@ TEST_F(DenseShardTest, SyncRepliesOfAStepNameTheLowestServerSaidToJoinInIt) {
 }
 
 // ps-async and ps-ssp have no common step to stop after: a stop request changes no reply.
+// Forwarded steps (--replicas 2): the primary sends each step it applies, with the averaged
+// gradients and the step's notes, to the backup named with the pushes, and the step's replies
+// (and pulls of its values) wait until the backup has it; the backup's ApplyForwarded then
+// holds bitwise the primary's values and optimizer state, takes a copy of a step once, and
+// refuses a step it cannot apply yet. Pushes naming no backup are answered at once.
+TEST_F(DenseShardTest, SyncForwardsEachAppliedStepAndItsRepliesWaitForTheBackup) {
+  PsJobConfig config = Config(PsConsistency::kSync, 2);
+  config.optimizer = DefaultOptimizerOptions(OptimizerKind::kMomentum);
+  config.optimizer.lr = 0.25f;
+  struct Sent {
+    std::string to;
+    DenseShard::ForwardedStep step;
+    std::function<void()> done;
+  };
+  std::vector<Sent> sent;
+  auto primary = DenseShard::Create(
+      config, {0, 1, 100}, {Chunk(0, Floats(4, 1)), Chunk(1, Floats(4, 2)), Chunk(2, Floats(2, 3))},
+      metrics_.get(),
+      [&sent](const std::string& to, DenseShard::ForwardedStep step, std::function<void()> done) {
+        sent.push_back({to, std::move(step), std::move(done)});
+      });
+  ASSERT_TRUE(primary.ok()) << primary.status();
+  auto backup = Create(config);
+  const std::string to = "tcp://10.0.0.2:5000";
+  const std::vector<TensorData> grads0 = {Chunk(0, {0.1f, 0.2f, 0.3f, 0.4f}),
+                                          Chunk(1, {1, -1, 0.5f, 3})};
+  const std::vector<TensorData> grads1 = {Chunk(0, {0.7f, 0.3f, -0.3f, 1e-3f}),
+                                          Chunk(1, {0.25f, 2, 0, -7})};
+  for (int64_t step = 1; step <= 2; ++step) {
+    Captured first, last, pull;
+    ASSERT_TRUE((*primary)->PushPull(0, step, grads0, true, first.Callback(), false, -1, to).ok());
+    ASSERT_TRUE((*primary)
+                    ->PushPull(1, step, grads1, true, last.Callback(), /*stop=*/step == 2,
+                               /*join=*/-1, to)
+                    .ok());
+    ASSERT_TRUE((*primary)->PushPull(0, step + 1, {Ask(0)}, false, pull.Callback()).ok());
+    // One forward for the chunks the last push completed, the primary's step applied.
+    ASSERT_EQ(sent.size(), static_cast<size_t>(step));
+    const Sent& forwarded = sent.back();
+    EXPECT_EQ(forwarded.to, to);
+    EXPECT_EQ(forwarded.step.step, step);
+    ASSERT_EQ(forwarded.step.gradients.size(), 2u);
+    EXPECT_EQ(forwarded.step.gradients[0].key, 0u);
+    EXPECT_EQ(forwarded.step.gradients[1].key, 1u);
+    EXPECT_EQ(forwarded.step.gradients[0].Read<float>(),
+              (Floats{(0.1f + 0.7f) * 0.5f, (0.2f + 0.3f) * 0.5f, (0.3f - 0.3f) * 0.5f,
+                      (0.4f + 1e-3f) * 0.5f}));
+    EXPECT_EQ(forwarded.step.stopped_by, step == 2 ? 1 : -1);
+    EXPECT_EQ(forwarded.step.dropped_by, -1);
+    EXPECT_FALSE(first.came());
+    EXPECT_FALSE(last.came());
+    EXPECT_FALSE(pull.came());
+    int taken = 0;
+    ASSERT_TRUE(backup->ApplyForwarded(forwarded.step, [&taken] { ++taken; }).ok());
+    EXPECT_EQ(taken, 1);
+    forwarded.done();
+    ASSERT_TRUE(first.came());
+    ASSERT_TRUE(last.came());
+    ASSERT_TRUE(pull.came());
+    EXPECT_EQ((*first.reply)->stopped_by, step == 2 ? 1 : -1);
+    const auto theirs = (*primary)->Snapshot();
+    const auto ours = backup->Snapshot();
+    for (uint64_t c : {0, 1, 2}) {
+      EXPECT_EQ(ours.at(c).values, theirs.at(c).values) << "chunk " << c << " after step " << step;
+      EXPECT_EQ(ours.at(c).state, theirs.at(c).state) << "chunk " << c << " after step " << step;
+    }
+    EXPECT_EQ(first.Values(0), theirs.at(0).values);
+  }
+  // A copy of a forward (resent) is acknowledged again and changes nothing; a step ahead of
+  // the copy is refused, unacknowledged.
+  int taken = 0;
+  const auto take = [&taken] { ++taken; };
+  const auto before = backup->Snapshot();
+  ASSERT_TRUE(backup->ApplyForwarded(sent.back().step, take).ok());
+  EXPECT_EQ(taken, 1);
+  EXPECT_EQ(backup->Snapshot().at(0).values, before.at(0).values);
+  DenseShard::ForwardedStep ahead = sent.back().step;
+  ahead.step = 4;
+  const Status refused = backup->ApplyForwarded(ahead, take);
+  EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(refused.message(),
+            "forwarded step 4 of chunk 0: this copy is at step 2, and a forwarded step applies "
+            "to the one before it");
+  ahead.step = 3;
+  ahead.gradients = {Chunk(0, {1, 2})};
+  EXPECT_EQ(backup->ApplyForwarded(ahead, take).message(),
+            "chunk 0 has 4 floats; the forwarded step carries 8 bytes of float32");
+  ahead.gradients = {Chunk(7, {1, 2})};
+  EXPECT_EQ(backup->ApplyForwarded(ahead, take).code(), StatusCode::kNotFound);
+  EXPECT_EQ(taken, 1);
+  // Without a backup named, the step's replies go at once and nothing is forwarded.
+  Captured first, last;
+  ASSERT_TRUE((*primary)->PushPull(0, 3, grads0, true, first.Callback()).ok());
+  ASSERT_TRUE((*primary)->PushPull(1, 3, grads1, true, last.Callback()).ok());
+  EXPECT_TRUE(first.came());
+  EXPECT_TRUE(last.came());
+  EXPECT_EQ(sent.size(), 2u);
+}
+
+// After the primary failed, the workers push its step again to the backup: one that took the
+// step already answers each worker once with its values; a push of the step held there when
+// the step's forward arrives is answered by it (a dropped step names who skipped it); a step
+// the backup never got completes there from the pushes.
+TEST_F(DenseShardTest, ABackupAnswersPushesOfAForwardedStepWithItsValues) {
+  auto backup = Create(Config(PsConsistency::kSync, 2));
+  DenseShard::ForwardedStep one;
+  one.step = 1;
+  one.gradients = {Chunk(0, {2, 2, 2, 2})};
+  one.joining = 2;
+  ASSERT_TRUE(backup->ApplyForwarded(one, [] {}).ok());
+  Captured late = Push(*backup, 0, 1, {Chunk(0, {9, 9, 9, 9})});
+  ASSERT_TRUE(late.came());
+  EXPECT_EQ(late.Values(0), (Floats{0, 0, 0, 0}));  // 1 - 0.5 * 2: the forwarded gradient's
+  EXPECT_EQ((*late.reply)->joining, 2);
+  Captured held = Push(*backup, 1, 2, {Chunk(0, {1, 1, 1, 1})});
+  EXPECT_FALSE(held.came());
+  DenseShard::ForwardedStep two;
+  two.step = 2;
+  two.gradients = {Ask(0)};
+  two.dropped_by = 0;
+  ASSERT_TRUE(backup->ApplyForwarded(two, [] {}).ok());
+  ASSERT_TRUE(held.came());
+  EXPECT_EQ(held.Values(0), (Floats{0, 0, 0, 0}));
+  EXPECT_EQ((*held.reply)->skipped_by, 0);
+  Captured after = Push(*backup, 0, 2, {Chunk(0, {5, 5, 5, 5})});
+  ASSERT_TRUE(after.came());
+  EXPECT_EQ((*after.reply)->skipped_by, 0);
+  Captured a = Push(*backup, 0, 3, {Chunk(0, {1, 1, 1, 1})});
+  Captured b = Push(*backup, 1, 3, {Chunk(0, {3, 3, 3, 3})});
+  ASSERT_TRUE(b.came());
+  EXPECT_EQ(b.Values(0), (Floats{-1, -1, -1, -1}));  // 0 - 0.5 * 2
+}
+
 TEST_F(DenseShardTest, AsyncIgnoresStopRequests) {
   auto shard = Create(Config(PsConsistency::kAsync, 2));
   Captured pushed = Push(*shard, 1, 1, {Chunk(1, Floats(4, 2))}, /*stop=*/true);
