@@ -74,14 +74,15 @@ StatusOr<std::unique_ptr<RendezvousClient>> RendezvousClient::Join(
       return;
     }
     std::string what = MemberName(notice.role, notice.rank) + " (" + address + ") failed: " + reason;
-    if (!fatal) {
-      TLOG(WARNING) << what << "; carrying on";
-      return;
-    }
     std::function<Status(const FailureNotice&)> on_peer_loss;
     {
       std::lock_guard<std::mutex> lock(raw->mu_);
       on_peer_loss = raw->on_peer_loss_;
+    }
+    if (!fatal) {
+      TLOG(WARNING) << what << "; carrying on";
+      if (on_peer_loss) (void)on_peer_loss(notice);  // told, and carrying on anyway
+      return;
     }
     if (on_peer_loss) {
       Status carry_on = on_peer_loss(notice);

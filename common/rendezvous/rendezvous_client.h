@@ -94,8 +94,9 @@ class RendezvousClient {
   void SetFailureCallback(std::function<void(const Status&)> callback);
   // Asked about each failed peer (not the coordinator) while peer failures are fatal: OK when
   // this process carries on without it (a server whose key ranges have other live replicas;
-  // the handler logs how); else why not, which the failure then says (when not empty). Runs
-  // on the endpoint's handler thread and must not block. Null: every loss is fatal.
+  // the handler logs how); else why not, which the failure then says (when not empty). When
+  // they are not fatal, only told (its answer is ignored). Runs on the endpoint's handler
+  // thread and must not block. Null: every loss is fatal (or, not fatal, only logged).
   void SetPeerLossHandler(std::function<Status(const FailureNotice&)> handler);
 
   // Called with each newer fleet view the coordinator sends (a server joined in a failed

@@ -14,6 +14,7 @@
 #include "server/ps/request_ledger.h"
 #include "server/ps/shard_checkpoint.h"
 #include "server/ps/sparse_tables.h"
+#include "server/ps/step_forwarder.h"
 #include "server/ps/work_queue.h"
 #include "server/ps/worker_regions.h"
 
@@ -50,7 +51,13 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
       : options_(options),
         endpoint_(endpoint),
         metrics_(std::move(metrics)),
+        forwarder_(endpoint, StepForwarderOptions{options.server_rank,
+                                                  options.forward_timeout_ms}),
         queue_(options.threads) {}
+
+  void PeerLost(const std::string& address, const std::string& why) {
+    forwarder_.PeerLost(address, why);
+  }
 
   // Handlers only queue the request (they run on the transport's I/O thread).
   void InstallHandlers() {
@@ -156,6 +163,9 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
     }
     const PsPushPullRequest* push_pull = request.As<PsPushPullRequest>();
     const CheckpointRequest* checkpoint = request.As<CheckpointRequest>();
+    // A step forwarded by the range's primary is applied once by its step, not by the ledger
+    // (whose request ids are the workers').
+    if (push_pull != nullptr && push_pull->forwarded) return ServeForwarded(request, *job);
     // A copy of a range (CheckpointRequest::copy) writes nothing; it is answered at each asking.
     const bool changes_state = type != MessageType::kSparsePullRequest &&
                                (push_pull == nullptr || push_pull->has_gradients) &&
@@ -261,8 +271,13 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
       };
     }
     if (!body->in_region) {
-      if (skip) return job.dense->Skip(rank, step, body->tensors, std::move(send), stop, join);
-      return job.dense->PushPull(rank, step, body->tensors, push, std::move(send), stop, join);
+      const std::string& forward_to = push ? body->forward_to : std::string();
+      if (skip) {
+        return job.dense->Skip(rank, step, body->tensors, std::move(send), stop, join,
+                               forward_to);
+      }
+      return job.dense->PushPull(rank, step, body->tensors, push, std::move(send), stop, join,
+                                 forward_to);
     }
     // A skip's gradients are not read: the region's views are not taken.
     const bool read = push && !skip;
@@ -271,6 +286,27 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
     DenseShard::ReplyCallback reply = job.regions->ReplyInto(rank, std::move(send));
     if (skip) return job.dense->Skip(rank, step, tensors, std::move(reply), stop, join);
     return job.dense->PushPull(rank, step, tensors, push, std::move(reply), stop, join);
+  }
+
+  // A step the range's primary applied (forwarded steps, see ps_service.h): applied here, then
+  // acknowledged.
+  void ServeForwarded(const Envelope& request, const Job& job) {
+    const PsPushPullRequest* body = request.As<PsPushPullRequest>();
+    if (request.header.sender_role != Role::kServer) {
+      return AnswerError(request, InvalidArgumentError(
+                                      "a forwarded step from " + request.header.DescribeSender() +
+                                      ": only a range's primary server forwards steps"));
+    }
+    DenseShard::ForwardedStep forwarded{request.header.step, body->tensors, body->dropped_by,
+                                        body->stopped_by, body->joining};
+    Status applied =
+        job.dense->ApplyForwarded(forwarded, [&] { endpoint_->Reply(request, Ack{}); });
+    if (!applied.ok()) {
+      return AnswerError(request, applied.WithContext("step " + std::to_string(forwarded.step) +
+                                                      " forwarded by " +
+                                                      request.header.DescribeSender() +
+                                                      RangeSuffix(job.range)));
+    }
   }
 
   // A worker on this host offers its shared region; a refusal is an answer, not an error (its
@@ -305,8 +341,18 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
     job->init_rank = request.header.sender_rank;
     job->init_request_id = request.header.request_id;
     const ServerPlacement placement{*range, options_.num_servers, options_.key_space};
+    // The job's steps go to the backup the workers name; the job lives until each is done.
+    DenseShard::Forwarder forward = [self = weak_from_this(), weak_job = std::weak_ptr<Job>(job)](
+                                        const std::string& to, DenseShard::ForwardedStep step,
+                                        std::function<void()> done) {
+      std::shared_ptr<Impl> service = self.lock();
+      std::shared_ptr<Job> held = weak_job.lock();
+      if (service == nullptr || held == nullptr) return;  // stopping: the replies are dropped
+      service->forwarder_.Forward(to, held->range, held->token, std::move(step),
+                                  [held, done = std::move(done)] { done(); });
+    };
     StatusOr<std::unique_ptr<DenseShard>> dense =
-        DenseShard::Create(*config, placement, init->tensors, metrics_.get());
+        DenseShard::Create(*config, placement, init->tensors, metrics_.get(), std::move(forward));
     if (!dense.ok()) return AnswerError(request, dense.status().WithContext(RangeName(*range)));
     job->dense = std::move(dense).value();
     job->regions = std::make_unique<WorkerRegions>(job->dense->chunks());
@@ -430,6 +476,7 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
   const PsServiceOptions options_;
   RpcEndpoint* const endpoint_;
   const std::unique_ptr<PsMetrics> metrics_;
+  StepForwarder forwarder_;
 
   std::mutex job_mu_;
   // By range: this server's own, and with --replicas those it holds a replica of.
@@ -449,5 +496,9 @@ StatusOr<std::unique_ptr<PsService>> PsService::Start(const PsServiceOptions& op
 }
 
 PsService::~PsService() { impl_->Stop(); }
+
+void PsService::PeerLost(const std::string& address, const std::string& why) {
+  impl_->PeerLost(address, why);
+}
 
 }  // namespace tessera::server

@@ -35,6 +35,14 @@
 // checkpoint file). A backup's push (`ack_only`) is applied like any other and answered
 // without the values.
 //
+// Forwarded steps (ps-sync, --replicas 2): the workers push to each range's primary only,
+// naming its backup (`forward_to`); the primary sends each step it applies there
+// (StepForwarder, `forwarded`: the averaged gradients and the step's notes), and the step's
+// replies go once the backup applied it, which costs the backup one gradient per step instead
+// of one per worker. A primary that fails leaves the backup at its last step or the one before;
+// the workers push that step again to the backup, which applies it from their pushes or, when
+// it took the step already, answers them with its values (ConsistencyPolicy::kApplied).
+//
 // The service is thin: it reads the requests, hands them to the job's parts on its work queue
 // (work_queue.h) and answers. The parts: DenseShard (dense_shard.h) and SparseTables
 // (sparse_tables.h), both releasing replies by a ConsistencyPolicy (consistency_policy.h);
@@ -48,6 +56,7 @@
 #define TESSERA_SERVER_PS_PS_SERVICE_H_
 
 #include <memory>
+#include <string>
 
 #include "common/base/status.h"
 #include "common/metrics/metrics.h"
@@ -60,6 +69,7 @@ struct PsServiceOptions {
   int num_servers = 1;
   uint64_t key_space = 0;
   int threads = 2;  // threads applying updates
+  int64_t forward_timeout_ms = 30000;  // a forwarded step unanswered this long is given up
 };
 
 class PsService {
@@ -72,6 +82,10 @@ class PsService {
   // the threads (requests still waiting are dropped: their workers were told by the
   // coordinator, or time out).
   ~PsService();
+
+  // The member at `address` was declared failed (`why`, the coordinator's notice): steps are
+  // not forwarded there any more, and those waiting for it go on.
+  void PeerLost(const std::string& address, const std::string& why);
 
   class Impl;
 

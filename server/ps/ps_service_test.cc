@@ -79,6 +79,85 @@ TEST_F(PsServiceTest, HoldsAnotherServersRangeBesideItsOwn) {
       << refused.status();
 }
 
+// Forwarded steps (--replicas 2): server 0 is range 0's primary and this server its backup.
+// The workers push to the primary naming the backup; the step's replies wait until the backup
+// has the step (here until the backup's range is initialised: the forward waits for it), and
+// then both copies hold the same values. A backup that stops answering holds the replies until
+// it is declared failed (PeerLost); no step goes there after that. Only a server forwards.
+TEST_F(PsServiceTest, AForwardedStepReachesTheBackupBeforeItsRepliesGo) {
+  Fleet fleet;
+  fleet.with_primary = true;
+  ASSERT_NO_FATAL_FAILURE(Start(fleet));
+  const PsJobConfig config = TestConfig(PsConsistency::kSync, 2);
+  const ByKey values = InitialValues(config, /*range=*/0);
+  PsInitRequest init{EncodePsJobConfig(config), {}, kTestToken, 0};
+  for (const auto& [key, v] : values) init.tensors.push_back(TensorData::Floats("chunk", key, v));
+  ASSERT_TRUE(SendToPrimary(0, init, 0, "init of the primary").get().ok());
+  auto push = [&](int worker, int64_t step, const ByKey& grads, const std::string& backup) {
+    PsPushPullRequest request{{}, true, kTestToken, {}};
+    request.range = 0;
+    request.forward_to = backup;
+    for (const auto& [key, g] : grads) {
+      request.tensors.push_back(TensorData::Floats("chunk", key, g));
+    }
+    return SendToPrimary(worker, std::move(request), step,
+                         "push of step " + std::to_string(step) + " by worker " +
+                             std::to_string(worker));
+  };
+  std::mt19937 random(5);
+  Reference reference(config, values);
+  std::vector<ByKey> grads = {RandomGrads(random, values), RandomGrads(random, values)};
+  Reply first = push(0, 1, grads[0], server_->address());
+  Reply last = push(1, 1, grads[1], server_->address());
+  EXPECT_EQ(last.wait_for(kStillWaiting), std::future_status::timeout);
+  ASSERT_TRUE(Init(config, values, /*range=*/0).ok());  // the backup's copy: the step goes on
+  reference.ApplyStep(1, grads);
+  EXPECT_EQ(ValuesOf(first), reference.values());
+  EXPECT_EQ(ValuesOf(last), reference.values());
+  PsPushPullRequest pull{{}, false, kTestToken, {}};
+  pull.range = 0;
+  for (const auto& [key, v] : values) {
+    pull.tensors.push_back(TensorData{"chunk", key, DataType::kFloat32, {}, Payload()});
+  }
+  EXPECT_EQ(ValuesOf(Send(0, pull, 2, "pull of the backup's copy")), reference.values());
+
+  // A backup that never answers (worker 1's endpoint, taking the steps and saying nothing).
+  std::atomic<int> forwards_taken{0};
+  workers_[1]->SetHandler(MessageType::kPsPushPullRequest,
+                          [&forwards_taken](Envelope) { ++forwards_taken; });
+  const std::string silent = workers_[1]->address();
+  grads = {RandomGrads(random, values), RandomGrads(random, values)};
+  first = push(0, 2, grads[0], silent);
+  last = push(1, 2, grads[1], silent);
+  EXPECT_EQ(last.wait_for(kStillWaiting), std::future_status::timeout);
+  EXPECT_GE(forwards_taken.load(), 1);  // and sent again every 250 ms, then less often
+  primary_service_->PeerLost(silent, "server 1 (" + silent + ") failed: killed");
+  reference.ApplyStep(2, grads);
+  EXPECT_EQ(ValuesOf(first), reference.values());
+  EXPECT_EQ(ValuesOf(last), reference.values());
+  const int taken_before_loss = forwards_taken.load();
+  grads = {RandomGrads(random, values), RandomGrads(random, values)};
+  first = push(0, 3, grads[0], silent);
+  last = push(1, 3, grads[1], silent);
+  reference.ApplyStep(3, grads);
+  EXPECT_EQ(ValuesOf(last), reference.values());  // at once: nothing goes to a failed backup
+  EXPECT_EQ(ValuesOf(first), reference.values());
+  std::this_thread::sleep_for(kStillWaiting);  // longer than a resend's wait
+  EXPECT_EQ(forwards_taken.load(), taken_before_loss);
+  workers_[1]->ClearHandler(MessageType::kPsPushPullRequest);
+
+  PsPushPullRequest forged = pull;
+  forged.forwarded = true;
+  const Status refused = Send(0, std::move(forged), 3, "a forwarded step from a worker")
+                             .get()
+                             .status();
+  EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("a forwarded step from worker 0: only a range's primary "
+                                   "server forwards steps"),
+            std::string::npos)
+      << refused;
+}
+
 // A range copied to a server that joined in a failed one's place: the copy of a step (no file,
 // answered at every asking) starts the range's job at that step on the init that carries it,
 // whatever initial values the init carries too; a copy that does not fit is refused naming it.

@@ -123,6 +123,21 @@ void PsServiceTest::Start(Fleet fleet) {
   auto service = PsService::Start(options, server_.get(), &metrics_);
   ASSERT_TRUE(service.ok()) << service.status();
   service_ = std::move(service).value();
+  if (fleet.with_primary) {
+    auto primary = RpcEndpoint::Start(transport("primary", std::nullopt), Role::kServer, 0, nullptr);
+    ASSERT_TRUE(primary.ok()) << primary.status();
+    primary_ = std::move(primary).value();
+    options.server_rank = 0;
+    auto primary_service = PsService::Start(options, primary_.get(), &primary_metrics_);
+    ASSERT_TRUE(primary_service.ok()) << primary_service.status();
+    primary_service_ = std::move(primary_service).value();
+  }
+}
+
+Reply PsServiceTest::SendToPrimary(int worker, MessageBody body, int64_t step,
+                                   const std::string& what) {
+  return workers_[worker]->CallAsync(primary_->address(), std::move(body), step,
+                                     Deadline::AfterMillis(kTestTimeoutMs), what, fleet_.resend_ms);
 }
 
 ByKey PsServiceTest::InitialValues(const PsJobConfig& config, int range) const {

@@ -49,6 +49,9 @@ struct Fleet {
   std::optional<FaultOptions> server_faults;  // on what the server sends (its replies)
   std::optional<FaultOptions> worker_faults;  // on what every worker sends (its requests)
   int64_t resend_ms = 0;  // the workers' calls resend after this long (0: never)
+  // Also server 0 (primary_, with its service), whose range 0 the server can back: the
+  // forwarded steps of --replicas 2.
+  bool with_primary = false;
 };
 
 // The test job of `num_workers` workers (see the file comment).
@@ -90,7 +93,10 @@ class PsServiceTest : public ::testing::Test {
   // Starts the server's endpoint and service and the workers' endpoints. Use with
   // ASSERT_NO_FATAL_FAILURE.
   void Start(Fleet fleet);
-  void TearDown() override { service_.reset(); }
+  void TearDown() override {
+    primary_service_.reset();
+    service_.reset();
+  }
 
   // The initial values of this server's chunks under `config` (of range `range`'s, when it is
   // given: --replicas): chunk c's element j is c + j/8.
@@ -102,6 +108,8 @@ class PsServiceTest : public ::testing::Test {
   // Requests, as worker `worker` sends them. Init comes from worker 0.
   Reply Send(int worker, MessageBody body, int64_t step, const std::string& what,
              int64_t timeout_ms = kTestTimeoutMs);
+  // The same to server 0 (Fleet::with_primary).
+  Reply SendToPrimary(int worker, MessageBody body, int64_t step, const std::string& what);
   // `range`: PsInitRequest::range (-1: the server's own).
   Status Init(const PsJobConfig& config, const ByKey& values, int range = -1);
   // what: "push-pull of step <step> by worker <worker>".
@@ -127,6 +135,9 @@ class PsServiceTest : public ::testing::Test {
   std::vector<FaultyTransport*> worker_faults_;  // owned by workers_, when fleet.worker_faults
   std::vector<std::unique_ptr<RpcEndpoint>> workers_;
   std::unique_ptr<PsService> service_;
+  MetricsRegistry primary_metrics_;
+  std::unique_ptr<RpcEndpoint> primary_;  // Fleet::with_primary
+  std::unique_ptr<PsService> primary_service_;
 };
 
 }  // namespace tessera::server

@@ -52,6 +52,8 @@ class FatalError {
 
 Status Serve(ProcessRuntime& runtime, bool join) {
   RpcEndpoint& endpoint = runtime.endpoint();
+  // Declared before the client, so it is destroyed after: the client's handlers use it.
+  std::unique_ptr<PsService> service;
   RendezvousOptions options = RendezvousOptionsFrom(runtime.config());
   options.metrics_address = runtime.metrics_url();
   options.stop_requested = [&runtime] { return runtime.StopRequested(); };
@@ -83,6 +85,15 @@ Status Serve(ProcessRuntime& runtime, bool join) {
     client->LeaveWithError(ps.status());  // the workers stop now, quoting it
     return ps.status();
   }
+  service = std::move(ps).value();
+  // A failed server no longer gets the steps this one forwards to it (--replicas 2).
+  client->SetPeerLossHandler([service = service.get()](const FailureNotice& notice) {
+    if (notice.role == Role::kServer && !notice.address.empty()) {
+      service->PeerLost(notice.address, MemberName(notice.role, notice.rank) + " (" +
+                                            notice.address + ") failed: " + notice.reason);
+    }
+    return OkStatus();
+  });
   runtime.AnnounceReady(rank);
   if (join) {
     // Serving now: the coordinator makes this server alive at its first heartbeat and tells

@@ -1,0 +1,113 @@
+#include "server/ps/step_forwarder.h"
+
+#include <chrono>
+#include <utility>
+
+#include "common/base/deadline.h"
+#include "common/base/logging.h"
+#include "common/messages/ps_messages.h"
+
+namespace tessera::server {
+namespace {
+
+// How often the thread looks at the stop flag while a call is unanswered.
+constexpr auto kStopCheck = std::chrono::milliseconds(100);
+
+}  // namespace
+
+StepForwarder::StepForwarder(RpcEndpoint* endpoint, const StepForwarderOptions& options)
+    : endpoint_(endpoint), options_(options), thread_([this] { Loop(); }) {}
+
+StepForwarder::~StepForwarder() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+bool StepForwarder::IsLost(const std::string& address) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return lost_.count(address) > 0;
+}
+
+void StepForwarder::Forward(const std::string& to, int range, uint64_t job_token,
+                            DenseShard::ForwardedStep forwarded, std::function<void()> done) {
+  if (IsLost(to)) {
+    // The range lives here alone now; `done` still runs on the thread (the caller holds a
+    // chunk's lock, which `done` takes).
+    std::promise<StatusOr<Envelope>> gone;
+    gone.set_value(AbortedError(to + " was declared failed"));
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_.push_back(Pending{to, "", gone.get_future().share(), std::move(done)});
+    cv_.notify_all();
+    return;
+  }
+  const int64_t step = forwarded.step;
+  std::string what = "step " + std::to_string(step) + " of range " + std::to_string(range) +
+                     " (" + std::to_string(forwarded.gradients.size()) +
+                     " chunks) forwarded by server " + std::to_string(options_.server_rank) +
+                     " to its backup at " + to;
+  PsPushPullRequest request;
+  request.has_gradients = forwarded.dropped_by < 0;
+  request.tensors = std::move(forwarded.gradients);
+  request.job_token = job_token;
+  request.range = range;
+  request.forwarded = true;
+  request.dropped_by = forwarded.dropped_by;
+  request.stopped_by = forwarded.stopped_by;
+  request.joining = forwarded.joining;
+  Pending pending{to, what, {}, std::move(done)};
+  pending.reply = endpoint_->CallAsync(to, std::move(request), step,
+                                       Deadline::AfterMillis(options_.timeout_ms), what,
+                                       options_.resend_ms);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_.push_back(std::move(pending));
+  }
+  cv_.notify_all();
+}
+
+void StepForwarder::PeerLost(const std::string& address, const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!lost_.insert(address).second) return;
+  }
+  endpoint_->FailCallsTo(address, AbortedError(why));
+}
+
+void StepForwarder::Loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    cv_.wait(lock, [this] { return stopping_ || !pending_.empty(); });
+    if (stopping_) return;
+    Pending pending = std::move(pending_.front());
+    pending_.pop_front();
+    lock.unlock();
+    while (pending.reply.wait_for(kStopCheck) != std::future_status::ready) {
+      lock.lock();
+      const bool stopping = stopping_;
+      lock.unlock();
+      if (stopping) return;
+    }
+    const StatusOr<Envelope>& result = pending.reply.get();
+    if (!result.ok()) {
+      lock.lock();
+      const bool lost = !lost_.insert(pending.to).second;
+      lock.unlock();
+      if (lost) {
+        // The coordinator's notice, which every process logs, said so already.
+        TLOG(DEBUG) << pending.what << ": the backup is gone (" << result.status().message()
+                    << "); the range lives on this server alone";
+      } else {
+        TLOG(ERROR) << pending.what << ": " << result.status().message()
+                    << "; no further step goes there, and the range lives on this server alone";
+      }
+    }
+    pending.done();
+    lock.lock();
+  }
+}
+
+}  // namespace tessera::server

@@ -1,0 +1,80 @@
+// StepForwarder: sends the ps-sync steps a range's primary applied to the range's backup
+// (DenseShard::Forwarder, --replicas 2) and says when each one is done: applied there, or the
+// backup is gone, so the step's replies may go.
+//
+//   StepForwarder forwarder(endpoint, {.server_rank = 0});
+//   forwarder.Forward(backup_address, /*range=*/0, job_token, std::move(step), done);
+//   forwarder.PeerLost(address, "server 1 failed: ...");   // from the coordinator's notice
+//
+// The calls are waited for on a thread of its own, in the order they were sent (each backup
+// answers in that order too); a backup the coordinator declared failed is not sent to again,
+// and the calls to it end at once. A backup that refuses a step (its copy is not where the
+// primary's was) is logged as an error and is sent no further step.
+//
+// Thread-safety: thread-safe. `done` runs on the forwarder's thread.
+#ifndef TESSERA_SERVER_PS_STEP_FORWARDER_H_
+#define TESSERA_SERVER_PS_STEP_FORWARDER_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <future>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+
+#include "common/base/status.h"
+#include "common/transport/rpc_endpoint.h"
+#include "server/ps/dense_shard.h"
+
+namespace tessera::server {
+
+struct StepForwarderOptions {
+  int server_rank = 0;             // this server's, for the messages
+  int64_t timeout_ms = 30000;      // an unanswered step is given up after this (its replies go)
+  // Sent again after this long unanswered, then after twice as long, up to 8x (the backup
+  // takes a step once). Sooner than a worker's requests (--ps-resend-ms, 2000): a forwarded
+  // step is a few chunks between two servers, answered in milliseconds, and every worker's
+  // step waits for it.
+  int64_t resend_ms = 250;
+};
+
+class StepForwarder {
+ public:
+  StepForwarder(RpcEndpoint* endpoint, const StepForwarderOptions& options);
+  // Stops the thread; steps still waiting are dropped with their replies (as the service's).
+  ~StepForwarder();
+
+  // Sends `forwarded` of key range `range` (job `job_token`) to the backup at `to`; `done`
+  // runs once, on the forwarder's thread, when the backup has it or is gone. Never blocks.
+  void Forward(const std::string& to, int range, uint64_t job_token,
+               DenseShard::ForwardedStep forwarded, std::function<void()> done);
+  // The member at `address` was declared failed (`why`): its calls end, and no step goes
+  // there any more.
+  void PeerLost(const std::string& address, const std::string& why);
+
+ private:
+  struct Pending {
+    std::string to;
+    std::string what;
+    std::shared_future<StatusOr<Envelope>> reply;
+    std::function<void()> done;
+  };
+  void Loop();
+  bool IsLost(const std::string& address);
+
+  RpcEndpoint* const endpoint_;
+  const StepForwarderOptions options_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Pending> pending_;  // guarded by mu_
+  std::set<std::string> lost_;   // guarded by mu_: declared failed, or refused a step
+  bool stopping_ = false;        // guarded by mu_
+  std::thread thread_;           // last: starts once the rest is ready
+};
+
+}  // namespace tessera::server
+
+#endif  // TESSERA_SERVER_PS_STEP_FORWARDER_H_
