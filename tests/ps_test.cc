@@ -136,20 +136,23 @@ TEST(PsTest, SharedMemoryAndSocketsTrainTheSameModel) {
 // and replies; TESSERA_INJECT_FAULTS) train bitwise the model of an undisturbed run: a lost
 // request or reply is resent after --ps-resend-ms, and a server applies each push once and
 // answers its copies again. Over shared memory (mlp) and over the sockets with embedding
-// tables (ctr).
+// tables (ctr); and with two copies of each key range (mlp, --replicas 2), where the servers'
+// forwarded steps are lost and repeated too (a primary sends one again, a backup takes it once).
 TEST(PsTest, SyncThroughLostAndRepeatedMessagesIsBitwiseUndisturbed) {
-  for (const std::string model : {"mlp", "ctr"}) {
-    SCOPED_TRACE(model);
+  for (const std::string run : {"mlp", "ctr", "mlp-replicated"}) {
+    SCOPED_TRACE(run);
+    const std::string model = run == "ctr" ? "ctr" : "mlp";
+    const std::string replicas = run == "mlp-replicated" ? "2" : "1";
     FleetHarness harness;
-    const std::string memory = model == "mlp" ? "--ps-shared-memory=true"
-                                              : "--ps-shared-memory=false";
+    const std::string memory = run == "mlp" ? "--ps-shared-memory=true"
+                                            : "--ps-shared-memory=false";
     std::string lossy_output;
     for (int lossy = 0; lossy < 2; ++lossy) {
-      const std::string path = TempPath(model + (lossy ? "_lossy.bin" : "_clean.bin"));
+      const std::string path = TempPath(run + (lossy ? "_lossy.bin" : "_clean.bin"));
       std::vector<std::string> argv = {"/usr/bin/env"};
       if (lossy) argv.push_back("TESSERA_INJECT_FAULTS=seed=11,drop=0.05,duplicate=0.01,sends=ps");
       argv = Concat(argv, {BinaryPath("tools/tessera-launch"), "--servers", "2", "--workers",
-                           "3", "--mode", "ps-sync", "--"});
+                           "3", "--replicas", replicas, "--mode", "ps-sync", "--"});
       argv = Concat(argv, Concat(TrainingFlags(model, "momentum"),
                                  {"--batch-size", "16", "--save-params", path, memory,
                                   "--ps-resend-ms", "100"}));
@@ -170,8 +173,8 @@ TEST(PsTest, SyncThroughLostAndRepeatedMessagesIsBitwiseUndisturbed) {
       total_lost += std::stoi((*it)[1]);
     }
     EXPECT_GT(total_lost, 0) << lossy_output;
-    auto clean = worker::LoadParams(TempPath(model + "_clean.bin"));
-    auto lossy = worker::LoadParams(TempPath(model + "_lossy.bin"));
+    auto clean = worker::LoadParams(TempPath(run + "_clean.bin"));
+    auto lossy = worker::LoadParams(TempPath(run + "_lossy.bin"));
     ASSERT_TRUE(clean.ok() && lossy.ok());
     ASSERT_EQ(clean->values.size(), lossy->values.size());
     for (size_t i = 0; i < clean->values.size(); ++i) {

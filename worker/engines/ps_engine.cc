@@ -68,6 +68,7 @@ StatusOr<std::unique_ptr<PsEngine>> PsEngine::Create(const PsEngineOptions& opti
                                 std::to_string(view.num_servers) + " servers");
   }
   engine->replicas_ = view.replicas;
+  engine->forwarding_ = view.replicas == 2 && options.consistency == PsConsistency::kSync;
   engine->lost_.assign(static_cast<size_t>(view.num_servers), false);
   namespace names = metric_names;
   ASSIGN_OR_RETURN(HistogramFamily * latency,
@@ -138,6 +139,11 @@ PsEngine::Reply PsEngine::Send(int range, MessageBody request, int64_t step,
     reply.copies.emplace_back(servers[k], SendTo(servers[k], std::move(copy), step, copy_what));
   }
   return reply;
+}
+
+std::string PsEngine::ForwardTarget(int range) const {
+  const std::vector<int> live = LiveReplicas(range);
+  return live.size() > 1 ? server_addresses_[static_cast<size_t>(live[1])] : std::string();
 }
 
 std::vector<int> PsEngine::LiveReplicas(int range) const {
@@ -416,9 +422,13 @@ StatusOr<Envelope> PsEngine::Await(Reply* reply, const std::string& what,
     retargeted_->Increment();
     const std::string again = what + " (asked again of server " + std::to_string(live[0]) +
                               ", the range's primary now)";
+    MessageBody request = *reply->ask_again;
+    if (auto* push_pull = std::get_if<PsPushPullRequest>(&request)) {
+      push_pull->forward_to = ForwardTarget(reply->range);  // not the new primary itself
+    }
     reply->copies.clear();
     reply->copies.emplace_back(live[0],
-                               SendTo(live[0], *reply->ask_again, reply->ask_again_step, again));
+                               SendTo(live[0], std::move(request), reply->ask_again_step, again));
   }
 }
 
@@ -600,6 +610,7 @@ std::pair<PsEngine::Reply, std::string> PsEngine::SendChunks(int64_t step,
   if (push && replicas_ > 1 && options_.consistency == PsConsistency::kSync) {
     request.join = JoinAskedIn(step);
   }
+  if (push && forwarding_) request.forward_to = ForwardTarget(server);
   for (size_t i : group) {
     const DenseChunk& chunk = chunks_[i];
     if (region != nullptr && send_gradients) {
@@ -615,6 +626,12 @@ std::pair<PsEngine::Reply, std::string> PsEngine::SendChunks(int64_t step,
                      std::to_string(step) + " (" + std::to_string(group.size()) +
                      " chunks from chunk " + std::to_string(chunks_[group[0]].index) + ") with " +
                      (replicas_ == 1 ? "server " : "range ") + std::to_string(server);
+  if (forwarding_) {
+    // The range's primary alone; asked again of the next one as it is (Send), since the
+    // backup has the step only if the primary applied and forwarded it.
+    Reply reply = Send(server, std::move(request), step, what, Fanout::kPrimary);
+    return {std::move(reply), std::move(what)};
+  }
   // Asked again of a new primary: the values this request's reply carries, as a pull (the
   // push reached every replica already, and a pull applies nothing).
   std::optional<std::pair<MessageBody, int64_t>> ask_again;
