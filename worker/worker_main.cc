@@ -76,6 +76,7 @@ struct WorkerFlags {
   uint64_t ps_chunk_elements = 1 << 16;
   bool ps_shared_memory = true;
   int64_t ps_resend_ms = 2000;
+  std::string bench_ps_mode = "ps-async";
   double bucket_mb = 25;
   bool no_overlap = false;
   uint64_t segment_kb = 1024;
@@ -124,6 +125,16 @@ void AddWorkerFlags(CLI::App* app, WorkerFlags* flags) {
                  "a server applies it once), then after twice as long, up to 8x, until "
                  "--request-timeout-ms; 0: never")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
+      ->capture_default_str();
+  ps->add_option("--bench-ps-mode", flags->bench_ps_mode,
+                 "--mode bench-ps: the mode its steps use (ps-async: each worker's own "
+                 "push+pull throughput; ps-sync: the workers' steps in lockstep, as in training)")
+      ->check(CLI::Validator(
+          [](std::string& mode) -> std::string {
+            StatusOr<PsConsistency> parsed = ParsePsMode(mode);
+            return parsed.ok() ? "" : parsed.status().message();
+          },
+          "MODE", "ps mode"))
       ->capture_default_str();
   auto* ddp = app->add_option_group("All-reduce (--mode allreduce, zero1-3)");
   ddp->add_option("--bucket-mb", flags->bucket_mb,
@@ -491,6 +502,7 @@ Status RunMember(ProcessRuntime& runtime, const WorkerFlags& flags, RendezvousCl
     bench.flags = flags.bench;
     bench.chunk_elements = flags.ps_chunk_elements;
     bench.shared_memory = flags.ps_shared_memory;
+    ASSIGN_OR_RETURN(bench.consistency, ParsePsMode(flags.bench_ps_mode));
     bench.request_timeout_ms = runtime.config().request_timeout_ms;
     return RunPsBench(&runtime.endpoint(), client, &runtime.metrics(), bench, print_line);
   }

@@ -39,6 +39,7 @@ struct PsBenchOptions {
   int timeout_s = 600;
   int replicas = 1;  // > 1: also the sockets path with --replicas, beside 1
   int replica_pairs = 3;  // runs of each, alternated
+  std::string replica_mode = "ps-sync";  // the mode of both runs of a pair
 
   std::vector<std::pair<int, int>> configs;  // (servers, workers)
   std::vector<size_t> sizes;
@@ -100,17 +101,26 @@ Status Check(const std::vector<nlohmann::json>& lines, const PsBenchOptions& o, 
   return OkStatus();
 }
 
-// `shared_memory`: the default path (the workers share memory with the servers on their host)
-// as system "shm", else the transport's sockets as system "tessera", or with `replicas` > 1
-// copies of each key range (always sockets) as system "replicated".
+// The system name of a run's rows: "shm" (the default path: the workers share memory with the
+// servers on their host), "tessera" (the transport's sockets, ps-async), "tessera ps-sync" (the
+// same in another mode: one copy beside a replicated run), "replicated" (`replicas` > 1 copies
+// of each key range, always sockets).
+std::string SystemOf(bool shared_memory, int replicas, const std::string& mode) {
+  if (replicas > 1) return "replicated";
+  if (shared_memory) return "shm";
+  return mode == "ps-async" ? "tessera" : "tessera " + mode;
+}
+
 Status MeasureTessera(const PsBenchOptions& o, int servers, int workers, bool shared_memory,
-                      Results* results, int replicas = 1) {
+                      Results* results, int replicas = 1,
+                      const std::string& mode = "ps-async") {
   ASSIGN_OR_RETURN(std::string launch, FindRunfile("tools/tessera-launch"));
   const std::string flag = std::string("--ps-shared-memory=") + (shared_memory ? "true" : "false");
-  const std::string system = replicas > 1 ? "replicated" : shared_memory ? "shm" : "tessera";
+  const std::string system = SystemOf(shared_memory, replicas, mode);
   const std::string what = "tessera-launch --servers " + std::to_string(servers) +
                            " --workers " + std::to_string(workers) + " --replicas " +
-                           std::to_string(replicas) + " --mode bench-ps " + flag;
+                           std::to_string(replicas) + " --mode bench-ps " + flag +
+                           " --bench-ps-mode=" + mode;
   ASSIGN_OR_RETURN(
       std::vector<ChildOutput> outputs,
       RunAllToCompletion({{what,
@@ -121,7 +131,8 @@ Status MeasureTessera(const PsBenchOptions& o, int servers, int workers, bool sh
                             "--bench-warmup=" + std::to_string(o.warmup),
                             "--bench-iters=" + std::to_string(o.iters),
                             "--bench-seconds=" + std::to_string(o.seconds),
-                            "--ps-chunk-elements=" + std::to_string(o.chunk_elements), flag}}},
+                            "--ps-chunk-elements=" + std::to_string(o.chunk_elements), flag,
+                            "--bench-ps-mode=" + mode}}},
                          int64_t{o.timeout_s} * 1000));
   std::vector<nlohmann::json> lines = BenchLines(outputs, "ps");
   RETURN_IF_ERROR(Check(lines, o, workers, what));
@@ -273,8 +284,8 @@ std::vector<nlohmann::json> Goals(const PsBenchOptions& o, const Results& r) {
                   std::to_string(pairs.size()) + " pairs)";
       }
     }
-    goals.push_back(Goal("--replicas " + std::to_string(o.replicas) +
-                             " costs at most 1.5x the push+pull time of --replicas 1 at 16 MiB",
+    goals.push_back(Goal("--replicas " + std::to_string(o.replicas) + " (" + o.replica_mode +
+                             ") costs at most 1.5x the push+pull time of --replicas 1 at 16 MiB",
                          measured, met, detail));
   }
   return goals;
@@ -333,8 +344,12 @@ void Report(const PsBenchOptions& o, const Results& r) {
                "path, through memory it shares with the servers on its host";
   if (o.replicas > 1) {
     std::cout << "; R=" << o.replicas << " = tessera's sockets with --replicas " << o.replicas
-              << " (every push to each copy of its key range, the values from one), time x = "
-                 "its push+pull time over tessera's, the median of "
+              << " in " << o.replica_mode
+              << (o.replica_mode == "ps-sync" && o.replicas == 2
+                      ? " (each push to its range's primary, which forwards each step to the "
+                        "backup)"
+                      : " (every push to each copy of its key range, the values from one)")
+              << ", time x = its push+pull time over one copy's in the same mode, the median of "
               << o.replica_pairs << " pairs of runs of each, alternated";
   }
   std::cout << "\n\n";
@@ -346,6 +361,7 @@ void Report(const PsBenchOptions& o, const Results& r) {
   if (o.replicas > 1) {
     std::cout << std::setw(12) << ("R=" + std::to_string(o.replicas) + " GB/s") << std::setw(10)
               << "time x";
+    if (o.replica_mode != "ps-async") std::cout << "  (" << o.replica_mode << ")";
   }
   std::cout << "\n";
   for (const auto& [servers, workers] : o.configs) {
@@ -413,11 +429,13 @@ void Report(const PsBenchOptions& o, const Results& r) {
 Status MeasureReplicas(const PsBenchOptions& o, int servers, int workers, Results* results) {
   for (int pair = 0; pair < o.replica_pairs; ++pair) {
     Results runs;
-    RETURN_IF_ERROR(MeasureTessera(o, servers, workers, /*shared_memory=*/false, &runs));
-    RETURN_IF_ERROR(
-        MeasureTessera(o, servers, workers, /*shared_memory=*/false, &runs, o.replicas));
+    RETURN_IF_ERROR(MeasureTessera(o, servers, workers, /*shared_memory=*/false, &runs,
+                                   /*replicas=*/1, o.replica_mode));
+    RETURN_IF_ERROR(MeasureTessera(o, servers, workers, /*shared_memory=*/false, &runs,
+                                   o.replicas, o.replica_mode));
     for (size_t size : o.sizes) {
-      const auto one = runs.rows.find({"tessera", servers, workers, size});
+      const auto one = runs.rows.find(
+          {SystemOf(/*shared_memory=*/false, 1, o.replica_mode), servers, workers, size});
       const auto many = runs.rows.find({"replicated", servers, workers, size});
       if (one == runs.rows.end() || many == runs.rows.end()) continue;
       results->replica_ratios[{"replicated", servers, workers, size}].push_back(
@@ -433,9 +451,12 @@ Status MeasureReplicas(const PsBenchOptions& o, int servers, int workers, Result
 int RunPsBench(const PsBenchOptions& o) {
   Results results;
   for (const auto& [servers, workers] : o.configs) {
-    Status status = o.replicas > 1 && servers >= o.replicas
-                        ? MeasureReplicas(o, servers, workers, &results)
-                        : MeasureTessera(o, servers, workers, /*shared_memory=*/false, &results);
+    const bool replicated = o.replicas > 1 && servers >= o.replicas;
+    Status status = replicated ? MeasureReplicas(o, servers, workers, &results) : OkStatus();
+    // The sockets row beside raw ZeroMQ is ps-async's (each worker's own throughput).
+    if (status.ok() && (!replicated || o.replica_mode != "ps-async")) {
+      status = MeasureTessera(o, servers, workers, /*shared_memory=*/false, &results);
+    }
     if (status.ok()) status = MeasureTessera(o, servers, workers, /*shared_memory=*/true, &results);
     if (status.ok() && !o.no_zmq) status = MeasureZmq(o, servers, workers, &results);
     if (!status.ok()) {
@@ -496,6 +517,12 @@ BenchCommand AddPsBench(CLI::App* parent) {
                   "With --replicas: runs of one copy and of --replicas copies, alternated; the "
                   "cost is the median of the pairs' ratios")
       ->check(CLI::Range(1, 100))
+      ->capture_default_str();
+  app->add_option("--replica-mode", o->replica_mode,
+                  "With --replicas: the mode of both runs of each pair (ps-sync: with two "
+                  "copies the range's primary forwards each step to its backup; ps-async: every "
+                  "push goes to each copy)")
+      ->check(CLI::IsMember({"ps-sync", "ps-async", "ps-ssp"}))
       ->capture_default_str();
   app->add_flag("--no-zmq", o->no_zmq, "Skip the raw ZeroMQ limit");
   app->add_flag("--no-python", o->no_python, "Skip the Python path and the MLP");

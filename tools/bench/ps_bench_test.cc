@@ -66,8 +66,9 @@ TEST(PsBenchTest, JsonShape) {
   }
 }
 
-// --replicas: the sockets path with one copy and with two, in alternated pairs of runs; the
-// replicated row carries each pair's ratio of push+pull times and their median.
+// --replicas: the sockets path with one copy and with two, in alternated pairs of runs in
+// --replica-mode (ps-sync by default), beside the ps-async sockets row; the replicated row
+// carries each pair's ratio of push+pull times and their median.
 TEST(PsBenchTest, ReplicasComeInPairsOfRuns) {
   StatusOr<std::string> bench = FindRunfile("tools/tessera-bench");
   ASSERT_TRUE(bench.ok()) << bench.status();
@@ -84,7 +85,8 @@ TEST(PsBenchTest, ReplicasComeInPairsOfRuns) {
     ASSERT_TRUE(j.is_object()) << "not a JSON object: " << line;
     if (j.value("kind", "") == "row") row_of[j.value("system", "")] = j;
   }
-  ASSERT_EQ(row_of.size(), 3u) << "tessera, replicated and shm";
+  ASSERT_EQ(row_of.size(), 4u) << "tessera, tessera ps-sync, replicated and shm";
+  EXPECT_FALSE(row_of["tessera ps-sync"].contains("time_ratio")) << row_of["tessera ps-sync"].dump();
   const nlohmann::json& replicated = row_of["replicated"];
   ASSERT_TRUE(replicated.contains("time_ratio_pairs")) << replicated.dump();
   ASSERT_EQ(replicated["time_ratio_pairs"].size(), 2u) << replicated.dump();

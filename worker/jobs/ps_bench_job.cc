@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <memory>
+#include <optional>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -32,8 +34,23 @@ StatusOr<nlohmann::json> RunSize(RpcEndpoint* endpoint, RendezvousClient& client
   const std::string size = std::to_string(bytes);
   const int64_t timeout = options.request_timeout_ms;
 
+  // ps-sync steps wait for every worker's push: the workers must time the same steps. Without
+  // --bench-iters they agree when to stop as training does (a step's pushes say whether their
+  // worker has had --bench-seconds, and every reply of it answers alike; AgreeToStop).
+  const bool agree = options.consistency == PsConsistency::kSync && options.flags.iters == 0;
+  std::optional<Clock::time_point> timed_start;  // set once the timed steps begin
+  std::vector<double> times;
   PsEngineOptions engine_options;
-  engine_options.consistency = PsConsistency::kAsync;
+  engine_options.consistency = options.consistency;
+  if (agree) {
+    engine_options.stop_requested = [&timed_start, &times, &options] {
+      if (!timed_start.has_value()) return false;
+      const auto done = static_cast<int64_t>(times.size());
+      return done >= kMaxIters ||
+             (done >= kMinIters && SecondsSince(*timed_start) >= options.flags.seconds);
+    };
+    engine_options.stop_grace = false;  // the steps finish; only the count is agreed
+  }
   engine_options.chunk_elements = options.chunk_elements;
   engine_options.shared_memory = options.shared_memory;
   engine_options.request_timeout_ms = timeout;
@@ -73,11 +90,15 @@ StatusOr<nlohmann::json> RunSize(RpcEndpoint* endpoint, RendezvousClient& client
     iters = std::clamp(iters, kMinIters, kMaxIters);
   }
   RETURN_IF_ERROR(client.Barrier("bench-ps timed " + size, Role::kWorker, timeout));
-  std::vector<double> times(static_cast<size_t>(iters));
-  for (double& time : times) {
+  timed_start = Clock::now();
+  while (agree || static_cast<int64_t>(times.size()) < iters) {
     const auto start = Clock::now();
     RETURN_IF_ERROR(engine->Step(++step, params.data(), grads.data(), {}));
-    time = SecondsSince(start);
+    times.push_back(SecondsSince(start));
+    if (agree) {
+      ASSIGN_OR_RETURN(bool stop, engine->AgreeToStop(step, /*stop=*/false));
+      if (stop) break;
+    }
   }
   for (size_t i = 0; i < count; ++i) {
     if (params[i] != initial[i]) {
@@ -100,12 +121,13 @@ StatusOr<nlohmann::json> RunSize(RpcEndpoint* endpoint, RendezvousClient& client
   for (double t : times) total += t;
   return nlohmann::json{{"bench", "ps"},
                         {"system", "tessera"},
+                        {"mode", PsModeName(options.consistency)},
                         {"rank", rank},
                         {"workers", view.num_workers},
                         {"servers", view.num_servers},
                         {"bytes", bytes},
                         {"requests_per_step", requests},
-                        {"iters", iters},
+                        {"iters", static_cast<int64_t>(times.size())},
                         {"median_s", BenchMedian(times)},
                         {"mean_s", total / static_cast<double>(times.size())},
                         {"min_s", *std::min_element(times.begin(), times.end())}};
