@@ -266,15 +266,13 @@ Status DenseShard::Serve(int rank, int64_t step, const std::vector<TensorData>& 
             TensorData average{"chunk" + std::to_string(chunk.where.index), chunk.where.key};
             if (decision.action == PushAction::kApplyHeld) {
               average = AverageHeld(decision.update, &chunk);
+              std::vector<float> scratch;
+              ApplyGradient(decision.update, FloatsOf(average, &scratch), &chunk);
             } else {
               chunk.held.erase(decision.update);
               chunk.dropped_step = decision.update;
               chunk.dropped_by = decision.skipped_by;
               metrics_->DenseUpdateSkipped();
-            }
-            if (decision.action == PushAction::kApplyHeld) {
-              std::vector<float> scratch;
-              ApplyGradient(decision.update, FloatsOf(average, &scratch), &chunk);
             }
             if (forward) {
               // Its replies wait for the backup's acknowledgement.

@@ -34,21 +34,20 @@ bool StepForwarder::IsLost(const std::string& address) {
 
 void StepForwarder::Forward(const std::string& to, int range, uint64_t job_token,
                             DenseShard::ForwardedStep forwarded, std::function<void()> done) {
-  if (IsLost(to)) {
-    // The range lives here alone now; `done` still runs on the thread (the caller holds a
-    // chunk's lock, which `done` takes).
-    std::promise<StatusOr<Envelope>> gone;
-    gone.set_value(AbortedError(to + " was declared failed"));
-    std::lock_guard<std::mutex> lock(mu_);
-    pending_.push_back(Pending{to, "", gone.get_future().share(), std::move(done)});
-    cv_.notify_all();
-    return;
-  }
   const int64_t step = forwarded.step;
   std::string what = "step " + std::to_string(step) + " of range " + std::to_string(range) +
                      " (" + std::to_string(forwarded.gradients.size()) +
                      " chunks) forwarded by server " + std::to_string(options_.server_rank) +
                      " to its backup at " + to;
+  if (IsLost(to)) {
+    // The range lives here alone now: done, on the thread like every other step.
+    std::promise<StatusOr<Envelope>> gone;
+    gone.set_value(AbortedError(to + " was declared failed"));
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_.push_back(Pending{to, std::move(what), gone.get_future().share(), std::move(done)});
+    cv_.notify_all();
+    return;
+  }
   PsPushPullRequest request;
   request.has_gradients = forwarded.dropped_by < 0;
   request.tensors = std::move(forwarded.gradients);
