@@ -349,7 +349,8 @@ void Report(const PsBenchOptions& o, const Results& r) {
                       ? " (each push to its range's primary, which forwards each step to the "
                         "backup)"
                       : " (every push to each copy of its key range, the values from one)")
-              << ", time x = its push+pull time over one copy's in the same mode, the median of "
+              << " beside R=1, one copy in the same mode (GB/s: the first pair's runs), time x = "
+                 "its push+pull time over one copy's, the median of "
               << o.replica_pairs << " pairs of runs of each, alternated";
   }
   std::cout << "\n\n";
@@ -359,9 +360,10 @@ void Report(const PsBenchOptions& o, const Results& r) {
             << std::setw(10) << "vs zmq" << std::setw(12) << "shm GB/s" << std::setw(12)
             << "shm vs zmq";
   if (o.replicas > 1) {
-    std::cout << std::setw(12) << ("R=" + std::to_string(o.replicas) + " GB/s") << std::setw(10)
-              << "time x";
-    if (o.replica_mode != "ps-async") std::cout << "  (" << o.replica_mode << ")";
+    // Both copies' figures in --replica-mode (the columns before are ps-async's).
+    std::cout << std::setw(12) << "R=1 GB/s" << std::setw(12)
+              << ("R=" + std::to_string(o.replicas) + " GB/s") << std::setw(10) << "time x"
+              << "  (" << o.replica_mode << ")";
   }
   std::cout << "\n";
   for (const auto& [servers, workers] : o.configs) {
@@ -390,10 +392,13 @@ void Report(const PsBenchOptions& o, const Results& r) {
         std::cout << std::setw(12) << Fixed(shm_gbps, 3);
         if (zmq_gbps > 0) std::cout << std::setw(11) << Fixed(shm_gbps / zmq_gbps, 2) << "x";
       }
+      const auto one = r.rows.find(
+          {SystemOf(/*shared_memory=*/false, 1, o.replica_mode), servers, workers, size});
       const auto rep = r.rows.find({"replicated", servers, workers, size});
       const auto ratios = r.replica_ratios.find({"replicated", servers, workers, size});
-      if (rep != r.rows.end() && ratios != r.replica_ratios.end()) {
-        std::cout << std::setw(12) << Fixed(FiguresOf(rep->second).worker_gbps, 3)
+      if (one != r.rows.end() && rep != r.rows.end() && ratios != r.replica_ratios.end()) {
+        std::cout << std::setw(12) << Fixed(FiguresOf(one->second).worker_gbps, 3)
+                  << std::setw(12) << Fixed(FiguresOf(rep->second).worker_gbps, 3)
                   << std::setw(10) << Fixed(Median(ratios->second), 2) << "x";
       }
       std::cout << "\n";

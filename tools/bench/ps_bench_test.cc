@@ -68,12 +68,13 @@ TEST(PsBenchTest, JsonShape) {
 
 // --replicas: the sockets path with one copy and with two, in alternated pairs of runs in
 // --replica-mode (ps-sync by default), beside the ps-async sockets row; the replicated row
-// carries each pair's ratio of push+pull times and their median.
+// carries each pair's ratio of push+pull times and their median. Timed by --seconds, the
+// ps-sync workers agree when to stop: each times the same steps.
 TEST(PsBenchTest, ReplicasComeInPairsOfRuns) {
   StatusOr<std::string> bench = FindRunfile("tools/tessera-bench");
   ASSERT_TRUE(bench.ok()) << bench.status();
   const std::vector<std::string> argv = {*bench,     "ps",       "--configs", "2x2",
-                                         "--sizes",  "64K",      "--iters",   "3",
+                                         "--sizes",  "64K",      "--seconds", "0.1",
                                          "--warmup", "1",        "--replicas", "2",
                                          "--replica-pairs", "2", "--no-python", "--no-zmq",
                                          "--json"};
@@ -100,6 +101,13 @@ TEST(PsBenchTest, ReplicasComeInPairsOfRuns) {
   EXPECT_GE(replicated.value("time_ratio", 0.0), low);
   EXPECT_LE(replicated.value("time_ratio", 0.0), high);
   EXPECT_FALSE(row_of["tessera"].contains("time_ratio")) << row_of["tessera"].dump();
+  for (const std::string system : {"tessera ps-sync", "replicated"}) {
+    const nlohmann::json& lines = row_of[system]["workers_lines"];
+    ASSERT_EQ(lines.size(), 2u) << row_of[system].dump();
+    EXPECT_EQ(lines[0].value("mode", ""), "ps-sync") << row_of[system].dump();
+    EXPECT_GE(lines[0].value("iters", 0), 5) << row_of[system].dump();
+    EXPECT_EQ(lines[0].value("iters", 0), lines[1].value("iters", -1)) << row_of[system].dump();
+  }
 }
 
 }  // namespace
