@@ -33,6 +33,10 @@ struct Job {
   std::unique_ptr<DenseShard> dense;
   std::unique_ptr<SparseTables> tables;
   std::unique_ptr<WorkerRegions> regions;  // of the workers on this host that offered one
+  // Why the range's backup refused a forwarded step (or did not answer it): the copies may
+  // differ from then on, so the range's pushes are refused, naming it. OK: none did.
+  mutable std::mutex diverged_mu;
+  Status diverged;  // guarded by diverged_mu
   // Pushes and checkpoints taken and answered, so a copy is served once and answered again.
   // Shared with the replies that leave later.
   std::shared_ptr<RequestLedger> ledger = std::make_shared<RequestLedger>();
@@ -250,6 +254,15 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
   // AnswerAgain).
   Status ServePushPull(const Envelope& request, const Job& job, bool again = false) {
     const PsPushPullRequest* body = request.As<PsPushPullRequest>();
+    {
+      std::lock_guard<std::mutex> lock(job.diverged_mu);
+      if (!job.diverged.ok()) {
+        return FailedPreconditionError(
+            RangeName(job.range) + "'s backup lost a step, so its two copies may differ and the "
+            "range cannot survive this server's death; stopping the job (" +
+            job.diverged.message() + ")");
+      }
+    }
     const int rank = request.header.sender_rank;
     const int64_t step = again ? request.header.step + 1 : request.header.step;
     const bool push = body->has_gradients && !again;
@@ -349,7 +362,13 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
       std::shared_ptr<Job> held = weak_job.lock();
       if (service == nullptr || held == nullptr) return;  // stopping: the replies are dropped
       service->forwarder_.Forward(to, held->range, held->token, std::move(step),
-                                  [held, done = std::move(done)] { done(); });
+                                  [held, done = std::move(done)](const Status& refused) {
+                                    if (!refused.ok()) {
+                                      std::lock_guard<std::mutex> lock(held->diverged_mu);
+                                      if (held->diverged.ok()) held->diverged = refused;
+                                    }
+                                    done();  // the step's replies go (its values are here)
+                                  });
     };
     StatusOr<std::unique_ptr<DenseShard>> dense =
         DenseShard::Create(*config, placement, init->tensors, metrics_.get(), std::move(forward));

@@ -158,6 +158,41 @@ TEST_F(PsServiceTest, AForwardedStepReachesTheBackupBeforeItsRepliesGo) {
       << refused;
 }
 
+// A backup that refuses a forwarded step (here: its copy is a step behind, as a bug would
+// leave it) makes the copies differ: the step's replies still go, and from then on the range's
+// pushes are refused naming why, so the job stops loudly instead of failing over to a wrong
+// copy later.
+TEST_F(PsServiceTest, ABackupThatRefusesAForwardedStepStopsTheRange) {
+  Fleet fleet;
+  fleet.with_primary = true;
+  fleet.num_workers = 1;
+  ASSERT_NO_FATAL_FAILURE(Start(fleet));
+  const PsJobConfig config = TestConfig(PsConsistency::kSync, 1);
+  const ByKey values = InitialValues(config, /*range=*/0);
+  PsInitRequest init{EncodePsJobConfig(config), {}, kTestToken, 0};
+  for (const auto& [key, v] : values) init.tensors.push_back(TensorData::Floats("chunk", key, v));
+  ASSERT_TRUE(SendToPrimary(0, init, 0, "init of the primary").get().ok());
+  ASSERT_TRUE(Init(config, values, /*range=*/0).ok());
+  auto push = [&](int64_t step, const std::string& backup) {
+    PsPushPullRequest request{{}, true, kTestToken, {}};
+    request.range = 0;
+    request.forward_to = backup;
+    for (const auto& [key, v] : values) {
+      request.tensors.push_back(TensorData::Floats("chunk", key, Floats(v.size(), 1.0f)));
+    }
+    return SendToPrimary(0, std::move(request), step, "push of step " + std::to_string(step));
+  };
+  ASSERT_TRUE(push(1, "").get().ok());  // not forwarded: the backup stays at step 0
+  const Reply second = push(2, server_->address());
+  ASSERT_TRUE(second.get().ok()) << second.get().status();  // the primary's values, as they were
+  const Status refused = push(3, server_->address()).get().status();
+  EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition) << refused;
+  EXPECT_NE(refused.message().find("range 0's backup lost a step, so its two copies may differ"),
+            std::string::npos)
+      << refused;
+  EXPECT_NE(refused.message().find("forwarded step 2 of chunk"), std::string::npos) << refused;
+}
+
 // A range copied to a server that joined in a failed one's place: the copy of a step (no file,
 // answered at every asking) starts the range's job at that step on the init that carries it,
 // whatever initial values the init carries too; a copy that does not fit is refused naming it.

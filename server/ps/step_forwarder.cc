@@ -33,7 +33,7 @@ bool StepForwarder::IsLost(const std::string& address) {
 }
 
 void StepForwarder::Forward(const std::string& to, int range, uint64_t job_token,
-                            DenseShard::ForwardedStep forwarded, std::function<void()> done) {
+                            DenseShard::ForwardedStep forwarded, Done done) {
   const int64_t step = forwarded.step;
   std::string what = "step " + std::to_string(step) + " of range " + std::to_string(range) +
                      " (" + std::to_string(forwarded.gradients.size()) +
@@ -91,6 +91,7 @@ void StepForwarder::Loop() {
       if (stopping) return;
     }
     const StatusOr<Envelope>& result = pending.reply.get();
+    Status refused = OkStatus();
     if (!result.ok()) {
       lock.lock();
       const bool lost = !lost_.insert(pending.to).second;
@@ -100,11 +101,11 @@ void StepForwarder::Loop() {
         TLOG(DEBUG) << pending.what << ": the backup is gone (" << result.status().message()
                     << "); the range lives on this server alone";
       } else {
-        TLOG(ERROR) << pending.what << ": " << result.status().message()
-                    << "; no further step goes there, and the range lives on this server alone";
+        refused = result.status().WithContext(pending.what);
+        TLOG(ERROR) << refused.message() << "; no further step goes there";
       }
     }
-    pending.done();
+    pending.done(refused);
     lock.lock();
   }
 }

@@ -2,14 +2,16 @@
 // (DenseShard::Forwarder, --replicas 2) and says when each one is done: applied there, or the
 // backup is gone, so the step's replies may go.
 //
-//   StepForwarder forwarder(endpoint, {.server_rank = 0});
-//   forwarder.Forward(backup_address, /*range=*/0, job_token, std::move(step), done);
+//   StepForwarder forwarder(endpoint, StepForwarderOptions{});
+//   forwarder.Forward(backup_address, /*range=*/0, job_token, std::move(step),
+//                     [](const Status& refused) { ...the step's replies may go... });
 //   forwarder.PeerLost(address, "server 1 failed: ...");   // from the coordinator's notice
 //
 // The calls are waited for on a thread of its own, in the order they were sent (each backup
 // answers in that order too); a backup the coordinator declared failed is not sent to again,
 // and the calls to it end at once. A backup that refuses a step (its copy is not where the
-// primary's was) is logged as an error and is sent no further step.
+// primary's was) or does not answer it in time is logged as an error, sent no further step,
+// and the step is done with that error: the two copies may differ from then on.
 //
 // Thread-safety: thread-safe. `done` runs on the forwarder's thread.
 #ifndef TESSERA_SERVER_PS_STEP_FORWARDER_H_
@@ -47,10 +49,13 @@ class StepForwarder {
   // Stops the thread; steps still waiting are dropped with their replies (as the service's).
   ~StepForwarder();
 
+  // Called once a step is done: OK when the backup has it or is gone, else why the backup
+  // refused it or did not answer.
+  using Done = std::function<void(const Status& refused)>;
   // Sends `forwarded` of key range `range` (job `job_token`) to the backup at `to`; `done`
-  // runs once, on the forwarder's thread, when the backup has it or is gone. Never blocks.
+  // runs once, on the forwarder's thread. Never blocks.
   void Forward(const std::string& to, int range, uint64_t job_token,
-               DenseShard::ForwardedStep forwarded, std::function<void()> done);
+               DenseShard::ForwardedStep forwarded, Done done);
   // The member at `address` was declared failed (`why`): its calls end, and no step goes
   // there any more.
   void PeerLost(const std::string& address, const std::string& why);
@@ -60,7 +65,7 @@ class StepForwarder {
     std::string to;
     std::string what;
     std::shared_future<StatusOr<Envelope>> reply;
-    std::function<void()> done;
+    Done done;
   };
   void Loop();
   bool IsLost(const std::string& address);
