@@ -90,19 +90,9 @@ TEST_F(PsServiceTest, AForwardedStepReachesTheBackupBeforeItsRepliesGo) {
   ASSERT_NO_FATAL_FAILURE(Start(fleet));
   const PsJobConfig config = TestConfig(PsConsistency::kSync, 2);
   const ByKey values = InitialValues(config, /*range=*/0);
-  PsInitRequest init{EncodePsJobConfig(config), {}, kTestToken, 0};
-  for (const auto& [key, v] : values) init.tensors.push_back(TensorData::Floats("chunk", key, v));
-  ASSERT_TRUE(SendToPrimary(0, init, 0, "init of the primary").get().ok());
-  auto push = [&](int worker, int64_t step, const ByKey& grads, const std::string& backup) {
-    PsPushPullRequest request{{}, true, kTestToken, {}};
-    request.range = 0;
-    request.forward_to = backup;
-    for (const auto& [key, g] : grads) {
-      request.tensors.push_back(TensorData::Floats("chunk", key, g));
-    }
-    return SendToPrimary(worker, std::move(request), step,
-                         "push of step " + std::to_string(step) + " by worker " +
-                             std::to_string(worker));
+  ASSERT_TRUE(InitPrimary(config, values).ok());
+  auto push = [this](int worker, int64_t step, const ByKey& grads, const std::string& backup) {
+    return PushToPrimary(worker, step, grads, backup);
   };
   std::mt19937 random(5);
   Reference reference(config, values);
@@ -169,18 +159,12 @@ TEST_F(PsServiceTest, ABackupThatRefusesAForwardedStepStopsTheRange) {
   ASSERT_NO_FATAL_FAILURE(Start(fleet));
   const PsJobConfig config = TestConfig(PsConsistency::kSync, 1);
   const ByKey values = InitialValues(config, /*range=*/0);
-  PsInitRequest init{EncodePsJobConfig(config), {}, kTestToken, 0};
-  for (const auto& [key, v] : values) init.tensors.push_back(TensorData::Floats("chunk", key, v));
-  ASSERT_TRUE(SendToPrimary(0, init, 0, "init of the primary").get().ok());
+  ASSERT_TRUE(InitPrimary(config, values).ok());
   ASSERT_TRUE(Init(config, values, /*range=*/0).ok());
+  ByKey ones;
+  for (const auto& [key, v] : values) ones[key] = Floats(v.size(), 1.0f);
   auto push = [&](int64_t step, const std::string& backup) {
-    PsPushPullRequest request{{}, true, kTestToken, {}};
-    request.range = 0;
-    request.forward_to = backup;
-    for (const auto& [key, v] : values) {
-      request.tensors.push_back(TensorData::Floats("chunk", key, Floats(v.size(), 1.0f)));
-    }
-    return SendToPrimary(0, std::move(request), step, "push of step " + std::to_string(step));
+    return PushToPrimary(0, step, ones, backup);
   };
   ASSERT_TRUE(push(1, "").get().ok());  // not forwarded: the backup stays at step 0
   const Reply second = push(2, server_->address());

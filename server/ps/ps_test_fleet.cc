@@ -140,6 +140,23 @@ Reply PsServiceTest::SendToPrimary(int worker, MessageBody body, int64_t step,
                                      Deadline::AfterMillis(kTestTimeoutMs), what, fleet_.resend_ms);
 }
 
+Status PsServiceTest::InitPrimary(const PsJobConfig& config, const ByKey& values) {
+  PsInitRequest init{EncodePsJobConfig(config), {}, kTestToken, 0};
+  for (const auto& [key, v] : values) init.tensors.push_back(TensorData::Floats("chunk", key, v));
+  return SendToPrimary(0, std::move(init), 0, "init of server 0").get().status();
+}
+
+Reply PsServiceTest::PushToPrimary(int worker, int64_t step, const ByKey& grads,
+                                   const std::string& backup) {
+  PsPushPullRequest request{{}, true, kTestToken, {}};
+  request.range = 0;
+  request.forward_to = backup;
+  for (const auto& [key, g] : grads) request.tensors.push_back(TensorData::Floats("chunk", key, g));
+  return SendToPrimary(worker, std::move(request), step,
+                       "push-pull of step " + std::to_string(step) + " by worker " +
+                           std::to_string(worker) + " to server 0");
+}
+
 ByKey PsServiceTest::InitialValues(const PsJobConfig& config, int range) const {
   if (range < 0) range = fleet_.server_rank;
   auto plan = PlanDenseChunks(config.dense_elements, config.chunk_elements, fleet_.num_servers,

@@ -110,6 +110,10 @@ class PsServiceTest : public ::testing::Test {
              int64_t timeout_ms = kTestTimeoutMs);
   // The same to server 0 (Fleet::with_primary).
   Reply SendToPrimary(int worker, MessageBody body, int64_t step, const std::string& what);
+  // Server 0's own range (0), as Init.
+  Status InitPrimary(const PsJobConfig& config, const ByKey& values);
+  // A push-pull of range 0 to server 0 naming `backup` (PsPushPullRequest::forward_to).
+  Reply PushToPrimary(int worker, int64_t step, const ByKey& grads, const std::string& backup);
   // `range`: PsInitRequest::range (-1: the server's own).
   Status Init(const PsJobConfig& config, const ByKey& values, int range = -1);
   // what: "push-pull of step <step> by worker <worker>".
