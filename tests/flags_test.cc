@@ -134,5 +134,27 @@ TEST(FlagsTest, EveryNumericFlagOfEveryBinaryRefusesBadValuesNamingTheFlag) {
   }
 }
 
+// The parameter-server mode flags of the benchmarks name the value they refuse and what they
+// take instead.
+TEST(FlagsTest, BenchmarkModeFlagsRefuseUnknownModesNamingThem) {
+  struct Case {
+    std::vector<std::string> argv;
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      {{BinaryPath("worker/tessera-worker"), "--bench-ps-mode=ps-bogus"},
+       "--bench-ps-mode: unknown parameter-server mode 'ps-bogus'; expected ps-sync, ps-async "
+       "or ps-ssp"},
+      {{BinaryPath("tools/tessera-bench"), "ps", "--replicas", "2", "--replica-mode=bogus"},
+       "--replica-mode: bogus not in {ps-sync,ps-async,ps-ssp}"},
+  };
+  for (const Case& c : cases) {
+    auto [status, output] = RunArgv(c.argv);
+    EXPECT_GT(status, 0) << output;
+    EXPECT_LT(status, 128) << output;
+    EXPECT_NE(output.find(c.expected), std::string::npos) << output;
+  }
+}
+
 }  // namespace
 }  // namespace tessera::testing
