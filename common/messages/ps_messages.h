@@ -62,16 +62,20 @@ struct PsPushPullRequest {
   // With has_gradients (ps-sync): the lowest server rank this worker knows joined in a failed
   // server's place (-1: none), read once per step like `stop` (see PsPushPullReply::joining).
   int32_t join = -1;
-  // ps-sync with --replicas 2 (server/ps/ps_service.h, "Forwarded steps"): from a worker, the
-  // address of the range's live backup (empty: none), to which the range's primary forwards
-  // each step it applies. `forwarded`: this is such a step, from the primary: the tensors are
-  // the chunks' averaged gradients of step header.step (no bytes when the step was dropped
-  // because worker `dropped_by` skipped it), with the step's stop and join notes.
+  // --replicas 2 (server/ps/ps_service.h, "Forwarded updates"): from a worker, the address
+  // of the range's live backup (empty: none), to which the range's primary forwards each
+  // update it applies. `forwarded`: this is such an update, from the primary. ps-sync: the
+  // tensors are the chunks' averaged gradients of step header.step (no bytes when the step was
+  // dropped because worker `dropped_by` skipped it), with the step's stop and join notes.
+  // ps-async and ps-ssp: worker `pushed_by`'s push of step header.step, its gradients, and
+  // each chunk's update number on the primary (`updates`, in tensor order).
   std::string forward_to;
   bool forwarded = false;
   int32_t dropped_by = -1;
   int32_t stopped_by = -1;
   int32_t joining = -1;
+  int32_t pushed_by = -1;
+  std::vector<int64_t> updates = {};
 };
 
 struct PsPushPullReply {

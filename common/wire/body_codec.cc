@@ -255,9 +255,9 @@ class BodyEncoder {
     return As(proto::CreatePsPushPullRequestDirect(
         fbb_, &tensors, b.has_gradients, b.job_token, b.model.empty() ? nullptr : b.model.c_str(),
         b.region_pid, b.region_fd, b.region_token_high, b.region_token_low, b.in_region, b.skip,
-        b.stop, b.range, b.ack_only, b.join,
-        b.forward_to.empty() ? nullptr : b.forward_to.c_str(), b.forwarded, b.dropped_by,
-        b.stopped_by, b.joining));
+        b.stop, b.range, b.ack_only, b.join, b.forward_to.empty() ? nullptr : b.forward_to.c_str(),
+        b.forwarded, b.dropped_by, b.stopped_by, b.joining, b.pushed_by,
+        b.updates.empty() ? nullptr : &b.updates));
   }
   Encoded operator()(PsPushPullReply& b) {
     auto tensors = EncodeTensors(fbb_, std::move(b.tensors), payloads_);
@@ -501,13 +501,31 @@ StatusOr<MessageBody> DecodeBody(const proto::Header& header, const Message& mes
     }
     case proto::Body::PsPushPullRequest: {
       const auto& b = *header.body_as_PsPushPullRequest();
-      return MessageBody(PsPushPullRequest{DecodeTensors(b.tensors(), message), b.has_gradients(),
-                                           b.job_token(), Str(b.model()), b.region_pid(),
-                                           b.region_fd(), b.region_token_high(),
-                                           b.region_token_low(), b.in_region(), b.skip(),
-                                           b.stop(), b.range(), b.ack_only(), b.join(),
-                                           Str(b.forward_to()), b.forwarded(), b.dropped_by(),
-                                           b.stopped_by(), b.joining()});
+      if (!ElementsAligned(b.updates())) {
+        return InvalidArgumentError("push-pull request: a misaligned vector of update numbers");
+      }
+      PsPushPullRequest body{DecodeTensors(b.tensors(), message),
+                             b.has_gradients(),
+                             b.job_token(),
+                             Str(b.model()),
+                             b.region_pid(),
+                             b.region_fd(),
+                             b.region_token_high(),
+                             b.region_token_low(),
+                             b.in_region(),
+                             b.skip(),
+                             b.stop(),
+                             b.range(),
+                             b.ack_only(),
+                             b.join(),
+                             Str(b.forward_to()),
+                             b.forwarded(),
+                             b.dropped_by(),
+                             b.stopped_by(),
+                             b.joining(),
+                             b.pushed_by()};
+      if (b.updates() != nullptr) body.updates.assign(b.updates()->begin(), b.updates()->end());
+      return MessageBody(std::move(body));
     }
     case proto::Body::PsPushPullReply: {
       const auto& b = *header.body_as_PsPushPullReply();

@@ -46,6 +46,8 @@ Message PushOf(std::vector<float> values, std::vector<int64_t> shape) {
   push.dropped_by = 2;
   push.stopped_by = 0;
   push.joining = 3;
+  push.pushed_by = 1;
+  push.updates = {7, 9};
   return EncodeMessage(WorkerHeader(3), std::move(push));
 }
 
@@ -108,6 +110,8 @@ TEST(WireCodecTest, RoundTripPushPull) {
   EXPECT_EQ(push.dropped_by, 2);
   EXPECT_EQ(push.stopped_by, 0);
   EXPECT_EQ(push.joining, 3);
+  EXPECT_EQ(push.pushed_by, 1);
+  EXPECT_EQ(push.updates, (std::vector<int64_t>{7, 9}));
   ASSERT_EQ(push.tensors.size(), 1u);
   EXPECT_EQ(push.tensors[0].name, "layer0.w");
   EXPECT_EQ(push.tensors[0].key, 7u);
