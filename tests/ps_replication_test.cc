@@ -348,52 +348,55 @@ double Scrape(const std::string& url, const std::string& sample) {
 
 // ps-async has no common step to compare bitwise; what must hold is that nothing acknowledged
 // was lost: each surviving server applied every worker's every push to every chunk it holds
-// (tessera_ps_updates_total{kind="dense"}, read while the fleet lingers after the workers).
+// (tessera_ps_updates_total{kind="dense"}, read while the fleet lingers after the workers),
+// once. Three kills: a server at a step of each seed.
 TEST(PsReplicationTest, AsyncCompletesAndTheSurvivorsAppliedEveryAcknowledgedPush) {
-  FleetHarness harness;
-  const int seed = 6;
-  const Kill kill = KillOf(seed);
-  StatusOr<int> launcher =
-      StartAndReach(harness, "async", Concat(Fleet("ps-async", 2, {"--linger", "30"}),
-                                             TrainingFlags("mlp")),
-                    kill.step);
-  ASSERT_TRUE(launcher.ok()) << launcher.status();
-  KillServer(harness, *launcher, kill.server);
-  ASSERT_TRUE(harness
-                  .WaitForLine(*launcher, "all 3 workers finished; lingering",
-                               Deadline::AfterMillis(kRunMs))
-                  .ok())
-      << harness.Output(*launcher);
-  const std::string output = harness.Output(*launcher);
-  // Dense chunks by range, from the servers' job lines ("[server 2] ... ps-async job for 3
-  // workers, range 1: 4 dense chunks"; a server's own range has no "range").
-  std::map<int, std::map<int, int>> chunks;  // server -> range -> chunks
-  const std::regex job_line(
-      R"(\[server (\d+)\][^\n]*ps-async job for 3 workers(, range (\d+))?: (\d+) dense chunks)");
-  for (auto it = std::sregex_iterator(output.begin(), output.end(), job_line);
-       it != std::sregex_iterator(); ++it) {
-    const int server = std::stoi((*it)[1]);
-    const int range = (*it)[3].matched ? std::stoi((*it)[3]) : server;
-    chunks[server][range] = std::stoi((*it)[4]);
+  for (int seed : {6, 7, 8}) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    FleetHarness harness;
+    const Kill kill = KillOf(seed);
+    StatusOr<int> launcher = StartAndReach(
+        harness, "async", Concat(Fleet("ps-async", 2, {"--linger", "30"}), TrainingFlags("mlp")),
+        kill.step);
+    ASSERT_TRUE(launcher.ok()) << launcher.status();
+    KillServer(harness, *launcher, kill.server);
+    ASSERT_TRUE(harness
+                    .WaitForLine(*launcher, "all 3 workers finished; lingering",
+                                 Deadline::AfterMillis(kRunMs))
+                    .ok())
+        << harness.Output(*launcher);
+    const std::string output = harness.Output(*launcher);
+    // Dense chunks by range, from the servers' job lines ("[server 2] ... ps-async job for 3
+    // workers, range 1: 4 dense chunks"; a server's own range has no "range").
+    std::map<int, std::map<int, int>> chunks;  // server -> range -> chunks
+    const std::regex job_line(
+        R"(\[server (\d+)\][^\n]*ps-async job for 3 workers(, range (\d+))?: (\d+) dense chunks)");
+    for (auto it = std::sregex_iterator(output.begin(), output.end(), job_line);
+         it != std::sregex_iterator(); ++it) {
+      const int server = std::stoi((*it)[1]);
+      const int range = (*it)[3].matched ? std::stoi((*it)[3]) : server;
+      chunks[server][range] = std::stoi((*it)[4]);
+    }
+    for (int server = 0; server < kServers; ++server) {
+      ASSERT_EQ(chunks[server].size(), 2u) << "server " << server << " holds two ranges\n"
+                                           << output;
+      if (server == kill.server) continue;
+      int held = 0;
+      for (const auto& [range, count] : chunks[server]) held += count;
+      std::smatch match;
+      const std::regex metrics_line("\\[launch\\] server " + std::to_string(server) +
+                                    " pid=\\d+ metrics=(\\S+)");
+      ASSERT_TRUE(std::regex_search(output, match, metrics_line)) << output;
+      const double applied = Scrape(match[1], "tessera_ps_updates_total{kind=\"dense\"}");
+      EXPECT_EQ(applied, static_cast<double>(held) * kWorkers * kSteps)
+          << "server " << server << " (" << held << " chunks) applied " << applied
+          << " dense updates; every push of every worker is " << held * kWorkers * kSteps << "\n"
+          << output;
+    }
+    ASSERT_TRUE(harness.Signal(*launcher, SIGTERM).ok());
+    auto exit = harness.WaitExit(*launcher, Deadline::AfterMillis(kRunMs));
+    ASSERT_TRUE(exit.ok()) << exit.status();
   }
-  for (int server = 0; server < kServers; ++server) {
-    ASSERT_EQ(chunks[server].size(), 2u) << "server " << server << " holds two ranges\n" << output;
-    if (server == kill.server) continue;
-    int held = 0;
-    for (const auto& [range, count] : chunks[server]) held += count;
-    std::smatch match;
-    const std::regex metrics_line("\\[launch\\] server " + std::to_string(server) +
-                                  " pid=\\d+ metrics=(\\S+)");
-    ASSERT_TRUE(std::regex_search(output, match, metrics_line)) << output;
-    const double applied = Scrape(match[1], "tessera_ps_updates_total{kind=\"dense\"}");
-    EXPECT_EQ(applied, static_cast<double>(held) * kWorkers * kSteps)
-        << "server " << server << " (" << held << " chunks) applied " << applied
-        << " dense updates; every push of every worker is " << held * kWorkers * kSteps << "\n"
-        << output;
-  }
-  ASSERT_TRUE(harness.Signal(*launcher, SIGTERM).ok());
-  auto exit = harness.WaitExit(*launcher, Deadline::AfterMillis(kRunMs));
-  ASSERT_TRUE(exit.ok()) << exit.status();
 }
 
 // Servers 1 and 2 hold both copies of range 1: losing both stops the job at once, naming it.

@@ -22,13 +22,22 @@ StatusOr<PushDecision> ConsistencyPolicy::Skip(int rank, int64_t step) {
 StatusOr<PushDecision> ConsistencyPolicy::Arrive(int rank, int64_t step, bool skip) {
   PushDecision decision;
   if (model_ != PsConsistency::kSync) {
-    clocks_[rank] = std::max(clocks_[rank], step);
-    decision.action = skip ? PushAction::kNone : PushAction::kApplyNow;
-    decision.update = skip ? version_ : ++version_;
     if (model_ == PsConsistency::kSsp) {
       decision.reply.min_clock = step - staleness_;
       decision.reply.step = step;
     }
+    // A worker's steps come in order, one push each: a step at or below its clock is a copy
+    // (asked again of a backup that took the push from the former primary), applied once.
+    if (step <= clocks_[rank]) {
+      decision.action = skip ? PushAction::kNone : PushAction::kApplied;
+      decision.update = version_;
+      return decision;
+    }
+    clocks_[rank] = step;
+    decision.action = skip ? PushAction::kNone : PushAction::kApplyNow;
+    decision.update = skip ? version_ : ++version_;
+    // Once the part has it: at once here; a forwarded update's reply waits for the backup too.
+    if (!skip) decision.reply.min_version = decision.update;
     return decision;
   }
   // A step at or below the version was applied (or restored): a push of it would start a step

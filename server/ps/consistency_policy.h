@@ -10,7 +10,8 @@
 //             optimizer step t, and the version becomes t. The reply to a push of step t waits
 //             until the version is t, so every worker sees the same values.
 //   ps-async  each push is applied on arrival as the part's next update (version + 1); its
-//             reply goes at once.
+//             reply goes at once. A worker's second push of a step is a copy: nothing is
+//             applied, and its reply goes with the values.
 //   ps-ssp    applied as in ps-async, but the reply to a push of step t waits until the slowest
 //             worker's clock is at least t - K (K = the job's staleness).
 //   A pull of step t (no gradients) waits until the version is at least t - 1, in every model.
@@ -57,7 +58,8 @@ enum class PushAction {
   kNone,       // ps-async / ps-ssp: a skip: nothing to apply
   kApplied,    // ps-sync: step `update` was applied here without this worker's push (a step
                // forwarded by the part's former primary, Advance): nothing to apply, the
-               // reply goes with the values after it
+               // reply goes with the values after it. ps-async / ps-ssp: a copy of a push
+               // this worker made (its step is not above its clock): nothing to apply
 };
 
 struct PushDecision {
@@ -77,6 +79,8 @@ class ConsistencyPolicy {
   // A push of step `step` by worker `rank`; the caller must then do what the decision says.
   // ps-sync refuses with AlreadyExists a worker's second push of a step ("worker 0 pushed step
   // 3 twice") and a push of a step the part has applied already; nothing changes then.
+  // ps-async and ps-ssp take a push of a step at or below the worker's clock as a copy
+  // (kApplied; a skip's kNone).
   // REQUIRES: 0 <= rank < num_workers, step >= 1.
   StatusOr<PushDecision> Push(int rank, int64_t step);
   // Worker `rank`'s skip of step `step`: a push without gradients, refused as Push refuses.

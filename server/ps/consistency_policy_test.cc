@@ -89,7 +89,34 @@ TEST(ConsistencyPolicyTest, AsyncAppliesEachPushAsTheNextUpdateAndRepliesAtOnce)
     EXPECT_EQ(policy.Lead(d.reply), 0);
   }
   EXPECT_EQ(policy.version(), 4);
-  EXPECT_TRUE(MustPush(policy, 0, 3).action == PushAction::kApplyNow);  // repeats are updates too
+}
+
+// A worker pushes each step once: a second push of a step (or of one before it) is a copy,
+// asked again of a backup that took the push from its former primary: nothing applied, the
+// reply goes (ps-ssp: once the staleness allows it).
+TEST(ConsistencyPolicyTest, AsyncTakesAPushOfAStepAtOrBelowTheWorkersClockAsACopy) {
+  ConsistencyPolicy async(PsConsistency::kAsync, 2, 0);
+  MustPush(async, 0, 1);
+  MustPush(async, 0, 2);
+  for (int64_t step : {2, 1}) {
+    PushDecision copy = MustPush(async, 0, step);
+    EXPECT_EQ(copy.action, PushAction::kApplied);
+    EXPECT_EQ(copy.update, 2);
+    EXPECT_TRUE(async.MayRelease(copy.reply));
+  }
+  EXPECT_EQ(async.version(), 2);
+  EXPECT_EQ(MustPush(async, 1, 2).action, PushAction::kApplyNow);  // another worker's
+  StatusOr<PushDecision> skipped = async.Skip(1, 2);
+  ASSERT_TRUE(skipped.ok()) << skipped.status();
+  EXPECT_EQ(skipped->action, PushAction::kNone);
+
+  ConsistencyPolicy ssp(PsConsistency::kSsp, 2, 0);
+  MustPush(ssp, 0, 1);
+  PushDecision copy = MustPush(ssp, 0, 1);
+  EXPECT_EQ(copy.action, PushAction::kApplied);
+  EXPECT_FALSE(ssp.MayRelease(copy.reply));  // worker 1 has not pushed step 1
+  MustPush(ssp, 1, 1);
+  EXPECT_TRUE(ssp.MayRelease(copy.reply));
 }
 
 TEST(ConsistencyPolicyTest, SspReleasesAPushOfStepTOnceTheSlowestPushedTMinusK) {

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <utility>
 
 #include "common/messages/fleet_view.h"
@@ -91,9 +92,17 @@ struct DenseShard::Chunk {
     int joining = -1;
   };
   std::map<int64_t, StepNotes> notes;  // guarded by mu
-  // ps-sync: the step applied here that the backup has not acknowledged yet (0: none); the
-  // replies needing it wait.
-  int64_t forwarding = 0;  // guarded by mu
+  // The updates applied here that the backup has not acknowledged yet (ps-sync: the step, at
+  // most one); the replies with their values wait.
+  std::set<int64_t> forwarding;  // guarded by mu
+  // The backup's side, ps-async and ps-ssp: forwarded pushes that came before the update
+  // before them, by update number (applied in that order, ApplyParked).
+  struct Parked {
+    int rank = 0;
+    int64_t step = 0;
+    TensorData gradient;  // shares the forward's frame
+  };
+  std::map<int64_t, Parked> parked;  // guarded by mu
 };
 
 StatusOr<std::unique_ptr<DenseShard>> DenseShard::Create(const PsJobConfig& config,
@@ -219,19 +228,24 @@ Status DenseShard::Serve(int rank, int64_t step, const std::vector<TensorData>& 
     Send({pending});
     return OkStatus();
   }
-  // The chunks whose step this request completed go to the backup in one message, once their
-  // locks are released (ps-sync, forward_to). (A message per chunk, sent before its apply so
-  // that the two overlap, measured slower: 1.65x the time of one copy at 2 x 1, against 1.5x.)
-  const bool forward = sync && push && forwarder_ != nullptr && !forward_to.empty();
+  // The updates this request applied (ps-sync: the chunks whose step it completed) go to the
+  // backup in one message, once their locks are released (forward_to). (A message per chunk,
+  // sent before its apply so that the two overlap, measured slower in ps-sync: 1.65x the time
+  // of one copy at 2 x 1, against 1.5x.)
+  const bool forward = push && forwarder_ != nullptr && !forward_to.empty();
   ForwardedStep forwarded;
   forwarded.step = step;
-  std::vector<Chunk*> forwarded_chunks;
+  if (!sync) forwarded.pushed_by = rank;
+  std::vector<std::pair<Chunk*, int64_t>> forwarded_chunks;  // (chunk, update)
   Status refused = OkStatus();
   for (size_t i = 0; i < chunks.size() && refused.ok(); ++i) {
     Chunk& chunk = *chunks[i];
     Ready ready;
     {
       std::lock_guard<std::mutex> lock(chunk.mu);
+      // A worker's request at a copy holding parked forwards: its primary is gone (workers ask
+      // only the primary), and nothing fills their gaps any more.
+      if (!chunk.parked.empty()) ApplyParked(&chunk, /*all=*/true);
       // A pull: the values after step - 1 in every model (after a restore, versions restart
       // at the checkpoint's step).
       Waiter waiter{pending, i, chunk.policy.Pull(step)};
@@ -276,9 +290,9 @@ Status DenseShard::Serve(int rank, int64_t step, const std::vector<TensorData>& 
             }
             if (forward) {
               // Its replies wait for the backup's acknowledgement.
-              chunk.forwarding = decision.update;
+              chunk.forwarding.insert(decision.update);
               forwarded.gradients.push_back(std::move(average));
-              forwarded_chunks.push_back(&chunk);
+              forwarded_chunks.emplace_back(&chunk, decision.update);
               if (decision.action == PushAction::kDropHeld) {
                 forwarded.dropped_by = decision.skipped_by;
               }
@@ -293,6 +307,14 @@ Status DenseShard::Serve(int rank, int64_t step, const std::vector<TensorData>& 
           case PushAction::kApplyNow: {
             std::vector<float> scratch;
             ApplyGradient(decision.update, FloatsOf(tensors[i], &scratch), &chunk);
+            if (forward) {
+              // Its reply waits for the backup's acknowledgement; the gradient is the push's
+              // frame.
+              chunk.forwarding.insert(decision.update);
+              forwarded.gradients.push_back(tensors[i]);
+              forwarded.updates.push_back(decision.update);
+              forwarded_chunks.emplace_back(&chunk, decision.update);
+            }
             break;
           }
           case PushAction::kNone:
@@ -309,17 +331,17 @@ Status DenseShard::Serve(int rank, int64_t step, const std::vector<TensorData>& 
   }
   if (!forwarded_chunks.empty()) {
     forwarder_(forward_to, std::move(forwarded),
-               [this, step, chunks = std::move(forwarded_chunks)] { Forwarded(step, chunks); });
+               [this, chunks = std::move(forwarded_chunks)] { Forwarded(chunks); });
   }
   return refused;
 }
 
-void DenseShard::Forwarded(int64_t step, const std::vector<Chunk*>& chunks) {
-  for (Chunk* chunk : chunks) {
+void DenseShard::Forwarded(const std::vector<std::pair<Chunk*, int64_t>>& updates) {
+  for (const auto& [chunk, update] : updates) {
     Ready ready;
     {
       std::lock_guard<std::mutex> lock(chunk->mu);
-      if (chunk->forwarding == step) chunk->forwarding = 0;
+      chunk->forwarding.erase(update);
       ReleaseReady(chunk, &ready);
     }
     Send(ready);
@@ -333,6 +355,7 @@ Status DenseShard::ApplyForwarded(const ForwardedStep& forwarded,
   if (step < 1) {
     return InvalidArgumentError("forwarded step " + std::to_string(step) + "; steps start at 1");
   }
+  if (config_.consistency != PsConsistency::kSync) return ApplyForwardedPush(forwarded, taken);
   // (chunk, its gradient) in key order.
   std::map<uint64_t, std::pair<Chunk*, const TensorData*>> chunks;
   for (const TensorData& tensor : forwarded.gradients) {
@@ -384,6 +407,66 @@ Status DenseShard::ApplyForwarded(const ForwardedStep& forwarded,
   locks.clear();
   Send(ready);
   return OkStatus();
+}
+
+Status DenseShard::ApplyForwardedPush(const ForwardedStep& forwarded,
+                                      const std::function<void()>& taken) {
+  const std::string what = "worker " + std::to_string(forwarded.pushed_by) + "'s push of step " +
+                           std::to_string(forwarded.step) + ", forwarded";
+  if (forwarded.pushed_by < 0 || forwarded.pushed_by >= config_.num_workers) {
+    return InvalidArgumentError(what + ": the job has workers 0 to " +
+                                std::to_string(config_.num_workers - 1));
+  }
+  if (forwarded.updates.size() != forwarded.gradients.size()) {
+    return InvalidArgumentError(what + ": " + std::to_string(forwarded.gradients.size()) +
+                                " chunks and " + std::to_string(forwarded.updates.size()) +
+                                " update numbers");
+  }
+  std::vector<Chunk*> chunks;
+  for (size_t i = 0; i < forwarded.gradients.size(); ++i) {
+    ASSIGN_OR_RETURN(Chunk * chunk, ChunkFor(forwarded.gradients[i], true, "forwarded push"));
+    if (forwarded.updates[i] < 1) {
+      return InvalidArgumentError(what + ": update " + std::to_string(forwarded.updates[i]) +
+                                  " of chunk " + std::to_string(chunk->where.index) +
+                                  "; updates start at 1");
+    }
+    chunks.push_back(chunk);
+  }
+  // Held in memory here (parked until the updates before it came): acknowledged first.
+  taken();
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    Chunk& chunk = *chunks[i];
+    Ready ready;
+    {
+      std::lock_guard<std::mutex> lock(chunk.mu);
+      const int64_t update = forwarded.updates[i];
+      // A copy of a forward taken already is left alone.
+      if (update > chunk.policy.version() && chunk.parked.count(update) == 0) {
+        chunk.parked.emplace(
+            update, Chunk::Parked{forwarded.pushed_by, forwarded.step, forwarded.gradients[i]});
+        ApplyParked(&chunk, /*all=*/false);
+      }
+      ReleaseReady(&chunk, &ready);
+    }
+    Send(ready);
+  }
+  return OkStatus();
+}
+
+// The parked forwards in update order: each as the policy's next push of its worker (the
+// update the primary gave it), while it is the next one (`all`: every one, gaps closed).
+void DenseShard::ApplyParked(Chunk* chunk, bool all) {
+  while (!chunk->parked.empty() &&
+         (all || chunk->parked.begin()->first == chunk->policy.version() + 1)) {
+    Chunk::Parked parked = std::move(chunk->parked.begin()->second);
+    chunk->parked.erase(chunk->parked.begin());
+    StatusOr<PushDecision> decided = chunk->policy.Push(parked.rank, parked.step);
+    // ps-async and ps-ssp refuse no push; a copy (kApplied) applies nothing.
+    if (decided.ok() && decided->action == PushAction::kApplyNow) {
+      std::vector<float> scratch;
+      ApplyGradient(decided->update, FloatsOf(parked.gradient, &scratch), chunk);
+    }
+  }
 }
 
 std::string DenseShard::OwnerMessage(uint64_t key) const {
@@ -451,7 +534,8 @@ void DenseShard::ReleaseReady(Chunk* chunk, Ready* ready) {
   std::vector<Waiter> keep;
   for (Waiter& waiter : chunk->waiters) {
     // A reply with the values of a step the backup has not acknowledged waits for it.
-    const bool unforwarded = chunk->forwarding > 0 && waiter.rule.min_version >= chunk->forwarding;
+    const bool unforwarded =
+        !chunk->forwarding.empty() && waiter.rule.min_version >= *chunk->forwarding.begin();
     if (unforwarded || !chunk->policy.MayRelease(waiter.rule)) {
       keep.push_back(std::move(waiter));
       continue;
@@ -543,7 +627,8 @@ void DenseShard::Restore(std::map<uint64_t, ChunkState> saved, int64_t step) {
       chunk->dropped_step = 0;
       chunk->dropped_by = -1;
       chunk->notes.clear();
-      chunk->forwarding = 0;
+      chunk->forwarding.clear();
+      chunk->parked.clear();
       ReleaseReady(chunk.get(), &ready);
     }
     Send(ready);

@@ -10,13 +10,16 @@
 // their locks one after the other (its reply goes once the last chunk released its part). Only
 // a forwarded step (ApplyForwarded) holds several chunks' locks at once, taken in key order.
 //
-// Forwarded steps (ps-sync with two copies of each key range): the range's primary is given
-// the address of its backup with the workers' pushes (`forward_to`); each step it applies (or
-// drops) goes to the backup through the Forwarder, with the averaged gradients and the step's
-// notes, and the step's replies wait until the backup has it (ApplyForwarded: it acknowledges
-// a step it took, then applies it: held in its memory, the step is on both live copies), and
-// the backup applies the same gradients with the same optimizer code: bitwise the primary's
-// values and state.
+// Forwarded updates (two copies of each key range): the range's primary is given the address
+// of its backup with the workers' pushes (`forward_to`); each update it applies goes to the
+// backup through the Forwarder, and the replies with its values wait until the backup has it
+// (ApplyForwarded: it acknowledges an update it took, then applies it: held in its memory, the
+// update is on both live copies). The backup applies the same gradients in the same order with
+// the same optimizer code: bitwise the primary's values and state. In ps-sync an update is a
+// step (or its drop): the averaged gradients and the step's notes. In ps-async and ps-ssp it is
+// one worker's push with each chunk's update number on the primary; the backup applies a
+// chunk's forwards in that order, parking one that overtook the one before it (two requests'
+// forwards may leave in either order).
 //
 // Thread-safety: thread-safe. A reply callback runs on the thread of the request that released
 // its last part (the request's own, or a later one's), after the chunk's lock is released.
@@ -29,6 +32,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/base/status.h"
@@ -56,14 +60,18 @@ class DenseShard {
  public:
   using ReplyCallback = std::function<void(PsPushPullReply reply)>;
 
-  // A step the primary applied (or dropped), for the range's backup.
+  // Updates the primary applied, for the range's backup: in ps-sync a step (or its drop), in
+  // ps-async and ps-ssp one worker's push.
   struct ForwardedStep {
     int64_t step = 0;
-    // The chunks' averaged gradients (name "chunk<i>", key); no bytes when the step was dropped.
+    // ps-sync: the chunks' averaged gradients (name "chunk<i>", key); no bytes when the step
+    // was dropped. ps-async, ps-ssp: the push's gradients.
     std::vector<TensorData> gradients;
-    int dropped_by = -1;  // the worker that skipped the step (nothing applied); -1: none
-    int stopped_by = -1;  // the step's notes (see PushPull's stop and join)
+    int dropped_by = -1;  // ps-sync: the worker that skipped the step (nothing applied); -1: none
+    int stopped_by = -1;  // ps-sync: the step's notes (see PushPull's stop and join)
     int joining = -1;
+    int pushed_by = -1;            // ps-async, ps-ssp: the worker whose push of `step` it is
+    std::vector<int64_t> updates;  // ps-async, ps-ssp: each gradient's update number here
   };
   // Sends `forwarded` to the backup at `to`, and calls `done` once, later and from another
   // thread, when the backup has it or is gone (the range then lives on this server alone).
@@ -100,8 +108,11 @@ class DenseShard {
   // `join` (with `push`, -1: none): the lowest server rank worker `rank` knows joined the fleet
   // in a failed server's place; recorded and answered (PsPushPullReply::joining) as `stop` is,
   // so every worker starts using that server after the same step.
-  // `forward_to` (ps-sync, with `push`; empty: none): the address of the range's backup; the
-  // step this push completes goes there before its replies (see above).
+  // `forward_to` (with `push`; empty: none): the address of the range's backup; the updates
+  // this push applies (ps-sync: the step it completes) go there before the replies with their
+  // values (see above). In ps-async and ps-ssp, values of updates the backup has not
+  // acknowledged may go in other replies (a pull's, another worker's): such an update is
+  // either acknowledged later or asked again of the backup by its worker, so none is lost.
   Status PushPull(int rank, int64_t step, const std::vector<TensorData>& tensors, bool push,
                   ReplyCallback reply, bool stop = false, int join = -1,
                   const std::string& forward_to = std::string());
@@ -113,15 +124,18 @@ class DenseShard {
   Status Skip(int rank, int64_t step, const std::vector<TensorData>& tensors,
               ReplyCallback reply, bool stop = false, int join = -1,
               const std::string& forward_to = std::string());
-  // The backup's side: takes `forwarded` (the primary's step; ps-sync), calls `taken` (its
-  // acknowledgement), then applies it to each chunk it names whose version is the step before
-  // it, as the primary did; a chunk at the step or later took it already (a copy) and is left
-  // alone. Pushes of the step held here (workers that asked this copy after the primary
-  // failed) are answered with its values. The chunks' next forwarded step (sent only once this
-  // one was acknowledged) waits until this one is applied. Errors, before
-  // anything changed and without `taken`: NotFound for a chunk not here, InvalidArgument for a
-  // gradient that does not fit its chunk, FailedPrecondition naming a chunk more than a step
-  // behind.
+  // The backup's side: takes `forwarded` (the primary's update), calls `taken` (its
+  // acknowledgement), then applies it as the primary did.
+  // ps-sync: to each chunk it names whose version is the step before it; a chunk at the step
+  // or later took it already (a copy) and is left alone. Pushes of the step held here (workers
+  // that asked this copy after the primary failed) are answered with its values. The chunks'
+  // next forwarded step (sent only once this one was acknowledged) waits until this one is
+  // applied. ps-async and ps-ssp: each chunk's update once the chunk's version is the one
+  // before it (parked until then); a chunk past it, or a worker's push it has, is left alone.
+  // A worker's request here applies every parked update first (the primary is gone).
+  // Errors, before anything changed and without `taken`: NotFound for a chunk not here,
+  // InvalidArgument for a gradient that does not fit its chunk (or a push without a worker or
+  // update numbers), FailedPrecondition naming a chunk more than a step behind (ps-sync).
   Status ApplyForwarded(const ForwardedStep& forwarded, const std::function<void()>& taken);
 
   // "chunk 3" for the first chunk whose version is below `step`; empty when none is.
@@ -162,8 +176,13 @@ class DenseShard {
   // ps-sync: the held gradients of `step`, summed in rank order and averaged, and no longer
   // held. REQUIRES: chunk->mu held.
   TensorData AverageHeld(int64_t step, Chunk* chunk);
-  // The backup acknowledged (or lost) step `step` of `chunks`: their replies go.
-  void Forwarded(int64_t step, const std::vector<Chunk*>& chunks);
+  // The backup acknowledged (or lost) `updates` (chunk, update): their replies go.
+  void Forwarded(const std::vector<std::pair<Chunk*, int64_t>>& updates);
+  // ApplyForwarded of ps-async and ps-ssp.
+  Status ApplyForwardedPush(const ForwardedStep& forwarded, const std::function<void()>& taken);
+  // Applies the chunk's parked forwards that are next in update order (`all`: every one, in
+  // update order). REQUIRES: chunk->mu held.
+  void ApplyParked(Chunk* chunk, bool all);
   // ps-sync: forgets the stop requests (and joins) of steps long applied. REQUIRES: chunk->mu held.
   static void ForgetOldStops(Chunk* chunk);
   // Applies `grad` as the optimizer's update `update`. REQUIRES: chunk->mu held.

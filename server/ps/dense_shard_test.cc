@@ -373,6 +373,107 @@ TEST_F(DenseShardTest, ABackupAnswersPushesOfAForwardedStepWithItsValues) {
   EXPECT_EQ(b.Values(0), (Floats{-1, -1, -1, -1}));  // 0 - 0.5 * 2
 }
 
+// ps-async with two copies: each push the primary applies goes to the backup with its update
+// number per chunk, and its reply waits until the backup has every update of its chunks up to
+// it. Forwards that overtake one another are parked and applied in the primary's order, so the
+// backup holds bitwise the primary's values and optimizer state; a copy changes nothing.
+TEST_F(DenseShardTest, AsyncForwardsEachPushAndTheBackupAppliesThemInThePrimarysOrder) {
+  PsJobConfig config = Config(PsConsistency::kAsync, 2);
+  config.optimizer = DefaultOptimizerOptions(OptimizerKind::kMomentum);
+  config.optimizer.lr = 0.25f;
+  struct Sent {
+    DenseShard::ForwardedStep update;
+    std::function<void()> done;
+  };
+  std::vector<Sent> sent;
+  auto primary = DenseShard::Create(
+      config, {0, 1, 100}, {Chunk(0, Floats(4, 1)), Chunk(1, Floats(4, 2)), Chunk(2, Floats(2, 3))},
+      metrics_.get(),
+      [&sent](const std::string&, DenseShard::ForwardedStep update, std::function<void()> done) {
+        sent.push_back({std::move(update), std::move(done)});
+      });
+  ASSERT_TRUE(primary.ok()) << primary.status();
+  auto backup = Create(config);
+  const std::string to = "tcp://10.0.0.2:5000";
+  auto push = [&](int rank, int64_t step, std::vector<TensorData> grads) {
+    Captured captured;
+    EXPECT_TRUE(
+        (*primary)->PushPull(rank, step, grads, true, captured.Callback(), false, -1, to).ok());
+    return captured;
+  };
+  Captured a = push(0, 1, {Chunk(0, {0.1f, 0.2f, 0.3f, 0.4f}), Chunk(1, {1, -1, 0.5f, 3})});
+  Captured b = push(1, 1, {Chunk(0, {0.7f, 0.3f, -0.3f, 1e-3f}), Chunk(1, {0.25f, 2, 0, -7})});
+  Captured c = push(0, 2, {Chunk(0, {-2, 1, 1e-4f, 5})});
+  ASSERT_EQ(sent.size(), 3u);
+  EXPECT_EQ(sent[1].update.pushed_by, 1);
+  EXPECT_EQ(sent[1].update.step, 1);
+  EXPECT_EQ(sent[1].update.updates, (std::vector<int64_t>{2, 2}));
+  EXPECT_EQ(sent[2].update.updates, (std::vector<int64_t>{3}));
+  EXPECT_EQ(sent[2].update.gradients.at(0).Read<float>(), (Floats{-2, 1, 1e-4f, 5}));
+  for (const Captured* reply : {&a, &b, &c}) EXPECT_FALSE(reply->came());
+  // Delivered last first: parked (and acknowledged) until the first one comes.
+  const auto initial = backup->Snapshot();
+  int taken = 0;
+  const auto take = [&taken] { ++taken; };
+  ASSERT_TRUE(backup->ApplyForwarded(sent[2].update, take).ok());
+  ASSERT_TRUE(backup->ApplyForwarded(sent[1].update, take).ok());
+  EXPECT_EQ(taken, 2);
+  EXPECT_EQ(backup->Snapshot().at(0).values, initial.at(0).values);
+  ASSERT_TRUE(backup->ApplyForwarded(sent[0].update, take).ok());
+  const auto theirs = (*primary)->Snapshot();
+  for (uint64_t chunk : {0, 1, 2}) {
+    EXPECT_EQ(backup->Snapshot().at(chunk).values, theirs.at(chunk).values) << "chunk " << chunk;
+    EXPECT_EQ(backup->Snapshot().at(chunk).state, theirs.at(chunk).state) << "chunk " << chunk;
+  }
+  // Worker 1's reply needs updates 1 and 2 of chunk 0 acknowledged.
+  sent[1].done();
+  EXPECT_FALSE(b.came());
+  sent[0].done();
+  EXPECT_TRUE(a.came());
+  EXPECT_TRUE(b.came());
+  EXPECT_FALSE(c.came());
+  sent[2].done();
+  ASSERT_TRUE(c.came());
+  EXPECT_EQ(c.Values(0), theirs.at(0).values);
+  // A copy of a forward is acknowledged and changes nothing.
+  ASSERT_TRUE(backup->ApplyForwarded(sent[1].update, take).ok());
+  EXPECT_EQ(taken, 4);
+  EXPECT_EQ(backup->Snapshot().at(0).state, theirs.at(0).state);
+  // Malformed forwards are refused unacknowledged.
+  DenseShard::ForwardedStep bad = sent[0].update;
+  bad.pushed_by = 2;
+  EXPECT_EQ(backup->ApplyForwarded(bad, take).message(),
+            "worker 2's push of step 1, forwarded: the job has workers 0 to 1");
+  bad = sent[0].update;
+  bad.updates = {4};
+  EXPECT_EQ(backup->ApplyForwarded(bad, take).message(),
+            "worker 0's push of step 1, forwarded: 2 chunks and 1 update numbers");
+  EXPECT_EQ(taken, 4);
+}
+
+// After the primary failed, a worker's push at the backup first applies every parked forward
+// (nothing fills their gaps any more), then is applied, or answered as a copy when the backup
+// took it already.
+TEST_F(DenseShardTest, AsyncBackupAppliesParkedForwardsWhenAWorkerAsksIt) {
+  auto backup = Create(Config(PsConsistency::kAsync, 2));
+  DenseShard::ForwardedStep second;  // update 1 (worker 0's push) never came
+  second.step = 1;
+  second.pushed_by = 1;
+  second.gradients = {Chunk(0, {2, 2, 2, 2})};
+  second.updates = {2};
+  ASSERT_TRUE(backup->ApplyForwarded(second, [] {}).ok());
+  EXPECT_EQ(backup->Snapshot().at(0).values, Floats(4, 1));
+  // Worker 1 lost its reply with the primary and asks again: a copy, answered.
+  Captured again = Push(*backup, 1, 1, {Chunk(0, {9, 9, 9, 9})});
+  ASSERT_TRUE(again.came());
+  EXPECT_EQ(again.Values(0), Floats(4, 0));  // 1 - 0.5 * 2: the forwarded gradient only
+  // Worker 0's push, which the primary applied first, comes now: applied once.
+  Captured late = Push(*backup, 0, 1, {Chunk(0, {1, 1, 1, 1})});
+  ASSERT_TRUE(late.came());
+  EXPECT_EQ(late.Values(0), Floats(4, -0.5f));
+  EXPECT_EQ(Push(*backup, 0, 1, {Chunk(0, {1, 1, 1, 1})}).Values(0), Floats(4, -0.5f));
+}
+
 TEST_F(DenseShardTest, AsyncIgnoresStopRequests) {
   auto shard = Create(Config(PsConsistency::kAsync, 2));
   Captured pushed = Push(*shard, 1, 1, {Chunk(1, Floats(4, 2))}, /*stop=*/true);

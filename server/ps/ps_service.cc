@@ -311,7 +311,8 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
                                       ": only a range's primary server forwards steps"));
     }
     DenseShard::ForwardedStep forwarded{request.header.step, body->tensors, body->dropped_by,
-                                        body->stopped_by, body->joining};
+                                        body->stopped_by,    body->joining, body->pushed_by,
+                                        body->updates};
     Status applied =
         job.dense->ApplyForwarded(forwarded, [&] { endpoint_->Reply(request, Ack{}); });
     if (!applied.ok()) {

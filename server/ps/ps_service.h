@@ -35,13 +35,15 @@
 // checkpoint file). A backup's push (`ack_only`) is applied like any other and answered
 // without the values.
 //
-// Forwarded steps (ps-sync, --replicas 2): the workers push to each range's primary only,
-// naming its backup (`forward_to`); the primary sends each step it applies there
-// (StepForwarder, `forwarded`: the averaged gradients and the step's notes), and the step's
-// replies go once the backup applied it, which costs the backup one gradient per step instead
-// of one per worker. A primary that fails leaves the backup at its last step or the one before;
-// the workers push that step again to the backup, which applies it from their pushes or, when
-// it took the step already, answers them with its values (ConsistencyPolicy::kApplied).
+// Forwarded updates (--replicas 2): the workers push to each range's primary only, naming its
+// backup (`forward_to`); the primary sends each update it applies there (StepForwarder,
+// `forwarded`), and the replies with its values go once the backup has it. In ps-sync an
+// update is a step (the averaged gradients and the step's notes), which costs the backup one
+// gradient per step instead of one per worker; in ps-async and ps-ssp it is a push, with its
+// update numbers on the primary, which the backup applies in that order: both copies apply
+// the same updates in the same order. A primary that fails leaves the backup at its last
+// update or before it; the workers push again what was not answered to the backup, which
+// applies it or, when it took it already, answers with its values (ConsistencyPolicy::kApplied).
 //
 // The service is thin: it reads the requests, hands them to the job's parts on its work queue
 // (work_queue.h) and answers. The parts: DenseShard (dense_shard.h) and SparseTables

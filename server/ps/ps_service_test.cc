@@ -177,6 +177,64 @@ TEST_F(PsServiceTest, ABackupThatRefusesAForwardedStepStopsTheRange) {
   EXPECT_NE(refused.message().find("forwarded step 2 of chunk"), std::string::npos) << refused;
 }
 
+// ps-async and ps-ssp with two copies: two workers push concurrently to the primary, which
+// forwards each push with its update numbers; the backup's acknowledgements are dropped (the
+// forwards come again: copies) or duplicated at random, and still both copies end bitwise
+// equal: the same updates in the same order, each once.
+class PsServiceForwardTest : public PsServiceTest {
+ protected:
+  void PushConcurrentlyAndCompareTheCopies(PsConsistency consistency) {
+    Fleet fleet;
+    fleet.with_primary = true;
+    FaultOptions faults;
+    faults.seed = 3;
+    faults.drop_probability = 0.05;
+    faults.duplicate_probability = 0.05;
+    fleet.server_faults = faults;
+    ASSERT_NO_FATAL_FAILURE(Start(fleet));
+    PsJobConfig config = TestConfig(consistency, 2);
+    config.staleness = 1;
+    config.optimizer = DefaultOptimizerOptions(OptimizerKind::kMomentum);
+    config.optimizer.lr = 0.1f;
+    const ByKey values = InitialValues(config, /*range=*/0);
+    ASSERT_GE(values.size(), 2u);
+    ASSERT_TRUE(InitPrimary(config, values).ok());
+    ASSERT_TRUE(Init(config, values, /*range=*/0).ok());
+    constexpr int64_t kSteps = 30;
+    auto run = [&](int worker) {
+      std::mt19937 random(static_cast<unsigned>(11 + worker));
+      for (int64_t step = 1; step <= kSteps; ++step) {
+        const StatusOr<Envelope>& reply =
+            PushToPrimary(worker, step, RandomGrads(random, values), server_->address()).get();
+        ASSERT_TRUE(reply.ok()) << "worker " << worker << " step " << step << ": "
+                                << reply.status();
+      }
+    };
+    std::thread other(run, 1);
+    run(0);
+    other.join();
+    PsPushPullRequest pull{{}, false, kTestToken, {}};
+    pull.range = 0;
+    for (const auto& [key, v] : values) {
+      pull.tensors.push_back(TensorData{"chunk", key, DataType::kFloat32, {}, Payload()});
+    }
+    const ByKey primary = ValuesOf(SendToPrimary(0, pull, 1, "pull of the primary's copy"));
+    const ByKey backup = ValuesOf(Send(0, pull, 1, "pull of the backup's copy"));
+    ASSERT_EQ(primary.size(), values.size());
+    EXPECT_EQ(backup, primary);
+    EXPECT_NE(primary, values);
+    EXPECT_EQ(DenseUpdates(), static_cast<double>(2 * kSteps * values.size()));
+  }
+};
+
+TEST_F(PsServiceForwardTest, AsyncCopiesStayBitwiseEqualUnderConcurrentPushes) {
+  PushConcurrentlyAndCompareTheCopies(PsConsistency::kAsync);
+}
+
+TEST_F(PsServiceForwardTest, SspCopiesStayBitwiseEqualUnderConcurrentPushes) {
+  PushConcurrentlyAndCompareTheCopies(PsConsistency::kSsp);
+}
+
 // A range copied to a server that joined in a failed one's place: the copy of a step (no file,
 // answered at every asking) starts the range's job at that step on the init that carries it,
 // whatever initial values the init carries too; a copy that does not fit is refused naming it.

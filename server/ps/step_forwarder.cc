@@ -35,10 +35,12 @@ bool StepForwarder::IsLost(const std::string& address) {
 void StepForwarder::Forward(const std::string& to, int range, uint64_t job_token,
                             DenseShard::ForwardedStep forwarded, Done done) {
   const int64_t step = forwarded.step;
-  std::string what = "step " + std::to_string(step) + " of range " + std::to_string(range) +
-                     " (" + std::to_string(forwarded.gradients.size()) +
-                     " chunks) forwarded by server " + std::to_string(options_.server_rank) +
-                     " to its backup at " + to;
+  std::string what = (forwarded.pushed_by >= 0
+                          ? "worker " + std::to_string(forwarded.pushed_by) + "'s push of step "
+                          : std::string("step ")) +
+                     std::to_string(step) + " of range " + std::to_string(range) + " (" +
+                     std::to_string(forwarded.gradients.size()) + " chunks) forwarded by server " +
+                     std::to_string(options_.server_rank) + " to its backup at " + to;
   if (IsLost(to)) {
     // The range lives here alone now: done, on the thread like every other step.
     std::promise<StatusOr<Envelope>> gone;
@@ -57,6 +59,8 @@ void StepForwarder::Forward(const std::string& to, int range, uint64_t job_token
   request.dropped_by = forwarded.dropped_by;
   request.stopped_by = forwarded.stopped_by;
   request.joining = forwarded.joining;
+  request.pushed_by = forwarded.pushed_by;
+  request.updates = std::move(forwarded.updates);
   Pending pending{to, what, {}, std::move(done)};
   pending.reply = endpoint_->CallAsync(to, std::move(request), step,
                                        Deadline::AfterMillis(options_.timeout_ms), what,

@@ -68,7 +68,7 @@ StatusOr<std::unique_ptr<PsEngine>> PsEngine::Create(const PsEngineOptions& opti
                                 std::to_string(view.num_servers) + " servers");
   }
   engine->replicas_ = view.replicas;
-  engine->forwarding_ = view.replicas == 2 && options.consistency == PsConsistency::kSync;
+  engine->forwarding_ = view.replicas == 2;
   engine->lost_.assign(static_cast<size_t>(view.num_servers), false);
   namespace names = metric_names;
   ASSIGN_OR_RETURN(HistogramFamily * latency,
@@ -628,7 +628,7 @@ std::pair<PsEngine::Reply, std::string> PsEngine::SendChunks(int64_t step,
                      (replicas_ == 1 ? "server " : "range ") + std::to_string(server);
   if (forwarding_) {
     // The range's primary alone; asked again of the next one as it is (Send), since the
-    // backup has the step only if the primary applied and forwarded it.
+    // backup has the update only if the primary applied and forwarded it.
     Reply reply = Send(server, std::move(request), step, what, Fanout::kPrimary);
     return {std::move(reply), std::move(what)};
   }

@@ -20,18 +20,19 @@
 //
 // Replicated ranges (FleetView::replicas R > 1, the coordinator's --replicas): key range r (the
 // chunks and embedding rows server r holds with R = 1) lives on servers r, r + 1, ...,
-// r + R - 1 (mod S), its primary the first live one. In ps-sync with R = 2 a dense push goes to
-// the primary alone, naming the live backup (PsPushPullRequest::forward_to): the primary
-// forwards each step it applies there and answers once the backup has it
-// (server/ps/ps_service.h, "Forwarded steps"). Otherwise every request for a range goes to
+// r + R - 1 (mod S), its primary the first live one. With R = 2 a dense push goes to the
+// primary alone, naming the live backup (PsPushPullRequest::forward_to): the primary forwards
+// each update it applies there (ps-sync: each step) and answers once the backup has it
+// (server/ps/ps_service.h, "Forwarded updates"). Otherwise every request for a range goes to
 // each live replica: gradients and row pushes to all (every replica applies the same sums in
 // the same order, so all hold bitwise the same values and optimizer state), the values from
 // the primary (the others answer with an ack). Row pulls and checkpoint writes go to the
 // primary only. A step completes when every live replica has it, so an acknowledged update is
 // on every live replica. When a server fails (ServerLost, from the coordinator's notice) its
 // pending calls fail, its ranges' next replicas become their primaries, and what only it was
-// to answer is asked again of them: a forwarded push as it is (the new primary took the step
-// already, and answers it with its values, or applies it once every worker asked again), else
+// to answer is asked again of them: a forwarded push as it is (the new primary took it
+// already, and answers it with its values, or applies it: in ps-sync once every worker asked
+// again), else
 // the values of a push as a pull, a row pull, a checkpoint write; nothing is applied twice.
 // Shared memory is not used (each region is one server's).
 //
@@ -236,8 +237,8 @@ class PsEngine final : public TrainingEngine {
   // the other threads (ServerLost); the training thread, which alone writes it, reads it free.
   std::vector<std::string> server_addresses_;
   int replicas_ = 1;
-  // ps-sync with two copies of each range: dense pushes go to the primary, which forwards
-  // each step to the backup (see above).
+  // Two copies of each range: dense pushes go to the primary, which forwards each update to
+  // the backup (see above).
   bool forwarding_ = false;
   mutable std::mutex lost_mu_;
   std::vector<bool> lost_;  // by server: failed (ServerLost); guarded by lost_mu_
