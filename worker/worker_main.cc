@@ -128,7 +128,8 @@ void AddWorkerFlags(CLI::App* app, WorkerFlags* flags) {
       ->capture_default_str();
   ps->add_option("--bench-ps-mode", flags->bench_ps_mode,
                  "--mode bench-ps: the mode its steps use (ps-async: each worker's own "
-                 "push+pull throughput; ps-sync: the workers' steps in lockstep, as in training)")
+                 "push+pull throughput; ps-sync: the workers' steps in lockstep, as in training; "
+                 "ps-ssp: with --bench-iters only)")
       ->check(CLI::Validator(
           [](std::string& mode) -> std::string {
             StatusOr<PsConsistency> parsed = ParsePsMode(mode);

@@ -345,9 +345,12 @@ void Report(const PsBenchOptions& o, const Results& r) {
   if (o.replicas > 1) {
     std::cout << "; R=" << o.replicas << " = tessera's sockets with --replicas " << o.replicas
               << " in " << o.replica_mode
-              << (o.replica_mode == "ps-sync" && o.replicas == 2
-                      ? " (each push to its range's primary, which forwards each step to the "
-                        "backup)"
+              << (o.replicas == 2
+                      ? (o.replica_mode == "ps-sync"
+                             ? " (each push to its range's primary, which forwards each step to "
+                               "the backup)"
+                             : " (each push to its range's primary, which forwards it to the "
+                               "backup)")
                       : " (every push to each copy of its key range, the values from one)")
               << " beside R=1, one copy in the same mode (GB/s: the first pair's runs), time x = "
                  "its push+pull time over one copy's, the median of "
@@ -524,10 +527,11 @@ BenchCommand AddPsBench(CLI::App* parent) {
       ->check(CLI::Range(1, 100))
       ->capture_default_str();
   app->add_option("--replica-mode", o->replica_mode,
-                  "With --replicas: the mode of both runs of each pair (ps-sync: with two "
-                  "copies the range's primary forwards each step to its backup; ps-async: every "
-                  "push goes to each copy)")
-      ->check(CLI::IsMember({"ps-sync", "ps-async", "ps-ssp"}))
+                  "With --replicas: the mode of both runs of each pair (with two copies the "
+                  "range's primary forwards each update to its backup: ps-sync each step, "
+                  "ps-async each push). Not ps-ssp: its workers, each timing its own number of "
+                  "steps, would wait for one that stopped; its copies are kept as ps-async's")
+      ->check(CLI::IsMember({"ps-sync", "ps-async"}))
       ->capture_default_str();
   app->add_flag("--no-zmq", o->no_zmq, "Skip the raw ZeroMQ limit");
   app->add_flag("--no-python", o->no_python, "Skip the Python path and the MLP");

@@ -110,5 +110,27 @@ TEST(PsBenchTest, ReplicasComeInPairsOfRuns) {
   }
 }
 
+// ps-ssp's workers do not agree when to stop: timing their own numbers of steps, the first to
+// stop would hold the others' pushes forever. Refused at once without a fixed count.
+TEST(PsBenchTest, PsSspNeedsAFixedStepCount) {
+  StatusOr<std::string> launch = FindRunfile("tools/tessera-launch");
+  ASSERT_TRUE(launch.ok()) << launch.status();
+  StatusOr<ChildOutput> refused = RunToCompletion(
+      "ps-ssp bench", {*launch, "--servers", "1", "--workers", "2", "--mode", "bench-ps",
+                       "--log-level", "warning", "--", "--bench-sizes=65536",
+                       "--bench-ps-mode=ps-ssp"},
+      120'000);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("--bench-ps-mode=ps-ssp needs --bench-iters N"),
+            std::string::npos)
+      << refused.status();
+  StatusOr<ChildOutput> counted = RunToCompletion(
+      "ps-ssp bench", {*launch, "--servers", "1", "--workers", "2", "--mode", "bench-ps", "--",
+                       "--bench-sizes=65536", "--bench-ps-mode=ps-ssp", "--bench-warmup=1",
+                       "--bench-iters=5"},
+      120'000);
+  ASSERT_TRUE(counted.ok()) << counted.status();
+}
+
 }  // namespace
 }  // namespace tessera::tools

@@ -38,6 +38,13 @@ StatusOr<nlohmann::json> RunSize(RpcEndpoint* endpoint, RendezvousClient& client
   // --bench-iters they agree when to stop as training does (a step's pushes say whether their
   // worker has had --bench-seconds, and every reply of it answers alike; AgreeToStop).
   const bool agree = options.consistency == PsConsistency::kSync && options.flags.iters == 0;
+  // ps-ssp has no agreement: a worker that timed its own number of steps and stopped would
+  // hold the others' pushes more than --staleness ahead of it forever.
+  if (options.consistency == PsConsistency::kSsp && options.flags.iters == 0) {
+    return InvalidArgumentError(
+        "--bench-ps-mode=ps-ssp needs --bench-iters N: each worker would time its own number "
+        "of steps, and the slowest one's stop would hold the others' pushes forever");
+  }
   std::optional<Clock::time_point> timed_start;  // set once the timed steps begin
   std::vector<double> times;
   PsEngineOptions engine_options;
