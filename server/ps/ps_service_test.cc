@@ -204,8 +204,9 @@ class PsServiceForwardTest : public PsServiceTest {
     auto run = [&](int worker) {
       std::mt19937 random(static_cast<unsigned>(11 + worker));
       for (int64_t step = 1; step <= kSteps; ++step) {
-        const StatusOr<Envelope>& reply =
-            PushToPrimary(worker, step, RandomGrads(random, values), server_->address()).get();
+        const Reply pushed =
+            PushToPrimary(worker, step, RandomGrads(random, values), server_->address());
+        const StatusOr<Envelope>& reply = pushed.get();
         ASSERT_TRUE(reply.ok()) << "worker " << worker << " step " << step << ": "
                                 << reply.status();
       }
