@@ -30,6 +30,17 @@ PsJobConfig Config(PsConsistency consistency, int num_workers) {
   return config;
 }
 
+// The address a primary is told its backup has.
+constexpr char kBackup[] = "tcp://10.0.0.2:5000";
+
+// As Config, with momentum (lr 0.25): optimizer state that a copy must match too.
+PsJobConfig MomentumConfig(PsConsistency consistency, int num_workers) {
+  PsJobConfig config = Config(consistency, num_workers);
+  config.optimizer = DefaultOptimizerOptions(OptimizerKind::kMomentum);
+  config.optimizer.lr = 0.25f;
+  return config;
+}
+
 TensorData Chunk(uint64_t key, Floats values) { return TensorData::Floats("chunk", key, values); }
 TensorData Ask(uint64_t key) { return TensorData{"chunk", key, DataType::kFloat32, {}, Payload()}; }
 
@@ -65,6 +76,24 @@ class DenseShardTest : public ::testing::Test {
     return shard.ok() ? std::move(shard).value() : nullptr;
   }
 
+  // What a primary's Forwarder was given.
+  struct Sent {
+    std::string to;
+    DenseShard::ForwardedStep step;
+    std::function<void()> done;
+  };
+  // As Create, forwarding into sent_ (a range's primary, --replicas 2).
+  std::unique_ptr<DenseShard> CreatePrimary(const PsJobConfig& config) {
+    auto shard = DenseShard::Create(
+        config, {0, 1, 100},
+        {Chunk(0, Floats(4, 1)), Chunk(1, Floats(4, 2)), Chunk(2, Floats(2, 3))}, metrics_.get(),
+        [this](const std::string& to, DenseShard::ForwardedStep step, std::function<void()> done) {
+          sent_.push_back({to, std::move(step), std::move(done)});
+        });
+    EXPECT_TRUE(shard.ok()) << shard.status();
+    return shard.ok() ? std::move(shard).value() : nullptr;
+  }
+
   Captured Push(DenseShard& shard, int rank, int64_t step, std::vector<TensorData> grads,
                 bool stop = false, int join = -1) {
     Captured captured;
@@ -75,6 +104,7 @@ class DenseShardTest : public ::testing::Test {
 
   MetricsRegistry registry_;
   std::unique_ptr<PsMetrics> metrics_;
+  std::vector<Sent> sent_;
 };
 
 TEST_F(DenseShardTest, CreateNeedsExactlyTheChunksOfThisServer) {
@@ -246,40 +276,27 @@ TEST_F(DenseShardTest, SyncRepliesOfAStepNameTheLowestServerSaidToJoinInIt) {
 // holds bitwise the primary's values and optimizer state, takes a copy of a step once, and
 // refuses a step it cannot apply yet. Pushes naming no backup are answered at once.
 TEST_F(DenseShardTest, SyncForwardsEachAppliedStepAndItsRepliesWaitForTheBackup) {
-  PsJobConfig config = Config(PsConsistency::kSync, 2);
-  config.optimizer = DefaultOptimizerOptions(OptimizerKind::kMomentum);
-  config.optimizer.lr = 0.25f;
-  struct Sent {
-    std::string to;
-    DenseShard::ForwardedStep step;
-    std::function<void()> done;
-  };
-  std::vector<Sent> sent;
-  auto primary = DenseShard::Create(
-      config, {0, 1, 100}, {Chunk(0, Floats(4, 1)), Chunk(1, Floats(4, 2)), Chunk(2, Floats(2, 3))},
-      metrics_.get(),
-      [&sent](const std::string& to, DenseShard::ForwardedStep step, std::function<void()> done) {
-        sent.push_back({to, std::move(step), std::move(done)});
-      });
-  ASSERT_TRUE(primary.ok()) << primary.status();
+  const PsJobConfig config = MomentumConfig(PsConsistency::kSync, 2);
+  auto primary = CreatePrimary(config);
+  ASSERT_NE(primary, nullptr);
   auto backup = Create(config);
-  const std::string to = "tcp://10.0.0.2:5000";
   const std::vector<TensorData> grads0 = {Chunk(0, {0.1f, 0.2f, 0.3f, 0.4f}),
                                           Chunk(1, {1, -1, 0.5f, 3})};
   const std::vector<TensorData> grads1 = {Chunk(0, {0.7f, 0.3f, -0.3f, 1e-3f}),
                                           Chunk(1, {0.25f, 2, 0, -7})};
   for (int64_t step = 1; step <= 2; ++step) {
     Captured first, last, pull;
-    ASSERT_TRUE((*primary)->PushPull(0, step, grads0, true, first.Callback(), false, -1, to).ok());
-    ASSERT_TRUE((*primary)
+    ASSERT_TRUE(
+        primary->PushPull(0, step, grads0, true, first.Callback(), false, -1, kBackup).ok());
+    ASSERT_TRUE(primary
                     ->PushPull(1, step, grads1, true, last.Callback(), /*stop=*/step == 2,
-                               /*join=*/-1, to)
+                               /*join=*/-1, kBackup)
                     .ok());
-    ASSERT_TRUE((*primary)->PushPull(0, step + 1, {Ask(0)}, false, pull.Callback()).ok());
+    ASSERT_TRUE(primary->PushPull(0, step + 1, {Ask(0)}, false, pull.Callback()).ok());
     // One forward for the chunks the last push completed, the primary's step applied.
-    ASSERT_EQ(sent.size(), static_cast<size_t>(step));
-    const Sent& forwarded = sent.back();
-    EXPECT_EQ(forwarded.to, to);
+    ASSERT_EQ(sent_.size(), static_cast<size_t>(step));
+    const Sent& forwarded = sent_.back();
+    EXPECT_EQ(forwarded.to, kBackup);
     EXPECT_EQ(forwarded.step.step, step);
     ASSERT_EQ(forwarded.step.gradients.size(), 2u);
     EXPECT_EQ(forwarded.step.gradients[0].key, 0u);
@@ -300,7 +317,7 @@ TEST_F(DenseShardTest, SyncForwardsEachAppliedStepAndItsRepliesWaitForTheBackup)
     ASSERT_TRUE(last.came());
     ASSERT_TRUE(pull.came());
     EXPECT_EQ((*first.reply)->stopped_by, step == 2 ? 1 : -1);
-    const auto theirs = (*primary)->Snapshot();
+    const auto theirs = primary->Snapshot();
     const auto ours = backup->Snapshot();
     for (uint64_t c : {0, 1, 2}) {
       EXPECT_EQ(ours.at(c).values, theirs.at(c).values) << "chunk " << c << " after step " << step;
@@ -313,10 +330,10 @@ TEST_F(DenseShardTest, SyncForwardsEachAppliedStepAndItsRepliesWaitForTheBackup)
   int taken = 0;
   const auto take = [&taken] { ++taken; };
   const auto before = backup->Snapshot();
-  ASSERT_TRUE(backup->ApplyForwarded(sent.back().step, take).ok());
+  ASSERT_TRUE(backup->ApplyForwarded(sent_.back().step, take).ok());
   EXPECT_EQ(taken, 1);
   EXPECT_EQ(backup->Snapshot().at(0).values, before.at(0).values);
-  DenseShard::ForwardedStep ahead = sent.back().step;
+  DenseShard::ForwardedStep ahead = sent_.back().step;
   ahead.step = 4;
   const Status refused = backup->ApplyForwarded(ahead, take);
   EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition);
@@ -332,11 +349,11 @@ TEST_F(DenseShardTest, SyncForwardsEachAppliedStepAndItsRepliesWaitForTheBackup)
   EXPECT_EQ(taken, 1);
   // Without a backup named, the step's replies go at once and nothing is forwarded.
   Captured first, last;
-  ASSERT_TRUE((*primary)->PushPull(0, 3, grads0, true, first.Callback()).ok());
-  ASSERT_TRUE((*primary)->PushPull(1, 3, grads1, true, last.Callback()).ok());
+  ASSERT_TRUE(primary->PushPull(0, 3, grads0, true, first.Callback()).ok());
+  ASSERT_TRUE(primary->PushPull(1, 3, grads1, true, last.Callback()).ok());
   EXPECT_TRUE(first.came());
   EXPECT_TRUE(last.came());
-  EXPECT_EQ(sent.size(), 2u);
+  EXPECT_EQ(sent_.size(), 2u);
 }
 
 // After the primary failed, the workers push its step again to the backup: one that took the
@@ -378,73 +395,60 @@ TEST_F(DenseShardTest, ABackupAnswersPushesOfAForwardedStepWithItsValues) {
 // it. Forwards that overtake one another are parked and applied in the primary's order, so the
 // backup holds bitwise the primary's values and optimizer state; a copy changes nothing.
 TEST_F(DenseShardTest, AsyncForwardsEachPushAndTheBackupAppliesThemInThePrimarysOrder) {
-  PsJobConfig config = Config(PsConsistency::kAsync, 2);
-  config.optimizer = DefaultOptimizerOptions(OptimizerKind::kMomentum);
-  config.optimizer.lr = 0.25f;
-  struct Sent {
-    DenseShard::ForwardedStep update;
-    std::function<void()> done;
-  };
-  std::vector<Sent> sent;
-  auto primary = DenseShard::Create(
-      config, {0, 1, 100}, {Chunk(0, Floats(4, 1)), Chunk(1, Floats(4, 2)), Chunk(2, Floats(2, 3))},
-      metrics_.get(),
-      [&sent](const std::string&, DenseShard::ForwardedStep update, std::function<void()> done) {
-        sent.push_back({std::move(update), std::move(done)});
-      });
-  ASSERT_TRUE(primary.ok()) << primary.status();
+  const PsJobConfig config = MomentumConfig(PsConsistency::kAsync, 2);
+  auto primary = CreatePrimary(config);
+  ASSERT_NE(primary, nullptr);
   auto backup = Create(config);
-  const std::string to = "tcp://10.0.0.2:5000";
   auto push = [&](int rank, int64_t step, std::vector<TensorData> grads) {
     Captured captured;
     EXPECT_TRUE(
-        (*primary)->PushPull(rank, step, grads, true, captured.Callback(), false, -1, to).ok());
+        primary->PushPull(rank, step, grads, true, captured.Callback(), false, -1, kBackup).ok());
     return captured;
   };
   Captured a = push(0, 1, {Chunk(0, {0.1f, 0.2f, 0.3f, 0.4f}), Chunk(1, {1, -1, 0.5f, 3})});
   Captured b = push(1, 1, {Chunk(0, {0.7f, 0.3f, -0.3f, 1e-3f}), Chunk(1, {0.25f, 2, 0, -7})});
   Captured c = push(0, 2, {Chunk(0, {-2, 1, 1e-4f, 5})});
-  ASSERT_EQ(sent.size(), 3u);
-  EXPECT_EQ(sent[1].update.pushed_by, 1);
-  EXPECT_EQ(sent[1].update.step, 1);
-  EXPECT_EQ(sent[1].update.updates, (std::vector<int64_t>{2, 2}));
-  EXPECT_EQ(sent[2].update.updates, (std::vector<int64_t>{3}));
-  EXPECT_EQ(sent[2].update.gradients.at(0).Read<float>(), (Floats{-2, 1, 1e-4f, 5}));
+  ASSERT_EQ(sent_.size(), 3u);
+  EXPECT_EQ(sent_[1].step.pushed_by, 1);
+  EXPECT_EQ(sent_[1].step.step, 1);
+  EXPECT_EQ(sent_[1].step.updates, (std::vector<int64_t>{2, 2}));
+  EXPECT_EQ(sent_[2].step.updates, (std::vector<int64_t>{3}));
+  EXPECT_EQ(sent_[2].step.gradients.at(0).Read<float>(), (Floats{-2, 1, 1e-4f, 5}));
   for (const Captured* reply : {&a, &b, &c}) EXPECT_FALSE(reply->came());
   // Delivered last first: parked (and acknowledged) until the first one comes.
   const auto initial = backup->Snapshot();
   int taken = 0;
   const auto take = [&taken] { ++taken; };
-  ASSERT_TRUE(backup->ApplyForwarded(sent[2].update, take).ok());
-  ASSERT_TRUE(backup->ApplyForwarded(sent[1].update, take).ok());
+  ASSERT_TRUE(backup->ApplyForwarded(sent_[2].step, take).ok());
+  ASSERT_TRUE(backup->ApplyForwarded(sent_[1].step, take).ok());
   EXPECT_EQ(taken, 2);
   EXPECT_EQ(backup->Snapshot().at(0).values, initial.at(0).values);
-  ASSERT_TRUE(backup->ApplyForwarded(sent[0].update, take).ok());
-  const auto theirs = (*primary)->Snapshot();
+  ASSERT_TRUE(backup->ApplyForwarded(sent_[0].step, take).ok());
+  const auto theirs = primary->Snapshot();
   for (uint64_t chunk : {0, 1, 2}) {
     EXPECT_EQ(backup->Snapshot().at(chunk).values, theirs.at(chunk).values) << "chunk " << chunk;
     EXPECT_EQ(backup->Snapshot().at(chunk).state, theirs.at(chunk).state) << "chunk " << chunk;
   }
   // Worker 1's reply needs updates 1 and 2 of chunk 0 acknowledged.
-  sent[1].done();
+  sent_[1].done();
   EXPECT_FALSE(b.came());
-  sent[0].done();
+  sent_[0].done();
   EXPECT_TRUE(a.came());
   EXPECT_TRUE(b.came());
   EXPECT_FALSE(c.came());
-  sent[2].done();
+  sent_[2].done();
   ASSERT_TRUE(c.came());
   EXPECT_EQ(c.Values(0), theirs.at(0).values);
   // A copy of a forward is acknowledged and changes nothing.
-  ASSERT_TRUE(backup->ApplyForwarded(sent[1].update, take).ok());
+  ASSERT_TRUE(backup->ApplyForwarded(sent_[1].step, take).ok());
   EXPECT_EQ(taken, 4);
   EXPECT_EQ(backup->Snapshot().at(0).state, theirs.at(0).state);
   // Malformed forwards are refused unacknowledged.
-  DenseShard::ForwardedStep bad = sent[0].update;
+  DenseShard::ForwardedStep bad = sent_[0].step;
   bad.pushed_by = 2;
   EXPECT_EQ(backup->ApplyForwarded(bad, take).message(),
             "worker 2's push of step 1, forwarded: the job has workers 0 to 1");
-  bad = sent[0].update;
+  bad = sent_[0].step;
   bad.updates = {4};
   EXPECT_EQ(backup->ApplyForwarded(bad, take).message(),
             "worker 0's push of step 1, forwarded: 2 chunks and 1 update numbers");
