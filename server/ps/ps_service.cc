@@ -92,9 +92,18 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
 
  private:
   void Post(Envelope request) {
-    queue_.Post([self = shared_from_this(), request = std::move(request)] {
+    // A forwarded update holds the primary's replies until this server acknowledges it: it
+    // goes before the workers' requests queued here.
+    const auto* push_pull = request.As<PsPushPullRequest>();
+    const bool urgent = push_pull != nullptr && push_pull->forwarded;
+    auto serve = [self = shared_from_this(), request = std::move(request)] {
       self->Serve(request);
-    });
+    };
+    if (urgent) {
+      queue_.PostUrgent(std::move(serve));
+    } else {
+      queue_.Post(std::move(serve));
+    }
   }
 
   Status WithServer(const Status& status) const {

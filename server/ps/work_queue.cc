@@ -20,14 +20,24 @@ void WorkQueue::Post(std::function<void()> work) {
   cv_.notify_one();
 }
 
+void WorkQueue::PostUrgent(std::function<void()> work) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    urgent_.push_back(std::move(work));
+  }
+  cv_.notify_one();
+}
+
 void WorkQueue::Stop() {
   std::vector<std::thread> threads;
-  std::deque<std::function<void()>> dropped;
+  std::deque<std::function<void()>> dropped, dropped_urgent;
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
     threads.swap(threads_);
     dropped.swap(queue_);
+    dropped_urgent.swap(urgent_);
   }
   cv_.notify_all();
   for (std::thread& thread : threads) thread.join();
@@ -39,10 +49,11 @@ void WorkQueue::Loop() {
     std::function<void()> work;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      cv_.wait(lock, [this] { return stopping_ || !urgent_.empty() || !queue_.empty(); });
       if (stopping_) return;
-      work = std::move(queue_.front());
-      queue_.pop_front();
+      std::deque<std::function<void()>>& from = urgent_.empty() ? queue_ : urgent_;
+      work = std::move(from.front());
+      from.pop_front();
     }
     work();
   }
