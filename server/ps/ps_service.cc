@@ -267,7 +267,7 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
       std::lock_guard<std::mutex> lock(job.diverged_mu);
       if (!job.diverged.ok()) {
         return FailedPreconditionError(
-            RangeName(job.range) + "'s backup lost a step, so its two copies may differ and the "
+            RangeName(job.range) + "'s backup lost an update, so its two copies may differ and the "
             "range cannot survive this server's death; stopping the job (" +
             job.diverged.message() + ")");
       }

@@ -171,7 +171,7 @@ TEST_F(PsServiceTest, ABackupThatRefusesAForwardedStepStopsTheRange) {
   ASSERT_TRUE(second.get().ok()) << second.get().status();  // the primary's values, as they were
   const Status refused = push(3, server_->address()).get().status();
   EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition) << refused;
-  EXPECT_NE(refused.message().find("range 0's backup lost a step, so its two copies may differ"),
+  EXPECT_NE(refused.message().find("range 0's backup lost an update, so its two copies may differ"),
             std::string::npos)
       << refused;
   EXPECT_NE(refused.message().find("forwarded step 2 of chunk"), std::string::npos) << refused;

@@ -1,6 +1,6 @@
-// StepForwarder: sends the ps-sync steps a range's primary applied to the range's backup
-// (DenseShard::Forwarder, --replicas 2) and says when each one is done: applied there, or the
-// backup is gone, so the step's replies may go.
+// StepForwarder: sends the updates a range's primary applied (ps-sync: its steps; ps-async and
+// ps-ssp: its pushes) to the range's backup (DenseShard::Forwarder, --replicas 2) and says when
+// each one is done: held there, or the backup is gone, so the replies waiting for it may go.
 //
 //   StepForwarder forwarder(endpoint, StepForwarderOptions{});
 //   forwarder.Forward(backup_address, /*range=*/0, job_token, std::move(step),
