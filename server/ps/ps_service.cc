@@ -403,6 +403,7 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
     const double bytes = DenseBytes(*job);
     double all_bytes = 0;  // of every range this server holds
     std::vector<Envelope> early;
+    std::vector<Parked> expired;
     {
       std::lock_guard<std::mutex> lock(job_mu_);
       auto held = jobs_.find(*range);
@@ -423,8 +424,20 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
       jobs_[*range] = job;
       for (const auto& [held_range, held_job] : jobs_) all_bytes += DenseBytes(*held_job);
       metrics_->SetKeyRanges(static_cast<int>(jobs_.size()));
-      early.swap(before_init_);
+      // The parked requests this init serves go now; the others wait on, as long as the limit.
+      expired = TakeExpired();
+      std::vector<Parked> waiting;
+      for (Parked& parked : before_init_) {
+        StatusOr<int> parked_range = RangeOf(parked.request);
+        if (parked_range.ok() && JobFor(parked.request, *parked_range) != nullptr) {
+          early.push_back(std::move(parked.request));
+        } else {
+          waiting.push_back(std::move(parked));
+        }
+      }
+      before_init_.swap(waiting);
     }
+    AnswerExpired(expired);
     metrics_->NewJob(all_bytes, all_bytes * static_cast<double>(job->dense->state_per_element()));
     TLOG(INFO) << PsModeName(config->consistency) << " job for " << config->num_workers
                << " workers" << RangeSuffix(*range) << ": " << job->dense->chunks().size()
@@ -478,19 +491,70 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
     return it == jobs_.end() ? nullptr : it->second;
   }
 
+  // A request waiting for its job's init, since when.
+  struct Parked {
+    SteadyClock::time_point since;
+    Envelope request;
+  };
+
   // A request before its job exists waits for the job's init of its range (other workers
   // start as fast as rank 0; a push-pull names its job, so one of the next job waits while
   // the servers still hold the previous one). Returns null after parking it.
   std::shared_ptr<Job> JobOrPark(const Envelope& request, int range) {
-    const PsPushPullRequest* push_pull = request.As<PsPushPullRequest>();
-    std::lock_guard<std::mutex> lock(job_mu_);
-    auto it = jobs_.find(range);
-    if (it == jobs_.end() ||
-        (push_pull != nullptr && push_pull->job_token != it->second->token)) {
-      before_init_.push_back(request);
-      return nullptr;
+    std::vector<Parked> expired;
+    {
+      std::lock_guard<std::mutex> lock(job_mu_);
+      std::shared_ptr<Job> job = JobFor(request, range);
+      if (job != nullptr) return job;
+      expired = TakeExpired();
+      before_init_.push_back(Parked{SteadyClock::now(), request});
     }
+    AnswerExpired(expired);
+    return nullptr;
+  }
+
+  // The job `request` (of range `range`) is for, or null when it has not been initialised
+  // here (a push-pull names its job by token). REQUIRES: job_mu_ held.
+  std::shared_ptr<Job> JobFor(const Envelope& request, int range) const {
+    auto it = jobs_.find(range);
+    if (it == jobs_.end()) return nullptr;
+    const PsPushPullRequest* push_pull = request.As<PsPushPullRequest>();
+    if (push_pull != nullptr && push_pull->job_token != it->second->token) return nullptr;
     return it->second;
+  }
+
+  // The parked requests that waited longer than the limit, no longer parked. REQUIRES: job_mu_
+  // held.
+  std::vector<Parked> TakeExpired() {
+    const SteadyClock::time_point oldest =
+        SteadyClock::now() - std::chrono::milliseconds(options_.park_limit_ms);
+    std::vector<Parked> expired, kept;
+    for (Parked& parked : before_init_) {
+      (parked.since < oldest ? expired : kept).push_back(std::move(parked));
+    }
+    before_init_.swap(kept);
+    return expired;
+  }
+
+  void AnswerExpired(const std::vector<Parked>& expired) {
+    for (const Parked& parked : expired) {
+      const auto waited =
+          std::chrono::duration_cast<std::chrono::milliseconds>(SteadyClock::now() - parked.since)
+              .count();
+      std::string job = "its job";
+      if (const auto* push_pull = parked.request.As<PsPushPullRequest>()) {
+        job = "its job (token " + std::to_string(push_pull->job_token) + ")";
+      }
+      StatusOr<int> range = RangeOf(parked.request);
+      AnswerError(parked.request,
+                  FailedPreconditionError(
+                      std::string(MessageTypeName(parked.request.type())) + " from " +
+                      parked.request.header.DescribeSender() + " waited " + std::to_string(waited) +
+                      " ms for " + job + " to be initialised" +
+                      (range.ok() ? RangeSuffix(*range) : std::string()) +
+                      ", longer than the limit (" + std::to_string(options_.park_limit_ms) +
+                      " ms): no worker initialised it here (a job replaced since?)"));
+    }
   }
 
   static Status CheckRank(const Job& job, const Envelope& request) {
@@ -510,7 +574,7 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
   std::mutex job_mu_;
   // By range: this server's own, and with --replicas those it holds a replica of.
   std::map<int, std::shared_ptr<Job>> jobs_;  // guarded by job_mu_
-  std::vector<Envelope> before_init_;  // guarded by job_mu_
+  std::vector<Parked> before_init_;           // guarded by job_mu_
 
   WorkQueue queue_;  // last: its threads stop before the rest goes
 };

@@ -28,6 +28,8 @@
 //   PsInitRequest with `copy` (a server that joined in a failed one's place): the range's job
 //                       starts from that copy, at its step; requests parked for it go then.
 // Every error names the key, chunk, table or row, and the owner where another server owns it.
+// A request parked before its job's init longer than PsServiceOptions::park_limit_ms is
+// answered FailedPrecondition, naming its job token and how long it waited.
 //
 // Replicated ranges (--replicas): a server holds its own key range and the ranges of the
 // servers before it whose copies it keeps; every request names its range (`range`, -1: the
@@ -72,6 +74,10 @@ struct PsServiceOptions {
   uint64_t key_space = 0;
   int threads = 2;  // threads applying updates
   int64_t forward_timeout_ms = 30000;  // a forwarded step unanswered this long is given up
+  // A request parked for its job's init (see above) that waited this long is answered with an
+  // error at the next request parked or init (a request of a job no worker initialises here,
+  // such as one of a replaced job, would otherwise be held forever).
+  int64_t park_limit_ms = 60000;
 };
 
 class PsService {

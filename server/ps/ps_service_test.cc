@@ -79,6 +79,38 @@ TEST_F(PsServiceTest, HoldsAnotherServersRangeBesideItsOwn) {
       << refused.status();
 }
 
+// A request parked for its job's init waits at most the parking limit: one of a job never
+// initialised here (another token) is answered with an error naming its token at the next
+// request parked or init after that, while one of the job an init then creates goes on.
+TEST_F(PsServiceTest, ARequestOfAJobNeverInitialisedHereIsAnsweredAfterTheParkingLimit) {
+  Fleet fleet;
+  fleet.park_limit_ms = 200;
+  ASSERT_NO_FATAL_FAILURE(Start(fleet));
+  const PsJobConfig config = TestConfig(PsConsistency::kSync, 2);
+  const ByKey values = InitialValues(config);
+  std::vector<uint64_t> keys;
+  for (const auto& [key, v] : values) keys.push_back(key);
+  PsPushPullRequest stale{{}, false, kTestToken + 1, {}};
+  for (uint64_t key : keys) {
+    stale.tensors.push_back(TensorData{"chunk", key, DataType::kFloat32, {}, Payload()});
+  }
+  Reply parked = Send(0, stale, 1, "pull of another job");
+  EXPECT_EQ(parked.wait_for(std::chrono::milliseconds(600)), std::future_status::timeout);
+  // This job's pull parks too, and the stale one, parked over 200 ms ago, is answered.
+  Reply pull = Pull(1, 1, keys);
+  const Status refused = parked.get().status();
+  EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition) << refused;
+  EXPECT_NE(refused.message().find("PsPushPullRequest from worker 0 waited "), std::string::npos)
+      << refused;
+  EXPECT_NE(refused.message().find("ms for its job (token 8) to be initialised, longer than "
+                                   "the limit (200 ms): no worker initialised it here"),
+            std::string::npos)
+      << refused;
+  EXPECT_EQ(pull.wait_for(std::chrono::milliseconds(50)), std::future_status::timeout);
+  ASSERT_TRUE(Init(config, values).ok());
+  EXPECT_EQ(ValuesOf(pull), values);
+}
+
 // Forwarded steps (--replicas 2): server 0 is range 0's primary and this server its backup.
 // The workers push to the primary naming the backup; the step's replies wait until the backup
 // has the step (here until the backup's range is initialised: the forward waits for it), and

@@ -120,6 +120,7 @@ void PsServiceTest::Start(Fleet fleet) {
   options.server_rank = fleet.server_rank;
   options.num_servers = fleet.num_servers;
   options.key_space = kTestKeySpace;
+  options.park_limit_ms = fleet.park_limit_ms;
   auto service = PsService::Start(options, server_.get(), &metrics_);
   ASSERT_TRUE(service.ok()) << service.status();
   service_ = std::move(service).value();

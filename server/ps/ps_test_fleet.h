@@ -52,6 +52,7 @@ struct Fleet {
   // Also server 0 (primary_, with its service), whose range 0 the server can back: the
   // forwarded steps of --replicas 2.
   bool with_primary = false;
+  int64_t park_limit_ms = 60000;  // PsServiceOptions::park_limit_ms
 };
 
 // The test job of `num_workers` workers (see the file comment).
