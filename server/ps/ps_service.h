@@ -76,7 +76,8 @@ struct PsServiceOptions {
   int64_t forward_timeout_ms = 30000;  // a forwarded step unanswered this long is given up
   // A request parked for its job's init (see above) that waited this long is answered with an
   // error at the next request parked or init (a request of a job no worker initialises here,
-  // such as one of a replaced job, would otherwise be held forever).
+  // such as one of a replaced job, would otherwise be held forever). tessera-server: twice
+  // --request-timeout-ms.
   int64_t park_limit_ms = 60000;
 };
 

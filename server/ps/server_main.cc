@@ -79,6 +79,9 @@ Status Serve(ProcessRuntime& runtime, bool join) {
   ps_options.server_rank = rank;
   ps_options.num_servers = client->view().num_servers;
   ps_options.key_space = client->view().key_space;
+  // Twice the workers' own wait (--request-timeout-ms, set fleet-wide): a request parked for
+  // its job's init longer than that has no worker waiting for it any more.
+  ps_options.park_limit_ms = 2 * runtime.config().request_timeout_ms;
   StatusOr<std::unique_ptr<PsService>> ps =
       PsService::Start(ps_options, &endpoint, &runtime.metrics());
   if (!ps.ok()) {
