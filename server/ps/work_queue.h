@@ -1,6 +1,6 @@
 // WorkQueue: a fixed set of threads taking posted closures in the order they were posted (the
-// urgent ones first) and running up to that many at once. The parameter server's handlers post to it, so the
-// transport's I/O thread never waits for a lock or an optimizer step.
+// urgent ones first) and running up to that many at once. The parameter server's handlers post
+// to it, so the transport's I/O thread never waits for a lock or an optimizer step.
 //
 //   WorkQueue queue(2);
 //   queue.Post([] { ... });
