@@ -440,8 +440,9 @@ Status DenseShard::ApplyForwardedPush(const ForwardedStep& forwarded,
     {
       std::lock_guard<std::mutex> lock(chunk.mu);
       const int64_t update = forwarded.updates[i];
-      // A copy of a forward taken already is left alone.
-      if (update > chunk.policy.version() && chunk.parked.count(update) == 0) {
+      // A copy of a forward taken already is left alone (applied, or parked: emplace keeps
+      // the first).
+      if (update > chunk.policy.version()) {
         chunk.parked.emplace(
             update, Chunk::Parked{forwarded.pushed_by, forwarded.step, forwarded.gradients[i]});
         ApplyParked(&chunk, /*all=*/false);

@@ -319,9 +319,14 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
                                       "a forwarded step from " + request.header.DescribeSender() +
                                       ": only a range's primary server forwards steps"));
     }
-    DenseShard::ForwardedStep forwarded{request.header.step, body->tensors, body->dropped_by,
-                                        body->stopped_by,    body->joining, body->pushed_by,
-                                        body->updates};
+    DenseShard::ForwardedStep forwarded;
+    forwarded.step = request.header.step;
+    forwarded.gradients = body->tensors;
+    forwarded.dropped_by = body->dropped_by;
+    forwarded.stopped_by = body->stopped_by;
+    forwarded.joining = body->joining;
+    forwarded.pushed_by = body->pushed_by;
+    forwarded.updates = body->updates;
     Status applied =
         job.dense->ApplyForwarded(forwarded, [&] { endpoint_->Reply(request, Ack{}); });
     if (!applied.ok()) {
