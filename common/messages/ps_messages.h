@@ -91,6 +91,10 @@ struct PsPushPullReply {
   // ps-sync: the lowest server rank a push of that step said joined (-1: none). Every chunk on
   // every server says the same, so every worker includes that server from the next step on.
   int joining = -1;
+  // ps-async, ps-ssp: the push's updates were forwarded to server `copied_to`, which joined in
+  // a failed one's place and took a copy of the range (CheckpointRequest::forward_to): it
+  // holds the range (-1: none).
+  int copied_to = -1;
 };
 
 struct SparsePushRequest {
@@ -119,6 +123,12 @@ struct CheckpointRequest {
   int32_t range = -1;    // the range whose shard (-1: the server's own; see below)
   // Write nothing: the reply carries the shard's entries (CheckpointReply::tensors).
   bool copy = false;
+  // With copy, ps-async and ps-ssp (--replicas 2): the joined server that takes the copy, to
+  // which the range's primary forwards every update after it from then on, so that the copy
+  // and those updates are one cut; the entries then also carry each chunk's version and the
+  // workers' clocks ("chunk<i>.clocks").
+  std::string forward_to = {};
+  int32_t forward_rank = -1;
 };
 
 struct CheckpointReply {

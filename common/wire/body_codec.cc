@@ -263,8 +263,8 @@ class BodyEncoder {
     auto tensors = EncodeTensors(fbb_, std::move(b.tensors), payloads_);
     return As(proto::CreatePsPushPullReplyDirect(
         fbb_, &tensors, b.region_mapped,
-        b.region_refusal.empty() ? nullptr : b.region_refusal.c_str(), b.skipped_by,
-        b.stopped_by, b.joining));
+        b.region_refusal.empty() ? nullptr : b.region_refusal.c_str(), b.skipped_by, b.stopped_by,
+        b.joining, b.copied_to));
   }
   Encoded operator()(SparsePushRequest& b) {
     auto ids = EncodeTensor(fbb_, std::move(b.row_ids), payloads_);
@@ -282,8 +282,9 @@ class BodyEncoder {
     return As(proto::CreateSparsePullReplyDirect(fbb_, b.table.c_str(), ids, values));
   }
   Encoded operator()(CheckpointRequest& b) {
-    return As(proto::CreateCheckpointRequestDirect(fbb_, b.directory.c_str(), b.step,
-                                                   b.restore, b.range, b.copy));
+    return As(proto::CreateCheckpointRequestDirect(
+        fbb_, b.directory.c_str(), b.step, b.restore, b.range, b.copy,
+        b.forward_to.empty() ? nullptr : b.forward_to.c_str(), b.forward_rank));
   }
   Encoded operator()(CheckpointReply& b) {
     std::vector<Offset<flatbuffers::String>> files;
@@ -530,8 +531,8 @@ StatusOr<MessageBody> DecodeBody(const proto::Header& header, const Message& mes
     case proto::Body::PsPushPullReply: {
       const auto& b = *header.body_as_PsPushPullReply();
       return MessageBody(PsPushPullReply{DecodeTensors(b.tensors(), message), b.region_mapped(),
-                                         Str(b.region_refusal()), b.skipped_by(),
-                                         b.stopped_by(), b.joining()});
+                                         Str(b.region_refusal()), b.skipped_by(), b.stopped_by(),
+                                         b.joining(), b.copied_to()});
     }
     case proto::Body::SparsePushRequest: {
       const auto& b = *header.body_as_SparsePushRequest();
@@ -550,8 +551,8 @@ StatusOr<MessageBody> DecodeBody(const proto::Header& header, const Message& mes
     }
     case proto::Body::CheckpointRequest: {
       const auto& b = *header.body_as_CheckpointRequest();
-      return MessageBody(
-          CheckpointRequest{Str(b.directory()), b.step(), b.restore(), b.range(), b.copy()});
+      return MessageBody(CheckpointRequest{Str(b.directory()), b.step(), b.restore(), b.range(),
+                                           b.copy(), Str(b.forward_to()), b.forward_rank()});
     }
     case proto::Body::CheckpointReply: {
       const auto& b = *header.body_as_CheckpointReply();

@@ -182,8 +182,10 @@ TEST(WireCodecTest, RoundTripEveryBody) {
   EXPECT_EQ(reply.files, (std::vector<std::string>{"a", "b"}));
   EXPECT_EQ(reply.checksums, (std::vector<uint64_t>{3, 4}));
   const auto pulled = std::get<PsPushPullReply>(
-      Decoded(EncodeMessage(WorkerHeader(0), PsPushPullReply{{}, true, "not here", 1, 2, 0})).body);
+      Decoded(EncodeMessage(WorkerHeader(0), PsPushPullReply{{}, true, "not here", 1, 2, 0, 3}))
+          .body);
   EXPECT_TRUE(pulled.region_mapped);
+  EXPECT_EQ(pulled.copied_to, 3);
   EXPECT_EQ(pulled.joining, 0);
   EXPECT_EQ(pulled.skipped_by, 1);
   EXPECT_EQ(pulled.stopped_by, 2);
@@ -198,6 +200,14 @@ TEST(WireCodecTest, RoundTripEveryBody) {
       Decoded(EncodeMessage(WorkerHeader(0), export_request)).body);
   EXPECT_TRUE(exported.copy);
   EXPECT_EQ(exported.range, 1);
+  EXPECT_TRUE(exported.forward_to.empty());
+  EXPECT_EQ(exported.forward_rank, -1);
+  export_request.forward_to = "tcp://b:2";
+  export_request.forward_rank = 1;
+  const auto forwarding =
+      std::get<CheckpointRequest>(Decoded(EncodeMessage(WorkerHeader(0), export_request)).body);
+  EXPECT_EQ(forwarding.forward_to, "tcp://b:2");
+  EXPECT_EQ(forwarding.forward_rank, 1);
   CheckpointReply copy_reply{"", 12, {}, {}, {}};
   copy_reply.tensors.push_back(TensorData::Floats("chunk0.state", 0, {}));
   copy_reply.tensors.push_back(TensorData::Floats("chunk0.state", 0, {1, 2}));
