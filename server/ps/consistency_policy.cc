@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 
 namespace tessera::server {
 
@@ -117,6 +118,13 @@ bool ConsistencyPolicy::Advance(int64_t step) {
 void ConsistencyPolicy::Restore(int64_t step) {
   version_ = step;
   std::fill(clocks_.begin(), clocks_.end(), step);
+  pushed_.clear();
+  skipped_by_.clear();
+}
+
+void ConsistencyPolicy::Restore(int64_t version, std::vector<int64_t> clocks) {
+  version_ = version;
+  clocks_ = std::move(clocks);
   pushed_.clear();
   skipped_by_.clear();
 }

@@ -109,9 +109,14 @@ class ConsistencyPolicy {
   // The part was restored from a checkpoint of step `step`: its version and every worker's
   // clock are `step`, and nothing is held any more.
   void Restore(int64_t step);
+  // ps-async, ps-ssp: the part was copied from another replica (a server that joined takes the
+  // copy): its version and the workers' clocks are the copy's, and nothing is held.
+  // REQUIRES: clocks.size() == num_workers.
+  void Restore(int64_t version, std::vector<int64_t> clocks);
 
   PsConsistency model() const { return model_; }
   int64_t version() const { return version_; }
+  const std::vector<int64_t>& clocks() const { return clocks_; }  // by rank
 
  private:
   StatusOr<PushDecision> Arrive(int rank, int64_t step, bool skip);

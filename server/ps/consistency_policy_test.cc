@@ -221,5 +221,20 @@ TEST(ConsistencyPolicyTest, RestoreResetsTheVersionAndClocksAndForgetsHeldPushes
   EXPECT_FALSE(ssp.MayRelease(MustPush(ssp, 0, 7).reply));
 }
 
+TEST(ConsistencyPolicyTest, ACopyTakesItsVersionAndEachWorkersClock) {
+  // Another replica's part after 5 updates: worker 0 pushed steps 1-3, worker 1 steps 1-2.
+  ConsistencyPolicy ssp(PsConsistency::kSsp, 2, 1);
+  ssp.Restore(5, {3, 2});
+  EXPECT_EQ(ssp.version(), 5);
+  EXPECT_EQ(ssp.clocks(), (std::vector<int64_t>{3, 2}));
+  EXPECT_EQ(ssp.Spread(), 1);
+  EXPECT_EQ(MustPush(ssp, 0, 3).action, PushAction::kApplied);  // in the copy
+  PushDecision next = MustPush(ssp, 1, 3);
+  EXPECT_EQ(next.action, PushAction::kApplyNow);
+  EXPECT_EQ(next.update, 6);
+  EXPECT_TRUE(ssp.MayRelease(next.reply));                  // the slowest clock is 3 now
+  EXPECT_FALSE(ssp.MayRelease(MustPush(ssp, 0, 5).reply));  // 5 - 1 > 3
+}
+
 }  // namespace
 }  // namespace tessera::server
