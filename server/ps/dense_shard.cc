@@ -60,6 +60,7 @@ struct DenseShard::PendingReply {
   std::atomic<int> skipped_by{-1};  // ps-sync: who skipped the step this push was of
   std::atomic<int> stopped_by{-1};  // ps-sync: the lowest rank asked to stop in that step
   std::atomic<int> joining{-1};     // ps-sync: the lowest server rank said to join in it
+  std::atomic<int> copied_to{-1};   // a joined server the push's updates went to (CopyTo)
 };
 
 // A part of a PendingReply, with the rule that releases it.
@@ -103,6 +104,10 @@ struct DenseShard::Chunk {
     TensorData gradient;  // shares the forward's frame
   };
   std::map<int64_t, Parked> parked;  // guarded by mu
+  // ps-async, ps-ssp: a joined server that took a copy of this chunk (CopyTo), and its rank:
+  // every later update goes there when the push names no backup. Empty: none.
+  std::string backup;    // guarded by mu
+  int backup_rank = -1;  // guarded by mu
 };
 
 StatusOr<std::unique_ptr<DenseShard>> DenseShard::Create(const PsJobConfig& config,
@@ -233,6 +238,9 @@ Status DenseShard::Serve(int rank, int64_t step, const std::vector<TensorData>& 
   // sent before its apply so that the two overlap, measured slower in ps-sync: 1.65x the time
   // of one copy at 2 x 1, against 1.5x.)
   const bool forward = push && forwarder_ != nullptr && !forward_to.empty();
+  // ps-async, ps-ssp: where the updates go; a chunk copied to a joined server names it when
+  // the push names no backup (CopyTo; every chunk of a range names the same one).
+  std::string to = forward_to;
   ForwardedStep forwarded;
   forwarded.step = step;
   if (!sync) forwarded.pushed_by = rank;
@@ -307,7 +315,11 @@ Status DenseShard::Serve(int rank, int64_t step, const std::vector<TensorData>& 
           case PushAction::kApplyNow: {
             std::vector<float> scratch;
             ApplyGradient(decision.update, FloatsOf(tensors[i], &scratch), &chunk);
-            if (forward) {
+            if (forwarder_ != nullptr && !chunk.backup.empty()) {
+              if (to.empty()) to = chunk.backup;
+              pending->copied_to.store(chunk.backup_rank, std::memory_order_relaxed);
+            }
+            if (forwarder_ != nullptr && !to.empty()) {
               // Its reply waits for the backup's acknowledgement; the gradient is the push's
               // frame.
               chunk.forwarding.insert(decision.update);
@@ -330,7 +342,7 @@ Status DenseShard::Serve(int rank, int64_t step, const std::vector<TensorData>& 
     Send(ready);
   }
   if (!forwarded_chunks.empty()) {
-    forwarder_(forward_to, std::move(forwarded),
+    forwarder_(to, std::move(forwarded),
                [this, chunks = std::move(forwarded_chunks)] { Forwarded(chunks); });
   }
   return refused;
@@ -583,6 +595,7 @@ void DenseShard::Send(const Ready& ready) {
     reply.skipped_by = pending->skipped_by.load(std::memory_order_relaxed);
     reply.stopped_by = pending->stopped_by.load(std::memory_order_relaxed);
     reply.joining = pending->joining.load(std::memory_order_relaxed);
+    reply.copied_to = pending->copied_to.load(std::memory_order_relaxed);
     pending->send(std::move(reply));
   }
 }
@@ -615,6 +628,18 @@ std::map<uint64_t, ChunkState> DenseShard::Snapshot() const {
   return saved;
 }
 
+std::map<uint64_t, ChunkState> DenseShard::CopyTo(const std::string& backup, int backup_rank) {
+  std::map<uint64_t, ChunkState> saved;
+  for (auto& [key, chunk] : chunks_) {
+    std::lock_guard<std::mutex> lock(chunk->mu);
+    saved[chunk->where.index] = {chunk->values->floats, chunk->state, chunk->policy.version(),
+                                 chunk->policy.clocks()};
+    chunk->backup = backup;
+    chunk->backup_rank = backup_rank;
+  }
+  return saved;
+}
+
 void DenseShard::Restore(std::map<uint64_t, ChunkState> saved, int64_t step) {
   for (auto& [key, chunk] : chunks_) {
     Ready ready;
@@ -623,7 +648,11 @@ void DenseShard::Restore(std::map<uint64_t, ChunkState> saved, int64_t step) {
       ChunkState& mine = saved.at(chunk->where.index);
       chunk->values = std::make_shared<Values>(std::move(mine.values));
       chunk->state = std::move(mine.state);
-      chunk->policy.Restore(step);
+      if (mine.clocks.empty()) {
+        chunk->policy.Restore(step);
+      } else {
+        chunk->policy.Restore(mine.version, std::move(mine.clocks));
+      }
       chunk->held.clear();
       chunk->dropped_step = 0;
       chunk->dropped_by = -1;

@@ -50,10 +50,13 @@ struct ServerPlacement {
   uint64_t key_space = 0;
 };
 
-// A chunk's values and optimizer state, as a checkpoint holds them.
+// A chunk's values and optimizer state, as a checkpoint holds them; a copy for a joined
+// server (ps-async, ps-ssp: DenseShard::CopyTo) also holds its version and the workers' clocks.
 struct ChunkState {
   std::vector<float> values;
   std::vector<float> state;
+  int64_t version = 0;
+  std::vector<int64_t> clocks;  // by rank; empty: restart at the restore's step
 };
 
 class DenseShard {
@@ -150,10 +153,18 @@ class DenseShard {
 
   // Every chunk's values and state by chunk index, each copied under its chunk's lock.
   std::map<uint64_t, ChunkState> Snapshot() const;
+  // ps-async, ps-ssp: Snapshot for server `backup_rank` at `backup`, which joined in a failed
+  // one's place, with each chunk's version and clocks; under the same lock the chunk starts
+  // forwarding every later update there (as a push's `forward_to` would, when the push names
+  // none), so each chunk's copy and the updates after it are one cut. Replies to pushes whose
+  // updates went there name it (PsPushPullReply::copied_to): it acknowledged, so it has the
+  // copy. REQUIRES: a forwarder (Create).
+  std::map<uint64_t, ChunkState> CopyTo(const std::string& backup, int backup_rank);
   // Replaces every chunk's values and state (by chunk index), then restarts every chunk's
-  // policy at `step` (ConsistencyPolicy::Restore) and drops held gradients; waiting replies
-  // the restored version allows go. REQUIRES: `saved` has every chunk, with chunk.size values
-  // and state_per_element() * chunk.size state floats.
+  // policy at `step` (ConsistencyPolicy::Restore), or at its own version and clocks when the
+  // state has them (a copy, CopyTo), and drops held gradients; waiting replies the restored
+  // version allows go. REQUIRES: `saved` has every chunk, with chunk.size values and
+  // state_per_element() * chunk.size state floats (and as many clocks as workers, if any).
   void Restore(std::map<uint64_t, ChunkState> saved, int64_t step);
 
  private:

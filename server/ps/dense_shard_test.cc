@@ -455,6 +455,109 @@ TEST_F(DenseShardTest, AsyncForwardsEachPushAndTheBackupAppliesThemInThePrimarys
   EXPECT_EQ(taken, 4);
 }
 
+// ps-async: a range's copy for a server that joined (CopyTo) holds each chunk's version and
+// clocks, and every later update goes there although the pushes name no backup: the copy and
+// the forwards after it give the joined server bitwise the primary's chunks, and a worker's
+// push it took already (by copy or forward) is answered there as a copy.
+TEST_F(DenseShardTest, AsyncCopyForAJoinedServerAndTheUpdatesAfterItAreOneCut) {
+  const PsJobConfig config = MomentumConfig(PsConsistency::kAsync, 2);
+  auto primary = CreatePrimary(config);
+  ASSERT_NE(primary, nullptr);
+  // The range lives on the primary alone (its backup failed): nothing is forwarded.
+  EXPECT_TRUE(
+      Push(*primary, 0, 1, {Chunk(0, {0.1f, 0.2f, 0.3f, 0.4f}), Chunk(1, {1, 2, 3, 4})}).came());
+  EXPECT_TRUE(Push(*primary, 1, 1, {Chunk(0, {0.7f, 0.3f, -0.3f, 1e-3f})}).came());
+  EXPECT_TRUE(sent_.empty());
+  auto copy = primary->CopyTo(kBackup, 3);
+  EXPECT_EQ(copy.at(0).version, 2);
+  EXPECT_EQ(copy.at(0).clocks, (std::vector<int64_t>{1, 1}));
+  EXPECT_EQ(copy.at(1).version, 1);
+  EXPECT_EQ(copy.at(1).clocks, (std::vector<int64_t>{1, 0}));
+  EXPECT_EQ(copy.at(2).version, 0);
+  Captured after = Push(*primary, 0, 2, {Chunk(0, {-2, 1, 1e-4f, 5}), Chunk(2, {1, 1})});
+  ASSERT_EQ(sent_.size(), 1u);
+  EXPECT_EQ(sent_[0].to, kBackup);
+  EXPECT_EQ(sent_[0].step.updates, (std::vector<int64_t>{3, 1}));
+  EXPECT_FALSE(after.came());  // until the joined server acknowledged it
+  sent_[0].done();
+  ASSERT_TRUE(after.came());
+  EXPECT_EQ((*after.reply)->copied_to, 3);
+  auto joined = Create(config);
+  joined->Restore(std::move(copy), 1);
+  ASSERT_TRUE(joined->ApplyForwarded(sent_[0].step, [] {}).ok());
+  const auto theirs = primary->Snapshot();
+  for (uint64_t chunk : {0, 1, 2}) {
+    EXPECT_EQ(joined->Snapshot().at(chunk).values, theirs.at(chunk).values) << "chunk " << chunk;
+    EXPECT_EQ(joined->Snapshot().at(chunk).state, theirs.at(chunk).state) << "chunk " << chunk;
+  }
+  // The primary failed: the workers' pushes again at the joined server are copies.
+  Captured again = Push(*joined, 0, 2, {Chunk(0, {9, 9, 9, 9})});
+  ASSERT_TRUE(again.came());
+  EXPECT_EQ(again.Values(0), theirs.at(0).values);
+  Captured first = Push(*joined, 1, 1, {Chunk(0, {9, 9, 9, 9})});
+  ASSERT_TRUE(first.came());
+  EXPECT_EQ(first.Values(0), theirs.at(0).values);
+  EXPECT_EQ(joined->Snapshot().at(0).state, theirs.at(0).state);
+}
+
+// The cut under concurrency: CopyTo while two workers push on their own threads. Whatever the
+// copy holds of each chunk and whatever was forwarded after it give the joined server bitwise
+// the primary's values and state (each update in one of the two, none in both or neither).
+TEST_F(DenseShardTest, AsyncCopyWhilePushesAreInFlightIsACut) {
+  const PsJobConfig config = MomentumConfig(PsConsistency::kAsync, 2);
+  std::mutex sent_mu;
+  std::vector<DenseShard::ForwardedStep> forwards;
+  auto created = DenseShard::Create(
+      config, {0, 1, 100}, {Chunk(0, Floats(4, 1)), Chunk(1, Floats(4, 2)), Chunk(2, Floats(2, 3))},
+      metrics_.get(),
+      [&](const std::string& to, DenseShard::ForwardedStep step, std::function<void()> done) {
+        EXPECT_EQ(to, kBackup);
+        {
+          std::lock_guard<std::mutex> lock(sent_mu);
+          forwards.push_back(std::move(step));
+        }
+        done();
+      });
+  ASSERT_TRUE(created.ok()) << created.status();
+  DenseShard& primary = **created;
+  // Each worker pushes at least kSteps steps, and at least one after the copy was taken.
+  constexpr int kSteps = 200;
+  std::atomic<int> pushed{0};
+  std::atomic<bool> copied{false};
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      bool after_copy = false;
+      for (int64_t step = 1; step <= kSteps || !after_copy; ++step) {
+        after_copy = copied.load();
+        const float g = 0.01f * static_cast<float>(rank + 1) * static_cast<float>(step % 7);
+        EXPECT_TRUE(
+            primary
+                .PushPull(rank, step,
+                          {Chunk(0, Floats(4, g)), Chunk(1, Floats(4, -g)), Chunk(2, Floats(2, g))},
+                          true, [](PsPushPullReply) {})
+                .ok());
+        pushed.fetch_add(1);
+      }
+    });
+  }
+  while (pushed.load() < kSteps / 2) std::this_thread::yield();
+  auto copy = primary.CopyTo(kBackup, 1);
+  copied = true;
+  for (std::thread& thread : threads) thread.join();
+  auto joined = Create(config);
+  joined->Restore(std::move(copy), 1);
+  for (const DenseShard::ForwardedStep& forward : forwards) {
+    ASSERT_TRUE(joined->ApplyForwarded(forward, [] {}).ok());
+  }
+  const auto theirs = primary.Snapshot();
+  for (uint64_t chunk : {0, 1, 2}) {
+    EXPECT_EQ(joined->Snapshot().at(chunk).values, theirs.at(chunk).values) << "chunk " << chunk;
+    EXPECT_EQ(joined->Snapshot().at(chunk).state, theirs.at(chunk).state) << "chunk " << chunk;
+  }
+  EXPECT_FALSE(forwards.empty());
+}
+
 // After the primary failed, a worker's push at the backup first applies every parked forward
 // (nothing fills their gaps any more), then is applied, or answered as a copy when the backup
 // took it already.

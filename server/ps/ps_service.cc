@@ -1,5 +1,6 @@
 #include "server/ps/ps_service.h"
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -403,7 +404,20 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
       if (Status loaded = LoadShardCopy(parts, init->copy, init->copy_step, from); !loaded.ok()) {
         return AnswerError(request, loaded);
       }
-      TLOG(INFO) << "took " << from << " (" << init->copy.size() << " entries)";
+      // ps-async, ps-ssp: each chunk's version (updates applied) leads its clocks entry.
+      int64_t updates = -1;
+      for (const TensorData& entry : init->copy) {
+        const std::string suffix = ".clocks";
+        if (entry.name.size() > suffix.size() &&
+            entry.name.compare(entry.name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+          updates = std::max<int64_t>(updates, 0) + entry.Read<int64_t>().at(0);
+        }
+      }
+      TLOG(INFO) << "took " << from << " (" << init->copy.size() << " entries"
+                 << (updates < 0
+                         ? std::string()
+                         : "; its chunks had applied " + std::to_string(updates) + " updates")
+                 << ")";
     }
     const double bytes = DenseBytes(*job);
     double all_bytes = 0;  // of every range this server holds
@@ -458,7 +472,13 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
     const ShardParts parts{&job.config, job.range, options_.num_servers, job.dense.get(),
                            job.tables.get()};
     if (body->copy) {
-      ASSIGN_OR_RETURN(std::vector<TensorData> tensors, CopyShard(parts, body->step));
+      ASSIGN_OR_RETURN(std::vector<TensorData> tensors,
+                       CopyShard(parts, body->step, body->forward_to, body->forward_rank));
+      if (!body->forward_to.empty()) {
+        TLOG(WARNING) << RangeName(job.range) << " copied for server " << body->forward_rank
+                      << " (joined at " << body->forward_to << "), which gets every update "
+                      << "of it from now on";
+      }
       CheckpointReply reply{"", body->step, {}, {}, {}};
       reply.tensors = std::move(tensors);
       endpoint_->Reply(request, std::move(reply));

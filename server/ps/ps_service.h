@@ -24,9 +24,12 @@
 //   SparsePullRequest   rows -> SparsePullReply (ps-sync: after step header.step - 1 applied).
 //   CheckpointRequest   write (ps-sync: once the step is applied everywhere) or restore this
 //                       server's shard of a step -> CheckpointReply; or (`copy`) the shard of
-//                       the step in the reply, no file: a range copied to a server that joined.
+//                       the step in the reply, no file: a range copied to a server that joined
+//                       (ps-async, ps-ssp: with `forward_to`, DenseShard::CopyTo's cut, after
+//                       which every update of the range is forwarded to the joined server).
 //   PsInitRequest with `copy` (a server that joined in a failed one's place): the range's job
-//                       starts from that copy, at its step; requests parked for it go then.
+//                       starts from that copy, at its step (or each chunk's version and clocks);
+//                       requests parked for it (forwards too) go then.
 // Every error names the key, chunk, table or row, and the owner where another server owns it.
 // A request parked before its job's init longer than PsServiceOptions::park_limit_ms is
 // answered FailedPrecondition, naming its job token and how long it waited.

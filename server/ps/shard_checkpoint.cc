@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <map>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -29,8 +30,10 @@ std::string FirstAhead(const ShardParts& parts, int64_t step) {
   return ahead.empty() ? parts.tables->FirstAhead(step) : ahead;
 }
 
-// The shard of `step` (see SaveShard).
-StatusOr<CheckpointShard> TakeShard(const ShardParts& parts, int64_t step, int64_t wait_ms) {
+// The shard of `step` (see SaveShard); with `forward_to`, CopyShard's copy for a joined server.
+StatusOr<CheckpointShard> TakeShard(const ShardParts& parts, int64_t step, int64_t wait_ms,
+                                    const std::string& forward_to = std::string(),
+                                    int forward_rank = -1) {
   if (parts.config->consistency == PsConsistency::kSync) {
     const Deadline deadline = Deadline::AfterMillis(wait_ms);
     std::string behind = FirstBehind(parts, step);
@@ -45,9 +48,15 @@ StatusOr<CheckpointShard> TakeShard(const ShardParts& parts, int64_t step, int64
     }
   }
   CheckpointShard shard;
-  for (auto& [index, saved] : parts.dense->Snapshot()) {
+  for (auto& [index, saved] : forward_to.empty() ? parts.dense->Snapshot()
+                                                 : parts.dense->CopyTo(forward_to, forward_rank)) {
     shard.floats[ChunkEntry(index) + ".values"] = std::move(saved.values);
     shard.floats[ChunkEntry(index) + ".state"] = std::move(saved.state);
+    if (!forward_to.empty()) {
+      std::vector<int64_t>& clocks = shard.ints[ChunkEntry(index) + ".clocks"];
+      clocks.push_back(saved.version);
+      clocks.insert(clocks.end(), saved.clocks.begin(), saved.clocks.end());
+    }
   }
   for (auto& [name, rows] : parts.tables->Snapshot()) {
     shard.ints[name + ".ids"] = std::move(rows.ids);
@@ -89,6 +98,18 @@ Status LoadShard(const ShardParts& parts, CheckpointShard shard, int64_t step,
     ASSIGN_OR_RETURN(saved.values, take(ChunkEntry(chunk.index) + ".values", chunk.size));
     ASSIGN_OR_RETURN(saved.state, take(ChunkEntry(chunk.index) + ".state",
                                        parts.dense->state_per_element() * chunk.size));
+    // A copy for a joined server (ps-async, ps-ssp): the chunk's version, then each worker's
+    // clock.
+    if (auto clocks = shard.ints.find(ChunkEntry(chunk.index) + ".clocks");
+        clocks != shard.ints.end()) {
+      if (clocks->second.size() != static_cast<size_t>(config.num_workers) + 1) {
+        return DataLossError(from + ": entry '" + clocks->first + "' holds " +
+                             std::to_string(clocks->second.size()) + " numbers; a version and " +
+                             std::to_string(config.num_workers) + " clocks expected");
+      }
+      saved.version = clocks->second[0];
+      saved.clocks.assign(clocks->second.begin() + 1, clocks->second.end());
+    }
   }
   std::map<std::string, TableRows> rows;
   for (const EmbeddingTableSpec& table : config.tables) {
@@ -154,8 +175,19 @@ StatusOr<ShardFileInfo> RestoreShard(const ShardParts& parts, const std::string&
 }
 
 StatusOr<std::vector<TensorData>> CopyShard(const ShardParts& parts, int64_t step,
+                                            const std::string& forward_to, int forward_rank,
                                             int64_t wait_ms) {
-  ASSIGN_OR_RETURN(CheckpointShard shard, TakeShard(parts, step, wait_ms));
+  if (!forward_to.empty() &&
+      (parts.config->consistency == PsConsistency::kSync || !parts.config->tables.empty())) {
+    return FailedPreconditionError(
+        "a copy that forwards its later updates to server " + std::to_string(forward_rank) +
+        " is for ps-async and ps-ssp jobs without embedding tables (ps-sync copies at a step "
+        "every worker agreed on; embedding rows are not forwarded); this is a " +
+        std::string(PsModeName(parts.config->consistency)) + " job with " +
+        std::to_string(parts.config->tables.size()) + " tables");
+  }
+  ASSIGN_OR_RETURN(CheckpointShard shard,
+                   TakeShard(parts, step, wait_ms, forward_to, forward_rank));
   std::vector<TensorData> tensors;
   for (auto& [name, floats] : shard.floats) {
     tensors.push_back(TensorData::Floats(name, 0, std::move(floats)));

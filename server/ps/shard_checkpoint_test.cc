@@ -21,7 +21,7 @@ std::string TempRoot(const std::string& name) {
 // momentum, so chunks carry optimizer state.
 class ShardCheckpointTest : public ::testing::Test {
  protected:
-  void Create(PsConsistency consistency) {
+  void Create(PsConsistency consistency, bool with_table = true) {
     auto metrics = PsMetrics::Register(&registry_);
     ASSERT_TRUE(metrics.ok()) << metrics.status();
     metrics_ = std::move(metrics).value();
@@ -32,7 +32,7 @@ class ShardCheckpointTest : public ::testing::Test {
     config_.dense_elements = 6;
     config_.chunk_elements = 4;
     config_.layout_fingerprint = 1234;
-    config_.tables = {{"emb.0", 10, 2, 7}};
+    if (with_table) config_.tables = {{"emb.0", 10, 2, 7}};
     auto dense = DenseShard::Create(config_, {0, 1, 100},
                                     {TensorData::Floats("chunk0", 0, Floats(4, 1)),
                                      TensorData::Floats("chunk1", 1, Floats(2, 2))},
@@ -269,6 +269,62 @@ TEST_F(ShardCheckpointTest, SavesWhilePushesRunOnOtherThreads) {
     EXPECT_TRUE(saved.ok()) << saved.status();
   }
   pusher.join();
+}
+
+// ps-async: a copy for a joined server (forwarding its later updates there) carries each
+// chunk's version and the workers' clocks, and the server that loads it takes a push it holds
+// as a copy and goes on bitwise alike; ps-sync and jobs with tables are refused.
+TEST_F(ShardCheckpointTest, AsyncCopyForAJoinedServerCarriesEachChunksVersionAndClocks) {
+  ASSERT_NO_FATAL_FAILURE(Create(PsConsistency::kAsync, /*with_table=*/false));
+  auto push = [](DenseShard& dense, int64_t step, float g) {
+    Floats values;
+    EXPECT_TRUE(dense
+                    .PushPull(0, step, {TensorData::Floats("chunk0", 0, Floats(4, g))}, true,
+                              [&values](PsPushPullReply reply) {
+                                values = reply.tensors.at(0).Read<float>();
+                              })
+                    .ok());
+    return values;
+  };
+  push(*dense_, 1, 1);
+  push(*dense_, 2, 2);
+  auto copy = CopyShard(parts_, 2, "tcp://10.0.0.3:7000", 2);
+  ASSERT_TRUE(copy.ok()) << copy.status();
+  std::map<std::string, TensorData> entries;
+  for (const TensorData& entry : *copy) entries.emplace(entry.name, entry);
+  ASSERT_EQ(entries.count("chunk0.clocks"), 1u);
+  EXPECT_EQ(entries.at("chunk0.clocks").Read<int64_t>(), (std::vector<int64_t>{2, 2}));
+  EXPECT_EQ(entries.at("chunk1.clocks").Read<int64_t>(), (std::vector<int64_t>{0, 0}));
+
+  auto other_dense = DenseShard::Create(config_, {0, 1, 100},
+                                        {TensorData::Floats("chunk0", 0, Floats(4, 9)),
+                                         TensorData::Floats("chunk1", 1, Floats(2, 9))},
+                                        metrics_.get());
+  ASSERT_TRUE(other_dense.ok()) << other_dense.status();
+  SparseTables other_tables(config_, 0, 1, metrics_.get());
+  const ShardParts other{&config_, 0, 1, other_dense->get(), &other_tables};
+  std::vector<TensorData> odd = *copy;
+  for (TensorData& entry : odd) {
+    if (entry.name == "chunk0.clocks") entry = TensorData::Int64s("chunk0.clocks", {2});
+  }
+  EXPECT_EQ(LoadShardCopy(other, odd, 2, "copy from server 1").message(),
+            "copy from server 1: entry 'chunk0.clocks' holds 1 numbers; a version and 1 clocks "
+            "expected");
+  ASSERT_TRUE(LoadShardCopy(other, *copy, 2, "copy from server 1").ok());
+  const Floats held = (*other_dense)->Snapshot().at(0).values;
+  EXPECT_EQ(held, dense_->Snapshot().at(0).values);
+  EXPECT_EQ(push(**other_dense, 2, 7), held);  // step 2 is in the copy: nothing applied
+  EXPECT_EQ(push(**other_dense, 3, 5), push(*dense_, 3, 5));
+  EXPECT_EQ((*other_dense)->Snapshot().at(0).state, dense_->Snapshot().at(0).state);
+
+  ASSERT_NO_FATAL_FAILURE(Create(PsConsistency::kSync, /*with_table=*/false));
+  EXPECT_EQ(CopyShard(parts_, 0, "tcp://10.0.0.3:7000", 2).status().code(),
+            StatusCode::kFailedPrecondition);
+  ASSERT_NO_FATAL_FAILURE(Create(PsConsistency::kAsync));
+  EXPECT_EQ(CopyShard(parts_, 0, "tcp://10.0.0.3:7000", 2).status().message(),
+            "a copy that forwards its later updates to server 2 is for ps-async and ps-ssp jobs "
+            "without embedding tables (ps-sync copies at a step every worker agreed on; "
+            "embedding rows are not forwarded); this is a ps-async job with 1 tables");
 }
 
 }  // namespace
