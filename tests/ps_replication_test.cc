@@ -346,6 +346,21 @@ double Scrape(const std::string& url, const std::string& sample) {
   return -1;
 }
 
+// Dense chunks by server and range, from the servers' job lines in `output` ("[server 2] ...
+// ps-async job for 3 workers, range 1: 4 dense chunks"; a server's own range has no "range").
+std::map<int, std::map<int, int>> AsyncJobChunks(const std::string& output) {
+  std::map<int, std::map<int, int>> chunks;  // server -> range -> chunks
+  const std::regex job_line(
+      R"(\[server (\d+)\][^\n]*ps-(?:async|ssp) job for 3 workers(, range (\d+))?: (\d+) dense chunks)");
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), job_line);
+       it != std::sregex_iterator(); ++it) {
+    const int server = std::stoi((*it)[1]);
+    const int range = (*it)[3].matched ? std::stoi((*it)[3]) : server;
+    chunks[server][range] = std::stoi((*it)[4]);
+  }
+  return chunks;
+}
+
 // ps-async has no common step to compare bitwise; what must hold is that nothing acknowledged
 // was lost: each surviving server applied every worker's every push to every chunk it holds
 // (tessera_ps_updates_total{kind="dense"}, read while the fleet lingers after the workers),
@@ -366,17 +381,7 @@ TEST(PsReplicationTest, AsyncCompletesAndTheSurvivorsAppliedEveryAcknowledgedPus
                     .ok())
         << harness.Output(*launcher);
     const std::string output = harness.Output(*launcher);
-    // Dense chunks by range, from the servers' job lines ("[server 2] ... ps-async job for 3
-    // workers, range 1: 4 dense chunks"; a server's own range has no "range").
-    std::map<int, std::map<int, int>> chunks;  // server -> range -> chunks
-    const std::regex job_line(
-        R"(\[server (\d+)\][^\n]*ps-async job for 3 workers(, range (\d+))?: (\d+) dense chunks)");
-    for (auto it = std::sregex_iterator(output.begin(), output.end(), job_line);
-         it != std::sregex_iterator(); ++it) {
-      const int server = std::stoi((*it)[1]);
-      const int range = (*it)[3].matched ? std::stoi((*it)[3]) : server;
-      chunks[server][range] = std::stoi((*it)[4]);
-    }
+    std::map<int, std::map<int, int>> chunks = AsyncJobChunks(output);
     for (int server = 0; server < kServers; ++server) {
       ASSERT_EQ(chunks[server].size(), 2u) << "server " << server << " holds two ranges\n"
                                            << output;
@@ -397,6 +402,127 @@ TEST(PsReplicationTest, AsyncCompletesAndTheSurvivorsAppliedEveryAcknowledgedPus
     auto exit = harness.WaitExit(*launcher, Deadline::AfterMillis(kRunMs));
     ASSERT_TRUE(exit.ok()) << exit.status();
   }
+}
+
+// Item 3 in ps-async and ps-ssp: server 1 is killed and a server joins in its place; rank 0 has
+// each of its ranges' primaries copy the range to it and forward every later update there, and
+// every worker takes it in as the ranges' backup. Then server 2 (range 1's other copy) is killed
+// too, and nothing acknowledged is lost: the joined server's copies held each chunk's updates up to
+// the copy (its log), and it applied every later one once (its update counter), so between
+// them every worker's every push; server 0, alive throughout, applied each once too. Workers
+// are paused around the kills and the join as in the ps-sync test above.
+void ExpectAJoinedServerTakesCopies(const std::string& mode) {
+  constexpr int kJoinSteps = 1500;
+  FleetHarness harness;
+  StatusOr<int> launcher =
+      StartAndReach(harness, mode + " joined",
+                    Concat(Fleet(mode, 2, {"--heartbeat-timeout-ms", "120000", "--linger", "30"}),
+                           TrainingFlags("mlp", kJoinSteps)),
+                    /*step=*/20);
+  ASSERT_TRUE(launcher.ok()) << launcher.status();
+  const std::string started = harness.Output(*launcher);
+  std::smatch match;
+  ASSERT_TRUE(std::regex_search(started, match, std::regex("children get --coordinator (\\S+)\\)")))
+      << started;
+  const std::string coordinator = match[1];
+
+  ASSERT_NO_FATAL_FAILURE(SignalWorkers(harness, *launcher, SIGSTOP));
+  const int first_pid = AnnouncedPid(started, "server", 1);
+  KillServer(harness, *launcher, 1);
+  ASSERT_TRUE(harness
+                  .WaitForLine(*launcher, "failed: its process (pid " + std::to_string(first_pid),
+                               Deadline::AfterMillis(kRunMs))
+                  .ok())
+      << harness.Output(*launcher);
+  StatusOr<int> added = harness.Start(
+      "add-servers", "tools/tessera-launch",
+      {"--attach", coordinator, "--add-servers", "1", "--heartbeat-timeout-ms", "120000"});
+  ASSERT_TRUE(added.ok()) << added.status();
+  ASSERT_TRUE(harness
+                  .WaitForLine(*launcher, "[launch] server 1 joined the fleet",
+                               Deadline::AfterMillis(kRunMs))
+                  .ok())
+      << harness.Output(*launcher) << harness.Output(*added);
+  ASSERT_NO_FATAL_FAILURE(SignalWorkers(harness, *launcher, SIGCONT));
+  // Rank 0 copied both ranges; every other worker took the server in from its replies.
+  for (const std::string line :
+       {"worker 0 | server 1 (", "worker 1 | server 1 (", "worker 2 | server 1 ("}) {
+    ASSERT_TRUE(harness.WaitForLine(*launcher, line, Deadline::AfterMillis(kRunMs)).ok())
+        << line << "\n"
+        << harness.Output(*launcher);
+  }
+  const std::string worker0 = AnnouncedMetrics(harness.Output(*launcher), "worker", 0);
+  EXPECT_EQ(Scrape(worker0, "tessera_ps_client_range_copies_total"), 2);
+  ASSERT_NO_FATAL_FAILURE(SignalWorkers(harness, *launcher, SIGSTOP));
+  const std::string joined = harness.Output(*launcher);
+  EXPECT_NE(joined.find("holds copies of its ranges again, each forwarded every update from "
+                        "its copy on: range 0 from server 0, range 1 from server 2"),
+            std::string::npos)
+      << joined;
+  const std::string joined_metrics = AnnouncedMetrics(harness.Output(*added), "server", 1);
+  ASSERT_FALSE(joined_metrics.empty()) << harness.Output(*added);
+  EXPECT_EQ(Scrape(joined_metrics, "tessera_ps_key_ranges"), 2);
+
+  const int second_pid = AnnouncedPid(started, "server", 2);
+  KillServer(harness, *launcher, 2);
+  ASSERT_TRUE(harness
+                  .WaitForLine(*launcher, "failed: its process (pid " + std::to_string(second_pid),
+                               Deadline::AfterMillis(kRunMs))
+                  .ok())
+      << harness.Output(*launcher);
+  ASSERT_NO_FATAL_FAILURE(SignalWorkers(harness, *launcher, SIGCONT));
+  ASSERT_TRUE(harness
+                  .WaitForLine(*launcher, "all 3 workers finished; lingering",
+                               Deadline::AfterMillis(kRunMs))
+                  .ok())
+      << harness.Output(*launcher);
+  const std::string output = harness.Output(*launcher);
+  const std::string added_output = harness.Output(*added);
+  EXPECT_EQ(output.find("was lost with its replicas"), std::string::npos) << output;
+  const int64_t every_push = static_cast<int64_t>(kWorkers) * kJoinSteps;
+  // Server 0, alive throughout: ranges 0 and 2.
+  const auto original = AsyncJobChunks(output);
+  ASSERT_EQ(original.at(0).size(), 2u) << output;
+  const int held0 = original.at(0).at(0) + original.at(0).at(2);
+  EXPECT_EQ(
+      Scrape(AnnouncedMetrics(output, "server", 0), "tessera_ps_updates_total{kind=\"dense\"}"),
+      static_cast<double>(held0 * every_push))
+      << output;
+  // The joined server: ranges 0 and 1, their updates up to each copy and every one after it.
+  const auto taken = AsyncJobChunks(added_output);
+  ASSERT_EQ(taken.count(1), 1u) << added_output;
+  ASSERT_EQ(taken.at(1).size(), 2u) << added_output;
+  const int held1 = taken.at(1).at(0) + taken.at(1).at(1);
+  int64_t in_copies = 0;
+  int copies = 0;
+  const std::regex copy_line(R"(took the copy of [^\n]*its chunks had applied (\d+) updates)");
+  for (auto it = std::sregex_iterator(added_output.begin(), added_output.end(), copy_line);
+       it != std::sregex_iterator(); ++it) {
+    in_copies += std::stoll((*it)[1]);
+    ++copies;
+  }
+  EXPECT_EQ(copies, 2) << added_output;
+  const double applied = Scrape(joined_metrics, "tessera_ps_updates_total{kind=\"dense\"}");
+  std::cout << mode << ": server 1 joined: its copies held " << in_copies << " updates, it applied "
+            << applied << " after them; " << held1 << " chunks x " << every_push << " pushes"
+            << std::endl;
+  EXPECT_EQ(static_cast<double>(in_copies) + applied, static_cast<double>(held1 * every_push))
+      << "the copies held " << in_copies << " updates and server 1 applied " << applied
+      << " after them\n"
+      << added_output;
+  ASSERT_TRUE(harness.Signal(*launcher, SIGTERM).ok());
+  auto exit = harness.WaitExit(*launcher, Deadline::AfterMillis(kRunMs));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  auto added_exit = harness.WaitExit(*added, Deadline::AfterMillis(kRunMs));
+  ASSERT_TRUE(added_exit.ok()) << added_exit.status();
+}
+
+TEST(PsReplicationTest, AsyncJoiningServerTakesCopiesAndALaterKillLosesNothing) {
+  ExpectAJoinedServerTakesCopies("ps-async");
+}
+
+TEST(PsReplicationTest, SspJoiningServerTakesCopiesAndALaterKillLosesNothing) {
+  ExpectAJoinedServerTakesCopies("ps-ssp");
 }
 
 // Servers 1 and 2 hold both copies of range 1: losing both stops the job at once, naming it.

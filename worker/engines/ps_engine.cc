@@ -151,7 +151,16 @@ std::vector<int> PsEngine::LiveReplicas(int range) const {
   std::lock_guard<std::mutex> lock(lost_mu_);
   for (int k = 0; k < replicas_; ++k) {
     const int server = RangeReplicaServer(range, k, view_.num_servers);
-    if (!lost_[static_cast<size_t>(server)]) live.push_back(server);
+    if (!lost_[static_cast<size_t>(server)] && copied_.count(server) == 0) live.push_back(server);
+  }
+  // Joined servers taken in by a copy (ps-async, ps-ssp) come last.
+  for (int k = 0; k < replicas_; ++k) {
+    const int server = RangeReplicaServer(range, k, view_.num_servers);
+    auto copied = copied_.find(server);
+    if (!lost_[static_cast<size_t>(server)] && copied != copied_.end() &&
+        copied->second.count(range) > 0) {
+      live.push_back(server);
+    }
   }
   return live;
 }
@@ -203,6 +212,9 @@ Status PsEngine::ServerLost(int server, const std::string& reason) {
     } else {
       lost_[static_cast<size_t>(server)] = true;
       address = server_addresses_[static_cast<size_t>(server)];
+      // A joined server that failed while (or after) its ranges were copied to it.
+      copied_.erase(server);
+      if (auto joined = joined_.find(server); joined != joined_.end()) joined->second.clear();
     }
   }
   const Status failed =
@@ -248,17 +260,20 @@ void PsEngine::FleetChanged(const FleetView& view) {
         (joined != joined_.end() && joined->second == member.address)) {
       continue;
     }
-    if (options_.consistency != PsConsistency::kSync) {
+    if (options_.consistency != PsConsistency::kSync && !forwarding_) {
       TLOG(WARNING) << "server " << member.rank << " joined at " << member.address << " in the "
-                    << "failed one's place; " << PsModeName(options_.consistency) << " has no "
-                    << "step common to every worker at which to copy its ranges to it, so it "
-                    << "stays unused and its ranges keep their other copies";
+                    << "failed one's place; " << PsModeName(options_.consistency) << " with "
+                    << replicas_ << " replicas sends each push to every copy, so a copy of a "
+                    << "range is no cut of its updates: it stays unused and its ranges keep "
+                    << "their other copies";
       continue;
     }
     joined_[member.rank] = member.address;
     TLOG(INFO) << "server " << member.rank << " joined at " << member.address << " in the "
-               << "failed one's place; it gets its ranges after the next step every worker "
-               << "agrees on";
+               << "failed one's place; it gets its ranges "
+               << (options_.consistency == PsConsistency::kSync
+                       ? "after the next step every worker agrees on"
+                       : "from rank 0 after its next step");
     joined_cv_.notify_all();
   }
 }
@@ -374,6 +389,120 @@ Status PsEngine::TakeInJoined(int64_t step, int server, const float* params) {
                << step + 1 << " on";
   }
   return OkStatus();
+}
+
+Status PsEngine::CopyToJoined(int64_t step, const float* params) {
+  std::map<int, std::string> joined;
+  {
+    std::lock_guard<std::mutex> lock(lost_mu_);
+    for (auto it = joined_.begin(); it != joined_.end();) {
+      if (it->second.empty()) {  // it failed since (ServerLost): its ranges keep their copies
+        it = joined_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (rank_ != 0) return OkStatus();
+    joined = joined_;
+  }
+  for (const auto& [server, address] : joined) {
+    if (!tables_.empty()) {
+      TLOG(WARNING) << "server " << server << " joined at " << address << " in the failed one's "
+                    << "place; " << PsModeName(options_.consistency) << " does not forward "
+                    << "embedding rows, so a copy of a range is no cut of its updates: it stays "
+                    << "unused and its ranges keep their other copies";
+      std::lock_guard<std::mutex> lock(lost_mu_);
+      joined_.erase(server);
+      continue;
+    }
+    const auto started = SteadyClock::now();
+    std::string copied;  // "range 0 from server 2, ..."
+    double bytes = 0;
+    bool failed = false;
+    for (int range = 0; range < view_.num_servers && !failed; ++range) {
+      if (!IsReplicaOf(server, range)) continue;
+      const std::string what = "copy of range " + std::to_string(range) + " for server " +
+                               std::to_string(server) + " (joined at " + address + ")";
+      CheckpointRequest ask{"", step, false, range};
+      ask.copy = true;
+      ask.forward_to = address;
+      ask.forward_rank = server;
+      Reply copy = Send(range, std::move(ask), step, what);
+      std::optional<Deadline> stop_grace;
+      ASSIGN_OR_RETURN(Envelope answer, Await(&copy, what, &stop_grace));
+      ASSIGN_OR_RETURN(CheckpointReply shard, TakeBody<CheckpointReply>(std::move(answer), what));
+      PsInitRequest init{config_json_, {}, job_token_, range};
+      for (size_t i : chunks_of_server_[static_cast<size_t>(range)]) {
+        const DenseChunk& chunk = chunks_[i];
+        init.tensors.push_back(ChunkTensor(chunk, params + chunk.offset, nullptr));
+      }
+      for (const TensorData& entry : shard.tensors) {
+        bytes += static_cast<double>(entry.bytes.size());
+      }
+      init.copy = std::move(shard.tensors);
+      init.copy_step = step;
+      const std::string to = "the copy of range " + std::to_string(range) + " to server " +
+                             std::to_string(server) + " (joined at " + address + ")";
+      {
+        // Nothing else is sent there before it holds a range (it is not a live replica yet).
+        std::lock_guard<std::mutex> lock(lost_mu_);
+        server_addresses_[static_cast<size_t>(server)] = address;
+      }
+      Reply taken;
+      taken.range = range;
+      taken.copies.emplace_back(server, SendTo(server, std::move(init), step, to));
+      if (Status sent = Await(&taken, to, &stop_grace).status(); !sent.ok()) {
+        std::lock_guard<std::mutex> lock(lost_mu_);
+        auto still = joined_.find(server);
+        if (still != joined_.end() && !still->second.empty()) return sent;
+        // It failed meanwhile (ServerLost): its ranges keep their other copies.
+        TLOG(WARNING) << "server " << server << " failed while its ranges were copied to it ("
+                      << sent << "); they keep their other copies";
+        failed = true;
+        break;
+      }
+      range_copies_->Increment();
+      TakeInCopy(range, server);
+      copied += std::string(copied.empty() ? "" : ", ") + "range " + std::to_string(range) +
+                " from server " + std::to_string(copy.copies.front().first);
+    }
+    std::lock_guard<std::mutex> lock(lost_mu_);
+    joined_.erase(server);
+    if (failed) continue;
+    TLOG(WARNING) << "server " << server << " (" << address << ") holds copies of its ranges "
+                  << "again, each forwarded every update from its copy on: " << copied << " ("
+                  << static_cast<uint64_t>(bytes) << " bytes in "
+                  << std::chrono::duration_cast<std::chrono::milliseconds>(SteadyClock::now() -
+                                                                           started)
+                         .count()
+                  << " ms, at step " << step << "); " << replicas_
+                  << " copies of every range it holds";
+  }
+  return OkStatus();
+}
+
+void PsEngine::TakeInCopy(int range, int server) {
+  if (server < 0 || server >= view_.num_servers || !IsReplicaOf(server, range)) return;
+  std::lock_guard<std::mutex> lock(lost_mu_);
+  auto copied = copied_.find(server);
+  if (copied != copied_.end() && copied->second.count(range) > 0) return;
+  // Its address comes with the coordinator's fleet view; until then the later replies say so
+  // again.
+  auto joined = joined_.find(server);
+  if (joined == joined_.end() || joined->second.empty()) return;
+  server_addresses_[static_cast<size_t>(server)] = joined->second;
+  copied_[server].insert(range);
+  lost_[static_cast<size_t>(server)] = false;
+  TLOG(DEBUG) << "server " << server << " (" << joined->second << ") holds a copy of range "
+              << range << " now, last among its replicas";
+  bool all = true;
+  for (int other = 0; other < view_.num_servers; ++other) {
+    if (IsReplicaOf(server, other) && copied_[server].count(other) == 0) all = false;
+  }
+  if (!all || rank_ == 0) return;  // rank 0 says so once it copied them all (CopyToJoined)
+  TLOG(INFO) << "server " << server << " (" << joined->second << ") holds copies of its "
+             << "ranges now, last among their replicas";
+  joined_.erase(joined);
 }
 
 Status PsEngine::AwaitReply(const std::shared_future<StatusOr<Envelope>>& reply,
@@ -755,6 +884,9 @@ Status PsEngine::PushPull(int64_t step, const float* grads, float* params,
       stopped_step_ = step;
       stopped_by_ = stopped_by_ < 0 ? reply.stopped_by : std::min(stopped_by_, reply.stopped_by);
     }
+    if (push && reply.copied_to >= 0) {
+      copies_seen_.emplace(replies[r].first.range, reply.copied_to);  // taken in after the step
+    }
     if (push && reply.joining >= 0) {
       if (joining_step_ != step) joining_ = -1;
       joining_step_ = step;
@@ -897,6 +1029,13 @@ Status PsEngine::Step(int64_t step, float* params, float* grads,
   RETURN_IF_ERROR(dense);
   RETURN_IF_ERROR(sparse_status);
   last_step_ = step;
+  if (options_.consistency != PsConsistency::kSync && forwarding_) {
+    // Between steps: no request is out, so none sent to a joined server's failed predecessor
+    // is judged by the joined one's liveness.
+    for (const auto& [range, server] : copies_seen_) TakeInCopy(range, server);
+    copies_seen_.clear();
+    return CopyToJoined(step, params);
+  }
   if (joining_step_ == step && joining_ >= 0) {
     return TakeInJoined(step, joining_, params)
         .WithContext("taking in server " + std::to_string(joining_) + " after step " +

@@ -43,7 +43,16 @@
 // At the end of that step rank 0 copies each of its ranges from the range's primary
 // (CheckpointRequest::copy) to it (PsInitRequest::copy), and every worker sends it that
 // range's requests from the next step on (the server parks those that arrive before the copy).
-// Every range then has its R copies again. ps-async and ps-ssp have no common step: there a
+// Every range then has its R copies again.
+// ps-async and ps-ssp (--replicas 2, no embedding tables) have no common step: after its next
+// step rank 0 asks each of the joined server's ranges' primary for a copy that forwards every
+// later update to it (CheckpointRequest::forward_to: each chunk's copy and the updates after it
+// are one cut, server/ps/dense_shard.h CopyTo), and hands the copy over (PsInitRequest::copy).
+// Every worker takes the server in for a range once a reply to its push there says its updates
+// went to it (PsPushPullReply::copied_to: it acknowledged, so it has the copy). It sorts last
+// among the range's replicas: the primaries stay where they are (the workers cannot agree on a
+// moment to move one), and it is the backup the pushes name. With embedding tables or
+// --replicas 3 or more (rows and fan-out pushes are not forwarded, so a copy is no cut) a
 // joined server is logged and left unused.
 //
 // Thread-safety: the training thread only.
@@ -51,13 +60,15 @@
 #define TESSERA_WORKER_ENGINES_PS_ENGINE_H_
 
 #include <condition_variable>
+#include <functional>
 #include <future>
 #include <map>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/messages/fleet_view.h"
@@ -220,6 +231,16 @@ class PsEngine final : public TrainingEngine {
   // for when this worker has not heard yet), rank 0's copy of its ranges to it, and from the
   // next step on it holds them.
   Status TakeInJoined(int64_t step, int server, const float* params);
+  // ps-async, ps-ssp: rank 0 copies each joined server's ranges to it (see above) after
+  // `step`; the other ranks only forget joined servers that failed since.
+  Status CopyToJoined(int64_t step, const float* params);
+  // ps-async, ps-ssp: a reply of `range` said its updates went to `server` (copied_to): it
+  // holds the range from now on, last among its replicas.
+  void TakeInCopy(int range, int server);
+  // Whether `server` holds a copy of `range` (its replicas include it).
+  bool IsReplicaOf(int server, int range) const {
+    return (server - range + view_.num_servers) % view_.num_servers < replicas_;
+  }
   // Waits until `reply` is ready; Cancelled naming `what` once a stop was seen
   // (options_.stop_requested) and `*stop_grace` (set then, shared by the waits of one call)
   // expired.
@@ -242,8 +263,14 @@ class PsEngine final : public TrainingEngine {
   bool forwarding_ = false;
   mutable std::mutex lost_mu_;
   std::vector<bool> lost_;  // by server: failed (ServerLost); guarded by lost_mu_
-  // Servers that joined in a failed one's place and are not taken in yet: rank -> address.
+  // Servers that joined in a failed one's place and are not taken in yet: rank -> address
+  // (empty once it failed too).
   std::map<int, std::string> joined_;  // guarded by lost_mu_
+  // ps-async, ps-ssp: joined servers taken in, and the ranges each holds a copy of; they sort
+  // last among a range's live replicas (see above).
+  std::map<int, std::set<int>> copied_;  // guarded by lost_mu_
+  // The (range, server) pairs this step's replies named (copied_to): taken in after the step.
+  std::set<std::pair<int, int>> copies_seen_;
   std::condition_variable joined_cv_;  // signalled when joined_ grows
   Counter* range_copies_ = nullptr;
   std::string config_json_;  // the job's PsJobConfig (rank 0's init; a joined server's too)
