@@ -102,6 +102,14 @@ struct SparsePushRequest {
   TensorData row_ids;  // int64
   TensorData values;   // float32, rows x dim
   int32_t range = -1;  // the range the rows hash to (-1: the server's own; see below)
+  // --replicas 2, ps-async and ps-ssp (as PsPushPullRequest's): from a worker, the address of
+  // the range's live backup (empty: none), to which the primary forwards the push once applied
+  // and before its Ack. `forwarded`: such a push, from the primary: worker `pushed_by`'s rows
+  // of header.step, the table's update `update` on the primary.
+  std::string forward_to = {};
+  bool forwarded = false;
+  int32_t pushed_by = -1;
+  int64_t update = 0;
 };
 
 struct SparsePullRequest {

@@ -269,8 +269,9 @@ class BodyEncoder {
   Encoded operator()(SparsePushRequest& b) {
     auto ids = EncodeTensor(fbb_, std::move(b.row_ids), payloads_);
     auto values = EncodeTensor(fbb_, std::move(b.values), payloads_);
-    return As(proto::CreateSparsePushRequestDirect(fbb_, b.table.c_str(), ids, values,
-                                                   b.range));
+    return As(proto::CreateSparsePushRequestDirect(
+        fbb_, b.table.c_str(), ids, values, b.range,
+        b.forward_to.empty() ? nullptr : b.forward_to.c_str(), b.forwarded, b.pushed_by, b.update));
   }
   Encoded operator()(SparsePullRequest& b) {
     auto ids = EncodeTensor(fbb_, std::move(b.row_ids), payloads_);
@@ -536,8 +537,9 @@ StatusOr<MessageBody> DecodeBody(const proto::Header& header, const Message& mes
     }
     case proto::Body::SparsePushRequest: {
       const auto& b = *header.body_as_SparsePushRequest();
-      return MessageBody(SparsePushRequest{Str(b.table()), DecodeTensor(b.row_ids(), message),
-                               DecodeTensor(b.values(), message), b.range()});
+      return MessageBody(SparsePushRequest{
+          Str(b.table()), DecodeTensor(b.row_ids(), message), DecodeTensor(b.values(), message),
+          b.range(), Str(b.forward_to()), b.forwarded(), b.pushed_by(), b.update()});
     }
     case proto::Body::SparsePullRequest: {
       const auto& b = *header.body_as_SparsePullRequest();

@@ -177,6 +177,23 @@ TEST(WireCodecTest, RoundTripEveryBody) {
                                          TensorData::Floats("values", 0, {1, 2, 3, 4})})).body);
   EXPECT_EQ(sparse.row_ids.Read<int64_t>(), (std::vector<int64_t>{3, 4}));
   EXPECT_EQ(sparse.row_ids.dtype, DataType::kInt64);
+  EXPECT_FALSE(sparse.forwarded);
+  EXPECT_EQ(sparse.pushed_by, -1);
+  SparsePushRequest forward{"emb",
+                            TensorData::Int64s("row_ids", {3}),
+                            TensorData::Floats("values", 0, {1, 2}),
+                            1,
+                            "tcp://b:2",
+                            true,
+                            2,
+                            9};
+  const auto forwarded =
+      std::get<SparsePushRequest>(Decoded(EncodeMessage(WorkerHeader(0), forward)).body);
+  EXPECT_EQ(forwarded.forward_to, "tcp://b:2");
+  EXPECT_TRUE(forwarded.forwarded);
+  EXPECT_EQ(forwarded.pushed_by, 2);
+  EXPECT_EQ(forwarded.update, 9);
+  EXPECT_EQ(forwarded.range, 1);
   const auto reply = std::get<CheckpointReply>(Decoded(EncodeMessage(
       WorkerHeader(0), CheckpointReply{"/ckpt", 12, {"a", "b"}, {1, 2}, {3, 4}})).body);
   EXPECT_EQ(reply.files, (std::vector<std::string>{"a", "b"}));
