@@ -365,13 +365,13 @@ std::map<int, std::map<int, int>> AsyncJobChunks(const std::string& output) {
 // was lost: each surviving server applied every worker's every push to every chunk it holds
 // (tessera_ps_updates_total{kind="dense"}, read while the fleet lingers after the workers),
 // once. Three kills: a server at a step of each seed.
-TEST(PsReplicationTest, AsyncCompletesAndTheSurvivorsAppliedEveryAcknowledgedPush) {
-  for (int seed : {6, 7, 8}) {
-    SCOPED_TRACE("seed " + std::to_string(seed));
+void ExpectAsyncKillsLoseNoDenseUpdate(const std::string& model, const std::vector<int>& seeds) {
+  for (int seed : seeds) {
+    SCOPED_TRACE(model + ", seed " + std::to_string(seed));
     FleetHarness harness;
     const Kill kill = KillOf(seed);
     StatusOr<int> launcher = StartAndReach(
-        harness, "async", Concat(Fleet("ps-async", 2, {"--linger", "30"}), TrainingFlags("mlp")),
+        harness, "async", Concat(Fleet("ps-async", 2, {"--linger", "30"}), TrainingFlags(model)),
         kill.step);
     ASSERT_TRUE(launcher.ok()) << launcher.status();
     KillServer(harness, *launcher, kill.server);
@@ -404,6 +404,17 @@ TEST(PsReplicationTest, AsyncCompletesAndTheSurvivorsAppliedEveryAcknowledgedPus
   }
 }
 
+TEST(PsReplicationTest, AsyncCompletesAndTheSurvivorsAppliedEveryAcknowledgedPush) {
+  ExpectAsyncKillsLoseNoDenseUpdate("mlp", {6, 7, 8});
+}
+
+// The ctr model's embedding rows go to each range's primary, which forwards them to the backup
+// (sparse_tables_test and ps_service_test check the two copies' rows bitwise): a kill changes
+// nothing for the dense chunks either.
+TEST(PsReplicationTest, AsyncCtrCompletesAndTheSurvivorsAppliedEveryAcknowledgedPush) {
+  ExpectAsyncKillsLoseNoDenseUpdate("ctr", {9});
+}
+
 // Item 3 in ps-async and ps-ssp: server 1 is killed and a server joins in its place; rank 0 has
 // each of its ranges' primaries copy the range to it and forward every later update there, and
 // every worker takes it in as the ranges' backup. Then server 2 (range 1's other copy) is killed
@@ -411,13 +422,13 @@ TEST(PsReplicationTest, AsyncCompletesAndTheSurvivorsAppliedEveryAcknowledgedPus
 // the copy (its log), and it applied every later one once (its update counter), so between
 // them every worker's every push; server 0, alive throughout, applied each once too. Workers
 // are paused around the kills and the join as in the ps-sync test above.
-void ExpectAJoinedServerTakesCopies(const std::string& mode) {
+void ExpectAJoinedServerTakesCopies(const std::string& mode, const std::string& model = "mlp") {
   constexpr int kJoinSteps = 1500;
   FleetHarness harness;
   StatusOr<int> launcher =
       StartAndReach(harness, mode + " joined",
                     Concat(Fleet(mode, 2, {"--heartbeat-timeout-ms", "120000", "--linger", "30"}),
-                           TrainingFlags("mlp", kJoinSteps)),
+                           TrainingFlags(model, kJoinSteps)),
                     /*step=*/20);
   ASSERT_TRUE(launcher.ok()) << launcher.status();
   const std::string started = harness.Output(*launcher);
@@ -503,9 +514,9 @@ void ExpectAJoinedServerTakesCopies(const std::string& mode) {
   }
   EXPECT_EQ(copies, 2) << added_output;
   const double applied = Scrape(joined_metrics, "tessera_ps_updates_total{kind=\"dense\"}");
-  std::cout << mode << ": server 1 joined: its copies held " << in_copies << " updates, it applied "
-            << applied << " after them; " << held1 << " chunks x " << every_push << " pushes"
-            << std::endl;
+  std::cout << mode << ", " << model << ": server 1 joined: its copies held " << in_copies
+            << " updates, it applied " << applied << " after them; " << held1 << " chunks x "
+            << every_push << " pushes" << std::endl;
   EXPECT_EQ(static_cast<double>(in_copies) + applied, static_cast<double>(held1 * every_push))
       << "the copies held " << in_copies << " updates and server 1 applied " << applied
       << " after them\n"
@@ -523,6 +534,11 @@ TEST(PsReplicationTest, AsyncJoiningServerTakesCopiesAndALaterKillLosesNothing) 
 
 TEST(PsReplicationTest, SspJoiningServerTakesCopiesAndALaterKillLosesNothing) {
   ExpectAJoinedServerTakesCopies("ps-ssp");
+}
+
+// The ctr model: each range's embedding rows are copied and forwarded the same way.
+TEST(PsReplicationTest, AsyncCtrJoiningServerTakesCopiesAndALaterKillLosesNothing) {
+  ExpectAJoinedServerTakesCopies("ps-async", "ctr");
 }
 
 // Servers 1 and 2 hold both copies of range 1: losing both stops the job at once, naming it.

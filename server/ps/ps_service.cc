@@ -96,7 +96,9 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
     // A forwarded update holds the primary's replies until this server acknowledges it: it
     // goes before the workers' requests queued here.
     const auto* push_pull = request.As<PsPushPullRequest>();
-    const bool urgent = push_pull != nullptr && push_pull->forwarded;
+    const auto* sparse_push = request.As<SparsePushRequest>();
+    const bool urgent = (push_pull != nullptr && push_pull->forwarded) ||
+                        (sparse_push != nullptr && sparse_push->forwarded);
     auto serve = [self = shared_from_this(), request = std::move(request)] {
       self->Serve(request);
     };
@@ -145,12 +147,16 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
   // Replies that leave later, from whichever request releases them: the transport answers on
   // the request's connection without keeping the request (and its tensors) alive. With a
   // ledger, the request is recorded as answered (a copy is answered anew).
+  // `keep`: a copy is answered with this reply (as Answer's).
   template <typename Body>
   std::function<void(Body)> ReplyLater(const Envelope& request,
-                                       std::shared_ptr<RequestLedger> ledger = nullptr) {
+                                       std::shared_ptr<RequestLedger> ledger = nullptr,
+                                       bool keep = false) {
     return [endpoint = endpoint_, origin = request.origin, id = request.header.request_id,
-            rank = request.header.sender_rank, ledger = std::move(ledger)](Body body) {
-      if (ledger != nullptr) ledger->Answered(rank, id);
+            rank = request.header.sender_rank, ledger = std::move(ledger), keep](Body body) {
+      if (ledger != nullptr) {
+        ledger->Answered(rank, id, keep ? std::optional<MessageBody>(body) : std::nullopt);
+      }
       Status sent = endpoint->transport().Reply(origin, OutgoingMessage{id, -1, std::move(body)});
       if (!sent.ok()) TLOG(WARNING) << MessageTypeName(TypeOfBody<Body>()) << ": " << sent;
     };
@@ -180,6 +186,10 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
     // A step forwarded by the range's primary is applied once by its step, not by the ledger
     // (whose request ids are the workers').
     if (push_pull != nullptr && push_pull->forwarded) return ServeForwarded(request, *job);
+    const SparsePushRequest* sparse_push = request.As<SparsePushRequest>();
+    if (sparse_push != nullptr && sparse_push->forwarded) {
+      return ServeForwardedRows(request, *job);
+    }
     // A copy of a range (CheckpointRequest::copy) writes nothing; it is answered at each asking.
     const bool changes_state = type != MessageType::kSparsePullRequest &&
                                (push_pull == nullptr || push_pull->has_gradients) &&
@@ -216,11 +226,14 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
       case MessageType::kSparsePushRequest: {
         const SparsePushRequest* body = request.As<SparsePushRequest>();
         status = CheckRank(*job, request);
+        if (status.ok()) status = Diverged(*job);
         if (status.ok()) {
-          status = job->tables->Push(body->table, request.header.sender_rank,
-                                     request.header.step, body->row_ids, body->values);
+          // Acknowledged once taken (with a backup named, once the backup has it too).
+          status = job->tables->Push(
+              body->table, request.header.sender_rank, request.header.step, body->row_ids,
+              body->values, body->forward_to,
+              [ack = ReplyLater<Ack>(request, job->ledger, /*keep=*/true)] { ack(Ack{}); });
         }
-        if (status.ok()) Answer(request, *job, Ack{}, /*keep=*/true);
         break;
       }
       case MessageType::kSparsePullRequest: {
@@ -260,19 +273,33 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
     if (!status.ok()) AnswerError(request, status);
   }
 
+  // What runs once the backup has a forwarded update (or is gone): `done` (the replies waiting
+  // for it go; its values are here), after marking the job diverged if the backup refused it.
+  static StepForwarder::Done AfterForward(std::shared_ptr<Job> held, std::function<void()> done) {
+    return [held = std::move(held), done = std::move(done)](const Status& refused) {
+      if (!refused.ok()) {
+        std::lock_guard<std::mutex> lock(held->diverged_mu);
+        if (held->diverged.ok()) held->diverged = refused;
+      }
+      done();
+    };
+  }
+
+  // FailedPrecondition once the range's backup refused an update or left it unanswered.
+  static Status Diverged(const Job& job) {
+    std::lock_guard<std::mutex> lock(job.diverged_mu);
+    if (job.diverged.ok()) return OkStatus();
+    return FailedPreconditionError(RangeName(job.range) +
+                                   "'s backup lost an update, so its two copies may differ and the "
+                                   "range cannot survive this server's death; stopping the job (" +
+                                   job.diverged.message() + ")");
+  }
+
   // `again`: a copy of an answered push, served as the pull of its step's values (see
   // AnswerAgain).
   Status ServePushPull(const Envelope& request, const Job& job, bool again = false) {
     const PsPushPullRequest* body = request.As<PsPushPullRequest>();
-    {
-      std::lock_guard<std::mutex> lock(job.diverged_mu);
-      if (!job.diverged.ok()) {
-        return FailedPreconditionError(
-            RangeName(job.range) + "'s backup lost an update, so its two copies may differ and the "
-            "range cannot survive this server's death; stopping the job (" +
-            job.diverged.message() + ")");
-      }
-    }
+    RETURN_IF_ERROR(Diverged(job));
     const int rank = request.header.sender_rank;
     const int64_t step = again ? request.header.step + 1 : request.header.step;
     const bool push = body->has_gradients && !again;
@@ -309,6 +336,26 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
     DenseShard::ReplyCallback reply = job.regions->ReplyInto(rank, std::move(send));
     if (skip) return job.dense->Skip(rank, step, tensors, std::move(reply), stop, join);
     return job.dense->PushPull(rank, step, tensors, push, std::move(reply), stop, join);
+  }
+
+  // A row push the range's primary applied (ps-async, ps-ssp): acknowledged, then applied
+  // here in the primary's order.
+  void ServeForwardedRows(const Envelope& request, const Job& job) {
+    const SparsePushRequest* body = request.As<SparsePushRequest>();
+    if (request.header.sender_role != Role::kServer) {
+      return AnswerError(
+          request,
+          InvalidArgumentError("a forwarded row push from " + request.header.DescribeSender() +
+                               ": only a range's primary server forwards updates"));
+    }
+    const SparseTables::ForwardedRows rows{body->table,  body->pushed_by, request.header.step,
+                                           body->update, body->row_ids,   body->values};
+    Status applied = job.tables->ApplyForwarded(rows, [&] { endpoint_->Reply(request, Ack{}); });
+    if (!applied.ok()) {
+      return AnswerError(request,
+                         applied.WithContext("forwarded by " + request.header.DescribeSender() +
+                                             RangeSuffix(job.range)));
+    }
   }
 
   // A step the range's primary applied (forwarded steps, see ps_service.h): applied here, then
@@ -370,7 +417,7 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
     job->init_rank = request.header.sender_rank;
     job->init_request_id = request.header.request_id;
     const ServerPlacement placement{*range, options_.num_servers, options_.key_space};
-    // The job's steps go to the backup the workers name; the job lives until each is done.
+    // The job's updates go to the backup the workers name; the job lives until each is done.
     DenseShard::Forwarder forward = [self = weak_from_this(), weak_job = std::weak_ptr<Job>(job)](
                                         const std::string& to, DenseShard::ForwardedStep step,
                                         std::function<void()> done) {
@@ -378,21 +425,24 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
       std::shared_ptr<Job> held = weak_job.lock();
       if (service == nullptr || held == nullptr) return;  // stopping: the replies are dropped
       service->forwarder_.Forward(to, held->range, held->token, std::move(step),
-                                  [held, done = std::move(done)](const Status& refused) {
-                                    if (!refused.ok()) {
-                                      std::lock_guard<std::mutex> lock(held->diverged_mu);
-                                      if (held->diverged.ok()) held->diverged = refused;
-                                    }
-                                    done();  // the step's replies go (its values are here)
-                                  });
+                                  AfterForward(held, std::move(done)));
     };
+    SparseTables::Forwarder forward_rows =
+        [self = weak_from_this(), weak_job = std::weak_ptr<Job>(job)](
+            const std::string& to, SparseTables::ForwardedRows rows, std::function<void()> done) {
+          std::shared_ptr<Impl> service = self.lock();
+          std::shared_ptr<Job> held = weak_job.lock();
+          if (service == nullptr || held == nullptr) return;  // stopping: the acks are dropped
+          service->forwarder_.ForwardRows(to, held->range, std::move(rows),
+                                          AfterForward(held, std::move(done)));
+        };
     StatusOr<std::unique_ptr<DenseShard>> dense =
         DenseShard::Create(*config, placement, init->tensors, metrics_.get(), std::move(forward));
     if (!dense.ok()) return AnswerError(request, dense.status().WithContext(RangeName(*range)));
     job->dense = std::move(dense).value();
     job->regions = std::make_unique<WorkerRegions>(job->dense->chunks());
     job->tables = std::make_unique<SparseTables>(*config, *range, options_.num_servers,
-                                                 metrics_.get());
+                                                 metrics_.get(), std::move(forward_rows));
     if (init->copy_step > 0) {
       // A copy of the range from one of its replicas (this server joined in a failed one's
       // place): the job starts at that step with its values, optimizer state and rows.
@@ -407,8 +457,9 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
       // ps-async, ps-ssp: each chunk's version (updates applied) leads its clocks entry.
       int64_t updates = -1;
       for (const TensorData& entry : init->copy) {
-        const std::string suffix = ".clocks";
-        if (entry.name.size() > suffix.size() &&
+        const std::string prefix = "chunk", suffix = ".clocks";
+        if (entry.name.size() > prefix.size() + suffix.size() &&
+            entry.name.compare(0, prefix.size(), prefix) == 0 &&
             entry.name.compare(entry.name.size() - suffix.size(), suffix.size(), suffix) == 0) {
           updates = std::max<int64_t>(updates, 0) + entry.Read<int64_t>().at(0);
         }

@@ -223,6 +223,7 @@ class PsServiceForwardTest : public PsServiceTest {
     faults.drop_probability = 0.05;
     faults.duplicate_probability = 0.05;
     fleet.server_faults = faults;
+    fleet.resend_ms = 200;  // the workers' requests dropped are sent again, as PsEngine's
     ASSERT_NO_FATAL_FAILURE(Start(fleet));
     PsJobConfig config = TestConfig(consistency, 2);
     config.staleness = 1;
@@ -233,14 +234,24 @@ class PsServiceForwardTest : public PsServiceTest {
     ASSERT_TRUE(InitPrimary(config, values).ok());
     ASSERT_TRUE(Init(config, values, /*range=*/0).ok());
     constexpr int64_t kSteps = 30;
+    // Range 0's rows (of server 0 in a fleet of 2): each push touches two of them.
+    const Ids rows = RowsOwnedBy(0, 3);
     auto run = [&](int worker) {
       std::mt19937 random(static_cast<unsigned>(11 + worker));
+      std::uniform_real_distribution<float> grad(-1.0f, 1.0f);
       for (int64_t step = 1; step <= kSteps; ++step) {
+        SparsePushRequest row_push{
+            "emb.0", TensorData::Int64s("row_ids", {rows[step % 3], rows[(step + worker) % 3]}),
+            TensorData::Floats("values", 0,
+                               {grad(random), grad(random), grad(random), grad(random)}),
+            0, server_->address()};
+        const Reply rows_pushed = SendToPrimary(worker, row_push, step, "row push");
         const Reply pushed =
             PushToPrimary(worker, step, RandomGrads(random, values), server_->address());
-        const StatusOr<Envelope>& reply = pushed.get();
-        ASSERT_TRUE(reply.ok()) << "worker " << worker << " step " << step << ": "
-                                << reply.status();
+        for (const Reply* reply : {&rows_pushed, &pushed}) {
+          ASSERT_TRUE(reply->get().ok())
+              << "worker " << worker << " step " << step << ": " << reply->get().status();
+        }
       }
     };
     std::thread other(run, 1);
@@ -257,6 +268,21 @@ class PsServiceForwardTest : public PsServiceTest {
     EXPECT_EQ(backup, primary);
     EXPECT_NE(primary, values);
     EXPECT_EQ(DenseUpdates(), static_cast<double>(2 * kSteps * values.size()));
+    // The rows too: forwarded by the primary, applied in its order.
+    SparsePullRequest row_pull{"emb.0", TensorData::Int64s("row_ids", rows), 0};
+    const Reply primary_rows = SendToPrimary(0, row_pull, kSteps + 1, "rows of the primary");
+    const Reply backup_rows = Send(0, row_pull, kSteps + 1, "rows of the backup");
+    ASSERT_TRUE(primary_rows.get().ok()) << primary_rows.get().status();
+    ASSERT_TRUE(backup_rows.get().ok()) << backup_rows.get().status();
+    const Floats primary_values = primary_rows.get()->As<SparsePullReply>()->values.Read<float>();
+    EXPECT_EQ(backup_rows.get()->As<SparsePullReply>()->values.Read<float>(), primary_values);
+    Floats initial;
+    for (int64_t id : rows) {
+      Floats row(static_cast<size_t>(config.tables[0].dim));
+      InitializeEmbeddingRow(config.tables[0].init_seed, id, config.tables[0].dim, row.data());
+      initial.insert(initial.end(), row.begin(), row.end());
+    }
+    EXPECT_NE(primary_values, initial);
   }
 };
 

@@ -58,10 +58,16 @@ StatusOr<CheckpointShard> TakeShard(const ShardParts& parts, int64_t step, int64
       clocks.insert(clocks.end(), saved.clocks.begin(), saved.clocks.end());
     }
   }
-  for (auto& [name, rows] : parts.tables->Snapshot()) {
+  for (auto& [name, rows] :
+       forward_to.empty() ? parts.tables->Snapshot() : parts.tables->CopyTo(forward_to)) {
     shard.ints[name + ".ids"] = std::move(rows.ids);
     shard.floats[name + ".values"] = std::move(rows.values);
     shard.floats[name + ".state"] = std::move(rows.state);
+    if (!forward_to.empty()) {
+      std::vector<int64_t>& clocks = shard.ints[name + ".clocks"];
+      clocks.push_back(rows.version);
+      clocks.insert(clocks.end(), rows.clocks.begin(), rows.clocks.end());
+    }
   }
   if (parts.config->consistency == PsConsistency::kSync) {
     // Versions only grow: at `step` or more before the snapshot and at most `step` after it,
@@ -91,6 +97,21 @@ Status LoadShard(const ShardParts& parts, CheckpointShard shard, int64_t step,
     }
     return std::move(it->second);
   };
+  // A copy for a joined server (ps-async, ps-ssp): entry "<part>.clocks" holds the part's
+  // version, then each worker's clock. None: the part restarts at `step`.
+  auto take_clocks = [&](const std::string& part, int64_t* version,
+                         std::vector<int64_t>* clocks) -> Status {
+    auto it = shard.ints.find(part + ".clocks");
+    if (it == shard.ints.end()) return OkStatus();
+    if (it->second.size() != static_cast<size_t>(config.num_workers) + 1) {
+      return DataLossError(from + ": entry '" + it->first + "' holds " +
+                           std::to_string(it->second.size()) + " numbers; a version and " +
+                           std::to_string(config.num_workers) + " clocks expected");
+    }
+    *version = it->second[0];
+    clocks->assign(it->second.begin() + 1, it->second.end());
+    return OkStatus();
+  };
   // Everything is checked before anything changes.
   std::map<uint64_t, ChunkState> chunks;
   for (const DenseChunk& chunk : parts.dense->chunks()) {
@@ -98,18 +119,7 @@ Status LoadShard(const ShardParts& parts, CheckpointShard shard, int64_t step,
     ASSIGN_OR_RETURN(saved.values, take(ChunkEntry(chunk.index) + ".values", chunk.size));
     ASSIGN_OR_RETURN(saved.state, take(ChunkEntry(chunk.index) + ".state",
                                        parts.dense->state_per_element() * chunk.size));
-    // A copy for a joined server (ps-async, ps-ssp): the chunk's version, then each worker's
-    // clock.
-    if (auto clocks = shard.ints.find(ChunkEntry(chunk.index) + ".clocks");
-        clocks != shard.ints.end()) {
-      if (clocks->second.size() != static_cast<size_t>(config.num_workers) + 1) {
-        return DataLossError(from + ": entry '" + clocks->first + "' holds " +
-                             std::to_string(clocks->second.size()) + " numbers; a version and " +
-                             std::to_string(config.num_workers) + " clocks expected");
-      }
-      saved.version = clocks->second[0];
-      saved.clocks.assign(clocks->second.begin() + 1, clocks->second.end());
-    }
+    RETURN_IF_ERROR(take_clocks(ChunkEntry(chunk.index), &saved.version, &saved.clocks));
   }
   std::map<std::string, TableRows> rows;
   for (const EmbeddingTableSpec& table : config.tables) {
@@ -117,11 +127,12 @@ Status LoadShard(const ShardParts& parts, CheckpointShard shard, int64_t step,
     saved.ids = std::move(shard.ints[table.name + ".ids"]);
     ASSIGN_OR_RETURN(saved.values, take(table.name + ".values", 0));
     ASSIGN_OR_RETURN(saved.state, take(table.name + ".state", 0));
+    RETURN_IF_ERROR(take_clocks(table.name, &saved.version, &saved.clocks));
   }
   StatusOr<SparseTables::Restored> tables = parts.tables->PrepareRestore(rows);
   if (!tables.ok()) return tables.status().WithContext(from);
   parts.dense->Restore(std::move(chunks), step);
-  parts.tables->CommitRestore(std::move(tables).value(), step);
+  parts.tables->CommitRestore(std::move(tables).value(), step, rows);
   return OkStatus();
 }
 
@@ -177,14 +188,10 @@ StatusOr<ShardFileInfo> RestoreShard(const ShardParts& parts, const std::string&
 StatusOr<std::vector<TensorData>> CopyShard(const ShardParts& parts, int64_t step,
                                             const std::string& forward_to, int forward_rank,
                                             int64_t wait_ms) {
-  if (!forward_to.empty() &&
-      (parts.config->consistency == PsConsistency::kSync || !parts.config->tables.empty())) {
+  if (!forward_to.empty() && parts.config->consistency == PsConsistency::kSync) {
     return FailedPreconditionError(
         "a copy that forwards its later updates to server " + std::to_string(forward_rank) +
-        " is for ps-async and ps-ssp jobs without embedding tables (ps-sync copies at a step "
-        "every worker agreed on; embedding rows are not forwarded); this is a " +
-        std::string(PsModeName(parts.config->consistency)) + " job with " +
-        std::to_string(parts.config->tables.size()) + " tables");
+        " is for ps-async and ps-ssp (ps-sync copies at a step every worker agreed on)");
   }
   ASSIGN_OR_RETURN(CheckpointShard shard,
                    TakeShard(parts, step, wait_ms, forward_to, forward_rank));

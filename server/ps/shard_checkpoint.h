@@ -57,10 +57,10 @@ StatusOr<ShardFileInfo> RestoreShard(const ShardParts& parts, const std::string&
 // shard of `step` (the same waits and checks) as tensors, one per entry (float32 or int64),
 // instead of a file; and LoadShard's restore from such tensors (`from` names their source in
 // errors). Nothing changes unless every entry checks.
-// With `forward_to` (ps-async and ps-ssp without tables, else FailedPrecondition): the copy is
-// DenseShard::CopyTo's, for server `forward_rank` at that address, and the entries
-// "chunk<index>.clocks" (int64: the chunk's version, then each worker's clock) restore each
-// chunk's place in the updates.
+// With `forward_to` (ps-async and ps-ssp, else FailedPrecondition): the copy is
+// DenseShard::CopyTo's and SparseTables::CopyTo's, for server `forward_rank` at that address,
+// and the entries "chunk<index>.clocks" and "<table>.clocks" (int64: the part's version, then
+// each worker's clock) restore each part's place in the updates.
 StatusOr<std::vector<TensorData>> CopyShard(const ShardParts& parts, int64_t step,
                                             const std::string& forward_to = std::string(),
                                             int forward_rank = -1,

@@ -318,13 +318,48 @@ TEST_F(ShardCheckpointTest, AsyncCopyForAJoinedServerCarriesEachChunksVersionAnd
   EXPECT_EQ((*other_dense)->Snapshot().at(0).state, dense_->Snapshot().at(0).state);
 
   ASSERT_NO_FATAL_FAILURE(Create(PsConsistency::kSync, /*with_table=*/false));
-  EXPECT_EQ(CopyShard(parts_, 0, "tcp://10.0.0.3:7000", 2).status().code(),
-            StatusCode::kFailedPrecondition);
-  ASSERT_NO_FATAL_FAILURE(Create(PsConsistency::kAsync));
   EXPECT_EQ(CopyShard(parts_, 0, "tcp://10.0.0.3:7000", 2).status().message(),
-            "a copy that forwards its later updates to server 2 is for ps-async and ps-ssp jobs "
-            "without embedding tables (ps-sync copies at a step every worker agreed on; "
-            "embedding rows are not forwarded); this is a ps-async job with 1 tables");
+            "a copy that forwards its later updates to server 2 is for ps-async and ps-ssp "
+            "(ps-sync copies at a step every worker agreed on)");
+}
+
+// The same with an embedding table: its copy carries the table's version and clocks, and the
+// server that loads it takes a row push it holds as a copy and goes on bitwise alike.
+TEST_F(ShardCheckpointTest, AsyncCopyCarriesEachTablesVersionAndClocks) {
+  ASSERT_NO_FATAL_FAILURE(Create(PsConsistency::kAsync));
+  Step(1, 1);
+  Step(2, 2);
+  auto copy = CopyShard(parts_, 2, "tcp://10.0.0.3:7000", 2);
+  ASSERT_TRUE(copy.ok()) << copy.status();
+  bool found = false;
+  for (const TensorData& entry : *copy) {
+    if (entry.name != "emb.0.clocks") continue;
+    found = true;
+    EXPECT_EQ(entry.Read<int64_t>(), (std::vector<int64_t>{2, 2}));
+  }
+  EXPECT_TRUE(found);
+  auto other_dense = DenseShard::Create(config_, {0, 1, 100},
+                                        {TensorData::Floats("chunk0", 0, Floats(4, 9)),
+                                         TensorData::Floats("chunk1", 1, Floats(2, 9))},
+                                        metrics_.get());
+  ASSERT_TRUE(other_dense.ok()) << other_dense.status();
+  SparseTables other_tables(config_, 0, 1, metrics_.get());
+  const ShardParts other{&config_, 0, 1, other_dense->get(), &other_tables};
+  ASSERT_TRUE(LoadShardCopy(other, *copy, 2, "copy from server 1").ok());
+  // Step 2's rows are in the copy: taken as a copy, nothing applied.
+  ASSERT_TRUE(other_tables
+                  .Push("emb.0", 0, 2, TensorData::Int64s("row_ids", {3}),
+                        TensorData::Floats("values", 0, {7, 7}))
+                  .ok());
+  EXPECT_EQ(other_tables.Snapshot().at("emb.0").values, tables_->Snapshot().at("emb.0").values);
+  for (SparseTables* tables : {tables_.get(), &other_tables}) {
+    ASSERT_TRUE(tables
+                    ->Push("emb.0", 0, 3, TensorData::Int64s("row_ids", {3}),
+                           TensorData::Floats("values", 0, {5, 5}))
+                    .ok());
+  }
+  EXPECT_EQ(other_tables.Snapshot().at("emb.0").values, tables_->Snapshot().at("emb.0").values);
+  EXPECT_EQ(other_tables.Snapshot().at("emb.0").state, tables_->Snapshot().at("emb.0").state);
 }
 
 }  // namespace

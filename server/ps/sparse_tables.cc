@@ -28,11 +28,26 @@ struct SparseTables::Table {
   // ps-sync: the rows of a step not applied yet, by rank.
   std::map<int64_t, std::vector<RankRows>> held;  // guarded by mu
   std::vector<Waiter> waiters;                    // guarded by mu
+  // The backup's side, ps-async and ps-ssp: forwarded pushes that came before the update
+  // before them, by update number, with their worker and step.
+  struct Parked {
+    int rank = 0;
+    int64_t step = 0;
+    RankRows rows;
+  };
+  std::map<int64_t, Parked> parked;  // guarded by mu
+  // ps-async, ps-ssp: a joined server that took a copy of this table (CopyTo): every later
+  // push goes there when it names no backup. Empty: none.
+  std::string backup;  // guarded by mu
 };
 
 SparseTables::SparseTables(const PsJobConfig& config, int server_rank, int num_servers,
-                           PsMetrics* metrics)
-    : config_(config), server_rank_(server_rank), num_servers_(num_servers), metrics_(metrics) {
+                           PsMetrics* metrics, Forwarder forwarder)
+    : config_(config),
+      server_rank_(server_rank),
+      num_servers_(num_servers),
+      metrics_(metrics),
+      forwarder_(std::move(forwarder)) {
   for (size_t t = 0; t < config.tables.size(); ++t) {
     tables_[config.tables[t].name] = std::make_unique<Table>(t, config.tables[t], config);
   }
@@ -66,10 +81,10 @@ Status SparseTables::CheckRows(const Table& table, const std::vector<int64_t>& i
   return OkStatus();
 }
 
-Status SparseTables::Push(const std::string& name, int rank, int64_t step,
-                          const TensorData& row_ids, const TensorData& values) {
-  ASSIGN_OR_RETURN(Table * found, Find(name));
-  Table& table = *found;
+Status SparseTables::ReadRows(const Table& table, int rank, int64_t step, const TensorData& row_ids,
+                              const TensorData& values, std::vector<int64_t>* ids_out,
+                              std::vector<float>* grads_out) const {
+  const std::string& name = table.spec.name;
   if (row_ids.dtype != DataType::kInt64 || values.dtype != DataType::kFloat32) {
     return InvalidArgumentError("sparse push to table '" + name + "': row ids of " +
                                 std::string(DataTypeName(row_ids.dtype)) + " and values of " +
@@ -94,11 +109,28 @@ Status SparseTables::Push(const std::string& name, int rank, int64_t step,
                                 DescribeNonFinite(grads.data(), *at) +
                                 "; refused, nothing of this push was applied");
   }
+  *ids_out = std::move(ids);
+  *grads_out = std::move(grads);
+  return OkStatus();
+}
+
+Status SparseTables::Push(const std::string& name, int rank, int64_t step,
+                          const TensorData& row_ids, const TensorData& values,
+                          const std::string& forward_to, std::function<void()> done) {
+  ASSIGN_OR_RETURN(Table * found, Find(name));
+  Table& table = *found;
+  std::vector<int64_t> ids;
+  std::vector<float> grads;
+  RETURN_IF_ERROR(ReadRows(table, rank, step, row_ids, values, &ids, &grads));
   metrics_->SparseGradientBytes(static_cast<double>(grads.size() * sizeof(float)));
   Status applied = OkStatus();
   std::vector<Release> ready;
+  std::optional<ForwardedRows> forward;
+  std::string forward_target;
   {
     std::lock_guard<std::mutex> lock(table.mu);
+    // A worker's push at a copy holding parked forwards: its primary is gone.
+    if (!table.parked.empty()) ApplyParked(&table, /*all=*/true);
     StatusOr<PushDecision> decision = table.policy.Push(rank, step);
     if (!decision.ok()) return decision.status().WithContext("table '" + name + "'");
     if (decision->action == PushAction::kApplyNow) {
@@ -106,6 +138,13 @@ Status SparseTables::Push(const std::string& name, int rank, int64_t step,
       applied = table.rows->ApplyGradients(lr, decision->update, ids.data(), grads.data(),
                                            ids.size());
       metrics_->SparseUpdate();
+      const std::string& to = forward_to.empty() ? table.backup : forward_to;
+      if (applied.ok() && forwarder_ != nullptr && !to.empty()) {
+        forward = ForwardedRows{name, rank, step, decision->update, row_ids, values};
+        forward_target = to;
+      }
+    } else if (decision->action == PushAction::kApplied || decision->action == PushAction::kNone) {
+      // ps-async, ps-ssp: a copy of a push this worker made; nothing to apply.
     } else {
       auto& slots = table.held[step];
       slots.resize(static_cast<size_t>(config_.num_workers));
@@ -115,7 +154,68 @@ Status SparseTables::Push(const std::string& name, int rank, int64_t step,
     ReleaseReady(&table, &ready);
   }
   Send(&ready);
-  return applied;
+  if (!applied.ok()) return applied;
+  if (forward.has_value()) {
+    forwarder_(
+        forward_target, std::move(*forward), done != nullptr ? std::move(done) : [] {});
+  } else if (done != nullptr) {
+    done();
+  }
+  return OkStatus();
+}
+
+Status SparseTables::ApplyForwarded(const ForwardedRows& rows, const std::function<void()>& taken) {
+  const std::string what = "worker " + std::to_string(rows.pushed_by) + "'s push of step " +
+                           std::to_string(rows.step) + " to table '" + rows.table + "', forwarded";
+  ASSIGN_OR_RETURN(Table * found, Find(rows.table));
+  Table& table = *found;
+  if (rows.pushed_by < 0 || rows.pushed_by >= config_.num_workers) {
+    return InvalidArgumentError(what + ": the job has workers 0 to " +
+                                std::to_string(config_.num_workers - 1));
+  }
+  if (rows.update < 1 || rows.step < 1) {
+    return InvalidArgumentError(what + ": update " + std::to_string(rows.update) +
+                                "; updates and steps start at 1");
+  }
+  Table::RankRows parked;
+  RETURN_IF_ERROR(ReadRows(table, rows.pushed_by, rows.step, rows.row_ids, rows.values, &parked.ids,
+                           &parked.grads));
+  // Held in memory here (parked until the updates before it came): acknowledged first.
+  taken();
+  std::vector<Release> ready;
+  {
+    std::lock_guard<std::mutex> lock(table.mu);
+    // A copy of a forward taken already is left alone (applied, or parked: emplace keeps the
+    // first).
+    if (rows.update > table.policy.version()) {
+      table.parked.emplace(rows.update,
+                           Table::Parked{rows.pushed_by, rows.step, std::move(parked)});
+      ApplyParked(&table, /*all=*/false);
+    }
+    ReleaseReady(&table, &ready);
+  }
+  Send(&ready);
+  return OkStatus();
+}
+
+// The parked forwards in update order: each as the policy's next push of its worker, while it
+// is the next one (`all`: every one, gaps closed).
+void SparseTables::ApplyParked(Table* table, bool all) {
+  while (!table->parked.empty() &&
+         (all || table->parked.begin()->first == table->policy.version() + 1)) {
+    Table::Parked parked = std::move(table->parked.begin()->second);
+    table->parked.erase(table->parked.begin());
+    StatusOr<PushDecision> decided = table->policy.Push(parked.rank, parked.step);
+    // ps-async and ps-ssp refuse no push; a copy (kApplied) applies nothing.
+    if (!decided.ok() || decided->action != PushAction::kApplyNow) continue;
+    const float lr = LearningRate(config_.schedule, config_.optimizer.lr, decided->update - 1);
+    // Every id was checked on arrival, so this does not fail.
+    Status applied = table->rows->ApplyGradients(lr, decided->update, parked.rows.ids.data(),
+                                                 parked.rows.grads.data(), parked.rows.ids.size());
+    if (!applied.ok())
+      TLOG(ERROR) << "forwarded rows of table '" << table->spec.name << "': " << applied;
+    metrics_->SparseUpdate();
+  }
 }
 
 // ps-sync: every worker's rows of `step` are here: concatenate in rank order, average, apply.
@@ -151,6 +251,7 @@ Status SparseTables::Pull(const std::string& name, int64_t step, const TensorDat
   std::vector<Release> ready;
   {
     std::lock_guard<std::mutex> lock(table.mu);
+    if (!table.parked.empty()) ApplyParked(&table, /*all=*/true);  // the primary is gone
     waiter.rule = table.policy.RowPull(step);
     table.waiters.push_back(std::move(waiter));
     ReleaseReady(&table, &ready);
@@ -213,6 +314,19 @@ std::map<std::string, TableRows> SparseTables::Snapshot() const {
   return saved;
 }
 
+std::map<std::string, TableRows> SparseTables::CopyTo(const std::string& backup) {
+  std::map<std::string, TableRows> saved;
+  for (const auto& [name, table] : tables_) {
+    std::lock_guard<std::mutex> lock(table->mu);
+    TableRows& rows = saved[name];
+    table->rows->Export(&rows.ids, &rows.values, &rows.state);
+    rows.version = table->policy.version();
+    rows.clocks = table->policy.clocks();
+    table->backup = backup;
+  }
+  return saved;
+}
+
 StatusOr<SparseTables::Restored> SparseTables::PrepareRestore(
     const std::map<std::string, TableRows>& saved) const {
   Restored restored;
@@ -226,14 +340,21 @@ StatusOr<SparseTables::Restored> SparseTables::PrepareRestore(
   return restored;
 }
 
-void SparseTables::CommitRestore(Restored restored, int64_t step) {
+void SparseTables::CommitRestore(Restored restored, int64_t step,
+                                 const std::map<std::string, TableRows>& saved) {
   for (auto& [name, table] : tables_) {
     std::vector<Release> ready;
     {
       std::lock_guard<std::mutex> lock(table->mu);
       table->rows = std::move(restored.at(name));
-      table->policy.Restore(step);
+      auto copy = saved.find(name);
+      if (copy != saved.end() && !copy->second.clocks.empty()) {
+        table->policy.Restore(copy->second.version, copy->second.clocks);
+      } else {
+        table->policy.Restore(step);
+      }
       table->held.clear();
+      table->parked.clear();
       ReleaseReady(table.get(), &ready);
     }
     Send(&ready);

@@ -199,5 +199,93 @@ TEST_F(SparseTablesTest, ConcurrentPushesAndPullsOfOneTable) {
   EXPECT_NEAR(last.Values()[1], Initial(rows[1])[1] - 0.5f * 100, 1e-3);
 }
 
+// ps-async with two copies: each row push the primary applies goes to the backup with the
+// table's update number, and is done once the backup acknowledged it. The backup applies the
+// forwards in the primary's order, parking one that overtook the one before it: bitwise the
+// primary's rows and optimizer state (momentum); a copy of a forward changes nothing; a
+// worker's push at the backup applies every parked forward first, and is taken as a copy when
+// the backup has it already.
+TEST_F(SparseTablesTest, AsyncForwardsEachRowPushAndTheBackupAppliesThemInThePrimarysOrder) {
+  PsJobConfig config = Config(PsConsistency::kAsync, 2);
+  config.optimizer = DefaultOptimizerOptions(OptimizerKind::kMomentum);
+  config.optimizer.lr = 0.25f;
+  struct Sent {
+    std::string to;
+    SparseTables::ForwardedRows rows;
+    std::function<void()> done;
+  };
+  std::vector<Sent> sent;
+  SparseTables primary(
+      config, 1, 2, metrics_.get(),
+      [&sent](const std::string& to, SparseTables::ForwardedRows rows, std::function<void()> done) {
+        sent.push_back({to, std::move(rows), std::move(done)});
+      });
+  SparseTables backup(config, 1, 2, metrics_.get());
+  const Ids rows = RowsOwnedBy(1, 3);
+  int done = 0;
+  auto push = [&](int rank, int64_t step, const Ids& ids, const Floats& grads) {
+    ASSERT_TRUE(primary
+                    .Push("emb.0", rank, step, TensorData::Int64s("row_ids", ids),
+                          TensorData::Floats("values", 0, grads), "tcp://10.0.0.2:5000",
+                          [&done] { ++done; })
+                    .ok());
+  };
+  push(0, 1, {rows[0], rows[1]}, {0.1f, 0.2f, -1, 3});
+  push(1, 1, {rows[1], rows[1]}, {0.7f, 1e-3f, 2, -0.5f});  // a row twice
+  push(0, 2, {rows[2], rows[0]}, {5, 6, 1e-4f, -7});
+  ASSERT_EQ(sent.size(), 3u);
+  EXPECT_EQ(sent[0].to, "tcp://10.0.0.2:5000");
+  EXPECT_EQ(sent[1].rows.pushed_by, 1);
+  EXPECT_EQ(sent[2].rows.update, 3);
+  EXPECT_EQ(done, 0);  // until the backup has them
+  int taken = 0;
+  const auto take = [&taken] { ++taken; };
+  ASSERT_TRUE(backup.ApplyForwarded(sent[2].rows, take).ok());
+  ASSERT_TRUE(backup.ApplyForwarded(sent[1].rows, take).ok());
+  EXPECT_EQ(taken, 2);
+  EXPECT_EQ(backup.Snapshot().at("emb.0").ids.size(), 0u);  // parked: nothing applied yet
+  ASSERT_TRUE(backup.ApplyForwarded(sent[0].rows, take).ok());
+  ASSERT_TRUE(backup.ApplyForwarded(sent[1].rows, take).ok());  // a copy
+  EXPECT_EQ(taken, 4);
+  const TableRows theirs = primary.Snapshot().at("emb.0");
+  const TableRows ours = backup.Snapshot().at("emb.0");
+  EXPECT_EQ(ours.ids, theirs.ids);
+  EXPECT_EQ(ours.values, theirs.values);
+  EXPECT_EQ(ours.state, theirs.state);
+  for (Sent& forward : sent) forward.done();
+  EXPECT_EQ(done, 3);
+  // Refused unacknowledged: a worker outside the job, an update below 1, a row of another
+  // server.
+  SparseTables::ForwardedRows bad = sent[0].rows;
+  bad.pushed_by = 2;
+  EXPECT_EQ(backup.ApplyForwarded(bad, take).message(),
+            "worker 2's push of step 1 to table 'emb.0', forwarded: the job has workers 0 to 1");
+  bad = sent[0].rows;
+  bad.update = 0;
+  EXPECT_EQ(backup.ApplyForwarded(bad, take).code(), StatusCode::kInvalidArgument);
+  bad = sent[0].rows;
+  bad.row_ids = TensorData::Int64s("row_ids", {RowsOwnedBy(0, 1)[0], rows[0]});
+  EXPECT_EQ(backup.ApplyForwarded(bad, take).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(taken, 4);
+
+  // The primary failed with update 4 forwarded but update 5's forward lost; worker 1 pushes
+  // step 2 again at the backup, which took it: a copy, nothing applied. Update 5 (worker 0's
+  // step 3), forwarded, parks behind the missing 4 until a worker's request applies it.
+  push(1, 2, {rows[0]}, {1, 1});
+  push(0, 3, {rows[1]}, {2, 2});
+  ASSERT_EQ(sent.size(), 5u);
+  ASSERT_TRUE(backup.ApplyForwarded(sent[4].rows, take).ok());
+  EXPECT_EQ(backup.Snapshot().at("emb.0").values, ours.values);
+  ASSERT_TRUE(backup
+                  .Push("emb.0", 0, 3, TensorData::Int64s("row_ids", {rows[1]}),
+                        TensorData::Floats("values", 0, {2, 2}))
+                  .ok());  // applied the parked update: a copy of it now
+  ASSERT_TRUE(backup
+                  .Push("emb.0", 1, 2, TensorData::Int64s("row_ids", {rows[0]}),
+                        TensorData::Floats("values", 0, {1, 1}))
+                  .ok());  // never forwarded: applied now
+  EXPECT_EQ(backup.Snapshot().at("emb.0").ids, primary.Snapshot().at("emb.0").ids);
+}
+
 }  // namespace
 }  // namespace tessera::server

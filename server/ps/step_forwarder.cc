@@ -41,15 +41,6 @@ void StepForwarder::Forward(const std::string& to, int range, uint64_t job_token
                      std::to_string(step) + " of range " + std::to_string(range) + " (" +
                      std::to_string(forwarded.gradients.size()) + " chunks) forwarded by server " +
                      std::to_string(options_.server_rank) + " to its backup at " + to;
-  if (IsLost(to)) {
-    // The range lives here alone now: done, on the thread like every other step.
-    std::promise<StatusOr<Envelope>> gone;
-    gone.set_value(AbortedError(to + " was declared failed"));
-    std::lock_guard<std::mutex> lock(mu_);
-    pending_.push_back(Pending{to, std::move(what), gone.get_future().share(), std::move(done)});
-    cv_.notify_all();
-    return;
-  }
   PsPushPullRequest request;
   request.has_gradients = forwarded.dropped_by < 0;
   request.tensors = std::move(forwarded.gradients);
@@ -61,6 +52,35 @@ void StepForwarder::Forward(const std::string& to, int range, uint64_t job_token
   request.joining = forwarded.joining;
   request.pushed_by = forwarded.pushed_by;
   request.updates = std::move(forwarded.updates);
+  Send(to, std::move(request), step, std::move(what), std::move(done));
+}
+
+void StepForwarder::ForwardRows(const std::string& to, int range, SparseTables::ForwardedRows rows,
+                                Done done) {
+  std::string what = "worker " + std::to_string(rows.pushed_by) + "'s push of step " +
+                     std::to_string(rows.step) + " to table '" + rows.table + "' of range " +
+                     std::to_string(range) + " (update " + std::to_string(rows.update) +
+                     ") forwarded by server " + std::to_string(options_.server_rank) +
+                     " to its backup at " + to;
+  SparsePushRequest request{std::move(rows.table), std::move(rows.row_ids), std::move(rows.values),
+                            range};
+  request.forwarded = true;
+  request.pushed_by = rows.pushed_by;
+  request.update = rows.update;
+  Send(to, std::move(request), rows.step, std::move(what), std::move(done));
+}
+
+void StepForwarder::Send(const std::string& to, MessageBody request, int64_t step, std::string what,
+                         Done done) {
+  if (IsLost(to)) {
+    // The range lives here alone now: done, on the thread like every other update.
+    std::promise<StatusOr<Envelope>> gone;
+    gone.set_value(AbortedError(to + " was declared failed"));
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_.push_back(Pending{to, std::move(what), gone.get_future().share(), std::move(done)});
+    cv_.notify_all();
+    return;
+  }
   Pending pending{to, what, {}, std::move(done)};
   pending.reply = endpoint_->CallAsync(to, std::move(request), step,
                                        Deadline::AfterMillis(options_.timeout_ms), what,

@@ -1,6 +1,7 @@
 // StepForwarder: sends the updates a range's primary applied (ps-sync: its steps; ps-async and
-// ps-ssp: its pushes) to the range's backup (DenseShard::Forwarder, --replicas 2) and says when
-// each one is done: held there, or the backup is gone, so the replies waiting for it may go.
+// ps-ssp: its pushes, dense and embedding rows) to the range's backup (DenseShard::Forwarder,
+// SparseTables::Forwarder; --replicas 2) and says when each one is done: held there, or the
+// backup is gone, so the replies waiting for it may go.
 //
 //   StepForwarder forwarder(endpoint, StepForwarderOptions{});
 //   forwarder.Forward(backup_address, /*range=*/0, job_token, std::move(step),
@@ -30,6 +31,7 @@
 #include "common/base/status.h"
 #include "common/transport/rpc_endpoint.h"
 #include "server/ps/dense_shard.h"
+#include "server/ps/sparse_tables.h"
 
 namespace tessera::server {
 
@@ -56,6 +58,8 @@ class StepForwarder {
   // runs once, on the forwarder's thread. Never blocks.
   void Forward(const std::string& to, int range, uint64_t job_token,
                DenseShard::ForwardedStep forwarded, Done done);
+  // The same for a row push the primary applied (ps-async, ps-ssp: SparseTables::Forwarder).
+  void ForwardRows(const std::string& to, int range, SparseTables::ForwardedRows rows, Done done);
   // The member at `address` was declared failed (`why`): its calls end, and no step goes
   // there any more.
   void PeerLost(const std::string& address, const std::string& why);
@@ -67,6 +71,8 @@ class StepForwarder {
     std::shared_future<StatusOr<Envelope>> reply;
     Done done;
   };
+  // Calls `to` with `request` (the update `what` describes) and queues the wait for it.
+  void Send(const std::string& to, MessageBody request, int64_t step, std::string what, Done done);
   void Loop();
   bool IsLost(const std::string& address);
 

@@ -406,15 +406,6 @@ Status PsEngine::CopyToJoined(int64_t step, const float* params) {
     joined = joined_;
   }
   for (const auto& [server, address] : joined) {
-    if (!tables_.empty()) {
-      TLOG(WARNING) << "server " << server << " joined at " << address << " in the failed one's "
-                    << "place; " << PsModeName(options_.consistency) << " does not forward "
-                    << "embedding rows, so a copy of a range is no cut of its updates: it stays "
-                    << "unused and its ranges keep their other copies";
-      std::lock_guard<std::mutex> lock(lost_mu_);
-      joined_.erase(server);
-      continue;
-    }
     const auto started = SteadyClock::now();
     std::string copied;  // "range 0 from server 2, ..."
     double bytes = 0;
@@ -552,8 +543,11 @@ StatusOr<Envelope> PsEngine::Await(Reply* reply, const std::string& what,
     const std::string again = what + " (asked again of server " + std::to_string(live[0]) +
                               ", the range's primary now)";
     MessageBody request = *reply->ask_again;
+    // Not the new primary itself.
     if (auto* push_pull = std::get_if<PsPushPullRequest>(&request)) {
-      push_pull->forward_to = ForwardTarget(reply->range);  // not the new primary itself
+      push_pull->forward_to = ForwardTarget(reply->range);
+    } else if (auto* rows = std::get_if<SparsePushRequest>(&request)) {
+      rows->forward_to = ForwardTarget(reply->range);
     }
     reply->copies.clear();
     reply->copies.emplace_back(live[0],
@@ -1017,7 +1011,13 @@ Status PsEngine::Step(int64_t step, float* params, float* grads,
       SparsePushRequest request{tables_[t].name,
                                 TensorData::Int64s("row_ids", std::move(ids_of[s])),
                                 TensorData::Floats("values", 0, std::move(grads_of[s])), s};
-      acks.emplace_back(Send(s, std::move(request), step, what, Fanout::kAll), what);
+      // ps-async, ps-ssp with two copies: to the primary, which forwards the rows to the
+      // backup (the same order on both); else to every copy (ps-sync applies a step's rows at
+      // once, in rank order, on each).
+      const bool forward = forwarding_ && options_.consistency != PsConsistency::kSync;
+      if (forward) request.forward_to = ForwardTarget(s);
+      acks.emplace_back(
+          Send(s, std::move(request), step, what, forward ? Fanout::kPrimary : Fanout::kAll), what);
     }
   }
   Status dense = PushPull(step, grads, params);

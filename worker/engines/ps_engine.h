@@ -20,20 +20,20 @@
 //
 // Replicated ranges (FleetView::replicas R > 1, the coordinator's --replicas): key range r (the
 // chunks and embedding rows server r holds with R = 1) lives on servers r, r + 1, ...,
-// r + R - 1 (mod S), its primary the first live one. With R = 2 a dense push goes to the
-// primary alone, naming the live backup (PsPushPullRequest::forward_to): the primary forwards
-// each update it applies there (ps-sync: each step) and answers once the backup has it
-// (server/ps/ps_service.h, "Forwarded updates"). Otherwise every request for a range goes to
-// each live replica: gradients and row pushes to all (every replica applies the same sums in
-// the same order, so all hold bitwise the same values and optimizer state), the values from
-// the primary (the others answer with an ack). Row pulls and checkpoint writes go to the
-// primary only. A step completes when every live replica has it, so an acknowledged update is
-// on every live replica. When a server fails (ServerLost, from the coordinator's notice) its
-// pending calls fail, its ranges' next replicas become their primaries, and what only it was
-// to answer is asked again of them: a forwarded push as it is (the new primary took it
-// already, and answers it with its values, or applies it: in ps-sync once every worker asked
-// again), else
-// the values of a push as a pull, a row pull, a checkpoint write; nothing is applied twice.
+// r + R - 1 (mod S), its primary the first live one. With R = 2 a dense push (and in ps-async
+// and ps-ssp a row push) goes to the primary alone, naming the live backup (forward_to): the
+// primary forwards each update it applies there (ps-sync: each step) and answers once the
+// backup has it (server/ps/ps_service.h, "Forwarded updates"). Otherwise every request for a
+// range goes to each live replica: gradients and row pushes to all (in ps-sync every replica
+// applies the same sums in the same order, so all hold bitwise the same values and optimizer
+// state), the values from the primary (the others answer with an ack). Row pulls and
+// checkpoint writes go to the primary only. A step completes when every live replica has it,
+// so an acknowledged update is on every live replica. When a server fails (ServerLost, from
+// the coordinator's notice) its pending calls fail, its ranges' next replicas become their
+// primaries, and what only it was to answer is asked again of them: a forwarded push as it is
+// (the new primary took it already, and answers it with its values, or applies it: in ps-sync
+// once every worker asked again), else the values of a push as a pull, a row pull, a
+// checkpoint write; nothing is applied twice.
 // Shared memory is not used (each region is one server's).
 //
 // Re-replication (ps-sync): a server started with --join in a failed one's place reaches every
@@ -44,16 +44,16 @@
 // (CheckpointRequest::copy) to it (PsInitRequest::copy), and every worker sends it that
 // range's requests from the next step on (the server parks those that arrive before the copy).
 // Every range then has its R copies again.
-// ps-async and ps-ssp (--replicas 2, no embedding tables) have no common step: after its next
-// step rank 0 asks each of the joined server's ranges' primary for a copy that forwards every
-// later update to it (CheckpointRequest::forward_to: each chunk's copy and the updates after it
-// are one cut, server/ps/dense_shard.h CopyTo), and hands the copy over (PsInitRequest::copy).
-// Every worker takes the server in for a range once a reply to its push there says its updates
-// went to it (PsPushPullReply::copied_to: it acknowledged, so it has the copy). It sorts last
-// among the range's replicas: the primaries stay where they are (the workers cannot agree on a
-// moment to move one), and it is the backup the pushes name. With embedding tables or
-// --replicas 3 or more (rows and fan-out pushes are not forwarded, so a copy is no cut) a
-// joined server is logged and left unused.
+// ps-async and ps-ssp (--replicas 2) have no common step: after its next step rank 0 asks each
+// of the joined server's ranges' primary for a copy that forwards every later update to it
+// (CheckpointRequest::forward_to: each chunk's and table's copy and the updates after it are
+// one cut, server/ps/dense_shard.h CopyTo), and hands the copy over (PsInitRequest::copy).
+// Every worker takes the server in for a range once a reply to its dense push there says its
+// updates went to it (PsPushPullReply::copied_to: it acknowledged, so it has the copy). It
+// sorts last among the range's replicas: the primaries stay where they are (the workers cannot
+// agree on a moment to move one), and it is the backup the pushes name. With --replicas 3 or
+// more (pushes go to every copy, so a copy is no cut of their updates) a joined server is
+// logged and left unused there.
 //
 // Thread-safety: the training thread only.
 #ifndef TESSERA_WORKER_ENGINES_PS_ENGINE_H_
