@@ -240,6 +240,40 @@ void SignalWorkers(FleetHarness& harness, int launcher, int signal) {
   }
 }
 
+// The coordinator address the launcher gives its children, from its output; empty if none.
+std::string CoordinatorOf(const std::string& output) {
+  std::smatch match;
+  return std::regex_search(output, match, std::regex("children get --coordinator (\\S+)\\)"))
+             ? match[1].str()
+             : std::string();
+}
+
+// SIGKILLs server `server` and waits until the launcher reports its death.
+void KillAndWait(FleetHarness& harness, int launcher, int server) {
+  const int pid = AnnouncedPid(harness.Output(launcher), "server", server);
+  ASSERT_NO_FATAL_FAILURE(KillServer(harness, launcher, server));
+  ASSERT_TRUE(harness
+                  .WaitForLine(launcher, "failed: its process (pid " + std::to_string(pid),
+                               Deadline::AfterMillis(kRunMs))
+                  .ok())
+      << harness.Output(launcher);
+}
+
+// Starts tessera-launch --add-servers 1 attached to `coordinator`, and waits until the fleet's
+// launcher says server 1 joined.
+StatusOr<int> AddServer(FleetHarness& harness, int launcher, const std::string& coordinator) {
+  StatusOr<int> added = harness.Start(
+      "add-servers", "tools/tessera-launch",
+      {"--attach", coordinator, "--add-servers", "1", "--heartbeat-timeout-ms", "120000"});
+  if (!added.ok()) return added;
+  Status joined = harness.WaitForLine(launcher, "[launch] server 1 joined the fleet",
+                                      Deadline::AfterMillis(kRunMs));
+  if (!joined.ok()) {
+    return joined.WithContext(harness.Output(launcher) + harness.Output(*added));
+  }
+  return added;
+}
+
 // Item 3: server 1 is killed, a server started with tessera-launch --add-servers joins in its
 // place, and the workers copy its two ranges to it at a step they agree on: every range has
 // its 2 copies again (the dashboard's view of the ranges, the new server's
@@ -261,32 +295,16 @@ TEST(PsReplicationTest, AJoiningServerRestoresTheCopiesAndALaterKillLosesNothing
       /*step=*/20);
   ASSERT_TRUE(launcher.ok()) << launcher.status();
   const std::string started = harness.Output(*launcher);
-  std::smatch match;
-  ASSERT_TRUE(std::regex_search(started, match,
-                                std::regex("children get --coordinator (\\S+)\\)")))
-      << started;
-  const std::string coordinator = match[1];
+  const std::string coordinator = CoordinatorOf(started);
+  ASSERT_FALSE(coordinator.empty()) << started;
   const std::string data_url =
       std::regex_replace(AnnouncedMetrics(started, "coordinator", 0), std::regex("/metrics$"),
                          "/dashboard/data");
 
   ASSERT_NO_FATAL_FAILURE(SignalWorkers(harness, *launcher, SIGSTOP));
-  const int first_pid = AnnouncedPid(started, "server", 1);
-  KillServer(harness, *launcher, 1);
-  ASSERT_TRUE(harness
-                  .WaitForLine(*launcher, "failed: its process (pid " + std::to_string(first_pid),
-                               Deadline::AfterMillis(kRunMs))
-                  .ok())
-      << harness.Output(*launcher);
-  StatusOr<int> added = harness.Start("add-servers", "tools/tessera-launch",
-                                      {"--attach", coordinator, "--add-servers", "1",
-                                       "--heartbeat-timeout-ms", "120000"});
+  ASSERT_NO_FATAL_FAILURE(KillAndWait(harness, *launcher, 1));
+  StatusOr<int> added = AddServer(harness, *launcher, coordinator);
   ASSERT_TRUE(added.ok()) << added.status();
-  ASSERT_TRUE(harness
-                  .WaitForLine(*launcher, "[launch] server 1 joined the fleet",
-                               Deadline::AfterMillis(kRunMs))
-                  .ok())
-      << harness.Output(*launcher) << harness.Output(*added);
   ASSERT_NO_FATAL_FAILURE(SignalWorkers(harness, *launcher, SIGCONT));
   ASSERT_TRUE(harness
                   .WaitForLine(*launcher, "worker 0 | server 1 (", Deadline::AfterMillis(kRunMs))
@@ -314,13 +332,7 @@ TEST(PsReplicationTest, AJoiningServerRestoresTheCopiesAndALaterKillLosesNothing
   EXPECT_EQ(copies, kServers) << data->body;
 
   // Server 2, an original, holds range 1's other copy: its death loses nothing now.
-  const int second_pid = AnnouncedPid(started, "server", 2);
-  KillServer(harness, *launcher, 2);
-  ASSERT_TRUE(harness
-                  .WaitForLine(*launcher, "failed: its process (pid " + std::to_string(second_pid),
-                               Deadline::AfterMillis(kRunMs))
-                  .ok())
-      << harness.Output(*launcher);
+  ASSERT_NO_FATAL_FAILURE(KillAndWait(harness, *launcher, 2));
   ASSERT_NO_FATAL_FAILURE(SignalWorkers(harness, *launcher, SIGCONT));
   auto exit = harness.WaitExit(*launcher, Deadline::AfterMillis(kRunMs));
   const std::string output = harness.Output(*launcher);
@@ -361,6 +373,15 @@ std::map<int, std::map<int, int>> AsyncJobChunks(const std::string& output) {
   return chunks;
 }
 
+// Waits until the launcher's workers all finished and the fleet lingers (--linger).
+void WaitUntilLingering(FleetHarness& harness, int launcher) {
+  ASSERT_TRUE(harness
+                  .WaitForLine(launcher, "all 3 workers finished; lingering",
+                               Deadline::AfterMillis(kRunMs))
+                  .ok())
+      << harness.Output(launcher);
+}
+
 // ps-async has no common step to compare bitwise; what must hold is that nothing acknowledged
 // was lost: each surviving server applied every worker's every push to every chunk it holds
 // (tessera_ps_updates_total{kind="dense"}, read while the fleet lingers after the workers),
@@ -375,11 +396,7 @@ void ExpectAsyncKillsLoseNoDenseUpdate(const std::string& model, const std::vect
         kill.step);
     ASSERT_TRUE(launcher.ok()) << launcher.status();
     KillServer(harness, *launcher, kill.server);
-    ASSERT_TRUE(harness
-                    .WaitForLine(*launcher, "all 3 workers finished; lingering",
-                                 Deadline::AfterMillis(kRunMs))
-                    .ok())
-        << harness.Output(*launcher);
+    ASSERT_NO_FATAL_FAILURE(WaitUntilLingering(harness, *launcher));
     const std::string output = harness.Output(*launcher);
     std::map<int, std::map<int, int>> chunks = AsyncJobChunks(output);
     for (int server = 0; server < kServers; ++server) {
@@ -432,28 +449,13 @@ void ExpectAJoinedServerTakesCopies(const std::string& mode, const std::string& 
                     /*step=*/20);
   ASSERT_TRUE(launcher.ok()) << launcher.status();
   const std::string started = harness.Output(*launcher);
-  std::smatch match;
-  ASSERT_TRUE(std::regex_search(started, match, std::regex("children get --coordinator (\\S+)\\)")))
-      << started;
-  const std::string coordinator = match[1];
+  const std::string coordinator = CoordinatorOf(started);
+  ASSERT_FALSE(coordinator.empty()) << started;
 
   ASSERT_NO_FATAL_FAILURE(SignalWorkers(harness, *launcher, SIGSTOP));
-  const int first_pid = AnnouncedPid(started, "server", 1);
-  KillServer(harness, *launcher, 1);
-  ASSERT_TRUE(harness
-                  .WaitForLine(*launcher, "failed: its process (pid " + std::to_string(first_pid),
-                               Deadline::AfterMillis(kRunMs))
-                  .ok())
-      << harness.Output(*launcher);
-  StatusOr<int> added = harness.Start(
-      "add-servers", "tools/tessera-launch",
-      {"--attach", coordinator, "--add-servers", "1", "--heartbeat-timeout-ms", "120000"});
+  ASSERT_NO_FATAL_FAILURE(KillAndWait(harness, *launcher, 1));
+  StatusOr<int> added = AddServer(harness, *launcher, coordinator);
   ASSERT_TRUE(added.ok()) << added.status();
-  ASSERT_TRUE(harness
-                  .WaitForLine(*launcher, "[launch] server 1 joined the fleet",
-                               Deadline::AfterMillis(kRunMs))
-                  .ok())
-      << harness.Output(*launcher) << harness.Output(*added);
   ASSERT_NO_FATAL_FAILURE(SignalWorkers(harness, *launcher, SIGCONT));
   // Rank 0 copied both ranges; every other worker took the server in from its replies.
   for (const std::string line :
@@ -474,19 +476,9 @@ void ExpectAJoinedServerTakesCopies(const std::string& mode, const std::string& 
   ASSERT_FALSE(joined_metrics.empty()) << harness.Output(*added);
   EXPECT_EQ(Scrape(joined_metrics, "tessera_ps_key_ranges"), 2);
 
-  const int second_pid = AnnouncedPid(started, "server", 2);
-  KillServer(harness, *launcher, 2);
-  ASSERT_TRUE(harness
-                  .WaitForLine(*launcher, "failed: its process (pid " + std::to_string(second_pid),
-                               Deadline::AfterMillis(kRunMs))
-                  .ok())
-      << harness.Output(*launcher);
+  ASSERT_NO_FATAL_FAILURE(KillAndWait(harness, *launcher, 2));
   ASSERT_NO_FATAL_FAILURE(SignalWorkers(harness, *launcher, SIGCONT));
-  ASSERT_TRUE(harness
-                  .WaitForLine(*launcher, "all 3 workers finished; lingering",
-                               Deadline::AfterMillis(kRunMs))
-                  .ok())
-      << harness.Output(*launcher);
+  ASSERT_NO_FATAL_FAILURE(WaitUntilLingering(harness, *launcher));
   const std::string output = harness.Output(*launcher);
   const std::string added_output = harness.Output(*added);
   EXPECT_EQ(output.find("was lost with its replicas"), std::string::npos) << output;

@@ -55,6 +55,25 @@ class ShardCheckpointTest : public ::testing::Test {
                     .ok());
   }
 
+  // Another server's parts of the same job (every chunk's values 9), to load a copy into.
+  struct OtherParts {
+    std::unique_ptr<DenseShard> dense;
+    std::unique_ptr<SparseTables> tables;
+    ShardParts parts;
+  };
+  OtherParts CreateOther() {
+    OtherParts other;
+    auto dense = DenseShard::Create(config_, {0, 1, 100},
+                                    {TensorData::Floats("chunk0", 0, Floats(4, 9)),
+                                     TensorData::Floats("chunk1", 1, Floats(2, 9))},
+                                    metrics_.get());
+    EXPECT_TRUE(dense.ok()) << dense.status();
+    if (dense.ok()) other.dense = std::move(dense).value();
+    other.tables = std::make_unique<SparseTables>(config_, 0, 1, metrics_.get());
+    other.parts = {&config_, 0, 1, other.dense.get(), other.tables.get()};
+    return other;
+  }
+
   CheckpointManifest Manifest(int64_t step, const ShardFileInfo& file) {
     CheckpointManifest manifest;
     manifest.step = step;
@@ -113,41 +132,37 @@ TEST_F(ShardCheckpointTest, CopyLoadsIntoAnotherJobAsTheStepWas) {
   const auto dense_at_2 = dense_->Snapshot();
   const auto rows_at_2 = tables_->Snapshot();
 
-  auto other_dense = DenseShard::Create(config_, {0, 1, 100},
-                                        {TensorData::Floats("chunk0", 0, Floats(4, 9)),
-                                         TensorData::Floats("chunk1", 1, Floats(2, 9))},
-                                        metrics_.get());
-  ASSERT_TRUE(other_dense.ok()) << other_dense.status();
-  SparseTables other_tables(config_, 0, 1, metrics_.get());
-  const ShardParts other{&config_, 0, 1, other_dense->get(), &other_tables};
+  OtherParts other = CreateOther();
+  ASSERT_NE(other.dense, nullptr);
   // A copy missing an entry, or with one of the wrong type, changes nothing.
   std::vector<TensorData> short_copy(copy->begin() + 1, copy->end());
-  Status refused = LoadShardCopy(other, short_copy, 2, "copy from server 1");
+  Status refused = LoadShardCopy(other.parts, short_copy, 2, "copy from server 1");
   EXPECT_EQ(refused.code(), StatusCode::kDataLoss) << refused;
   EXPECT_NE(refused.message().find("copy from server 1: entry '"), std::string::npos) << refused;
   std::vector<TensorData> odd = *copy;
   odd[0].dtype = DataType::kUInt8;
-  EXPECT_EQ(LoadShardCopy(other, odd, 2, "copy").code(), StatusCode::kDataLoss);
-  EXPECT_EQ((*other_dense)->Snapshot().at(0).values, Floats(4, 9));
+  EXPECT_EQ(LoadShardCopy(other.parts, odd, 2, "copy").code(), StatusCode::kDataLoss);
+  EXPECT_EQ(other.dense->Snapshot().at(0).values, Floats(4, 9));
 
-  ASSERT_TRUE(LoadShardCopy(other, *copy, 2, "copy from server 1").ok());
-  EXPECT_EQ((*other_dense)->Snapshot().at(0).values, dense_at_2.at(0).values);
-  EXPECT_EQ((*other_dense)->Snapshot().at(0).state, dense_at_2.at(0).state);
-  EXPECT_EQ(other_tables.Snapshot().at("emb.0").ids, rows_at_2.at("emb.0").ids);
-  EXPECT_EQ(other_tables.Snapshot().at("emb.0").state, rows_at_2.at("emb.0").state);
+  ASSERT_TRUE(LoadShardCopy(other.parts, *copy, 2, "copy from server 1").ok());
+  EXPECT_EQ(other.dense->Snapshot().at(0).values, dense_at_2.at(0).values);
+  EXPECT_EQ(other.dense->Snapshot().at(0).state, dense_at_2.at(0).state);
+  EXPECT_EQ(other.tables->Snapshot().at("emb.0").ids, rows_at_2.at("emb.0").ids);
+  EXPECT_EQ(other.tables->Snapshot().at("emb.0").state, rows_at_2.at("emb.0").state);
   // Step 3 on both: bitwise the same.
   Step(3, 5);
-  ASSERT_TRUE(other_tables.Push("emb.0", 0, 3, TensorData::Int64s("row_ids", {3}),
-                                TensorData::Floats("values", 0, {5, 5}))
+  ASSERT_TRUE(other.tables
+                  ->Push("emb.0", 0, 3, TensorData::Int64s("row_ids", {3}),
+                         TensorData::Floats("values", 0, {5, 5}))
                   .ok());
-  ASSERT_TRUE((*other_dense)
+  ASSERT_TRUE(other.dense
                   ->PushPull(0, 3,
                              {TensorData::Floats("chunk0", 0, Floats(4, 5)),
                               TensorData::Floats("chunk1", 1, Floats(2, 0))},
                              true, [](PsPushPullReply) {})
                   .ok());
-  EXPECT_EQ((*other_dense)->Snapshot().at(0).values, dense_->Snapshot().at(0).values);
-  EXPECT_EQ(other_tables.Snapshot().at("emb.0").values, tables_->Snapshot().at("emb.0").values);
+  EXPECT_EQ(other.dense->Snapshot().at(0).values, dense_->Snapshot().at(0).values);
+  EXPECT_EQ(other.tables->Snapshot().at("emb.0").values, tables_->Snapshot().at("emb.0").values);
 }
 
 TEST_F(ShardCheckpointTest, SyncSaveWaitsForTheStepToBeAppliedEverywhere) {
@@ -296,26 +311,21 @@ TEST_F(ShardCheckpointTest, AsyncCopyForAJoinedServerCarriesEachChunksVersionAnd
   EXPECT_EQ(entries.at("chunk0.clocks").Read<int64_t>(), (std::vector<int64_t>{2, 2}));
   EXPECT_EQ(entries.at("chunk1.clocks").Read<int64_t>(), (std::vector<int64_t>{0, 0}));
 
-  auto other_dense = DenseShard::Create(config_, {0, 1, 100},
-                                        {TensorData::Floats("chunk0", 0, Floats(4, 9)),
-                                         TensorData::Floats("chunk1", 1, Floats(2, 9))},
-                                        metrics_.get());
-  ASSERT_TRUE(other_dense.ok()) << other_dense.status();
-  SparseTables other_tables(config_, 0, 1, metrics_.get());
-  const ShardParts other{&config_, 0, 1, other_dense->get(), &other_tables};
+  OtherParts other = CreateOther();
+  ASSERT_NE(other.dense, nullptr);
   std::vector<TensorData> odd = *copy;
   for (TensorData& entry : odd) {
     if (entry.name == "chunk0.clocks") entry = TensorData::Int64s("chunk0.clocks", {2});
   }
-  EXPECT_EQ(LoadShardCopy(other, odd, 2, "copy from server 1").message(),
+  EXPECT_EQ(LoadShardCopy(other.parts, odd, 2, "copy from server 1").message(),
             "copy from server 1: entry 'chunk0.clocks' holds 1 numbers; a version and 1 clocks "
             "expected");
-  ASSERT_TRUE(LoadShardCopy(other, *copy, 2, "copy from server 1").ok());
-  const Floats held = (*other_dense)->Snapshot().at(0).values;
+  ASSERT_TRUE(LoadShardCopy(other.parts, *copy, 2, "copy from server 1").ok());
+  const Floats held = other.dense->Snapshot().at(0).values;
   EXPECT_EQ(held, dense_->Snapshot().at(0).values);
-  EXPECT_EQ(push(**other_dense, 2, 7), held);  // step 2 is in the copy: nothing applied
-  EXPECT_EQ(push(**other_dense, 3, 5), push(*dense_, 3, 5));
-  EXPECT_EQ((*other_dense)->Snapshot().at(0).state, dense_->Snapshot().at(0).state);
+  EXPECT_EQ(push(*other.dense, 2, 7), held);  // step 2 is in the copy: nothing applied
+  EXPECT_EQ(push(*other.dense, 3, 5), push(*dense_, 3, 5));
+  EXPECT_EQ(other.dense->Snapshot().at(0).state, dense_->Snapshot().at(0).state);
 
   ASSERT_NO_FATAL_FAILURE(Create(PsConsistency::kSync, /*with_table=*/false));
   EXPECT_EQ(CopyShard(parts_, 0, "tcp://10.0.0.3:7000", 2).status().message(),
@@ -338,28 +348,23 @@ TEST_F(ShardCheckpointTest, AsyncCopyCarriesEachTablesVersionAndClocks) {
     EXPECT_EQ(entry.Read<int64_t>(), (std::vector<int64_t>{2, 2}));
   }
   EXPECT_TRUE(found);
-  auto other_dense = DenseShard::Create(config_, {0, 1, 100},
-                                        {TensorData::Floats("chunk0", 0, Floats(4, 9)),
-                                         TensorData::Floats("chunk1", 1, Floats(2, 9))},
-                                        metrics_.get());
-  ASSERT_TRUE(other_dense.ok()) << other_dense.status();
-  SparseTables other_tables(config_, 0, 1, metrics_.get());
-  const ShardParts other{&config_, 0, 1, other_dense->get(), &other_tables};
-  ASSERT_TRUE(LoadShardCopy(other, *copy, 2, "copy from server 1").ok());
+  OtherParts other = CreateOther();
+  ASSERT_NE(other.dense, nullptr);
+  ASSERT_TRUE(LoadShardCopy(other.parts, *copy, 2, "copy from server 1").ok());
   // Step 2's rows are in the copy: taken as a copy, nothing applied.
-  ASSERT_TRUE(other_tables
-                  .Push("emb.0", 0, 2, TensorData::Int64s("row_ids", {3}),
-                        TensorData::Floats("values", 0, {7, 7}))
+  ASSERT_TRUE(other.tables
+                  ->Push("emb.0", 0, 2, TensorData::Int64s("row_ids", {3}),
+                         TensorData::Floats("values", 0, {7, 7}))
                   .ok());
-  EXPECT_EQ(other_tables.Snapshot().at("emb.0").values, tables_->Snapshot().at("emb.0").values);
-  for (SparseTables* tables : {tables_.get(), &other_tables}) {
+  EXPECT_EQ(other.tables->Snapshot().at("emb.0").values, tables_->Snapshot().at("emb.0").values);
+  for (SparseTables* tables : {tables_.get(), other.tables.get()}) {
     ASSERT_TRUE(tables
                     ->Push("emb.0", 0, 3, TensorData::Int64s("row_ids", {3}),
                            TensorData::Floats("values", 0, {5, 5}))
                     .ok());
   }
-  EXPECT_EQ(other_tables.Snapshot().at("emb.0").values, tables_->Snapshot().at("emb.0").values);
-  EXPECT_EQ(other_tables.Snapshot().at("emb.0").state, tables_->Snapshot().at("emb.0").state);
+  EXPECT_EQ(other.tables->Snapshot().at("emb.0").values, tables_->Snapshot().at("emb.0").values);
+  EXPECT_EQ(other.tables->Snapshot().at("emb.0").state, tables_->Snapshot().at("emb.0").state);
 }
 
 }  // namespace

@@ -143,7 +143,7 @@ Status SparseTables::Push(const std::string& name, int rank, int64_t step,
         forward = ForwardedRows{name, rank, step, decision->update, row_ids, values};
         forward_target = to;
       }
-    } else if (decision->action == PushAction::kApplied || decision->action == PushAction::kNone) {
+    } else if (decision->action == PushAction::kApplied) {
       // ps-async, ps-ssp: a copy of a push this worker made; nothing to apply.
     } else {
       auto& slots = table.held[step];
@@ -212,8 +212,9 @@ void SparseTables::ApplyParked(Table* table, bool all) {
     // Every id was checked on arrival, so this does not fail.
     Status applied = table->rows->ApplyGradients(lr, decided->update, parked.rows.ids.data(),
                                                  parked.rows.grads.data(), parked.rows.ids.size());
-    if (!applied.ok())
+    if (!applied.ok()) {
       TLOG(ERROR) << "forwarded rows of table '" << table->spec.name << "': " << applied;
+    }
     metrics_->SparseUpdate();
   }
 }

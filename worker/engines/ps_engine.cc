@@ -322,53 +322,22 @@ Status PsEngine::TakeInJoined(int64_t step, int server, const float* params) {
     server_addresses_[static_cast<size_t>(server)] = address;
   }
   auto started = SteadyClock::now();
-  // The ranges it holds a copy of: those whose replicas include it.
-  std::vector<int> ranges;
-  for (int range = 0; range < view_.num_servers; ++range) {
-    if ((server - range + view_.num_servers) % view_.num_servers < replicas_) {
-      ranges.push_back(range);
-    }
-  }
   std::string copied;  // "range 0 from server 2, ..."
   double bytes = 0;
   if (rank_ == 0) {
-    for (int range : ranges) {
-      const std::string what = "copy of range " + std::to_string(range) + " at step " +
-                               std::to_string(step) + " for server " + std::to_string(server);
+    // The ranges it holds a copy of: those whose replicas include it.
+    for (int range = 0; range < view_.num_servers; ++range) {
+      if (!IsReplicaOf(server, range)) continue;
       CheckpointRequest ask{"", step, false, range};
       ask.copy = true;
-      Reply copy = Send(range, std::move(ask), step, what);
-      std::optional<Deadline> stop_grace;
-      ASSIGN_OR_RETURN(Envelope answer, Await(&copy, what, &stop_grace));
-      ASSIGN_OR_RETURN(CheckpointReply shard, TakeBody<CheckpointReply>(std::move(answer), what));
-      PsInitRequest init{config_json_, {}, job_token_, range};
-      for (size_t i : chunks_of_server_[static_cast<size_t>(range)]) {
-        const DenseChunk& chunk = chunks_[i];
-        init.tensors.push_back(ChunkTensor(chunk, params + chunk.offset, nullptr));
-      }
-      for (const TensorData& entry : shard.tensors) {
-        bytes += static_cast<double>(entry.bytes.size());
-      }
-      init.copy = std::move(shard.tensors);
-      init.copy_step = step;
-      const std::string to = "the copy of range " + std::to_string(range) + " to server " +
-                             std::to_string(server) + " (joined at " + address + ")";
-      Reply taken;
-      taken.range = range;
-      taken.copies.emplace_back(server, SendTo(server, std::move(init), step, to));
-      if (Status sent = Await(&taken, to, &stop_grace).status(); !sent.ok()) {
+      ASSIGN_OR_RETURN(std::string from,
+                       CopyRange(std::move(ask), server, address, step, params, &bytes));
+      if (from.empty()) {  // it failed meanwhile: the others fail over from it when told
         std::lock_guard<std::mutex> lock(lost_mu_);
-        auto joined = joined_.find(server);
-        if (joined == joined_.end() || !joined->second.empty()) return sent;
-        // It failed meanwhile (ServerLost): the others fail over from it when told.
-        TLOG(WARNING) << "server " << server << " failed while its ranges were copied to it ("
-                      << sent << "); they keep their other copies";
-        joined_.erase(joined);
+        joined_.erase(server);
         return OkStatus();
       }
-      range_copies_->Increment();
-      copied += std::string(copied.empty() ? "" : ", ") + "range " + std::to_string(range) +
-                " from server " + std::to_string(copy.copies.front().first);
+      copied += std::string(copied.empty() ? "" : ", ") + from;
     }
   }
   {
@@ -391,6 +360,48 @@ Status PsEngine::TakeInJoined(int64_t step, int server, const float* params) {
   return OkStatus();
 }
 
+StatusOr<std::string> PsEngine::CopyRange(CheckpointRequest ask, int server,
+                                          const std::string& address, int64_t step,
+                                          const float* params, double* bytes) {
+  const int range = ask.range;
+  const std::string what = "copy of range " + std::to_string(range) + " at step " +
+                           std::to_string(step) + " for server " + std::to_string(server) +
+                           " (joined at " + address + ")";
+  Reply copy = Send(range, std::move(ask), step, what);
+  std::optional<Deadline> stop_grace;
+  ASSIGN_OR_RETURN(Envelope answer, Await(&copy, what, &stop_grace));
+  ASSIGN_OR_RETURN(CheckpointReply shard, TakeBody<CheckpointReply>(std::move(answer), what));
+  PsInitRequest init{config_json_, {}, job_token_, range};
+  for (size_t i : chunks_of_server_[static_cast<size_t>(range)]) {
+    const DenseChunk& chunk = chunks_[i];
+    init.tensors.push_back(ChunkTensor(chunk, params + chunk.offset, nullptr));
+  }
+  for (const TensorData& entry : shard.tensors) *bytes += static_cast<double>(entry.bytes.size());
+  init.copy = std::move(shard.tensors);
+  init.copy_step = step;
+  const std::string to = "the copy of range " + std::to_string(range) + " to server " +
+                         std::to_string(server) + " (joined at " + address + ")";
+  {
+    // Nothing else is sent there before it holds a range (it is not a live replica yet).
+    std::lock_guard<std::mutex> lock(lost_mu_);
+    server_addresses_[static_cast<size_t>(server)] = address;
+  }
+  Reply taken;
+  taken.range = range;
+  taken.copies.emplace_back(server, SendTo(server, std::move(init), step, to));
+  if (Status sent = Await(&taken, to, &stop_grace).status(); !sent.ok()) {
+    std::lock_guard<std::mutex> lock(lost_mu_);
+    auto joined = joined_.find(server);
+    if (joined == joined_.end() || !joined->second.empty()) return sent;
+    TLOG(WARNING) << "server " << server << " failed while its ranges were copied to it (" << sent
+                  << "); they keep their other copies";
+    return std::string();
+  }
+  range_copies_->Increment();
+  return "range " + std::to_string(range) + " from server " +
+         std::to_string(copy.copies.front().first);
+}
+
 Status PsEngine::CopyToJoined(int64_t step, const float* params) {
   std::map<int, std::string> joined;
   {
@@ -410,52 +421,18 @@ Status PsEngine::CopyToJoined(int64_t step, const float* params) {
     std::string copied;  // "range 0 from server 2, ..."
     double bytes = 0;
     bool failed = false;
-    for (int range = 0; range < view_.num_servers && !failed; ++range) {
+    for (int range = 0; range < view_.num_servers; ++range) {
       if (!IsReplicaOf(server, range)) continue;
-      const std::string what = "copy of range " + std::to_string(range) + " for server " +
-                               std::to_string(server) + " (joined at " + address + ")";
       CheckpointRequest ask{"", step, false, range};
       ask.copy = true;
       ask.forward_to = address;
       ask.forward_rank = server;
-      Reply copy = Send(range, std::move(ask), step, what);
-      std::optional<Deadline> stop_grace;
-      ASSIGN_OR_RETURN(Envelope answer, Await(&copy, what, &stop_grace));
-      ASSIGN_OR_RETURN(CheckpointReply shard, TakeBody<CheckpointReply>(std::move(answer), what));
-      PsInitRequest init{config_json_, {}, job_token_, range};
-      for (size_t i : chunks_of_server_[static_cast<size_t>(range)]) {
-        const DenseChunk& chunk = chunks_[i];
-        init.tensors.push_back(ChunkTensor(chunk, params + chunk.offset, nullptr));
-      }
-      for (const TensorData& entry : shard.tensors) {
-        bytes += static_cast<double>(entry.bytes.size());
-      }
-      init.copy = std::move(shard.tensors);
-      init.copy_step = step;
-      const std::string to = "the copy of range " + std::to_string(range) + " to server " +
-                             std::to_string(server) + " (joined at " + address + ")";
-      {
-        // Nothing else is sent there before it holds a range (it is not a live replica yet).
-        std::lock_guard<std::mutex> lock(lost_mu_);
-        server_addresses_[static_cast<size_t>(server)] = address;
-      }
-      Reply taken;
-      taken.range = range;
-      taken.copies.emplace_back(server, SendTo(server, std::move(init), step, to));
-      if (Status sent = Await(&taken, to, &stop_grace).status(); !sent.ok()) {
-        std::lock_guard<std::mutex> lock(lost_mu_);
-        auto still = joined_.find(server);
-        if (still != joined_.end() && !still->second.empty()) return sent;
-        // It failed meanwhile (ServerLost): its ranges keep their other copies.
-        TLOG(WARNING) << "server " << server << " failed while its ranges were copied to it ("
-                      << sent << "); they keep their other copies";
-        failed = true;
-        break;
-      }
-      range_copies_->Increment();
+      ASSIGN_OR_RETURN(std::string from,
+                       CopyRange(std::move(ask), server, address, step, params, &bytes));
+      failed = from.empty();  // it failed meanwhile: its ranges keep their other copies
+      if (failed) break;
       TakeInCopy(range, server);
-      copied += std::string(copied.empty() ? "" : ", ") + "range " + std::to_string(range) +
-                " from server " + std::to_string(copy.copies.front().first);
+      copied += std::string(copied.empty() ? "" : ", ") + from;
     }
     std::lock_guard<std::mutex> lock(lost_mu_);
     joined_.erase(server);

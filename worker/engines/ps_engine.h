@@ -231,6 +231,12 @@ class PsEngine final : public TrainingEngine {
   // for when this worker has not heard yet), rank 0's copy of its ranges to it, and from the
   // next step on it holds them.
   Status TakeInJoined(int64_t step, int server, const float* params);
+  // Rank 0: asks the primary of `ask`'s range for a copy (CheckpointRequest::copy) and
+  // initialises the range on joined server `server` at `address` from it (PsInitRequest::copy),
+  // adding the copy's bytes to `*bytes`: "range 0 from server 2", or empty (logged) when the
+  // server failed meanwhile (ServerLost).
+  StatusOr<std::string> CopyRange(CheckpointRequest ask, int server, const std::string& address,
+                                  int64_t step, const float* params, double* bytes);
   // ps-async, ps-ssp: rank 0 copies each joined server's ranges to it (see above) after
   // `step`; the other ranks only forget joined servers that failed since.
   Status CopyToJoined(int64_t step, const float* params);
