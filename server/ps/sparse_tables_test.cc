@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <limits>
+#include <mutex>
 #include <optional>
 #include <thread>
 
@@ -285,6 +286,62 @@ TEST_F(SparseTablesTest, AsyncForwardsEachRowPushAndTheBackupAppliesThemInThePri
                         TensorData::Floats("values", 0, {1, 1}))
                   .ok());  // never forwarded: applied now
   EXPECT_EQ(backup.Snapshot().at("emb.0").ids, primary.Snapshot().at("emb.0").ids);
+}
+
+// The cut under concurrency: CopyTo while two workers push rows on their own threads. The
+// copy (restored at its version and clocks) and the pushes forwarded after it give the joined
+// server bitwise the primary's rows and state.
+TEST_F(SparseTablesTest, AsyncCopyWhileRowPushesAreInFlightIsACut) {
+  PsJobConfig config = Config(PsConsistency::kAsync, 2);
+  config.optimizer = DefaultOptimizerOptions(OptimizerKind::kMomentum);
+  config.optimizer.lr = 0.25f;
+  std::mutex sent_mu;
+  std::vector<SparseTables::ForwardedRows> forwards;
+  SparseTables primary(
+      config, 1, 2, metrics_.get(),
+      [&](const std::string& to, SparseTables::ForwardedRows rows, std::function<void()> done) {
+        EXPECT_EQ(to, "tcp://10.0.0.3:7000");
+        {
+          std::lock_guard<std::mutex> lock(sent_mu);
+          forwards.push_back(std::move(rows));
+        }
+        done();
+      });
+  const Ids rows = RowsOwnedBy(1, 4);
+  constexpr int kSteps = 200;
+  std::atomic<int> pushed{0};
+  std::atomic<bool> copied{false};
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      bool after_copy = false;
+      for (int64_t step = 1; step <= kSteps || !after_copy; ++step) {
+        after_copy = copied.load();
+        const float g = 0.01f * static_cast<float>(rank + 1) * static_cast<float>(step % 5);
+        EXPECT_TRUE(
+            Push(primary, rank, step, {rows[step % 4], rows[(step + rank) % 4]}, {g, -g, 2 * g, g})
+                .ok());
+        pushed.fetch_add(1);
+      }
+    });
+  }
+  while (pushed.load() < kSteps / 2) std::this_thread::yield();
+  auto copy = primary.CopyTo("tcp://10.0.0.3:7000");
+  copied = true;
+  for (std::thread& thread : threads) thread.join();
+  SparseTables joined(config, 1, 2, metrics_.get());
+  auto restored = joined.PrepareRestore(copy);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  joined.CommitRestore(std::move(restored).value(), 1, copy);
+  for (const SparseTables::ForwardedRows& forward : forwards) {
+    ASSERT_TRUE(joined.ApplyForwarded(forward, [] {}).ok());
+  }
+  EXPECT_FALSE(forwards.empty());
+  const TableRows theirs = primary.Snapshot().at("emb.0");
+  const TableRows ours = joined.Snapshot().at("emb.0");
+  EXPECT_EQ(ours.ids, theirs.ids);
+  EXPECT_EQ(ours.values, theirs.values);
+  EXPECT_EQ(ours.state, theirs.state);
 }
 
 }  // namespace
