@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "common/metrics/metrics.h"
+#include "server/ps/pushes_around_a_copy.h"
 
 namespace tessera::server {
 namespace {
@@ -520,16 +521,10 @@ TEST_F(DenseShardTest, AsyncCopyWhilePushesAreInFlightIsACut) {
       });
   ASSERT_TRUE(created.ok()) << created.status();
   DenseShard& primary = **created;
-  // Each worker pushes at least kSteps steps, and at least one after the copy was taken.
-  constexpr int kSteps = 200;
-  std::atomic<int> pushed{0};
-  std::atomic<bool> copied{false};
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < 2; ++rank) {
-    threads.emplace_back([&, rank] {
-      bool after_copy = false;
-      for (int64_t step = 1; step <= kSteps || !after_copy; ++step) {
-        after_copy = copied.load();
+  std::map<uint64_t, ChunkState> copy;
+  PushAroundACopy(
+      /*workers=*/2, /*steps=*/200,
+      [&](int rank, int64_t step) {
         const float g = 0.01f * static_cast<float>(rank + 1) * static_cast<float>(step % 7);
         EXPECT_TRUE(
             primary
@@ -537,14 +532,8 @@ TEST_F(DenseShardTest, AsyncCopyWhilePushesAreInFlightIsACut) {
                           {Chunk(0, Floats(4, g)), Chunk(1, Floats(4, -g)), Chunk(2, Floats(2, g))},
                           true, [](PsPushPullReply) {})
                 .ok());
-        pushed.fetch_add(1);
-      }
-    });
-  }
-  while (pushed.load() < kSteps / 2) std::this_thread::yield();
-  auto copy = primary.CopyTo(kBackup, 1);
-  copied = true;
-  for (std::thread& thread : threads) thread.join();
+      },
+      [&] { copy = primary.CopyTo(kBackup, 1); });
   auto joined = Create(config);
   joined->Restore(std::move(copy), 1);
   for (const DenseShard::ForwardedStep& forward : forwards) {

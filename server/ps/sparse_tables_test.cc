@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "common/metrics/metrics.h"
+#include "server/ps/pushes_around_a_copy.h"
 
 namespace tessera::server {
 namespace {
@@ -308,27 +309,16 @@ TEST_F(SparseTablesTest, AsyncCopyWhileRowPushesAreInFlightIsACut) {
         done();
       });
   const Ids rows = RowsOwnedBy(1, 4);
-  constexpr int kSteps = 200;
-  std::atomic<int> pushed{0};
-  std::atomic<bool> copied{false};
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < 2; ++rank) {
-    threads.emplace_back([&, rank] {
-      bool after_copy = false;
-      for (int64_t step = 1; step <= kSteps || !after_copy; ++step) {
-        after_copy = copied.load();
+  std::map<std::string, TableRows> copy;
+  PushAroundACopy(
+      /*workers=*/2, /*steps=*/200,
+      [&](int rank, int64_t step) {
         const float g = 0.01f * static_cast<float>(rank + 1) * static_cast<float>(step % 5);
         EXPECT_TRUE(
             Push(primary, rank, step, {rows[step % 4], rows[(step + rank) % 4]}, {g, -g, 2 * g, g})
                 .ok());
-        pushed.fetch_add(1);
-      }
-    });
-  }
-  while (pushed.load() < kSteps / 2) std::this_thread::yield();
-  auto copy = primary.CopyTo("tcp://10.0.0.3:7000");
-  copied = true;
-  for (std::thread& thread : threads) thread.join();
+      },
+      [&] { copy = primary.CopyTo("tcp://10.0.0.3:7000"); });
   SparseTables joined(config, 1, 2, metrics_.get());
   auto restored = joined.PrepareRestore(copy);
   ASSERT_TRUE(restored.ok()) << restored.status();
