@@ -91,10 +91,11 @@ struct PsPushPullReply {
   // ps-sync: the lowest server rank a push of that step said joined (-1: none). Every chunk on
   // every server says the same, so every worker includes that server from the next step on.
   int joining = -1;
-  // ps-async, ps-ssp: the push's updates were forwarded to server `copied_to`, which joined in
-  // a failed one's place and took a copy of the range (CheckpointRequest::forward_to): it
-  // holds the range (-1: none).
-  int copied_to = -1;
+  // ps-async, ps-ssp: the push's updates were forwarded to the server at address `copied_to`,
+  // which joined in a failed one's place and took a copy of the range
+  // (CheckpointRequest::forward_to): it holds the range (empty: none). An address, so that a
+  // later server of the same rank is not taken for it.
+  std::string copied_to = {};
 };
 
 struct SparsePushRequest {

@@ -264,7 +264,7 @@ class BodyEncoder {
     return As(proto::CreatePsPushPullReplyDirect(
         fbb_, &tensors, b.region_mapped,
         b.region_refusal.empty() ? nullptr : b.region_refusal.c_str(), b.skipped_by, b.stopped_by,
-        b.joining, b.copied_to));
+        b.joining, b.copied_to.empty() ? nullptr : b.copied_to.c_str()));
   }
   Encoded operator()(SparsePushRequest& b) {
     auto ids = EncodeTensor(fbb_, std::move(b.row_ids), payloads_);
@@ -533,7 +533,7 @@ StatusOr<MessageBody> DecodeBody(const proto::Header& header, const Message& mes
       const auto& b = *header.body_as_PsPushPullReply();
       return MessageBody(PsPushPullReply{DecodeTensors(b.tensors(), message), b.region_mapped(),
                                          Str(b.region_refusal()), b.skipped_by(), b.stopped_by(),
-                                         b.joining(), b.copied_to()});
+                                         b.joining(), Str(b.copied_to())});
     }
     case proto::Body::SparsePushRequest: {
       const auto& b = *header.body_as_SparsePushRequest();

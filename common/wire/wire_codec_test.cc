@@ -199,10 +199,11 @@ TEST(WireCodecTest, RoundTripEveryBody) {
   EXPECT_EQ(reply.files, (std::vector<std::string>{"a", "b"}));
   EXPECT_EQ(reply.checksums, (std::vector<uint64_t>{3, 4}));
   const auto pulled = std::get<PsPushPullReply>(
-      Decoded(EncodeMessage(WorkerHeader(0), PsPushPullReply{{}, true, "not here", 1, 2, 0, 3}))
+      Decoded(EncodeMessage(WorkerHeader(0),
+                            PsPushPullReply{{}, true, "not here", 1, 2, 0, "tcp://c:3"}))
           .body);
   EXPECT_TRUE(pulled.region_mapped);
-  EXPECT_EQ(pulled.copied_to, 3);
+  EXPECT_EQ(pulled.copied_to, "tcp://c:3");
   EXPECT_EQ(pulled.joining, 0);
   EXPECT_EQ(pulled.skipped_by, 1);
   EXPECT_EQ(pulled.stopped_by, 2);

@@ -60,7 +60,9 @@ struct DenseShard::PendingReply {
   std::atomic<int> skipped_by{-1};  // ps-sync: who skipped the step this push was of
   std::atomic<int> stopped_by{-1};  // ps-sync: the lowest rank asked to stop in that step
   std::atomic<int> joining{-1};     // ps-sync: the lowest server rank said to join in it
-  std::atomic<int> copied_to{-1};   // a joined server the push's updates went to (CopyTo)
+  // A joined server the push's updates went to (CopyTo); written by the request's own thread
+  // before the part of its chunk is filled, so before the reply goes.
+  std::string copied_to;
 };
 
 // A part of a PendingReply, with the rule that releases it.
@@ -104,10 +106,9 @@ struct DenseShard::Chunk {
     TensorData gradient;  // shares the forward's frame
   };
   std::map<int64_t, Parked> parked;  // guarded by mu
-  // ps-async, ps-ssp: a joined server that took a copy of this chunk (CopyTo), and its rank:
-  // every later update goes there when the push names no backup. Empty: none.
-  std::string backup;    // guarded by mu
-  int backup_rank = -1;  // guarded by mu
+  // ps-async, ps-ssp: a joined server that took a copy of this chunk (CopyTo): every later
+  // update goes there when the push names no backup. Empty: none.
+  std::string backup;  // guarded by mu
 };
 
 StatusOr<std::unique_ptr<DenseShard>> DenseShard::Create(const PsJobConfig& config,
@@ -317,7 +318,7 @@ Status DenseShard::Serve(int rank, int64_t step, const std::vector<TensorData>& 
             ApplyGradient(decision.update, FloatsOf(tensors[i], &scratch), &chunk);
             if (forwarder_ != nullptr && !chunk.backup.empty()) {
               if (to.empty()) to = chunk.backup;
-              pending->copied_to.store(chunk.backup_rank, std::memory_order_relaxed);
+              pending->copied_to = chunk.backup;
             }
             if (forwarder_ != nullptr && !to.empty()) {
               // Its reply waits for the backup's acknowledgement; the gradient is the push's
@@ -595,7 +596,7 @@ void DenseShard::Send(const Ready& ready) {
     reply.skipped_by = pending->skipped_by.load(std::memory_order_relaxed);
     reply.stopped_by = pending->stopped_by.load(std::memory_order_relaxed);
     reply.joining = pending->joining.load(std::memory_order_relaxed);
-    reply.copied_to = pending->copied_to.load(std::memory_order_relaxed);
+    reply.copied_to = pending->copied_to;
     pending->send(std::move(reply));
   }
 }
@@ -628,14 +629,13 @@ std::map<uint64_t, ChunkState> DenseShard::Snapshot() const {
   return saved;
 }
 
-std::map<uint64_t, ChunkState> DenseShard::CopyTo(const std::string& backup, int backup_rank) {
+std::map<uint64_t, ChunkState> DenseShard::CopyTo(const std::string& backup) {
   std::map<uint64_t, ChunkState> saved;
   for (auto& [key, chunk] : chunks_) {
     std::lock_guard<std::mutex> lock(chunk->mu);
     saved[chunk->where.index] = {chunk->values->floats, chunk->state, chunk->policy.version(),
                                  chunk->policy.clocks()};
     chunk->backup = backup;
-    chunk->backup_rank = backup_rank;
   }
   return saved;
 }

@@ -153,13 +153,13 @@ class DenseShard {
 
   // Every chunk's values and state by chunk index, each copied under its chunk's lock.
   std::map<uint64_t, ChunkState> Snapshot() const;
-  // ps-async, ps-ssp: Snapshot for server `backup_rank` at `backup`, which joined in a failed
-  // one's place, with each chunk's version and clocks; under the same lock the chunk starts
+  // ps-async, ps-ssp: Snapshot for the server at `backup`, which joined in a failed one's
+  // place, with each chunk's version and clocks; under the same lock the chunk starts
   // forwarding every later update there (as a push's `forward_to` would, when the push names
   // none), so each chunk's copy and the updates after it are one cut. Replies to pushes whose
   // updates went there name it (PsPushPullReply::copied_to): it acknowledged, so it has the
   // copy. REQUIRES: a forwarder (Create).
-  std::map<uint64_t, ChunkState> CopyTo(const std::string& backup, int backup_rank);
+  std::map<uint64_t, ChunkState> CopyTo(const std::string& backup);
   // Replaces every chunk's values and state (by chunk index), then restarts every chunk's
   // policy at `step` (ConsistencyPolicy::Restore), or at its own version and clocks when the
   // state has them (a copy, CopyTo), and drops held gradients; waiting replies the restored

@@ -469,7 +469,7 @@ TEST_F(DenseShardTest, AsyncCopyForAJoinedServerAndTheUpdatesAfterItAreOneCut) {
       Push(*primary, 0, 1, {Chunk(0, {0.1f, 0.2f, 0.3f, 0.4f}), Chunk(1, {1, 2, 3, 4})}).came());
   EXPECT_TRUE(Push(*primary, 1, 1, {Chunk(0, {0.7f, 0.3f, -0.3f, 1e-3f})}).came());
   EXPECT_TRUE(sent_.empty());
-  auto copy = primary->CopyTo(kBackup, 3);
+  auto copy = primary->CopyTo(kBackup);
   EXPECT_EQ(copy.at(0).version, 2);
   EXPECT_EQ(copy.at(0).clocks, (std::vector<int64_t>{1, 1}));
   EXPECT_EQ(copy.at(1).version, 1);
@@ -482,7 +482,7 @@ TEST_F(DenseShardTest, AsyncCopyForAJoinedServerAndTheUpdatesAfterItAreOneCut) {
   EXPECT_FALSE(after.came());  // until the joined server acknowledged it
   sent_[0].done();
   ASSERT_TRUE(after.came());
-  EXPECT_EQ((*after.reply)->copied_to, 3);
+  EXPECT_EQ((*after.reply)->copied_to, kBackup);
   auto joined = Create(config);
   joined->Restore(std::move(copy), 1);
   ASSERT_TRUE(joined->ApplyForwarded(sent_[0].step, [] {}).ok());
@@ -533,7 +533,7 @@ TEST_F(DenseShardTest, AsyncCopyWhilePushesAreInFlightIsACut) {
                           true, [](PsPushPullReply) {})
                 .ok());
       },
-      [&] { copy = primary.CopyTo(kBackup, 1); });
+      [&] { copy = primary.CopyTo(kBackup); });
   auto joined = Create(config);
   joined->Restore(std::move(copy), 1);
   for (const DenseShard::ForwardedStep& forward : forwards) {

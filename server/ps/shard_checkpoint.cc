@@ -32,8 +32,7 @@ std::string FirstAhead(const ShardParts& parts, int64_t step) {
 
 // The shard of `step` (see SaveShard); with `forward_to`, CopyShard's copy for a joined server.
 StatusOr<CheckpointShard> TakeShard(const ShardParts& parts, int64_t step, int64_t wait_ms,
-                                    const std::string& forward_to = std::string(),
-                                    int forward_rank = -1) {
+                                    const std::string& forward_to = std::string()) {
   if (parts.config->consistency == PsConsistency::kSync) {
     const Deadline deadline = Deadline::AfterMillis(wait_ms);
     std::string behind = FirstBehind(parts, step);
@@ -48,8 +47,8 @@ StatusOr<CheckpointShard> TakeShard(const ShardParts& parts, int64_t step, int64
     }
   }
   CheckpointShard shard;
-  for (auto& [index, saved] : forward_to.empty() ? parts.dense->Snapshot()
-                                                 : parts.dense->CopyTo(forward_to, forward_rank)) {
+  for (auto& [index, saved] :
+       forward_to.empty() ? parts.dense->Snapshot() : parts.dense->CopyTo(forward_to)) {
     shard.floats[ChunkEntry(index) + ".values"] = std::move(saved.values);
     shard.floats[ChunkEntry(index) + ".state"] = std::move(saved.state);
     if (!forward_to.empty()) {
@@ -193,8 +192,7 @@ StatusOr<std::vector<TensorData>> CopyShard(const ShardParts& parts, int64_t ste
         "a copy that forwards its later updates to server " + std::to_string(forward_rank) +
         " is for ps-async and ps-ssp (ps-sync copies at a step every worker agreed on)");
   }
-  ASSIGN_OR_RETURN(CheckpointShard shard,
-                   TakeShard(parts, step, wait_ms, forward_to, forward_rank));
+  ASSIGN_OR_RETURN(CheckpointShard shard, TakeShard(parts, step, wait_ms, forward_to));
   std::vector<TensorData> tensors;
   for (auto& [name, floats] : shard.floats) {
     tensors.push_back(TensorData::Floats(name, 0, std::move(floats)));

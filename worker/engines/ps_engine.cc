@@ -431,7 +431,7 @@ Status PsEngine::CopyToJoined(int64_t step, const float* params) {
                        CopyRange(std::move(ask), server, address, step, params, &bytes));
       failed = from.empty();  // it failed meanwhile: its ranges keep their other copies
       if (failed) break;
-      TakeInCopy(range, server);
+      TakeInCopy(range, address);
       copied += std::string(copied.empty() ? "" : ", ") + from;
     }
     std::lock_guard<std::mutex> lock(lost_mu_);
@@ -449,15 +449,17 @@ Status PsEngine::CopyToJoined(int64_t step, const float* params) {
   return OkStatus();
 }
 
-void PsEngine::TakeInCopy(int range, int server) {
-  if (server < 0 || server >= view_.num_servers || !IsReplicaOf(server, range)) return;
+void PsEngine::TakeInCopy(int range, const std::string& address) {
   std::lock_guard<std::mutex> lock(lost_mu_);
+  // The joined server at that address, from the coordinator's fleet view (until it comes, the
+  // later replies say so again; a server that failed since, or its predecessor's address, is
+  // no longer there).
+  auto joined = joined_.begin();
+  while (joined != joined_.end() && joined->second != address) ++joined;
+  if (joined == joined_.end() || !IsReplicaOf(joined->first, range)) return;
+  const int server = joined->first;
   auto copied = copied_.find(server);
   if (copied != copied_.end() && copied->second.count(range) > 0) return;
-  // Its address comes with the coordinator's fleet view; until then the later replies say so
-  // again.
-  auto joined = joined_.find(server);
-  if (joined == joined_.end() || joined->second.empty()) return;
   server_addresses_[static_cast<size_t>(server)] = joined->second;
   copied_[server].insert(range);
   lost_[static_cast<size_t>(server)] = false;
@@ -855,7 +857,7 @@ Status PsEngine::PushPull(int64_t step, const float* grads, float* params,
       stopped_step_ = step;
       stopped_by_ = stopped_by_ < 0 ? reply.stopped_by : std::min(stopped_by_, reply.stopped_by);
     }
-    if (push && reply.copied_to >= 0) {
+    if (push && !reply.copied_to.empty()) {
       copies_seen_.emplace(replies[r].first.range, reply.copied_to);  // taken in after the step
     }
     if (push && reply.joining >= 0) {
@@ -1009,7 +1011,7 @@ Status PsEngine::Step(int64_t step, float* params, float* grads,
   if (options_.consistency != PsConsistency::kSync && forwarding_) {
     // Between steps: no request is out, so none sent to a joined server's failed predecessor
     // is judged by the joined one's liveness.
-    for (const auto& [range, server] : copies_seen_) TakeInCopy(range, server);
+    for (const auto& [range, address] : copies_seen_) TakeInCopy(range, address);
     copies_seen_.clear();
     return CopyToJoined(step, params);
   }

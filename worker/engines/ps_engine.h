@@ -240,9 +240,9 @@ class PsEngine final : public TrainingEngine {
   // ps-async, ps-ssp: rank 0 copies each joined server's ranges to it (see above) after
   // `step`; the other ranks only forget joined servers that failed since.
   Status CopyToJoined(int64_t step, const float* params);
-  // ps-async, ps-ssp: a reply of `range` said its updates went to `server` (copied_to): it
-  // holds the range from now on, last among its replicas.
-  void TakeInCopy(int range, int server);
+  // ps-async, ps-ssp: a reply of `range` said its updates went to the joined server at
+  // `address` (copied_to): it holds the range from now on, last among its replicas.
+  void TakeInCopy(int range, const std::string& address);
   // Whether `server` holds a copy of `range` (its replicas include it).
   bool IsReplicaOf(int server, int range) const {
     return (server - range + view_.num_servers) % view_.num_servers < replicas_;
@@ -275,8 +275,8 @@ class PsEngine final : public TrainingEngine {
   // ps-async, ps-ssp: joined servers taken in, and the ranges each holds a copy of; they sort
   // last among a range's live replicas (see above).
   std::map<int, std::set<int>> copied_;  // guarded by lost_mu_
-  // The (range, server) pairs this step's replies named (copied_to): taken in after the step.
-  std::set<std::pair<int, int>> copies_seen_;
+  // The (range, address) pairs this step's replies named (copied_to): taken in after the step.
+  std::set<std::pair<int, std::string>> copies_seen_;
   std::condition_variable joined_cv_;  // signalled when joined_ grows
   Counter* range_copies_ = nullptr;
   std::string config_json_;  // the job's PsJobConfig (rank 0's init; a joined server's too)
