@@ -239,8 +239,12 @@ Status DenseShard::Serve(int rank, int64_t step, const std::vector<TensorData>& 
   // sent before its apply so that the two overlap, measured slower in ps-sync: 1.65x the time
   // of one copy at 2 x 1, against 1.5x.)
   const bool forward = push && forwarder_ != nullptr && !forward_to.empty();
-  // ps-async, ps-ssp: where the updates go; a chunk copied to a joined server names it when
-  // the push names no backup (CopyTo; every chunk of a range names the same one).
+  // ps-async, ps-ssp: where the updates go. A chunk copied to a joined server names it, and
+  // that wins over the push's `forward_to`: the push may have been sent (or queued here)
+  // before the range's former backup failed, and an update sent there would never reach the
+  // joined one, whose copy would then wait for it forever. Every chunk of a range names the
+  // same server; one of this request applied before CopyTo reached it is in its copy, so
+  // sending it there too changes nothing.
   std::string to = forward_to;
   ForwardedStep forwarded;
   forwarded.step = step;
@@ -317,7 +321,7 @@ Status DenseShard::Serve(int rank, int64_t step, const std::vector<TensorData>& 
             std::vector<float> scratch;
             ApplyGradient(decision.update, FloatsOf(tensors[i], &scratch), &chunk);
             if (forwarder_ != nullptr && !chunk.backup.empty()) {
-              if (to.empty()) to = chunk.backup;
+              to = chunk.backup;
               pending->copied_to = chunk.backup;
             }
             if (forwarder_ != nullptr && !to.empty()) {

@@ -155,8 +155,9 @@ class DenseShard {
   std::map<uint64_t, ChunkState> Snapshot() const;
   // ps-async, ps-ssp: Snapshot for the server at `backup`, which joined in a failed one's
   // place, with each chunk's version and clocks; under the same lock the chunk starts
-  // forwarding every later update there (as a push's `forward_to` would, when the push names
-  // none), so each chunk's copy and the updates after it are one cut. Replies to pushes whose
+  // forwarding every later update there, whatever backup a push names (none, or a stale one:
+  // the range's failed former backup), so each chunk's copy and the updates after it are one
+  // cut. Replies to pushes whose
   // updates went there name it (PsPushPullReply::copied_to): it acknowledged, so it has the
   // copy. REQUIRES: a forwarder (Create).
   std::map<uint64_t, ChunkState> CopyTo(const std::string& backup);

@@ -483,9 +483,21 @@ TEST_F(DenseShardTest, AsyncCopyForAJoinedServerAndTheUpdatesAfterItAreOneCut) {
   sent_[0].done();
   ASSERT_TRUE(after.came());
   EXPECT_EQ((*after.reply)->copied_to, kBackup);
+  // A push still naming the range's failed former backup (sent before it failed, or queued
+  // here) goes to the joined server too: else the copy would wait for its update forever.
+  Captured stale;
+  ASSERT_TRUE(primary
+                  ->PushPull(1, 2, {Chunk(1, {1, 1, 1, 1})}, true, stale.Callback(), false, -1,
+                             "tcp://10.0.0.9:5000")
+                  .ok());
+  ASSERT_EQ(sent_.size(), 2u);
+  EXPECT_EQ(sent_[1].to, kBackup);
+  sent_[1].done();
+  ASSERT_TRUE(stale.came());
   auto joined = Create(config);
   joined->Restore(std::move(copy), 1);
   ASSERT_TRUE(joined->ApplyForwarded(sent_[0].step, [] {}).ok());
+  ASSERT_TRUE(joined->ApplyForwarded(sent_[1].step, [] {}).ok());
   const auto theirs = primary->Snapshot();
   for (uint64_t chunk : {0, 1, 2}) {
     EXPECT_EQ(joined->Snapshot().at(chunk).values, theirs.at(chunk).values) << "chunk " << chunk;

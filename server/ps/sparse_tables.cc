@@ -138,7 +138,8 @@ Status SparseTables::Push(const std::string& name, int rank, int64_t step,
       applied = table.rows->ApplyGradients(lr, decision->update, ids.data(), grads.data(),
                                            ids.size());
       metrics_->SparseUpdate();
-      const std::string& to = forward_to.empty() ? table.backup : forward_to;
+      // A joined server's copy wins over the push's backup, as DenseShard::Serve's.
+      const std::string& to = table.backup.empty() ? forward_to : table.backup;
       if (applied.ok() && forwarder_ != nullptr && !to.empty()) {
         forward = ForwardedRows{name, rank, step, decision->update, row_ids, values};
         forward_target = to;

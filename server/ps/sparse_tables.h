@@ -110,8 +110,8 @@ class SparseTables {
   std::map<std::string, TableRows> Snapshot() const;
   // ps-async, ps-ssp: Snapshot for the server at `backup`, which joined in a failed one's
   // place, with each table's version and clocks; under the same lock the table starts
-  // forwarding every later push there (as a push's `forward_to` would, when it names none), so
-  // each table's copy and the pushes after it are one cut (DenseShard::CopyTo's twin; the
+  // forwarding every later push there, whatever backup a push names, so each table's copy and
+  // the pushes after it are one cut (DenseShard::CopyTo's twin; the
   // workers learn that the server holds the range from the dense replies).
   // REQUIRES: a forwarder.
   std::map<std::string, TableRows> CopyTo(const std::string& backup);

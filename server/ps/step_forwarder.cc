@@ -27,11 +27,6 @@ StepForwarder::~StepForwarder() {
   thread_.join();
 }
 
-bool StepForwarder::IsLost(const std::string& address) {
-  std::lock_guard<std::mutex> lock(mu_);
-  return lost_.count(address) > 0;
-}
-
 void StepForwarder::Forward(const std::string& to, int range, uint64_t job_token,
                             DenseShard::ForwardedStep forwarded, Done done) {
   const int64_t step = forwarded.step;
@@ -72,21 +67,22 @@ void StepForwarder::ForwardRows(const std::string& to, int range, SparseTables::
 
 void StepForwarder::Send(const std::string& to, MessageBody request, int64_t step, std::string what,
                          Done done) {
-  if (IsLost(to)) {
-    // The range lives here alone now: done, on the thread like every other update.
-    std::promise<StatusOr<Envelope>> gone;
-    gone.set_value(AbortedError(to + " was declared failed"));
-    std::lock_guard<std::mutex> lock(mu_);
-    pending_.push_back(Pending{to, std::move(what), gone.get_future().share(), std::move(done)});
-    cv_.notify_all();
-    return;
-  }
   Pending pending{to, what, {}, std::move(done)};
-  pending.reply = endpoint_->CallAsync(to, std::move(request), step,
-                                       Deadline::AfterMillis(options_.timeout_ms), what,
-                                       options_.resend_ms);
   {
+    // The call is made under the lock that PeerLost marks the backup lost under, before it
+    // fails the calls to it: either this sees the backup lost, or PeerLost fails this call
+    // (else a forward sent as its backup was declared failed waits out the whole timeout).
     std::lock_guard<std::mutex> lock(mu_);
+    if (lost_.count(to) > 0) {
+      // The range lives here alone now: done, on the thread like every other update.
+      std::promise<StatusOr<Envelope>> gone;
+      gone.set_value(AbortedError(to + " was declared failed"));
+      pending.reply = gone.get_future().share();
+    } else {
+      pending.reply = endpoint_->CallAsync(to, std::move(request), step,
+                                           Deadline::AfterMillis(options_.timeout_ms), what,
+                                           options_.resend_ms);
+    }
     pending_.push_back(std::move(pending));
   }
   cv_.notify_all();

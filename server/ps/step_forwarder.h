@@ -74,7 +74,6 @@ class StepForwarder {
   // Calls `to` with `request` (the update `what` describes) and queues the wait for it.
   void Send(const std::string& to, MessageBody request, int64_t step, std::string what, Done done);
   void Loop();
-  bool IsLost(const std::string& address);
 
   RpcEndpoint* const endpoint_;
   const StepForwarderOptions options_;
