@@ -239,13 +239,13 @@ Status DenseShard::Serve(int rank, int64_t step, const std::vector<TensorData>& 
   // sent before its apply so that the two overlap, measured slower in ps-sync: 1.65x the time
   // of one copy at 2 x 1, against 1.5x.)
   const bool forward = push && forwarder_ != nullptr && !forward_to.empty();
-  // ps-async, ps-ssp: where the updates go. A chunk copied to a joined server names it, and
-  // that wins over the push's `forward_to`: the push may have been sent (or queued here)
+  // ps-async, ps-ssp: a chunk copied to a joined server names it (`backup`), and where it is
+  // set, that wins over the push's `forward_to`: the push may have been sent (or queued here)
   // before the range's former backup failed, and an update sent there would never reach the
   // joined one, whose copy would then wait for it forever. Every chunk of a range names the
   // same server; one of this request applied before CopyTo reached it is in its copy, so
   // sending it there too changes nothing.
-  std::string to = forward_to;
+  std::string backup;  // set once, by the first chunk that has one
   ForwardedStep forwarded;
   forwarded.step = step;
   if (!sync) forwarded.pushed_by = rank;
@@ -320,11 +320,11 @@ Status DenseShard::Serve(int rank, int64_t step, const std::vector<TensorData>& 
           case PushAction::kApplyNow: {
             std::vector<float> scratch;
             ApplyGradient(decision.update, FloatsOf(tensors[i], &scratch), &chunk);
-            if (forwarder_ != nullptr && !chunk.backup.empty()) {
-              to = chunk.backup;
-              pending->copied_to = chunk.backup;
+            if (forwarder_ != nullptr && backup.empty() && !chunk.backup.empty()) {
+              backup = chunk.backup;
+              pending->copied_to = backup;
             }
-            if (forwarder_ != nullptr && !to.empty()) {
+            if (forwarder_ != nullptr && (!backup.empty() || !forward_to.empty())) {
               // Its reply waits for the backup's acknowledgement; the gradient is the push's
               // frame.
               chunk.forwarding.insert(decision.update);
@@ -347,7 +347,7 @@ Status DenseShard::Serve(int rank, int64_t step, const std::vector<TensorData>& 
     Send(ready);
   }
   if (!forwarded_chunks.empty()) {
-    forwarder_(to, std::move(forwarded),
+    forwarder_(backup.empty() ? forward_to : backup, std::move(forwarded),
                [this, chunks = std::move(forwarded_chunks)] { Forwarded(chunks); });
   }
   return refused;
@@ -631,6 +631,15 @@ std::map<uint64_t, ChunkState> DenseShard::Snapshot() const {
     saved[chunk->where.index] = {chunk->values->floats, chunk->state};
   }
   return saved;
+}
+
+int64_t DenseShard::AppliedUpdates() const {
+  int64_t updates = 0;
+  for (const auto& [key, chunk] : chunks_) {
+    std::lock_guard<std::mutex> lock(chunk->mu);
+    updates += chunk->policy.version();
+  }
+  return updates;
 }
 
 std::map<uint64_t, ChunkState> DenseShard::CopyTo(const std::string& backup) {

@@ -153,6 +153,8 @@ class DenseShard {
 
   // Every chunk's values and state by chunk index, each copied under its chunk's lock.
   std::map<uint64_t, ChunkState> Snapshot() const;
+  // The sum of the chunks' versions: outside ps-sync, the updates they applied.
+  int64_t AppliedUpdates() const;
   // ps-async, ps-ssp: Snapshot for the server at `backup`, which joined in a failed one's
   // place, with each chunk's version and clocks; under the same lock the chunk starts
   // forwarding every later update there, whatever backup a push names (none, or a stale one:

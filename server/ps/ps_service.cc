@@ -1,6 +1,5 @@
 #include "server/ps/ps_service.h"
 
-#include <algorithm>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -454,20 +453,11 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
       if (Status loaded = LoadShardCopy(parts, init->copy, init->copy_step, from); !loaded.ok()) {
         return AnswerError(request, loaded);
       }
-      // ps-async, ps-ssp: each chunk's version (updates applied) leads its clocks entry.
-      int64_t updates = -1;
-      for (const TensorData& entry : init->copy) {
-        const std::string prefix = "chunk", suffix = ".clocks";
-        if (entry.name.size() > prefix.size() + suffix.size() &&
-            entry.name.compare(0, prefix.size(), prefix) == 0 &&
-            entry.name.compare(entry.name.size() - suffix.size(), suffix.size(), suffix) == 0) {
-          updates = std::max<int64_t>(updates, 0) + entry.Read<int64_t>().at(0);
-        }
-      }
       TLOG(INFO) << "took " << from << " (" << init->copy.size() << " entries"
-                 << (updates < 0
+                 << (config->consistency == PsConsistency::kSync
                          ? std::string()
-                         : "; its chunks had applied " + std::to_string(updates) + " updates")
+                         : "; its chunks had applied " +
+                               std::to_string(job->dense->AppliedUpdates()) + " updates")
                  << ")";
     }
     const double bytes = DenseBytes(*job);
