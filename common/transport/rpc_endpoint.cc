@@ -33,6 +33,7 @@ Child* ChildOfType(Family* family, std::array<Child*, kMessageTypeCount>& cache,
 void RpcEndpoint::Settle(PendingCall& call, StatusOr<Envelope> result) {
   call.resend.reset();
   call.promise.set_value(std::move(result));
+  if (call.settled != nullptr) call.settled();
 }
 
 StatusOr<std::unique_ptr<RpcEndpoint>> RpcEndpoint::Start(std::unique_ptr<Transport> transport,
@@ -103,13 +104,12 @@ void RpcEndpoint::ReplaceHandler(MessageType type, MessageHandler handler) {
   handlers_idle_cv_.wait(lock, [this] { return handlers_running_ == 0; });
 }
 
-std::shared_future<StatusOr<Envelope>> RpcEndpoint::CallAsync(const std::string& address,
-                                                              MessageBody request, int64_t step,
-                                                              Deadline deadline,
-                                                              std::string_view what,
-                                                              int64_t resend_after_ms) {
+std::shared_future<StatusOr<Envelope>> RpcEndpoint::CallAsync(
+    const std::string& address, MessageBody request, int64_t step, Deadline deadline,
+    std::string_view what, int64_t resend_after_ms, std::function<void()> settled) {
   const uint64_t request_id = next_request_id_.fetch_add(1);
   auto call = std::make_shared<PendingCall>();
+  call->settled = std::move(settled);
   call->address = address;
   call->what = std::string(what);
   call->deadline = deadline;

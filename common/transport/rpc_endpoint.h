@@ -21,7 +21,7 @@
 #include <array>
 #include <atomic>
 #include <condition_variable>
-#include <thread>
+#include <functional>
 #include <future>
 #include <map>
 #include <memory>
@@ -29,6 +29,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 
 #include "common/base/deadline.h"
 #include "common/base/status.h"
@@ -70,10 +71,16 @@ class RpcEndpoint {
   // request id once (server/ps/request_ledger.h), since a request or its reply may be lost.
   // The request's payloads are sent again as they are then: their owner keeps them unchanged
   // until the future completes. Counted in tessera_rpc_resent_total{type}.
-  std::shared_future<StatusOr<Envelope>> CallAsync(const std::string& address,
-                                                   MessageBody request, int64_t step,
-                                                   Deadline deadline, std::string_view what,
-                                                   int64_t resend_after_ms = 0);
+  //
+  // `settled` (null: none) runs once the future is completed, on the thread that completed it
+  // (possibly within this call, possibly under this endpoint's lock): it must be quick, and
+  // may take only locks that are never held while calling into this endpoint (e.g. signal a
+  // thread that waits for several calls, in whatever order they are answered).
+  std::shared_future<StatusOr<Envelope>> CallAsync(const std::string& address, MessageBody request,
+                                                   int64_t step, Deadline deadline,
+                                                   std::string_view what,
+                                                   int64_t resend_after_ms = 0,
+                                                   std::function<void()> settled = nullptr);
   // CallAsync and wait.
   StatusOr<Envelope> Call(const std::string& address, MessageBody request, int64_t step,
                           Deadline deadline, std::string_view what,
@@ -110,6 +117,7 @@ class RpcEndpoint {
     SteadyClock::time_point next_resend = SteadyClock::time_point::max();
     std::chrono::milliseconds resend_wait{0};
     int64_t resend_max_ms = 0;
+    std::function<void()> settled;  // CallAsync's
   };
 
   RpcEndpoint() = default;

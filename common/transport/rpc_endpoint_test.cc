@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <mutex>
@@ -61,6 +62,54 @@ TEST(RpcEndpointTest, CallGetsItsReplyAndErrorsBecomeStatuses) {
   ASSERT_EQ(bad.status().code(), StatusCode::kNotFound);
   EXPECT_NE(bad.status().message().find("server 0"), std::string::npos) << bad.status();
   EXPECT_NE(bad.status().message().find("key 9 is not on server 0"), std::string::npos);
+}
+
+// CallAsync's `settled` runs once per call, after its future is ready, however the call ends:
+// a reply, an error reply, its deadline, a peer failed, or before it was sent.
+TEST(RpcEndpointTest, SettledRunsOnceAfterTheFutureIsReadyHoweverTheCallEnds) {
+  auto server = Start(Role::kServer);
+  auto client = Start(Role::kWorker);
+  RpcEndpoint* s = server.get();
+  server->SetHandler(MessageType::kHeartbeat, [s](Envelope e) {
+    if (SequenceOf(e) == 1) s->Reply(e, Ack{"1"});
+    if (SequenceOf(e) == 2) s->ReplyError(e, NotFoundError("no"));
+    // 3 and 4 are left unanswered.
+  });
+  std::mutex mu;
+  std::vector<uint64_t> settled;  // by sequence, as they ran
+  std::vector<std::shared_future<StatusOr<Envelope>>> calls;
+  auto call = [&](uint64_t sequence, int64_t timeout_ms) {
+    calls.push_back(client->CallAsync(server->address(), Request(sequence), -1,
+                                      Deadline::AfterMillis(timeout_ms), "call", 0, [&, sequence] {
+                                        std::lock_guard<std::mutex> lock(mu);
+                                        settled.push_back(sequence);
+                                      }));
+  };
+  call(1, 10000);
+  call(2, 10000);
+  call(3, 200);
+  call(4, 10000);
+  for (size_t i = 0; i < 3; ++i) calls[i].wait();
+  client->FailCallsTo(server->address(), UnavailableError("server 0 failed"));
+  calls[3].wait();
+  client->FailAll(CancelledError("stopping"));
+  call(5, 10000);  // refused before it is sent
+  EXPECT_EQ(calls[4].get().status().code(), StatusCode::kCancelled);
+  // Each runs just after its future is completed, on the completing thread.
+  const Deadline deadline = Deadline::AfterMillis(10000);
+  while (!deadline.Expired()) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (settled.size() >= 5) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  std::vector<uint64_t> sorted = settled;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(sorted, (std::vector<uint64_t>{1, 2, 3, 4, 5}));
+  EXPECT_EQ(calls[2].get().status().code(), StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(calls[3].get().status().code(), StatusCode::kUnavailable);
 }
 
 TEST(RpcEndpointTest, TakeBodyNamesWhatCameInstead) {
