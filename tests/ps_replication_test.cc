@@ -432,21 +432,93 @@ TEST(PsReplicationTest, AsyncCtrCompletesAndTheSurvivorsAppliedEveryAcknowledged
   ExpectAsyncKillsLoseNoDenseUpdate("ctr", {9});
 }
 
+// The last step worker `worker` logged in `output` before the first `before`; 0 if none.
+int LastLoggedStep(const std::string& output, int worker, const std::string& before) {
+  const std::string head = output.substr(0, output.find(before));
+  const std::regex step_line("worker " + std::to_string(worker) + " \\| step (\\d+)/");
+  int step = 0;
+  for (auto it = std::sregex_iterator(head.begin(), head.end(), step_line);
+       it != std::sregex_iterator(); ++it) {
+    step = std::stoi((*it)[1]);
+  }
+  return step;
+}
+
+// --replicas 3 in ps-async and ps-ssp: each push goes along a chain (primary, middle, last),
+// each copy passing on what it applied and acknowledging once the copies after it have it.
+// Server 0 is range 0's primary, range 2's middle copy and range 1's last, so its SIGKILL
+// takes each path (a new primary applying the forwards it parked and passing them on; a
+// primary passing its unacknowledged forwards on past the failed middle); then server 1 is
+// killed too, and server 2, the one left, applied every worker's every push to every chunk of
+// the model, once.
+void ExpectAChainLosesNothingAcrossTwoKills(const std::string& mode) {
+  FleetHarness harness;
+  StatusOr<int> launcher = StartAndReach(
+      harness, mode + " chain", Concat(Fleet(mode, 3, {"--linger", "30"}), TrainingFlags("mlp")),
+      /*step=*/60);
+  ASSERT_TRUE(launcher.ok()) << launcher.status();
+  KillServer(harness, *launcher, 0);
+  for (int w = 0; w < kWorkers; ++w) {
+    const std::string line = "worker " + std::to_string(w) + " | server 0 failed (its process";
+    ASSERT_TRUE(harness.WaitForLine(*launcher, line, Deadline::AfterMillis(kRunMs)).ok())
+        << line << "\n"
+        << harness.Output(*launcher);
+  }
+  ASSERT_TRUE(
+      harness.WaitForLine(*launcher, "worker 0 | step 200/", Deadline::AfterMillis(kRunMs)).ok())
+      << harness.Output(*launcher);
+  KillServer(harness, *launcher, 1);
+  ASSERT_NO_FATAL_FAILURE(WaitUntilLingering(harness, *launcher));
+  const std::string output = harness.Output(*launcher);
+  EXPECT_NE(output.find("killed by signal 9 (SIGKILL): its key ranges go on with their other "
+                        "replicas (--replicas 3)"),
+            std::string::npos)
+      << output;
+  std::map<int, std::map<int, int>> chunks = AsyncJobChunks(output);
+  ASSERT_EQ(chunks[2].size(), 3u) << "server 2 holds every range\n" << output;
+  int held = 0;
+  for (const auto& [range, count] : chunks[2]) held += count;
+  const double applied =
+      Scrape(AnnouncedMetrics(output, "server", 2), "tessera_ps_updates_total{kind=\"dense\"}");
+  std::cout << mode << ": server 2 applied " << applied << " dense updates (" << held
+            << " chunks x " << kWorkers * kSteps << " pushes); worker 0 had logged step "
+            << LastLoggedStep(output, /*worker=*/0, /*before=*/"server 1 (pid ")
+            << " when server 1 was killed" << std::endl;
+  EXPECT_EQ(applied, static_cast<double>(held) * kWorkers * kSteps)
+      << "server 2 (" << held << " chunks) applied " << applied << " dense updates; every push "
+      << "of every worker is " << held * kWorkers * kSteps << "\n"
+      << output;
+  ASSERT_TRUE(harness.Signal(*launcher, SIGTERM).ok());
+  auto exit = harness.WaitExit(*launcher, Deadline::AfterMillis(kRunMs));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+}
+
+TEST(PsReplicationTest, AsyncChainOfThreeCopiesLosesNothingAcrossTwoKills) {
+  ExpectAChainLosesNothingAcrossTwoKills("ps-async");
+}
+
+TEST(PsReplicationTest, SspChainOfThreeCopiesLosesNothingAcrossTwoKills) {
+  ExpectAChainLosesNothingAcrossTwoKills("ps-ssp");
+}
+
 // Item 3 in ps-async and ps-ssp: server 1 is killed and a server joins in its place; rank 0 has
 // each of its ranges' primaries copy the range to it and forward every later update there, and
 // every worker takes it in as the ranges' backup. Then server 2 (range 1's other copy) is killed
 // too, and nothing acknowledged is lost: the joined server's copies held each chunk's updates up to
 // the copy (its log), and it applied every later one once (its update counter), so between
 // them every worker's every push; server 0, alive throughout, applied each once too. Workers
-// are paused around the kills and the join as in the ps-sync test above.
-void ExpectAJoinedServerTakesCopies(const std::string& mode, const std::string& model = "mlp") {
+// are paused around the kills and the join as in the ps-sync test above. With 3 copies every
+// server holds every range: the joined server takes all three, and a copy passes each update
+// on along the chain to it, last.
+void ExpectAJoinedServerTakesCopies(const std::string& mode, const std::string& model = "mlp",
+                                    int replicas = 2) {
   constexpr int kJoinSteps = 1500;
   FleetHarness harness;
-  StatusOr<int> launcher =
-      StartAndReach(harness, mode + " joined",
-                    Concat(Fleet(mode, 2, {"--heartbeat-timeout-ms", "120000", "--linger", "30"}),
-                           TrainingFlags(model, kJoinSteps)),
-                    /*step=*/20);
+  StatusOr<int> launcher = StartAndReach(
+      harness, mode + " joined",
+      Concat(Fleet(mode, replicas, {"--heartbeat-timeout-ms", "120000", "--linger", "30"}),
+             TrainingFlags(model, kJoinSteps)),
+      /*step=*/20);
   ASSERT_TRUE(launcher.ok()) << launcher.status();
   const std::string started = harness.Output(*launcher);
   const std::string coordinator = CoordinatorOf(started);
@@ -465,16 +537,17 @@ void ExpectAJoinedServerTakesCopies(const std::string& mode, const std::string& 
         << harness.Output(*launcher);
   }
   const std::string worker0 = AnnouncedMetrics(harness.Output(*launcher), "worker", 0);
-  EXPECT_EQ(Scrape(worker0, "tessera_ps_client_range_copies_total"), 2);
+  EXPECT_EQ(Scrape(worker0, "tessera_ps_client_range_copies_total"), replicas);
   ASSERT_NO_FATAL_FAILURE(SignalWorkers(harness, *launcher, SIGSTOP));
   const std::string joined = harness.Output(*launcher);
   EXPECT_NE(joined.find("holds copies of its ranges again, each forwarded every update from "
-                        "its copy on: range 0 from server 0, range 1 from server 2"),
+                        "its copy on: range 0 from server 0, range 1 from server 2" +
+                        std::string(replicas == 3 ? ", range 2 from server 2" : "")),
             std::string::npos)
       << joined;
   const std::string joined_metrics = AnnouncedMetrics(harness.Output(*added), "server", 1);
   ASSERT_FALSE(joined_metrics.empty()) << harness.Output(*added);
-  EXPECT_EQ(Scrape(joined_metrics, "tessera_ps_key_ranges"), 2);
+  EXPECT_EQ(Scrape(joined_metrics, "tessera_ps_key_ranges"), replicas);
 
   ASSERT_NO_FATAL_FAILURE(KillAndWait(harness, *launcher, 2));
   ASSERT_NO_FATAL_FAILURE(SignalWorkers(harness, *launcher, SIGCONT));
@@ -483,19 +556,22 @@ void ExpectAJoinedServerTakesCopies(const std::string& mode, const std::string& 
   const std::string added_output = harness.Output(*added);
   EXPECT_EQ(output.find("was lost with its replicas"), std::string::npos) << output;
   const int64_t every_push = static_cast<int64_t>(kWorkers) * kJoinSteps;
-  // Server 0, alive throughout: ranges 0 and 2.
+  // Server 0, alive throughout: ranges 0 and 2 (and 1).
   const auto original = AsyncJobChunks(output);
-  ASSERT_EQ(original.at(0).size(), 2u) << output;
-  const int held0 = original.at(0).at(0) + original.at(0).at(2);
+  ASSERT_EQ(original.at(0).size(), static_cast<size_t>(replicas)) << output;
+  int held0 = 0;
+  for (const auto& [range, chunks] : original.at(0)) held0 += chunks;
   EXPECT_EQ(
       Scrape(AnnouncedMetrics(output, "server", 0), "tessera_ps_updates_total{kind=\"dense\"}"),
       static_cast<double>(held0 * every_push))
       << output;
-  // The joined server: ranges 0 and 1, their updates up to each copy and every one after it.
+  // The joined server: ranges 0 and 1 (and 2), their updates up to each copy and every one
+  // after it.
   const auto taken = AsyncJobChunks(added_output);
   ASSERT_EQ(taken.count(1), 1u) << added_output;
-  ASSERT_EQ(taken.at(1).size(), 2u) << added_output;
-  const int held1 = taken.at(1).at(0) + taken.at(1).at(1);
+  ASSERT_EQ(taken.at(1).size(), static_cast<size_t>(replicas)) << added_output;
+  int held1 = 0;
+  for (const auto& [range, chunks] : taken.at(1)) held1 += chunks;
   int64_t in_copies = 0;
   int copies = 0;
   const std::regex copy_line(R"(took the copy of [^\n]*its chunks had applied (\d+) updates)");
@@ -504,7 +580,7 @@ void ExpectAJoinedServerTakesCopies(const std::string& mode, const std::string& 
     in_copies += std::stoll((*it)[1]);
     ++copies;
   }
-  EXPECT_EQ(copies, 2) << added_output;
+  EXPECT_EQ(copies, replicas) << added_output;
   const double applied = Scrape(joined_metrics, "tessera_ps_updates_total{kind=\"dense\"}");
   std::cout << mode << ", " << model << ": server 1 joined: its copies held " << in_copies
             << " updates, it applied " << applied << " after them; " << held1 << " chunks x "
@@ -531,6 +607,11 @@ TEST(PsReplicationTest, SspJoiningServerTakesCopiesAndALaterKillLosesNothing) {
 // The ctr model: each range's embedding rows are copied and forwarded the same way.
 TEST(PsReplicationTest, AsyncCtrJoiningServerTakesCopiesAndALaterKillLosesNothing) {
   ExpectAJoinedServerTakesCopies("ps-async", "ctr");
+}
+
+// Three copies: the joined server is each chain's last copy.
+TEST(PsReplicationTest, AsyncChainJoiningServerTakesCopiesAndALaterKillLosesNothing) {
+  ExpectAJoinedServerTakesCopies("ps-async", "mlp", /*replicas=*/3);
 }
 
 // Servers 1 and 2 hold both copies of range 1: losing both stops the job at once, naming it.

@@ -32,6 +32,9 @@ StatusOr<PushDecision> ConsistencyPolicy::Arrive(int rank, int64_t step, bool sk
     if (step <= clocks_[rank]) {
       decision.action = skip ? PushAction::kNone : PushAction::kApplied;
       decision.update = version_;
+      // Its reply carries every update here, so it waits, as theirs do, for the ones still
+      // being forwarded (a chain's new primary may still be passing on the one it copies).
+      if (!skip) decision.reply.min_version = version_;
       return decision;
     }
     clocks_[rank] = step;

@@ -5,12 +5,14 @@
 #include <cstdint>
 #include <optional>
 #include <set>
+#include <tuple>
 #include <utility>
 
 #include "common/messages/fleet_view.h"
 #include "common/training/lr_schedule.h"
 #include "common/training/nonfinite.h"
 #include "common/training/optimizer.h"
+#include "server/ps/forward_chain.h"
 
 namespace tessera::server {
 namespace {
@@ -65,6 +67,30 @@ struct DenseShard::PendingReply {
   std::string copied_to;
 };
 
+// A forward taken by a middle copy of a chain (ps-async, ps-ssp with 3 or more copies): it is
+// acknowledged (`taken`) once each of its chunks has applied its update and every copy after
+// this one has it, so the next primary always holds every update the last copy holds.
+struct DenseShard::ChainAck {
+  std::atomic<int> remaining{0};  // chunks still waiting, plus one while it is being served
+  std::function<void()> taken;
+};
+
+// What a chunk's lock released, to be sent once it is released.
+struct DenseShard::Ready {
+  std::vector<std::shared_ptr<PendingReply>> replies;
+  std::vector<std::shared_ptr<ChainAck>> acks;  // a chunk of each is done
+};
+
+// An update a chain's copy applied (a forward, or one parked here), for the copies after it.
+struct DenseShard::Onward {
+  Chunk* chunk;
+  std::string chain;  // where it goes
+  int64_t update;     // its number here
+  int rank;
+  int64_t step;
+  TensorData gradient;
+};
+
 // A part of a PendingReply, with the rule that releases it.
 struct DenseShard::Waiter {
   std::shared_ptr<PendingReply> reply;
@@ -109,6 +135,11 @@ struct DenseShard::Chunk {
   // ps-async, ps-ssp: a joined server that took a copy of this chunk (CopyTo): every later
   // update goes there when the push names no backup. Empty: none.
   std::string backup;  // guarded by mu
+  // A chain's middle copy: the copies after this one, as the last forward named them (the
+  // updates it applies off its parked ones go there too), and the forwards it took whose
+  // update here is not yet at every one of them (ChainAck), with that update.
+  std::string chain;                                                // guarded by mu
+  std::vector<std::pair<int64_t, std::shared_ptr<ChainAck>>> acks;  // guarded by mu
 };
 
 StatusOr<std::unique_ptr<DenseShard>> DenseShard::Create(const PsJobConfig& config,
@@ -231,7 +262,9 @@ Status DenseShard::Serve(int rank, int64_t step, const std::vector<TensorData>& 
   }
   pending->remaining = static_cast<int>(chunks.size());
   if (chunks.empty()) {
-    Send({pending});
+    Ready ready;
+    ready.replies.push_back(pending);
+    Send(ready);
     return OkStatus();
   }
   // The updates this request applied (ps-sync: the chunks whose step it completed) go to the
@@ -240,9 +273,10 @@ Status DenseShard::Serve(int rank, int64_t step, const std::vector<TensorData>& 
   // of one copy at 2 x 1, against 1.5x.)
   const bool forward = push && forwarder_ != nullptr && !forward_to.empty();
   // ps-async, ps-ssp: a chunk copied to a joined server names it (`backup`), and where it is
-  // set, that wins over the push's `forward_to`: the push may have been sent (or queued here)
-  // before the range's former backup failed, and an update sent there would never reach the
-  // joined one, whose copy would then wait for it forever. Every chunk of a range names the
+  // set, the update goes along the push's `forward_to` and then there (ChainWith): the push
+  // may have been sent (or queued here) before the copy, or name only the range's failed
+  // former backup (the forwarder passes over a failed copy), and an update that missed the
+  // joined one would leave its copy waiting for it forever. Every chunk of a range names the
   // same server; one of this request applied before CopyTo reached it is in its copy, so
   // sending it there too changes nothing.
   std::string backup;  // set once, by the first chunk that has one
@@ -250,6 +284,7 @@ Status DenseShard::Serve(int rank, int64_t step, const std::vector<TensorData>& 
   forwarded.step = step;
   if (!sync) forwarded.pushed_by = rank;
   std::vector<std::pair<Chunk*, int64_t>> forwarded_chunks;  // (chunk, update)
+  std::vector<Onward> onward;  // parked forwards applied here, for the copies after this one
   Status refused = OkStatus();
   for (size_t i = 0; i < chunks.size() && refused.ok(); ++i) {
     Chunk& chunk = *chunks[i];
@@ -257,8 +292,13 @@ Status DenseShard::Serve(int rank, int64_t step, const std::vector<TensorData>& 
     {
       std::lock_guard<std::mutex> lock(chunk.mu);
       // A worker's request at a copy holding parked forwards: its primary is gone (workers ask
-      // only the primary), and nothing fills their gaps any more.
-      if (!chunk.parked.empty()) ApplyParked(&chunk, /*all=*/true);
+      // only the primary), and nothing fills their gaps any more. In a chain they go on to
+      // the copies after this one, numbered as applied here, so those stay a prefix of this.
+      if (!chunk.parked.empty()) {
+        ApplyParked(&chunk, /*all=*/true,
+                    ChainWith(forward_to.empty() ? chunk.chain : forward_to, chunk.backup),
+                    &onward);
+      }
       // A pull: the values after step - 1 in every model (after a restore, versions restart
       // at the checkpoint's step).
       Waiter waiter{pending, i, chunk.policy.Pull(step)};
@@ -346,11 +386,32 @@ Status DenseShard::Serve(int rank, int64_t step, const std::vector<TensorData>& 
     }
     Send(ready);
   }
+  SendOnward(std::move(onward));
   if (!forwarded_chunks.empty()) {
-    forwarder_(backup.empty() ? forward_to : backup, std::move(forwarded),
+    forwarder_(ChainWith(forward_to, backup), std::move(forwarded),
                [this, chunks = std::move(forwarded_chunks)] { Forwarded(chunks); });
   }
   return refused;
+}
+
+// Grouped by where they go and whose push they were: one forward each (mostly one in all).
+void DenseShard::SendOnward(std::vector<Onward> onward) {
+  if (onward.empty()) return;
+  std::map<std::tuple<std::string, int, int64_t>,
+           std::pair<ForwardedStep, std::vector<std::pair<Chunk*, int64_t>>>>
+      forwards;
+  for (Onward& update : onward) {
+    auto& [step, chunks] = forwards[{update.chain, update.rank, update.step}];
+    step.step = update.step;
+    step.pushed_by = update.rank;
+    step.gradients.push_back(std::move(update.gradient));
+    step.updates.push_back(update.update);
+    chunks.emplace_back(update.chunk, update.update);
+  }
+  for (auto& [where, forward] : forwards) {
+    forwarder_(std::get<0>(where), std::move(forward.first),
+               [this, chunks = std::move(forward.second)] { Forwarded(chunks); });
+  }
 }
 
 void DenseShard::Forwarded(const std::vector<std::pair<Chunk*, int64_t>>& updates) {
@@ -365,14 +426,15 @@ void DenseShard::Forwarded(const std::vector<std::pair<Chunk*, int64_t>>& update
   }
 }
 
-Status DenseShard::ApplyForwarded(const ForwardedStep& forwarded,
-                                  const std::function<void()>& taken) {
+Status DenseShard::ApplyForwarded(const ForwardedStep& forwarded, std::function<void()> taken) {
   const int64_t step = forwarded.step;
   const bool dropped = forwarded.dropped_by >= 0;
   if (step < 1) {
     return InvalidArgumentError("forwarded step " + std::to_string(step) + "; steps start at 1");
   }
-  if (config_.consistency != PsConsistency::kSync) return ApplyForwardedPush(forwarded, taken);
+  if (config_.consistency != PsConsistency::kSync) {
+    return ApplyForwardedPush(forwarded, std::move(taken));
+  }
   // (chunk, its gradient) in key order.
   std::map<uint64_t, std::pair<Chunk*, const TensorData*>> chunks;
   for (const TensorData& tensor : forwarded.gradients) {
@@ -426,8 +488,7 @@ Status DenseShard::ApplyForwarded(const ForwardedStep& forwarded,
   return OkStatus();
 }
 
-Status DenseShard::ApplyForwardedPush(const ForwardedStep& forwarded,
-                                      const std::function<void()>& taken) {
+Status DenseShard::ApplyForwardedPush(const ForwardedStep& forwarded, std::function<void()> taken) {
   const std::string what = "worker " + std::to_string(forwarded.pushed_by) + "'s push of step " +
                            std::to_string(forwarded.step) + ", forwarded";
   if (forwarded.pushed_by < 0 || forwarded.pushed_by >= config_.num_workers) {
@@ -449,8 +510,19 @@ Status DenseShard::ApplyForwardedPush(const ForwardedStep& forwarded,
     }
     chunks.push_back(chunk);
   }
-  // Held in memory here (parked until the updates before it came): acknowledged first.
-  taken();
+  // The last copy: held in memory here (parked until the updates before it came), so
+  // acknowledged first. A middle copy of a chain acknowledges once the copies after it have
+  // the update too (ChainAck), and forwards each update as it applies it.
+  const std::string& chain = forwarded.forward_to;
+  std::shared_ptr<ChainAck> ack;
+  if (chain.empty()) {
+    taken();
+  } else {
+    ack = std::make_shared<ChainAck>();
+    ack->taken = std::move(taken);
+    ack->remaining.store(static_cast<int>(chunks.size()) + 1, std::memory_order_relaxed);
+  }
+  std::vector<Onward> onward;
   for (size_t i = 0; i < chunks.size(); ++i) {
     Chunk& chunk = *chunks[i];
     Ready ready;
@@ -458,22 +530,33 @@ Status DenseShard::ApplyForwardedPush(const ForwardedStep& forwarded,
       std::lock_guard<std::mutex> lock(chunk.mu);
       const int64_t update = forwarded.updates[i];
       // A copy of a forward taken already is left alone (applied, or parked: emplace keeps
-      // the first).
+      // the first); in a chain it is acknowledged as the first is.
       if (update > chunk.policy.version()) {
         chunk.parked.emplace(
             update, Chunk::Parked{forwarded.pushed_by, forwarded.step, forwarded.gradients[i]});
-        ApplyParked(&chunk, /*all=*/false);
+        ApplyParked(&chunk, /*all=*/false, chain, ack != nullptr ? &onward : nullptr);
+      }
+      if (ack != nullptr) {
+        chunk.chain = chain;
+        chunk.acks.emplace_back(update, ack);
       }
       ReleaseReady(&chunk, &ready);
     }
     Send(ready);
+  }
+  SendOnward(std::move(onward));
+  if (ack != nullptr) {
+    Ready served;
+    served.acks.push_back(std::move(ack));
+    Send(served);
   }
   return OkStatus();
 }
 
 // The parked forwards in update order: each as the policy's next push of its worker (the
 // update the primary gave it), while it is the next one (`all`: every one, gaps closed).
-void DenseShard::ApplyParked(Chunk* chunk, bool all) {
+void DenseShard::ApplyParked(Chunk* chunk, bool all, const std::string& chain,
+                             std::vector<Onward>* onward) {
   while (!chunk->parked.empty() &&
          (all || chunk->parked.begin()->first == chunk->policy.version() + 1)) {
     Chunk::Parked parked = std::move(chunk->parked.begin()->second);
@@ -483,6 +566,12 @@ void DenseShard::ApplyParked(Chunk* chunk, bool all) {
     if (decided.ok() && decided->action == PushAction::kApplyNow) {
       std::vector<float> scratch;
       ApplyGradient(decided->update, FloatsOf(parked.gradient, &scratch), chunk);
+      if (onward != nullptr && !chain.empty()) {
+        // Its replies here, and the acknowledgement of its forward, wait for the next copies.
+        chunk->forwarding.insert(decided->update);
+        onward->push_back(Onward{chunk, chain, decided->update, parked.rank, parked.step,
+                                 std::move(parked.gradient)});
+      }
     }
   }
 }
@@ -587,14 +676,28 @@ void DenseShard::ReleaseReady(Chunk* chunk, Ready* ready) {
     waiter.reply->parts[waiter.part] =
         TensorData::Floats(waiter.reply->names[waiter.part], waiter.reply->keys[waiter.part],
                            values->floats.data(), values->floats.size(), std::move(lease));
-    if (--waiter.reply->remaining == 0) ready->push_back(waiter.reply);
+    if (--waiter.reply->remaining == 0) ready->replies.push_back(waiter.reply);
   }
   metrics_->AddWaiting(-static_cast<int64_t>(chunk->waiters.size() - keep.size()));
   chunk->waiters.swap(keep);
+  // A chain's forwards whose update here is applied and at every copy after this one.
+  auto done = [chunk](const std::pair<int64_t, std::shared_ptr<ChainAck>>& ack) {
+    return chunk->policy.version() >= ack.first &&
+           (chunk->forwarding.empty() || *chunk->forwarding.begin() > ack.first);
+  };
+  for (auto& ack : chunk->acks) {
+    if (done(ack)) ready->acks.push_back(std::move(ack.second));
+  }
+  chunk->acks.erase(std::remove_if(chunk->acks.begin(), chunk->acks.end(),
+                                   [](const auto& ack) { return ack.second == nullptr; }),
+                    chunk->acks.end());
 }
 
 void DenseShard::Send(const Ready& ready) {
-  for (const std::shared_ptr<PendingReply>& pending : ready) {
+  for (const std::shared_ptr<ChainAck>& ack : ready.acks) {
+    if (ack->remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) ack->taken();
+  }
+  for (const std::shared_ptr<PendingReply>& pending : ready.replies) {
     PsPushPullReply reply;
     reply.tensors = std::move(pending->parts);
     reply.skipped_by = pending->skipped_by.load(std::memory_order_relaxed);
@@ -672,6 +775,9 @@ void DenseShard::Restore(std::map<uint64_t, ChunkState> saved, int64_t step) {
       chunk->notes.clear();
       chunk->forwarding.clear();
       chunk->parked.clear();
+      // A chain's forwards taken before: the restored state replaces them.
+      for (auto& ack : chunk->acks) ready.acks.push_back(std::move(ack.second));
+      chunk->acks.clear();
       ReleaseReady(chunk.get(), &ready);
     }
     Send(ready);

@@ -21,6 +21,14 @@
 // chunk's forwards in that order, parking one that overtook the one before it (two requests'
 // forwards may leave in either order).
 //
+// Chains (ps-async and ps-ssp with 3 or more copies): the push names every live backup in
+// order, "b1,b2"; the primary forwards to b1 naming "b2", and b1 forwards each update to b2
+// as it applies it, numbered as applied there, and acknowledges the primary's forward only
+// once b2 has it. So each copy holds a prefix of the one before it: when the primary fails, b1
+// (the next primary) holds every update b2 holds, applies the forwards it parked (their gaps
+// will not fill) and passes them on; when b1 fails, the primary's forwards go on to b2
+// (StepForwarder), which skips the ones b1 passed on.
+//
 // Thread-safety: thread-safe. A reply callback runs on the thread of the request that released
 // its last part (the request's own, or a later one's), after the chunk's lock is released.
 #ifndef TESSERA_SERVER_PS_DENSE_SHARD_H_
@@ -75,10 +83,14 @@ class DenseShard {
     int joining = -1;
     int pushed_by = -1;            // ps-async, ps-ssp: the worker whose push of `step` it is
     std::vector<int64_t> updates;  // ps-async, ps-ssp: each gradient's update number here
+    // As received, ps-async, ps-ssp, a chain: the copies after this one (see above; the sender
+    // gives the Forwarder the whole chain instead).
+    std::string forward_to;
   };
-  // Sends `forwarded` to the backup at `to`, and calls `done` once, later and from another
-  // thread, when the backup has it or is gone (the range then lives on this server alone).
-  using Forwarder = std::function<void(const std::string& to, ForwardedStep forwarded,
+  // Sends `forwarded` along `chain` (the backup, or in a chain every copy after this one, in
+  // order: StepForwarder), and calls `done` once, later and from another thread, when they have
+  // it or are gone (the range then lives on this server alone).
+  using Forwarder = std::function<void(const std::string& chain, ForwardedStep forwarded,
                                        std::function<void()> done)>;
 
   // The chunks the job's plan gives this server, starting from `initial` (one float32 tensor
@@ -111,7 +123,8 @@ class DenseShard {
   // `join` (with `push`, -1: none): the lowest server rank worker `rank` knows joined the fleet
   // in a failed server's place; recorded and answered (PsPushPullReply::joining) as `stop` is,
   // so every worker starts using that server after the same step.
-  // `forward_to` (with `push`; empty: none): the address of the range's backup; the updates
+  // `forward_to` (with `push`; empty: none): the address of the range's backup (a chain: its
+  // backups' addresses in order, comma-separated; see above); the updates
   // this push applies (ps-sync: the step it completes) go there before the replies with their
   // values (see above). In ps-async and ps-ssp, values of updates the backup has not
   // acknowledged may go in other replies (a pull's, another worker's): such an update is
@@ -128,7 +141,8 @@ class DenseShard {
               ReplyCallback reply, bool stop = false, int join = -1,
               const std::string& forward_to = std::string());
   // The backup's side: takes `forwarded` (the primary's update), calls `taken` (its
-  // acknowledgement), then applies it as the primary did.
+  // acknowledgement), then applies it as the primary did. A chain's middle copy (`forwarded`
+  // names copies after it) calls `taken` later, from another thread, once they have it too.
   // ps-sync: to each chunk it names whose version is the step before it; a chunk at the step
   // or later took it already (a copy) and is left alone. Pushes of the step held here (workers
   // that asked this copy after the primary failed) are answered with its values. The chunks'
@@ -139,7 +153,7 @@ class DenseShard {
   // Errors, before anything changed and without `taken`: NotFound for a chunk not here,
   // InvalidArgument for a gradient that does not fit its chunk (or a push without a worker or
   // update numbers), FailedPrecondition naming a chunk more than a step behind (ps-sync).
-  Status ApplyForwarded(const ForwardedStep& forwarded, const std::function<void()>& taken);
+  Status ApplyForwarded(const ForwardedStep& forwarded, std::function<void()> taken);
 
   // "chunk 3" for the first chunk whose version is below `step`; empty when none is.
   std::string FirstBehind(int64_t step) const;
@@ -157,11 +171,11 @@ class DenseShard {
   int64_t AppliedUpdates() const;
   // ps-async, ps-ssp: Snapshot for the server at `backup`, which joined in a failed one's
   // place, with each chunk's version and clocks; under the same lock the chunk starts
-  // forwarding every later update there, whatever backup a push names (none, or a stale one:
-  // the range's failed former backup), so each chunk's copy and the updates after it are one
-  // cut. Replies to pushes whose
-  // updates went there name it (PsPushPullReply::copied_to): it acknowledged, so it has the
-  // copy. REQUIRES: a forwarder (Create).
+  // forwarding every later update there, last in the chain whatever backups a push names
+  // (none, the others, or a stale one: the range's failed former backup), so each chunk's copy
+  // and the updates after it are one cut. Replies to pushes whose updates went there name it
+  // (PsPushPullReply::copied_to): it acknowledged, so it has the copy. REQUIRES: a forwarder
+  // (Create).
   std::map<uint64_t, ChunkState> CopyTo(const std::string& backup);
   // Replaces every chunk's values and state (by chunk index), then restarts every chunk's
   // policy at `step` (ConsistencyPolicy::Restore), or at its own version and clocks when the
@@ -175,7 +189,9 @@ class DenseShard {
   struct PendingReply;
   struct Waiter;
   struct Chunk;
-  using Ready = std::vector<std::shared_ptr<PendingReply>>;
+  struct ChainAck;
+  struct Ready;
+  struct Onward;
 
   enum class Gradients { kNone, kGiven, kSkipped };
 
@@ -193,10 +209,14 @@ class DenseShard {
   // The backup acknowledged (or lost) `updates` (chunk, update): their replies go.
   void Forwarded(const std::vector<std::pair<Chunk*, int64_t>>& updates);
   // ApplyForwarded of ps-async and ps-ssp.
-  Status ApplyForwardedPush(const ForwardedStep& forwarded, const std::function<void()>& taken);
+  Status ApplyForwardedPush(const ForwardedStep& forwarded, std::function<void()> taken);
   // Applies the chunk's parked forwards that are next in update order (`all`: every one, in
-  // update order). REQUIRES: chunk->mu held.
-  void ApplyParked(Chunk* chunk, bool all);
+  // update order); with `onward` and a `chain`, each applied one is added there for the
+  // copies after this one. REQUIRES: chunk->mu held.
+  void ApplyParked(Chunk* chunk, bool all, const std::string& chain = std::string(),
+                   std::vector<Onward>* onward = nullptr);
+  // Forwards `onward` (ApplyParked) along their chains. REQUIRES: no chunk's lock held.
+  void SendOnward(std::vector<Onward> onward);
   // ps-sync: forgets the stop requests (and joins) of steps long applied. REQUIRES: chunk->mu held.
   static void ForgetOldStops(Chunk* chunk);
   // Applies `grad` as the optimizer's update `update`. REQUIRES: chunk->mu held.

@@ -456,6 +456,113 @@ TEST_F(DenseShardTest, AsyncForwardsEachPushAndTheBackupAppliesThemInThePrimarys
   EXPECT_EQ(taken, 4);
 }
 
+// ps-async with three copies: the primary forwards each push along the chain "middle,last";
+// the middle applies the forwards in the primary's order (parking one that overtook the one
+// before it), passes each on to the last as it applies it, and acknowledges a forward only
+// once the last has each of its updates (a resend of one, once the first is). All three end
+// bitwise alike. Then the primary fails with a forward parked at the middle behind one lost
+// with it: the lost push, asked again of the middle, applies the parked one first, both go on
+// to the last numbered as the middle applied them, and the last stays bitwise the middle.
+TEST_F(DenseShardTest, AsyncChainOfThreeCopiesPassesUpdatesOnAndAcknowledgesFromTheEnd) {
+  const PsJobConfig config = MomentumConfig(PsConsistency::kAsync, 2);
+  constexpr char kLast[] = "tcp://10.0.0.3:5000";
+  const std::string chain = std::string(kBackup) + "," + kLast;
+  auto primary = CreatePrimary(config);
+  ASSERT_NE(primary, nullptr);
+  std::vector<Sent> onward;  // the middle's forwards
+  auto middle = DenseShard::Create(
+      config, {0, 1, 100}, {Chunk(0, Floats(4, 1)), Chunk(1, Floats(4, 2)), Chunk(2, Floats(2, 3))},
+      metrics_.get(),
+      [&onward](const std::string& to, DenseShard::ForwardedStep step, std::function<void()> done) {
+        onward.push_back({to, std::move(step), std::move(done)});
+      });
+  ASSERT_TRUE(middle.ok()) << middle.status();
+  auto last = Create(config);
+  auto push = [&](DenseShard& shard, int rank, int64_t step, std::vector<TensorData> grads,
+                  const std::string& forward_to) {
+    Captured captured;
+    EXPECT_TRUE(
+        shard.PushPull(rank, step, grads, true, captured.Callback(), false, -1, forward_to).ok());
+    return captured;
+  };
+  // The middle's forward of worker `rank`'s push of `step`.
+  auto passed_on = [&onward](int rank, int64_t step) -> Sent& {
+    for (Sent& sent : onward) {
+      if (sent.step.pushed_by == rank && sent.step.step == step) return sent;
+    }
+    ADD_FAILURE() << "worker " << rank << "'s push of step " << step << " was not passed on";
+    return onward.front();
+  };
+  auto expect_alike = [](DenseShard& a, DenseShard& b, const std::string& what) {
+    const auto ours = a.Snapshot();
+    const auto theirs = b.Snapshot();
+    for (uint64_t chunk : {0, 1, 2}) {
+      EXPECT_EQ(ours.at(chunk).values, theirs.at(chunk).values) << what << ", chunk " << chunk;
+      EXPECT_EQ(ours.at(chunk).state, theirs.at(chunk).state) << what << ", chunk " << chunk;
+    }
+  };
+  Captured a =
+      push(*primary, 0, 1, {Chunk(0, {0.1f, 0.2f, 0.3f, 0.4f}), Chunk(1, {1, -1, 0.5f, 3})}, chain);
+  Captured b = push(*primary, 1, 1, {Chunk(0, {0.7f, 0.3f, -0.3f, 1e-3f})}, chain);
+  Captured c = push(*primary, 0, 2, {Chunk(0, {-2, 1, 1e-4f, 5})}, chain);
+  ASSERT_EQ(sent_.size(), 3u);
+  EXPECT_EQ(sent_[0].to, chain);  // StepForwarder sends it to the first, naming the rest
+  for (Sent& sent : sent_) sent.step.forward_to = kLast;
+  int taken = 0;
+  const auto take = [&taken] { ++taken; };
+  // c's forward (update 3 of chunk 0) overtook b's: parked, not passed on, not acknowledged.
+  ASSERT_TRUE((*middle)->ApplyForwarded(sent_[2].step, take).ok());
+  EXPECT_TRUE(onward.empty());
+  ASSERT_TRUE((*middle)->ApplyForwarded(sent_[0].step, take).ok());
+  ASSERT_EQ(onward.size(), 1u);
+  EXPECT_EQ(onward[0].to, kLast);
+  EXPECT_EQ(onward[0].step.updates, (std::vector<int64_t>{1, 1}));
+  ASSERT_TRUE((*middle)->ApplyForwarded(sent_[1].step, take).ok());
+  ASSERT_EQ(onward.size(), 3u);  // b's, and c's once b's was applied
+  EXPECT_EQ(passed_on(1, 1).step.updates, (std::vector<int64_t>{2}));
+  EXPECT_EQ(passed_on(0, 2).step.updates, (std::vector<int64_t>{3}));
+  ASSERT_TRUE((*middle)->ApplyForwarded(sent_[0].step, take).ok());  // a resend of a's
+  EXPECT_EQ(onward.size(), 3u);
+  EXPECT_EQ(taken, 0);  // the last copy has none of them yet
+  // The last copy takes them in another order.
+  for (Sent* sent : {&passed_on(0, 2), &passed_on(0, 1), &passed_on(1, 1)}) {
+    ASSERT_TRUE(last->ApplyForwarded(sent->step, [] {}).ok());
+  }
+  passed_on(0, 1).done();
+  EXPECT_EQ(taken, 2);  // a's forward and its resend
+  passed_on(0, 2).done();
+  EXPECT_EQ(taken, 2);  // c's update 3 needs b's update 2 there too
+  passed_on(1, 1).done();
+  EXPECT_EQ(taken, 4);
+  expect_alike(**middle, *primary, "the middle copy");
+  expect_alike(*last, *primary, "the last copy");
+  for (Sent& sent : sent_) sent.done();
+  for (const Captured* reply : {&a, &b, &c}) EXPECT_TRUE(reply->came());
+
+  // Two more pushes; the primary fails with d's forward lost and e's taken by the middle.
+  Captured d = push(*primary, 1, 2, {Chunk(0, {3, 3, -1, 0.5f})}, chain);
+  Captured e = push(*primary, 0, 3, {Chunk(0, {0.25f, 1, 2, -3}), Chunk(1, {1, 1, 1, 1})}, chain);
+  ASSERT_EQ(sent_.size(), 5u);
+  sent_[4].step.forward_to = kLast;
+  ASSERT_TRUE((*middle)->ApplyForwarded(sent_[4].step, take).ok());  // chunk 0 parked
+  ASSERT_EQ(onward.size(), 4u);                                      // chunk 1's update 2, applied
+  // Worker 1 asks the middle again (the primary's address for the range now), naming the last.
+  Captured again = push(**middle, 1, 2, {Chunk(0, {3, 3, -1, 0.5f})}, kLast);
+  ASSERT_EQ(onward.size(), 6u);
+  EXPECT_EQ(onward[4].step.pushed_by, 0);  // e's chunk 0, applied first: update 4 here
+  EXPECT_EQ(onward[4].step.updates, (std::vector<int64_t>{4}));
+  EXPECT_EQ(onward[5].step.pushed_by, 1);  // d: update 5 here
+  EXPECT_EQ(onward[5].step.updates, (std::vector<int64_t>{5}));
+  EXPECT_FALSE(again.came());  // until the last copy has it
+  for (size_t i = 3; i < onward.size(); ++i) {
+    ASSERT_TRUE(last->ApplyForwarded(onward[i].step, [] {}).ok());
+    onward[i].done();
+  }
+  ASSERT_TRUE(again.came());
+  expect_alike(*last, **middle, "the last copy after the primary failed");
+  EXPECT_EQ(again.Values(0), last->Snapshot().at(0).values);
+}
+
 // ps-async: a range's copy for a server that joined (CopyTo) holds each chunk's version and
 // clocks, and every later update goes there although the pushes name no backup: the copy and
 // the forwards after it give the joined server bitwise the primary's chunks, and a worker's
@@ -484,14 +591,15 @@ TEST_F(DenseShardTest, AsyncCopyForAJoinedServerAndTheUpdatesAfterItAreOneCut) {
   ASSERT_TRUE(after.came());
   EXPECT_EQ((*after.reply)->copied_to, kBackup);
   // A push still naming the range's failed former backup (sent before it failed, or queued
-  // here) goes to the joined server too: else the copy would wait for its update forever.
+  // here) goes on to the joined server too (the forwarder passes over the failed one): else
+  // the copy would wait for its update forever.
   Captured stale;
   ASSERT_TRUE(primary
                   ->PushPull(1, 2, {Chunk(1, {1, 1, 1, 1})}, true, stale.Callback(), false, -1,
                              "tcp://10.0.0.9:5000")
                   .ok());
   ASSERT_EQ(sent_.size(), 2u);
-  EXPECT_EQ(sent_[1].to, kBackup);
+  EXPECT_EQ(sent_[1].to, "tcp://10.0.0.9:5000," + std::string(kBackup));
   sent_[1].done();
   ASSERT_TRUE(stale.came());
   auto joined = Create(config);

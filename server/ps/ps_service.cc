@@ -347,9 +347,11 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
           InvalidArgumentError("a forwarded row push from " + request.header.DescribeSender() +
                                ": only a range's primary server forwards updates"));
     }
-    const SparseTables::ForwardedRows rows{body->table,  body->pushed_by, request.header.step,
-                                           body->update, body->row_ids,   body->values};
-    Status applied = job.tables->ApplyForwarded(rows, [&] { endpoint_->Reply(request, Ack{}); });
+    SparseTables::ForwardedRows rows{body->table,  body->pushed_by, request.header.step,
+                                     body->update, body->row_ids,   body->values};
+    rows.forward_to = body->forward_to;
+    Status applied =
+        job.tables->ApplyForwarded(rows, [ack = ReplyLater<Ack>(request)] { ack(Ack{}); });
     if (!applied.ok()) {
       return AnswerError(request,
                          applied.WithContext("forwarded by " + request.header.DescribeSender() +
@@ -374,8 +376,9 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
     forwarded.joining = body->joining;
     forwarded.pushed_by = body->pushed_by;
     forwarded.updates = body->updates;
+    forwarded.forward_to = body->forward_to;
     Status applied =
-        job.dense->ApplyForwarded(forwarded, [&] { endpoint_->Reply(request, Ack{}); });
+        job.dense->ApplyForwarded(forwarded, [ack = ReplyLater<Ack>(request)] { ack(Ack{}); });
     if (!applied.ok()) {
       return AnswerError(request, applied.WithContext("step " + std::to_string(forwarded.step) +
                                                       " forwarded by " +

@@ -215,9 +215,11 @@ TEST_F(PsServiceTest, ABackupThatRefusesAForwardedStepStopsTheRange) {
 // equal: the same updates in the same order, each once.
 class PsServiceForwardTest : public PsServiceTest {
  protected:
-  void PushConcurrentlyAndCompareTheCopies(PsConsistency consistency) {
+  // `chain`: three copies, primary -> server -> last (--replicas 3).
+  void PushConcurrentlyAndCompareTheCopies(PsConsistency consistency, bool chain = false) {
     Fleet fleet;
     fleet.with_primary = true;
+    fleet.with_last = chain;
     FaultOptions faults;
     faults.seed = 3;
     faults.drop_probability = 0.05;
@@ -233,6 +235,9 @@ class PsServiceForwardTest : public PsServiceTest {
     ASSERT_GE(values.size(), 2u);
     ASSERT_TRUE(InitPrimary(config, values).ok());
     ASSERT_TRUE(Init(config, values, /*range=*/0).ok());
+    if (chain) ASSERT_TRUE(InitLast(config, values).ok());
+    const std::string forward_to =
+        chain ? server_->address() + "," + last_->address() : server_->address();
     constexpr int64_t kSteps = 30;
     // Range 0's rows (of server 0 in a fleet of 2): each push touches two of them.
     const Ids rows = RowsOwnedBy(0, 3);
@@ -244,10 +249,9 @@ class PsServiceForwardTest : public PsServiceTest {
             "emb.0", TensorData::Int64s("row_ids", {rows[step % 3], rows[(step + worker) % 3]}),
             TensorData::Floats("values", 0,
                                {grad(random), grad(random), grad(random), grad(random)}),
-            0, server_->address()};
+            0, forward_to};
         const Reply rows_pushed = SendToPrimary(worker, row_push, step, "row push");
-        const Reply pushed =
-            PushToPrimary(worker, step, RandomGrads(random, values), server_->address());
+        const Reply pushed = PushToPrimary(worker, step, RandomGrads(random, values), forward_to);
         for (const Reply* reply : {&rows_pushed, &pushed}) {
           ASSERT_TRUE(reply->get().ok())
               << "worker " << worker << " step " << step << ": " << reply->get().status();
@@ -266,6 +270,7 @@ class PsServiceForwardTest : public PsServiceTest {
     const ByKey backup = ValuesOf(Send(0, pull, 1, "pull of the backup's copy"));
     ASSERT_EQ(primary.size(), values.size());
     EXPECT_EQ(backup, primary);
+    if (chain) EXPECT_EQ(ValuesOf(SendToLast(0, pull, 1, "pull of the last copy")), primary);
     EXPECT_NE(primary, values);
     EXPECT_EQ(DenseUpdates(), static_cast<double>(2 * kSteps * values.size()));
     // The rows too: forwarded by the primary, applied in its order.
@@ -276,6 +281,11 @@ class PsServiceForwardTest : public PsServiceTest {
     ASSERT_TRUE(backup_rows.get().ok()) << backup_rows.get().status();
     const Floats primary_values = primary_rows.get()->As<SparsePullReply>()->values.Read<float>();
     EXPECT_EQ(backup_rows.get()->As<SparsePullReply>()->values.Read<float>(), primary_values);
+    if (chain) {
+      const Reply last_rows = SendToLast(0, row_pull, kSteps + 1, "rows of the last copy");
+      ASSERT_TRUE(last_rows.get().ok()) << last_rows.get().status();
+      EXPECT_EQ(last_rows.get()->As<SparsePullReply>()->values.Read<float>(), primary_values);
+    }
     Floats initial;
     for (int64_t id : rows) {
       Floats row(static_cast<size_t>(config.tables[0].dim));
@@ -292,6 +302,12 @@ TEST_F(PsServiceForwardTest, AsyncCopiesStayBitwiseEqualUnderConcurrentPushes) {
 
 TEST_F(PsServiceForwardTest, SspCopiesStayBitwiseEqualUnderConcurrentPushes) {
   PushConcurrentlyAndCompareTheCopies(PsConsistency::kSsp);
+}
+
+// --replicas 3: the server passes each update on to the last copy and acknowledges the
+// primary's forward once the last has it; the three copies end bitwise alike.
+TEST_F(PsServiceForwardTest, AsyncChainOfThreeCopiesStaysBitwiseEqualUnderConcurrentPushes) {
+  PushConcurrentlyAndCompareTheCopies(PsConsistency::kAsync, /*chain=*/true);
 }
 
 // A range copied to a server that joined in a failed one's place: the copy of a step (no file,

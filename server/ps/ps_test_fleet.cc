@@ -133,18 +133,46 @@ void PsServiceTest::Start(Fleet fleet) {
     ASSERT_TRUE(primary_service.ok()) << primary_service.status();
     primary_service_ = std::move(primary_service).value();
   }
+  if (fleet.with_last) {
+    auto last = RpcEndpoint::Start(transport("last", std::nullopt), Role::kServer, 1, nullptr);
+    ASSERT_TRUE(last.ok()) << last.status();
+    last_ = std::move(last).value();
+    options.server_rank = 1;
+    auto last_service = PsService::Start(options, last_.get(), &last_metrics_);
+    ASSERT_TRUE(last_service.ok()) << last_service.status();
+    last_service_ = std::move(last_service).value();
+  }
+}
+
+Reply PsServiceTest::SendToServer(const RpcEndpoint& server, int worker, MessageBody body,
+                                  int64_t step, const std::string& what) {
+  return workers_[worker]->CallAsync(server.address(), std::move(body), step,
+                                     Deadline::AfterMillis(kTestTimeoutMs), what, fleet_.resend_ms);
+}
+
+Status PsServiceTest::InitRangeZero(const RpcEndpoint& server, const PsJobConfig& config,
+                                    const ByKey& values, const std::string& what) {
+  PsInitRequest init{EncodePsJobConfig(config), {}, kTestToken, 0};
+  for (const auto& [key, v] : values) init.tensors.push_back(TensorData::Floats("chunk", key, v));
+  return SendToServer(server, 0, std::move(init), 0, what).get().status();
+}
+
+Reply PsServiceTest::SendToLast(int worker, MessageBody body, int64_t step,
+                                const std::string& what) {
+  return SendToServer(*last_, worker, std::move(body), step, what);
+}
+
+Status PsServiceTest::InitLast(const PsJobConfig& config, const ByKey& values) {
+  return InitRangeZero(*last_, config, values, "init of range 0 on the third server");
 }
 
 Reply PsServiceTest::SendToPrimary(int worker, MessageBody body, int64_t step,
                                    const std::string& what) {
-  return workers_[worker]->CallAsync(primary_->address(), std::move(body), step,
-                                     Deadline::AfterMillis(kTestTimeoutMs), what, fleet_.resend_ms);
+  return SendToServer(*primary_, worker, std::move(body), step, what);
 }
 
 Status PsServiceTest::InitPrimary(const PsJobConfig& config, const ByKey& values) {
-  PsInitRequest init{EncodePsJobConfig(config), {}, kTestToken, 0};
-  for (const auto& [key, v] : values) init.tensors.push_back(TensorData::Floats("chunk", key, v));
-  return SendToPrimary(0, std::move(init), 0, "init of server 0").get().status();
+  return InitRangeZero(*primary_, config, values, "init of server 0");
 }
 
 Reply PsServiceTest::PushToPrimary(int worker, int64_t step, const ByKey& grads,

@@ -52,6 +52,9 @@ struct Fleet {
   // Also server 0 (primary_, with its service), whose range 0 the server can back: the
   // forwarded steps of --replicas 2.
   bool with_primary = false;
+  // Also a third server (last_, with its service, rank 1 too), which can back range 0 after
+  // the server: the chains of --replicas 3 (primary, server, last).
+  bool with_last = false;
   int64_t park_limit_ms = 60000;  // PsServiceOptions::park_limit_ms
 };
 
@@ -95,6 +98,7 @@ class PsServiceTest : public ::testing::Test {
   // ASSERT_NO_FATAL_FAILURE.
   void Start(Fleet fleet);
   void TearDown() override {
+    last_service_.reset();
     primary_service_.reset();
     service_.reset();
   }
@@ -111,8 +115,12 @@ class PsServiceTest : public ::testing::Test {
              int64_t timeout_ms = kTestTimeoutMs);
   // The same to server 0 (Fleet::with_primary).
   Reply SendToPrimary(int worker, MessageBody body, int64_t step, const std::string& what);
+  // The same to the third server (Fleet::with_last).
+  Reply SendToLast(int worker, MessageBody body, int64_t step, const std::string& what);
   // Server 0's own range (0), as Init.
   Status InitPrimary(const PsJobConfig& config, const ByKey& values);
+  // Range 0 on the third server, as Init.
+  Status InitLast(const PsJobConfig& config, const ByKey& values);
   // A push-pull of range 0 to server 0 naming `backup` (PsPushPullRequest::forward_to).
   Reply PushToPrimary(int worker, int64_t step, const ByKey& grads, const std::string& backup);
   // `range`: PsInitRequest::range (-1: the server's own).
@@ -130,6 +138,12 @@ class PsServiceTest : public ::testing::Test {
   static ByKey ValuesOf(const Reply& reply);
   static Floats RowsOf(const Reply& reply);
 
+  // A request to `server` (primary_ or last_), as Send; range 0's init there, as Init.
+  Reply SendToServer(const RpcEndpoint& server, int worker, MessageBody body, int64_t step,
+                     const std::string& what);
+  Status InitRangeZero(const RpcEndpoint& server, const PsJobConfig& config, const ByKey& values,
+                       const std::string& what);
+
   double GaugeValue(const metric_names::MetricName& name);
   double DenseUpdates();
 
@@ -143,6 +157,9 @@ class PsServiceTest : public ::testing::Test {
   MetricsRegistry primary_metrics_;
   std::unique_ptr<RpcEndpoint> primary_;  // Fleet::with_primary
   std::unique_ptr<PsService> primary_service_;
+  MetricsRegistry last_metrics_;
+  std::unique_ptr<RpcEndpoint> last_;  // Fleet::with_last
+  std::unique_ptr<PsService> last_service_;
 };
 
 }  // namespace tessera::server

@@ -1,13 +1,23 @@
 #include "server/ps/sparse_tables.h"
 
+#include <algorithm>
 #include <optional>
+#include <set>
 #include <utility>
 
 #include "common/base/logging.h"
 #include "common/training/lr_schedule.h"
 #include "common/training/nonfinite.h"
+#include "server/ps/forward_chain.h"
 
 namespace tessera::server {
+
+// A forward taken by a middle copy of a chain (ps-async, ps-ssp with 3 or more copies), or a
+// copy of a push at a chain's primary: `taken` once the update is at every copy after this
+// one (DenseShard's twin).
+struct SparseTables::ChainAck {
+  std::function<void()> taken;
+};
 
 struct SparseTables::Table {
   Table(size_t index, const EmbeddingTableSpec& spec, const PsJobConfig& config)
@@ -34,11 +44,25 @@ struct SparseTables::Table {
     int rank = 0;
     int64_t step = 0;
     RankRows rows;
+    TensorData row_ids;  // as forwarded (their frames), to be passed on in a chain
+    TensorData values;
   };
   std::map<int64_t, Parked> parked;  // guarded by mu
   // ps-async, ps-ssp: a joined server that took a copy of this table (CopyTo): every later
   // push goes there when it names no backup. Empty: none.
   std::string backup;  // guarded by mu
+  // The updates applied here that the copies after this one have not acknowledged yet.
+  std::set<int64_t> forwarding;  // guarded by mu
+  // A chain's middle copy: the copies after this one, as the last forward named them, and
+  // the acknowledgements waiting for an update here to be at every one of them.
+  std::string chain;                                                // guarded by mu
+  std::vector<std::pair<int64_t, std::shared_ptr<ChainAck>>> acks;  // guarded by mu
+};
+
+// What a table's lock released, to be sent once it is released.
+struct SparseTables::Ready {
+  std::vector<Release> pulls;
+  std::vector<std::shared_ptr<ChainAck>> acks;
 };
 
 SparseTables::SparseTables(const PsJobConfig& config, int server_rank, int num_servers,
@@ -124,13 +148,18 @@ Status SparseTables::Push(const std::string& name, int rank, int64_t step,
   RETURN_IF_ERROR(ReadRows(table, rank, step, row_ids, values, &ids, &grads));
   metrics_->SparseGradientBytes(static_cast<double>(grads.size() * sizeof(float)));
   Status applied = OkStatus();
-  std::vector<Release> ready;
+  Ready ready;
   std::optional<ForwardedRows> forward;
-  std::string forward_target;
+  std::string chain;  // where it goes
+  std::vector<std::pair<std::string, ForwardedRows>> onward;
   {
     std::lock_guard<std::mutex> lock(table.mu);
-    // A worker's push at a copy holding parked forwards: its primary is gone.
-    if (!table.parked.empty()) ApplyParked(&table, /*all=*/true);
+    // A worker's push at a copy holding parked forwards: its primary is gone. In a chain they
+    // go on to the copies after this one, numbered as applied here.
+    if (!table.parked.empty()) {
+      ApplyParked(&table, /*all=*/true,
+                  ChainWith(forward_to.empty() ? table.chain : forward_to, table.backup), &onward);
+    }
     StatusOr<PushDecision> decision = table.policy.Push(rank, step);
     if (!decision.ok()) return decision.status().WithContext("table '" + name + "'");
     if (decision->action == PushAction::kApplyNow) {
@@ -138,14 +167,22 @@ Status SparseTables::Push(const std::string& name, int rank, int64_t step,
       applied = table.rows->ApplyGradients(lr, decision->update, ids.data(), grads.data(),
                                            ids.size());
       metrics_->SparseUpdate();
-      // A joined server's copy wins over the push's backup, as DenseShard::Serve's.
-      const std::string& to = table.backup.empty() ? forward_to : table.backup;
+      // A joined server's copy comes last in the chain, as DenseShard::Serve's.
+      const std::string to = ChainWith(forward_to, table.backup);
       if (applied.ok() && forwarder_ != nullptr && !to.empty()) {
         forward = ForwardedRows{name, rank, step, decision->update, row_ids, values};
-        forward_target = to;
+        chain = to;
+        table.forwarding.insert(decision->update);
       }
     } else if (decision->action == PushAction::kApplied) {
-      // ps-async, ps-ssp: a copy of a push this worker made; nothing to apply.
+      // ps-async, ps-ssp: a copy of a push this worker made; nothing to apply. Taken once
+      // every update here is at the copies after this one (a chain's new primary may still be
+      // passing on the forward that brought it).
+      if (done != nullptr && !table.forwarding.empty()) {
+        table.acks.emplace_back(table.policy.version(),
+                                std::make_shared<ChainAck>(ChainAck{std::move(done)}));
+        done = nullptr;
+      }
     } else {
       auto& slots = table.held[step];
       slots.resize(static_cast<size_t>(config_.num_workers));
@@ -155,17 +192,39 @@ Status SparseTables::Push(const std::string& name, int rank, int64_t step,
     ReleaseReady(&table, &ready);
   }
   Send(&ready);
+  SendOnward(&table, std::move(onward));
   if (!applied.ok()) return applied;
   if (forward.has_value()) {
-    forwarder_(
-        forward_target, std::move(*forward), done != nullptr ? std::move(done) : [] {});
+    const int64_t update = forward->update;
+    forwarder_(chain, std::move(*forward), [this, table = &table, update, done = std::move(done)] {
+      Forwarded(table, update);
+      if (done != nullptr) done();
+    });
   } else if (done != nullptr) {
     done();
   }
   return OkStatus();
 }
 
-Status SparseTables::ApplyForwarded(const ForwardedRows& rows, const std::function<void()>& taken) {
+void SparseTables::Forwarded(Table* table, int64_t update) {
+  Ready ready;
+  {
+    std::lock_guard<std::mutex> lock(table->mu);
+    table->forwarding.erase(update);
+    ReleaseReady(table, &ready);
+  }
+  Send(&ready);
+}
+
+void SparseTables::SendOnward(Table* table,
+                              std::vector<std::pair<std::string, ForwardedRows>> onward) {
+  for (auto& [chain, rows] : onward) {
+    const int64_t update = rows.update;
+    forwarder_(chain, std::move(rows), [this, table, update] { Forwarded(table, update); });
+  }
+}
+
+Status SparseTables::ApplyForwarded(const ForwardedRows& rows, std::function<void()> taken) {
   const std::string what = "worker " + std::to_string(rows.pushed_by) + "'s push of step " +
                            std::to_string(rows.step) + " to table '" + rows.table + "', forwarded";
   ASSIGN_OR_RETURN(Table * found, Find(rows.table));
@@ -181,27 +240,37 @@ Status SparseTables::ApplyForwarded(const ForwardedRows& rows, const std::functi
   Table::RankRows parked;
   RETURN_IF_ERROR(ReadRows(table, rows.pushed_by, rows.step, rows.row_ids, rows.values, &parked.ids,
                            &parked.grads));
-  // Held in memory here (parked until the updates before it came): acknowledged first.
-  taken();
-  std::vector<Release> ready;
+  // The last copy: held in memory here (parked until the updates before it came), so
+  // acknowledged first. A middle copy of a chain acknowledges once the copies after it have
+  // the update too, and forwards each update as it applies it.
+  const std::string& chain = rows.forward_to;
+  if (chain.empty()) taken();
+  Ready ready;
+  std::vector<std::pair<std::string, ForwardedRows>> onward;
   {
     std::lock_guard<std::mutex> lock(table.mu);
     // A copy of a forward taken already is left alone (applied, or parked: emplace keeps the
-    // first).
+    // first); in a chain it is acknowledged as the first is.
     if (rows.update > table.policy.version()) {
-      table.parked.emplace(rows.update,
-                           Table::Parked{rows.pushed_by, rows.step, std::move(parked)});
-      ApplyParked(&table, /*all=*/false);
+      table.parked.emplace(rows.update, Table::Parked{rows.pushed_by, rows.step, std::move(parked),
+                                                      rows.row_ids, rows.values});
+      ApplyParked(&table, /*all=*/false, chain, &onward);
+    }
+    if (!chain.empty()) {
+      table.chain = chain;
+      table.acks.emplace_back(rows.update, std::make_shared<ChainAck>(ChainAck{std::move(taken)}));
     }
     ReleaseReady(&table, &ready);
   }
   Send(&ready);
+  SendOnward(&table, std::move(onward));
   return OkStatus();
 }
 
 // The parked forwards in update order: each as the policy's next push of its worker, while it
 // is the next one (`all`: every one, gaps closed).
-void SparseTables::ApplyParked(Table* table, bool all) {
+void SparseTables::ApplyParked(Table* table, bool all, const std::string& chain,
+                               std::vector<std::pair<std::string, ForwardedRows>>* onward) {
   while (!table->parked.empty() &&
          (all || table->parked.begin()->first == table->policy.version() + 1)) {
     Table::Parked parked = std::move(table->parked.begin()->second);
@@ -217,6 +286,13 @@ void SparseTables::ApplyParked(Table* table, bool all) {
       TLOG(ERROR) << "forwarded rows of table '" << table->spec.name << "': " << applied;
     }
     metrics_->SparseUpdate();
+    if (onward != nullptr && !chain.empty() && forwarder_ != nullptr) {
+      // Acknowledgements of forwards (and copies' replies) wait for the next copies.
+      table->forwarding.insert(decided->update);
+      onward->emplace_back(
+          chain, ForwardedRows{table->spec.name, parked.rank, parked.step, decided->update,
+                               std::move(parked.row_ids), std::move(parked.values)});
+    }
   }
 }
 
@@ -250,19 +326,33 @@ Status SparseTables::Pull(const std::string& name, int64_t step, const TensorDat
   waiter.ids = row_ids.Read<int64_t>();
   waiter.reply = std::move(reply);
   RETURN_IF_ERROR(CheckRows(table, waiter.ids));
-  std::vector<Release> ready;
+  Ready ready;
+  std::vector<std::pair<std::string, ForwardedRows>> onward;
   {
     std::lock_guard<std::mutex> lock(table.mu);
-    if (!table.parked.empty()) ApplyParked(&table, /*all=*/true);  // the primary is gone
+    if (!table.parked.empty()) {  // the primary is gone
+      ApplyParked(&table, /*all=*/true, ChainWith(table.chain, table.backup), &onward);
+    }
     waiter.rule = table.policy.RowPull(step);
     table.waiters.push_back(std::move(waiter));
     ReleaseReady(&table, &ready);
   }
   Send(&ready);
+  SendOnward(&table, std::move(onward));
   return OkStatus();
 }
 
-void SparseTables::ReleaseReady(Table* table, std::vector<Release>* ready) {
+void SparseTables::ReleaseReady(Table* table, Ready* ready) {
+  // Acknowledgements whose update here is applied and at every copy after this one.
+  for (auto& [update, ack] : table->acks) {
+    if (table->policy.version() >= update &&
+        (table->forwarding.empty() || *table->forwarding.begin() > update)) {
+      ready->acks.push_back(std::move(ack));
+    }
+  }
+  table->acks.erase(std::remove_if(table->acks.begin(), table->acks.end(),
+                                   [](const auto& ack) { return ack.second == nullptr; }),
+                    table->acks.end());
   std::vector<Waiter> keep;
   const size_t dim = static_cast<size_t>(table->spec.dim);
   for (Waiter& waiter : table->waiters) {
@@ -276,16 +366,17 @@ void SparseTables::ReleaseReady(Table* table, std::vector<Release>* ready) {
       TLOG(ERROR) << "sparse pull: " << looked_up;
       continue;
     }
-    ready->push_back({std::move(waiter.reply),
-                      SparsePullReply{table->spec.name,
-                                      TensorData::Int64s("row_ids", std::move(waiter.ids)),
-                                      TensorData::Floats("values", 0, std::move(values))}});
+    ready->pulls.push_back(
+        {std::move(waiter.reply),
+         SparsePullReply{table->spec.name, TensorData::Int64s("row_ids", std::move(waiter.ids)),
+                         TensorData::Floats("values", 0, std::move(values))}});
   }
   table->waiters.swap(keep);
 }
 
-void SparseTables::Send(std::vector<Release>* ready) {
-  for (Release& release : *ready) release.reply(std::move(release.body));
+void SparseTables::Send(Ready* ready) {
+  for (const std::shared_ptr<ChainAck>& ack : ready->acks) ack->taken();
+  for (Release& release : ready->pulls) release.reply(std::move(release.body));
 }
 
 std::string SparseTables::FirstBehind(int64_t step) const {
@@ -345,7 +436,7 @@ StatusOr<SparseTables::Restored> SparseTables::PrepareRestore(
 void SparseTables::CommitRestore(Restored restored, int64_t step,
                                  const std::map<std::string, TableRows>& saved) {
   for (auto& [name, table] : tables_) {
-    std::vector<Release> ready;
+    Ready ready;
     {
       std::lock_guard<std::mutex> lock(table->mu);
       table->rows = std::move(restored.at(name));
@@ -357,6 +448,10 @@ void SparseTables::CommitRestore(Restored restored, int64_t step,
       }
       table->held.clear();
       table->parked.clear();
+      table->forwarding.clear();
+      // A chain's forwards taken before: the restored rows replace them.
+      for (auto& ack : table->acks) ready.acks.push_back(std::move(ack.second));
+      table->acks.clear();
       ReleaseReady(table.get(), &ready);
     }
     Send(&ready);

@@ -17,6 +17,9 @@
 // update order, parking one that overtook the one before it: the same rows, optimizer code and
 // order as the primary, so bitwise the primary's rows and state. A worker's request at a table
 // holding parked forwards means the primary is gone: every parked one is applied first.
+// Chains (3 or more copies) as DenseShard's: a middle copy forwards each row push on as it
+// applies it and acknowledges once the copies after it have it; a copy of a push at a chain's
+// new primary is acknowledged once every update there is at the copies after it.
 //
 // Thread-safety: thread-safe. A pull's callback runs on the thread of the request that released
 // it (the pull's own, or a later push's), after the table's lock is released.
@@ -62,11 +65,14 @@ class SparseTables {
     int64_t update = 0;  // the table's update number on the primary
     TensorData row_ids;  // int64
     TensorData values;   // float32, rows x dim
+    // As received, in a chain (3 or more copies): the copies after this one, comma-separated
+    // (the sender gives the Forwarder the whole chain instead).
+    std::string forward_to;
   };
-  // Sends `rows` to the backup at `to`, and calls `done` once, later and from another thread,
-  // when the backup has them or is gone.
+  // Sends `rows` along `chain` (the backup, or every copy after this one: StepForwarder), and
+  // calls `done` once, later and from another thread, when they have them or are gone.
   using Forwarder =
-      std::function<void(const std::string& to, ForwardedRows rows, std::function<void()> done)>;
+      std::function<void(const std::string& chain, ForwardedRows rows, std::function<void()> done)>;
   // Tables built from checkpointed rows, not in use yet (PrepareRestore, CommitRestore).
   using Restored = std::map<std::string, std::unique_ptr<EmbeddingTable>>;
 
@@ -90,10 +96,12 @@ class SparseTables {
               std::function<void()> done = nullptr);
   // The backup's side: checks `rows` (the primary's update), calls `taken` (its
   // acknowledgement), then applies them once the table's version is the update before theirs
-  // (parked until then); an update the table has applied already (a copy) is left alone.
+  // (parked until then); an update the table has applied already (a copy) is left alone. A
+  // chain's middle copy (`rows` names copies after it) calls `taken` later, from another
+  // thread, once they have it too.
   // Errors, before anything changed and without `taken`: as Push's, and InvalidArgument for a
   // worker outside the job or an update number below 1.
-  Status ApplyForwarded(const ForwardedRows& rows, const std::function<void()>& taken);
+  Status ApplyForwarded(const ForwardedRows& rows, std::function<void()> taken);
 
   // The rows `row_ids` (int64) of `table`, for step `step`: `reply` is called once, when the
   // policy allows (possibly before this returns). Errors as Push, before anything changed.
@@ -110,8 +118,8 @@ class SparseTables {
   std::map<std::string, TableRows> Snapshot() const;
   // ps-async, ps-ssp: Snapshot for the server at `backup`, which joined in a failed one's
   // place, with each table's version and clocks; under the same lock the table starts
-  // forwarding every later push there, whatever backup a push names, so each table's copy and
-  // the pushes after it are one cut (DenseShard::CopyTo's twin; the
+  // forwarding every later push there (last in the chain), whatever backups a push names, so
+  // each table's copy and the pushes after it are one cut (DenseShard::CopyTo's twin; the
   // workers learn that the server holds the range from the dense replies).
   // REQUIRES: a forwarder.
   std::map<std::string, TableRows> CopyTo(const std::string& backup);
@@ -133,6 +141,8 @@ class SparseTables {
     ReplyCallback reply;
   };
   struct Table;
+  struct ChainAck;
+  struct Ready;
   struct Release {  // a pull's reply, ready to go once the lock is released
     ReplyCallback reply;
     SparsePullReply body;
@@ -147,10 +157,17 @@ class SparseTables {
   // REQUIRES: table->mu held.
   Status ApplyHeld(int64_t step, Table* table);
   // Applies the table's parked forwards that are next in update order (`all`: every one, in
-  // update order). REQUIRES: table->mu held.
-  void ApplyParked(Table* table, bool all);
-  void ReleaseReady(Table* table, std::vector<Release>* ready);
-  static void Send(std::vector<Release>* ready);
+  // update order); with `onward` and a `chain`, each applied one is added there for the
+  // copies after this one. REQUIRES: table->mu held.
+  void ApplyParked(Table* table, bool all, const std::string& chain = std::string(),
+                   std::vector<std::pair<std::string, ForwardedRows>>* onward = nullptr);
+  // Forwards `onward` (ApplyParked: chain, rows) along their chains. REQUIRES: table->mu not
+  // held.
+  void SendOnward(Table* table, std::vector<std::pair<std::string, ForwardedRows>> onward);
+  // The copies after this one have `update` of `table` (or are gone).
+  void Forwarded(Table* table, int64_t update);
+  void ReleaseReady(Table* table, Ready* ready);
+  static void Send(Ready* ready);
 
   const PsJobConfig config_;
   const int server_rank_;

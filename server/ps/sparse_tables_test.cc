@@ -289,6 +289,103 @@ TEST_F(SparseTablesTest, AsyncForwardsEachRowPushAndTheBackupAppliesThemInThePri
   EXPECT_EQ(backup.Snapshot().at("emb.0").ids, primary.Snapshot().at("emb.0").ids);
 }
 
+// ps-async with three copies (DenseShardTest's chain, for rows): the middle copy applies the
+// primary's forwards in its order, passes each on to the last as it applies it, and
+// acknowledges one only once the last has it. After the primary failed, a worker's push at the
+// middle applies its parked forwards first and passes them on numbered as applied there, and a
+// copy of a push it took is acknowledged only once the last has every update; the last copy
+// stays bitwise the middle.
+TEST_F(SparseTablesTest, AsyncChainOfThreeCopiesPassesRowsOnAndAcknowledgesFromTheEnd) {
+  PsJobConfig config = Config(PsConsistency::kAsync, 2);
+  config.optimizer = DefaultOptimizerOptions(OptimizerKind::kMomentum);
+  config.optimizer.lr = 0.25f;
+  constexpr char kMiddle[] = "tcp://10.0.0.2:5000";
+  constexpr char kLast[] = "tcp://10.0.0.3:5000";
+  const std::string chain = std::string(kMiddle) + "," + kLast;
+  struct Sent {
+    std::string to;
+    SparseTables::ForwardedRows rows;
+    std::function<void()> done;
+  };
+  std::vector<Sent> sent;    // the primary's
+  std::vector<Sent> onward;  // the middle's
+  auto forwarder = [](std::vector<Sent>* into) {
+    return [into](const std::string& to, SparseTables::ForwardedRows rows,
+                  std::function<void()> done) {
+      into->push_back({to, std::move(rows), std::move(done)});
+    };
+  };
+  SparseTables primary(config, 1, 2, metrics_.get(), forwarder(&sent));
+  SparseTables middle(config, 1, 2, metrics_.get(), forwarder(&onward));
+  SparseTables last(config, 1, 2, metrics_.get());
+  const Ids rows = RowsOwnedBy(1, 3);
+  int done = 0;
+  auto push = [&](SparseTables& tables, int rank, int64_t step, const Ids& ids, const Floats& grads,
+                  const std::string& forward_to) {
+    ASSERT_TRUE(tables
+                    .Push("emb.0", rank, step, TensorData::Int64s("row_ids", ids),
+                          TensorData::Floats("values", 0, grads), forward_to, [&done] { ++done; })
+                    .ok());
+  };
+  auto expect_alike = [](SparseTables& a, SparseTables& b, const std::string& what) {
+    const TableRows ours = a.Snapshot().at("emb.0");
+    const TableRows theirs = b.Snapshot().at("emb.0");
+    EXPECT_EQ(ours.ids, theirs.ids) << what;
+    EXPECT_EQ(ours.values, theirs.values) << what;
+    EXPECT_EQ(ours.state, theirs.state) << what;
+  };
+  push(primary, 0, 1, {rows[0], rows[1]}, {0.1f, 0.2f, -1, 3}, chain);
+  push(primary, 1, 1, {rows[1]}, {0.7f, 1e-3f}, chain);
+  ASSERT_EQ(sent.size(), 2u);
+  EXPECT_EQ(sent[0].to, chain);
+  for (Sent& forward : sent) forward.rows.forward_to = kLast;
+  int taken = 0;
+  const auto take = [&taken] { ++taken; };
+  ASSERT_TRUE(middle.ApplyForwarded(sent[1].rows, take).ok());  // overtook update 1: parked
+  EXPECT_TRUE(onward.empty());
+  ASSERT_TRUE(middle.ApplyForwarded(sent[0].rows, take).ok());
+  ASSERT_EQ(onward.size(), 2u);
+  EXPECT_EQ(onward[0].to, kLast);
+  EXPECT_EQ(onward[0].rows.update, 1);
+  EXPECT_EQ(onward[1].rows.pushed_by, 1);
+  EXPECT_EQ(taken, 0);  // until the last copy has them
+  ASSERT_TRUE(last.ApplyForwarded(onward[1].rows, [] {}).ok());
+  ASSERT_TRUE(last.ApplyForwarded(onward[0].rows, [] {}).ok());
+  onward[1].done();
+  EXPECT_EQ(taken, 0);  // update 2 needs update 1 there too
+  onward[0].done();
+  EXPECT_EQ(taken, 2);
+  expect_alike(middle, primary, "the middle copy");
+  expect_alike(last, primary, "the last copy");
+  for (Sent& forward : sent) forward.done();
+  EXPECT_EQ(done, 2);
+
+  // The primary fails with worker 1's next push lost and worker 0's forwarded to the middle.
+  push(primary, 1, 2, {rows[2]}, {3, -3}, chain);
+  push(primary, 0, 2, {rows[0]}, {1, 1}, chain);
+  ASSERT_EQ(sent.size(), 4u);
+  sent[3].rows.forward_to = kLast;
+  ASSERT_TRUE(middle.ApplyForwarded(sent[3].rows, take).ok());  // parked behind update 3
+  // Worker 0 asks the middle again: the parked forward is applied (update 3 here) and passed
+  // on; the push is a copy, acknowledged once the last has update 3.
+  push(middle, 0, 2, {rows[0]}, {1, 1}, kLast);
+  ASSERT_EQ(onward.size(), 3u);
+  EXPECT_EQ(onward[2].rows.pushed_by, 0);
+  EXPECT_EQ(onward[2].rows.update, 3);
+  EXPECT_EQ(done, 2);
+  ASSERT_TRUE(last.ApplyForwarded(onward[2].rows, [] {}).ok());
+  onward[2].done();
+  EXPECT_EQ(done, 3);
+  // Worker 1's lost push, asked again: applied as update 4 and passed on.
+  push(middle, 1, 2, {rows[2]}, {3, -3}, kLast);
+  ASSERT_EQ(onward.size(), 4u);
+  EXPECT_EQ(onward[3].rows.update, 4);
+  ASSERT_TRUE(last.ApplyForwarded(onward[3].rows, [] {}).ok());
+  onward[3].done();
+  EXPECT_EQ(done, 4);
+  expect_alike(last, middle, "the last copy after the primary failed");
+}
+
 // The cut under concurrency: CopyTo while two workers push rows on their own threads. The
 // copy (restored at its version and clocks) and the pushes forwarded after it give the joined
 // server bitwise the primary's rows and state.

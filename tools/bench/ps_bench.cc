@@ -265,8 +265,9 @@ std::vector<nlohmann::json> Goals(const PsBenchOptions& o, const Results& r) {
       mlp_here ? r.mlp.value("ps_sync_s", 0.0) / r.mlp.value("alone_s", 1.0) : 0;
   goals.push_back(Goal("MLP in ps-sync (1 x 1) within 1.5x the step time alone", mlp_here,
                        mlp_ratio <= 1.5, Fixed(mlp_ratio, 2) + "x"));
-  if (o.replicas > 1) {
-    // Push+pull time with R copies over with one, at 16 MiB, in each config that has both.
+  if (o.replicas == 2) {
+    // Push+pull time with two copies over with one, at 16 MiB, in each config that has both
+    // (the goal; with more copies the table's "time x" column says what they cost).
     bool measured = false, met = true;
     std::string detail;
     for (const auto& [servers, workers] : o.configs) {
@@ -351,7 +352,10 @@ void Report(const PsBenchOptions& o, const Results& r) {
                                "the backup)"
                              : " (each push to its range's primary, which forwards it to the "
                                "backup)")
-                      : " (every push to each copy of its key range, the values from one)")
+                      : (o.replica_mode == "ps-sync"
+                             ? " (every push to each copy of its key range, the values from one)"
+                             : " (each push to its range's primary, passed on along the chain "
+                               "of its backups, each acknowledging once the next has it)"))
               << " beside R=1, one copy in the same mode (GB/s: the first pair's runs), time x = "
                  "its push+pull time over one copy's, the median of "
               << o.replica_pairs << " pairs of runs of each, alternated";
@@ -529,8 +533,10 @@ BenchCommand AddPsBench(CLI::App* parent) {
   app->add_option("--replica-mode", o->replica_mode,
                   "With --replicas: the mode of both runs of each pair (with two copies the "
                   "range's primary forwards each update to its backup: ps-sync each step, "
-                  "ps-async each push). Not ps-ssp: its workers, each timing its own number of "
-                  "steps, would wait for one that stopped; its copies are kept as ps-async's")
+                  "ps-async each push; with more, ps-sync sends each push to every copy and "
+                  "ps-async passes it along a chain). Not ps-ssp: its workers, each timing its "
+                  "own number of steps, would wait for one that stopped; its copies are kept as "
+                  "ps-async's")
       ->check(CLI::IsMember({"ps-sync", "ps-async"}))
       ->capture_default_str();
   app->add_flag("--no-zmq", o->no_zmq, "Skip the raw ZeroMQ limit");

@@ -68,7 +68,11 @@ StatusOr<std::unique_ptr<PsEngine>> PsEngine::Create(const PsEngineOptions& opti
                                 std::to_string(view.num_servers) + " servers");
   }
   engine->replicas_ = view.replicas;
-  engine->forwarding_ = view.replicas == 2;
+  // ps-sync's copies apply each step's gradients summed in rank order, bitwise alike however
+  // the pushes reach them; the other modes need one order, the primary's: two copies forward,
+  // three or more forward along a chain (server/ps/dense_shard.h).
+  engine->forwarding_ =
+      view.replicas == 2 || (view.replicas > 2 && options.consistency != PsConsistency::kSync);
   engine->lost_.assign(static_cast<size_t>(view.num_servers), false);
   namespace names = metric_names;
   ASSIGN_OR_RETURN(HistogramFamily * latency,
@@ -143,7 +147,12 @@ PsEngine::Reply PsEngine::Send(int range, MessageBody request, int64_t step,
 
 std::string PsEngine::ForwardTarget(int range) const {
   const std::vector<int> live = LiveReplicas(range);
-  return live.size() > 1 ? server_addresses_[static_cast<size_t>(live[1])] : std::string();
+  std::string chain;
+  for (size_t k = 1; k < live.size(); ++k) {
+    if (k > 1) chain += ',';
+    chain += server_addresses_[static_cast<size_t>(live[k])];
+  }
+  return chain;
 }
 
 std::vector<int> PsEngine::LiveReplicas(int range) const {
@@ -258,14 +267,6 @@ void PsEngine::FleetChanged(const FleetView& view) {
     auto joined = joined_.find(member.rank);
     if (!lost_[rank] || member.address == server_addresses_[rank] ||
         (joined != joined_.end() && joined->second == member.address)) {
-      continue;
-    }
-    if (options_.consistency != PsConsistency::kSync && !forwarding_) {
-      TLOG(WARNING) << "server " << member.rank << " joined at " << member.address << " in the "
-                    << "failed one's place; " << PsModeName(options_.consistency) << " with "
-                    << replicas_ << " replicas sends each push to every copy, so a copy of a "
-                    << "range is no cut of its updates: it stays unused and its ranges keep "
-                    << "their other copies";
       continue;
     }
     joined_[member.rank] = member.address;

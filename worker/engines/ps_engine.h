@@ -23,10 +23,12 @@
 // r + R - 1 (mod S), its primary the first live one. With R = 2 a dense push (and in ps-async
 // and ps-ssp a row push) goes to the primary alone, naming the live backup (forward_to): the
 // primary forwards each update it applies there (ps-sync: each step) and answers once the
-// backup has it (server/ps/ps_service.h, "Forwarded updates"). Otherwise every request for a
-// range goes to each live replica: gradients and row pushes to all (in ps-sync every replica
-// applies the same sums in the same order, so all hold bitwise the same values and optimizer
-// state), the values from the primary (the others answer with an ack). Row pulls and
+// backup has it (server/ps/ps_service.h, "Forwarded updates"). ps-async and ps-ssp with R > 2
+// name every live backup in order, a chain each copy passes the updates on along
+// (server/ps/dense_shard.h). Otherwise (ps-sync with R > 2, and ps-sync's row pushes) every
+// request for a range goes to each live replica: gradients and row pushes to all (in ps-sync every
+// replica applies the same sums in the same order, so all hold bitwise the same values and
+// optimizer state), the values from the primary (the others answer with an ack). Row pulls and
 // checkpoint writes go to the primary only. A step completes when every live replica has it,
 // so an acknowledged update is on every live replica. When a server fails (ServerLost, from
 // the coordinator's notice) its pending calls fail, its ranges' next replicas become their
@@ -44,16 +46,14 @@
 // (CheckpointRequest::copy) to it (PsInitRequest::copy), and every worker sends it that
 // range's requests from the next step on (the server parks those that arrive before the copy).
 // Every range then has its R copies again.
-// ps-async and ps-ssp (--replicas 2) have no common step: after its next step rank 0 asks each
+// ps-async and ps-ssp have no common step: after its next step rank 0 asks each
 // of the joined server's ranges' primary for a copy that forwards every later update to it
 // (CheckpointRequest::forward_to: each chunk's and table's copy and the updates after it are
 // one cut, server/ps/dense_shard.h CopyTo), and hands the copy over (PsInitRequest::copy).
 // Every worker takes the server in for a range once a reply to its dense push there says its
 // updates went to it (PsPushPullReply::copied_to: it acknowledged, so it has the copy). It
 // sorts last among the range's replicas: the primaries stay where they are (the workers cannot
-// agree on a moment to move one), and it is the backup the pushes name. With --replicas 3 or
-// more (pushes go to every copy, so a copy is no cut of their updates) a joined server is
-// logged and left unused there.
+// agree on a moment to move one), and it is the backup the pushes name (the chain's last).
 //
 // Thread-safety: the training thread only.
 #ifndef TESSERA_WORKER_ENGINES_PS_ENGINE_H_
@@ -264,8 +264,9 @@ class PsEngine final : public TrainingEngine {
   // the other threads (ServerLost); the training thread, which alone writes it, reads it free.
   std::vector<std::string> server_addresses_;
   int replicas_ = 1;
-  // Two copies of each range: dense pushes go to the primary, which forwards each update to
-  // the backup (see above).
+  // Dense pushes (and in ps-async and ps-ssp row pushes) go to the range's primary, which
+  // forwards each update to the backup, or along the chain of its live backups (ps-async and
+  // ps-ssp with 3 or more copies; see above): --replicas 2, and 3 or more outside ps-sync.
   bool forwarding_ = false;
   mutable std::mutex lost_mu_;
   std::vector<bool> lost_;  // by server: failed (ServerLost); guarded by lost_mu_
