@@ -123,6 +123,10 @@ struct SparsePullReply {
   std::string table;
   TensorData row_ids;
   TensorData values;
+  // ps-async, ps-ssp: the table's updates go to the server at this address, which joined in
+  // a failed one's place, took a copy of the range and acknowledged one of them: it holds the
+  // range (PsPushPullReply::copied_to's twin, for ranges without dense chunks; empty: none).
+  std::string copied_to = {};
 };
 
 struct CheckpointRequest {

@@ -280,7 +280,8 @@ class BodyEncoder {
   Encoded operator()(SparsePullReply& b) {
     auto ids = EncodeTensor(fbb_, std::move(b.row_ids), payloads_);
     auto values = EncodeTensor(fbb_, std::move(b.values), payloads_);
-    return As(proto::CreateSparsePullReplyDirect(fbb_, b.table.c_str(), ids, values));
+    return As(proto::CreateSparsePullReplyDirect(
+        fbb_, b.table.c_str(), ids, values, b.copied_to.empty() ? nullptr : b.copied_to.c_str()));
   }
   Encoded operator()(CheckpointRequest& b) {
     return As(proto::CreateCheckpointRequestDirect(
@@ -549,7 +550,7 @@ StatusOr<MessageBody> DecodeBody(const proto::Header& header, const Message& mes
     case proto::Body::SparsePullReply: {
       const auto& b = *header.body_as_SparsePullReply();
       return MessageBody(SparsePullReply{Str(b.table()), DecodeTensor(b.row_ids(), message),
-                             DecodeTensor(b.values(), message)});
+                                         DecodeTensor(b.values(), message), Str(b.copied_to())});
     }
     case proto::Body::CheckpointRequest: {
       const auto& b = *header.body_as_CheckpointRequest();

@@ -208,6 +208,13 @@ TEST(WireCodecTest, RoundTripEveryBody) {
   EXPECT_EQ(pulled.skipped_by, 1);
   EXPECT_EQ(pulled.stopped_by, 2);
   EXPECT_EQ(pulled.region_refusal, "not here");
+  const auto rows = std::get<SparsePullReply>(
+      Decoded(EncodeMessage(WorkerHeader(0),
+                            SparsePullReply{"emb", TensorData::Int64s("row_ids", {8}),
+                                            TensorData::Floats("values", 0, {5, 6}), "tcp://d:4"}))
+          .body);
+  EXPECT_EQ(rows.copied_to, "tcp://d:4");
+  EXPECT_EQ(rows.values.Read<float>(), (std::vector<float>{5, 6}));
   // A server joining in a failed one's place, and a range copied to it.
   RegisterRequest join{Role::kServer, 1, "tcp://a:1", "", "a", 77, 0};
   join.join = true;

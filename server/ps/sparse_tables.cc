@@ -49,8 +49,10 @@ struct SparseTables::Table {
   };
   std::map<int64_t, Parked> parked;  // guarded by mu
   // ps-async, ps-ssp: a joined server that took a copy of this table (CopyTo): every later
-  // push goes there when it names no backup. Empty: none.
-  std::string backup;  // guarded by mu
+  // push goes there when it names no backup. Empty: none. Once it acknowledged one, pull
+  // replies name it (SparsePullReply::copied_to).
+  std::string backup;        // guarded by mu
+  bool backup_took = false;  // guarded by mu
   // The updates applied here that the copies after this one have not acknowledged yet.
   std::set<int64_t> forwarding;  // guarded by mu
   // A chain's middle copy: the copies after this one, as the last forward named them, and
@@ -150,7 +152,8 @@ Status SparseTables::Push(const std::string& name, int rank, int64_t step,
   Status applied = OkStatus();
   Ready ready;
   std::optional<ForwardedRows> forward;
-  std::string chain;  // where it goes
+  std::string chain;       // where it goes
+  bool to_joined = false;  // and it ends at a joined server (Table::backup)
   std::vector<std::pair<std::string, ForwardedRows>> onward;
   {
     std::lock_guard<std::mutex> lock(table.mu);
@@ -172,6 +175,7 @@ Status SparseTables::Push(const std::string& name, int rank, int64_t step,
       if (applied.ok() && forwarder_ != nullptr && !to.empty()) {
         forward = ForwardedRows{name, rank, step, decision->update, row_ids, values};
         chain = to;
+        to_joined = !table.backup.empty();
         table.forwarding.insert(decision->update);
       }
     } else if (decision->action == PushAction::kApplied) {
@@ -196,21 +200,23 @@ Status SparseTables::Push(const std::string& name, int rank, int64_t step,
   if (!applied.ok()) return applied;
   if (forward.has_value()) {
     const int64_t update = forward->update;
-    forwarder_(chain, std::move(*forward), [this, table = &table, update, done = std::move(done)] {
-      Forwarded(table, update);
-      if (done != nullptr) done();
-    });
+    forwarder_(chain, std::move(*forward),
+               [this, table = &table, update, to_joined, done = std::move(done)] {
+                 Forwarded(table, update, to_joined);
+                 if (done != nullptr) done();
+               });
   } else if (done != nullptr) {
     done();
   }
   return OkStatus();
 }
 
-void SparseTables::Forwarded(Table* table, int64_t update) {
+void SparseTables::Forwarded(Table* table, int64_t update, bool to_joined) {
   Ready ready;
   {
     std::lock_guard<std::mutex> lock(table->mu);
     table->forwarding.erase(update);
+    if (to_joined) table->backup_took = true;
     ReleaseReady(table, &ready);
   }
   Send(&ready);
@@ -369,7 +375,8 @@ void SparseTables::ReleaseReady(Table* table, Ready* ready) {
     ready->pulls.push_back(
         {std::move(waiter.reply),
          SparsePullReply{table->spec.name, TensorData::Int64s("row_ids", std::move(waiter.ids)),
-                         TensorData::Floats("values", 0, std::move(values))}});
+                         TensorData::Floats("values", 0, std::move(values)),
+                         table->backup_took ? table->backup : std::string()}});
   }
   table->waiters.swap(keep);
 }
@@ -416,6 +423,7 @@ std::map<std::string, TableRows> SparseTables::CopyTo(const std::string& backup)
     rows.version = table->policy.version();
     rows.clocks = table->policy.clocks();
     table->backup = backup;
+    table->backup_took = false;
   }
   return saved;
 }

@@ -119,8 +119,9 @@ class SparseTables {
   // ps-async, ps-ssp: Snapshot for the server at `backup`, which joined in a failed one's
   // place, with each table's version and clocks; under the same lock the table starts
   // forwarding every later push there (last in the chain), whatever backups a push names, so
-  // each table's copy and the pushes after it are one cut (DenseShard::CopyTo's twin; the
-  // workers learn that the server holds the range from the dense replies).
+  // each table's copy and the pushes after it are one cut (DenseShard::CopyTo's twin). Pull
+  // replies name the server once it acknowledged a push (SparsePullReply::copied_to), as
+  // dense push replies do: workers learn from either that it holds the range.
   // REQUIRES: a forwarder.
   std::map<std::string, TableRows> CopyTo(const std::string& backup);
   // Builds every table from `saved` (by name) without touching the tables in use.
@@ -164,8 +165,9 @@ class SparseTables {
   // Forwards `onward` (ApplyParked: chain, rows) along their chains. REQUIRES: table->mu not
   // held.
   void SendOnward(Table* table, std::vector<std::pair<std::string, ForwardedRows>> onward);
-  // The copies after this one have `update` of `table` (or are gone).
-  void Forwarded(Table* table, int64_t update);
+  // The copies after this one have `update` of `table` (or are gone); `to_joined`: they
+  // ended at the table's joined server.
+  void Forwarded(Table* table, int64_t update, bool to_joined = false);
   void ReleaseReady(Table* table, Ready* ready);
   static void Send(Ready* ready);
 

@@ -386,6 +386,37 @@ TEST_F(SparseTablesTest, AsyncChainOfThreeCopiesPassesRowsOnAndAcknowledgesFromT
   expect_alike(last, middle, "the last copy after the primary failed");
 }
 
+// A table copied for a joined server: pull replies name it once it acknowledged a push
+// forwarded there (it has the copy), so workers learn it holds the range even when the range
+// has no dense chunks whose push replies would say so.
+TEST_F(SparseTablesTest, AsyncPullRepliesNameAJoinedServerOnceItAcknowledgedAPush) {
+  std::vector<std::pair<std::string, std::function<void()>>> sent;
+  SparseTables primary(
+      Config(PsConsistency::kAsync, 2), 1, 2, metrics_.get(),
+      [&sent](const std::string& to, SparseTables::ForwardedRows, std::function<void()> done) {
+        sent.emplace_back(to, std::move(done));
+      });
+  const Ids rows = RowsOwnedBy(1, 2);
+  auto copied_to = [&] {
+    std::string named = "(no reply)";
+    EXPECT_TRUE(primary
+                    .Pull("emb.0", 1, TensorData::Int64s("row_ids", rows),
+                          [&named](SparsePullReply reply) { named = reply.copied_to; })
+                    .ok());
+    return named;
+  };
+  ASSERT_TRUE(Push(primary, 0, 1, rows, {1, 1, 1, 1}).ok());  // alone: nothing forwarded
+  EXPECT_EQ(copied_to(), "");
+  primary.CopyTo("tcp://10.0.0.3:7000");
+  EXPECT_EQ(copied_to(), "");  // not before it acknowledged one
+  ASSERT_TRUE(Push(primary, 1, 1, rows, {2, 2, 2, 2}).ok());
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].first, "tcp://10.0.0.3:7000");
+  EXPECT_EQ(copied_to(), "");
+  sent[0].second();
+  EXPECT_EQ(copied_to(), "tcp://10.0.0.3:7000");
+}
+
 // The cut under concurrency: CopyTo while two workers push rows on their own threads. The
 // copy (restored at its version and clocks) and the pushes forwarded after it give the joined
 // server bitwise the primary's rows and state.

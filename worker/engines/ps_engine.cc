@@ -941,6 +941,8 @@ Status PsEngine::LookupRows(size_t table, const std::vector<int64_t>& ids, float
                            " floats");
     }
     bytes_received_[kSparsePull]->Increment(static_cast<double>(reply.values.bytes.size()));
+    // A joined server holds the range (a range without dense chunks says so only here).
+    if (!reply.copied_to.empty()) copies_seen_.emplace(s, reply.copied_to);
     const uint8_t* bytes = reply.values.bytes.data();
     for (size_t k = 0; k < positions_of[s].size(); ++k) {
       std::memcpy(values + positions_of[s][k] * dim, bytes + k * dim * sizeof(float),

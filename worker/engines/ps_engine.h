@@ -50,8 +50,9 @@
 // of the joined server's ranges' primary for a copy that forwards every later update to it
 // (CheckpointRequest::forward_to: each chunk's and table's copy and the updates after it are
 // one cut, server/ps/dense_shard.h CopyTo), and hands the copy over (PsInitRequest::copy).
-// Every worker takes the server in for a range once a reply to its dense push there says its
-// updates went to it (PsPushPullReply::copied_to: it acknowledged, so it has the copy). It
+// Every worker takes the server in for a range once a reply to its dense push there, or to its
+// row pull, says its updates went to it (PsPushPullReply::copied_to,
+// SparsePullReply::copied_to: it acknowledged, so it has the copy). It
 // sorts last among the range's replicas: the primaries stay where they are (the workers cannot
 // agree on a moment to move one), and it is the backup the pushes name (the chain's last).
 //
