@@ -34,7 +34,7 @@ StepForwarder::~StepForwarder() {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
   }
-  Signal();
+  wakeup_->Signal();
   thread_.join();
 }
 
@@ -101,21 +101,22 @@ void StepForwarder::Send(const std::string& chain, MessageBody request, int64_t 
       gone.set_value(AbortedError(pending.to + " was declared failed"));
       pending.reply = gone.get_future().share();
     } else {
+      // What it forwards on to (a forward sent on past a failed copy names fewer).
+      SetForwardTo(&request, rest);
       if (!rest.empty()) {
         // Kept to go on to the next copy if this one fails first (the frames are shared).
-        SetForwardTo(&request, rest);
         pending.request = request;
         pending.rest = std::move(rest);
         pending.step = step;
         pending.update = std::move(update);
       }
-      pending.reply = endpoint_->CallAsync(pending.to, std::move(request), step,
-                                           Deadline::AfterMillis(options_.timeout_ms), pending.what,
-                                           options_.resend_ms, [this] { Signal(); });
+      pending.reply = endpoint_->CallAsync(
+          pending.to, std::move(request), step, Deadline::AfterMillis(options_.timeout_ms),
+          pending.what, options_.resend_ms, [wakeup = wakeup_] { wakeup->Signal(); });
     }
     pending_.push_back(std::move(pending));
   }
-  Signal();
+  wakeup_->Signal();
 }
 
 void StepForwarder::PeerLost(const std::string& address, const std::string& why) {
@@ -126,12 +127,12 @@ void StepForwarder::PeerLost(const std::string& address, const std::string& why)
   endpoint_->FailCallsTo(address, AbortedError(why));
 }
 
-void StepForwarder::Signal() {
+void StepForwarder::Wakeup::Signal() {
   {
-    std::lock_guard<std::mutex> lock(signal_mu_);
-    ++signals_;
+    std::lock_guard<std::mutex> lock(mu);
+    ++signals;
   }
-  signal_cv_.notify_one();
+  cv.notify_one();
 }
 
 // The calls are finished as they are answered, not in the order sent: in a chain a primary's
@@ -143,9 +144,9 @@ void StepForwarder::Loop() {
   uint64_t seen = 0;
   while (true) {
     {
-      std::unique_lock<std::mutex> lock(signal_mu_);
-      signal_cv_.wait_for(lock, kStopCheck, [&] { return signals_ != seen; });
-      seen = signals_;
+      std::unique_lock<std::mutex> lock(wakeup_->mu);
+      wakeup_->cv.wait_for(lock, kStopCheck, [&] { return wakeup_->signals != seen; });
+      seen = wakeup_->signals;
     }
     {
       std::lock_guard<std::mutex> lock(mu_);

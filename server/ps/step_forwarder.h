@@ -30,6 +30,7 @@
 #include <deque>
 #include <functional>
 #include <future>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
@@ -91,8 +92,16 @@ class StepForwarder {
   void Loop();
   // Runs `pending`'s done, or sends it on to the next copy of its chain. On the thread.
   void Finish(Pending pending);
-  // Wakes the thread: a call was made, or answered, or the forwarder stops.
-  void Signal();
+  // Wakes the thread: a call was made, or answered, or the forwarder stops. Shared with the
+  // calls' `settled` callbacks, which may run after this forwarder is gone (a forward still
+  // out when its server stops).
+  struct Wakeup {
+    void Signal();
+    // A leaf lock: the endpoint signals under its own lock, which Send holds mu_ around.
+    std::mutex mu;
+    std::condition_variable cv;
+    uint64_t signals = 0;  // guarded by mu
+  };
 
   RpcEndpoint* const endpoint_;
   const StepForwarderOptions options_;
@@ -100,10 +109,7 @@ class StepForwarder {
   std::deque<Pending> pending_;  // guarded by mu_: sent, not yet taken by the thread
   std::set<std::string> lost_;   // guarded by mu_: declared failed, or refused a step
   bool stopping_ = false;        // guarded by mu_
-  // A leaf lock: the endpoint signals under its own lock, which Send holds mu_ around.
-  std::mutex signal_mu_;
-  std::condition_variable signal_cv_;
-  uint64_t signals_ = 0;         // guarded by signal_mu_
+  const std::shared_ptr<Wakeup> wakeup_ = std::make_shared<Wakeup>();
   std::thread thread_;           // last: starts once the rest is ready
 };
 
