@@ -1,6 +1,5 @@
 #include "server/ps/sparse_tables.h"
 
-#include <algorithm>
 #include <optional>
 #include <set>
 #include <utility>
@@ -11,13 +10,6 @@
 #include "server/ps/forward_chain.h"
 
 namespace tessera::server {
-
-// A forward taken by a middle copy of a chain (ps-async, ps-ssp with 3 or more copies), or a
-// copy of a push at a chain's primary: `taken` once the update is at every copy after this
-// one (DenseShard's twin).
-struct SparseTables::ChainAck {
-  std::function<void()> taken;
-};
 
 struct SparseTables::Table {
   Table(size_t index, const EmbeddingTableSpec& spec, const PsJobConfig& config)
@@ -56,15 +48,16 @@ struct SparseTables::Table {
   // The updates applied here that the copies after this one have not acknowledged yet.
   std::set<int64_t> forwarding;  // guarded by mu
   // A chain's middle copy: the copies after this one, as the last forward named them, and
-  // the acknowledgements waiting for an update here to be at every one of them.
-  std::string chain;                                                // guarded by mu
-  std::vector<std::pair<int64_t, std::shared_ptr<ChainAck>>> acks;  // guarded by mu
+  // the acknowledgements waiting for an update here to be at every one of them (a forward
+  // taken, or at a chain's new primary a copy of a push), with that update.
+  std::string chain;                                            // guarded by mu
+  std::vector<std::pair<int64_t, std::function<void()>>> acks;  // guarded by mu
 };
 
 // What a table's lock released, to be sent once it is released.
 struct SparseTables::Ready {
   std::vector<Release> pulls;
-  std::vector<std::shared_ptr<ChainAck>> acks;
+  std::vector<std::function<void()>> acks;
 };
 
 SparseTables::SparseTables(const PsJobConfig& config, int server_rank, int num_servers,
@@ -183,8 +176,7 @@ Status SparseTables::Push(const std::string& name, int rank, int64_t step,
       // every update here is at the copies after this one (a chain's new primary may still be
       // passing on the forward that brought it).
       if (done != nullptr && !table.forwarding.empty()) {
-        table.acks.emplace_back(table.policy.version(),
-                                std::make_shared<ChainAck>(ChainAck{std::move(done)}));
+        table.acks.emplace_back(table.policy.version(), std::move(done));
         done = nullptr;
       }
     } else {
@@ -264,7 +256,7 @@ Status SparseTables::ApplyForwarded(const ForwardedRows& rows, std::function<voi
     }
     if (!chain.empty()) {
       table.chain = chain;
-      table.acks.emplace_back(rows.update, std::make_shared<ChainAck>(ChainAck{std::move(taken)}));
+      table.acks.emplace_back(rows.update, std::move(taken));
     }
     ReleaseReady(&table, &ready);
   }
@@ -350,15 +342,18 @@ Status SparseTables::Pull(const std::string& name, int64_t step, const TensorDat
 
 void SparseTables::ReleaseReady(Table* table, Ready* ready) {
   // Acknowledgements whose update here is applied and at every copy after this one.
-  for (auto& [update, ack] : table->acks) {
-    if (table->policy.version() >= update &&
-        (table->forwarding.empty() || *table->forwarding.begin() > update)) {
-      ready->acks.push_back(std::move(ack));
+  if (!table->acks.empty()) {
+    std::vector<std::pair<int64_t, std::function<void()>>> waiting;
+    for (auto& [update, ack] : table->acks) {
+      if (table->policy.version() >= update &&
+          (table->forwarding.empty() || *table->forwarding.begin() > update)) {
+        ready->acks.push_back(std::move(ack));
+      } else {
+        waiting.emplace_back(update, std::move(ack));
+      }
     }
+    table->acks.swap(waiting);
   }
-  table->acks.erase(std::remove_if(table->acks.begin(), table->acks.end(),
-                                   [](const auto& ack) { return ack.second == nullptr; }),
-                    table->acks.end());
   std::vector<Waiter> keep;
   const size_t dim = static_cast<size_t>(table->spec.dim);
   for (Waiter& waiter : table->waiters) {
@@ -382,7 +377,7 @@ void SparseTables::ReleaseReady(Table* table, Ready* ready) {
 }
 
 void SparseTables::Send(Ready* ready) {
-  for (const std::shared_ptr<ChainAck>& ack : ready->acks) ack->taken();
+  for (const std::function<void()>& ack : ready->acks) ack();
   for (Release& release : ready->pulls) release.reply(std::move(release.body));
 }
 

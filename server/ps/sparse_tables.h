@@ -142,7 +142,6 @@ class SparseTables {
     ReplyCallback reply;
   };
   struct Table;
-  struct ChainAck;
   struct Ready;
   struct Release {  // a pull's reply, ready to go once the lock is released
     ReplyCallback reply;
