@@ -537,7 +537,8 @@ void ExpectAJoinedServerTakesCopies(const std::string& mode, const std::string& 
         << harness.Output(*launcher);
   }
   const std::string worker0 = AnnouncedMetrics(harness.Output(*launcher), "worker", 0);
-  EXPECT_EQ(Scrape(worker0, "tessera_ps_client_range_copies_total"), replicas);
+  EXPECT_EQ(Scrape(worker0, "tessera_ps_client_range_copies_total"), replicas)
+      << harness.Output(*launcher);
   ASSERT_NO_FATAL_FAILURE(SignalWorkers(harness, *launcher, SIGSTOP));
   const std::string joined = harness.Output(*launcher);
   EXPECT_NE(joined.find("holds copies of its ranges again, each forwarded every update from "
