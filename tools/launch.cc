@@ -6,6 +6,7 @@
 // every worker exits -> optional linger (a last metrics scrape) -> SIGTERM to the workers (if
 // any still run), then to the servers, then to the coordinator, all within --grace, then
 // SIGKILL to whatever still runs. The exit status is 0 only when every worker exited 0.
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -592,19 +593,31 @@ void WriteLine(int fd, std::string line) {
 void Announce(const std::string& text) { WriteLine(STDOUT_FILENO, "[launch] " + text); }
 
 // ---------------------------------------------------------------------------------------------
-// Signals. The handler only records; the supervision loop (which wakes at least every 50 ms,
-// and at once when poll() is interrupted) acts on it. These two words are the launcher's only
-// global state: a signal handler has nowhere else to write.
+// Signals. The handler only records, and wakes the supervision loop's poll() through a pipe
+// (ProcessGroup::WakeOn: a signal just before poll() interrupts nothing); the loop acts on it.
+// These three words are the launcher's only global state: a signal handler has nowhere else to
+// write.
 
 volatile sig_atomic_t g_first_signal = 0;
 volatile sig_atomic_t g_signal_count = 0;
+int g_wake_write_fd = -1;  // set before the handlers are installed, never changed after
 
 void OnSignal(int signal) {
+  const int saved_errno = errno;
   if (g_first_signal == 0) g_first_signal = signal;
   g_signal_count = g_signal_count + 1;
+  const char byte = 0;
+  if (g_wake_write_fd >= 0 && write(g_wake_write_fd, &byte, 1) < 0) {
+    // A full pipe already wakes the loop.
+  }
+  errno = saved_errno;
 }
 
-void InstallSignalHandlers() {
+// The read end of the pipe OnSignal writes to (-1 when it cannot be made: a signal then waits
+// for the loop's next wake-up), then the handlers.
+int InstallSignalHandlers() {
+  int wake[2] = {-1, -1};
+  if (pipe2(wake, O_NONBLOCK | O_CLOEXEC) == 0) g_wake_write_fd = wake[1];
   struct sigaction action = {};
   action.sa_handler = OnSignal;
   sigemptyset(&action.sa_mask);
@@ -613,6 +626,7 @@ void InstallSignalHandlers() {
   struct sigaction ignore = {};
   ignore.sa_handler = SIG_IGN;
   sigaction(SIGPIPE, &ignore, nullptr);  // children get SIG_DFL back before exec
+  return wake[0];
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -652,8 +666,11 @@ std::string Describe(const Member& member) {
 // Supervises one fleet from start to stop. Single-threaded; Run() is called once.
 class Launcher {
  public:
-  Launcher(LaunchConfig config, FleetBinaries binaries)
-      : config_(std::move(config)), binaries_(std::move(binaries)) {}
+  // `wake_fd`: InstallSignalHandlers' pipe, which ends the supervision loop's waits.
+  Launcher(LaunchConfig config, FleetBinaries binaries, int wake_fd)
+      : config_(std::move(config)), binaries_(std::move(binaries)) {
+    group_.WakeOn(wake_fd);
+  }
 
   // Returns the process exit status.
   int Run() {
@@ -1191,12 +1208,12 @@ int Main(int argc, char** argv) {
              ": jobs that attach need it (tessera-launch --attach ... --auth-key-file " +
              job_key.path() + ")");
   }
-  InstallSignalHandlers();
+  const int wake_fd = InstallSignalHandlers();
   const bool checkpoints =
       std::find(config.worker_args.begin(), config.worker_args.end(), "--checkpoint-dir") !=
       config.worker_args.end();
   for (int attempt = 0;; ++attempt) {
-    Launcher launcher(config, *binaries);
+    Launcher launcher(config, *binaries, wake_fd);
     const int status = launcher.Run();
     // Success, bad usage and a signal (128 + N) end the job; a failure may be retried.
     if (status != 1 || attempt >= config.max_restarts || g_signal_count > 0) return status;

@@ -249,6 +249,7 @@ std::vector<ChildEvent> ProcessGroup::Poll(Deadline deadline) {
     for (const auto& child : children_) {
       if (child->running && child->pidfd >= 0) pfds.push_back({child->pidfd, POLLIN, 0});
     }
+    if (wake_fd_ >= 0) pfds.push_back({wake_fd_, POLLIN, 0});
     int64_t wait = deadline.RemainingMillis();
     if (!all_watched) wait = std::min(wait, kReapIntervalMs);
     int wait_ms = static_cast<int>(std::min<int64_t>(wait, INT32_MAX));
@@ -259,6 +260,13 @@ std::vector<ChildEvent> ProcessGroup::Poll(Deadline deadline) {
     }
     for (size_t i = 0; ready > 0 && i < streams; ++i) {
       if (pfds[i].revents != 0) DrainStream(owners[i].first, owners[i].second, &events);
+    }
+    if (ready > 0 && wake_fd_ >= 0 && pfds.back().revents != 0) {
+      char bytes[64];
+      while (read(wake_fd_, bytes, sizeof(bytes)) > 0) {
+      }
+      ReapExited(&events);
+      return events;  // let the caller look at its signal flags
     }
     if (!events.empty()) {
       ReapExited(&events);

@@ -92,9 +92,16 @@ class ProcessGroup {
   StatusOr<int> Spawn(const std::string& label, const std::vector<std::string>& argv);
 
   // Waits until at least one event is ready or `deadline` passes, then returns what is ready
-  // (empty on timeout). Returns early and empty when a signal interrupts the wait, so a caller
-  // that handles signals can check its flags; returns at once when no child is running.
+  // (empty on timeout). Returns early and empty when a signal interrupts the wait or the wake
+  // fd (WakeOn) is readable, so a caller that handles signals can check its flags; returns at
+  // once when no child is running.
   std::vector<ChildEvent> Poll(Deadline deadline);
+  // `fd` (the read end of a non-blocking pipe whose write end a signal handler writes a byte
+  // to) ends every Poll() wait once readable, and Poll() drains it. A signal that arrives after
+  // the caller looked at its flags but before poll() began interrupts nothing (EINTR needs the
+  // signal during the call), and would leave the wait to its deadline: the whole --linger, or
+  // the whole grace of a stop. The caller keeps the pipe open while this group polls; -1: none.
+  void WakeOn(int fd) { wake_fd_ = fd; }
 
   // Sends `signal` to the child's process group. No-op (OK) when the child has been reaped.
   Status Signal(int child, int signal);
@@ -131,6 +138,7 @@ class ProcessGroup {
 
   Options options_;
   std::vector<std::unique_ptr<Child>> children_;
+  int wake_fd_ = -1;  // WakeOn's
 };
 
 }  // namespace tools

@@ -231,6 +231,27 @@ TEST(ProcessGroupTest, PollTimesOutWhenNothingHappens) {
   EXPECT_TRUE(group.Running(id));
 }
 
+// A signal handler's byte, written before the wait began (where poll() sees no EINTR), ends
+// the wait at once; the pipe is drained, so the next wait runs to its deadline.
+TEST(ProcessGroupTest, PollReturnsAtOnceWhenTheWakeFdWasWritten) {
+  int wake[2];
+  ASSERT_EQ(pipe2(wake, O_NONBLOCK | O_CLOEXEC), 0);
+  ProcessGroup group;
+  group.WakeOn(wake[0]);
+  int id = SpawnShell(group, "exec sleep 30");
+  const char bytes[2] = {0, 0};
+  ASSERT_EQ(write(wake[1], bytes, 2), 2);
+  auto start = SteadyClock::now();
+  EXPECT_TRUE(group.Poll(Deadline::AfterMillis(20000)).empty());
+  EXPECT_LT(MillisSince(start), 1000);
+  start = SteadyClock::now();
+  EXPECT_TRUE(group.Poll(Deadline::AfterMillis(150)).empty());
+  EXPECT_GE(MillisSince(start), 140);
+  EXPECT_TRUE(group.Running(id));
+  close(wake[0]);
+  close(wake[1]);
+}
+
 TEST(ProcessGroupTest, PollReturnsAtOnceWhenNothingRuns) {
   ProcessGroup group;
   auto start = SteadyClock::now();
