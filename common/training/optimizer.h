@@ -107,6 +107,19 @@ void InitOptimizerState(const OptimizerOptions& options, float* state, size_t n)
 void DenseUpdate(const OptimizerOptions& options, float lr, int64_t step, float* params,
                  const float* grads, size_t n, float* state);
 
+// out[j] = (g[0][j] + g[1][j] + ... + g[k-1][j]) * (1 / k), the sum taken in rank order: the
+// average of k workers' gradients (ps-sync), bitwise the same wherever it is taken (every copy
+// of a replicated range computes it alike). One gradient is copied as it is.
+// REQUIRES: k >= 1; each g[r] and out hold n floats; out may be g[0] but no other.
+void AverageInRankOrder(const float* const* g, size_t k, size_t n, float* out);
+
+// DenseUpdate with the average of k workers' gradients (AverageInRankOrder of g[0..k)),
+// bitwise the same as averaging into a buffer and then updating, without the buffer: slice by
+// slice, each averaged into the cache and applied at once.
+// REQUIRES: as DenseUpdate and AverageInRankOrder; no g[r] overlaps params or state.
+void DenseUpdateOfAverage(const OptimizerOptions& options, float lr, int64_t step, float* params,
+                          const float* const* g, size_t k, size_t n, float* state);
+
 // One optimizer step over the rows of an embedding table that a batch touched.
 //   table: table_rows x dim floats, row-major. It may be a shard of a larger table: row ids are
 //          relative to `table`, the caller subtracts the shard's first row.

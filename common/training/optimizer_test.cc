@@ -458,6 +458,74 @@ TEST(SparseRowUpdateTest, EmptyIsANoop) {
 // ---------------------------------------------------------------------------------------------
 // Options: parsing and validation.
 
+// The average of k gradients is bitwise a naive sum in rank order then the scaling, for
+// lengths across the blocks' edges and in place over the first gradient.
+TEST(AverageInRankOrderTest, EqualsANaiveSumInRankOrderThenTheScale) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> uniform(-1e3f, 1e3f);
+  for (size_t k : {1u, 2u, 3u, 5u}) {
+    for (size_t n : {0u, 1u, 2047u, 2048u, 2049u, 5000u}) {
+      std::vector<std::vector<float>> g(k, std::vector<float>(n));
+      for (auto& rank : g) {
+        for (float& x : rank) x = uniform(rng);
+      }
+      std::vector<float> expected = g[0];
+      for (size_t r = 1; r < k; ++r) {
+        for (size_t j = 0; j < n; ++j) expected[j] += g[r][j];
+      }
+      if (k > 1) {
+        for (float& x : expected) x *= 1.0f / static_cast<float>(k);
+      }
+      std::vector<const float*> by_rank;
+      for (const auto& rank : g) by_rank.push_back(rank.data());
+      std::vector<float> out(n, -1.0f);
+      AverageInRankOrder(by_rank.data(), k, n, out.data());
+      ASSERT_EQ(std::memcmp(out.data(), expected.data(), n * sizeof(float)), 0)
+          << "k=" << k << " n=" << n;
+      AverageInRankOrder(by_rank.data(), k, n, g[0].data());  // in place
+      ASSERT_EQ(std::memcmp(g[0].data(), expected.data(), n * sizeof(float)), 0)
+          << "in place, k=" << k << " n=" << n;
+    }
+  }
+}
+
+// Updating with the average slice by slice is bitwise averaging into a buffer, then one
+// update, for every optimizer (Adam's step number included) and lengths across the slices.
+TEST_P(OptimizerSliceTest, UpdateOfAnAverageEqualsTheAverageThenTheUpdate) {
+  const Case c = GetParam();
+  const OptimizerOptions o = Options(c.kind, c.weight_decay, c.nesterov);
+  const size_t per_element = StateFloatsPerElement(o.kind);
+  for (size_t k : {1u, 2u, 3u}) {
+    for (size_t n : {1u, 2048u, 5001u}) {
+      std::mt19937 rng(5);
+      std::vector<float> buffered = RandomVector(rng, n, -1.0f, 1.0f);
+      std::vector<float> fused = buffered;
+      std::vector<float> buffered_state(per_element * n), fused_state(per_element * n);
+      InitOptimizerState(o, buffered_state.data(), n);
+      InitOptimizerState(o, fused_state.data(), n);
+      for (int64_t t = 1; t <= 3; ++t) {
+        std::vector<std::vector<float>> g;
+        std::vector<const float*> by_rank;
+        for (size_t r = 0; r < k; ++r) g.push_back(RandomVector(rng, n, -1.0f, 1.0f));
+        for (const auto& rank : g) by_rank.push_back(rank.data());
+        std::vector<float> average(n);
+        AverageInRankOrder(by_rank.data(), k, n, average.data());
+        DenseUpdate(o, 0.03f, t, buffered.data(), average.data(), n, buffered_state.data());
+        DenseUpdateOfAverage(o, 0.03f, t, fused.data(), by_rank.data(), k, n,
+                             fused_state.data());
+      }
+      EXPECT_EQ(std::memcmp(buffered.data(), fused.data(), n * sizeof(float)), 0)
+          << "k=" << k << " n=" << n;
+      if (per_element > 0) {
+        EXPECT_EQ(std::memcmp(buffered_state.data(), fused_state.data(),
+                              per_element * n * sizeof(float)),
+                  0)
+            << "k=" << k << " n=" << n;
+      }
+    }
+  }
+}
+
 TEST(OptimizerOptionsTest, DefaultsAreValidAndFollowPyTorch) {
   for (OptimizerKind kind : {OptimizerKind::kSgd, OptimizerKind::kMomentum, OptimizerKind::kAdam,
                              OptimizerKind::kAdamW, OptimizerKind::kAdagrad}) {
