@@ -76,6 +76,10 @@ struct PsPushPullRequest {
   int32_t joining = -1;
   int32_t pushed_by = -1;
   std::vector<int64_t> updates = {};
+  // With an offer: the values halves after the gradients (one per copy of the range) and the
+  // one this server writes (proto/wire.fbs).
+  int32_t region_writers = 1;
+  int32_t region_writer = 0;
 };
 
 struct PsPushPullReply {

@@ -257,7 +257,7 @@ class BodyEncoder {
         b.region_pid, b.region_fd, b.region_token_high, b.region_token_low, b.in_region, b.skip,
         b.stop, b.range, b.ack_only, b.join, b.forward_to.empty() ? nullptr : b.forward_to.c_str(),
         b.forwarded, b.dropped_by, b.stopped_by, b.joining, b.pushed_by,
-        b.updates.empty() ? nullptr : &b.updates));
+        b.updates.empty() ? nullptr : &b.updates, b.region_writers, b.region_writer));
   }
   Encoded operator()(PsPushPullReply& b) {
     auto tensors = EncodeTensors(fbb_, std::move(b.tensors), payloads_);
@@ -528,6 +528,8 @@ StatusOr<MessageBody> DecodeBody(const proto::Header& header, const Message& mes
                              b.joining(),
                              b.pushed_by()};
       if (b.updates() != nullptr) body.updates.assign(b.updates()->begin(), b.updates()->end());
+      body.region_writers = b.region_writers();
+      body.region_writer = b.region_writer();
       return MessageBody(std::move(body));
     }
     case proto::Body::PsPushPullReply: {

@@ -48,6 +48,8 @@ Message PushOf(std::vector<float> values, std::vector<int64_t> shape) {
   push.joining = 3;
   push.pushed_by = 1;
   push.updates = {7, 9};
+  push.region_writers = 3;
+  push.region_writer = 2;
   return EncodeMessage(WorkerHeader(3), std::move(push));
 }
 
@@ -112,6 +114,8 @@ TEST(WireCodecTest, RoundTripPushPull) {
   EXPECT_EQ(push.joining, 3);
   EXPECT_EQ(push.pushed_by, 1);
   EXPECT_EQ(push.updates, (std::vector<int64_t>{7, 9}));
+  EXPECT_EQ(push.region_writers, 3);
+  EXPECT_EQ(push.region_writer, 2);
   ASSERT_EQ(push.tensors.size(), 1u);
   EXPECT_EQ(push.tensors[0].name, "layer0.w");
   EXPECT_EQ(push.tensors[0].key, 7u);
@@ -179,6 +183,11 @@ TEST(WireCodecTest, RoundTripEveryBody) {
   EXPECT_EQ(sparse.row_ids.dtype, DataType::kInt64);
   EXPECT_FALSE(sparse.forwarded);
   EXPECT_EQ(sparse.pushed_by, -1);
+  // A region offer of --replicas 1 (or an older worker's) names one values half, the server's.
+  const auto offer =
+      std::get<PsPushPullRequest>(Decoded(EncodeMessage(WorkerHeader(0), PsPushPullRequest{})).body);
+  EXPECT_EQ(offer.region_writers, 1);
+  EXPECT_EQ(offer.region_writer, 0);
   SparsePushRequest forward{"emb",
                             TensorData::Int64s("row_ids", {3}),
                             TensorData::Floats("values", 0, {1, 2}),

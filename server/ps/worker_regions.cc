@@ -15,20 +15,28 @@ WorkerRegions::WorkerRegions(const std::vector<DenseChunk>& chunks) {
 }
 
 Status WorkerRegions::Map(int rank, const PsPushPullRequest& offer) {
+  const int writers = offer.region_writers;
+  if (writers < 1 || writers > kMaxWriters || offer.region_writer < 0 ||
+      offer.region_writer >= writers) {
+    return InvalidArgumentError("worker " + std::to_string(rank) + "'s shared region offer "
+                                "names values half " + std::to_string(offer.region_writer) +
+                                " of " + std::to_string(writers) + " (1 to " +
+                                std::to_string(kMaxWriters) + " halves, the writer one of them)");
+  }
+  const size_t bytes = (1 + static_cast<size_t>(writers)) * floats_ * sizeof(float);
   ASSIGN_OR_RETURN(std::shared_ptr<SharedRegion> region,
-                   SharedRegion::Open(offer.region_pid, offer.region_fd,
-                                      2 * floats_ * sizeof(float),
+                   SharedRegion::Open(offer.region_pid, offer.region_fd, bytes,
                                       SharedRegionToken{offer.region_token_high,
                                                         offer.region_token_low}));
   std::lock_guard<std::mutex> lock(mu_);
-  regions_[rank] = std::move(region);
+  regions_[rank] = Mapped{std::move(region), 1 + offer.region_writer};
   return OkStatus();
 }
 
-std::shared_ptr<SharedRegion> WorkerRegions::RegionOf(int rank) const {
+WorkerRegions::Mapped WorkerRegions::MappedOf(int rank) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = regions_.find(rank);
-  return it == regions_.end() ? nullptr : it->second;
+  return it == regions_.end() ? Mapped{} : it->second;
 }
 
 StatusOr<std::vector<TensorData>> WorkerRegions::Tensors(int rank,
@@ -68,9 +76,10 @@ StatusOr<std::vector<TensorData>> WorkerRegions::Tensors(int rank,
 }
 
 WorkerRegions::ReplyCallback WorkerRegions::ReplyInto(int rank, ReplyCallback send) const {
-  return [region = RegionOf(rank), places = places_, floats = floats_,
-          send = std::move(send)](PsPushPullReply reply) {
-    float* values = reinterpret_cast<float*>(region->data()) + floats;
+  Mapped mapped = MappedOf(rank);
+  return [region = std::move(mapped.region), half = mapped.values_half, places = places_,
+          floats = floats_, send = std::move(send)](PsPushPullReply reply) {
+    float* values = reinterpret_cast<float*>(region->data()) + half * floats;
     for (TensorData& tensor : reply.tensors) {
       // Values that do not fit their place (none should) stay in the reply's frames.
       auto it = places->find(tensor.key);

@@ -66,6 +66,43 @@ TEST(WorkerRegionsTest, GradientsAreViewsAndValuesLandInTheRegion) {
   EXPECT_TRUE((*pulled)[0].bytes.empty());
 }
 
+// --replicas 3: the worker's region holds the gradients and a values half per copy; the copy
+// with writer index 2 reads the same gradients and writes into the last half only.
+TEST(WorkerRegionsTest, EachCopyWritesItsOwnValuesHalf) {
+  auto region = *SharedRegion::Create(4 * 5 * sizeof(float));
+  float* floats = reinterpret_cast<float*>(region->data());
+  for (int i = 0; i < 5; ++i) floats[i] = static_cast<float>(i + 1);
+  PsPushPullRequest offer = OfferOf(*region);
+  offer.region_writers = 3;
+  offer.region_writer = 2;
+  WorkerRegions regions(Chunks());
+  ASSERT_TRUE(regions.Map(1, offer).ok());
+  auto tensors = regions.Tensors(1, {Named(10, 3)}, /*push=*/true);
+  ASSERT_TRUE(tensors.ok()) << tensors.status();
+  EXPECT_EQ((*tensors)[0].Read<float>(), (std::vector<float>{1, 2, 3}));
+
+  PsPushPullReply values;
+  values.tensors = {TensorData::Floats("chunk1", 10, {9, 10, 11})};
+  regions.ReplyInto(1, [](PsPushPullReply) {})(std::move(values));
+  EXPECT_EQ(std::vector<float>(floats + 15, floats + 18), (std::vector<float>{9, 10, 11}));
+  EXPECT_EQ(std::vector<float>(floats + 5, floats + 15), std::vector<float>(10, 0.0f));
+
+  // A region the size of one values half, offered for three, is refused, as is a writer that
+  // is not one of the halves.
+  auto small = *SharedRegion::Create(2 * 5 * sizeof(float));
+  PsPushPullRequest short_offer = OfferOf(*small);
+  short_offer.region_writers = 3;
+  EXPECT_THAT(regions.Map(2, short_offer).message(), HasSubstr("not the expected"));
+  for (auto [writers, writer] : {std::pair{3, 3}, std::pair{0, 0}, std::pair{2, -1},
+                                 std::pair{WorkerRegions::kMaxWriters + 1, 0}}) {
+    offer.region_writers = writers;
+    offer.region_writer = writer;
+    Status refused = regions.Map(2, offer);
+    EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument) << writers << " " << writer;
+    EXPECT_THAT(refused.message(), HasSubstr("worker 2's shared region offer names values half"));
+  }
+}
+
 TEST(WorkerRegionsTest, RefusesWhatDoesNotFit) {
   WorkerRegions regions(Chunks());
   auto unmapped = regions.Tensors(0, {Named(10, 3)}, true);
