@@ -69,7 +69,8 @@ struct DenseShard::PendingReply {
 
 // A forward taken by a middle copy of a chain (ps-async, ps-ssp with 3 or more copies): it is
 // acknowledged (`taken`) once each of its chunks has applied its update and every copy after
-// this one has it, so the next primary always holds every update the last copy holds.
+// this one has it, so the next primary always holds every update the last copy holds. Also a
+// forward in a worker's region (ForwardedStep::in_region), once applied here.
 struct DenseShard::ChainAck {
   std::atomic<int> remaining{0};  // chunks still waiting, plus one while it is being served
   std::function<void()> taken;
@@ -107,8 +108,13 @@ struct DenseShard::Chunk {
   std::shared_ptr<Values> values;  // guarded by mu; never null
   std::vector<float> state;        // guarded by mu
   ConsistencyPolicy policy;        // guarded by mu
-  // ps-sync: the gradients of a step not applied yet, by rank, as they arrived (their frames).
-  std::map<int64_t, std::vector<TensorData>> held;  // guarded by mu
+  // ps-sync: the gradients of a step not applied yet, by rank, as they arrived (their frames,
+  // or views of their workers' regions), and whether every one so far came in its region.
+  struct Held {
+    std::vector<TensorData> by_rank;
+    bool in_regions = true;
+  };
+  std::map<int64_t, Held> held;  // guarded by mu
   std::vector<Waiter> waiters;                      // guarded by mu
   // ps-sync: the last step dropped because a worker skipped it, and that worker.
   int64_t dropped_step = 0;  // guarded by mu
@@ -197,16 +203,16 @@ DenseShard::~DenseShard() {
 
 Status DenseShard::PushPull(int rank, int64_t step, const std::vector<TensorData>& tensors,
                             bool push, ReplyCallback reply, bool stop, int join,
-                            const std::string& forward_to) {
+                            const std::string& forward_to, bool in_region) {
   return Serve(rank, step, tensors, push ? Gradients::kGiven : Gradients::kNone,
-               std::move(reply), stop, join, forward_to);
+               std::move(reply), stop, join, forward_to, in_region);
 }
 
 Status DenseShard::Skip(int rank, int64_t step, const std::vector<TensorData>& tensors,
                         ReplyCallback reply, bool stop, int join,
                         const std::string& forward_to) {
   return Serve(rank, step, tensors, Gradients::kSkipped, std::move(reply), stop, join,
-               forward_to);
+               forward_to, /*in_region=*/false);
 }
 
 StatusOr<DenseShard::Chunk*> DenseShard::ChunkFor(const TensorData& tensor, bool given,
@@ -226,7 +232,7 @@ StatusOr<DenseShard::Chunk*> DenseShard::ChunkFor(const TensorData& tensor, bool
 
 Status DenseShard::Serve(int rank, int64_t step, const std::vector<TensorData>& tensors,
                          Gradients gradients, ReplyCallback reply, bool stop, int join,
-                         const std::string& forward_to) {
+                         const std::string& forward_to, bool in_region) {
   const bool sync = config_.consistency == PsConsistency::kSync;
   const bool record_stop = stop && sync;
   const bool record_join = join >= 0 && sync;
@@ -285,6 +291,12 @@ Status DenseShard::Serve(int rank, int64_t step, const std::vector<TensorData>& 
   if (!sync) forwarded.pushed_by = rank;
   std::vector<std::pair<Chunk*, int64_t>> forwarded_chunks;  // (chunk, update)
   std::vector<Onward> onward;  // parked forwards applied here, for the copies after this one
+  // ps-sync: a step whose every gradient came in its worker's region goes to the backup alone
+  // named (its chunk without bytes), and the backup averages the regions itself; `named`: one
+  // did. Only the averages that travel are made (AverageHeld); the others are applied as they
+  // are averaged (ApplyHeld).
+  const bool may_name = forward && in_region && forward_to.find(',') == std::string::npos;
+  bool named = false;
   Status refused = OkStatus();
   for (size_t i = 0; i < chunks.size() && refused.ok(); ++i) {
     Chunk& chunk = *chunks[i];
@@ -326,15 +338,24 @@ Status DenseShard::Serve(int rank, int64_t step, const std::vector<TensorData>& 
           case PushAction::kHold:
           case PushAction::kApplyHeld:
           case PushAction::kDropHeld: {
-            auto& slots = chunk.held[decision.update];
-            slots.resize(static_cast<size_t>(config_.num_workers));
-            if (given) slots[rank] = tensors[i];  // shares the frame: no copy
+            Chunk::Held& held = chunk.held[decision.update];
+            held.by_rank.resize(static_cast<size_t>(config_.num_workers));
+            if (given) held.by_rank[rank] = tensors[i];  // shares the frame: no copy
+            held.in_regions &= in_region;
             if (decision.action == PushAction::kHold) break;
-            TensorData average{"chunk" + std::to_string(chunk.where.index), chunk.where.key};
+            TensorData average{"chunk" + std::to_string(chunk.where.index), chunk.where.key,
+                               DataType::kFloat32, {static_cast<int64_t>(chunk.where.size)},
+                               Payload()};
             if (decision.action == PushAction::kApplyHeld) {
-              average = AverageHeld(decision.update, &chunk);
-              std::vector<float> scratch;
-              ApplyGradient(decision.update, FloatsOf(average, &scratch), &chunk);
+              const bool name_it = may_name && held.in_regions;
+              named |= name_it;
+              if (forward && !name_it) {
+                average = AverageHeld(decision.update, &chunk);
+                std::vector<float> scratch;
+                ApplyGradient(decision.update, FloatsOf(average, &scratch), &chunk);
+              } else {
+                ApplyHeld(decision.update, &chunk);
+              }
             } else {
               chunk.held.erase(decision.update);
               chunk.dropped_step = decision.update;
@@ -388,7 +409,17 @@ Status DenseShard::Serve(int rank, int64_t step, const std::vector<TensorData>& 
   }
   SendOnward(std::move(onward));
   if (!forwarded_chunks.empty()) {
-    forwarder_(ChainWith(forward_to, backup), std::move(forwarded),
+    std::string chain = ChainWith(forward_to, backup);
+    // ps-async, ps-ssp: to the backup alone, one the worker named (it sends in its region only
+    // while every copy it names mapped it): named, not carried. A joined server the worker has
+    // not taken in yet (`backup`, beyond `forward_to`) or a chain's copies get the bytes.
+    if (sync) {
+      forwarded.in_region = named;
+    } else if (in_region && chain == forward_to && chain.find(',') == std::string::npos) {
+      forwarded.in_region = true;
+      for (TensorData& gradient : forwarded.gradients) gradient.bytes = Payload();
+    }
+    forwarder_(chain, std::move(forwarded),
                [this, chunks = std::move(forwarded_chunks)] { Forwarded(chunks); });
   }
   return refused;
@@ -435,11 +466,35 @@ Status DenseShard::ApplyForwarded(const ForwardedStep& forwarded, std::function<
   if (config_.consistency != PsConsistency::kSync) {
     return ApplyForwardedPush(forwarded, std::move(taken));
   }
-  // (chunk, its gradient) in key order.
-  std::map<uint64_t, std::pair<Chunk*, const TensorData*>> chunks;
-  for (const TensorData& tensor : forwarded.gradients) {
-    ASSIGN_OR_RETURN(Chunk * chunk, ChunkFor(tensor, !dropped, "forwarded step"));
-    chunks[chunk->where.key] = {chunk, &tensor};
+  // A chunk named without bytes in a forward in the workers' regions: every worker's gradient
+  // of it, averaged here (ForwardedStep::by_worker).
+  const bool in_regions = forwarded.in_region && !dropped;
+  if (in_regions && forwarded.by_worker.size() != forwarded.gradients.size()) {
+    return InvalidArgumentError("forwarded step " + std::to_string(step) + " in the workers' "
+                                "regions: " + std::to_string(forwarded.by_worker.size()) +
+                                " chunks' gradients for " +
+                                std::to_string(forwarded.gradients.size()) + " chunks");
+  }
+  auto averaged_here = [&](size_t i) { return in_regions && forwarded.gradients[i].bytes.empty(); };
+  // (chunk, the index of its gradient) in key order.
+  std::map<uint64_t, std::pair<Chunk*, size_t>> chunks;
+  for (size_t i = 0; i < forwarded.gradients.size(); ++i) {
+    const TensorData& tensor = forwarded.gradients[i];
+    ASSIGN_OR_RETURN(Chunk * chunk,
+                     ChunkFor(tensor, !dropped && !averaged_here(i), "forwarded step"));
+    if (averaged_here(i)) {
+      if (forwarded.by_worker[i].size() != static_cast<size_t>(config_.num_workers)) {
+        return InvalidArgumentError("forwarded step " + std::to_string(step) + " of chunk " +
+                                    std::to_string(chunk->where.index) + ": " +
+                                    std::to_string(forwarded.by_worker[i].size()) +
+                                    " workers' gradients, the job has " +
+                                    std::to_string(config_.num_workers));
+      }
+      for (const TensorData& gradient : forwarded.by_worker[i]) {
+        RETURN_IF_ERROR(ChunkFor(gradient, true, "forwarded step").status());
+      }
+    }
+    chunks[chunk->where.key] = {chunk, i};
   }
   // Every chunk's lock, taken in key order (nothing else holds two), from the checks to the
   // last apply: the step is checked, acknowledged and applied whole, and the chunks' next
@@ -457,8 +512,9 @@ Status DenseShard::ApplyForwarded(const ForwardedStep& forwarded, std::function<
     }
   }
   // Held in memory here: acknowledged before it is applied, which takes the apply off the
-  // step's wait.
-  taken();
+  // step's wait. In the workers' regions: once applied (they are written again once the
+  // replies the acknowledgement holds came).
+  if (!forwarded.in_region) taken();
   Ready ready;
   for (auto& [key, entry] : chunks) {
     Chunk& chunk = *entry.first;
@@ -469,9 +525,11 @@ Status DenseShard::ApplyForwarded(const ForwardedStep& forwarded, std::function<
       chunk.dropped_step = step;
       chunk.dropped_by = forwarded.dropped_by;
       metrics_->DenseUpdateSkipped();
+    } else if (averaged_here(entry.second)) {
+      ApplyAverage(step, forwarded.by_worker[entry.second], &chunk);
     } else {
       std::vector<float> scratch;
-      ApplyGradient(step, FloatsOf(*entry.second, &scratch), &chunk);
+      ApplyGradient(step, FloatsOf(forwarded.gradients[entry.second], &scratch), &chunk);
     }
     chunk.policy.Advance(step);
     chunk.held.erase(step);  // pushes of it that came here: answered with its values
@@ -483,6 +541,7 @@ Status DenseShard::ApplyForwarded(const ForwardedStep& forwarded, std::function<
     ForgetOldStops(&chunk);
     ReleaseReady(&chunk, &ready);
   }
+  if (forwarded.in_region) taken();
   locks.clear();
   Send(ready);
   return OkStatus();
@@ -512,10 +571,11 @@ Status DenseShard::ApplyForwardedPush(const ForwardedStep& forwarded, std::funct
   }
   // The last copy: held in memory here (parked until the updates before it came), so
   // acknowledged first. A middle copy of a chain acknowledges once the copies after it have
-  // the update too (ChainAck), and forwards each update as it applies it.
+  // the update too (ChainAck), and forwards each update as it applies it; gradients in a
+  // worker's region are acknowledged once applied (ChainAck with no copies after this one).
   const std::string& chain = forwarded.forward_to;
   std::shared_ptr<ChainAck> ack;
-  if (chain.empty()) {
+  if (chain.empty() && !forwarded.in_region) {
     taken();
   } else {
     ack = std::make_shared<ChainAck>();
@@ -537,7 +597,7 @@ Status DenseShard::ApplyForwardedPush(const ForwardedStep& forwarded, std::funct
         ApplyParked(&chunk, /*all=*/false, chain, ack != nullptr ? &onward : nullptr);
       }
       if (ack != nullptr) {
-        chunk.chain = chain;
+        if (!chain.empty()) chunk.chain = chain;
         chunk.acks.emplace_back(update, ack);
       }
       ReleaseReady(&chunk, &ready);
@@ -594,22 +654,47 @@ std::string DenseShard::OwnerMessage(uint64_t key) const {
 // a bit): its frame.
 TensorData DenseShard::AverageHeld(int64_t step, Chunk* chunk) {
   auto held = chunk->held.find(step);
-  std::vector<TensorData> slots = std::move(held->second);
+  std::vector<TensorData> slots = std::move(held->second.by_rank);
   chunk->held.erase(held);
+  return Average(std::move(slots), chunk);
+}
+
+void DenseShard::ApplyHeld(int64_t step, Chunk* chunk) {
+  auto held = chunk->held.find(step);
+  std::vector<TensorData> slots = std::move(held->second.by_rank);
+  chunk->held.erase(held);
+  ApplyAverage(step, slots, chunk);
+}
+
+void DenseShard::ApplyAverage(int64_t update, const std::vector<TensorData>& by_rank,
+                              Chunk* chunk) {
+  std::vector<std::vector<float>> scratch(by_rank.size());
+  std::vector<const float*> gradients;
+  for (size_t r = 0; r < by_rank.size(); ++r) {
+    gradients.push_back(FloatsOf(by_rank[r], &scratch[r]));
+  }
+  const float lr = LearningRate(config_.schedule, config_.optimizer.lr, update - 1);
+  DenseUpdateOfAverage(config_.optimizer, lr, update, Writable(chunk), gradients.data(),
+                       gradients.size(), chunk->where.size, chunk->state.data());
+  metrics_->DenseUpdate();
+}
+
+TensorData DenseShard::Average(std::vector<TensorData> slots, const Chunk* chunk) const {
   const std::string name = "chunk" + std::to_string(chunk->where.index);
   if (slots.size() == 1) {
     TensorData average = std::move(slots[0]);
     average.name = name;
     return average;
   }
-  std::vector<float> sum = slots[0].Read<float>(), scratch;
-  for (size_t r = 1; r < slots.size(); ++r) {
-    const float* g = FloatsOf(slots[r], &scratch);
-    for (size_t j = 0; j < sum.size(); ++j) sum[j] += g[j];
-  }
-  const float scale = 1.0f / static_cast<float>(config_.num_workers);
-  for (float& g : sum) g *= scale;
-  return TensorData::Floats(name, chunk->where.key, std::move(sum));
+  // Unaligned frames (none of a size worth the trouble) are copied first.
+  std::vector<std::vector<float>> scratch(slots.size());
+  std::vector<const float*> by_rank;
+  for (size_t r = 0; r < slots.size(); ++r) by_rank.push_back(FloatsOf(slots[r], &scratch[r]));
+  const size_t n = chunk->where.size;
+  // Not zeroed first: every float is written.
+  std::shared_ptr<float[]> sum(new float[n]);
+  AverageInRankOrder(by_rank.data(), by_rank.size(), n, sum.get());
+  return TensorData::Floats(name, chunk->where.key, sum.get(), n, sum);
 }
 
 void DenseShard::ForgetOldStops(Chunk* chunk) {

@@ -86,6 +86,17 @@ class DenseShard {
     // As received, ps-async, ps-ssp, a chain: the copies after this one (see above; the sender
     // gives the Forwarder the whole chain instead).
     std::string forward_to;
+    // The gradients without bytes are in shared regions (worker_regions.h) the next copy
+    // mapped too: ps-async and ps-ssp, all of them, in worker pushed_by's; ps-sync, the chunks
+    // whose step every worker pushed in its region. The forward names those chunks, and that
+    // copy takes their gradients there (ps-sync: `by_worker`, averaged as the primary did) and
+    // acknowledges only once it applied them: a worker writes its region again once its reply
+    // came, and the reply waits for this.
+    bool in_region = false;
+    // ps-sync with in_region, the receiving copy's: for each of `gradients`, every worker's
+    // gradient of the chunk by rank (views of their regions) when it carries no bytes, else
+    // none (a step some worker pushed in frames travels as its average).
+    std::vector<std::vector<TensorData>> by_worker;
   };
   // Sends `forwarded` along `chain` (the backup, or in a chain every copy after this one, in
   // order: StepForwarder), and calls `done` once, later and from another thread, when they have
@@ -129,9 +140,13 @@ class DenseShard {
   // values (see above). In ps-async and ps-ssp, values of updates the backup has not
   // acknowledged may go in other replies (a pull's, another worker's): such an update is
   // either acknowledged later or asked again of the backup by its worker, so none is lost.
+  // `in_region`: the gradients are views of worker `rank`'s shared region, which every copy
+  // `forward_to` names mapped too (the worker sends in its region only then): in ps-async and
+  // ps-ssp a forward to the backup alone names them instead of carrying them
+  // (ForwardedStep::in_region). A forward to a joined server or along a chain carries them.
   Status PushPull(int rank, int64_t step, const std::vector<TensorData>& tensors, bool push,
                   ReplyCallback reply, bool stop = false, int join = -1,
-                  const std::string& forward_to = std::string());
+                  const std::string& forward_to = std::string(), bool in_region = false);
   // Worker `rank` skips step `step` (its gradients held a NaN or Inf, --on-nonfinite skip):
   // as a push of the chunks `tensors` names (their bytes are not read) that gives no
   // gradient. ps-sync drops the step on these chunks for every worker, and each reply to a
@@ -142,7 +157,9 @@ class DenseShard {
               const std::string& forward_to = std::string());
   // The backup's side: takes `forwarded` (the primary's update), calls `taken` (its
   // acknowledgement), then applies it as the primary did. A chain's middle copy (`forwarded`
-  // names copies after it) calls `taken` later, from another thread, once they have it too.
+  // names copies after it) calls `taken` later, from another thread, once they have it too,
+  // and so does a copy given a forward in a worker's region (ForwardedStep::in_region), once
+  // it applied it.
   // ps-sync: to each chunk it names whose version is the step before it; a chunk at the step
   // or later took it already (a copy) and is left alone. Pushes of the step held here (workers
   // that asked this copy after the primary failed) are answered with its values. The chunks'
@@ -199,13 +216,21 @@ class DenseShard {
              Forwarder forwarder);
   Status Serve(int rank, int64_t step, const std::vector<TensorData>& tensors,
                Gradients gradients, ReplyCallback reply, bool stop, int join,
-               const std::string& forward_to);
+               const std::string& forward_to, bool in_region);
   // The chunk `key` names and whether `tensor` fits it as a gradient (`given`), or the error.
   StatusOr<Chunk*> ChunkFor(const TensorData& tensor, bool given, const char* what) const;
   std::string OwnerMessage(uint64_t key) const;
   // ps-sync: the held gradients of `step`, summed in rank order and averaged, and no longer
   // held. REQUIRES: chunk->mu held.
   TensorData AverageHeld(int64_t step, Chunk* chunk);
+  // The average of `by_rank` (every worker's gradient of `chunk`), as AverageHeld makes it.
+  TensorData Average(std::vector<TensorData> by_rank, const Chunk* chunk) const;
+  // ps-sync: applies the average of the held gradients of `step` (as AverageHeld's, without
+  // making it), no longer held. REQUIRES: chunk->mu held.
+  void ApplyHeld(int64_t step, Chunk* chunk);
+  // Applies the average of `by_rank` as the optimizer's update `update`, slice by slice.
+  // REQUIRES: chunk->mu held.
+  void ApplyAverage(int64_t update, const std::vector<TensorData>& by_rank, Chunk* chunk);
   // The backup acknowledged (or lost) `updates` (chunk, update): their replies go.
   void Forwarded(const std::vector<std::pair<Chunk*, int64_t>>& updates);
   // ApplyForwarded of ps-async and ps-ssp.

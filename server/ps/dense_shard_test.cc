@@ -667,6 +667,172 @@ TEST_F(DenseShardTest, AsyncCopyWhilePushesAreInFlightIsACut) {
   EXPECT_FALSE(forwards.empty());
 }
 
+// A worker's region, as the copies map it: views of memory the worker writes again once its
+// reply came.
+struct Region {
+  std::map<uint64_t, std::shared_ptr<Floats>> chunks;
+  TensorData View(uint64_t key, Floats values) {
+    auto& floats = chunks[key];
+    floats = std::make_shared<Floats>(std::move(values));
+    return TensorData::Floats("chunk", key, floats->data(), floats->size(), floats);
+  }
+  TensorData Again(uint64_t key) const {
+    const auto& floats = chunks.at(key);
+    return TensorData::Floats("chunk", key, floats->data(), floats->size(), floats);
+  }
+};
+
+// ps-async with the worker's gradients in its shared region, which the backup mapped too: the
+// primary's forward names the chunks without their bytes (the backup takes them from the
+// region), and the backup acknowledges it only once applied: a forward parked behind an update
+// that has not come yet waits unacknowledged (the worker, waiting for its reply, leaves the
+// region alone until then). Both copies end bitwise alike. A forward to a chain or to a joined
+// server carries the bytes.
+TEST_F(DenseShardTest, AsyncForwardsOfPushesInARegionNameTheChunksAndAreAcknowledgedOnceApplied) {
+  const PsJobConfig config = MomentumConfig(PsConsistency::kAsync, 2);
+  auto primary = CreatePrimary(config);
+  ASSERT_NE(primary, nullptr);
+  auto backup = Create(config);
+  Region worker0, worker1;
+  auto push = [&](int rank, std::vector<TensorData> grads, const std::string& to) {
+    Captured captured;
+    EXPECT_TRUE(primary
+                    ->PushPull(rank, 1, grads, true, captured.Callback(), false, -1, to,
+                               /*in_region=*/true)
+                    .ok());
+    return captured;
+  };
+  Captured a = push(0, {worker0.View(0, {0.1f, 0.2f, 0.3f, 0.4f}), worker0.View(1, {1, -1, 0.5f, 3})},
+                    kBackup);
+  Captured b = push(1, {worker1.View(0, {0.7f, 0.3f, -0.3f, 1e-3f})}, kBackup);
+  ASSERT_EQ(sent_.size(), 2u);
+  for (const Sent& forward : sent_) {
+    EXPECT_TRUE(forward.step.in_region);
+    for (const TensorData& gradient : forward.step.gradients) {
+      EXPECT_TRUE(gradient.bytes.empty()) << "chunk key " << gradient.key;
+    }
+  }
+  // The backup's service hands it views of the same regions.
+  DenseShard::ForwardedStep first = sent_[0].step, second = sent_[1].step;
+  first.gradients = {worker0.Again(0), worker0.Again(1)};
+  second.gradients = {worker1.Again(0)};
+  int taken = 0;
+  const auto take = [&taken] { ++taken; };
+  ASSERT_TRUE(backup->ApplyForwarded(second, take).ok());
+  EXPECT_EQ(taken, 0);  // parked: its gradient is still the worker's
+  ASSERT_TRUE(backup->ApplyForwarded(first, take).ok());
+  EXPECT_EQ(taken, 2);
+  // The workers write their regions again once their replies came: the backup has applied.
+  sent_[0].done();
+  sent_[1].done();
+  ASSERT_TRUE(a.came());
+  ASSERT_TRUE(b.came());
+  std::fill(worker0.chunks[0]->begin(), worker0.chunks[0]->end(), 99.0f);
+  std::fill(worker1.chunks[0]->begin(), worker1.chunks[0]->end(), 99.0f);
+  const auto theirs = primary->Snapshot();
+  for (uint64_t chunk : {0, 1, 2}) {
+    EXPECT_EQ(backup->Snapshot().at(chunk).values, theirs.at(chunk).values) << "chunk " << chunk;
+    EXPECT_EQ(backup->Snapshot().at(chunk).state, theirs.at(chunk).state) << "chunk " << chunk;
+  }
+  // A resend of an applied forward is acknowledged and reads nothing.
+  ASSERT_TRUE(backup->ApplyForwarded(second, take).ok());
+  EXPECT_EQ(taken, 3);
+  EXPECT_EQ(backup->Snapshot().at(0).values, theirs.at(0).values);
+
+  // Along a chain the next copies need the bytes; so does a joined server (CopyTo).
+  Captured chained = push(0, {worker0.View(2, {1, 2})}, std::string(kBackup) + ",tcp://c:1");
+  ASSERT_EQ(sent_.size(), 3u);
+  EXPECT_FALSE(sent_[2].step.in_region);
+  EXPECT_EQ(sent_[2].step.gradients.at(0).Read<float>(), (Floats{1, 2}));
+  sent_[2].done();
+  EXPECT_TRUE(chained.came());
+  primary->CopyTo("tcp://joined:1");
+  Captured joined = push(1, {worker1.View(2, {3, 4})}, kBackup);
+  ASSERT_EQ(sent_.size(), 4u);
+  EXPECT_EQ(sent_[3].to, std::string(kBackup) + ",tcp://joined:1");
+  EXPECT_FALSE(sent_[3].step.in_region);
+  EXPECT_EQ(sent_[3].step.gradients.at(0).Read<float>(), (Floats{3, 4}));
+  sent_[3].done();
+  EXPECT_TRUE(joined.came());
+  // Once the worker took the joined server in (its backup failed), offered it its region and
+  // names it, the forwards name the chunks again.
+  Captured named;
+  ASSERT_TRUE(primary
+                  ->PushPull(1, 2, {worker1.View(2, {5, 6})}, true, named.Callback(), false, -1,
+                             "tcp://joined:1", /*in_region=*/true)
+                  .ok());
+  ASSERT_EQ(sent_.size(), 5u);
+  EXPECT_EQ(sent_[4].to, "tcp://joined:1");
+  EXPECT_TRUE(sent_[4].step.in_region);
+  EXPECT_TRUE(sent_[4].step.gradients.at(0).bytes.empty());
+  sent_[4].done();
+  EXPECT_TRUE(named.came());
+}
+
+// ps-sync: a step whose every gradient came in its worker's region goes to the backup named
+// (no bytes), and the backup averages the workers' gradients in their regions as the primary
+// did, then acknowledges: bitwise the primary's values and state. A step one worker pushed in
+// frames travels as its average, bytes and all, acknowledged before it is applied.
+TEST_F(DenseShardTest, SyncStepsPushedInRegionsGoNamedAndTheBackupAveragesTheRegions) {
+  const PsJobConfig config = MomentumConfig(PsConsistency::kSync, 2);
+  auto primary = CreatePrimary(config);
+  ASSERT_NE(primary, nullptr);
+  auto backup = Create(config);
+  Region worker0, worker1;
+  Captured a, b;
+  ASSERT_TRUE(primary
+                  ->PushPull(0, 1, {worker0.View(0, {0.1f, 0.2f, 0.3f, 0.4f})}, true,
+                             a.Callback(), false, -1, kBackup, /*in_region=*/true)
+                  .ok());
+  ASSERT_TRUE(primary
+                  ->PushPull(1, 1, {worker1.View(0, {0.7f, 0.3f, -0.3f, 1e-3f})}, true,
+                             b.Callback(), false, -1, kBackup, /*in_region=*/true)
+                  .ok());
+  ASSERT_EQ(sent_.size(), 1u);
+  DenseShard::ForwardedStep step = sent_[0].step;
+  EXPECT_TRUE(step.in_region);
+  ASSERT_EQ(step.gradients.size(), 1u);
+  EXPECT_TRUE(step.gradients[0].bytes.empty());
+  EXPECT_EQ(step.gradients[0].key, 0u);
+  int taken = 0;
+  const auto take = [&taken] { ++taken; };
+  // Every worker's gradient of each named chunk, or the forward is refused unacknowledged.
+  EXPECT_EQ(backup->ApplyForwarded(step, take).code(), StatusCode::kInvalidArgument);
+  step.by_worker = {{worker0.Again(0)}};
+  EXPECT_EQ(backup->ApplyForwarded(step, take).message(),
+            "forwarded step 1 of chunk 0: 1 workers' gradients, the job has 2");
+  EXPECT_EQ(taken, 0);
+  step.by_worker = {{worker0.Again(0), worker1.Again(0)}};
+  ASSERT_TRUE(backup->ApplyForwarded(step, take).ok());
+  EXPECT_EQ(taken, 1);
+  sent_[0].done();
+  ASSERT_TRUE(a.came());
+  ASSERT_TRUE(b.came());
+  EXPECT_EQ(backup->Snapshot().at(0).values, primary->Snapshot().at(0).values);
+  EXPECT_EQ(backup->Snapshot().at(0).state, primary->Snapshot().at(0).state);
+
+  // Step 2: worker 1 pushes in frames.
+  Captured c, d;
+  ASSERT_TRUE(primary
+                  ->PushPull(0, 2, {worker0.View(0, {1, 2, 3, 4})}, true, c.Callback(), false,
+                             -1, kBackup, /*in_region=*/true)
+                  .ok());
+  ASSERT_TRUE(primary
+                  ->PushPull(1, 2, {Chunk(0, {-1, 0.5f, 0.25f, 8})}, true, d.Callback(), false,
+                             -1, kBackup)
+                  .ok());
+  ASSERT_EQ(sent_.size(), 2u);
+  EXPECT_FALSE(sent_[1].step.in_region);
+  EXPECT_EQ(sent_[1].step.gradients.at(0).Read<float>(),
+            (Floats{(1 - 1) * 0.5f, (2 + 0.5f) * 0.5f, (3 + 0.25f) * 0.5f, (4 + 8) * 0.5f}));
+  ASSERT_TRUE(backup->ApplyForwarded(sent_[1].step, take).ok());
+  EXPECT_EQ(taken, 2);
+  sent_[1].done();
+  EXPECT_TRUE(d.came());
+  EXPECT_EQ(backup->Snapshot().at(0).values, primary->Snapshot().at(0).values);
+  EXPECT_EQ(backup->Snapshot().at(0).state, primary->Snapshot().at(0).state);
+}
+
 // After the primary failed, a worker's push at the backup first applies every parked forward
 // (nothing fills their gaps any more), then is applied, or answered as a copy when the backup
 // took it already.

@@ -319,8 +319,8 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
         send(std::move(reply));
       };
     }
+    const std::string& forward_to = push ? body->forward_to : std::string();
     if (!body->in_region) {
-      const std::string& forward_to = push ? body->forward_to : std::string();
       if (skip) {
         return job.dense->Skip(rank, step, body->tensors, std::move(send), stop, join,
                                forward_to);
@@ -332,9 +332,14 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
     const bool read = push && !skip;
     ASSIGN_OR_RETURN(std::vector<TensorData> tensors,
                      job.regions->Tensors(rank, body->tensors, read));
-    DenseShard::ReplyCallback reply = job.regions->ReplyInto(rank, std::move(send));
-    if (skip) return job.dense->Skip(rank, step, tensors, std::move(reply), stop, join);
-    return job.dense->PushPull(rank, step, tensors, push, std::move(reply), stop, join);
+    // A backup asked alongside the primary writes no values (the worker reads the primary's).
+    DenseShard::ReplyCallback reply =
+        body->ack_only ? std::move(send) : job.regions->ReplyInto(rank, std::move(send));
+    if (skip) {
+      return job.dense->Skip(rank, step, tensors, std::move(reply), stop, join, forward_to);
+    }
+    return job.dense->PushPull(rank, step, tensors, push, std::move(reply), stop, join,
+                               forward_to, /*in_region=*/read);
   }
 
   // A row push the range's primary applied (ps-async, ps-ssp): acknowledged, then applied
@@ -371,6 +376,15 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
     DenseShard::ForwardedStep forwarded;
     forwarded.step = request.header.step;
     forwarded.gradients = body->tensors;
+    if (body->in_region && body->has_gradients) {
+      // The gradients are in the workers' regions, mapped here too.
+      if (Status taken = RegionGradients(job, request, &forwarded); !taken.ok()) {
+        return AnswerError(request, taken.WithContext("step " + std::to_string(forwarded.step) +
+                                                      " forwarded by " +
+                                                      request.header.DescribeSender() +
+                                                      RangeSuffix(job.range)));
+      }
+    }
     forwarded.dropped_by = body->dropped_by;
     forwarded.stopped_by = body->stopped_by;
     forwarded.joining = body->joining;
@@ -385,6 +399,30 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
                                                       request.header.DescribeSender() +
                                                       RangeSuffix(job.range)));
     }
+  }
+
+  // A forward's gradients (`forwarded->gradients` name the chunks) from the workers' regions:
+  // ps-async and ps-ssp, views of worker pushed_by's; ps-sync, every worker's of each chunk
+  // named without bytes (ForwardedStep::by_worker).
+  static Status RegionGradients(const Job& job, const Envelope& request,
+                                DenseShard::ForwardedStep* forwarded) {
+    const PsPushPullRequest* body = request.As<PsPushPullRequest>();
+    forwarded->in_region = true;
+    if (job.config.consistency != PsConsistency::kSync) {
+      ASSIGN_OR_RETURN(forwarded->gradients,
+                       job.regions->Tensors(body->pushed_by, body->tensors, /*push=*/true));
+      return OkStatus();
+    }
+    for (const TensorData& tensor : body->tensors) {
+      std::vector<TensorData> by_rank;  // none for a chunk that carries its average
+      for (int rank = 0; tensor.bytes.empty() && rank < job.config.num_workers; ++rank) {
+        ASSIGN_OR_RETURN(std::vector<TensorData> view,
+                         job.regions->Tensors(rank, {tensor}, /*push=*/true));
+        by_rank.push_back(std::move(view[0]));
+      }
+      forwarded->by_worker.push_back(std::move(by_rank));
+    }
+    return OkStatus();
   }
 
   // A worker on this host offers its shared region; a refusal is an answer, not an error (its

@@ -49,6 +49,10 @@
 // the same updates in the same order. A primary that fails leaves the backup at its last
 // update or before it; the workers push again what was not answered to the backup, which
 // applies it or, when it took it already, answers with its values (ConsistencyPolicy::kApplied).
+// Workers on this host push in a region every copy of the range mapped (worker_regions.h): a
+// forward to the backup then names the chunks instead of carrying them (in ps-sync, of a step
+// every worker pushed in its region, whose gradients the backup averages there itself), and
+// the backup acknowledges it once applied.
 //
 // The service is thin: it reads the requests, hands them to the job's parts on its work queue
 // (work_queue.h) and answers. The parts: DenseShard (dense_shard.h) and SparseTables

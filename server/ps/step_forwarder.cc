@@ -50,6 +50,7 @@ void StepForwarder::Forward(const std::string& chain, int range, uint64_t job_to
   PsPushPullRequest request;
   request.has_gradients = forwarded.dropped_by < 0;
   request.tensors = std::move(forwarded.gradients);
+  request.in_region = forwarded.in_region;
   request.job_token = job_token;
   request.range = range;
   request.forwarded = true;
