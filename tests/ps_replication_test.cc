@@ -1,5 +1,6 @@
 // Replicated key ranges (issue 16, items 1 and 2): tessera-launch --replicas 2 with 3 servers
-// and 3 workers, and a server SIGKILLed mid-training.
+// and 3 workers, and a server SIGKILLed mid-training. The workers share memory with every copy
+// of the ranges (all on one host), and some seeds run over the sockets instead.
 //
 // What must happen: every range has a second copy on the next server, every push reaches both,
 // so when one server dies its ranges' other replicas answer for it, the workers carry on, and
@@ -14,6 +15,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <iostream>
 #include <map>
@@ -159,22 +161,46 @@ std::string Undisturbed(const std::string& model, int steps = kSteps) {
   return path;
 }
 
+// The chunks' path in `output`: every worker on this host shares a region with every copy of
+// every range (the default), or, with `--ps-shared-memory false` among the worker flags,
+// none does and the chunks cross the sockets (as they do between hosts).
+void ExpectChunksPath(const std::string& output, const std::vector<std::string>& flags) {
+  const bool sockets =
+      std::find(flags.begin(), flags.end(), "--ps-shared-memory=false") != flags.end();
+  for (int w = 0; w < kWorkers; ++w) {
+    const std::string shared = "worker " + std::to_string(w) + " | " +
+                               std::to_string(kServers * 2) + " of " +
+                               std::to_string(kServers * 2) +
+                               " copies of the key ranges share memory with this worker";
+    EXPECT_EQ(output.find(shared) == std::string::npos, sockets)
+        << (sockets ? "over the sockets" : "in shared memory") << ", worker " << w << "\n"
+        << output;
+  }
+}
+
 // ps-sync with `model`: for each seed a server killed at a random step, and the job ends with
-// the parameters of the undisturbed run, bitwise.
-void ExpectKillsChangeNothing(const std::string& model, const std::vector<int>& seeds) {
+// the parameters of the undisturbed run, bitwise. The chunks pass through shared memory, or
+// for `sockets_seeds` over the sockets (the backup then gets the forwarded steps' bytes).
+void ExpectKillsChangeNothing(const std::string& model, const std::vector<int>& seeds,
+                              const std::vector<int>& sockets_seeds = {}) {
   const std::string undisturbed = Undisturbed(model);
-  for (int seed : seeds) {
+  std::vector<int> all = seeds;
+  all.insert(all.end(), sockets_seeds.begin(), sockets_seeds.end());
+  for (int seed : all) {
     FleetHarness harness;
     const std::string params =
         TempPath("ps_replication_" + model + "_" + std::to_string(seed) + ".bin");
-    RunWithAKill(harness, "ps-sync", Concat(TrainingFlags(model), {"--save-params", params}),
-                 seed);
+    std::vector<std::string> flags = Concat(TrainingFlags(model), {"--save-params", params});
+    if (std::find(sockets_seeds.begin(), sockets_seeds.end(), seed) != sockets_seeds.end()) {
+      flags.push_back("--ps-shared-memory=false");
+    }
+    ExpectChunksPath(RunWithAKill(harness, "ps-sync", flags, seed), flags);
     ExpectSameParams(undisturbed, params, model + ", seed " + std::to_string(seed));
   }
 }
 
 TEST(PsReplicationTest, SyncMlpLosesNothingWhenAServerIsKilledAtARandomStep) {
-  ExpectKillsChangeNothing("mlp", {1, 2, 3});
+  ExpectKillsChangeNothing("mlp", {1, 2}, /*sockets_seeds=*/{3});
 }
 
 TEST(PsReplicationTest, SyncCtrWithEmbeddingTablesLosesNothingWhenAServerIsKilled) {
@@ -226,6 +252,18 @@ std::string AnnouncedMetrics(const std::string& output, const std::string& role,
   const std::regex line("\\[launch\\] " + role + " " + std::to_string(rank) +
                         " pid=\\d+ metrics=(\\S+)");
   return std::regex_search(output, match, line) ? std::string(match[1]) : "";
+}
+
+// Every worker offered the ranges a joined server took in `output` a fresh shared region, which
+// each of their copies mapped: they pass through memory again (the regions before it were not
+// the joined server's).
+void ExpectRegionsRenewed(const std::string& output) {
+  for (int w = 0; w < kWorkers; ++w) {
+    const std::regex renewed("worker " + std::to_string(w) +
+                             R"( \| ranges? [^\n]*: (\d+) of \1 copies, a server taken in among )"
+                             R"(them, share a fresh region with this worker)");
+    EXPECT_TRUE(std::regex_search(output, renewed)) << "worker " << w << "\n" << output;
+  }
 }
 
 double Scrape(const std::string& url, const std::string& sample);
@@ -338,6 +376,7 @@ TEST(PsReplicationTest, AJoiningServerRestoresTheCopiesAndALaterKillLosesNothing
   const std::string output = harness.Output(*launcher);
   ASSERT_TRUE(exit.ok() && exit->success()) << output;
   EXPECT_EQ(output.find("was lost with its replicas"), std::string::npos) << output;
+  ExpectRegionsRenewed(output);
   ExpectSameParams(undisturbed, params, "killed, joined, killed again");
   // The added server leaves with the fleet, cleanly.
   auto added_exit = harness.WaitExit(*added, Deadline::AfterMillis(kRunMs));
@@ -386,18 +425,26 @@ void WaitUntilLingering(FleetHarness& harness, int launcher) {
 // was lost: each surviving server applied every worker's every push to every chunk it holds
 // (tessera_ps_updates_total{kind="dense"}, read while the fleet lingers after the workers),
 // once. Three kills: a server at a step of each seed.
-void ExpectAsyncKillsLoseNoDenseUpdate(const std::string& model, const std::vector<int>& seeds) {
-  for (int seed : seeds) {
+// `sockets_seeds` as ExpectKillsChangeNothing's.
+void ExpectAsyncKillsLoseNoDenseUpdate(const std::string& model, const std::vector<int>& seeds,
+                                       const std::vector<int>& sockets_seeds = {}) {
+  std::vector<int> all = seeds;
+  all.insert(all.end(), sockets_seeds.begin(), sockets_seeds.end());
+  for (int seed : all) {
     SCOPED_TRACE(model + ", seed " + std::to_string(seed));
     FleetHarness harness;
     const Kill kill = KillOf(seed);
+    std::vector<std::string> flags = TrainingFlags(model);
+    if (std::find(sockets_seeds.begin(), sockets_seeds.end(), seed) != sockets_seeds.end()) {
+      flags.push_back("--ps-shared-memory=false");
+    }
     StatusOr<int> launcher = StartAndReach(
-        harness, "async", Concat(Fleet("ps-async", 2, {"--linger", "30"}), TrainingFlags(model)),
-        kill.step);
+        harness, "async", Concat(Fleet("ps-async", 2, {"--linger", "30"}), flags), kill.step);
     ASSERT_TRUE(launcher.ok()) << launcher.status();
     KillServer(harness, *launcher, kill.server);
     ASSERT_NO_FATAL_FAILURE(WaitUntilLingering(harness, *launcher));
     const std::string output = harness.Output(*launcher);
+    ExpectChunksPath(output, flags);
     std::map<int, std::map<int, int>> chunks = AsyncJobChunks(output);
     for (int server = 0; server < kServers; ++server) {
       ASSERT_EQ(chunks[server].size(), 2u) << "server " << server << " holds two ranges\n"
@@ -422,7 +469,7 @@ void ExpectAsyncKillsLoseNoDenseUpdate(const std::string& model, const std::vect
 }
 
 TEST(PsReplicationTest, AsyncCompletesAndTheSurvivorsAppliedEveryAcknowledgedPush) {
-  ExpectAsyncKillsLoseNoDenseUpdate("mlp", {6, 7, 8});
+  ExpectAsyncKillsLoseNoDenseUpdate("mlp", {6, 7}, /*sockets_seeds=*/{8});
 }
 
 // The ctr model's embedding rows go to each range's primary, which forwards them to the backup
@@ -556,6 +603,7 @@ void ExpectAJoinedServerTakesCopies(const std::string& mode, const std::string& 
   const std::string output = harness.Output(*launcher);
   const std::string added_output = harness.Output(*added);
   EXPECT_EQ(output.find("was lost with its replicas"), std::string::npos) << output;
+  ExpectRegionsRenewed(output);
   const int64_t every_push = static_cast<int64_t>(kWorkers) * kJoinSteps;
   // Server 0, alive throughout: ranges 0 and 2 (and 1).
   const auto original = AsyncJobChunks(output);

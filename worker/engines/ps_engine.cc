@@ -556,6 +556,7 @@ Status PsEngine::Initialize(const ParameterLayout& layout,
   chunks_of_server_.assign(static_cast<size_t>(view_.num_servers), {});
   for (size_t i = 0; i < chunks_.size(); ++i) chunks_of_server_[chunks_[i].server].push_back(i);
   regions_.assign(chunks_of_server_.size(), nullptr);
+  region_holders_.assign(chunks_of_server_.size(), {});
   region_floats_.assign(chunks_of_server_.size(), 0);
   region_offset_.assign(chunks_.size(), 0);
   for (size_t s = 0; s < chunks_of_server_.size(); ++s) {
@@ -645,55 +646,113 @@ Status PsEngine::Initialize(const ParameterLayout& layout,
     if (!IsStillStarting(pulled, serving_deadline)) return pulled.WithContext("initial pull");
     std::this_thread::sleep_for(std::chrono::milliseconds(kStartingRetryMs));
   }
-  if (options_.shared_memory && replicas_ > 1) {
-    TLOG(INFO) << "--replicas " << replicas_ << ": chunks travel over the transport (a shared "
-               << "region is one server's)";
-  }
-  return options_.shared_memory && replicas_ == 1 ? OfferRegions(/*step=*/1) : OkStatus();
+  if (!options_.shared_memory) return OkStatus();
+  std::vector<int> ranges(static_cast<size_t>(view_.num_servers));
+  for (int range = 0; range < view_.num_servers; ++range) ranges[range] = range;
+  return OfferRegions(/*step=*/1, ranges);
 }
 
-Status PsEngine::OfferRegions(int64_t step) {
-  std::vector<std::pair<Reply, std::string>> replies;
-  std::vector<std::pair<int, std::shared_ptr<SharedRegion>>> offered;  // server, region
-  for (int s = 0; s < view_.num_servers; ++s) {
-    StatusOr<std::shared_ptr<SharedRegion>> region =
-        SharedRegion::Create(2 * region_floats_[s] * sizeof(float));
+Status PsEngine::RenewRegions(int64_t step) {
+  std::vector<int> ranges;
+  for (int range = 0; range < view_.num_servers; ++range) {
+    if (regions_[static_cast<size_t>(range)] != nullptr && RegionFor(range) == nullptr) {
+      ranges.push_back(range);
+    }
+  }
+  return ranges.empty() ? OkStatus() : OfferRegions(step, ranges, /*renewal=*/true);
+}
+
+Status PsEngine::OfferRegions(int64_t step, const std::vector<int>& ranges, bool renewal) {
+  struct Offer {
+    int range;
+    int server;
+    std::shared_ptr<SharedRegion> region;
+    std::shared_future<StatusOr<Envelope>> reply;
+    std::string what;
+  };
+  std::vector<Offer> offered;
+  for (int range : ranges) {
+    regions_[static_cast<size_t>(range)] = nullptr;
+    region_holders_[static_cast<size_t>(range)].clear();
+    // The gradients, then a values half for each copy of the range (server/ps/worker_regions.h).
+    StatusOr<std::shared_ptr<SharedRegion>> region = SharedRegion::Create(
+        (1 + static_cast<size_t>(replicas_)) * region_floats_[range] * sizeof(float));
     if (!region.ok()) {
-      TLOG(INFO) << "server " << s << ": no shared region (" << region.status()
-                 << "); its chunks travel over the transport";
+      TLOG(INFO) << (replicas_ == 1 ? "server " : "range ") << range << ": no shared region ("
+                 << region.status() << "); its chunks travel over the transport";
       continue;
     }
-    PsPushPullRequest offer{{}, false, job_token_, ""};
-    offer.region_pid = getpid();
-    offer.region_fd = (*region)->fd();
-    offer.region_token_high = (*region)->token().high;
-    offer.region_token_low = (*region)->token().low;
-    std::string what = "shared-region offer to server " + std::to_string(s);
-    replies.emplace_back(Send(s, std::move(offer), step, what), what);
-    offered.emplace_back(s, std::move(region).value());
-  }
-  std::vector<StatusOr<Envelope>> results;
-  RETURN_IF_ERROR(WaitAll(&replies, &results));
-  int mapped = 0;
-  for (size_t r = 0; r < results.size(); ++r) {
-    ASSIGN_OR_RETURN(PsPushPullReply reply,
-                     TakeBody<PsPushPullReply>(std::move(results[r]).value(), replies[r].second));
-    auto& [server, region] = offered[r];
-    region->CloseFd();  // the server has mapped it, or never will
-    if (reply.region_mapped) {
-      regions_[server] = std::move(region);
-      ++mapped;
-    } else {
-      TLOG(INFO) << "server " << server << " did not map this worker's shared region ("
-                 << (reply.region_refusal.empty() ? "an older server" : reply.region_refusal)
-                 << "); its chunks travel over the transport";
+    for (int k = 0; k < replicas_; ++k) {
+      const int server = RangeReplicaServer(range, k, view_.num_servers);
+      if (IsLost(server)) continue;
+      PsPushPullRequest offer{{}, false, job_token_, ""};
+      offer.range = range;
+      offer.region_pid = getpid();
+      offer.region_fd = (*region)->fd();
+      offer.region_token_high = (*region)->token().high;
+      offer.region_token_low = (*region)->token().low;
+      offer.region_writers = replicas_;
+      offer.region_writer = k;
+      std::string what = "shared-region offer to server " + std::to_string(server);
+      if (replicas_ > 1) what += " for range " + std::to_string(range);
+      auto reply = SendTo(server, std::move(offer), step, what);
+      offered.push_back({range, server, *region, std::move(reply), std::move(what)});
     }
   }
-  if (mapped > 0) {
-    TLOG(INFO) << mapped << " of " << view_.num_servers
-               << " servers share memory with this worker: their chunks pass through it";
+  // Each copy's answer; one that failed meanwhile maps nothing (its range goes on with the
+  // others, ServerLost).
+  std::optional<Deadline> stop_grace;
+  Status answered = OkStatus();
+  for (const Offer& offer : offered) {
+    answered = AwaitReply(offer.reply, offer.what, &stop_grace);
+    if (!answered.ok()) break;
+  }
+  for (Offer& offer : offered) offer.region->CloseFd();  // mapped by now, or never
+  RETURN_IF_ERROR(answered);
+  int mapped = 0;
+  for (const Offer& offer : offered) {
+    StatusOr<Envelope> result = offer.reply.get();
+    if (!result.ok() && replicas_ > 1 && IsLost(offer.server)) continue;
+    if (!result.ok()) return result.status().WithContext(offer.what);
+    ASSIGN_OR_RETURN(PsPushPullReply reply,
+                     TakeBody<PsPushPullReply>(std::move(result).value(), offer.what));
+    if (reply.region_mapped) {
+      regions_[offer.range] = offer.region;
+      region_holders_[offer.range].insert(server_addresses_[offer.server]);
+      ++mapped;
+    } else {
+      TLOG(INFO) << "server " << offer.server << " did not map this worker's shared region"
+                 << (replicas_ == 1 ? std::string() : " for range " + std::to_string(offer.range))
+                 << " (" << (reply.region_refusal.empty() ? "an older server" : reply.region_refusal)
+                 << "); " << (replicas_ == 1 ? "its" : "the range's")
+                 << " chunks travel over the transport";
+    }
+  }
+  if (mapped > 0 && !renewal) {
+    TLOG(INFO) << mapped << " of " << offered.size()
+               << (replicas_ == 1 ? " servers" : " copies of the key ranges")
+               << " share memory with this worker: their chunks pass through it";
+  } else if (mapped > 0) {
+    std::string renewed;  // "range 1", "ranges 0 and 2"
+    for (size_t k = 0; k < ranges.size(); ++k) {
+      renewed += (k == 0 ? "" : k + 1 == ranges.size() ? " and " : ", ") +
+                 std::to_string(ranges[k]);
+    }
+    TLOG(INFO) << (ranges.size() == 1 ? "range " : "ranges ") << renewed << ": " << mapped
+               << " of " << offered.size() << " copies, a server taken in among them, share a "
+               << "fresh region with this worker";
   }
   return OkStatus();
+}
+
+const SharedRegion* PsEngine::RegionFor(int range) const {
+  const SharedRegion* region = regions_[static_cast<size_t>(range)].get();
+  if (region == nullptr || replicas_ == 1) return region;
+  const std::set<std::string>& holders = region_holders_[static_cast<size_t>(range)];
+  for (int server : LiveReplicas(range)) {
+    if (holders.count(server_addresses_[static_cast<size_t>(server)]) == 0) return nullptr;
+  }
+  return region;
 }
 
 std::pair<PsEngine::Reply, std::string> PsEngine::SendChunks(int64_t step,
@@ -706,7 +765,7 @@ std::pair<PsEngine::Reply, std::string> PsEngine::SendChunks(int64_t step,
   const int server = chunks_[group[0]].server;  // the range (its server with --replicas 1)
   PsPushPullRequest request{{}, push, job_token_, model};
   request.range = server;
-  const SharedRegion* region = regions_[server].get();
+  const SharedRegion* region = RegionFor(server);
   request.in_region = region != nullptr;
   request.skip = skip;
   request.stop = push && StopAskedIn(step);
@@ -846,6 +905,9 @@ Status PsEngine::PushPull(int64_t step, const float* grads, float* params,
   bool told_skip = false;
   for (size_t r = 0; r < replies.size(); ++r) {
     ASSIGN_OR_RETURN(Envelope result, Await(&replies[r].first, replies[r].second, &stop_grace));
+    // In a shared region, the copy that answered wrote the values into its own half.
+    const int range = replies[r].first.range;
+    const int writer = (result.header.sender_rank - range + view_.num_servers) % view_.num_servers;
     ASSIGN_OR_RETURN(PsPushPullReply reply,
                      TakeBody<PsPushPullReply>(std::move(result), replies[r].second));
     // ps-sync: another worker skipped this step, so the servers dropped it (told once).
@@ -879,7 +941,7 @@ Status PsEngine::PushPull(int64_t step, const float* grads, float* params,
       // From a server that mapped this worker's region, the values are there (unless the
       // reply carries them after all).
       const SharedRegion* region = regions_[chunk.server].get();
-      const bool in_region = region != nullptr && values.bytes.empty();
+      const bool in_region = region != nullptr && values.bytes.empty() && writer < replicas_;
       if (values.key != chunk.key || values.dtype != DataType::kFloat32 ||
           (!in_region && values.bytes.size() != bytes)) {
         return DataLossError(replies[r].second + ": chunk " + std::to_string(chunk.index) +
@@ -888,7 +950,9 @@ Status PsEngine::PushPull(int64_t step, const float* grads, float* params,
                              std::string(DataTypeName(values.dtype)));
       }
       const uint8_t* from =
-          in_region ? region->data() + (region_floats_[chunk.server] + region_offset_[i]) *
+          in_region ? region->data() + ((1 + static_cast<uint64_t>(writer)) *
+                                            region_floats_[chunk.server] +
+                                        region_offset_[i]) *
                                            sizeof(float)
                     : values.bytes.data();
       std::memcpy(params + chunk.offset, from, bytes);
@@ -1016,14 +1080,14 @@ Status PsEngine::Step(int64_t step, float* params, float* grads,
     // is judged by the joined one's liveness.
     for (const auto& [range, address] : copies_seen_) TakeInCopy(range, address);
     copies_seen_.clear();
-    return CopyToJoined(step, params);
+    RETURN_IF_ERROR(CopyToJoined(step, params));
+  } else if (joining_step_ == step && joining_ >= 0) {
+    RETURN_IF_ERROR(TakeInJoined(step, joining_, params)
+                        .WithContext("taking in server " + std::to_string(joining_) +
+                                     " after step " + std::to_string(step)));
   }
-  if (joining_step_ == step && joining_ >= 0) {
-    return TakeInJoined(step, joining_, params)
-        .WithContext("taking in server " + std::to_string(joining_) + " after step " +
-                     std::to_string(step));
-  }
-  return OkStatus();
+  // A server taken in holds ranges it was not offered this worker's regions for.
+  return RenewRegions(step + 1);
 }
 
 StatusOr<bool> PsEngine::AgreeToStop(int64_t step, bool stop) {

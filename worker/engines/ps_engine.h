@@ -36,7 +36,11 @@
 // (the new primary took it already, and answers it with its values, or applies it: in ps-sync
 // once every worker asked again), else the values of a push as a pull, a row pull, a
 // checkpoint write; nothing is applied twice.
-// Shared memory is not used (each region is one server's).
+// Shared memory with copies on this host: the worker offers each live copy of a range the
+// range's region, with a values half of its own (OfferRegions), and sends in it while every
+// live copy maps it; the primary's forwards then name the chunks, which the backup reads in the
+// same region (server/ps/dense_shard.h). A copy's answer is read from its half. A server taken
+// in later gets a fresh region of its ranges, offered to all their copies (RenewRegions).
 //
 // Re-replication (ps-sync): a server started with --join in a failed one's place reaches every
 // worker as a newer fleet view (FleetChanged). Each worker's pushes of its next step name it
@@ -195,9 +199,17 @@ class PsEngine final : public TrainingEngine {
   std::pair<Reply, std::string> SendChunks(int64_t step, const std::vector<size_t>& group,
                                            const float* grads, const std::string& model,
                                            bool skip, double* sent);
-  // Offers every server a shared region of its chunks (options_.shared_memory); a server that
-  // maps it gets in-region requests from then on.
-  Status OfferRegions(int64_t step);
+  // Offers every live copy of each of `ranges` a fresh shared region of the range's chunks
+  // (options_.shared_memory): the range's requests go in the region from then on while every
+  // live copy of it maps it (RegionFor); `renewal`: for RenewRegions (which it logs as such).
+  // REQUIRES: no request of those ranges is out.
+  Status OfferRegions(int64_t step, const std::vector<int>& ranges, bool renewal = false);
+  // Between steps: OfferRegions for the ranges whose region a live copy has not mapped (a
+  // server taken in since), so that they pass through memory again.
+  Status RenewRegions(int64_t step);
+  // `range`'s region when every live copy of the range mapped it, else null (its requests
+  // carry their bytes: a copy on another host, or a joined server, which was not offered it).
+  const SharedRegion* RegionFor(int range) const;
   // Sends a CheckpointRequest to every server; their shards' files in server order.
   StatusOr<std::vector<ShardFileInfo>> CheckpointServers(const std::string& root, int64_t step,
                                                          bool restore);
@@ -286,9 +298,11 @@ class PsEngine final : public TrainingEngine {
   Counter* retargeted_ = nullptr;
   std::vector<DenseChunk> chunks_;
   std::vector<std::vector<size_t>> chunks_of_server_;  // by range: indices into chunks_
-  // By server: the region it mapped (null: its chunks travel in frames), and the floats of
-  // each half (gradients, then values); by chunk: its offset in its server's halves.
+  // By range: the region its copies mapped (null: none did), the addresses of those that did,
+  // and the floats of each half (the gradients, then a values half per copy); by chunk: its
+  // offset in its range's halves.
   std::vector<std::shared_ptr<SharedRegion>> regions_;
+  std::vector<std::set<std::string>> region_holders_;
   std::vector<uint64_t> region_floats_;
   std::vector<uint64_t> region_offset_;
   std::vector<EmbeddingTableSpec> tables_;
