@@ -365,6 +365,7 @@ void DenseUpdate(const OptimizerOptions& options, float lr, int64_t step, float*
 }
 
 void AverageInRankOrder(const float* const* g, size_t k, size_t n, float* out) {
+  if (n == 0) return;
   if (k == 1) {
     if (out != g[0]) std::memcpy(out, g[0], n * sizeof(float));
     return;
