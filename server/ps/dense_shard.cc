@@ -419,10 +419,26 @@ Status DenseShard::Serve(int rank, int64_t step, const std::vector<TensorData>& 
       forwarded.in_region = true;
       for (TensorData& gradient : forwarded.gradients) gradient.bytes = Payload();
     }
+    if (in_region) OwnTheRegionsBytes(tensors, &forwarded.gradients);
     forwarder_(chain, std::move(forwarded),
                [this, chunks = std::move(forwarded_chunks)] { Forwarded(chunks); });
   }
   return refused;
+}
+
+// A forward's gradients that are views of the request's region (`tensors`: ps-async's push, the
+// average of a one-worker ps-sync step) and travel as bytes are copied: the forwarder may send
+// a forward again after it was acknowledged (a resend queued before the acknowledgement), when
+// the worker has written its region again.
+void DenseShard::OwnTheRegionsBytes(const std::vector<TensorData>& tensors,
+                                    std::vector<TensorData>* gradients) {
+  std::set<const uint8_t*> views;
+  for (const TensorData& tensor : tensors) views.insert(tensor.bytes.data());
+  for (TensorData& gradient : *gradients) {
+    if (!gradient.bytes.empty() && views.count(gradient.bytes.data()) > 0) {
+      gradient = TensorData::Floats(gradient.name, gradient.key, gradient.Read<float>());
+    }
+  }
 }
 
 // Grouped by where they go and whose push they were: one forward each (mostly one in all).

@@ -240,6 +240,10 @@ class DenseShard {
   // copies after this one. REQUIRES: chunk->mu held.
   void ApplyParked(Chunk* chunk, bool all, const std::string& chain = std::string(),
                    std::vector<Onward>* onward = nullptr);
+  // Replaces the `gradients` with bytes that are views of `tensors` (a request's, in its
+  // worker's region) by copies.
+  static void OwnTheRegionsBytes(const std::vector<TensorData>& tensors,
+                                 std::vector<TensorData>* gradients);
   // Forwards `onward` (ApplyParked) along their chains. REQUIRES: no chunk's lock held.
   void SendOnward(std::vector<Onward> onward);
   // ps-sync: forgets the stop requests (and joins) of steps long applied. REQUIRES: chunk->mu held.

@@ -744,6 +744,9 @@ TEST_F(DenseShardTest, AsyncForwardsOfPushesInARegionNameTheChunksAndAreAcknowle
   ASSERT_EQ(sent_.size(), 3u);
   EXPECT_FALSE(sent_[2].step.in_region);
   EXPECT_EQ(sent_[2].step.gradients.at(0).Read<float>(), (Floats{1, 2}));
+  // A copy of the bytes, not a view of the region, which the worker writes again once answered.
+  EXPECT_NE(sent_[2].step.gradients.at(0).bytes.data(),
+            reinterpret_cast<const uint8_t*>(worker0.chunks[2]->data()));
   sent_[2].done();
   EXPECT_TRUE(chained.came());
   primary->CopyTo("tcp://joined:1");
