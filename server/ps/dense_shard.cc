@@ -90,6 +90,7 @@ struct DenseShard::Onward {
   int rank;
   int64_t step;
   TensorData gradient;
+  bool in_region;  // `gradient` is a view of worker `rank`'s region, which `chain` mapped
 };
 
 // A part of a PendingReply, with the rule that releases it.
@@ -135,7 +136,11 @@ struct DenseShard::Chunk {
   struct Parked {
     int rank = 0;
     int64_t step = 0;
-    TensorData gradient;  // shares the forward's frame
+    TensorData gradient;  // shares the forward's frame, or a view of the worker's region
+    // A view (ForwardedStep::in_region), and the copies after this one the forward named:
+    // those mapped the worker's region (it named them).
+    bool in_region = false;
+    std::string chain;
   };
   std::map<int64_t, Parked> parked;  // guarded by mu
   // ps-async, ps-ssp: a joined server that took a copy of this chunk (CopyTo): every later
@@ -410,12 +415,13 @@ Status DenseShard::Serve(int rank, int64_t step, const std::vector<TensorData>& 
   SendOnward(std::move(onward));
   if (!forwarded_chunks.empty()) {
     std::string chain = ChainWith(forward_to, backup);
-    // ps-async, ps-ssp: to the backup alone, one the worker named (it sends in its region only
-    // while every copy it names mapped it): named, not carried. A joined server the worker has
-    // not taken in yet (`backup`, beyond `forward_to`) or a chain's copies get the bytes.
+    // ps-async, ps-ssp: to the copies the worker named (it sends in its region only while every
+    // copy it names mapped it; a chain's middle passes the names on): named, not carried. A
+    // joined server the worker has not taken in yet (`backup`, beyond `forward_to`) gets the
+    // bytes.
     if (sync) {
       forwarded.in_region = named;
-    } else if (in_region && chain == forward_to && chain.find(',') == std::string::npos) {
+    } else if (in_region && chain == forward_to) {
       forwarded.in_region = true;
       for (TensorData& gradient : forwarded.gradients) gradient.bytes = Payload();
     }
@@ -444,13 +450,16 @@ void DenseShard::OwnTheRegionsBytes(const std::vector<TensorData>& tensors,
 // Grouped by where they go and whose push they were: one forward each (mostly one in all).
 void DenseShard::SendOnward(std::vector<Onward> onward) {
   if (onward.empty()) return;
-  std::map<std::tuple<std::string, int, int64_t>,
+  std::map<std::tuple<std::string, int, int64_t, bool>,
            std::pair<ForwardedStep, std::vector<std::pair<Chunk*, int64_t>>>>
       forwards;
   for (Onward& update : onward) {
-    auto& [step, chunks] = forwards[{update.chain, update.rank, update.step}];
+    auto& [step, chunks] =
+        forwards[{update.chain, update.rank, update.step, update.in_region}];
     step.step = update.step;
     step.pushed_by = update.rank;
+    step.in_region = update.in_region;
+    if (update.in_region) update.gradient.bytes = Payload();  // named, not carried
     step.gradients.push_back(std::move(update.gradient));
     step.updates.push_back(update.update);
     chunks.emplace_back(update.chunk, update.update);
@@ -608,8 +617,9 @@ Status DenseShard::ApplyForwardedPush(const ForwardedStep& forwarded, std::funct
       // A copy of a forward taken already is left alone (applied, or parked: emplace keeps
       // the first); in a chain it is acknowledged as the first is.
       if (update > chunk.policy.version()) {
-        chunk.parked.emplace(
-            update, Chunk::Parked{forwarded.pushed_by, forwarded.step, forwarded.gradients[i]});
+        chunk.parked.emplace(update,
+                             Chunk::Parked{forwarded.pushed_by, forwarded.step,
+                                           forwarded.gradients[i], forwarded.in_region, chain});
         ApplyParked(&chunk, /*all=*/false, chain, ack != nullptr ? &onward : nullptr);
       }
       if (ack != nullptr) {
@@ -645,8 +655,15 @@ void DenseShard::ApplyParked(Chunk* chunk, bool all, const std::string& chain,
       if (onward != nullptr && !chain.empty()) {
         // Its replies here, and the acknowledgement of its forward, wait for the next copies.
         chunk->forwarding.insert(decided->update);
+        // Named again to the copies its worker named (they mapped its region); to others (a
+        // joined server) with a copy of the bytes, which the worker writes again once answered.
+        const bool named = parked.in_region && parked.chain == chain;
+        TensorData gradient = std::move(parked.gradient);
+        if (parked.in_region && !named) {
+          gradient = TensorData::Floats(gradient.name, gradient.key, gradient.Read<float>());
+        }
         onward->push_back(Onward{chunk, chain, decided->update, parked.rank, parked.step,
-                                 std::move(parked.gradient)});
+                                 std::move(gradient), named});
       }
     }
   }

@@ -739,14 +739,13 @@ TEST_F(DenseShardTest, AsyncForwardsOfPushesInARegionNameTheChunksAndAreAcknowle
   EXPECT_EQ(taken, 3);
   EXPECT_EQ(backup->Snapshot().at(0).values, theirs.at(0).values);
 
-  // Along a chain the next copies need the bytes; so does a joined server (CopyTo).
+  // Along a chain of copies the worker named, the names go too (the middle passes them on:
+  // AsyncChainInARegionPassesTheNamesOn); a joined server the worker has not taken in gets
+  // the bytes (CopyTo).
   Captured chained = push(0, {worker0.View(2, {1, 2})}, std::string(kBackup) + ",tcp://c:1");
   ASSERT_EQ(sent_.size(), 3u);
-  EXPECT_FALSE(sent_[2].step.in_region);
-  EXPECT_EQ(sent_[2].step.gradients.at(0).Read<float>(), (Floats{1, 2}));
-  // A copy of the bytes, not a view of the region, which the worker writes again once answered.
-  EXPECT_NE(sent_[2].step.gradients.at(0).bytes.data(),
-            reinterpret_cast<const uint8_t*>(worker0.chunks[2]->data()));
+  EXPECT_TRUE(sent_[2].step.in_region);
+  EXPECT_TRUE(sent_[2].step.gradients.at(0).bytes.empty());
   sent_[2].done();
   EXPECT_TRUE(chained.came());
   primary->CopyTo("tcp://joined:1");
@@ -755,6 +754,10 @@ TEST_F(DenseShardTest, AsyncForwardsOfPushesInARegionNameTheChunksAndAreAcknowle
   EXPECT_EQ(sent_[3].to, std::string(kBackup) + ",tcp://joined:1");
   EXPECT_FALSE(sent_[3].step.in_region);
   EXPECT_EQ(sent_[3].step.gradients.at(0).Read<float>(), (Floats{3, 4}));
+  // A copy of the bytes, not a view of the region, which the worker writes again once answered
+  // (a resend may leave after that).
+  EXPECT_NE(sent_[3].step.gradients.at(0).bytes.data(),
+            reinterpret_cast<const uint8_t*>(worker1.chunks[2]->data()));
   sent_[3].done();
   EXPECT_TRUE(joined.came());
   // Once the worker took the joined server in (its backup failed), offered it its region and
@@ -770,6 +773,72 @@ TEST_F(DenseShardTest, AsyncForwardsOfPushesInARegionNameTheChunksAndAreAcknowle
   EXPECT_TRUE(sent_[4].step.gradients.at(0).bytes.empty());
   sent_[4].done();
   EXPECT_TRUE(named.came());
+}
+
+// --replicas 3 in a region: the middle copy applies a named forward from the worker's region,
+// passes it on to the last named again (its own update number), and acknowledges it once the
+// last has it; a parked one goes on named too once its turn comes, and to a chain other than
+// the one its forward named (a joined server's) with a copy of its bytes.
+TEST_F(DenseShardTest, AsyncChainInARegionPassesTheNamesOn) {
+  const PsJobConfig config = MomentumConfig(PsConsistency::kAsync, 2);
+  auto middle = CreatePrimary(config);  // its Forwarder is the onward one
+  ASSERT_NE(middle, nullptr);
+  Region worker0, worker1;
+  DenseShard::ForwardedStep first;
+  first.step = 1;
+  first.pushed_by = 0;
+  first.gradients = {worker0.View(0, {0.1f, 0.2f, 0.3f, 0.4f})};
+  first.updates = {1};
+  first.in_region = true;
+  first.forward_to = "tcp://last:1";
+  DenseShard::ForwardedStep second = first;
+  second.pushed_by = 1;
+  second.gradients = {worker1.View(0, {-1, 2, 0.5f, 1e-3f})};
+  second.updates = {2};
+  int taken = 0;
+  const auto take = [&taken] { ++taken; };
+  ASSERT_TRUE(middle->ApplyForwarded(second, take).ok());  // parked behind update 1
+  EXPECT_TRUE(sent_.empty());
+  ASSERT_TRUE(middle->ApplyForwarded(first, take).ok());
+  ASSERT_EQ(sent_.size(), 2u);
+  for (const Sent& onward : sent_) {
+    EXPECT_EQ(onward.to, "tcp://last:1");
+    EXPECT_TRUE(onward.step.in_region);
+    EXPECT_TRUE(onward.step.gradients.at(0).bytes.empty());
+  }
+  EXPECT_EQ(taken, 0);  // until the last has them
+  auto last = Create(config);
+  for (Sent& onward : sent_) {
+    DenseShard::ForwardedStep named = onward.step;
+    named.gradients = {(named.pushed_by == 0 ? worker0 : worker1).Again(0)};
+    int last_taken = 0;
+    ASSERT_TRUE(last->ApplyForwarded(named, [&last_taken] { ++last_taken; }).ok());
+    EXPECT_EQ(last_taken, 1);
+    onward.done();
+  }
+  EXPECT_EQ(taken, 2);
+  EXPECT_EQ(last->Snapshot().at(0).values, middle->Snapshot().at(0).values);
+  EXPECT_EQ(last->Snapshot().at(0).state, middle->Snapshot().at(0).state);
+
+  // Update 4 parked (3 never comes: the primary failed); a worker's request here, naming a
+  // joined server beyond the chain, applies it and passes it on with a copy of its bytes.
+  DenseShard::ForwardedStep fourth = first;
+  fourth.step = 3;
+  fourth.gradients = {worker0.View(0, {1, 1, 1, 1})};
+  fourth.updates = {4};
+  ASSERT_TRUE(middle->ApplyForwarded(fourth, take).ok());
+  Captured asked;
+  ASSERT_TRUE(middle
+                  ->PushPull(1, 2, {Ask(0)}, false, asked.Callback(), false, -1,
+                             "tcp://last:1,tcp://joined:1")
+                  .ok());
+  ASSERT_EQ(sent_.size(), 3u);
+  EXPECT_EQ(sent_[2].to, "tcp://last:1,tcp://joined:1");
+  EXPECT_FALSE(sent_[2].step.in_region);
+  EXPECT_EQ(sent_[2].step.gradients.at(0).Read<float>(), (Floats{1, 1, 1, 1}));
+  EXPECT_NE(sent_[2].step.gradients.at(0).bytes.data(),
+            reinterpret_cast<const uint8_t*>(worker0.chunks[0]->data()));
+  sent_[2].done();
 }
 
 // ps-sync: a step whose every gradient came in its worker's region goes to the backup named

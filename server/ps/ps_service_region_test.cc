@@ -15,10 +15,12 @@ namespace tessera::server {
 namespace {
 
 // A worker's region for range 0: the gradients, then a values half per copy (server 0
-// writes half 0, the backup half 1), each chunk at its place (PsRegionOffsets).
+// writes half 0, the backup half 1, a third copy half 2), each chunk at its place
+// (PsRegionOffsets).
 class RangeRegion {
  public:
-  RangeRegion(const PsJobConfig& config, const ByKey& values) {
+  RangeRegion(const PsJobConfig& config, const ByKey& values, int copies = 2)
+      : copies_(copies) {
     std::vector<DenseChunk> chunks;
     auto plan = PlanDenseChunks(config.dense_elements, config.chunk_elements, 2, kTestKeySpace);
     EXPECT_TRUE(plan.ok()) << plan.status();
@@ -30,7 +32,7 @@ class RangeRegion {
       places_[chunks[i].key] = offsets[i];
       sizes_[chunks[i].key] = chunks[i].size;
     }
-    auto region = SharedRegion::Create(3 * floats_ * sizeof(float));
+    auto region = SharedRegion::Create((1 + copies) * floats_ * sizeof(float));
     EXPECT_TRUE(region.ok()) << region.status();
     region_ = std::move(region).value();
   }
@@ -43,7 +45,7 @@ class RangeRegion {
     offer.region_fd = region_->fd();
     offer.region_token_high = region_->token().high;
     offer.region_token_low = region_->token().low;
-    offer.region_writers = 2;
+    offer.region_writers = copies_;
     offer.region_writer = writer;
     return offer;
   }
@@ -86,6 +88,7 @@ class RangeRegion {
   }
   size_t Size(uint64_t key) const { return sizes_.at(key); }
 
+  const int copies_;
   std::shared_ptr<SharedRegion> region_;
   uint64_t floats_ = 0;
   std::map<uint64_t, uint64_t> places_;
@@ -99,9 +102,12 @@ class PsServiceRegionTest : public PsServiceTest {
   // came: both copies end bitwise alike, and in ps-sync as a single process computes it; the
   // replies' values are in the primary's half; a pull asked of the backup (as after a
   // failover) writes into the backup's half only.
-  void PushInRegionsAndCompareTheCopies(PsConsistency consistency) {
+  // `chain`: ps-async with three copies (primary -> server -> last), the middle passing the
+  // names on.
+  void PushInRegionsAndCompareTheCopies(PsConsistency consistency, bool chain = false) {
     Fleet fleet;
     fleet.with_primary = true;
+    fleet.with_last = chain;
     FaultOptions faults;
     faults.seed = 5;
     faults.drop_probability = 0.05;
@@ -119,13 +125,20 @@ class PsServiceRegionTest : public PsServiceTest {
     const ByKey values = InitialValues(config, /*range=*/0);
     ASSERT_TRUE(InitPrimary(config, values).ok());
     ASSERT_TRUE(Init(config, values, /*range=*/0).ok());
+    if (chain) {
+      ASSERT_TRUE(InitLast(config, values).ok());
+    }
+    const int copies = chain ? 3 : 2;
+    const std::string forward_to =
+        chain ? server_->address() + "," + last_->address() : server_->address();
     std::vector<std::unique_ptr<RangeRegion>> regions;
     for (int worker = 0; worker < 2; ++worker) {
-      regions.push_back(std::make_unique<RangeRegion>(config, values));
-      for (int writer = 0; writer < 2; ++writer) {
+      regions.push_back(std::make_unique<RangeRegion>(config, values, copies));
+      for (int writer = 0; writer < copies; ++writer) {
         const Reply offered =
-            writer == 0 ? SendToPrimary(worker, regions.back()->Offer(0), 1, "offer to server 0")
-                        : Send(worker, regions.back()->Offer(1), 1, "offer to the backup");
+            writer == 0   ? SendToPrimary(worker, regions.back()->Offer(0), 1, "offer to server 0")
+            : writer == 1 ? Send(worker, regions.back()->Offer(1), 1, "offer to the backup")
+                          : SendToLast(worker, regions.back()->Offer(2), 1, "offer to the last");
         ASSERT_TRUE(offered.get().ok()) << offered.get().status();
         ASSERT_TRUE(offered.get()->As<PsPushPullReply>()->region_mapped)
             << offered.get()->As<PsPushPullReply>()->region_refusal;
@@ -139,9 +152,9 @@ class PsServiceRegionTest : public PsServiceTest {
       RangeRegion& region = *regions[worker];
       for (int64_t step = 1; step <= kSteps; ++step) {
         grads[worker].push_back(RandomGrads(random, values));
-        const Reply pushed = SendToPrimary(
-            worker, region.Request(&grads[worker].back(), server_->address()), step,
-            "push-pull in the region of step " + std::to_string(step));
+        const Reply pushed =
+            SendToPrimary(worker, region.Request(&grads[worker].back(), forward_to), step,
+                          "push-pull in the region of step " + std::to_string(step));
         ASSERT_TRUE(pushed.get().ok()) << "worker " << worker << " step " << step << ": "
                                        << pushed.get().status();
         for (const TensorData& tensor : pushed.get()->As<PsPushPullReply>()->tensors) {
@@ -161,6 +174,9 @@ class PsServiceRegionTest : public PsServiceTest {
     }
     const ByKey primary = ValuesOf(SendToPrimary(0, pull, kSteps + 1, "pull of the primary"));
     EXPECT_EQ(ValuesOf(Send(0, pull, kSteps + 1, "pull of the backup")), primary);
+    if (chain) {
+      EXPECT_EQ(ValuesOf(SendToLast(0, pull, kSteps + 1, "pull of the last")), primary);
+    }
     EXPECT_NE(primary, values);
     if (consistency == PsConsistency::kSync) {
       Reference reference(config, values);
@@ -187,6 +203,10 @@ TEST_F(PsServiceRegionTest, AsyncCopiesStayBitwiseEqualWithPushesInTheWorkersReg
 
 TEST_F(PsServiceRegionTest, SyncCopiesStayBitwiseEqualWithPushesInTheWorkersRegions) {
   PushInRegionsAndCompareTheCopies(PsConsistency::kSync);
+}
+
+TEST_F(PsServiceRegionTest, AsyncChainOfThreeCopiesStaysBitwiseEqualInTheWorkersRegions) {
+  PushInRegionsAndCompareTheCopies(PsConsistency::kAsync, /*chain=*/true);
 }
 
 // A forward in a worker's region that the backup has not mapped (a bug: the workers send in
