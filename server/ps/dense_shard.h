@@ -29,6 +29,13 @@
 // will not fill) and passes them on; when b1 fails, the primary's forwards go on to b2
 // (StepForwarder), which skips the ones b1 passed on.
 //
+// In the workers' regions (worker_regions.h: a worker on this host sends in its region only
+// while every live copy of the range mapped it): a forward to the copies the worker named
+// names the chunks instead of carrying them (ForwardedStep::in_region), a middle copy passes
+// the names on, and each copy acknowledges only once it applied them. Bytes still travel to a
+// copy the worker did not name (a joined server it has not taken in yet): copies of them, as a
+// resend may leave after the worker wrote its region again.
+//
 // Thread-safety: thread-safe. A reply callback runs on the thread of the request that released
 // its last part (the request's own, or a later one's), after the chunk's lock is released.
 #ifndef TESSERA_SERVER_PS_DENSE_SHARD_H_
