@@ -147,6 +147,8 @@ TEST(FlagsTest, BenchmarkModeFlagsRefuseUnknownModesNamingThem) {
        "or ps-ssp"},
       {{BinaryPath("tools/tessera-bench"), "ps", "--replicas", "2", "--replica-mode=bogus"},
        "--replica-mode: bogus not in {ps-sync,ps-async}"},
+      {{BinaryPath("tools/tessera-bench"), "ps", "--replicas", "2", "--replica-paths=shm,disk"},
+       "--replica-paths=\"shm,disk\": \"disk\" is not shm or sockets"},
   };
   for (const Case& c : cases) {
     auto [status, output] = RunArgv(c.argv);

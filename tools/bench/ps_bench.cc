@@ -37,14 +37,22 @@ struct PsBenchOptions {
   bool no_python = false;
   bool json = false;
   int timeout_s = 600;
-  int replicas = 1;  // > 1: also the sockets path with --replicas, beside 1
+  int replicas = 1;  // > 1: also runs with --replicas, beside 1
   int replica_pairs = 3;  // runs of each, alternated
   std::string replica_mode = "ps-sync";  // the mode of both runs of a pair
+  std::string replica_paths_text = "shm,sockets";  // where the chunks pass in those runs
 
   std::vector<std::pair<int, int>> configs;  // (servers, workers)
   std::vector<size_t> sizes;
   size_t python_bytes = 0;
+  std::vector<bool> replica_paths;  // shared memory (the default path) or the sockets
 };
+
+StatusOr<bool> ParseReplicaPath(const std::string& item) {
+  if (item == "shm") return true;
+  if (item == "sockets") return false;
+  return InvalidArgumentError("\"" + item + "\" is not shm or sockets");
+}
 
 StatusOr<std::pair<int, int>> ParseConfig(const std::string& item) {
   const size_t x = item.find('x');
@@ -65,6 +73,8 @@ Status ParseOptions(PsBenchOptions* o) {
   StatusOr<size_t> python = ParseByteSize(o->python_bytes_text);
   if (!python.ok()) return InvalidArgumentError("--python-bytes: " + python.status().message());
   o->python_bytes = *python;
+  ASSIGN_OR_RETURN(o->replica_paths,
+                   ParseList<bool>("--replica-paths", o->replica_paths_text, ParseReplicaPath));
   return OkStatus();
 }
 
@@ -102,13 +112,18 @@ Status Check(const std::vector<nlohmann::json>& lines, const PsBenchOptions& o, 
 }
 
 // The system name of a run's rows: "shm" (the default path: the workers share memory with the
-// servers on their host), "tessera" (the transport's sockets, ps-async), "tessera ps-sync" (the
-// same in another mode: one copy beside a replicated run), "replicated" (`replicas` > 1 copies
-// of each key range, always sockets).
+// servers on their host), "tessera" (the transport's sockets), both ps-async, and with the mode
+// appended in another ("shm ps-sync": one copy beside a replicated run); "replicated shm" and
+// "replicated" (`replicas` > 1 copies of each key range, on the default path and the sockets).
 std::string SystemOf(bool shared_memory, int replicas, const std::string& mode) {
-  if (replicas > 1) return "replicated";
-  if (shared_memory) return "shm";
-  return mode == "ps-async" ? "tessera" : "tessera " + mode;
+  if (replicas > 1) return shared_memory ? "replicated shm" : "replicated";
+  const std::string path = shared_memory ? "shm" : "tessera";
+  return mode == "ps-async" ? path : path + " " + mode;
+}
+
+// The replicated runs' path, in words.
+std::string PathName(bool shared_memory) {
+  return shared_memory ? "shared memory (default)" : "sockets (as between hosts)";
 }
 
 Status MeasureTessera(const PsBenchOptions& o, int servers, int workers, bool shared_memory,
@@ -267,29 +282,87 @@ std::vector<nlohmann::json> Goals(const PsBenchOptions& o, const Results& r) {
                        mlp_ratio <= 1.5, Fixed(mlp_ratio, 2) + "x"));
   if (o.replicas == 2) {
     // Push+pull time with two copies over with one, at 16 MiB, in each config that has both
-    // (the goal; with more copies the table's "time x" column says what they cost).
+    // (the goal; with more copies the replication table says what they cost). Met on
+    // the default path; the sockets' figures (every byte through the kernel, as when the
+    // workers are on other hosts) are given beside it.
     bool measured = false, met = true;
     std::string detail;
-    for (const auto& [servers, workers] : o.configs) {
-      const auto ratios = r.replica_ratios.find({"replicated", servers, workers, kGoalBytes});
-      if (ratios == r.replica_ratios.end() || ratios->second.empty()) continue;
-      const std::vector<double>& pairs = ratios->second;
-      const double ratio = Median(pairs);
-      measured = true;
-      met = met && ratio <= 1.5;
-      detail += std::string(detail.empty() ? "" : ", ") + std::to_string(servers) + " x " +
+    for (bool shared_memory : {true, false}) {
+      std::string path;
+      for (const auto& [servers, workers] : o.configs) {
+        const auto ratios = r.replica_ratios.find(
+            {SystemOf(shared_memory, o.replicas, o.replica_mode), servers, workers, kGoalBytes});
+        if (ratios == r.replica_ratios.end() || ratios->second.empty()) continue;
+        const std::vector<double>& pairs = ratios->second;
+        const double ratio = Median(pairs);
+        if (shared_memory) {
+          measured = true;
+          met = met && ratio <= 1.5;
+        }
+        path += std::string(path.empty() ? "" : ", ") + std::to_string(servers) + " x " +
                 std::to_string(workers) + ": " + Fixed(ratio, 2) + "x";
-      if (pairs.size() > 1) {
-        detail += " (" + Fixed(*std::min_element(pairs.begin(), pairs.end()), 2) + "-" +
+        if (pairs.size() > 1) {
+          path += " (" + Fixed(*std::min_element(pairs.begin(), pairs.end()), 2) + "-" +
                   Fixed(*std::max_element(pairs.begin(), pairs.end()), 2) + "x over " +
                   std::to_string(pairs.size()) + " pairs)";
+        }
       }
+      if (path.empty()) continue;
+      detail += std::string(detail.empty() ? "" : "; ") +
+                (shared_memory ? "default path, " : "beside it over the sockets, ") + path;
     }
     goals.push_back(Goal("--replicas " + std::to_string(o.replicas) + " (" + o.replica_mode +
-                             ") costs at most 1.5x the push+pull time of --replicas 1 at 16 MiB",
+                             ") costs at most 1.5x the push+pull time of --replicas 1 at 16 MiB "
+                             "on the default path",
                          measured, met, detail));
   }
   return goals;
+}
+
+// The replicated runs beside one copy, by path.
+void ReportReplicas(const PsBenchOptions& o, const Results& r) {
+  std::cout << "\nreplication: --replicas " << o.replicas << " in " << o.replica_mode
+            << (o.replicas == 2
+                    ? (o.replica_mode == "ps-sync"
+                           ? " (each push to its range's primary, which forwards each step to "
+                             "the backup)"
+                           : " (each push to its range's primary, which forwards it to the "
+                             "backup)")
+                    : (o.replica_mode == "ps-sync"
+                           ? " (every push to each copy of its key range, the values from one)"
+                           : " (each push to its range's primary, passed on along the chain "
+                             "of its backups, each acknowledging once the next has it)"))
+            << " beside one copy in the same mode; on shared memory the forwards name the "
+               "chunks in the workers' regions, over the sockets they carry them. GB/s: the "
+               "first pair's runs; time x: push+pull time over one copy's, the median of "
+            << o.replica_pairs << " pairs of runs of each, alternated (spread: lowest-highest)\n";
+  std::cout << std::left << std::setw(7) << "S x W" << std::setw(9) << "size" << std::setw(28)
+            << "path" << std::right << std::setw(12) << "R=1 GB/s" << std::setw(12)
+            << ("R=" + std::to_string(o.replicas) + " GB/s") << std::setw(10) << "time x"
+            << "  spread\n";
+  for (bool shared_memory : o.replica_paths) {
+    for (const auto& [servers, workers] : o.configs) {
+      for (size_t size : o.sizes) {
+        const auto one = r.rows.find(
+            {SystemOf(shared_memory, 1, o.replica_mode), servers, workers, size});
+        const std::string system = SystemOf(shared_memory, o.replicas, o.replica_mode);
+        const auto many = r.rows.find({system, servers, workers, size});
+        const auto ratios = r.replica_ratios.find({system, servers, workers, size});
+        if (one == r.rows.end() || many == r.rows.end() || ratios == r.replica_ratios.end()) {
+          continue;
+        }
+        const std::vector<double>& pairs = ratios->second;
+        std::cout << std::left << std::setw(7)
+                  << (std::to_string(servers) + " x " + std::to_string(workers)) << std::setw(9)
+                  << HumanBytes(size) << std::setw(28) << PathName(shared_memory) << std::right
+                  << std::setw(12) << Fixed(FiguresOf(one->second).worker_gbps, 3)
+                  << std::setw(12) << Fixed(FiguresOf(many->second).worker_gbps, 3)
+                  << std::setw(9) << Fixed(Median(pairs), 2) << "x  "
+                  << Fixed(*std::min_element(pairs.begin(), pairs.end()), 2) << "-"
+                  << Fixed(*std::max_element(pairs.begin(), pairs.end()), 2) << "x\n";
+      }
+    }
+  }
 }
 
 void Report(const PsBenchOptions& o, const Results& r) {
@@ -343,35 +416,12 @@ void Report(const PsBenchOptions& o, const Results& r) {
             << o.chunk_elements * 4 / 1024
             << " KiB) and requests, no header, checks or optimizer; shm = tessera's default "
                "path, through memory it shares with the servers on its host";
-  if (o.replicas > 1) {
-    std::cout << "; R=" << o.replicas << " = tessera's sockets with --replicas " << o.replicas
-              << " in " << o.replica_mode
-              << (o.replicas == 2
-                      ? (o.replica_mode == "ps-sync"
-                             ? " (each push to its range's primary, which forwards each step to "
-                               "the backup)"
-                             : " (each push to its range's primary, which forwards it to the "
-                               "backup)")
-                      : (o.replica_mode == "ps-sync"
-                             ? " (every push to each copy of its key range, the values from one)"
-                             : " (each push to its range's primary, passed on along the chain "
-                               "of its backups, each acknowledging once the next has it)"))
-              << " beside R=1, one copy in the same mode (GB/s: the first pair's runs), time x = "
-                 "its push+pull time over one copy's, the median of "
-              << o.replica_pairs << " pairs of runs of each, alternated";
-  }
   std::cout << "\n\n";
   std::cout << std::left << std::setw(7) << "S x W" << std::setw(9) << "size" << std::right
             << std::setw(12) << "GB/s/wkr" << std::setw(11) << "aggr GB/s" << std::setw(10)
             << "req/s" << std::setw(12) << "zmq GB/s" << std::setw(11) << "zmq aggr"
             << std::setw(10) << "vs zmq" << std::setw(12) << "shm GB/s" << std::setw(12)
             << "shm vs zmq";
-  if (o.replicas > 1) {
-    // Both copies' figures in --replica-mode (the columns before are ps-async's).
-    std::cout << std::setw(12) << "R=1 GB/s" << std::setw(12)
-              << ("R=" + std::to_string(o.replicas) + " GB/s") << std::setw(10) << "time x"
-              << "  (" << o.replica_mode << ")";
-  }
   std::cout << "\n";
   for (const auto& [servers, workers] : o.configs) {
     for (size_t size : o.sizes) {
@@ -399,18 +449,10 @@ void Report(const PsBenchOptions& o, const Results& r) {
         std::cout << std::setw(12) << Fixed(shm_gbps, 3);
         if (zmq_gbps > 0) std::cout << std::setw(11) << Fixed(shm_gbps / zmq_gbps, 2) << "x";
       }
-      const auto one = r.rows.find(
-          {SystemOf(/*shared_memory=*/false, 1, o.replica_mode), servers, workers, size});
-      const auto rep = r.rows.find({"replicated", servers, workers, size});
-      const auto ratios = r.replica_ratios.find({"replicated", servers, workers, size});
-      if (one != r.rows.end() && rep != r.rows.end() && ratios != r.replica_ratios.end()) {
-        std::cout << std::setw(12) << Fixed(FiguresOf(one->second).worker_gbps, 3)
-                  << std::setw(12) << Fixed(FiguresOf(rep->second).worker_gbps, 3)
-                  << std::setw(10) << Fixed(Median(ratios->second), 2) << "x";
-      }
       std::cout << "\n";
     }
   }
+  if (o.replicas > 1) ReportReplicas(o, r);
   if (!r.python_skipped.empty()) {
     std::cout << "\nPython: skipped (" << r.python_skipped << ")\n";
   } else if (!r.python.is_null()) {
@@ -435,22 +477,24 @@ void Report(const PsBenchOptions& o, const Results& r) {
   }
 }
 
-// The sockets path with one copy and with o.replicas copies, in o.replica_pairs pairs of runs
+// One path with one copy and with o.replicas copies, in o.replica_pairs pairs of runs
 // (alternated, so that a drift of the machine reaches both alike): the first pair's rows, and
 // every pair's ratio of push+pull times.
-Status MeasureReplicas(const PsBenchOptions& o, int servers, int workers, Results* results) {
+Status MeasureReplicas(const PsBenchOptions& o, int servers, int workers, bool shared_memory,
+                       Results* results) {
+  const std::string system = SystemOf(shared_memory, o.replicas, o.replica_mode);
   for (int pair = 0; pair < o.replica_pairs; ++pair) {
     Results runs;
-    RETURN_IF_ERROR(MeasureTessera(o, servers, workers, /*shared_memory=*/false, &runs,
-                                   /*replicas=*/1, o.replica_mode));
-    RETURN_IF_ERROR(MeasureTessera(o, servers, workers, /*shared_memory=*/false, &runs,
-                                   o.replicas, o.replica_mode));
+    RETURN_IF_ERROR(MeasureTessera(o, servers, workers, shared_memory, &runs, /*replicas=*/1,
+                                   o.replica_mode));
+    RETURN_IF_ERROR(
+        MeasureTessera(o, servers, workers, shared_memory, &runs, o.replicas, o.replica_mode));
     for (size_t size : o.sizes) {
-      const auto one = runs.rows.find(
-          {SystemOf(/*shared_memory=*/false, 1, o.replica_mode), servers, workers, size});
-      const auto many = runs.rows.find({"replicated", servers, workers, size});
+      const auto one =
+          runs.rows.find({SystemOf(shared_memory, 1, o.replica_mode), servers, workers, size});
+      const auto many = runs.rows.find({system, servers, workers, size});
       if (one == runs.rows.end() || many == runs.rows.end()) continue;
-      results->replica_ratios[{"replicated", servers, workers, size}].push_back(
+      results->replica_ratios[{system, servers, workers, size}].push_back(
           FiguresOf(one->second).worker_gbps / FiguresOf(many->second).worker_gbps);
     }
     if (pair == 0) {
@@ -464,12 +508,25 @@ int RunPsBench(const PsBenchOptions& o) {
   Results results;
   for (const auto& [servers, workers] : o.configs) {
     const bool replicated = o.replicas > 1 && servers >= o.replicas;
-    Status status = replicated ? MeasureReplicas(o, servers, workers, &results) : OkStatus();
-    // The sockets row beside raw ZeroMQ is ps-async's (each worker's own throughput).
-    if (status.ok() && (!replicated || o.replica_mode != "ps-async")) {
+    Status status = OkStatus();
+    for (bool shared_memory : o.replica_paths) {
+      if (replicated && status.ok()) {
+        status = MeasureReplicas(o, servers, workers, shared_memory, &results);
+      }
+    }
+    // The rows beside raw ZeroMQ are ps-async's (each worker's own throughput): the replicated
+    // runs' one copy, when those were ps-async.
+    auto measured = [&](bool shared_memory) {
+      return replicated && o.replica_mode == "ps-async" &&
+             std::find(o.replica_paths.begin(), o.replica_paths.end(), shared_memory) !=
+                 o.replica_paths.end();
+    };
+    if (status.ok() && !measured(false)) {
       status = MeasureTessera(o, servers, workers, /*shared_memory=*/false, &results);
     }
-    if (status.ok()) status = MeasureTessera(o, servers, workers, /*shared_memory=*/true, &results);
+    if (status.ok() && !measured(true)) {
+      status = MeasureTessera(o, servers, workers, /*shared_memory=*/true, &results);
+    }
     if (status.ok() && !o.no_zmq) status = MeasureZmq(o, servers, workers, &results);
     if (!status.ok()) {
       std::cerr << "tessera-bench ps: " << status << "\n";
@@ -521,9 +578,15 @@ BenchCommand AddPsBench(CLI::App* parent) {
       ->check(CLI::Range(1, 100000))
       ->capture_default_str();
   app->add_option("--replicas", o->replicas,
-                  "Also run the sockets path with this many copies of each key range (configs "
-                  "with at least as many servers), beside one copy: the cost of replication")
+                  "Also run with this many copies of each key range (configs with at least as "
+                  "many servers), beside one copy, on each of --replica-paths: the cost of "
+                  "replication")
       ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  app->add_option("--replica-paths", o->replica_paths_text,
+                  "With --replicas: where the chunks pass, comma-separated: shm (the default "
+                  "path, memory the workers share with the servers on their host), sockets "
+                  "(--ps-shared-memory=false, as between hosts)")
       ->capture_default_str();
   app->add_option("--replica-pairs", o->replica_pairs,
                   "With --replicas: runs of one copy and of --replicas copies, alternated; the "

@@ -1,6 +1,7 @@
 //   tessera-bench ps [--configs 1x1,2x2] [--sizes 4K,64K,1M,16M,64M] [--warmup 3]
 //                    [--iters 0 | --seconds 1] [--chunk-elements 65536] [--python-bytes 16M]
-//                    [--mlp-steps 40] [--replicas 1] [--no-zmq] [--no-python] [--json]
+//                    [--mlp-steps 40] [--replicas 1 [--replica-pairs 3] [--replica-mode
+//                    ps-sync] [--replica-paths shm,sockets]] [--no-zmq] [--no-python] [--json]
 //                    [--timeout-s 600]
 //
 // ps: parameter-server push+pull throughput on the loopback, beside its limit in the same run.
@@ -12,8 +13,10 @@
 //     while the others load the servers);
 //   - shm: the same with the default --ps-shared-memory=true: the servers, on the workers'
 //     host, take the gradients from and put the values into memory shared with each worker;
-//   - replicated (--replicas R > 1, configs with S >= R): tessera's sockets path with
-//     `--replicas R`, every push going to each of the R copies of its key range;
+//   - replicated (--replicas R > 1, configs with S >= R): `--replicas R` beside one copy, in
+//     --replica-mode, in alternated pairs of runs, on each of --replica-paths: shm (the
+//     default path; the primaries' forwards name the chunks in the workers' regions) and
+//     sockets (every byte, the forwards' too, through the kernel, as between hosts);
 //   - zmq: the same exchange in raw ZeroMQ (tools/bench/ps_zmq_limit.cc): S echo processes
 //     and W client processes, the same chunks and requests per step, no header, no checks, no
 //     optimizer, zero-copy sends: the limit.
@@ -27,7 +30,8 @@
 // The table ends with the issue's goals: 16 MiB 1x1 over the sockets at >= 70% of raw ZeroMQ;
 // on the default path (shared memory) >= 2x ps-lite (ps-lite's 1.09 GB/s per worker at 16 MiB
 // 1x1, as the issue measured it: not this run; the sockets' ratio is printed beside it); from Python >= 90% of C++ at 16 MiB; the MLP in ps-sync within 1.5x of alone; with --replicas,
-// the push+pull time with R copies at most 1.5x that with one at 16 MiB.
+// the push+pull time with R copies at most 1.5x that with one at 16 MiB on the default path
+// (the sockets' figures beside it).
 #ifndef TESSERA_TOOLS_BENCH_PS_BENCH_H_
 #define TESSERA_TOOLS_BENCH_PS_BENCH_H_
 

@@ -66,10 +66,10 @@ TEST(PsBenchTest, JsonShape) {
   }
 }
 
-// --replicas: the sockets path with one copy and with two, in alternated pairs of runs in
-// --replica-mode (ps-sync by default), beside the ps-async sockets row; the replicated row
-// carries each pair's ratio of push+pull times and their median. Timed by --seconds, the
-// ps-sync workers agree when to stop: each times the same steps.
+// --replicas: on each path (shared memory and the sockets) one copy and two, in alternated
+// pairs of runs in --replica-mode (ps-sync by default), beside the ps-async rows; each
+// replicated row carries each pair's ratio of push+pull times and their median. Timed by
+// --seconds, the ps-sync workers agree when to stop: each times the same steps.
 TEST(PsBenchTest, ReplicasComeInPairsOfRuns) {
   StatusOr<std::string> bench = FindRunfile("tools/tessera-bench");
   ASSERT_TRUE(bench.ok()) << bench.status();
@@ -86,22 +86,27 @@ TEST(PsBenchTest, ReplicasComeInPairsOfRuns) {
     ASSERT_TRUE(j.is_object()) << "not a JSON object: " << line;
     if (j.value("kind", "") == "row") row_of[j.value("system", "")] = j;
   }
-  ASSERT_EQ(row_of.size(), 4u) << "tessera, tessera ps-sync, replicated and shm";
-  EXPECT_FALSE(row_of["tessera ps-sync"].contains("time_ratio")) << row_of["tessera ps-sync"].dump();
-  const nlohmann::json& replicated = row_of["replicated"];
-  ASSERT_TRUE(replicated.contains("time_ratio_pairs")) << replicated.dump();
-  ASSERT_EQ(replicated["time_ratio_pairs"].size(), 2u) << replicated.dump();
-  for (const nlohmann::json& ratio : replicated["time_ratio_pairs"]) {
-    EXPECT_GT(ratio.get<double>(), 0.0) << replicated.dump();
+  ASSERT_EQ(row_of.size(), 6u)
+      << "tessera, tessera ps-sync, replicated, shm, shm ps-sync and replicated shm";
+  for (const std::string system : {"replicated", "replicated shm"}) {
+    const nlohmann::json& replicated = row_of[system];
+    ASSERT_TRUE(replicated.contains("time_ratio_pairs")) << replicated.dump();
+    ASSERT_EQ(replicated["time_ratio_pairs"].size(), 2u) << replicated.dump();
+    for (const nlohmann::json& ratio : replicated["time_ratio_pairs"]) {
+      EXPECT_GT(ratio.get<double>(), 0.0) << replicated.dump();
+    }
+    const double low = std::min(replicated["time_ratio_pairs"][0].get<double>(),
+                                replicated["time_ratio_pairs"][1].get<double>());
+    const double high = std::max(replicated["time_ratio_pairs"][0].get<double>(),
+                                 replicated["time_ratio_pairs"][1].get<double>());
+    EXPECT_GE(replicated.value("time_ratio", 0.0), low);
+    EXPECT_LE(replicated.value("time_ratio", 0.0), high);
   }
-  const double low = std::min(replicated["time_ratio_pairs"][0].get<double>(),
-                              replicated["time_ratio_pairs"][1].get<double>());
-  const double high = std::max(replicated["time_ratio_pairs"][0].get<double>(),
-                               replicated["time_ratio_pairs"][1].get<double>());
-  EXPECT_GE(replicated.value("time_ratio", 0.0), low);
-  EXPECT_LE(replicated.value("time_ratio", 0.0), high);
-  EXPECT_FALSE(row_of["tessera"].contains("time_ratio")) << row_of["tessera"].dump();
-  for (const std::string system : {"tessera ps-sync", "replicated"}) {
+  for (const std::string system : {"tessera", "tessera ps-sync", "shm", "shm ps-sync"}) {
+    EXPECT_FALSE(row_of[system].contains("time_ratio")) << row_of[system].dump();
+  }
+  for (const std::string system :
+       {"tessera ps-sync", "replicated", "shm ps-sync", "replicated shm"}) {
     const nlohmann::json& lines = row_of[system]["workers_lines"];
     ASSERT_EQ(lines.size(), 2u) << row_of[system].dump();
     EXPECT_EQ(lines[0].value("mode", ""), "ps-sync") << row_of[system].dump();
