@@ -66,10 +66,11 @@ struct DenseChunk {
 StatusOr<std::vector<DenseChunk>> PlanDenseChunks(uint64_t elements, uint64_t chunk_elements,
                                                   int num_servers, uint64_t key_space);
 
-// Where one server's dense chunks sit in each half of a worker's shared region
-// (docs/parameter-server.md): a chunk at the sum of the sizes of that server's chunks of lower
-// index. The offsets (floats) in the order of `chunks`, which are one server's; *floats: the
-// size of a half. The worker and the server both lay the region out with this.
+// Where one key range's dense chunks sit in each part of a worker's shared region (the
+// gradients, then a values half per copy of the range: docs/parameter-server.md): a chunk at
+// the sum of the sizes of that range's chunks of lower index. The offsets (floats) in the
+// order of `chunks`, which are one range's; *floats: the size of a part. The worker and the
+// servers all lay the region out with this.
 std::vector<uint64_t> PsRegionOffsets(const std::vector<DenseChunk>& chunks, uint64_t* floats);
 
 // The job token of PsInitRequest and PsPushPullRequest: the same on every worker of a job (it
