@@ -184,8 +184,8 @@ TEST(WireCodecTest, RoundTripEveryBody) {
   EXPECT_FALSE(sparse.forwarded);
   EXPECT_EQ(sparse.pushed_by, -1);
   // A region offer of --replicas 1 (or an older worker's) names one values half, the server's.
-  const auto offer =
-      std::get<PsPushPullRequest>(Decoded(EncodeMessage(WorkerHeader(0), PsPushPullRequest{})).body);
+  const auto offer = std::get<PsPushPullRequest>(
+      Decoded(EncodeMessage(WorkerHeader(0), PsPushPullRequest{})).body);
   EXPECT_EQ(offer.region_writers, 1);
   EXPECT_EQ(offer.region_writer, 0);
   SparsePushRequest forward{"emb",

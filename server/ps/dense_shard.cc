@@ -40,6 +40,18 @@ void StoreLowestRank(std::atomic<int>* value, int candidate) {
   }
 }
 
+// FloatsOf of each of `by_rank`, the copies of unaligned ones (none of a size worth the trouble)
+// in `scratch`.
+std::vector<const float*> FloatsByRank(const std::vector<TensorData>& by_rank,
+                                       std::vector<std::vector<float>>* scratch) {
+  scratch->resize(by_rank.size());
+  std::vector<const float*> floats;
+  for (size_t r = 0; r < by_rank.size(); ++r) {
+    floats.push_back(FloatsOf(by_rank[r], &(*scratch)[r]));
+  }
+  return floats;
+}
+
 }  // namespace
 
 // A chunk's values. Replies send them without a copy: each holds a lease (`readers`) until
@@ -689,7 +701,19 @@ TensorData DenseShard::AverageHeld(int64_t step, Chunk* chunk) {
   auto held = chunk->held.find(step);
   std::vector<TensorData> slots = std::move(held->second.by_rank);
   chunk->held.erase(held);
-  return Average(std::move(slots), chunk);
+  const std::string name = "chunk" + std::to_string(chunk->where.index);
+  if (slots.size() == 1) {
+    TensorData average = std::move(slots[0]);
+    average.name = name;
+    return average;
+  }
+  std::vector<std::vector<float>> scratch;
+  const std::vector<const float*> by_rank = FloatsByRank(slots, &scratch);
+  const size_t n = chunk->where.size;
+  // Not zeroed first: every float is written.
+  std::shared_ptr<float[]> sum(new float[n]);
+  AverageInRankOrder(by_rank.data(), by_rank.size(), n, sum.get());
+  return TensorData::Floats(name, chunk->where.key, sum.get(), n, sum);
 }
 
 void DenseShard::ApplyHeld(int64_t step, Chunk* chunk) {
@@ -701,33 +725,12 @@ void DenseShard::ApplyHeld(int64_t step, Chunk* chunk) {
 
 void DenseShard::ApplyAverage(int64_t update, const std::vector<TensorData>& by_rank,
                               Chunk* chunk) {
-  std::vector<std::vector<float>> scratch(by_rank.size());
-  std::vector<const float*> gradients;
-  for (size_t r = 0; r < by_rank.size(); ++r) {
-    gradients.push_back(FloatsOf(by_rank[r], &scratch[r]));
-  }
+  std::vector<std::vector<float>> scratch;
+  const std::vector<const float*> gradients = FloatsByRank(by_rank, &scratch);
   const float lr = LearningRate(config_.schedule, config_.optimizer.lr, update - 1);
   DenseUpdateOfAverage(config_.optimizer, lr, update, Writable(chunk), gradients.data(),
                        gradients.size(), chunk->where.size, chunk->state.data());
   metrics_->DenseUpdate();
-}
-
-TensorData DenseShard::Average(std::vector<TensorData> slots, const Chunk* chunk) const {
-  const std::string name = "chunk" + std::to_string(chunk->where.index);
-  if (slots.size() == 1) {
-    TensorData average = std::move(slots[0]);
-    average.name = name;
-    return average;
-  }
-  // Unaligned frames (none of a size worth the trouble) are copied first.
-  std::vector<std::vector<float>> scratch(slots.size());
-  std::vector<const float*> by_rank;
-  for (size_t r = 0; r < slots.size(); ++r) by_rank.push_back(FloatsOf(slots[r], &scratch[r]));
-  const size_t n = chunk->where.size;
-  // Not zeroed first: every float is written.
-  std::shared_ptr<float[]> sum(new float[n]);
-  AverageInRankOrder(by_rank.data(), by_rank.size(), n, sum.get());
-  return TensorData::Floats(name, chunk->where.key, sum.get(), n, sum);
 }
 
 void DenseShard::ForgetOldStops(Chunk* chunk) {

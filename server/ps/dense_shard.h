@@ -230,13 +230,11 @@ class DenseShard {
   // ps-sync: the held gradients of `step`, summed in rank order and averaged, and no longer
   // held. REQUIRES: chunk->mu held.
   TensorData AverageHeld(int64_t step, Chunk* chunk);
-  // The average of `by_rank` (every worker's gradient of `chunk`), as AverageHeld makes it.
-  TensorData Average(std::vector<TensorData> by_rank, const Chunk* chunk) const;
   // ps-sync: applies the average of the held gradients of `step` (as AverageHeld's, without
-  // making it), no longer held. REQUIRES: chunk->mu held.
+  // making it: ApplyAverage), no longer held. REQUIRES: chunk->mu held.
   void ApplyHeld(int64_t step, Chunk* chunk);
-  // Applies the average of `by_rank` as the optimizer's update `update`, slice by slice.
-  // REQUIRES: chunk->mu held.
+  // Applies the average of `by_rank` (every worker's gradient of `chunk`, AverageInRankOrder)
+  // as the optimizer's update `update`, slice by slice. REQUIRES: chunk->mu held.
   void ApplyAverage(int64_t update, const std::vector<TensorData>& by_rank, Chunk* chunk);
   // The backup acknowledged (or lost) `updates` (chunk, update): their replies go.
   void Forwarded(const std::vector<std::pair<Chunk*, int64_t>>& updates);

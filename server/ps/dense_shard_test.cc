@@ -702,8 +702,9 @@ TEST_F(DenseShardTest, AsyncForwardsOfPushesInARegionNameTheChunksAndAreAcknowle
                     .ok());
     return captured;
   };
-  Captured a = push(0, {worker0.View(0, {0.1f, 0.2f, 0.3f, 0.4f}), worker0.View(1, {1, -1, 0.5f, 3})},
-                    kBackup);
+  Captured a =
+      push(0, {worker0.View(0, {0.1f, 0.2f, 0.3f, 0.4f}), worker0.View(1, {1, -1, 0.5f, 3})},
+           kBackup);
   Captured b = push(1, {worker1.View(0, {0.7f, 0.3f, -0.3f, 1e-3f})}, kBackup);
   ASSERT_EQ(sent_.size(), 2u);
   for (const Sent& forward : sent_) {

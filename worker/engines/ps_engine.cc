@@ -723,7 +723,8 @@ Status PsEngine::OfferRegions(int64_t step, const std::vector<int>& ranges, bool
     } else {
       TLOG(INFO) << "server " << offer.server << " did not map this worker's shared region"
                  << (replicas_ == 1 ? std::string() : " for range " + std::to_string(offer.range))
-                 << " (" << (reply.region_refusal.empty() ? "an older server" : reply.region_refusal)
+                 << " ("
+                 << (reply.region_refusal.empty() ? "an older server" : reply.region_refusal)
                  << "); " << (replicas_ == 1 ? "its" : "the range's")
                  << " chunks travel over the transport";
     }
