@@ -164,13 +164,13 @@ std::string Undisturbed(const std::string& model, int steps = kSteps) {
 // The chunks' path in `output`: every worker on this host shares a region with every copy of
 // every range (the default), or, with `--ps-shared-memory false` among the worker flags,
 // none does and the chunks cross the sockets (as they do between hosts).
-void ExpectChunksPath(const std::string& output, const std::vector<std::string>& flags) {
+void ExpectChunksPath(const std::string& output, const std::vector<std::string>& flags,
+                      int replicas = 2) {
   const bool sockets =
       std::find(flags.begin(), flags.end(), "--ps-shared-memory=false") != flags.end();
+  const std::string copies = std::to_string(kServers * replicas);
   for (int w = 0; w < kWorkers; ++w) {
-    const std::string shared = "worker " + std::to_string(w) + " | " +
-                               std::to_string(kServers * 2) + " of " +
-                               std::to_string(kServers * 2) +
+    const std::string shared = "worker " + std::to_string(w) + " | " + copies + " of " + copies +
                                " copies of the key ranges share memory with this worker";
     EXPECT_EQ(output.find(shared) == std::string::npos, sockets)
         << (sockets ? "over the sockets" : "in shared memory") << ", worker " << w << "\n"
@@ -497,12 +497,13 @@ int LastLoggedStep(const std::string& output, int worker, const std::string& bef
 // takes each path (a new primary applying the forwards it parked and passing them on; a
 // primary passing its unacknowledged forwards on past the failed middle); then server 1 is
 // killed too, and server 2, the one left, applied every worker's every push to every chunk of
-// the model, once.
-void ExpectAChainLosesNothingAcrossTwoKills(const std::string& mode) {
+// the model, once. `sockets`: the chunks cross the sockets (as between hosts), forwards too.
+void ExpectAChainLosesNothingAcrossTwoKills(const std::string& mode, bool sockets = false) {
   FleetHarness harness;
+  std::vector<std::string> flags = TrainingFlags("mlp");
+  if (sockets) flags.push_back("--ps-shared-memory=false");
   StatusOr<int> launcher = StartAndReach(
-      harness, mode + " chain", Concat(Fleet(mode, 3, {"--linger", "30"}), TrainingFlags("mlp")),
-      /*step=*/60);
+      harness, mode + " chain", Concat(Fleet(mode, 3, {"--linger", "30"}), flags), /*step=*/60);
   ASSERT_TRUE(launcher.ok()) << launcher.status();
   KillServer(harness, *launcher, 0);
   for (int w = 0; w < kWorkers; ++w) {
@@ -517,6 +518,7 @@ void ExpectAChainLosesNothingAcrossTwoKills(const std::string& mode) {
   KillServer(harness, *launcher, 1);
   ASSERT_NO_FATAL_FAILURE(WaitUntilLingering(harness, *launcher));
   const std::string output = harness.Output(*launcher);
+  ExpectChunksPath(output, flags, /*replicas=*/3);
   EXPECT_NE(output.find("killed by signal 9 (SIGKILL): its key ranges go on with their other "
                         "replicas (--replicas 3)"),
             std::string::npos)
@@ -545,7 +547,7 @@ TEST(PsReplicationTest, AsyncChainOfThreeCopiesLosesNothingAcrossTwoKills) {
 }
 
 TEST(PsReplicationTest, SspChainOfThreeCopiesLosesNothingAcrossTwoKills) {
-  ExpectAChainLosesNothingAcrossTwoKills("ps-ssp");
+  ExpectAChainLosesNothingAcrossTwoKills("ps-ssp", /*sockets=*/true);
 }
 
 // Item 3 in ps-async and ps-ssp: server 1 is killed and a server joins in its place; rank 0 has
@@ -558,13 +560,15 @@ TEST(PsReplicationTest, SspChainOfThreeCopiesLosesNothingAcrossTwoKills) {
 // server holds every range: the joined server takes all three, and a copy passes each update
 // on along the chain to it, last.
 void ExpectAJoinedServerTakesCopies(const std::string& mode, const std::string& model = "mlp",
-                                    int replicas = 2) {
+                                    int replicas = 2, bool sockets = false) {
   constexpr int kJoinSteps = 1500;
   FleetHarness harness;
+  std::vector<std::string> flags = TrainingFlags(model, kJoinSteps);
+  if (sockets) flags.push_back("--ps-shared-memory=false");
   StatusOr<int> launcher = StartAndReach(
       harness, mode + " joined",
       Concat(Fleet(mode, replicas, {"--heartbeat-timeout-ms", "120000", "--linger", "30"}),
-             TrainingFlags(model, kJoinSteps)),
+             flags),
       /*step=*/20);
   ASSERT_TRUE(launcher.ok()) << launcher.status();
   const std::string started = harness.Output(*launcher);
@@ -603,7 +607,8 @@ void ExpectAJoinedServerTakesCopies(const std::string& mode, const std::string& 
   const std::string output = harness.Output(*launcher);
   const std::string added_output = harness.Output(*added);
   EXPECT_EQ(output.find("was lost with its replicas"), std::string::npos) << output;
-  ExpectRegionsRenewed(output);
+  ExpectChunksPath(output, flags, replicas);
+  if (!sockets) ExpectRegionsRenewed(output);
   const int64_t every_push = static_cast<int64_t>(kWorkers) * kJoinSteps;
   // Server 0, alive throughout: ranges 0 and 2 (and 1).
   const auto original = AsyncJobChunks(output);
@@ -649,8 +654,9 @@ TEST(PsReplicationTest, AsyncJoiningServerTakesCopiesAndALaterKillLosesNothing) 
   ExpectAJoinedServerTakesCopies("ps-async");
 }
 
+// Over the sockets (the joined server then gets the forwards' bytes).
 TEST(PsReplicationTest, SspJoiningServerTakesCopiesAndALaterKillLosesNothing) {
-  ExpectAJoinedServerTakesCopies("ps-ssp");
+  ExpectAJoinedServerTakesCopies("ps-ssp", "mlp", /*replicas=*/2, /*sockets=*/true);
 }
 
 // The ctr model: each range's embedding rows are copied and forwarded the same way.

@@ -132,7 +132,13 @@ PsEngine::Reply PsEngine::Send(int range, MessageBody request, int64_t step,
     // Every copy failed: ServerLost has failed the endpoint, whose calls say why.
     servers.push_back(range);
   }
-  if (fanout == Fanout::kPrimary) servers.resize(1);
+  // The backups a push names and the primary it goes to come from one view of the fleet: a
+  // server declared failed between two looks would otherwise be skipped as the primary and
+  // named as its own backup.
+  if (fanout == Fanout::kPrimary) {
+    NameBackups(servers, &request);
+    servers.resize(1);
+  }
   for (size_t k = 0; k < servers.size(); ++k) {
     MessageBody copy = k + 1 < servers.size() ? request : std::move(request);
     if (k > 0 && fanout == Fanout::kValues) {
@@ -145,14 +151,21 @@ PsEngine::Reply PsEngine::Send(int range, MessageBody request, int64_t step,
   return reply;
 }
 
-std::string PsEngine::ForwardTarget(int range) const {
-  const std::vector<int> live = LiveReplicas(range);
-  std::string chain;
-  for (size_t k = 1; k < live.size(); ++k) {
-    if (k > 1) chain += ',';
-    chain += server_addresses_[static_cast<size_t>(live[k])];
+void PsEngine::NameBackups(const std::vector<int>& live, MessageBody* request) const {
+  if (!forwarding_) return;
+  std::string* forward_to = nullptr;
+  if (auto* push_pull = std::get_if<PsPushPullRequest>(request)) {
+    if (push_pull->has_gradients) forward_to = &push_pull->forward_to;
+  } else if (auto* rows = std::get_if<SparsePushRequest>(request)) {
+    // ps-sync sends each row push to every copy.
+    if (options_.consistency != PsConsistency::kSync) forward_to = &rows->forward_to;
   }
-  return chain;
+  if (forward_to == nullptr) return;
+  forward_to->clear();
+  for (size_t k = 1; k < live.size(); ++k) {
+    if (k > 1) *forward_to += ',';
+    *forward_to += server_addresses_[static_cast<size_t>(live[k])];
+  }
 }
 
 std::vector<int> PsEngine::LiveReplicas(int range) const {
@@ -523,12 +536,7 @@ StatusOr<Envelope> PsEngine::Await(Reply* reply, const std::string& what,
     const std::string again = what + " (asked again of server " + std::to_string(live[0]) +
                               ", the range's primary now)";
     MessageBody request = *reply->ask_again;
-    // Not the new primary itself.
-    if (auto* push_pull = std::get_if<PsPushPullRequest>(&request)) {
-      push_pull->forward_to = ForwardTarget(reply->range);
-    } else if (auto* rows = std::get_if<SparsePushRequest>(&request)) {
-      rows->forward_to = ForwardTarget(reply->range);
-    }
+    NameBackups(live, &request);  // not the new primary itself
     reply->copies.clear();
     reply->copies.emplace_back(live[0],
                                SendTo(live[0], std::move(request), reply->ask_again_step, again));
@@ -773,7 +781,6 @@ std::pair<PsEngine::Reply, std::string> PsEngine::SendChunks(int64_t step,
   if (push && replicas_ > 1 && options_.consistency == PsConsistency::kSync) {
     request.join = JoinAskedIn(step);
   }
-  if (push && forwarding_) request.forward_to = ForwardTarget(server);
   for (size_t i : group) {
     const DenseChunk& chunk = chunks_[i];
     if (region != nullptr && send_gradients) {
@@ -1062,7 +1069,6 @@ Status PsEngine::Step(int64_t step, float* params, float* grads,
       // backup (the same order on both); else to every copy (ps-sync applies a step's rows at
       // once, in rank order, on each).
       const bool forward = forwarding_ && options_.consistency != PsConsistency::kSync;
-      if (forward) request.forward_to = ForwardTarget(s);
       acks.emplace_back(
           Send(s, std::move(request), step, what, forward ? Fanout::kPrimary : Fanout::kAll), what);
     }

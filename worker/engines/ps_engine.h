@@ -214,16 +214,19 @@ class PsEngine final : public TrainingEngine {
   StatusOr<std::vector<ShardFileInfo>> CheckpointServers(const std::string& root, int64_t step,
                                                          bool restore);
   // Sends `request` for key range `range` by `fanout` (see Fanout; with --replicas 1 the one
-  // server). `ask_again`: for Reply::ask_again, else the request itself with kPrimary.
+  // server); with kPrimary a push names the backups after the primary it goes to
+  // (NameBackups). `ask_again`: for Reply::ask_again, else the request itself with kPrimary.
   Reply Send(int range, MessageBody request, int64_t step, const std::string& what,
              Fanout fanout = Fanout::kPrimary,
              std::optional<std::pair<MessageBody, int64_t>> ask_again = std::nullopt);
   // One copy of a request to `server`.
   std::shared_future<StatusOr<Envelope>> SendTo(int server, MessageBody request, int64_t step,
                                                 const std::string& what);
-  // The address of `range`'s live backup (its second live replica), or empty when it has one
-  // live copy.
-  std::string ForwardTarget(int range) const;
+  // A push that the range's primary forwards (forwarding_: a dense push, and outside ps-sync a
+  // row push) names the backups in `live` (a range's live replicas, its primary first) after
+  // the primary: the chain, comma-separated, or empty with one live copy. Other requests are
+  // left alone.
+  void NameBackups(const std::vector<int>& live, MessageBody* request) const;
   // The servers holding `range` that have not failed, its primary first.
   std::vector<int> LiveReplicas(int range) const;
   bool IsLost(int server) const;
