@@ -26,6 +26,12 @@ constexpr char kMetricsContentType[] = "text/plain; version=0.0.4; charset=utf-8
 // connections delay a scrape by ~0.3 s (at the old 10 s and 2 threads, by 17 min). Scrapers
 // and browsers send the request with the connection; sending the answer is not bounded by it.
 constexpr char kRequestTimeoutMs[] = "100";
+// The same behind the TLS relay (tls_relay.h), which connects only once it holds a request's
+// header block and sends it at once: slow clients hold the relay's threads, not these. Its
+// connection and its send are two steps of a thread that a loaded machine (training on every
+// core) may not run for longer than 100 ms between them, which lost scrapes under load: on
+// that port the timeout only bounds local processes that connect to it directly.
+constexpr char kRelayedRequestTimeoutMs[] = "1000";
 
 HttpResponse PlainResponse(int status, std::string body) {
   HttpResponse response;
@@ -155,7 +161,7 @@ StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   std::string num_threads = std::to_string(options.num_threads);
   const char* config[] = {
       "listening_ports",    civetweb_listening.c_str(), "num_threads", num_threads.c_str(),
-      "request_timeout_ms", kRequestTimeoutMs, nullptr};
+      "request_timeout_ms", tls ? kRelayedRequestTimeoutMs : kRequestTimeoutMs, nullptr};
   mg_callbacks callbacks = {};
   callbacks.begin_request = &MetricsHttpServer::HandleRequest;
   callbacks.log_message = &MetricsHttpServer::LogMessage;

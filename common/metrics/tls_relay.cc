@@ -16,6 +16,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "common/base/deadline.h"
 #include "common/base/logging.h"
 
 namespace tessera {
@@ -221,11 +222,22 @@ void TlsRelay::Serve(Connection* connection) {
   setsockopt(client, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   SSL* ssl = SSL_new(static_cast<SSL_CTX*>(ssl_ctx_));
   int backend = -1;
-  if (ssl != nullptr && SSL_set_fd(ssl, client) == 1 && SSL_accept(ssl) == 1 &&
-      !stopping_.load()) {
-    backend = ConnectBackend(options_.backend_port, options_.idle_timeout_ms);
-  } else {
-    ERR_clear_error();  // a failed handshake (a scanner, plain HTTP) is the client's business
+  char buffer[16384];
+  std::string head;  // the request's header block, or its first sizeof(buffer) bytes
+  if (ssl != nullptr && SSL_set_fd(ssl, client) == 1 && SSL_accept(ssl) == 1) {
+    // The backend is connected once the whole header block is here, and given it at once:
+    // a slow client holds this thread, not one of the backend's (which times out a request
+    // slower than its request timeout; under load, connecting at the handshake lost answers).
+    const Deadline whole = Deadline::AfterMillis(options_.idle_timeout_ms);
+    while (head.find("\r\n\r\n") == std::string::npos && head.size() < sizeof(buffer) &&
+           !whole.Expired()) {
+      const int n = SSL_read(ssl, buffer, sizeof(buffer));
+      if (n <= 0) break;
+      head.append(buffer, static_cast<size_t>(n));
+    }
+    if (!head.empty() && !stopping_.load()) {
+      backend = ConnectBackend(options_.backend_port, options_.idle_timeout_ms);
+    }
   }
   if (backend >= 0) {
     {
@@ -233,8 +245,7 @@ void TlsRelay::Serve(Connection* connection) {
       connection->backend_fd = backend;
     }
     if (stopping_.load()) shutdown(backend, SHUT_RDWR);
-    char buffer[16384];
-    bool open = true;
+    bool open = SendAll(backend, head.data(), head.size());
     while (open) {
       // Bytes OpenSSL already decrypted do not show in poll.
       if (SSL_pending(ssl) == 0) {
@@ -265,7 +276,7 @@ void TlsRelay::Serve(Connection* connection) {
     }
     SSL_shutdown(ssl);
   }
-  ERR_clear_error();
+  ERR_clear_error();  // a failed handshake (a scanner, plain HTTP) is the client's business
   if (ssl != nullptr) SSL_free(ssl);
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -12,7 +12,9 @@
 // applies to relayed and local requests alike.
 //
 // Limits: at most `max_connections` connections at once (more are closed at accept); a
-// handshake or a silence longer than `idle_timeout_ms` ends a connection.
+// handshake, a silence, or a request header block slower than `idle_timeout_ms` ends a
+// connection. The backend is connected only once a request's header block is here, and given
+// it at once (its request timeout is 100 ms: metrics_http.cc).
 //
 // Lifetime: the destructor closes the listener and every connection and joins their threads.
 // Thread-safety: port() is constant after Start.
