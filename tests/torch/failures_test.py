@@ -13,7 +13,9 @@ timeout ("Timed out waiting 5000ms for recv operation to complete").
 """
 
 import os
+import shutil
 import signal
+import tempfile
 import time
 import unittest
 
@@ -58,19 +60,27 @@ def _kill_mid_training(rank, world_size, victim, use_ddp):
 
 
 def _disagree(rank, world_size, what):
-    """Every rank calls one collective; rank 1's differs from the others' in `what`."""
+    """Every rank calls one collective; rank 1's differs from the others' in `what`. A rank
+    that raises first writes how long its collective took to TESSERA_TEST_DIR/rank-N.seconds
+    (the whole run's time is mostly the ranks' start, which sanitizers slow down)."""
     odd = rank == 1
-    if what == "size":
-        dist.all_reduce(torch.ones(10 if odd else 12))
-    elif what == "dtype":
-        dist.all_reduce(torch.ones(12, dtype=torch.float64 if odd else torch.float32))
-    elif what == "reduce_op":
-        dist.all_reduce(torch.ones(12), op=dist.ReduceOp.MAX if odd else dist.ReduceOp.SUM)
-    elif what == "operation":
-        if odd:
-            dist.broadcast(torch.ones(12), src=0)
-        else:
-            dist.all_reduce(torch.ones(12))
+    started = time.monotonic()
+    try:
+        if what == "size":
+            dist.all_reduce(torch.ones(10 if odd else 12))
+        elif what == "dtype":
+            dist.all_reduce(torch.ones(12, dtype=torch.float64 if odd else torch.float32))
+        elif what == "reduce_op":
+            dist.all_reduce(torch.ones(12), op=dist.ReduceOp.MAX if odd else dist.ReduceOp.SUM)
+        elif what == "operation":
+            if odd:
+                dist.broadcast(torch.ones(12), src=0)
+            else:
+                dist.all_reduce(torch.ones(12))
+    finally:
+        with open(os.path.join(os.environ["TESSERA_TEST_DIR"], f"rank-{rank}.seconds"),
+                  "w") as f:
+            f.write(repr(time.monotonic() - started))
     return "no error"
 
 
@@ -105,20 +115,26 @@ class RankKilledTest(unittest.TestCase):
 
 class DisagreementTest(unittest.TestCase):
     def _check(self, what, *patterns):
-        started = time.monotonic()
-        failure = torch_testing.run_ranks(_disagree, 3, timeout_s=TIMEOUT_S, args=(what,),
-                                          return_errors=True)
-        elapsed = time.monotonic() - started
-        self.assertIsInstance(failure, torch_testing.RankFailure, f"no rank failed: {failure}")
-        self.assertEqual(set(failure.errors), {0, 1, 2}, str(failure))
-        for rank, message in sorted(failure.errors.items()):
-            print(f"rank {rank} ({what}, {elapsed:.1f} s): {message}")
-            self.assertTrue(message.startswith("RuntimeError: "), f"rank {rank}: {message}")
-            self.assertNotIn("did not finish", message)
-            for pattern in patterns:
-                self.assertRegex(message, pattern, f"rank {rank}")
-        # Well before the timeout: the disagreement is seen, not waited out.
-        self.assertLess(elapsed, TIMEOUT_S + 10)
+        directory = tempfile.mkdtemp(prefix="tessera-disagree-")
+        try:
+            failure = torch_testing.run_ranks(_disagree, 3, timeout_s=TIMEOUT_S, args=(what,),
+                                              env={"TESSERA_TEST_DIR": directory},
+                                              return_errors=True)
+            self.assertIsInstance(failure, torch_testing.RankFailure,
+                                  f"no rank failed: {failure}")
+            self.assertEqual(set(failure.errors), {0, 1, 2}, str(failure))
+            for rank, message in sorted(failure.errors.items()):
+                with open(os.path.join(directory, f"rank-{rank}.seconds")) as f:
+                    seconds = float(f.read())
+                print(f"rank {rank} ({what}, failed after {seconds:.2f} s): {message}")
+                self.assertTrue(message.startswith("RuntimeError: "), f"rank {rank}: {message}")
+                self.assertNotIn("did not finish", message)
+                for pattern in patterns:
+                    self.assertRegex(message, pattern, f"rank {rank}")
+                # Well before the timeout: the disagreement is seen, not waited out.
+                self.assertLess(seconds, TIMEOUT_S / 2, f"rank {rank}: {message}")
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
 
     def test_sizes(self):
         self._check("size", r"\b10\b", r"\b12\b")
