@@ -89,7 +89,8 @@ const DataType kDTypes[] = {DataType::kFloat32, DataType::kFloat16, DataType::kB
 const ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMax, ReduceOp::kMin};
 
 // ---------------------------------------------------------------------------------------------
-// Every collective against the naive reference, world sizes 1..8
+// Every collective against the naive reference, world sizes 1, 2, 3, 5 and 8 (one rank, the
+// smallest rings, an odd one that divides no length evenly, the largest)
 
 class RingCollectivesWorld : public ::testing::TestWithParam<int> {};
 
@@ -388,7 +389,7 @@ TEST_P(RingCollectivesLargeBuffers, LargeBuffersWithTheDefaultSegmentSize) {
   EXPECT_TRUE(NothingKept(ring));
 }
 
-INSTANTIATE_TEST_SUITE_P(WorldSizes, RingCollectivesWorld, ::testing::Range(1, 9),
+INSTANTIATE_TEST_SUITE_P(WorldSizes, RingCollectivesWorld, ::testing::Values(1, 2, 3, 5, 8),
                          [](const ::testing::TestParamInfo<int>& info) {
                            return "world" + std::to_string(info.param);
                          });
