@@ -7,6 +7,7 @@
 #   tools/fuzz.sh --seconds 600         # longer
 #   tools/fuzz.sh --runs 1000000        # a number of executions each, however long it takes
 #   tools/fuzz.sh --json                # one JSON object instead of the table
+#   tools/fuzz.sh --jobs 1              # one target at a time (default: one per core)
 #   tools/fuzz.sh wire_decode_fuzzer    # some targets only (by name)
 #
 # Each target fuzzes a scratch copy of its corpus (the seeds stay as they are) and prints its
@@ -19,14 +20,16 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 seconds=10
 runs=""
+parallel="$(nproc)"
 json=0
 only=()
 while (($#)); do
   case "$1" in
     --seconds) seconds="$2"; shift ;;
     --runs) runs="$2"; shift ;;
+    --jobs) parallel="$2"; shift ;;
     --json) json=1 ;;
-    -h | --help) sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "fuzz.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     *) only+=("$1") ;;
   esac
@@ -43,6 +46,7 @@ if ((${#only[@]})); then
   targets=("${selected[@]+"${selected[@]}"}")
 fi
 ((${#targets[@]})) || { echo "fuzz.sh: no fuzz target matches ${only[*]}" >&2; exit 2; }
+[[ "$parallel" =~ ^[1-9][0-9]*$ ]] || { echo "fuzz.sh: --jobs must be a positive integer (got '$parallel')" >&2; exit 2; }
 
 ((json)) || echo "fuzz.sh: building ${#targets[@]} targets with --config=fuzz"
 build_log="$(mktemp)"
@@ -66,18 +70,23 @@ mkdir -p fuzz-crashes
 limit=(-max_total_time="$seconds")
 [[ -n "$runs" ]] && limit=(-runs="$runs")
 
-failed=0
-rows=()
-((json)) || printf '%-34s %12s %10s %8s %8s  %s\n' target executions "exec/s" seconds added result
-for target in "${targets[@]}"; do
+# seeds_of //PACKAGE:NAME_fuzzer: PACKAGE/NAME_fuzz_corpus, tessera_fuzzer's convention.
+seeds_of() {
+  local package="${1#//}" name="${1##*:}"
+  echo "${package%%:*}/${name%_fuzzer}_fuzz_corpus"
+}
+
+# run_target TARGET: fuzzes one target and prints its table line; leaves its JSON row, and a
+# .failed file if it failed, in $work.
+run_target() {
+  local target="$1" package name corpus before start status elapsed executions per_second
+  local added result
   package="${target#//}"
   package="${package%%:*}"
   name="${target##*:}"
-  seeds="$package/${name%_fuzzer}_fuzz_corpus"  # tessera_fuzzer's convention
-  [[ -d "$seeds" ]] || { echo "fuzz.sh: $target has no seed corpus $seeds" >&2; exit 2; }
   corpus="$work/$name"
   mkdir -p "$corpus"
-  cp -r "$seeds"/. "$corpus"/
+  cp -r "$(seeds_of "$target")"/. "$corpus"/
   before="$(find "$corpus" -type f | wc -l)"
   start="$(date +%s.%N)"
   status=0
@@ -91,11 +100,31 @@ for target in "${targets[@]}"; do
   if ((status != 0)); then
     result="FAILED (fuzz-crashes/$name-*; report in fuzz-crashes/$name.log)"
     cp "$work/$name.log" "fuzz-crashes/$name.log"
-    failed=1
+    touch "$work/$name.failed"
   fi
-  rows+=("{\"target\":\"$target\",\"executions\":${executions:-0},\"seconds\":$elapsed,\"executions_per_second\":$per_second,\"added\":$added,\"ok\":$([[ $result == ok ]] && echo true || echo false)}")
-  ((json)) || printf '%-34s %12s %10s %8s %8s  %s\n' "$name" "${executions:-0}" "$per_second" \
-    "$elapsed" "$added" "$result"
+  echo "{\"target\":\"$target\",\"executions\":${executions:-0},\"seconds\":$elapsed,\"executions_per_second\":$per_second,\"added\":$added,\"ok\":$([[ $result == ok ]] && echo true || echo false)}" >"$work/$name.row"
+  ((json)) || printf '%-34s %12s %10s %8s %8s  %s\n' "$name" "${executions:-0}" \
+    "$per_second" "$elapsed" "$added" "$result"
+}
+
+for target in "${targets[@]}"; do
+  seeds="$(seeds_of "$target")"
+  [[ -d "$seeds" ]] || { echo "fuzz.sh: $target has no seed corpus $seeds" >&2; exit 2; }
+done
+((json)) || printf '%-34s %12s %10s %8s %8s  %s\n' target executions "exec/s" seconds added result
+# One target per core at a time (each is single-threaded); each prints its line when done.
+for target in "${targets[@]}"; do
+  while (($(jobs -rp | wc -l) >= parallel)); do wait -n || true; done
+  run_target "$target" &
+done
+wait
+
+failed=0
+rows=()
+for target in "${targets[@]}"; do
+  name="${target##*:}"
+  if [[ -e "$work/$name.row" ]]; then rows+=("$(cat "$work/$name.row")"); fi
+  if [[ -e "$work/$name.failed" || ! -e "$work/$name.row" ]]; then failed=1; fi
 done
 if ((json)); then
   (IFS=,; echo "{\"benchmark\":\"fuzz\",\"targets\":[${rows[*]}]}")
