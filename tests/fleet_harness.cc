@@ -23,6 +23,11 @@ std::string BinaryPath(const std::string& workspace_relative) {
   return root + "/" + (workspace ? workspace : "tessera") + "/" + workspace_relative;
 }
 
+bool UnderSanitizer() {
+  const char* sanitizer = std::getenv("TESSERA_SANITIZER");
+  return sanitizer != nullptr && *sanitizer != '\0';
+}
+
 StatusOr<HttpResult> HttpGet(const std::string& url, int64_t timeout_ms) {
   constexpr std::string_view kPrefix = "http://";
   const size_t colon = url.find(':', kPrefix.size());

@@ -29,6 +29,13 @@ struct HttpResult {
 };
 StatusOr<HttpResult> HttpGet(const std::string& url, int64_t timeout_ms);
 
+// Whether the test runs under a sanitizer (.bazelrc's asan and tsan configurations set
+// TESSERA_SANITIZER). Everything runs several times slower there, and CI runs the suite in all
+// three configurations within one budget: the heaviest multi-process tests run a slice of
+// their cases under a sanitizer (the same code paths, fewer seeds or values), all of them in
+// the default configuration.
+bool UnderSanitizer();
+
 // The job key file every process the harness starts uses: made once per test binary in
 // TEST_TMPDIR and set as TESSERA_AUTH_KEY_FILE in the test's environment, which the children
 // inherit (tessera-launch then uses it instead of making one).

@@ -140,6 +140,9 @@ TEST(PsTest, SharedMemoryAndSocketsTrainTheSameModel) {
 // forwarded steps are lost and repeated too (a primary sends one again, a backup takes it once).
 TEST(PsTest, SyncThroughLostAndRepeatedMessagesIsBitwiseUndisturbed) {
   for (const std::string run : {"mlp", "ctr", "mlp-replicated"}) {
+    // Under a sanitizer (UnderSanitizer) the two runs over the sockets: they take the ledger,
+    // the resends and the forwards; the shared regions run there in other tests.
+    if (UnderSanitizer() && run == "mlp") continue;
     SCOPED_TRACE(run);
     const std::string model = run == "ctr" ? "ctr" : "mlp";
     const std::string replicas = run == "mlp-replicated" ? "2" : "1";

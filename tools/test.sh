@@ -5,6 +5,8 @@
 #
 #   tools/test.sh                      # bazel test //...
 #   tools/test.sh --sanitizers         # ... then again under --config=asan and --config=tsan
+#                                      # (without the tests tagged no_sanitizers, no_asan or
+#                                      # no_tsan there)
 #   tools/test.sh --test_filter='Ring*' //worker/...   # extra bazel args; targets replace //...
 #
 # Give bazel flags as --flag=value: an argument that does not start with - is a target.
@@ -20,7 +22,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 usage() {
-  sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 
 sanitizers=0
@@ -215,8 +217,11 @@ run_suite default
 if ((sanitizers)); then
   # .bazelrc gives each sanitizer config a platform suffix of its own, so switching between
   # them does not rebuild everything.
-  run_suite asan --config=asan
-  run_suite tsan --config=tsan
+  # Tests tagged no_sanitizers run in the default configuration only, no_asan ones not under
+  # ASan, no_tsan ones not under TSan (tests/BUILD and tests/torch/defs.bzl say why); what
+  # only they need is not built there.
+  run_suite asan --config=asan --test_tag_filters=-no_sanitizers,-no_asan
+  run_suite tsan --config=tsan --test_tag_filters=-no_sanitizers,-no_tsan
 fi
 
 for problem in "${problems[@]+"${problems[@]}"}"; do

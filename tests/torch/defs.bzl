@@ -1,7 +1,12 @@
 """torch_python_test: a Python test of the tessera torch.distributed backend (run_python.sh)."""
 
-def torch_python_test(name, src, size = "medium", data = [], args = [], tags = [], **kwargs):
+def torch_python_test(name, src, size = "medium", data = [], args = [], tags = [],
+                      sanitizers = True, **kwargs):
     """A test that runs `src` with Debian's /usr/bin/python3 and the built `tessera` package.
+
+    Tagged `no_tsan` (ThreadSanitizer cannot be preloaded into the interpreter: run_python.sh),
+    and `no_sanitizers` with sanitizers = False; tools/test.sh --sanitizers leaves such tests
+    out of those configurations.
 
     Args:
       name: the test's name.
@@ -10,6 +15,7 @@ def torch_python_test(name, src, size = "medium", data = [], args = [], tags = [
       data: more files the test reads.
       args: arguments after the script.
       tags: Bazel tags.
+      sanitizers: whether the test runs under AddressSanitizer too.
       **kwargs: passed to sh_test.
     """
     native.sh_test(
@@ -22,6 +28,6 @@ def torch_python_test(name, src, size = "medium", data = [], args = [], tags = [
             "//tests/torch:torch_testing.py",
             "//worker/torch/tessera/torch:package",
         ] + data,
-        tags = tags,
+        tags = tags + ["no_tsan"] + ([] if sanitizers else ["no_sanitizers"]),
         **kwargs
     )

@@ -159,6 +159,7 @@ class ReplicationTest(unittest.TestCase):
         self.assertIn("its key ranges go on with their other replicas", output)
         self._expect_same(killed, undisturbed)
 
+    @torch_testing.not_under_sanitizer
     def test_a_server_joining_in_a_killed_ones_place_restores_the_copies(self):
         # Server 1 killed, a server added in its place (the workers copy ranges 0 and 1 to it),
         # then server 2 killed: range 1's copies are servers 1 (the new one) and 2, so nothing
@@ -251,6 +252,7 @@ class DenseTest(unittest.TestCase):
                     # Every worker holds the servers' values: the same bits.
                     self.assertTrue(torch.equal(state[name], results[0][0][name]))
 
+    @torch_testing.not_under_sanitizer
     def test_ps_async_and_ps_ssp_learn(self):
         options = dict(optimizer="adam", lr=0.01)
         with Fleet(2) as fleet:
@@ -284,6 +286,7 @@ def _ssp_timeline(rank, world_size, address, staleness, hold_s):
 
 
 class SspTest(unittest.TestCase):
+    @torch_testing.not_under_sanitizer
     def test_a_held_back_worker_stops_the_others_at_the_bound(self):
         staleness = 2
         with Fleet(1) as fleet:
@@ -350,6 +353,7 @@ def _sample(text, name):
 
 
 class EmbeddingTest(unittest.TestCase):
+    @torch_testing.not_under_sanitizer
     def test_a_huge_table_learns_and_only_touched_rows_travel(self):
         rows = 10 ** 8  # rows exist once touched: the servers hold a few hundred
         steps = 60
@@ -482,6 +486,7 @@ def _leave_without_close(rank, world_size, address):
 
 
 class SuccessiveJobsTest(unittest.TestCase):
+    @torch_testing.not_under_sanitizer
     def test_a_worker_that_exits_without_close_says_goodbye(self):
         # Otherwise the coordinator takes its exit for a crash and fails the other worker.
         with Fleet(1) as fleet:
@@ -577,6 +582,7 @@ def _slow_training(rank, world_size, address):
 
 
 class BadInputTest(unittest.TestCase):
+    @torch_testing.not_under_sanitizer
     def test_a_replaced_parameter_names_the_parameter(self):
         with Fleet(1) as fleet:
             failure = torch_testing.run_ranks(_bad_gradient, 1, init=False,
@@ -586,6 +592,7 @@ class BadInputTest(unittest.TestCase):
         self.assertIn("'0.weight'", failure.errors[0])
         self.assertIn("[3, 3]", failure.errors[0])
 
+    @torch_testing.not_under_sanitizer
     def test_two_backward_passes_in_a_step_with_overlap_name_the_way_out(self):
         with Fleet(1) as fleet:
             failure = torch_testing.run_ranks(_two_backward_passes, 1, init=False,
@@ -595,6 +602,7 @@ class BadInputTest(unittest.TestCase):
                       failure.errors[0])
         self.assertIn("overlap=False", failure.errors[0])
 
+    @torch_testing.not_under_sanitizer
     def test_a_row_outside_the_table_names_the_table_and_the_row(self):
         with Fleet(1) as fleet:
             failure = torch_testing.run_ranks(_bad_row, 1, init=False, args=(fleet.address,),
@@ -602,6 +610,7 @@ class BadInputTest(unittest.TestCase):
         self.assertIn('embedding table "users": row id 1000 is outside [0, 1000)',
                       failure.errors[0])
 
+    @torch_testing.not_under_sanitizer
     def test_a_worker_with_another_model_is_refused(self):
         with Fleet(1) as fleet:
             failure = torch_testing.run_ranks(_other_model, 2, init=False,

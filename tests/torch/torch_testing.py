@@ -37,6 +37,20 @@ import unittest
 import xml.etree.ElementTree as ET
 
 
+# The sanitizer these processes run under ("asan": .bazelrc's configuration sets
+# TESSERA_SANITIZER, and run_python.sh preloads AddressSanitizer's runtime into the interpreter),
+# or "".
+SANITIZER = os.environ.get("TESSERA_SANITIZER", "")
+
+
+def not_under_sanitizer(test):
+    """Runs a test case in the default configuration only. Under a sanitizer every rank's start
+    (the interpreter importing torch with the sanitizer's allocator) costs several times as
+    much, and CI runs the suite in every configuration within one budget: there a slice of
+    each file's cases runs, chosen to cover its C++ paths."""
+    return unittest.skipIf(SANITIZER, f"default configuration only (not under {SANITIZER})")(test)
+
+
 class RankFailure(Exception):
     """One or more ranks raised or did not finish. `errors` maps each such rank to its
     exception's text ("TypeName: message"); `results` holds the others' return values."""
