@@ -69,7 +69,7 @@ struct PsPushPullRequest {
   // dropped because worker `dropped_by` skipped it), with the step's stop and join notes.
   // ps-async and ps-ssp: worker `pushed_by`'s push of step header.step, its gradients, and
   // each chunk's update number on the primary (`updates`, in tensor order).
-  std::string forward_to;
+  std::string forward_to = {};
   bool forwarded = false;
   int32_t dropped_by = -1;
   int32_t stopped_by = -1;

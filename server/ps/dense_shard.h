@@ -71,7 +71,7 @@ struct ChunkState {
   std::vector<float> values;
   std::vector<float> state;
   int64_t version = 0;
-  std::vector<int64_t> clocks;  // by rank; empty: restart at the restore's step
+  std::vector<int64_t> clocks = {};  // by rank; empty: restart at the restore's step
 };
 
 class DenseShard {

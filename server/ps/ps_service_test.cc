@@ -235,7 +235,9 @@ class PsServiceForwardTest : public PsServiceTest {
     ASSERT_GE(values.size(), 2u);
     ASSERT_TRUE(InitPrimary(config, values).ok());
     ASSERT_TRUE(Init(config, values, /*range=*/0).ok());
-    if (chain) ASSERT_TRUE(InitLast(config, values).ok());
+    if (chain) {
+      ASSERT_TRUE(InitLast(config, values).ok());
+    }
     const std::string forward_to =
         chain ? server_->address() + "," + last_->address() : server_->address();
     constexpr int64_t kSteps = 30;
@@ -270,7 +272,9 @@ class PsServiceForwardTest : public PsServiceTest {
     const ByKey backup = ValuesOf(Send(0, pull, 1, "pull of the backup's copy"));
     ASSERT_EQ(primary.size(), values.size());
     EXPECT_EQ(backup, primary);
-    if (chain) EXPECT_EQ(ValuesOf(SendToLast(0, pull, 1, "pull of the last copy")), primary);
+    if (chain) {
+      EXPECT_EQ(ValuesOf(SendToLast(0, pull, 1, "pull of the last copy")), primary);
+    }
     EXPECT_NE(primary, values);
     EXPECT_EQ(DenseUpdates(), static_cast<double>(2 * kSteps * values.size()));
     // The rows too: forwarded by the primary, applied in its order.

@@ -67,7 +67,7 @@ class SparseTables {
     TensorData values;   // float32, rows x dim
     // As received, in a chain (3 or more copies): the copies after this one, comma-separated
     // (the sender gives the Forwarder the whole chain instead).
-    std::string forward_to;
+    std::string forward_to = {};
   };
   // Sends `rows` along `chain` (the backup, or every copy after this one: StepForwarder), and
   // calls `done` once, later and from another thread, when they have them or are gone.

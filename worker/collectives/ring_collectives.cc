@@ -401,6 +401,8 @@ class RingRun {
         total_sends_ = (next_ == call.root ? 0 : segments_) + steps;
         break;
       case CollectiveOp::kBarrier: total_sends_ = steps; break;
+      case CollectiveOp::kSendRecv:
+      case CollectiveOp::kAllToAll: break;  // torch point-to-point frames, never a ring call
     }
   }
 

@@ -149,7 +149,9 @@ TEST(RingLinkCipherTest, ADroppedReplayedOrReorderedRecordFailsAuthentication) {
     EXPECT_FALSE(Open(other_connection, first).ok());
     RecordOpener other_cipher(LinkCipher::kChaCha20Poly1305,
                               KeyFor(LinkCipher::kChaCha20Poly1305));
-    if (cipher != LinkCipher::kChaCha20Poly1305) EXPECT_FALSE(Open(other_cipher, first).ok());
+    if (cipher != LinkCipher::kChaCha20Poly1305) {
+      EXPECT_FALSE(Open(other_cipher, first).ok());
+    }
   }
 }
 
