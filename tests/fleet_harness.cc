@@ -23,10 +23,12 @@ std::string BinaryPath(const std::string& workspace_relative) {
   return root + "/" + (workspace ? workspace : "tessera") + "/" + workspace_relative;
 }
 
-bool UnderSanitizer() {
+std::string_view Sanitizer() {
   const char* sanitizer = std::getenv("TESSERA_SANITIZER");
-  return sanitizer != nullptr && *sanitizer != '\0';
+  return sanitizer != nullptr ? sanitizer : "";
 }
+
+bool UnderSanitizer() { return !Sanitizer().empty(); }
 
 StatusOr<HttpResult> HttpGet(const std::string& url, int64_t timeout_ms) {
   constexpr std::string_view kPrefix = "http://";

@@ -11,6 +11,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/base/deadline.h"
@@ -35,6 +36,18 @@ StatusOr<HttpResult> HttpGet(const std::string& url, int64_t timeout_ms);
 // their cases under a sanitizer (the same code paths, fewer seeds or values), all of them in
 // the default configuration.
 bool UnderSanitizer();
+
+// The sanitizer the test runs under: "asan", "tsan", or empty in the default configuration.
+std::string_view Sanitizer();
+
+// In the body of a multi-process test that runs under one sanitizer only (and in the default
+// configuration): skips it under the other. ThreadSanitizer takes the scenarios that are about
+// concurrency (chains of forwards, joins, retries); AddressSanitizer those that are about data
+// (embedding rows, checkpoint files). Each scenario still runs under one of the two.
+#define TESSERA_ONLY_UNDER_SANITIZER(name)                                            \
+  if (!::tessera::testing::Sanitizer().empty() &&                                     \
+      ::tessera::testing::Sanitizer() != (name))                                      \
+  GTEST_SKIP() << "under " << (name) << " only, not " << ::tessera::testing::Sanitizer()
 
 // The job key file every process the harness starts uses: made once per test binary in
 // TEST_TMPDIR and set as TESSERA_AUTH_KEY_FILE in the test's environment, which the children

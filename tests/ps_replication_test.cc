@@ -214,6 +214,7 @@ TEST(PsReplicationTest, SyncMlpLosesNothingWhenAServerIsKilledAtARandomStep) {
 }
 
 TEST(PsReplicationTest, SyncCtrWithEmbeddingTablesLosesNothingWhenAServerIsKilled) {
+  TESSERA_ONLY_UNDER_SANITIZER("asan");
   ExpectKillsChangeNothing("ctr", {4, 5});
 }
 
@@ -222,6 +223,7 @@ TEST(PsReplicationTest, SyncCtrWithEmbeddingTablesLosesNothingWhenAServerIsKille
 // a server and checkpointed every 50 steps resumes from step 200, with two copies or one, and
 // ends with bitwise the parameters of the undisturbed run.
 TEST(PsReplicationTest, CheckpointsWrittenAfterAFailoverResumeBitwise) {
+  TESSERA_ONLY_UNDER_SANITIZER("asan");
   const std::string undisturbed = Undisturbed("mlp");
   const std::string dir = TempPath("ps_replication_checkpoints");
   const std::vector<std::string> flags =
@@ -494,6 +496,7 @@ TEST(PsReplicationTest, AsyncCompletesAndTheSurvivorsAppliedEveryAcknowledgedPus
 // (sparse_tables_test and ps_service_test check the two copies' rows bitwise): a kill changes
 // nothing for the dense chunks either.
 TEST(PsReplicationTest, AsyncCtrCompletesAndTheSurvivorsAppliedEveryAcknowledgedPush) {
+  TESSERA_ONLY_UNDER_SANITIZER("asan");
   ExpectAsyncKillsLoseNoDenseUpdate("ctr", {9});
 }
 
@@ -562,6 +565,7 @@ void ExpectAChainLosesNothingAcrossTwoKills(const std::string& mode, bool socket
 }
 
 TEST(PsReplicationTest, AsyncChainOfThreeCopiesLosesNothingAcrossTwoKills) {
+  TESSERA_ONLY_UNDER_SANITIZER("tsan");
   ExpectAChainLosesNothingAcrossTwoKills("ps-async");
 }
 
@@ -670,6 +674,7 @@ void ExpectAJoinedServerTakesCopies(const std::string& mode, const std::string& 
 }
 
 TEST(PsReplicationTest, AsyncJoiningServerTakesCopiesAndALaterKillLosesNothing) {
+  TESSERA_ONLY_UNDER_SANITIZER("tsan");
   ExpectAJoinedServerTakesCopies("ps-async");
 }
 
@@ -680,11 +685,13 @@ TEST(PsReplicationTest, SspJoiningServerTakesCopiesAndALaterKillLosesNothing) {
 
 // The ctr model: each range's embedding rows are copied and forwarded the same way.
 TEST(PsReplicationTest, AsyncCtrJoiningServerTakesCopiesAndALaterKillLosesNothing) {
+  TESSERA_ONLY_UNDER_SANITIZER("asan");
   ExpectAJoinedServerTakesCopies("ps-async", "ctr");
 }
 
 // Three copies: the joined server is each chain's last copy.
 TEST(PsReplicationTest, AsyncChainJoiningServerTakesCopiesAndALaterKillLosesNothing) {
+  TESSERA_ONLY_UNDER_SANITIZER("tsan");
   ExpectAJoinedServerTakesCopies("ps-async", "mlp", /*replicas=*/3);
 }
 

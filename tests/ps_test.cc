@@ -139,6 +139,7 @@ TEST(PsTest, SharedMemoryAndSocketsTrainTheSameModel) {
 // tables (ctr); and with two copies of each key range (mlp, --replicas 2), where the servers'
 // forwarded steps are lost and repeated too (a primary sends one again, a backup takes it once).
 TEST(PsTest, SyncThroughLostAndRepeatedMessagesIsBitwiseUndisturbed) {
+  TESSERA_ONLY_UNDER_SANITIZER("tsan");  // resends and retries racing their replies
   for (const std::string run : {"mlp", "ctr", "mlp-replicated"}) {
     // Under a sanitizer (UnderSanitizer) the two runs over the sockets: they take the ledger,
     // the resends and the forwards; the shared regions run there in other tests.
@@ -190,6 +191,7 @@ TEST(PsTest, SyncThroughLostAndRepeatedMessagesIsBitwiseUndisturbed) {
 // shards) ends bitwise where an uninterrupted run ends: the servers' chunks, optimizer state and
 // embedding rows, and the workers' data order, all continue exactly.
 TEST(PsTest, SyncCheckpointResumeIsBitwiseLikeNeverStopping) {
+  TESSERA_ONLY_UNDER_SANITIZER("asan");  // checkpoint files written and read back
   FleetHarness harness;
   const std::string dir = TempPath("ps_ckpt");
   const std::vector<std::string> fleet = {"--servers", "2", "--workers", "2", "--mode", "ps-sync",
