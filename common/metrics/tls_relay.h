@@ -14,7 +14,7 @@
 // Limits: at most `max_connections` connections at once (more are closed at accept); a
 // handshake, a silence, or a request header block slower than `idle_timeout_ms` ends a
 // connection. The backend is connected only once a request's header block is here, and given
-// it at once (its request timeout is 100 ms: metrics_http.cc).
+// it at once (behind the relay its request timeout is 1 s: metrics_http.cc).
 //
 // Lifetime: the destructor closes the listener and every connection and joins their threads.
 // Thread-safety: port() is constant after Start.
