@@ -294,9 +294,12 @@ TEST(LaunchTest, AModelMismatchAcrossLaunchersStopsEveryoneAtOnceNamingIt) {
     const bool ps = mode.rfind("ps-", 0) == 0;
     const std::vector<std::string> node = {"--nnodes", "2", "--nproc-per-node", "1", "--mode",
                                            mode};
+    // Steps enough that no worker can finish first: in ps-async worker 0 trains without
+    // waiting for worker 1, and 20 steps (18 ms) once ended before worker 1's first pull, which
+    // left worker 0 nothing to be told. Every mode stops at the mismatch.
     const std::vector<std::string> training = {
-        "--", "--steps", "20", "--batch-size", "16", "--device", "cpu", "--train-samples", "320",
-        "--input-dim", "16", "--classes", "4", "--hidden"};
+        "--", "--steps", "100000", "--batch-size", "16", "--device", "cpu", "--train-samples",
+        "320", "--input-dim", "16", "--classes", "4", "--hidden"};
     auto node0 = harness.Start(
         "node 0", "tools/tessera-launch",
         Concat(node, Concat(ps ? std::vector<std::string>{"--servers", "1"}
