@@ -1,11 +1,13 @@
 """tessera_fuzzer: a libFuzzer target and the regression test of its corpus."""
 
+load("//tools:test_tags.bzl", "SINGLE_THREADED")
+
 def tessera_fuzzer(name, srcs, deps):
     """Declares `name` and `name`_test.
 
     `name` is the fuzzer: under --config=fuzz (clang, ASan and UBSan; tools/fuzz.sh) it links
-    libFuzzer's main, otherwise the standalone driver. `name`_test runs in every ordinary build
-    and configuration of the suite: it feeds the fuzz function every file of the seed corpus,
+    libFuzzer's main, otherwise the standalone driver. `name`_test runs in the default
+    configuration and under ASan (a decoder is single-threaded: not under TSan): it feeds the fuzz function every file of the seed corpus,
     the folder `<decoder>_fuzz_corpus` beside the source (the seeds, and every input a fuzzing
     run found to crash, once fixed).
 
@@ -33,6 +35,7 @@ def tessera_fuzzer(name, srcs, deps):
     native.cc_test(
         name = name + "_test",
         size = "small",
+        tags = SINGLE_THREADED,
         srcs = srcs,
         deps = deps + ["//fuzz:standalone_driver"],
         data = native.glob([corpus + "/**"]),

@@ -6,7 +6,7 @@
 #   tools/test.sh                      # bazel test //...
 #   tools/test.sh --sanitizers         # ... then again under --config=asan and --config=tsan
 #                                      # (without the tests tagged no_sanitizers, no_asan or
-#                                      # no_tsan there)
+#                                      # no_tsan there: tests/BUILD, tools/test_tags.bzl)
 #   tools/test.sh --test_filter='Ring*' //worker/...   # extra bazel args; targets replace //...
 #
 # Give bazel flags as --flag=value: an argument that does not start with - is a target.
