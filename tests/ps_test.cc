@@ -78,6 +78,7 @@ void ExpectClose(const std::string& ps_path, const std::string& local_path) {
 class PsSyncMatchesLocal : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
 
 TEST_P(PsSyncMatchesLocal, ThreeWorkersTwoServers) {
+  TESSERA_ONLY_UNDER_SANITIZER("asan");  // the numbers, against one process
   const auto& [model, optimizer] = GetParam();
   FleetHarness harness;
   const std::string tag = model + "_" + optimizer;
@@ -105,6 +106,7 @@ INSTANTIATE_TEST_SUITE_P(Models, PsSyncMatchesLocal,
 // values into memory each worker shares with them, trains bitwise the model the sockets train
 // (--ps-shared-memory=false), and each run took the path it says.
 TEST(PsTest, SharedMemoryAndSocketsTrainTheSameModel) {
+  TESSERA_ONLY_UNDER_SANITIZER("tsan");  // the regions' writers and readers
   FleetHarness harness;
   std::string outputs[2];
   for (int shared = 0; shared < 2; ++shared) {
