@@ -7,9 +7,9 @@ def tessera_fuzzer(name, srcs, deps):
 
     `name` is the fuzzer: under --config=fuzz (clang, ASan and UBSan; tools/fuzz.sh) it links
     libFuzzer's main, otherwise the standalone driver. `name`_test runs in the default
-    configuration and under ASan (a decoder is single-threaded: not under TSan): it feeds the fuzz function every file of the seed corpus,
-    the folder `<decoder>_fuzz_corpus` beside the source (the seeds, and every input a fuzzing
-    run found to crash, once fixed).
+    configuration and under ASan (a decoder is single-threaded: not under TSan): it feeds the
+    fuzz function every file of the seed corpus, the folder `<decoder>_fuzz_corpus` beside the
+    source (the seeds, and every input a fuzzing run found to crash, once fixed).
 
     Args:
       name: the fuzzer's name, `<decoder>_fuzzer`.
