@@ -110,7 +110,14 @@ StatusOr<std::unique_ptr<PsEngine>> PsEngine::Create(const PsEngineOptions& opti
 
 std::shared_future<StatusOr<Envelope>> PsEngine::SendTo(int server, MessageBody request,
                                                         int64_t step, const std::string& what) {
-  return endpoint_->CallAsync(server_addresses_[server], std::move(request), step,
+  std::lock_guard<std::mutex> lock(lost_mu_);
+  const std::string& address = server_addresses_[static_cast<size_t>(server)];
+  if (auto failed = failed_addresses_.find(address); failed != failed_addresses_.end()) {
+    std::promise<StatusOr<Envelope>> answered;
+    answered.set_value(failed->second.WithContext(what));
+    return answered.get_future().share();
+  }
+  return endpoint_->CallAsync(address, std::move(request), step,
                               Deadline::AfterMillis(options_.request_timeout_ms), what,
                               options_.request_resend_ms);
 }
@@ -217,6 +224,8 @@ Status PsEngine::ServerLost(int server, const std::string& reason) {
     return InvalidArgumentError("server " + std::to_string(server) + " is not in the fleet view");
   }
   if (replicas_ == 1) return FailedPreconditionError(RangeLostMessage(server));
+  const Status failed =
+      UnavailableError("server " + std::to_string(server) + " failed: " + reason);
   std::string address;
   bool joiner = false;  // a joined server not taken in yet
   {
@@ -238,9 +247,8 @@ Status PsEngine::ServerLost(int server, const std::string& reason) {
       copied_.erase(server);
       if (auto joined = joined_.find(server); joined != joined_.end()) joined->second.clear();
     }
+    failed_addresses_.emplace(address, failed);
   }
-  const Status failed =
-      UnavailableError("server " + std::to_string(server) + " failed: " + reason);
   if (joiner) {
     endpoint_->FailCallsTo(address, failed);
     return OkStatus();

@@ -219,7 +219,12 @@ class PsEngine final : public TrainingEngine {
   Reply Send(int range, MessageBody request, int64_t step, const std::string& what,
              Fanout fanout = Fanout::kPrimary,
              std::optional<std::pair<MessageBody, int64_t>> ask_again = std::nullopt);
-  // One copy of a request to `server`.
+  // One copy of a request to `server`; failed at once when the server at its address was
+  // declared failed (ServerLost). Sent under the lock ServerLost marks a server failed under
+  // before it fails the calls to it: either this sees the server failed, or ServerLost fails
+  // this call. (A request whose server was picked just before its failure notice came, and
+  // sent just after, would otherwise wait out its whole deadline, quietly; in ps-ssp every
+  // other worker's replies wait for this one meanwhile, and time out.)
   std::shared_future<StatusOr<Envelope>> SendTo(int server, MessageBody request, int64_t step,
                                                 const std::string& what);
   // A push that the range's primary forwards (forwarding_: a dense push, and outside ps-sync a
@@ -286,6 +291,8 @@ class PsEngine final : public TrainingEngine {
   bool forwarding_ = false;
   mutable std::mutex lost_mu_;
   std::vector<bool> lost_;  // by server: failed (ServerLost); guarded by lost_mu_
+  // The addresses of the servers declared failed, and why (SendTo); guarded by lost_mu_.
+  std::map<std::string, Status> failed_addresses_;
   // Servers that joined in a failed one's place and are not taken in yet: rank -> address
   // (empty once it failed too).
   std::map<int, std::string> joined_;  // guarded by lost_mu_
