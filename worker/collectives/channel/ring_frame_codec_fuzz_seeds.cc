@@ -1,8 +1,8 @@
 // Writes the seed corpus of ring_frame_codec_fuzzer: one data, handshake and abort frame per
 // collective, as the direct channels put them on the wire (header, then payload).
 //
-//   bazel run //worker/collectives/channel:ring_frame_codec_fuzz_seeds -- \
-//     $PWD/worker/collectives/channel/ring_frame_codec_fuzz_corpus
+//   cd worker/collectives/channel &&
+//     bazel run :ring_frame_codec_fuzz_seeds -- $PWD/ring_frame_codec_fuzz_corpus
 #include <cstdio>
 #include <fstream>
 #include <string>

@@ -1,8 +1,8 @@
 // Writes the seed corpora of ring_link_cipher_fuzzer (records under the fuzz key, and damaged
 // ones) and ring_link_handshake_fuzzer (hellos, challenges and proofs):
 //
-//   bazel run //worker/collectives/channel/links:ring_link_fuzz_seeds -- \
-//     $PWD/worker/collectives/channel/links
+//   cd worker/collectives/channel/links &&
+//     bazel run :ring_link_fuzz_seeds -- $PWD
 #include <cstdio>
 #include <fstream>
 #include <string>
