@@ -132,6 +132,18 @@ void ConsistencyPolicy::Restore(int64_t version, std::vector<int64_t> clocks) {
   skipped_by_.clear();
 }
 
+std::vector<int> ConsistencyPolicy::NotPushed(int64_t step) const {
+  std::vector<int> missing;
+  if (step <= version_) return missing;
+  auto pushed = pushed_.find(step);
+  for (int rank = 0; rank < num_workers_; ++rank) {
+    if (pushed == pushed_.end() || !pushed->second[static_cast<size_t>(rank)]) {
+      missing.push_back(rank);
+    }
+  }
+  return missing;
+}
+
 int64_t ConsistencyPolicy::SlowestClock() const {
   return *std::min_element(clocks_.begin(), clocks_.end());
 }

@@ -114,7 +114,12 @@ class ConsistencyPolicy {
   // REQUIRES: clocks.size() == num_workers.
   void Restore(int64_t version, std::vector<int64_t> clocks);
 
+  // ps-sync: the workers whose push of `step` has not come, by rank (every worker when none
+  // has; none once the step is applied).
+  std::vector<int> NotPushed(int64_t step) const;
+
   PsConsistency model() const { return model_; }
+  int64_t staleness() const { return staleness_; }
   int64_t version() const { return version_; }
   const std::vector<int64_t>& clocks() const { return clocks_; }  // by rank
 

@@ -8,6 +8,7 @@
 #include <tuple>
 #include <utility>
 
+#include "common/base/deadline.h"
 #include "common/messages/fleet_view.h"
 #include "common/training/lr_schedule.h"
 #include "common/training/nonfinite.h"
@@ -52,6 +53,16 @@ std::vector<const float*> FloatsByRank(const std::vector<TensorData>& by_rank,
   return floats;
 }
 
+// "worker 2", "workers 0 and 2", "workers 0, 1 and 2".
+std::string WorkersNamed(const std::vector<int>& ranks) {
+  std::string named = ranks.size() == 1 ? "worker " : "workers ";
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (i > 0) named += i + 1 == ranks.size() ? " and " : ", ";
+    named += std::to_string(ranks[i]);
+  }
+  return named;
+}
+
 }  // namespace
 
 // A chunk's values. Replies send them without a copy: each holds a lease (`readers`) until
@@ -71,6 +82,8 @@ struct DenseShard::PendingReply {
   std::vector<TensorData> parts;   // part i written once, under chunk i's lock
   std::atomic<int> remaining{0};   // parts not filled yet
   bool push = false;               // the request gave gradients (or skipped them)
+  int rank = 0;                    // the worker's, and the step of its request (DescribeLongWaits)
+  int64_t step = 0;
   std::atomic<int> skipped_by{-1};  // ps-sync: who skipped the step this push was of
   std::atomic<int> stopped_by{-1};  // ps-sync: the lowest rank asked to stop in that step
   std::atomic<int> joining{-1};     // ps-sync: the lowest server rank said to join in it
@@ -110,6 +123,8 @@ struct DenseShard::Waiter {
   std::shared_ptr<PendingReply> reply;
   size_t part = 0;
   ReleaseRule rule;
+  SteadyClock::time_point since = SteadyClock::now();
+  bool described = false;  // by DescribeLongWaits, once
 };
 
 struct DenseShard::Chunk {
@@ -278,6 +293,8 @@ Status DenseShard::Serve(int rank, int64_t step, const std::vector<TensorData>& 
   auto pending = std::make_shared<PendingReply>();
   pending->send = std::move(reply);
   pending->push = push;
+  pending->rank = rank;
+  pending->step = step;
   pending->parts.resize(chunks.size());
   for (const Chunk* chunk : chunks) {
     pending->names.push_back("chunk" + std::to_string(chunk->where.index));
@@ -864,6 +881,78 @@ int64_t DenseShard::AppliedUpdates() const {
     updates += chunk->policy.version();
   }
   return updates;
+}
+
+std::vector<std::string> DenseShard::DescribeLongWaits(std::chrono::milliseconds limit) {
+  const SteadyClock::time_point now = SteadyClock::now();
+  std::vector<std::string> described;
+  for (auto& [key, chunk] : chunks_) {
+    std::lock_guard<std::mutex> lock(chunk->mu);
+    const Waiter* oldest = nullptr;
+    int others = 0;
+    for (Waiter& waiter : chunk->waiters) {
+      if (waiter.described || now - waiter.since < limit) continue;
+      waiter.described = true;
+      if (oldest != nullptr) ++others;
+      if (oldest == nullptr || waiter.since < oldest->since) oldest = &waiter;
+    }
+    if (oldest == nullptr) continue;
+    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now - oldest->since);
+    const PendingReply& reply = *oldest->reply;
+    std::string line = "chunk " + std::to_string(chunk->where.index) + ": worker " +
+                       std::to_string(reply.rank) + "'s " + (reply.push ? "push" : "pull") +
+                       " of step " + std::to_string(reply.step) + " has waited " +
+                       std::to_string(waited.count() / 1000) + "." +
+                       std::to_string(waited.count() % 1000 / 100) + " s";
+    if (others > 0) {
+      line += " (and " + std::to_string(others) + " more " + (others == 1 ? "reply" : "replies") +
+              " here)";
+    }
+    described.push_back(line + ": " + DescribeWait(*chunk, *oldest));
+  }
+  return described;
+}
+
+std::string DenseShard::DescribeWait(const Chunk& chunk, const Waiter& waiter) const {
+  const ConsistencyPolicy& policy = chunk.policy;
+  const ReleaseRule& rule = waiter.rule;
+  const bool sync = config_.consistency == PsConsistency::kSync;
+  if (!chunk.forwarding.empty() && rule.min_version >= *chunk.forwarding.begin()) {
+    return "it carries " + std::string(sync ? "step " : "update ") +
+           std::to_string(*chunk.forwarding.begin()) +
+           ", which the range's backup has not acknowledged (" +
+           std::to_string(chunk.forwarding.size()) + " forwarded and unacknowledged here)";
+  }
+  if (rule.min_version >= 0 && policy.version() < rule.min_version) {
+    if (sync) {
+      std::string why = "it waits for step " + std::to_string(rule.min_version) +
+                        " to be applied; the chunk is at step " +
+                        std::to_string(policy.version());
+      const std::vector<int> missing = policy.NotPushed(policy.version() + 1);
+      if (!missing.empty()) {
+        why += ", and " + WorkersNamed(missing) + (missing.size() == 1 ? " has" : " have") +
+               " not pushed step " + std::to_string(policy.version() + 1) + " here";
+      }
+      return why;
+    }
+    return "it waits for update " + std::to_string(rule.min_version) +
+           "; the chunk has applied " + std::to_string(policy.version());
+  }
+  if (rule.min_clock >= 0) {
+    const std::vector<int64_t>& clocks = policy.clocks();
+    std::string behind;  // "worker 1 at step 2, worker 2 at step 1"
+    for (size_t rank = 0; rank < clocks.size(); ++rank) {
+      if (clocks[rank] >= rule.min_clock) continue;
+      behind += std::string(behind.empty() ? "" : ", ") + "worker " + std::to_string(rank) +
+                " at step " + std::to_string(clocks[rank]);
+    }
+    if (!behind.empty()) {
+      return "ps-ssp holds it until every worker reached step " +
+             std::to_string(rule.min_clock) + " (--staleness " +
+             std::to_string(policy.staleness()) + "); behind it here: " + behind;
+    }
+  }
+  return "nothing holds it any more, yet it was not sent (a bug: please report it)";
 }
 
 std::map<uint64_t, ChunkState> DenseShard::CopyTo(const std::string& backup) {

@@ -41,6 +41,7 @@
 #ifndef TESSERA_SERVER_PS_DENSE_SHARD_H_
 #define TESSERA_SERVER_PS_DENSE_SHARD_H_
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -193,6 +194,13 @@ class DenseShard {
   std::map<uint64_t, ChunkState> Snapshot() const;
   // The sum of the chunks' versions: outside ps-sync, the updates they applied.
   int64_t AppliedUpdates() const;
+  // The replies held longer than `limit`, each described once, a line per chunk: whose
+  // request, for how long, and what holds it: the step or update it waits for and who has not
+  // pushed it, ps-ssp's staleness bound and the workers behind it, or the backup's
+  // acknowledgement. E.g. "chunk 3: worker 2's push of step 57 has waited 10.0 s: ps-ssp
+  // holds it until every worker reached step 53 (--staleness 4); behind it here: worker 0 at
+  // step 40". A worker sees only its deadline; this is what the server's log says of it.
+  std::vector<std::string> DescribeLongWaits(std::chrono::milliseconds limit);
   // ps-async, ps-ssp: Snapshot for the server at `backup`, which joined in a failed one's
   // place, with each chunk's version and clocks; under the same lock the chunk starts
   // forwarding every later update there, last in the chain whatever backups a push names
@@ -259,6 +267,8 @@ class DenseShard {
   // the current ones.
   float* Writable(Chunk* chunk);
   void ReleaseReady(Chunk* chunk, Ready* ready);
+  // What holds `waiter` (DescribeLongWaits). REQUIRES: chunk.mu held.
+  std::string DescribeWait(const Chunk& chunk, const Waiter& waiter) const;
   static void Send(const Ready& ready);
 
   const PsJobConfig config_;

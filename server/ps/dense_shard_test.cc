@@ -946,6 +946,70 @@ TEST_F(DenseShardTest, AsyncSkipAppliesNothing) {
   EXPECT_EQ((*skipped.reply)->skipped_by, -1);
 }
 
+// A reply held past the limit is described once, a line per chunk, with what holds it: a step
+// some worker has not pushed (ps-sync), ps-ssp's bound and the workers behind it, or the
+// backup's acknowledgement of the update it carries.
+TEST_F(DenseShardTest, LongWaitsAreDescribedOnceWithWhatHoldsThem) {
+  using std::chrono::milliseconds;
+  const auto described = [](DenseShard& shard) {
+    std::string lines;
+    for (const std::string& line : shard.DescribeLongWaits(milliseconds(0))) {
+      // The time waited varies: "... has waited 0.0 s" becomes "... has waited T".
+      const size_t at = line.find("has waited ");
+      const size_t end = line.find(" s", at);
+      EXPECT_NE(end, std::string::npos) << line;
+      lines += line.substr(0, at) + "has waited T" + line.substr(end + 2) + "\n";
+    }
+    return lines;
+  };
+  {
+    auto shard = Create(Config(PsConsistency::kSync, 3));
+    Captured first = Push(*shard, 1, 1, {Chunk(0, {1, 1, 1, 1})});
+    Captured second = Push(*shard, 2, 1, {Chunk(0, {1, 1, 1, 1}), Chunk(2, {1, 1})});
+    EXPECT_TRUE(shard->DescribeLongWaits(milliseconds(60000)).empty());
+    EXPECT_EQ(described(*shard),
+              "chunk 0: worker 1's push of step 1 has waited T (and 1 more reply here): it "
+              "waits for step 1 to be applied; the chunk is at step 0, and worker 0 has not "
+              "pushed step 1 here\n"
+              "chunk 2: worker 2's push of step 1 has waited T: it waits for step 1 to be "
+              "applied; the chunk is at step 0, and workers 0 and 1 have not pushed step 1 "
+              "here\n");
+    EXPECT_EQ(described(*shard), "");  // once
+  }
+  {
+    PsJobConfig config = Config(PsConsistency::kSsp, 3);
+    config.staleness = 1;
+    auto shard = Create(config);
+    for (int64_t step = 1; step <= 3; ++step) Push(*shard, 0, step, {Chunk(1, {1, 1, 1, 1})});
+    Push(*shard, 2, 1, {Chunk(1, {1, 1, 1, 1})});
+    EXPECT_EQ(described(*shard),
+              "chunk 1: worker 0's push of step 2 has waited T (and 1 more reply here): ps-ssp "
+              "holds it until every worker reached step 1 (--staleness 1); behind it here: "
+              "worker 1 at step 0\n");
+    Captured caught_up = Push(*shard, 1, 2, {Chunk(1, {1, 1, 1, 1})});
+    EXPECT_TRUE(caught_up.came());
+    Push(*shard, 0, 4, {Chunk(1, {1, 1, 1, 1})});
+    EXPECT_EQ(described(*shard),
+              "chunk 1: worker 0's push of step 4 has waited T: ps-ssp holds it until every "
+              "worker reached step 3 (--staleness 1); behind it here: worker 1 at step 2, "
+              "worker 2 at step 1\n");
+  }
+  {
+    auto primary = CreatePrimary(Config(PsConsistency::kAsync, 1));
+    Captured pushed;
+    ASSERT_TRUE(primary
+                    ->PushPull(0, 1, {Chunk(0, {1, 1, 1, 1})}, true, pushed.Callback(), false, -1,
+                               kBackup)
+                    .ok());
+    EXPECT_EQ(described(*primary),
+              "chunk 0: worker 0's push of step 1 has waited T: it carries update 1, which the "
+              "range's backup has not acknowledged (1 forwarded and unacknowledged here)\n");
+    ASSERT_EQ(sent_.size(), 1u);
+    sent_[0].done();
+    EXPECT_TRUE(pushed.came());
+  }
+}
+
 TEST_F(DenseShardTest, APullWaitsForTheStepBeforeItsOwn) {
   auto shard = Create(Config(PsConsistency::kSync, 1));
   Captured pull;

@@ -1,9 +1,12 @@
 #include "server/ps/ps_service.h"
 
+#include <chrono>
+#include <condition_variable>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -42,6 +45,12 @@ struct Job {
   std::shared_ptr<RequestLedger> ledger = std::make_shared<RequestLedger>();
 };
 
+// How often replies held too long are looked for (PsServiceOptions::long_wait_ms).
+constexpr auto kWatchEvery = std::chrono::seconds(1);
+// The chunks of a range whose long waits are logged as warnings at each look; the others go to
+// the debug log.
+constexpr size_t kLongWaitLines = 3;
+
 constexpr MessageType kServed[] = {MessageType::kPsInitRequest, MessageType::kPsPushPullRequest,
                                    MessageType::kSparsePushRequest,
                                    MessageType::kSparsePullRequest,
@@ -59,8 +68,15 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
                                                   options.forward_timeout_ms}),
         queue_(options.threads) {}
 
+  ~Impl() { StopWatch(); }
+
   void PeerLost(const std::string& address, const std::string& why) {
     forwarder_.PeerLost(address, why);
+  }
+
+  void StartWatch() {
+    if (options_.long_wait_ms <= 0) return;
+    watch_ = std::thread([this] { WatchLongWaits(); });
   }
 
   // Handlers only queue the request (they run on the transport's I/O thread).
@@ -87,10 +103,51 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
         if (envelope.origin.IsRequest()) endpoint->ReplyError(envelope, stopped);
       });
     }
+    StopWatch();
     queue_.Stop();
   }
 
  private:
+  // Replies held longer than options_.long_wait_ms are logged once each, saying what holds
+  // them (DenseShard::DescribeLongWaits): their workers see only their deadlines.
+  void WatchLongWaits() {
+    const auto limit = std::chrono::milliseconds(options_.long_wait_ms);
+    std::unique_lock<std::mutex> lock(watch_mu_);
+    while (!watch_cv_.wait_for(lock, kWatchEvery, [this] { return watch_stopping_; })) {
+      lock.unlock();
+      std::vector<std::shared_ptr<Job>> jobs;
+      {
+        std::lock_guard<std::mutex> held(job_mu_);
+        for (const auto& [range, job] : jobs_) jobs.push_back(job);
+      }
+      for (const std::shared_ptr<Job>& job : jobs) {
+        // A slow worker holds every chunk's replies alike: a few lines, the rest at debug.
+        const std::vector<std::string> lines = job->dense->DescribeLongWaits(limit);
+        for (size_t i = 0; i < lines.size(); ++i) {
+          if (i < kLongWaitLines) {
+            TLOG(WARNING) << RangeName(job->range) << ", " << lines[i];
+          } else {
+            TLOG(DEBUG) << RangeName(job->range) << ", " << lines[i];
+          }
+        }
+        if (lines.size() > kLongWaitLines) {
+          TLOG(WARNING) << RangeName(job->range) << ": " << lines.size() - kLongWaitLines
+                        << " more chunks hold replies that long (--log-level debug names them)";
+        }
+      }
+      lock.lock();
+    }
+  }
+
+  void StopWatch() {
+    {
+      std::lock_guard<std::mutex> lock(watch_mu_);
+      watch_stopping_ = true;
+    }
+    watch_cv_.notify_all();
+    if (watch_.joinable()) watch_.join();
+  }
+
   void Post(Envelope request) {
     // A forwarded update holds the primary's replies until this server acknowledges it: it
     // goes before the workers' requests queued here.
@@ -683,6 +740,11 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
   std::map<int, std::shared_ptr<Job>> jobs_;  // guarded by job_mu_
   std::vector<Parked> before_init_;           // guarded by job_mu_
 
+  std::mutex watch_mu_;
+  std::condition_variable watch_cv_;
+  bool watch_stopping_ = false;  // guarded by watch_mu_
+  std::thread watch_;            // WatchLongWaits
+
   WorkQueue queue_;  // last: its threads stop before the rest goes
 };
 
@@ -692,6 +754,7 @@ StatusOr<std::unique_ptr<PsService>> PsService::Start(const PsServiceOptions& op
   ASSIGN_OR_RETURN(std::unique_ptr<PsMetrics> registered, PsMetrics::Register(metrics));
   auto impl = std::make_shared<Impl>(options, endpoint, std::move(registered));
   impl->InstallHandlers();
+  impl->StartWatch();
   return std::unique_ptr<PsService>(new PsService(impl));
 }
 

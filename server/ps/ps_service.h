@@ -86,6 +86,11 @@ struct PsServiceOptions {
   // such as one of a replaced job, would otherwise be held forever). tessera-server: twice
   // --request-timeout-ms.
   int64_t park_limit_ms = 60000;
+  // A reply held this long is logged once, saying what holds it (DenseShard::
+  // DescribeLongWaits: a slow worker under ps-ssp's bound, a backup that does not acknowledge,
+  // a step some worker has not pushed); 0: never. tessera-server: a third of
+  // --request-timeout-ms, so the log says why before the worker's deadline does.
+  int64_t long_wait_ms = 10000;
 };
 
 class PsService {

@@ -25,6 +25,32 @@ TEST_F(PsServiceTest, SyncRepliesWaitForEveryWorkerThenCarryTheAveragedUpdate) {
   EXPECT_EQ(ValuesOf(second), (ByKey{{50, {0, 1, 2, 4}}}));
 }
 
+// A reply held longer than the limit is logged once by the service's watch, saying what holds
+// it, while pushes go on (both sides of the chunk's lock at once).
+TEST_F(PsServiceTest, AReplyHeldLongIsLoggedWithWhatHoldsIt) {
+  Fleet fleet;
+  fleet.long_wait_ms = 100;
+  ASSERT_NO_FATAL_FAILURE(Start(fleet));
+  ASSERT_TRUE(Init(TestConfig(PsConsistency::kSync, 2), {{50, {1, 2, 3, 4}}}).ok());
+  testing::internal::CaptureStderr();
+  Reply held = PushPull(0, 1, {{50, {1, 1, 1, 1}}});
+  // Worker 1 has not pushed step 1; the watch looks once a second.
+  EXPECT_EQ(held.wait_for(std::chrono::milliseconds(2500)), std::future_status::timeout);
+  const std::string logged = testing::internal::GetCapturedStderr();
+  EXPECT_NE(logged.find("range 1, chunk 1: worker 0's push of step 1 has waited "), std::string::npos)
+      << logged;
+  EXPECT_NE(logged.find(" s: it waits for step 1 to be applied; the chunk is at step 0, and "
+                        "worker 1 has not pushed step 1 here"),
+            std::string::npos)
+      << logged;
+  // Once.
+  EXPECT_EQ(logged.find("has waited", logged.find("has waited") + 1), std::string::npos)
+      << logged;
+  Reply second = PushPull(1, 1, {{50, {3, 3, 3, -1}}});
+  EXPECT_EQ(ValuesOf(held), (ByKey{{50, {0, 1, 2, 4}}}));
+  EXPECT_EQ(ValuesOf(second), (ByKey{{50, {0, 1, 2, 4}}}));
+}
+
 // --replicas: server 1 holds range 0 beside its own, each with its own chunks, rows and
 // steps; every request names its range, a push parks until its range's init, and a backup's
 // push (ack_only) is applied but answered without the values.

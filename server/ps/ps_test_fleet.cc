@@ -121,6 +121,7 @@ void PsServiceTest::Start(Fleet fleet) {
   options.num_servers = fleet.num_servers;
   options.key_space = kTestKeySpace;
   options.park_limit_ms = fleet.park_limit_ms;
+  options.long_wait_ms = fleet.long_wait_ms;
   auto service = PsService::Start(options, server_.get(), &metrics_);
   ASSERT_TRUE(service.ok()) << service.status();
   service_ = std::move(service).value();

@@ -82,6 +82,7 @@ Status Serve(ProcessRuntime& runtime, bool join) {
   // Twice the workers' own wait (--request-timeout-ms, set fleet-wide): a request parked for
   // its job's init longer than that has no worker waiting for it any more.
   ps_options.park_limit_ms = 2 * runtime.config().request_timeout_ms;
+  ps_options.long_wait_ms = runtime.config().request_timeout_ms / 3;
   StatusOr<std::unique_ptr<PsService>> ps =
       PsService::Start(ps_options, &endpoint, &runtime.metrics());
   if (!ps.ok()) {
