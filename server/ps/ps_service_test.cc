@@ -26,7 +26,7 @@ TEST_F(PsServiceTest, SyncRepliesWaitForEveryWorkerThenCarryTheAveragedUpdate) {
 }
 
 // A reply held longer than the limit is logged once by the service's watch, saying what holds
-// it, while pushes go on (both sides of the chunk's lock at once).
+// it. (Every PsServiceTest runs the watch, at its default limit, beside its requests.)
 TEST_F(PsServiceTest, AReplyHeldLongIsLoggedWithWhatHoldsIt) {
   Fleet fleet;
   fleet.long_wait_ms = 100;
@@ -37,7 +37,8 @@ TEST_F(PsServiceTest, AReplyHeldLongIsLoggedWithWhatHoldsIt) {
   // Worker 1 has not pushed step 1; the watch looks once a second.
   EXPECT_EQ(held.wait_for(std::chrono::milliseconds(2500)), std::future_status::timeout);
   const std::string logged = testing::internal::GetCapturedStderr();
-  EXPECT_NE(logged.find("range 1, chunk 1: worker 0's push of step 1 has waited "), std::string::npos)
+  EXPECT_NE(logged.find("range 1, chunk 1: worker 0's push of step 1 has waited "),
+            std::string::npos)
       << logged;
   EXPECT_NE(logged.find(" s: it waits for step 1 to be applied; the chunk is at step 0, and "
                         "worker 1 has not pushed step 1 here"),

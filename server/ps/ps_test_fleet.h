@@ -56,7 +56,7 @@ struct Fleet {
   // the server: the chains of --replicas 3 (primary, server, last).
   bool with_last = false;
   int64_t park_limit_ms = 60000;  // PsServiceOptions::park_limit_ms
-  int64_t long_wait_ms = 0;       // PsServiceOptions::long_wait_ms (0: never logged)
+  int64_t long_wait_ms = 10000;   // PsServiceOptions::long_wait_ms (its default)
 };
 
 // The test job of `num_workers` workers (see the file comment).
