@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/base/and_list.h"
 #include "common/base/deadline.h"
 #include "common/base/host_port.h"
 #include "common/base/logging.h"
@@ -856,17 +857,16 @@ class Launcher {
   // replicas are among lost_servers_; empty while every range has one.
   std::string LostRange() const {
     for (int range = 0; range < config_.servers; ++range) {
-      std::string servers;
+      std::vector<int> servers;
       bool lost = true;
       for (int k = 0; k < config_.replicas && lost; ++k) {
         const int server = RangeReplicaServer(range, k, config_.servers);
         lost = lost_servers_.count(server) > 0;
-        if (k > 0) servers += k + 1 == config_.replicas ? " and " : ", ";
-        servers += std::to_string(server);
+        servers.push_back(server);
       }
       if (lost) {
         return "range " + std::to_string(range) + " was lost with its replicas, servers " +
-               servers;
+               AndList(servers);
       }
     }
     return "";

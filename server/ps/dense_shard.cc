@@ -8,6 +8,7 @@
 #include <tuple>
 #include <utility>
 
+#include "common/base/and_list.h"
 #include "common/base/deadline.h"
 #include "common/messages/fleet_view.h"
 #include "common/training/lr_schedule.h"
@@ -51,16 +52,6 @@ std::vector<const float*> FloatsByRank(const std::vector<TensorData>& by_rank,
     floats.push_back(FloatsOf(by_rank[r], &(*scratch)[r]));
   }
   return floats;
-}
-
-// "worker 2", "workers 0 and 2", "workers 0, 1 and 2".
-std::string WorkersNamed(const std::vector<int>& ranks) {
-  std::string named = ranks.size() == 1 ? "worker " : "workers ";
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    if (i > 0) named += i + 1 == ranks.size() ? " and " : ", ";
-    named += std::to_string(ranks[i]);
-  }
-  return named;
 }
 
 }  // namespace
@@ -930,7 +921,8 @@ std::string DenseShard::DescribeWait(const Chunk& chunk, const Waiter& waiter) c
                         std::to_string(policy.version());
       const std::vector<int> missing = policy.NotPushed(policy.version() + 1);
       if (!missing.empty()) {
-        why += ", and " + WorkersNamed(missing) + (missing.size() == 1 ? " has" : " have") +
+        why += std::string(missing.size() == 1 ? ", and worker " : ", and workers ") +
+               AndList(missing) + (missing.size() == 1 ? " has" : " have") +
                " not pushed step " + std::to_string(policy.version() + 1) + " here";
       }
       return why;

@@ -9,6 +9,7 @@
 
 #include <unistd.h>
 
+#include "common/base/and_list.h"
 #include "common/base/deadline.h"
 #include "common/base/logging.h"
 #include "common/metrics/metric_names.h"
@@ -201,11 +202,11 @@ bool PsEngine::IsLost(int server) const {
 
 std::string PsEngine::RangeLostMessage(int range) const {
   const auto [begin, end] = ServerKeyRange(view_.key_space, view_.num_servers, range);
-  std::string servers;
+  std::vector<int> replicas;
   for (int k = 0; k < replicas_; ++k) {
-    if (k > 0) servers += k + 1 == replicas_ ? " and " : ", ";
-    servers += std::to_string(RangeReplicaServer(range, k, view_.num_servers));
+    replicas.push_back(RangeReplicaServer(range, k, view_.num_servers));
   }
+  const std::string servers = AndList(replicas);
   return "range " + std::to_string(range) + " (keys [" + std::to_string(begin) + ", " +
          std::to_string(end) + ") and the embedding rows hashing to it) is lost: " +
          (replicas_ == 1 ? "its only copy was on server " + servers + " (--replicas 1)"
@@ -750,12 +751,7 @@ Status PsEngine::OfferRegions(int64_t step, const std::vector<int>& ranges, bool
                << (replicas_ == 1 ? " servers" : " copies of the key ranges")
                << " share memory with this worker: their chunks pass through it";
   } else if (mapped > 0) {
-    std::string renewed;  // "range 1", "ranges 0 and 2"
-    for (size_t k = 0; k < ranges.size(); ++k) {
-      renewed += (k == 0 ? "" : k + 1 == ranges.size() ? " and " : ", ") +
-                 std::to_string(ranges[k]);
-    }
-    TLOG(INFO) << (ranges.size() == 1 ? "range " : "ranges ") << renewed << ": " << mapped
+    TLOG(INFO) << (ranges.size() == 1 ? "range " : "ranges ") << AndList(ranges) << ": " << mapped
                << " of " << offered.size() << " copies, a server taken in among them, share a "
                << "fresh region with this worker";
   }
