@@ -40,8 +40,8 @@ if ((${#targets[@]} == 0)); then
   targets=(//...)
 fi
 
-echo "test.sh: checking build dependencies"
-tools/install_deps.sh
+echo "test.sh: installing what the suite needs and is missing (tools/install_deps.sh test)"
+tools/install_deps.sh test
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
