@@ -22,10 +22,6 @@
 #include "worker/nn/model.h"
 #include "worker/trainer.h"
 
-namespace CLI {
-class App;
-}
-
 namespace tessera::worker {
 
 struct TrainingFlags {
@@ -68,9 +64,6 @@ struct TrainingFlags {
   int64_t inject_nonfinite_step = 0;   // tests (hidden flag): a NaN input at this step
   bool checkpoint_on_sigterm = false;
 };
-
-// Registers the flags (with help text and defaults) on `app`.
-void AddTrainingFlags(CLI::App* app, TrainingFlags* flags);
 
 // The backend for --device: "cpu"; "cuda" (device local_rank, or 0; Unavailable with the
 // CUDA runtime's reason when there is none); "auto" (CUDA when a device is there, else CPU).

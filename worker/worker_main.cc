@@ -33,7 +33,6 @@
 #include <string>
 #include <thread>
 
-#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "common/base/deadline.h"
@@ -41,7 +40,6 @@
 #include "common/base/logging.h"
 #include "common/base/status.h"
 #include "common/config/config.h"
-#include "common/config/flag_checks.h"
 #include "common/metrics/metric_names.h"
 #include "common/process/process_runtime.h"
 #include "common/rendezvous/rendezvous_client.h"
@@ -63,112 +61,10 @@
 #include "worker/params_file.h"
 #include "worker/trainer.h"
 #include "worker/training_setup.h"
+#include "worker/worker_flags.h"
 
 namespace tessera::worker {
 namespace {
-
-struct WorkerFlags {
-  std::string mode = "local";
-  SmokeFlags smoke;
-  AllReduceBenchFlags bench;
-  TrainingFlags training;
-  int64_t staleness = 2;
-  uint64_t ps_chunk_elements = 1 << 16;
-  bool ps_shared_memory = true;
-  int64_t ps_resend_ms = 2000;
-  std::string bench_ps_mode = "ps-async";
-  double bucket_mb = 25;
-  bool no_overlap = false;
-  uint64_t segment_kb = 1024;
-  std::string ring_transport = "auto";
-  int64_t ring_spin_us = kDefaultRingSpinCapUs;
-};
-
-void AddWorkerFlags(CLI::App* app, WorkerFlags* flags) {
-  app->add_option("--mode", flags->mode,
-                  "local: train alone (no --coordinator needed); ps-sync, ps-async, ps-ssp: "
-                  "train against the parameter servers; allreduce: data parallel by ring "
-                  "all-reduce (no servers); zero1, zero2, zero3: the same with the optimizer "
-                  "state, + gradients, + parameters partitioned (ZeRO stages 1-3); smoke: the "
-                  "fleet smoke job (push/pull through the servers, verified all-reduces, exit); "
-                  "bench-allreduce: timed all-reduces for tessera-bench allreduce; bench-ps: "
-                  "timed push+pull steps for tessera-bench ps")
-      ->check(CLI::Validator(
-          [](std::string& mode) -> std::string {
-            if (mode == "local" || mode == "smoke" || mode == "allreduce" || mode == "zero1" ||
-                mode == "zero2" || mode == "zero3" || mode == "bench-allreduce" ||
-                mode == "bench-ps" || ParsePsMode(mode).ok()) {
-              return "";
-            }
-            return "mode " + mode + " is not available in this version; available: local, "
-                   "ps-sync, ps-async, ps-ssp, allreduce, zero1, zero2, zero3, smoke, "
-                   "bench-allreduce, bench-ps";
-          },
-          "MODE", "mode"))
-      ->capture_default_str();
-  AddTrainingFlags(app, &flags->training);
-  auto* ps = app->add_option_group("Parameter server (--mode ps-*)");
-  ps->add_option("--staleness", flags->staleness,
-                 "ps-ssp: how many steps a worker may run ahead of the slowest")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
-      ->capture_default_str();
-  ps->add_option("--ps-chunk-elements", flags->ps_chunk_elements,
-                 "Dense parameters travel and are sharded in chunks of this many floats")
-      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 28))
-      ->capture_default_str();
-  ps->add_option("--ps-shared-memory", flags->ps_shared_memory,
-                 "Servers on this host exchange gradients and values with this worker through "
-                 "shared memory instead of sockets (false: always sockets)")
-      ->capture_default_str();
-  ps->add_option("--ps-resend-ms", flags->ps_resend_ms,
-                 "A request to a server unanswered this long is sent again (the same request: "
-                 "a server applies it once), then after twice as long, up to 8x, until "
-                 "--request-timeout-ms; 0: never")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
-      ->capture_default_str();
-  ps->add_option("--bench-ps-mode", flags->bench_ps_mode,
-                 "--mode bench-ps: the mode its steps use (ps-async: each worker's own "
-                 "push+pull throughput; ps-sync: the workers' steps in lockstep, as in training; "
-                 "ps-ssp: with --bench-iters only)")
-      ->check(CLI::Validator(
-          [](std::string& mode) -> std::string {
-            StatusOr<PsConsistency> parsed = ParsePsMode(mode);
-            return parsed.ok() ? "" : parsed.status().message();
-          },
-          "MODE", "ps mode"))
-      ->capture_default_str();
-  auto* ddp = app->add_option_group("All-reduce (--mode allreduce, zero1-3)");
-  ddp->add_option("--bucket-mb", flags->bucket_mb,
-                  "Gradient bucket size in MiB (PyTorch DDP's bucket_cap_mb)")
-      ->check(FiniteRange(0, 4096))
-      ->capture_default_str();
-  ddp->add_flag("--no-overlap", flags->no_overlap,
-                "allreduce, zero1: start all buckets after backward instead of during it; "
-                "zero3: no prefetch of the next layer's parameters");
-  ddp->add_option("--segment-kb", flags->segment_kb,
-                  "Pipelining unit of the ring: the largest piece one message carries")
-      ->check(CLI::Range(uint64_t{1}, uint64_t{64} << 10))
-      ->capture_default_str();
-  ddp->add_option("--ring-transport", flags->ring_transport,
-                  "How ring segments travel: shm (shared-memory rings to the ring neighbours, "
-                  "same host only; worker/collectives/channel/shm/ring_shm.h), links (direct TCP connections to them; "
-                  "worker/collectives/channel/links/ring_links.h), zmq (through the process's transport and its I/O "
-                  "thread), or auto (per hop: shm between neighbours that can map each other's "
-                  "shared memory, i.e. on one host, links elsewhere; the ring visits each "
-                  "host's workers together). Both direct channels are driven by the calling "
-                  "thread. Every worker must use the same")
-      ->check(CLI::IsMember({"auto", "shm", "links", "zmq"}))
-      ->capture_default_str();
-  ddp->add_option("--ring-spin-us", flags->ring_spin_us,
-                  "With --ring-transport links: the most a waiting collective polls its socket "
-                  "without sleeping (yielding the core each round) before it sleeps in poll(); "
-                  "the budget within this cap adapts to how long recent waits took, and drops "
-                  "to 0 while waits outlast it. 0: never spin")
-      ->check(CLI::Range(int64_t{0}, int64_t{1000000}))
-      ->capture_default_str();
-  AddSmokeFlags(app, &flags->smoke);
-  AddAllReduceBenchFlags(app, &flags->bench);
-}
 
 // The workers' ring, from the fleet view, as every collective mode builds it. Sets
 // *channel_description (if not null) to the channel it chose, as logged.
@@ -613,12 +509,9 @@ int main(int argc, char** argv) {
   // 256 MiB of freed heap for reuse instead.
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 256 << 20);
-  CLI::App app(
-      "tessera-worker: a training process. --mode local trains alone (standalone or in a "
-      "fleet); the other modes join the fleet at --coordinator.");
   tessera::worker::WorkerFlags flags;
-  tessera::worker::AddWorkerFlags(&app, &flags);
-  return tessera::RunProcess(tessera::Role::kWorker, argc, argv, &app,
+  std::shared_ptr<CLI::App> command_line = tessera::worker::WorkerCommandLine(&flags);
+  return tessera::RunProcess(tessera::Role::kWorker, argc, argv, command_line.get(),
                              [&flags](tessera::ProcessRuntime& runtime) {
                                return tessera::worker::RunWorker(runtime, flags);
                              });

@@ -13,8 +13,6 @@
 #include <sstream>
 #include <thread>
 
-#include <CLI/CLI.hpp>
-
 #include "common/base/descriptor_limit.h"
 #include "common/base/host_port.h"
 #include "common/base/logging.h"
@@ -204,11 +202,6 @@ int RunProcess(Role role, int argc, char** argv, CLI::App* app,
   sigset_t stop_signals = StopSignals();
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
-  std::unique_ptr<CLI::App> own_app;
-  if (app == nullptr) {
-    own_app = std::make_unique<CLI::App>("tessera-" + std::string(RoleName(role)));
-    app = own_app.get();
-  }
   bool help = false;
   StatusOr<ProcessConfig> config =
       ParseProcessConfig(role, argc, argv, CurrentEnvironment(), app, &help);

@@ -88,7 +88,8 @@ class ProcessRuntime {
 StatusOr<Credentials> ResolveProcessCredentials(const ProcessConfig& config,
                                                 std::string_view listen_host);
 
-// See the file comment. `app` may be null (common flags only) and must not have been parsed.
+// See the file comment. `app` holds the binary's own flags (the common ones are added to it) and
+// must not have been parsed. REQUIRES: app != nullptr.
 int RunProcess(Role role, int argc, char** argv, CLI::App* app,
                const std::function<Status(ProcessRuntime&)>& body);
 

@@ -6,10 +6,8 @@
 #include <cstdlib>
 #include <sstream>
 
-#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "common/config/flag_checks.h"
 
 namespace tessera::worker {
 namespace {
@@ -18,7 +16,6 @@ using Clock = std::chrono::steady_clock;
 
 constexpr size_t kMaxBytes = size_t{1} << 30;
 constexpr int64_t kMinIters = 5;
-constexpr int64_t kMaxIters = 10000;
 
 // One size: verify, warm up, time, reduce the times, report (see the header).
 class SizeRun {
@@ -54,8 +51,8 @@ class SizeRun {
                                  tensor_ + ".warmup", (*next_tag_)++));
     int64_t iters = flags_.iters;
     if (iters == 0) {
-      iters = warm_mean[0] > 0 ? static_cast<int64_t>(flags_.seconds / warm_mean[0]) : kMaxIters;
-      iters = std::clamp(iters, kMinIters, kMaxIters);
+      iters = warm_mean[0] > 0 ? static_cast<int64_t>(flags_.seconds / warm_mean[0]) : kMaxBenchIters;
+      iters = std::clamp(iters, kMinIters, kMaxBenchIters);
     }
 
     std::vector<float> times(static_cast<size_t>(iters));
@@ -118,22 +115,6 @@ double BenchMedian(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   const size_t n = values.size();
   return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
-}
-
-void AddAllReduceBenchFlags(CLI::App* app, AllReduceBenchFlags* flags) {
-  auto* group = app->add_option_group("Benchmarks (--mode bench-allreduce, bench-ps)");
-  group->add_option("--bench-sizes", flags->sizes, "Buffer sizes in bytes, comma-separated")
-      ->capture_default_str();
-  group->add_option("--bench-warmup", flags->warmup, "Untimed all-reduces per size")
-      ->check(CLI::Range(int64_t{0}, int64_t{1000}))
-      ->capture_default_str();
-  group->add_option("--bench-iters", flags->iters,
-                    "Timed all-reduces per size; 0: as many as fit in --bench-seconds")
-      ->check(CLI::Range(int64_t{0}, kMaxIters))
-      ->capture_default_str();
-  group->add_option("--bench-seconds", flags->seconds, "Time per size when --bench-iters is 0")
-      ->check(FiniteRange(0, 3600))
-      ->capture_default_str();
 }
 
 Status RunAllReduceBench(Collectives& collectives, const AllReduceBenchFlags& flags,

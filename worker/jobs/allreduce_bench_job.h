@@ -26,21 +26,19 @@
 #include "common/base/status.h"
 #include "worker/collectives/collectives.h"
 
-namespace CLI {
-class App;
-}
-
 namespace tessera::worker {
 
+// The most timed all-reduces per size (--bench-iters, or as many as --bench-seconds fit).
+inline constexpr int64_t kMaxBenchIters = 10000;
+
+// Its flags (--bench-sizes, --bench-warmup, --bench-iters, --bench-seconds; --mode bench-ps
+// takes them too) are on worker_flags.h's command line.
 struct AllReduceBenchFlags {
   std::string sizes = "4096";  // bytes, comma-separated; multiples of 4
   int64_t warmup = 3;
   int64_t iters = 0;  // 0: from seconds
   double seconds = 1;
 };
-
-// Also the flags of --mode bench-ps (ps_bench_job.h).
-void AddAllReduceBenchFlags(CLI::App* app, AllReduceBenchFlags* flags);
 
 // --bench-sizes: byte counts, multiples of 4 between 4 and 1 GiB; InvalidArgument otherwise.
 StatusOr<std::vector<size_t>> ParseBenchSizes(const std::string& text);

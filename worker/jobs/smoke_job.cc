@@ -12,7 +12,6 @@
 #include <utility>
 #include <vector>
 
-#include <CLI/CLI.hpp>
 
 #include "common/base/deadline.h"
 #include "common/base/logging.h"
@@ -28,7 +27,6 @@ namespace {
 
 // Tag of the first all-reduce round; round r uses kFirstAllReduceTag + r - 1.
 constexpr uint64_t kFirstAllReduceTag = 1;
-constexpr int64_t kMaxTensorElements = int64_t{1} << 28;  // 1 GiB of float32
 // Room left in a message for its header beside the tensor bytes.
 constexpr uint64_t kHeaderAllowance = 64 * 1024;
 // The probe job's "model", for the servers' checkpoint checks (it is never checkpointed).
@@ -326,22 +324,6 @@ class SmokeJob {
 };
 
 }  // namespace
-
-void AddSmokeFlags(CLI::App* app, SmokeFlags* flags) {
-  auto* group = app->add_option_group("Smoke job (--mode smoke)");
-  group->add_option("--tensor-elements", flags->tensor_elements,
-                    "Float32 elements of the probe tensors and of the all-reduce")
-      ->check(CLI::Range(int64_t{0}, kMaxTensorElements))
-      ->capture_default_str();
-  group->add_option("--rounds", flags->rounds,
-                    "All-reduce rounds to run, like training steps (progress every 10)")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
-      ->capture_default_str();
-  group->add_option("--round-interval-ms", flags->round_interval_ms,
-                    "Pause between two all-reduce rounds")
-      ->check(CLI::Range(int64_t{0}, int64_t{3600} * 1000))
-      ->capture_default_str();
-}
 
 Status RunSmokeJob(ProcessRuntime& runtime, RendezvousClient& client,
                    std::shared_ptr<CollectiveMailbox> mailbox,

@@ -19,19 +19,18 @@
 #include "common/rendezvous/rendezvous_client.h"
 #include "worker/collectives/channel/zmq/collective_mailbox.h"
 
-namespace CLI {
-class App;
-}
-
 namespace tessera::worker {
 
+// The largest --tensor-elements: 1 GiB of float32.
+inline constexpr int64_t kMaxSmokeTensorElements = int64_t{1} << 28;
+
+// Its flags (--tensor-elements, --rounds, --round-interval-ms) are on worker_flags.h's
+// command line.
 struct SmokeFlags {
   int64_t tensor_elements = 1024;
   int64_t rounds = 1;
   int64_t round_interval_ms = 0;
 };
-
-void AddSmokeFlags(CLI::App* app, SmokeFlags* flags);
 
 // Runs the job for this worker (already a fleet member through `client`): probes pushed to
 // and pulled from the servers on the parameter-server protocol, then verified all-reduces

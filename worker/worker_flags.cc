@@ -1,0 +1,288 @@
+#include "worker/worker_flags.h"
+
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "common/config/flag_checks.h"
+#include "common/training/ps_job.h"
+
+namespace tessera::worker {
+namespace {
+
+CLI::Validator OneOf(std::vector<std::string> values) {
+  std::string joined;
+  for (const auto& v : values) joined += (joined.empty() ? "" : "|") + v;
+  return CLI::Validator(
+      [values, joined](std::string& value) -> std::string {
+        for (const auto& v : values) {
+          if (value == v) return "";
+        }
+        return "'" + value + "' is not one of " + joined;
+      },
+      joined, "one of");
+}
+
+void AddTrainingFlags(CLI::App* app, TrainingFlags* f) {
+  auto* model = app->add_option_group("Model");
+  model->add_option("--model", f->model, "Model: mlp (classifier) or ctr (embeddings + MLP, "
+                                         "for click-through data)")
+      ->check(OneOf({"mlp", "ctr"}))
+      ->capture_default_str();
+  model->add_option("--hidden", f->hidden,
+                    "Hidden widths, comma-separated (default: mlp 1024,1024; ctr 256,128)");
+  model->add_option("--activation", f->activation, "relu or gelu")
+      ->check(OneOf({"relu", "gelu"}))
+      ->capture_default_str();
+  model->add_flag("--layer-norm", f->layer_norm, "LayerNorm after every hidden Linear");
+  model->add_option("--embedding-dim", f->embedding_dim, "ctr: floats per embedding row")
+      ->check(CLI::Range(int64_t{1}, int64_t{4096}))
+      ->capture_default_str();
+
+  auto* data = app->add_option_group("Data");
+  data->add_option("--dataset", f->dataset,
+                   "synthetic (teacher-labelled classification), synthetic-ctr (Zipf ids + "
+                   "dense features), mnist (idx files in --data-path), file (TSRDATA1 file "
+                   "--data-path, see docs/data-format.md)")
+      ->check(OneOf({"synthetic", "synthetic-ctr", "mnist", "file"}))
+      ->capture_default_str();
+  data->add_option("--data-path", f->data_path,
+                   "mnist: directory with train-/t10k- idx files; file: the training file");
+  data->add_option("--eval-data-path", f->eval_data_path, "file: the evaluation file");
+  data->add_option("--train-samples", f->train_samples, "Synthetic sets: samples")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
+      ->capture_default_str();
+  data->add_option("--input-dim", f->input_dim, "synthetic: features per sample")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24))
+      ->capture_default_str();
+  data->add_option("--classes", f->classes, "synthetic: classes")
+      ->check(CLI::Range(int64_t{2}, int64_t{1} << 20))
+      ->capture_default_str();
+
+  auto* train = app->add_option_group("Training");
+  train->add_option("--batch-size", f->batch_size, "Samples per step, per worker")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24))
+      ->capture_default_str();
+  train->add_option("--grad-accumulation", f->grad_accumulation,
+                    "Micro-batches of --batch-size per optimizer step (gradients averaged; in "
+                    "allreduce mode only the last one communicates)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
+      ->capture_default_str();
+  train->add_option("--steps", f->steps, "Optimizer steps (0: use --epochs)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
+      ->capture_default_str();
+  train->add_option("--epochs", f->epochs, "Passes over this worker's share when --steps is 0")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
+      ->capture_default_str();
+  train->add_option("--optimizer", f->optimizer, "sgd, momentum, adam, adamw or adagrad")
+      ->check(OneOf({"sgd", "momentum", "adam", "adamw", "adagrad"}))
+      ->capture_default_str();
+  // Largest --lr, --weight-decay and --min-lr accepted: far past any that trains, and a typo
+  // of a few digits too many is caught.
+  constexpr double kMaxRate = 1e6;
+  train->add_option_function<double>(
+          "--lr", [f](const double& lr) { f->lr = lr; },
+          "Learning rate (default: the optimizer's, as in PyTorch)")
+      ->check(FiniteRange(0, kMaxRate));
+  train->add_option("--optimizer-params", f->optimizer_params,
+                    "Other optimizer fields, e.g. momentum=0.9,nesterov=true or "
+                    "beta2=0.98,eps=1e-6");
+  train->add_option_function<double>(
+          "--weight-decay", [f](const double& decay) { f->weight_decay = decay; },
+          "Weight decay (L2; decoupled for adamw); default: the optimizer's")
+      ->check(FiniteRange(0, kMaxRate));
+  train->add_option("--lr-schedule", f->lr_schedule, "constant, step or cosine")
+      ->check(OneOf({"constant", "step", "cosine"}))
+      ->capture_default_str();
+  train->add_option("--warmup-steps", f->warmup_steps, "Linear warmup steps")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
+      ->capture_default_str();
+  train->add_option("--lr-step-size", f->lr_step_size, "step schedule: steps between decays")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  train->add_option("--lr-gamma", f->lr_gamma, "step schedule: decay factor, in (0, 1]")
+      ->check(FiniteRange(0, 1))
+      ->capture_default_str();
+  train->add_option("--min-lr", f->min_lr, "cosine schedule: final learning rate")
+      ->check(FiniteRange(0, kMaxRate))
+      ->capture_default_str();
+  train->add_option("--seed", f->seed, "Seed of the parameters, the data order and synthetic data")
+      ->check(UnsignedRange(0, UINT64_MAX))
+      ->capture_default_str();
+  train->add_option("--on-nonfinite", f->on_nonfinite,
+                    "A NaN or Inf gradient or loss: error (stop, naming the step, rank and "
+                    "tensor), skip (drop that step's update on every rank; in ps-async and "
+                    "ps-ssp only this worker's) or off (no check)")
+      ->check(OneOf({"error", "skip", "off"}))
+      ->capture_default_str();
+  // Tests only (so not in --help): makes the step's loss and gradients NaN on this rank.
+  train->add_option("--inject-nonfinite-step", f->inject_nonfinite_step)
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
+      ->group("");
+  train->add_option("--device", f->device, "cpu, cuda or auto (cuda when a GPU is there)")
+      ->check(OneOf({"cpu", "cuda", "auto"}))
+      ->capture_default_str();
+  train->add_option("--log-every", f->log_every, "Progress line every N steps (0: none)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
+      ->capture_default_str();
+  train->add_option("--eval-every", f->eval_every, "Evaluate every N steps (0: at the end only)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
+      ->capture_default_str();
+  train->add_option("--eval-samples", f->eval_samples, "Samples of the evaluation set to use")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
+      ->capture_default_str();
+  train->add_flag("--json", f->json, "Print the final summary as one JSON object on stdout");
+  train->add_option("--save-params", f->save_params,
+                    "Write the final dense parameters to PATH (raw float32) and PATH.json "
+                    "(manifest); see docs/params-format.md");
+  train->add_option("--checkpoint-dir", f->checkpoint_dir,
+                    "Where checkpoints go (step-N/ directories, MANIFEST.json, LATEST)");
+  train->add_option("--checkpoint-every", f->checkpoint_every,
+                    "Checkpoint after every N steps and after the last (needs --checkpoint-dir)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
+      ->capture_default_str();
+  train->add_flag("--checkpoint-on-sigterm", f->checkpoint_on_sigterm,
+                  "On SIGTERM or SIGINT (preemption), checkpoint the step just finished into "
+                  "--checkpoint-dir before exiting (ps-sync, allreduce, zero1-3: the step all "
+                  "workers agree to stop after; waits are then not cut 1 s after the signal)");
+  train->add_flag("--resume", f->resume,
+                  "Continue after the newest checkpoint in --checkpoint-dir (from step 1 if "
+                  "there is none yet)");
+  train->add_option_function<int64_t>(
+          "--resume-step", [f](const int64_t& step) { f->resume_step = step; },
+          "Continue after the checkpoint of step N in --checkpoint-dir instead of the newest "
+          "(e.g. when the newest does not verify: the error names the newest that does)")
+      ->type_name("N")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+}
+
+void AddSmokeFlags(CLI::App* app, SmokeFlags* flags) {
+  auto* group = app->add_option_group("Smoke job (--mode smoke)");
+  group->add_option("--tensor-elements", flags->tensor_elements,
+                    "Float32 elements of the probe tensors and of the all-reduce")
+      ->check(CLI::Range(int64_t{0}, kMaxSmokeTensorElements))
+      ->capture_default_str();
+  group->add_option("--rounds", flags->rounds,
+                    "All-reduce rounds to run, like training steps (progress every 10)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
+      ->capture_default_str();
+  group->add_option("--round-interval-ms", flags->round_interval_ms,
+                    "Pause between two all-reduce rounds")
+      ->check(CLI::Range(int64_t{0}, int64_t{3600} * 1000))
+      ->capture_default_str();
+}
+
+// Also the flags of --mode bench-ps (ps_bench_job.h).
+void AddAllReduceBenchFlags(CLI::App* app, AllReduceBenchFlags* flags) {
+  auto* group = app->add_option_group("Benchmarks (--mode bench-allreduce, bench-ps)");
+  group->add_option("--bench-sizes", flags->sizes, "Buffer sizes in bytes, comma-separated")
+      ->capture_default_str();
+  group->add_option("--bench-warmup", flags->warmup, "Untimed all-reduces per size")
+      ->check(CLI::Range(int64_t{0}, int64_t{1000}))
+      ->capture_default_str();
+  group->add_option("--bench-iters", flags->iters,
+                    "Timed all-reduces per size; 0: as many as fit in --bench-seconds")
+      ->check(CLI::Range(int64_t{0}, kMaxBenchIters))
+      ->capture_default_str();
+  group->add_option("--bench-seconds", flags->seconds, "Time per size when --bench-iters is 0")
+      ->check(FiniteRange(0, 3600))
+      ->capture_default_str();
+}
+
+void AddWorkerFlags(CLI::App* app, WorkerFlags* flags) {
+  app->add_option("--mode", flags->mode,
+                  "local: train alone (no --coordinator needed); ps-sync, ps-async, ps-ssp: "
+                  "train against the parameter servers; allreduce: data parallel by ring "
+                  "all-reduce (no servers); zero1, zero2, zero3: the same with the optimizer "
+                  "state, + gradients, + parameters partitioned (ZeRO stages 1-3); smoke: the "
+                  "fleet smoke job (push/pull through the servers, verified all-reduces, exit); "
+                  "bench-allreduce: timed all-reduces for tessera-bench allreduce; bench-ps: "
+                  "timed push+pull steps for tessera-bench ps")
+      ->check(CLI::Validator(
+          [](std::string& mode) -> std::string {
+            if (mode == "local" || mode == "smoke" || mode == "allreduce" || mode == "zero1" ||
+                mode == "zero2" || mode == "zero3" || mode == "bench-allreduce" ||
+                mode == "bench-ps" || ParsePsMode(mode).ok()) {
+              return "";
+            }
+            return "mode " + mode + " is not available in this version; available: local, "
+                   "ps-sync, ps-async, ps-ssp, allreduce, zero1, zero2, zero3, smoke, "
+                   "bench-allreduce, bench-ps";
+          },
+          "MODE", "mode"))
+      ->capture_default_str();
+  AddTrainingFlags(app, &flags->training);
+  auto* ps = app->add_option_group("Parameter server (--mode ps-*)");
+  ps->add_option("--staleness", flags->staleness,
+                 "ps-ssp: how many steps a worker may run ahead of the slowest")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
+      ->capture_default_str();
+  ps->add_option("--ps-chunk-elements", flags->ps_chunk_elements,
+                 "Dense parameters travel and are sharded in chunks of this many floats")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 28))
+      ->capture_default_str();
+  ps->add_option("--ps-shared-memory", flags->ps_shared_memory,
+                 "Servers on this host exchange gradients and values with this worker through "
+                 "shared memory instead of sockets (false: always sockets)")
+      ->capture_default_str();
+  ps->add_option("--ps-resend-ms", flags->ps_resend_ms,
+                 "A request to a server unanswered this long is sent again (the same request: "
+                 "a server applies it once), then after twice as long, up to 8x, until "
+                 "--request-timeout-ms; 0: never")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
+      ->capture_default_str();
+  ps->add_option("--bench-ps-mode", flags->bench_ps_mode,
+                 "--mode bench-ps: the mode its steps use (ps-async: each worker's own "
+                 "push+pull throughput; ps-sync: the workers' steps in lockstep, as in training; "
+                 "ps-ssp: with --bench-iters only)")
+      ->check(CLI::Validator(
+          [](std::string& mode) -> std::string {
+            StatusOr<PsConsistency> parsed = ParsePsMode(mode);
+            return parsed.ok() ? "" : parsed.status().message();
+          },
+          "MODE", "ps mode"))
+      ->capture_default_str();
+  auto* ddp = app->add_option_group("All-reduce (--mode allreduce, zero1-3)");
+  ddp->add_option("--bucket-mb", flags->bucket_mb,
+                  "Gradient bucket size in MiB (PyTorch DDP's bucket_cap_mb)")
+      ->check(FiniteRange(0, 4096))
+      ->capture_default_str();
+  ddp->add_flag("--no-overlap", flags->no_overlap,
+                "allreduce, zero1: start all buckets after backward instead of during it; "
+                "zero3: no prefetch of the next layer's parameters");
+  ddp->add_option("--segment-kb", flags->segment_kb,
+                  "Pipelining unit of the ring: the largest piece one message carries")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{64} << 10))
+      ->capture_default_str();
+  ddp->add_option("--ring-transport", flags->ring_transport,
+                  "How ring segments travel: shm (shared-memory rings to the ring neighbours, "
+                  "same host only; worker/collectives/channel/shm/ring_shm.h), links (direct TCP connections to them; "
+                  "worker/collectives/channel/links/ring_links.h), zmq (through the process's transport and its I/O "
+                  "thread), or auto (per hop: shm between neighbours that can map each other's "
+                  "shared memory, i.e. on one host, links elsewhere; the ring visits each "
+                  "host's workers together). Both direct channels are driven by the calling "
+                  "thread. Every worker must use the same")
+      ->check(CLI::IsMember({"auto", "shm", "links", "zmq"}))
+      ->capture_default_str();
+  ddp->add_option("--ring-spin-us", flags->ring_spin_us,
+                  "With --ring-transport links: the most a waiting collective polls its socket "
+                  "without sleeping (yielding the core each round) before it sleeps in poll(); "
+                  "the budget within this cap adapts to how long recent waits took, and drops "
+                  "to 0 while waits outlast it. 0: never spin")
+      ->check(CLI::Range(int64_t{0}, int64_t{1000000}))
+      ->capture_default_str();
+  AddSmokeFlags(app, &flags->smoke);
+  AddAllReduceBenchFlags(app, &flags->bench);
+}
+
+}  // namespace
+
+std::shared_ptr<CLI::App> WorkerCommandLine(WorkerFlags* flags) {
+  auto app = std::make_shared<CLI::App>(
+      "tessera-worker: a training process. --mode local trains alone (standalone or in a "
+      "fleet); the other modes join the fleet at --coordinator.");
+  AddWorkerFlags(app.get(), flags);
+  return app;
+}
+
+}  // namespace tessera::worker
