@@ -21,10 +21,10 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 # The coordinator and servers are scraped during the launcher's linger (a scrape and promtool
 # take well under a second each).
-readonly linger_seconds=3
+readonly linger_seconds=2
 # Workers are scraped as soon as they are ready; their own --linger keeps /metrics up for a
 # scrape that comes after their work.
-readonly worker_linger_seconds=2
+readonly worker_linger_seconds=1
 
 # Each step line says how long the quickstart has run so far.
 step() { echo "==> [${SECONDS} s] $*"; }
