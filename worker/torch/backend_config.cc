@@ -24,6 +24,30 @@ StatusOr<int64_t> ParseInteger(const std::string& name, const std::string& text,
   return value;
 }
 
+// Why a rank found no key, for the error: which of its launchers' ways of starting ranks come
+// with one (tessera/torch/__init__.py).
+std::string NoKeyHint(const Environment& env) {
+  static constexpr const char* kRankVariables[] = {
+      "RANK", "LOCAL_RANK", "GROUP_RANK", "TORCHELASTIC_RUN_ID",
+      "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"};
+  std::string launcher;
+  for (const char* name : kRankVariables) {
+    if (env.count(name) != 0) {
+      launcher = name;
+      break;
+    }
+  }
+  const std::string spawned =
+      "Ranks started with torch.multiprocessing.spawn, multiprocessing or subprocess by a "
+      "process that imported tessera.torch inherit that process's key";
+  if (launcher.empty()) {
+    return spawned + "; this process was not started that way (or it was, and " +
+           kAuthKeyFileVariable + " was removed from its environment)";
+  }
+  return spawned + "; this one was started by a launcher (" + launcher +
+         " is set), whose ranks need one key file given to them all";
+}
+
 }  // namespace
 
 StatusOr<Credentials> CredentialsFromEnvironment(const Environment& env,
@@ -41,7 +65,14 @@ StatusOr<Credentials> CredentialsFromEnvironment(const Environment& env,
   StatusOr<Credentials> credentials =
       ResolveCredentials(insecure == "1", encrypt.empty() ? "auto" : encrypt,
                          value(kAuthKeyFileVariable), listen_host, rendezvous_host);
-  if (!credentials.ok()) return credentials.status().WithContext("the tessera backend");
+  if (!credentials.ok()) {
+    Status status = credentials.status();
+    if (status.code() == StatusCode::kFailedPrecondition && insecure != "1" &&
+        value(kAuthKeyFileVariable).empty()) {
+      status = Status(status.code(), status.message() + ". " + NoKeyHint(env));
+    }
+    return status.WithContext("the tessera backend");
+  }
   return credentials;
 }
 

@@ -112,5 +112,20 @@ TEST(BackendConfigTest, NoKeyAndNoInsecureIsRefusedSayingWhatToDo) {
             std::string::npos);
 }
 
+TEST(BackendConfigTest, NoKeySaysWhichWayOfStartingRanksBringsOne) {
+  // A rank a launcher started: the launcher's variable is named, and a shared key file asked for.
+  Status torchrun = BackendConfigFrom({{"RANK", "1"}, {"WORLD_SIZE", "2"}}).status();
+  EXPECT_EQ(torchrun.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(torchrun.message().find("started by a launcher (RANK is set)"), std::string::npos)
+      << torchrun;
+  EXPECT_NE(torchrun.message().find("--make-key-file"), std::string::npos) << torchrun;
+  Status srun = BackendConfigFrom({{"SLURM_PROCID", "0"}}).status();
+  EXPECT_NE(srun.message().find("(SLURM_PROCID is set)"), std::string::npos) << srun;
+  // A process no launcher started: spawned ranks inherit their parent's key.
+  Status plain = BackendConfigFrom({}).status();
+  EXPECT_NE(plain.message().find("torch.multiprocessing.spawn"), std::string::npos) << plain;
+  EXPECT_NE(plain.message().find("was not started that way"), std::string::npos) << plain;
+}
+
 }  // namespace
 }  // namespace tessera::worker
