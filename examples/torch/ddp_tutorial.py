@@ -3,14 +3,19 @@
 The programs are the tutorial's (https://pytorch.org/tutorials/intermediate/ddp_tutorial.html),
 demo_basic and demo_checkpoint, started with torch.multiprocessing.spawn, with four changes:
 
-  * `import tessera.torch` (which registers the backend) and init_process_group("tessera"),
-    and tessera.torch.make_job_key() before spawning: the ranks share a job key;
+  * `import tessera.torch` (which registers the backend) and init_process_group("tessera"); the
+    ranks share the job key that import makes in this parent process (it exports
+    TESSERA_AUTH_KEY_FILE, which the spawned ranks inherit), so nothing else changes;
   * CPU tensors and models: no .to(rank), no device_ids, map_location="cpu";
   * demo_basic trains for a few epochs over a small dataset through a DistributedSampler (each
     rank sees its own share of the samples), and both demos check that every rank ends with
     the same parameters.
 
-    /usr/bin/python3 examples/torch/ddp_tutorial.py [--world-size 2]
+    /usr/bin/python3 examples/torch/ddp_tutorial.py [--world-size 2] [--backend gloo]
+        [--save-params PATH]
+
+--backend gloo runs the same programs on Gloo (tests/torch/tutorial_test compares the two);
+--save-params writes demo_basic's trained parameters (torch.save of the state dict, rank 0).
 
 (tools/install_python.sh makes `import tessera.torch` work for /usr/bin/python3.) The port
 for the rendezvous is MASTER_PORT when set, else a free one this program picks.
@@ -39,7 +44,8 @@ def setup(rank, world_size):
     os.environ.setdefault("MASTER_ADDR", "localhost")
     os.environ.setdefault("MASTER_PORT", "12355")  # the parent sets a free one (main below)
     # initialize the process group
-    dist.init_process_group("tessera", rank=rank, world_size=world_size)
+    dist.init_process_group(os.environ.get("DDP_TUTORIAL_BACKEND", "tessera"), rank=rank,
+                            world_size=world_size)
 
 
 def cleanup():
@@ -73,7 +79,7 @@ def same_on_every_rank(model):
     return all(torch.equal(flat, other) for other in gathered)
 
 
-def demo_basic(rank, world_size, epochs=3):
+def demo_basic(rank, world_size, save_params=None, epochs=3):
     print(f"Running basic DDP example on rank {rank}.", flush=True)
     setup(rank, world_size)
 
@@ -105,6 +111,8 @@ def demo_basic(rank, world_size, epochs=3):
         losses.append((total[0] / total[1]).item())
 
     same = same_on_every_rank(ddp_model)
+    if rank == 0 and save_params:
+        torch.save(model.state_dict(), save_params)
     if rank == 0:
         print(f"demo_basic: {world_size} ranks trained ToyModel on {len(dataset)} samples "
               f"({len(sampler)} per rank per epoch); mean loss by epoch: "
@@ -178,19 +186,22 @@ def free_port():
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--backend", choices=["tessera", "gloo"], default="tessera")
+    parser.add_argument("--save-params", metavar="PATH")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    # The spawned ranks inherit the environment: the job key (TESSERA_AUTH_KEY_FILE, made here
-    # unless given), and MASTER_PORT as given, else a free port for each demo (each is a
-    # process group of its own).
-    tessera.torch.make_job_key()
+    # The spawned ranks inherit the environment: the job key (TESSERA_AUTH_KEY_FILE, which
+    # `import tessera.torch` made above unless one was given), the backend, and MASTER_PORT as
+    # given, else a free port for each demo (each is a process group of its own).
+    os.environ["DDP_TUTORIAL_BACKEND"] = args.backend
     given_port = os.environ.get("MASTER_PORT")
     os.environ["MASTER_PORT"] = given_port or str(free_port())
-    run_demo(demo_basic, args.world_size)
+    run_demo(demo_basic, args.world_size, args.save_params)
     os.environ["MASTER_PORT"] = given_port or str(free_port())
     with tempfile.TemporaryDirectory() as checkpoint_dir:
         run_demo(demo_checkpoint, args.world_size, checkpoint_dir)
-    print(f"ddp_tutorial: both demos passed on the tessera backend with {args.world_size} ranks")
+    print(f"ddp_tutorial: both demos passed on the {args.backend} backend with "
+          f"{args.world_size} ranks")
 
 
 if __name__ == "__main__":

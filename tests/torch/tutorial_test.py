@@ -12,7 +12,10 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import unittest
+
+import torch
 
 import torch_testing
 
@@ -21,10 +24,13 @@ EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", 
 TIMEOUT_S = 90
 
 
-def _run(args):
+def _run(args, without_key=False):
     """Runs /usr/bin/python3 with `args` in a session of its own (so a hang kills every rank it
-    started); returns (exit code, output)."""
+    started); returns (exit code, output). `without_key`: no TESSERA_AUTH_KEY_FILE in its
+    environment, as a user's shell has none."""
     env = dict(os.environ)
+    if without_key:
+        env.pop("TESSERA_AUTH_KEY_FILE", None)
     env.setdefault("OMP_NUM_THREADS", "1")
     env["PYTHONUNBUFFERED"] = "1"  # what was printed survives a kill
     env.pop("MASTER_PORT", None)
@@ -44,8 +50,25 @@ def _run(args):
 
 class TutorialTest(unittest.TestCase):
     def test_ddp_tutorial_with_mp_spawn(self):
-        code, output = _run([os.path.join(EXAMPLES, "ddp_tutorial.py"), "--world-size", "2"])
-        self.assertEqual(code, 0, output)
+        """Unmodified but for the backend's name, with no key given: `import tessera.torch` in
+        the parent makes the one its spawned ranks share. The parameters it trains are Gloo's,
+        bit for bit."""
+        with tempfile.TemporaryDirectory() as scratch:
+            tessera_params = os.path.join(scratch, "tessera.pt")
+            gloo_params = os.path.join(scratch, "gloo.pt")
+            code, output = _run([os.path.join(EXAMPLES, "ddp_tutorial.py"), "--world-size", "2",
+                                 "--save-params", tessera_params], without_key=True)
+            self.assertEqual(code, 0, output)
+            gloo_code, gloo_output = _run([os.path.join(EXAMPLES, "ddp_tutorial.py"),
+                                           "--world-size", "2", "--backend", "gloo",
+                                           "--save-params", gloo_params], without_key=True)
+            self.assertEqual(gloo_code, 0, gloo_output)
+            tessera_state = torch.load(tessera_params)
+            gloo_state = torch.load(gloo_params)
+        self.assertEqual(sorted(tessera_state), sorted(gloo_state))
+        for name, value in gloo_state.items():
+            self.assertTrue(torch.equal(tessera_state[name], value),
+                            f"{name} differs from Gloo's: {tessera_state[name]} vs {value}")
         for rank in (0, 1):
             self.assertIn(f"Running basic DDP example on rank {rank}.", output)
             self.assertIn(f"Running DDP checkpoint example on rank {rank}.", output)

@@ -10,6 +10,7 @@ nn.Module (ParameterServerOptimizer, ShardedEmbedding: tessera/torch/ps.py). See
 docs/pytorch.md.
 """
 
+import os as _os
 import sys as _sys
 
 import torch.distributed as _dist
@@ -25,25 +26,68 @@ __all__ = ["BACKEND", "make_job_key", "metrics_url", "ParameterServerOptimizer",
 BACKEND = "tessera"
 
 
-def make_job_key():
-    """A job key for the processes this one starts (torch.multiprocessing.spawn, subprocess):
-    unless TESSERA_AUTH_KEY_FILE is already set, writes a new key file (mode 0600) in a private
-    temporary directory, removed when this process exits, and sets TESSERA_AUTH_KEY_FILE to it,
-    which the children inherit. Returns the key file's path. Processes started by others
-    (torchrun, mpirun, Slurm) need one shared file instead: `tessera-launch --make-key-file`."""
+# Variables by which a launcher (torchrun, OpenMPI, MPICH's PMI, Slurm) tells a process that it
+# is one rank of a job it started: such a process shares a key with the other ranks, it never
+# makes one.
+_RANK_VARIABLES = ("RANK", "LOCAL_RANK", "GROUP_RANK", "TORCHELASTIC_RUN_ID",
+                   "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
+
+
+def _is_launched_rank(environ):
+    return any(name in environ for name in _RANK_VARIABLES)
+
+
+def _remove_when_process_exits(directory):
+    """Removes `directory` when this process exits, however it exits: at interpreter exit
+    (atexit), and otherwise (SIGTERM, SIGKILL, os._exit) by a small watcher that waits for the
+    end of a pipe only this process holds (PEP 446: not inherited by the processes it starts;
+    a fork()ed child keeps it, and the key then stays until that child ends too)."""
     import atexit
     import os
     import shutil
+    import subprocess
+
+    atexit.register(shutil.rmtree, directory, True)
+    read_end, write_end = os.pipe()
+    try:
+        # In a session of its own: a Ctrl-C to this process's group must not end the watcher
+        # before this process, whose key it removes.
+        subprocess.Popen(["/bin/sh", "-c", 'cat >/dev/null; rm -rf -- "$0"', directory],
+                         stdin=read_end, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         close_fds=True, start_new_session=True)
+    except OSError:
+        os.close(write_end)  # no watcher: atexit alone removes it
+        write_end = None
+    finally:
+        os.close(read_end)
+    return write_end  # held open until this process ends
+
+
+def make_job_key():
+    """A job key for the processes this one starts (torch.multiprocessing.spawn,
+    multiprocessing, subprocess): unless TESSERA_AUTH_KEY_FILE is already set, writes a new key
+    file (mode 0600) in a private temporary directory, removed when this process exits (also
+    when a signal ends it), and sets TESSERA_AUTH_KEY_FILE to it, which the children inherit.
+    Returns the key file's path. `import tessera.torch` calls it in a process that no launcher
+    started (see _RANK_VARIABLES), so programs that spawn their ranks need no change. Processes
+    started by others (torchrun, mpirun, srun, by hand) need one shared file instead:
+    `tessera-launch --make-key-file PATH`."""
+    import os
     import tempfile
+    global _key_watch
     given = os.environ.get("TESSERA_AUTH_KEY_FILE")
     if given:
         return given
-    directory = tempfile.mkdtemp(prefix="tessera-job-key-")
-    atexit.register(shutil.rmtree, directory, True)
+    directory = tempfile.mkdtemp(prefix="tessera-job-key-")  # mode 0700
+    _key_watch = _remove_when_process_exits(directory)
     path = os.path.join(directory, "job.key")
     _C.write_key_file(path)
     os.environ["TESSERA_AUTH_KEY_FILE"] = path
     return path
+
+
+# The write end of the pipe whose closing (this process's end) removes the key made here.
+_key_watch = None
 
 
 def metrics_url():
@@ -59,6 +103,13 @@ def _create(store, rank, world_size, timeout):
 
 if BACKEND.upper() not in _dist.Backend._plugins:
     _dist.Backend.register_backend(BACKEND, _create)
+
+# A program that starts its own ranks (mp.spawn, as PyTorch's tutorials do) runs unchanged: its
+# parent, which no launcher started, makes the job's key for its children. A rank that a
+# launcher started never makes one: the other ranks could not know it.
+if (not _is_launched_rank(_os.environ) and "TESSERA_AUTH_KEY_FILE" not in _os.environ
+        and _os.environ.get("TESSERA_INSECURE") != "1"):
+    make_job_key()
 
 
 def _excepthook(kind, value, traceback, _previous=_sys.excepthook):
