@@ -36,6 +36,7 @@ while (($#)); do
   shift
 done
 
+tools/install_deps.sh fuzz >&2  # clang and libFuzzer; quiet when present
 mapfile -t targets < <(bazel query --noshow_progress \
   'attr(name, "_fuzzer$", kind("cc_binary", //...))' 2>/dev/null | sort)
 if ((${#only[@]})); then

@@ -34,7 +34,10 @@ while (($# > 0)); do
   esac
 done
 
-[[ -x "$python" ]] || { echo "install_python: no interpreter at $python (tools/install_deps.sh installs Debian's)" >&2; exit 1; }
+if [[ "$python" == /usr/bin/python3 ]]; then
+  tools/install_deps.sh torch  # Debian's PyTorch for that interpreter; quiet when present
+fi
+[[ -x "$python" ]] || { echo "install_python: no interpreter at $python (tools/install_deps.sh torch installs Debian's)" >&2; exit 1; }
 
 # The site-packages directory this user can write: the interpreter's own when root, else the
 # user's (which Python reads unless -s or PYTHONNOUSERSITE).
@@ -52,7 +55,7 @@ if ((uninstall)); then
 fi
 
 "$python" -c 'import torch' 2>/dev/null ||
-  { echo "install_python: $python cannot import torch; run tools/install_deps.sh" >&2; exit 1; }
+  { echo "install_python: $python cannot import torch; run tools/install_deps.sh torch" >&2; exit 1; }
 
 echo "install_python: building the extension (bazel build //worker/torch/tessera/torch:package)"
 bazel build //worker/torch/tessera/torch:package

@@ -15,7 +15,8 @@
 #                           then kills it and everything it started (default 10800)
 #   -j, --jobs N            runs at once (default 1; the machine's cores are shared by the ranks)
 #   -o, --out DIR           results directory (default /tmp/torch-dist-suite.<date>)
-#   --no-install            do not run tools/install_python.sh first (tessera runs need it)
+#   --no-install            do not run tools/install_deps.sh torch and tools/install_python.sh
+#                           first (tessera runs need the second)
 #
 # Each run gets temporary directories of its own (TEMP_DIR, TMPDIR), so runs may go in
 # parallel. Per run, OUT holds BACKEND-wsN.log (the suite's output), .jsonl (one line per
@@ -59,6 +60,7 @@ while (($# > 0)); do
   esac
 done
 
+((install)) && tools/install_deps.sh torch  # Debian's PyTorch, whose suite this runs
 [[ -x "$python" ]] || { echo "torch_dist_suite: no interpreter at $python" >&2; exit 1; }
 out="${out:-/tmp/torch-dist-suite.$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$out"

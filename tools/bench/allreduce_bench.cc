@@ -129,7 +129,7 @@ Status MeasureMpi(const AllReduceBenchOptions& o, const std::string& scratch,
   std::optional<std::string> mpicc = FindInPath("mpicc"), mpirun = FindInPath("mpirun");
   if (!mpicc || !mpirun) {
     result->skipped = std::string("no ") + (!mpicc ? "mpicc" : "mpirun") +
-                      " on PATH (apt-get install openmpi-bin libopenmpi-dev)";
+                      " on PATH (tools/install_deps.sh bench installs OpenMPI)";
     return OkStatus();
   }
   ASSIGN_OR_RETURN(std::string source, FindRunfile("tools/bench/mpi_allreduce.c"));
@@ -159,14 +159,14 @@ Status MeasureMpi(const AllReduceBenchOptions& o, const std::string& scratch,
 
 Status MeasureGloo(const AllReduceBenchOptions& o, SystemResult* result) {
   if (access(kPython, X_OK) != 0) {
-    result->skipped = std::string(kPython) + " is missing (apt-get install python3-torch)";
+    result->skipped = std::string(kPython) + " is missing (tools/install_deps.sh bench installs PyTorch)";
     return OkStatus();
   }
   if (!RunToCompletion("python3 -c 'import torch.distributed'",
                        {kPython, "-c", "import torch.distributed"}, 120'000)
            .ok()) {
     result->skipped = std::string(kPython) +
-                      " cannot import torch.distributed (apt-get install python3-torch)";
+                      " cannot import torch.distributed (tools/install_deps.sh bench installs PyTorch)";
     return OkStatus();
   }
   ASSIGN_OR_RETURN(std::string script, FindRunfile("tools/bench/gloo_allreduce.py"));

@@ -38,7 +38,7 @@ print(json.dumps(r))
 StatusOr<PythonSetup> ProbePython() {
   PythonSetup setup;
   if (access(kPython, X_OK) != 0) {
-    setup.skipped = std::string(kPython) + " is missing (apt-get install python3-torch)";
+    setup.skipped = std::string(kPython) + " is missing (tools/install_deps.sh bench installs PyTorch)";
     return setup;
   }
   StatusOr<std::string> module = FindRunfile(kPackageModule);
@@ -52,8 +52,7 @@ StatusOr<PythonSetup> ProbePython() {
   ASSIGN_OR_RETURN(nlohmann::json probe, LastJsonLine("python3 import probe", output));
   if (probe.contains("torch_error")) {
     setup.skipped = std::string(kPython) + " cannot import torch.distributed (" +
-                    probe.value("torch_error", "") + "); install it with `apt-get install " +
-                    "python3-torch` (as root)";
+                    probe.value("torch_error", "") + "); install it with `tools/install_deps.sh bench`";
     return setup;
   }
   setup.torch_version = probe.value("torch", "");

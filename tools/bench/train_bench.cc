@@ -27,12 +27,12 @@
 namespace tessera::tools {
 namespace {
 
-constexpr char kTorchInstallHint[] = "apt-get install python3-torch libopenblas0-pthread";
+constexpr char kTorchInstallHint[] = "tools/install_deps.sh bench";
 
 // Fails with the install command when Debian's PyTorch cannot be imported.
 Status CheckTorch() {
   const std::string hint = std::string("; install it with `") + kTorchInstallHint +
-                           "` (as root), or pass --no-torch to measure Tessera alone";
+                           "`, or pass --no-torch to measure Tessera alone";
   if (access(kPython, X_OK) != 0) {
     return FailedPreconditionError(std::string("PyTorch's side needs ") + kPython +
                                    ", which is missing" + hint);
