@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "common/messages/fleet_view.h"
 #include "tests/fleet_harness.h"
 #include "worker/params_file.h"
 
@@ -266,27 +267,107 @@ std::string AnnouncedMetrics(const std::string& output, const std::string& role,
   return std::regex_search(output, match, line) ? std::string(match[1]) : "";
 }
 
-// Every worker offered the ranges a joined server took in `output` a fresh shared region, which
-// each of their copies mapped: they pass through memory again (the regions before it were not
-// the joined server's). A renewal that came as server 2 was killed (the joined server's take-in
-// and the renewal at the worker's next step may straddle the test's second kill) misses the
-// copy server 2 held, and only that one.
-void ExpectRegionsRenewed(const std::string& output) {
+// Whether every worker renewed its shared regions after a server joined (the line "ranges ...:
+// M of N copies, a server taken in among them, share a fresh region with this worker"), and
+// every copy it offered was mapped but those a renewal straddling server `killed`'s failure
+// left out. Those the worker names one by one ("range R's copy on server S shares no region
+// with this worker: the server failed meanwhile"), after it heard of the failure; each must be
+// on server `killed`, which must hold a copy of range R by the layout (RangeReplicaServer with
+// `replicas` copies), and together they must be exactly the N - M copies missing. A copy on
+// any other server going unmapped, or one missing without its line, fails. (With 3 servers and
+// 3 copies the killed server holds a copy of every range, so up to 3 of 9 may be left out.)
+::testing::AssertionResult RegionsRenewedAsTheLayoutAllows(const std::string& output,
+                                                           int replicas, int killed) {
   for (int w = 0; w < kWorkers; ++w) {
     const std::string worker = "worker " + std::to_string(w) + " | ";
-    const std::regex renewed("worker " + std::to_string(w) +
-                             R"( \| ranges? [^\n]*: (\d+) of (\d+) copies, a server taken in )"
+    const std::string worker_re = "worker " + std::to_string(w) + R"( \| )";
+    const std::regex renewed(worker_re +
+                             R"(ranges? [^\n]*: (\d+) of (\d+) copies, a server taken in )"
                              R"(among them, share a fresh region with this worker)");
     std::smatch match;
-    ASSERT_TRUE(std::regex_search(output, match, renewed)) << worker << "\n" << output;
+    if (!std::regex_search(output, match, renewed)) {
+      return ::testing::AssertionFailure() << worker << "renewed no shared region";
+    }
     const int mapped = std::stoi(match[1]);
     const int offered = std::stoi(match[2]);
-    if (mapped == offered) continue;
-    const size_t killed = output.find(worker + "server 2 failed");
-    EXPECT_TRUE(mapped + 1 == offered && killed != std::string::npos &&
-                killed < static_cast<size_t>(match.position(0)))
-        << worker << mapped << " of " << offered << "\n" << output;
+    const auto renewal = output.begin() + match.position(0);
+    const size_t heard = output.find(worker + "server " + std::to_string(killed) + " failed");
+    const std::regex left_out(worker_re +
+                              R"(range (\d+)'s copy on server (\d+) shares no region with )"
+                              R"(this worker: the server failed meanwhile)");
+    int named = 0;
+    for (auto it = std::sregex_iterator(output.begin(), renewal, left_out);
+         it != std::sregex_iterator(); ++it) {
+      const int range = std::stoi((*it)[1]);
+      const int server = std::stoi((*it)[2]);
+      if (server != killed) {
+        return ::testing::AssertionFailure()
+               << worker << "range " << range << "'s copy on server " << server
+               << " was left out of the renewal, but only server " << killed << " failed";
+      }
+      bool holds = false;
+      for (int k = 0; k < replicas; ++k) holds |= RangeReplicaServer(range, k, kServers) == killed;
+      if (!holds) {
+        return ::testing::AssertionFailure()
+               << worker << "server " << killed << " holds no copy of range " << range
+               << " with " << replicas << " copies of " << kServers << " ranges";
+      }
+      if (heard == std::string::npos || static_cast<ptrdiff_t>(heard) > it->position(0)) {
+        return ::testing::AssertionFailure()
+               << worker << "left range " << range << "'s copy out before it heard that server "
+               << killed << " failed";
+      }
+      ++named;
+    }
+    if (offered - mapped != named) {
+      return ::testing::AssertionFailure()
+             << worker << mapped << " of " << offered << " copies mapped, but " << named
+             << " named as lost with server " << killed;
+    }
   }
+  return ::testing::AssertionSuccess();
+}
+
+void ExpectRegionsRenewed(const std::string& output, int replicas) {
+  EXPECT_TRUE(RegionsRenewedAsTheLayoutAllows(output, replicas, /*killed=*/2)) << output;
+}
+
+// The check above, on the lines three workers would log: a renewal that straddled server 2's
+// death may leave out exactly the copies server 2 holds, each named; nothing else.
+TEST(PsReplicationTest, ARenewalMayLeaveOutOnlyTheKilledServersCopies) {
+  auto fleet = [](const std::string& worker0) {
+    std::string output;
+    for (int w = 1; w < kWorkers; ++w) {
+      output += "[worker " + std::to_string(w) + "] I worker " + std::to_string(w) +
+                " | ranges 0, 1 and 2: 9 of 9 copies, a server taken in among them, share a "
+                "fresh region with this worker\n";
+    }
+    return output + worker0;
+  };
+  const std::string heard = "[worker 0] I worker 0 | server 2 failed (its process exited)\n";
+  auto left_out = [](int range, int server) {
+    return "[worker 0] I worker 0 | range " + std::to_string(range) + "'s copy on server " +
+           std::to_string(server) +
+           " shares no region with this worker: the server failed meanwhile\n";
+  };
+  auto renewal = [](int mapped) {
+    return "[worker 0] I worker 0 | ranges 0, 1 and 2: " + std::to_string(mapped) +
+           " of 9 copies, a server taken in among them, share a fresh region with this worker\n";
+  };
+  // Three copies: server 2 holds one of every range, so all three may be left out.
+  EXPECT_TRUE(RegionsRenewedAsTheLayoutAllows(fleet(renewal(9)), 3, 2));
+  EXPECT_TRUE(RegionsRenewedAsTheLayoutAllows(
+      fleet(heard + left_out(0, 2) + left_out(1, 2) + left_out(2, 2) + renewal(6)), 3, 2));
+  // A copy on a server that did not fail, a copy missing without its line, a line before the
+  // failure was heard of: each fails.
+  EXPECT_FALSE(RegionsRenewedAsTheLayoutAllows(fleet(heard + left_out(0, 0) + renewal(8)), 3, 2));
+  EXPECT_FALSE(RegionsRenewedAsTheLayoutAllows(fleet(heard + left_out(0, 2) + renewal(7)), 3, 2));
+  EXPECT_FALSE(RegionsRenewedAsTheLayoutAllows(fleet(left_out(0, 2) + heard + renewal(8)), 3, 2));
+  // Two copies: server 2 holds ranges 1 and 2 (copies (r + k) % 3), never range 0.
+  EXPECT_TRUE(RegionsRenewedAsTheLayoutAllows(fleet(heard + left_out(2, 2) + renewal(8)), 2, 2));
+  EXPECT_FALSE(RegionsRenewedAsTheLayoutAllows(fleet(heard + left_out(0, 2) + renewal(8)), 2, 2));
+  // A worker that renewed nothing.
+  EXPECT_FALSE(RegionsRenewedAsTheLayoutAllows(renewal(9), 3, 2));
 }
 
 double Scrape(const std::string& url, const std::string& sample);
@@ -409,7 +490,7 @@ TEST(PsReplicationTest, AJoiningServerRestoresTheCopiesAndALaterKillLosesNothing
   const std::string output = harness.Output(*launcher);
   ASSERT_TRUE(exit.ok() && exit->success()) << output;
   EXPECT_EQ(output.find("was lost with its replicas"), std::string::npos) << output;
-  ExpectRegionsRenewed(output);
+  ExpectRegionsRenewed(output, /*replicas=*/2);
   ExpectSameParams(undisturbed, params, "killed, joined, killed again");
   // The added server leaves with the fleet, cleanly.
   auto added_exit = harness.WaitExit(*added, Deadline::AfterMillis(kRunMs));
@@ -642,7 +723,7 @@ void ExpectAJoinedServerTakesCopies(const std::string& mode, const std::string& 
   const std::string added_output = harness.Output(*added);
   EXPECT_EQ(output.find("was lost with its replicas"), std::string::npos) << output;
   ExpectChunksPath(output, flags, replicas);
-  if (!sockets) ExpectRegionsRenewed(output);
+  if (!sockets) ExpectRegionsRenewed(output, replicas);
   const int64_t every_push = static_cast<int64_t>(kWorkers) * kJoinSteps;
   // Server 0, alive throughout: ranges 0 and 2 (and 1).
   const auto original = AsyncJobChunks(output);

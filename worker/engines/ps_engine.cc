@@ -729,7 +729,13 @@ Status PsEngine::OfferRegions(int64_t step, const std::vector<int>& ranges, bool
   int mapped = 0;
   for (const Offer& offer : offered) {
     StatusOr<Envelope> result = offer.reply.get();
-    if (!result.ok() && replicas_ > 1 && IsLost(offer.server)) continue;
+    if (!result.ok() && replicas_ > 1 && IsLost(offer.server)) {
+      // Said per copy, so that what a renewal straddling a failure left out can be told apart
+      // from a copy that refused (tests/ps_replication_test.cc checks each against the layout).
+      TLOG(INFO) << "range " << offer.range << "'s copy on server " << offer.server
+                 << " shares no region with this worker: the server failed meanwhile";
+      continue;
+    }
     if (!result.ok()) return result.status().WithContext(offer.what);
     ASSIGN_OR_RETURN(PsPushPullReply reply,
                      TakeBody<PsPushPullReply>(std::move(result).value(), offer.what));
