@@ -1,8 +1,8 @@
 // Every binary, in every role, leaves promptly once its work is done: within kExitBoundMs of
 // the moment the work ended (a worker's summary line, a server's or coordinator's SIGTERM, the
-// launcher's last worker exiting). The bound is generous for CI machines under sanitizers;
-// tessera-bench exit measures the real figures (docs/benchmarks.md). Before issue 22 every
-// process idled 2 s in civetweb's stop, so each of these took over 2000 ms.
+// launcher's last worker exiting). tessera-bench exit measures the real figures
+// (docs/benchmarks.md); these bounds only tell a prompt exit from one that idles. Before issue
+// 22 every process idled 2 s in civetweb's stop, so each of these took over 2000 ms.
 #include <signal.h>
 
 #include <gtest/gtest.h>
@@ -18,7 +18,11 @@
 namespace tessera::testing {
 namespace {
 
-constexpr int64_t kExitBoundMs = 1000;
+// 1 s, and 1.9 s under a sanitizer: there each exit pays the sanitizer's own teardown (ASan's
+// leak check scans the heap) and the launcher's stop is two such exits in a row (servers, then
+// the coordinator); CI measured 1086 ms for it under ASan with both cores busy. Both stay below
+// the 2 s idle this test was written against, so that fails in every configuration.
+const int64_t kExitBoundMs = UnderSanitizer() ? 1900 : 1000;
 constexpr int64_t kRunMs = 120000;
 
 const std::vector<std::string> kSmallJob = {
