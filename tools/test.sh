@@ -9,6 +9,19 @@
 #                                      # no_tsan there: tests/BUILD, tools/test_tags.bzl)
 #   tools/test.sh --test_filter='Ring*' //worker/...   # extra bazel args; targets replace //...
 #
+# The flake hunt (docs/testing.md): every target N times, results never cached, then a table of
+# how often each target and test case failed, with the first failing assertion:
+#
+#   tools/test.sh --repeat 10 --load //tests/...    # with both cores kept busy meanwhile
+#   tools/test.sh --repeat 3 --config tsan //tests:exit_time_test
+#   tools/test.sh --repeat 10 --json //tests/...   # one JSON object on stdout, the rest on stderr
+#
+#   --repeat N       run each target N times (bazel's --runs_per_test=N, --nocache_test_results)
+#   --load           a busy loop per core from the build's end to the last run (the script
+#                    starts and stops them)
+#   --config NAME    asan or tsan (with that configuration's tag filters), instead of default
+#   --json           the table as one JSON object (tools/flake_hunt/flake_hunt.py)
+#
 # Give bazel flags as --flag=value: an argument that does not start with - is a target.
 #
 # Counts come from each test target's test.xml (one <testcase> per gtest test; a failure is a
@@ -22,29 +35,71 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 usage() {
-  sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"
 }
 
 sanitizers=0
+repeat=""
+load=0
+config=""
+json=0
 bazel_flags=()
 targets=()
-for arg in "$@"; do
-  case "$arg" in
+while (($#)); do
+  case "$1" in
     --sanitizers) sanitizers=1 ;;
+    --repeat | --config)
+      (($# >= 2)) || { echo "test.sh: $1 needs a value (see --help)" >&2; exit 2; }
+      if [[ "$1" == --repeat ]]; then repeat="$2"; else config="$2"; fi
+      shift ;;
+    --repeat=*) repeat="${1#--repeat=}" ;;
+    --config=*) config="${1#--config=}" ;;
+    --load) load=1 ;;
+    --json) json=1 ;;
     -h | --help) usage; exit 0 ;;
-    -*) bazel_flags+=("$arg") ;;
-    *) targets+=("$arg") ;;
+    -*) bazel_flags+=("$1") ;;
+    *) targets+=("$1") ;;
   esac
+  shift
 done
 if ((${#targets[@]} == 0)); then
   targets=(//...)
+fi
+if [[ -n "$repeat" ]] && ! [[ "$repeat" =~ ^[1-9][0-9]*$ ]]; then
+  echo "test.sh: --repeat takes a positive number of runs (got '$repeat')" >&2
+  exit 2
+fi
+repeat="${repeat:-0}"
+case "$config" in
+  "" | asan | tsan) ;;
+  *) echo "test.sh: --config is asan or tsan (got '$config'); the default needs none" >&2; exit 2 ;;
+esac
+if ((repeat == 0)) && { ((load || json)) || [[ -n "$config" ]]; }; then
+  echo "test.sh: --load, --config and --json go with --repeat N (the flake hunt)" >&2
+  exit 2
+fi
+if ((repeat > 0 && sanitizers)); then
+  echo "test.sh: --repeat runs one configuration: give --config asan or tsan instead of" \
+    "--sanitizers" >&2
+  exit 2
+fi
+if ((json)); then
+  exec 3>&1 1>&2  # the JSON object alone on stdout
 fi
 
 echo "test.sh: installing what the suite needs and is missing (tools/install_deps.sh test)"
 tools/install_deps.sh test
 
 work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
+load_pids=()
+stop_load() {
+  if ((${#load_pids[@]})); then
+    kill "${load_pids[@]}" 2>/dev/null || true
+    wait "${load_pids[@]}" 2>/dev/null || true
+    load_pids=()
+  fi
+}
+trap 'stop_load; rm -rf "$work"' EXIT
 
 total_passed=0
 total_failed=0
@@ -185,8 +240,20 @@ run_suite() {
   # --build_tests_only: the tests and what they need, not every binary and benchmark in //...
   local command=(bazel test --keep_going --build_tests_only --test_output=errors "$@"
     "${bazel_flags[@]}" "${targets[@]}")
+  if ((load)); then
+    # Built first, so that the load slows the runs, not the build.
+    echo "test.sh: [$name] building before the load starts"
+    bazel build --build_tests_only "$@" "${bazel_flags[@]}" "${targets[@]}" || true
+    local core
+    for ((core = 0; core < $(nproc); core++)); do
+      (trap 'exit 0' TERM; while :; do :; done) &
+      load_pids+=("$!")
+    done
+    echo "test.sh: [$name] load: ${#load_pids[@]} busy loops (pids ${load_pids[*]})"
+  fi
   echo "test.sh: [$name] ${command[*]}"
   "${command[@]}" 2>&1 | tee "$log" || rc=$?
+  stop_load
 
   # Where this configuration's results are (the bazel-testlogs link follows the last command,
   # which may be someone else's).
@@ -195,6 +262,17 @@ run_suite() {
     testlogs="$(readlink -f bazel-testlogs || true)"
   fi
   count_results "$name" "$log" "$testlogs" "$start" "$rc" "$counts"
+  if ((repeat > 0)); then
+    local title="flake hunt: $repeat runs of each target, ${config:-default} configuration"
+    ((load)) && title+=", under load (a busy loop per core)"
+    if ((json)); then
+      /usr/bin/python3 tools/flake_hunt/flake_hunt.py --log "$log" --testlogs "$testlogs" \
+        --runs "$repeat" --json >&3
+    else
+      /usr/bin/python3 tools/flake_hunt/flake_hunt.py --log "$log" --testlogs "$testlogs" \
+        --runs "$repeat" --title "$title"
+    fi
+  fi
   local passed failed skipped
   read -r passed failed skipped <"$counts"
 
@@ -213,7 +291,16 @@ run_suite() {
   total_skipped=$((total_skipped + skipped))
 }
 
-run_suite default
+if ((repeat > 0)); then
+  repeat_flags=(--runs_per_test="$repeat" --nocache_test_results)
+  case "$config" in
+    "") run_suite default "${repeat_flags[@]}" ;;
+    asan) run_suite asan --config=asan --test_tag_filters=-no_sanitizers,-no_asan "${repeat_flags[@]}" ;;
+    tsan) run_suite tsan --config=tsan --test_tag_filters=-no_sanitizers,-no_tsan "${repeat_flags[@]}" ;;
+  esac
+else
+  run_suite default
+fi
 if ((sanitizers)); then
   # .bazelrc gives each sanitizer config a platform suffix of its own, so switching between
   # them does not rebuild everything.
