@@ -62,16 +62,13 @@ def run_dirs(directory, runs):
     found = {}
     if not os.path.isdir(directory):
         return found
-    entries = sorted(os.listdir(directory))
-    shaped = [(e, RUN_DIR.match(e)) for e in entries if e and RUN_DIR.match(e)]
-    for entry, m in shaped:
-        if not entry or not os.path.isdir(os.path.join(directory, entry)):
+    for entry in sorted(os.listdir(directory)):
+        m = RUN_DIR.match(entry)
+        if not entry or not m or not os.path.isdir(os.path.join(directory, entry)):
             continue
-        run_count = int(m.group(4) or 1)
-        if run_count != runs:
+        if int(m.group(4) or 1) != runs:
             continue  # left by an earlier hunt with another count
-        run = int(m.group(3) or 1)
-        found.setdefault(run, []).append(os.path.join(directory, entry))
+        found.setdefault(int(m.group(3) or 1), []).append(os.path.join(directory, entry))
     if not found and runs == 1 and os.path.isfile(os.path.join(directory, "test.xml")):
         found[1] = [directory]
     return found
