@@ -54,6 +54,22 @@ RANK_BODY = textwrap.dedent("""\
     """)
 
 
+# Rank 0 in a process the parent starts with multiprocessing's spawn, reporting on a queue
+# (its first report: "PORT n").
+SPAWNED_RANK0 = textwrap.dedent("""\
+    import multiprocessing, subprocess
+
+    def rank0(queue):
+        rank(0, 0, queue.put)
+
+    def start_rank0():
+        context = multiprocessing.get_context("spawn")
+        queue = context.Queue()
+        first = context.Process(target=rank0, args=(queue,))
+        first.start()
+        return first, queue
+    """)
+
 def _environment(**extra):
     """This test's environment without a key (and without any launcher's variables), plus
     `extra`."""
@@ -177,17 +193,9 @@ class JobKeyTest(unittest.TestCase):
         self.assertIn("--make-key-file", output)
 
     def test_ranks_started_by_multiprocessing_and_subprocess_share_the_parents_key(self):
-        parent = self._script("parent.py", RANK_BODY, """\
-            import multiprocessing, subprocess
-
-            def rank0(queue):
-                rank(0, 0, queue.put)
-
+        parent = self._script("parent.py", RANK_BODY, SPAWNED_RANK0, """\
             if __name__ == "__main__":
-                context = multiprocessing.get_context("spawn")
-                queue = context.Queue()
-                first = context.Process(target=rank0, args=(queue,))
-                first.start()
+                first, queue = start_rank0()
                 port = queue.get(timeout=60)
                 print(port, flush=True)
                 second = subprocess.Popen([sys.executable, sys.argv[1], port.split()[1]])
@@ -205,17 +213,9 @@ class JobKeyTest(unittest.TestCase):
         self.assertIn("rank 1: JOINED sum=[3.0, 3.0]", output)
 
     def test_a_process_outside_the_parents_tree_is_refused(self):
-        parent = self._script("parent.py", RANK_BODY, """\
-            import multiprocessing
-
-            def rank0(queue):
-                rank(0, 0, queue.put)
-
+        parent = self._script("parent.py", RANK_BODY, SPAWNED_RANK0, """\
             if __name__ == "__main__":
-                context = multiprocessing.get_context("spawn")
-                queue = context.Queue()
-                first = context.Process(target=rank0, args=(queue,))
-                first.start()
+                first, queue = start_rank0()
                 print(queue.get(timeout=60), flush=True)
                 print("rank 0:", queue.get(timeout=90), flush=True)
                 first.join(60)
