@@ -99,7 +99,35 @@ stop_load() {
     load_pids=()
   fi
 }
-trap 'stop_load; rm -rf "$work"' EXIT
+# Stopped from outside (kill, a CI timeout), the script stops what it started: bazel's client
+# is interrupted (the server then cancels the build and the tests it runs), the loads killed.
+bazel_pid=""
+stop_bazel() {
+  if [[ -n "$bazel_pid" ]]; then
+    kill -INT "$bazel_pid" 2>/dev/null || true
+    wait "$bazel_pid" 2>/dev/null || true
+    bazel_pid=""
+  fi
+}
+trap 'stop_bazel; stop_load; rm -rf "$work"' EXIT
+trap 'exit 143' TERM
+trap 'exit 130' INT
+
+# run_bazel LOG COMMAND...: runs COMMAND (a bazel command) with its output into LOG, shown as it
+# comes, and returns its status. In the background: bash runs a trap only once the foreground
+# command ends, but `wait` returns at once on a signal, so a stop request interrupts bazel.
+run_bazel() {
+  local log="$1" rc=0 tail_pid
+  shift
+  "$@" >"$log" 2>&1 &
+  bazel_pid=$!
+  tail -n +1 -f --pid="$bazel_pid" "$log" &
+  tail_pid=$!
+  wait "$bazel_pid" || rc=$?
+  bazel_pid=""
+  wait "$tail_pid" || true
+  return "$rc"
+}
 
 total_passed=0
 total_failed=0
@@ -243,7 +271,8 @@ run_suite() {
   if ((load)); then
     # Built first, so that the load slows the runs, not the build.
     echo "test.sh: [$name] building before the load starts"
-    bazel build --build_tests_only "$@" "${bazel_flags[@]}" "${targets[@]}" || true
+    run_bazel "$work/$name.build.log" bazel build --build_tests_only "$@" "${bazel_flags[@]}" \
+      "${targets[@]}" || true
     local core
     for ((core = 0; core < $(nproc); core++)); do
       (trap 'exit 0' TERM; while :; do :; done) &
@@ -252,7 +281,7 @@ run_suite() {
     echo "test.sh: [$name] load: ${#load_pids[@]} busy loops (pids ${load_pids[*]})"
   fi
   echo "test.sh: [$name] ${command[*]}"
-  "${command[@]}" 2>&1 | tee "$log" || rc=$?
+  run_bazel "$log" "${command[@]}" || rc=$?
   stop_load
 
   # Where this configuration's results are (the bazel-testlogs link follows the last command,

@@ -756,6 +756,31 @@ Status ValidateConfig(const ProcessConfig& c) {
   return OkStatus();
 }
 
+CommandLine::CommandLine(const std::string& description, const std::string& name)
+    : app_(std::make_unique<CLI::App>(description, name)) {}
+
+CommandLine::~CommandLine() = default;
+
+void CommandLine::AddFlag(const std::string& names, bool* value, const std::string& help) {
+  app_->add_flag(names, *value, help);
+}
+
+void CommandLine::AddOption(const std::string& name, std::string* value, const std::string& help) {
+  app_->add_option(name, *value, help);
+}
+
+void CommandLine::AddOption(const std::string& name, int* value, const std::string& help, int min,
+                            int max, bool show_default) {
+  CLI::Option* option = app_->add_option(name, *value, help)->check(CLI::Range(min, max));
+  if (show_default) option->capture_default_str();
+}
+
+void CommandLine::AddOption(const std::string& name, uint64_t* value, const std::string& help,
+                            uint64_t min, uint64_t max, bool show_default) {
+  CLI::Option* option = app_->add_option(name, *value, help)->check(CLI::Range(min, max));
+  if (show_default) option->capture_default_str();
+}
+
 StatusOr<ProcessConfig> ParseProcessConfig(Role role, int argc, const char* const* argv,
                                            const Environment& env, CLI::App* app,
                                            bool* help_requested) {

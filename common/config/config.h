@@ -54,6 +54,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -193,6 +194,41 @@ class ProcessFlags {
   };
   Role role_;
   std::vector<Binding> bindings_;
+};
+
+// A binary's own few flags, declared without including CLI11: CLI11 2.1 builds its validators
+// in every source that includes it, about 6 CPU-seconds each at -O2, so the coordinator's and
+// the server's mains declare theirs here and CLI11 is compiled in config.cc alone. (The
+// launcher and the worker, with dozens of flags each, use CLI11 in one source each.)
+//
+//   CommandLine command_line("tessera-server: ...");
+//   bool join = false;
+//   command_line.AddFlag("--join", &join, "Join a running fleet ...");
+//   return RunProcess(Role::kServer, argc, argv, command_line.app(), ...);
+//
+// Each call registers exactly what the CLI11 call it stands for would, so --help is the same.
+class CommandLine {
+ public:
+  // `name` is the program name --help shows (CLI11 takes argv[0]'s when it is empty).
+  explicit CommandLine(const std::string& description, const std::string& name = "");
+  ~CommandLine();
+  CommandLine(const CommandLine&) = delete;
+  CommandLine& operator=(const CommandLine&) = delete;
+
+  // `names` as CLI11 spells them: "--flag", or "--on,!--off" for a pair.
+  void AddFlag(const std::string& names, bool* value, const std::string& help);
+  void AddOption(const std::string& name, std::string* value, const std::string& help);
+  // An integer in [min, max] (CLI::Range); with show_default, --help states the default.
+  void AddOption(const std::string& name, int* value, const std::string& help, int min, int max,
+                 bool show_default);
+  void AddOption(const std::string& name, uint64_t* value, const std::string& help, uint64_t min,
+                 uint64_t max, bool show_default);
+
+  // For RunProcess and ParseProcessConfig; owned by this object.
+  CLI::App* app() { return app_.get(); }
+
+ private:
+  std::unique_ptr<CLI::App> app_;
 };
 
 // A copy of this process's environment. The only place that reads `environ`.

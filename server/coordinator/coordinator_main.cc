@@ -5,9 +5,8 @@
 #include <memory>
 #include <set>
 
-#include <CLI/CLI.hpp>
-
 #include "common/base/logging.h"
+#include "common/config/config.h"
 #include "common/process/process_runtime.h"
 #include "server/coordinator/coordinator.h"
 #include "server/coordinator/dashboard.h"
@@ -15,7 +14,7 @@
 
 int main(int argc, char** argv) {
   using namespace tessera;
-  CLI::App app(
+  CommandLine command_line(
       "tessera-coordinator: the rendezvous point of a Tessera job. Servers and workers register "
       "here, get their ranks and the fleet view, heartbeat, and run barriers; when one stops "
       "heartbeating every other process is told which one failed.\n\n"
@@ -25,33 +24,36 @@ int main(int argc, char** argv) {
       "job at a time, and the next job reuses the ranks.",
       "tessera-coordinator");
   uint64_t key_space = uint64_t{1} << 20;
-  app.add_option("--key-space", key_space,
-                 "Number of parameter keys [0, N), split into contiguous ranges over the "
-                 "servers (default 1048576)")
-      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 62));
+  command_line.AddOption("--key-space", &key_space,
+                         "Number of parameter keys [0, N), split into contiguous ranges over "
+                         "the servers (default 1048576)",
+                         uint64_t{1}, uint64_t{1} << 62, /*show_default=*/false);
   int replicas = 1;
-  app.add_option("--replicas", replicas,
-                 "Copies of each parameter-server key range, on consecutive servers (in the "
-                 "fleet view: the workers replicate every push, and a job outlives a server's "
-                 "death while every range has a live copy; docs/parameter-server.md)")
-      ->check(CLI::Range(1, 64))
-      ->capture_default_str();
+  command_line.AddOption("--replicas", &replicas,
+                         "Copies of each parameter-server key range, on consecutive servers (in "
+                         "the fleet view: the workers replicate every push, and a job outlives a "
+                         "server's death while every range has a live copy; "
+                         "docs/parameter-server.md)",
+                         1, 64, /*show_default=*/true);
   std::string file_sd;
-  app.add_option("--file-sd", file_sd,
-                 "Keep a Prometheus file_sd targets file (JSON) here listing every live "
-                 "process's /metrics, rewritten atomically whenever the fleet changes; the same "
-                 "list is always served at GET /sd on the metrics port (http_sd)");
+  command_line.AddOption("--file-sd", &file_sd,
+                         "Keep a Prometheus file_sd targets file (JSON) here listing every live "
+                         "process's /metrics, rewritten atomically whenever the fleet changes; "
+                         "the same list is always served at GET /sd on the metrics port "
+                         "(http_sd)");
   bool exit_when_workers_leave = false;
-  app.add_flag("--exit-when-workers-leave", exit_when_workers_leave,
-               "Exit 0 once every worker has said goodbye after a complete rendezvous (node 0 "
-               "of a multi-node tessera-launch uses it to outlive the other nodes' workers). "
-               "Not with --num-workers 0, the long-running fleet that successive jobs attach to");
+  command_line.AddFlag("--exit-when-workers-leave", &exit_when_workers_leave,
+                       "Exit 0 once every worker has said goodbye after a complete rendezvous "
+                       "(node 0 of a multi-node tessera-launch uses it to outlive the other "
+                       "nodes' workers). Not with --num-workers 0, the long-running fleet that "
+                       "successive jobs attach to");
   bool dashboard_enabled = true;
-  app.add_flag("--dashboard,!--no-dashboard", dashboard_enabled,
-               "Serve the live dashboard at /dashboard on the metrics port (default on): fleet "
-               "health, loss and throughput, communication, stragglers, memory; the coordinator "
-               "scrapes every member's /metrics once a second for it");
-  return RunProcess(Role::kCoordinator, argc, argv, &app, [&](ProcessRuntime& runtime) -> Status {
+  command_line.AddFlag("--dashboard,!--no-dashboard", &dashboard_enabled,
+                       "Serve the live dashboard at /dashboard on the metrics port (default on): "
+                       "fleet health, loss and throughput, communication, stragglers, memory; "
+                       "the coordinator scrapes every member's /metrics once a second for it");
+  CLI::App* app = command_line.app();
+  return RunProcess(Role::kCoordinator, argc, argv, app, [&](ProcessRuntime& runtime) -> Status {
     const ProcessConfig& config = runtime.config();
     server::CoordinatorOptions options;
     options.job = config.job;

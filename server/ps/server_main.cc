@@ -14,8 +14,6 @@
 #include <mutex>
 #include <optional>
 
-#include <CLI/CLI.hpp>
-
 #include "common/base/deadline.h"
 #include "common/base/logging.h"
 #include "common/base/status.h"
@@ -146,17 +144,17 @@ Status Serve(ProcessRuntime& runtime, bool join) {
 }  // namespace tessera::server
 
 int main(int argc, char** argv) {
-  CLI::App app(
+  tessera::CommandLine command_line(
       "tessera-server: one parameter-server shard. Joins the fleet at --coordinator, serves "
       "pushes and pulls for its key range, and runs until SIGTERM.");
   bool join = false;
-  app.add_flag("--join", join,
-               "Join a running fleet in the place of a failed server (--rank R, or the lowest "
-               "failed rank): with --replicas 2 or more the workers copy that rank's key ranges "
-               "here at a ps-sync step boundary, restoring every range's copies "
-               "(docs/parameter-server.md)");
-  return tessera::RunProcess(tessera::Role::kServer, argc, argv, &app,
-                             [&join](tessera::ProcessRuntime& runtime) {
-                               return tessera::server::Serve(runtime, join);
-                             });
+  command_line.AddFlag(
+      "--join", &join,
+      "Join a running fleet in the place of a failed server (--rank R, or the lowest "
+      "failed rank): with --replicas 2 or more the workers copy that rank's key ranges "
+      "here at a ps-sync step boundary, restoring every range's copies "
+      "(docs/parameter-server.md)");
+  return tessera::RunProcess(
+      tessera::Role::kServer, argc, argv, command_line.app(),
+      [&join](tessera::ProcessRuntime& runtime) { return tessera::server::Serve(runtime, join); });
 }
