@@ -26,10 +26,11 @@
 #
 # Counts come from each test target's test.xml (one <testcase> per gtest test; a failure is a
 # test case with a <failure> or <error>; skipped is status="notrun", result="skipped" or a
-# <skipped> child). A target that bazel reports as failed without a failing test case in a
-# fresh test.xml (a crash, a timeout, a sanitizer report at exit) counts as one failure, and so
-# does a test target that failed to build. The exit status is non-zero when anything failed or
-# bazel failed for any other reason (a build error is reported as such, never as "0 failed").
+# <skipped> child), read by tools/flake_hunt/flake_hunt.py. A run that bazel reports as failed
+# without a failing test case (a crash, a timeout, a sanitizer report at exit) counts as one
+# failure, and so does a test target that failed to build. The exit status is non-zero when
+# anything failed or bazel failed for any other reason (a build error is reported as such, never
+# as "0 failed").
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -134,137 +135,12 @@ total_failed=0
 total_skipped=0
 problems=()
 
-# count_results NAME LOG TESTLOGS START_EPOCH BAZEL_RC COUNTS_FILE: prints a summary and the
-# failed test cases, and writes "PASSED FAILED SKIPPED" to COUNTS_FILE.
-count_results() {
-  /usr/bin/python3 - "$@" <<'PY'
-import os, re, sys
-import xml.etree.ElementTree as ET
-
-name, log, testlogs, start, bazel_rc, counts_out = sys.argv[1:]
-start = float(start)
-ansi = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-summary = re.compile(
-    r"^(//\S+)\s+(?:\(cached\)\s+)?"
-    r"(PASSED|FLAKY|FAILED TO BUILD|FAILED|TIMEOUT|NO STATUS|INCOMPLETE|REMOTE FAILURE|SKIPPED)\b")
-stats = re.compile(r"^\s+Stats over (\d+) runs")
-run_dir = re.compile(r"^(?:shard_\d+_of_(\d+))?_?(?:run_\d+_of_(\d+))?$")
-
-statuses = {}  # label -> status
-runs = {}      # label -> shards x runs, when more than one
-label = None
-with open(log, errors="replace") as f:
-    for line in f:
-        line = ansi.sub("", line).rstrip()
-        m = summary.match(line)
-        if m:
-            label = m.group(1)
-            statuses[label] = m.group(2)
-            continue
-        m = stats.match(line)
-        if m and label:
-            runs[label] = int(m.group(1))
-
-def target_dir(label):
-    package, _, target = label[2:].partition(":")
-    return os.path.join(testlogs, package, target)
-
-def xml_files(label):
-    """The test.xml files this run's results are in: the target's own for a single run, else
-    one per shard and run (shard_1_of_2_run_1_of_3/...). Leftovers of earlier runs with other
-    shard or run counts are ignored."""
-    directory = target_dir(label)
-    count = runs.get(label, 1)
-    if count == 1:
-        path = os.path.join(directory, "test.xml")
-        return [path] if os.path.isfile(path) else []
-    found = []
-    for entry in sorted(os.listdir(directory)) if os.path.isdir(directory) else []:
-        m = run_dir.match(entry)
-        if not m or not entry:
-            continue
-        shards, repeats = int(m.group(1) or 1), int(m.group(2) or 1)
-        path = os.path.join(directory, entry, "test.xml")
-        if shards * repeats == count and os.path.isfile(path):
-            found.append(path)
-    return found
-
-def count_xml(path):
-    passed = failed = skipped = 0
-    failures = []
-    for case in ET.parse(path).getroot().iter("testcase"):
-        tags = {child.tag for child in case}
-        if "failure" in tags or "error" in tags:
-            failed += 1
-            failures.append(".".join(x for x in (case.get("classname"), case.get("name")) if x))
-        elif (case.get("status") == "notrun" or case.get("result") in ("skipped", "suppressed")
-              or "skipped" in tags):
-            skipped += 1
-        else:
-            passed += 1
-    return passed, failed, skipped, failures
-
-passed = failed = skipped = 0
-notes = []
-
-def add_xml(label, paths):
-    global passed, failed, skipped
-    for path in paths:
-        try:
-            p, f, s, failures = count_xml(path)
-        except (ET.ParseError, OSError) as e:
-            failed += 1
-            notes.append(f"FAILED {label}: unreadable {path}: {e}")
-            continue
-        passed, failed, skipped = passed + p, failed + f, skipped + s
-        notes.extend(f"FAILED {label} {case}" for case in failures)
-
-for label, status in sorted(statuses.items()):
-    paths = xml_files(label)
-    if status in ("PASSED", "FLAKY"):
-        if paths:
-            add_xml(label, paths)
-        else:
-            passed += 1
-    elif status in ("FAILED", "TIMEOUT", "INCOMPLETE", "REMOTE FAILURE"):
-        fresh = [p for p in paths if os.path.getmtime(p) >= start - 1]
-        before = failed
-        add_xml(label, fresh)
-        if failed == before:  # crashed, timed out, or failed after its test cases passed
-            failed += 1
-            log_path = os.path.join(target_dir(label), "test.log")
-            notes.append(f"FAILED {label}: {status} (see {log_path})")
-    elif status == "SKIPPED":
-        skipped += 1
-    else:  # FAILED TO BUILD, NO STATUS
-        failed += 1
-        notes.append(f"FAILED {label}: {status}")
-
-if not statuses and bazel_rc in ("0", "3") and os.path.isdir(testlogs):
-    # No summary lines to go by (an unexpected output format): count every test.xml there.
-    notes.append("note: no per-target summary in bazel's output; "
-                 f"counted every test.xml under {testlogs}")
-    for root, dirs, files in os.walk(testlogs):
-        dirs[:] = [d for d in dirs if d != "test_attempts"]
-        if "test.xml" in files:
-            add_xml(os.path.relpath(root, testlogs), [os.path.join(root, "test.xml")])
-
-for note in notes:
-    print(f"test.sh: [{name}] {note}")
-print(f"test.sh: [{name}] {passed} passed, {failed} failed, {skipped} skipped "
-      f"in {len(statuses)} test targets")
-with open(counts_out, "w") as f:
-    f.write(f"{passed} {failed} {skipped}\n")
-PY
-}
-
 # run_suite NAME [BAZEL FLAGS...]: one `bazel test` run, counted before the next overwrites
 # bazel-testlogs.
 run_suite() {
   local name="$1"
   shift
-  local log="$work/$name.log" counts="$work/$name.counts" rc=0 start
-  start="$(date +%s)"
+  local log="$work/$name.log" counts="$work/$name.counts" rc=0
   # --build_tests_only: the tests and what they need, not every binary and benchmark in //...
   local command=(bazel test --keep_going --build_tests_only --test_output=errors "$@"
     "${bazel_flags[@]}" "${targets[@]}")
@@ -290,20 +166,26 @@ run_suite() {
   if ! testlogs="$(bazel info "$@" "${bazel_flags[@]}" bazel-testlogs 2>/dev/null)"; then
     testlogs="$(readlink -f bazel-testlogs || true)"
   fi
-  count_results "$name" "$log" "$testlogs" "$start" "$rc" "$counts"
-  if ((repeat > 0)); then
+  # The counts (and the failed test cases) of this run; with --repeat, the table too.
+  local results=(/usr/bin/python3 tools/flake_hunt/flake_hunt.py --log "$log"
+    --testlogs "$testlogs" --runs "$((repeat > 0 ? repeat : 1))" --name "$name"
+    --counts-out "$counts")
+  echo "0 0 0 0" >"$counts"
+  local counting=0
+  if ((repeat > 0 && json)); then
+    "${results[@]}" --json >&3 || counting=$?
+  elif ((repeat > 0)); then
     local title="flake hunt: $repeat runs of each target, ${config:-default} configuration"
     ((load)) && title+=", under load (a busy loop per core)"
-    if ((json)); then
-      /usr/bin/python3 tools/flake_hunt/flake_hunt.py --log "$log" --testlogs "$testlogs" \
-        --runs "$repeat" --json >&3
-    else
-      /usr/bin/python3 tools/flake_hunt/flake_hunt.py --log "$log" --testlogs "$testlogs" \
-        --runs "$repeat" --title "$title"
-    fi
+    "${results[@]}" --table --title "$title" || counting=$?
+  else
+    "${results[@]}" || counting=$?
   fi
-  local passed failed skipped
-  read -r passed failed skipped <"$counts"
+  if ((counting != 0)); then
+    problems+=("[$name] counting the results failed (flake_hunt.py exit $counting)")
+  fi
+  local passed failed skipped counted
+  read -r passed failed skipped counted <"$counts"
 
   case "$rc" in
     0 | 3) ;;  # 3: tests ran and some failed; counted above
@@ -312,6 +194,10 @@ run_suite() {
     8) problems+=("[$name] bazel was interrupted (exit 8)") ;;
     *) problems+=("[$name] bazel failed (exit $rc): see its output above") ;;
   esac
+  if ((counted == 0)) && [[ "$rc" == 0 || "$rc" == 3 ]]; then
+    problems+=("[$name] no test target's result in bazel's output: nothing could be counted")
+    rc=1
+  fi
   if ((rc != 0 && failed == 0)); then
     failed=1  # bazel failed but no test did: the closing line must still show a failure
   fi

@@ -1,8 +1,10 @@
 #!/usr/bin/python3
 """The flake hunt's table: how often each test target, and each test case, failed over the
-runs of one `bazel test --runs_per_test=N` (tools/test.sh --repeat N).
+runs of one `bazel test --runs_per_test=N` (tools/test.sh --repeat N); and tools/test.sh's
+counts of any one `bazel test` (--runs 1 without --runs_per_test), read the same way.
 
     flake_hunt.py --log BAZEL_OUTPUT --testlogs DIR --runs N [--title TEXT] [--json]
+    flake_hunt.py --log BAZEL_OUTPUT --testlogs DIR --runs 1 --name default --counts-out FILE
 
 BAZEL_OUTPUT is what that `bazel test` printed (its summary names the targets, and its
 "FAIL: //label (... run K of N) (see .../test.log)" lines the runs that failed, also those
@@ -156,6 +158,12 @@ def analyse(log, testlogs, runs):
                 target["first_failure"] = target["first_failure"] or run_failure
                 # Counted once in the totals, as tools/test.sh counts such a run.
                 target["failed_without_a_case"] += 0 if case_failed else 1
+        if status in ("FAILED", "TIMEOUT", "INCOMPLETE", "REMOTE FAILURE") and not target["failed"]:
+            # Bazel says a run failed, and neither a test.xml nor a log line it named shows
+            # which (a timeout's log path printed apart): one failure, so the counts show it.
+            target["failed"] = target["failed_without_a_case"] = 1
+            target["first_failure"] = (f"{status.lower()} (see "
+                                       f"{os.path.join(target_dir(testlogs, label), 'test.log')})")
         target["cases"] = sorted(target["cases"].values(), key=lambda c: c["name"])
         targets.append(target)
     passed = sum(c["runs"] - c["failed"] for t in targets for c in t["cases"])
@@ -191,21 +199,48 @@ def print_table(result, title, out=sys.stdout):
           f"{result['runs_per_test']} runs each", file=out)
 
 
+def print_summary(result, name, out=sys.stdout):
+    """tools/test.sh's lines for one bazel run: each failure, then the counts."""
+    for t in result["targets"]:
+        for c in t["cases"]:
+            if c["failed"]:
+                print(f"test.sh: [{name}] FAILED {t['label']} {c['name']}", file=out)
+        if t["failed_without_a_case"]:
+            print(f"test.sh: [{name}] FAILED {t['label']}: {t['first_failure']}", file=out)
+    print(f"test.sh: [{name}] {result['passed']} passed, {result['failed']} failed, "
+          f"{result['skipped']} skipped in {len(result['targets'])} test targets", file=out)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--log", required=True, help="what `bazel test` printed")
     parser.add_argument("--testlogs", required=True, help="the configuration's bazel-testlogs")
-    parser.add_argument("--runs", type=int, required=True, help="--runs_per_test's N")
+    parser.add_argument("--runs", type=int, required=True,
+                        help="--runs_per_test's N (1 for a plain bazel test)")
     parser.add_argument("--title", default="", help="a line above the table")
     parser.add_argument("--json", action="store_true", help="one JSON object, no table")
+    parser.add_argument("--table", action="store_true",
+                        help="the table also with --name (it is the default output otherwise)")
+    parser.add_argument("--name", default="",
+                        help="print tools/test.sh's lines for this run (each failure, then "
+                             "'P passed, F failed, S skipped'), prefixed [NAME]; on stderr "
+                             "with --json")
+    parser.add_argument("--counts-out", default="",
+                        help="write 'PASSED FAILED SKIPPED TARGETS' to this file")
     args = parser.parse_args()
     if args.runs < 1:
         parser.error(f"--runs must be at least 1 (got {args.runs})")
     result = analyse(args.log, args.testlogs, args.runs)
+    if args.name:
+        print_summary(result, args.name, sys.stderr if args.json else sys.stdout)
+    if args.counts_out:
+        with open(args.counts_out, "w") as f:
+            f.write(f"{result['passed']} {result['failed']} {result['skipped']} "
+                    f"{len(result['targets'])}\n")
     if args.json:
         json.dump(result, sys.stdout)
         print()
-    else:
+    elif args.table or not args.name:
         print_table(result, args.title)
 
 
