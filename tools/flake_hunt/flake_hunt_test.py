@@ -1,5 +1,6 @@
 """The flake hunt's table over real runs of its fixtures: a target that fails one run in three
-shows 1 of 3 (33%), naming the failing assertion; the deterministic one shows 0.
+shows 1 of 3 (33%), naming the failing assertion; the deterministic one shows 0. And
+tools/test.sh's refusal of flags that do not go together.
 
 Each fixture binary runs three times, its results laid out as `bazel test --runs_per_test=3`
 lays them out (run_K_of_3/test.xml, test.log) with a "FAIL: ... (see .../test.log)" line in the
@@ -101,6 +102,29 @@ class FlakeHuntTest(unittest.TestCase):
         self.assertEqual((steady["runs"], steady["failed"]), (3, 1))
         self.assertEqual(steady["first_failure"], "WARNING: ThreadSanitizer: data race (pid=1)")
         self.assertEqual(result["failed"], 1)
+
+
+class TestShFlagsTest(unittest.TestCase):
+    """tools/test.sh refuses what it cannot do, before it installs or builds anything."""
+
+    def refused(self, *args):
+        run = subprocess.run(["bash", os.path.join(ROOT, "tools/test.sh")] + list(args),
+                             capture_output=True, text=True, timeout=60)
+        self.assertEqual(run.returncode, 2, run.stdout + run.stderr)
+        self.assertNotIn("installing", run.stdout)
+        return run.stderr
+
+    def test_bad_values_and_combinations_are_refused_with_what_was_wrong(self):
+        self.assertIn("--repeat takes a positive number of runs (got '0')",
+                      self.refused("--repeat", "0"))
+        self.assertIn("(got 'x')", self.refused("--repeat=x"))
+        self.assertIn("--repeat needs a value", self.refused("--repeat"))
+        self.assertIn("--config is asan or tsan (got 'msan')",
+                      self.refused("--repeat", "2", "--config", "msan"))
+        self.assertIn("go with --repeat N", self.refused("--load"))
+        self.assertIn("go with --repeat N", self.refused("--config=tsan"))
+        self.assertIn("give --config asan or tsan instead of --sanitizers",
+                      self.refused("--repeat", "2", "--sanitizers"))
 
 
 if __name__ == "__main__":
