@@ -556,6 +556,67 @@ TEST(ProcessConfigTest, BinaryAddsItsOwnFlags) {
   EXPECT_THAT(out, HasSubstr("--heartbeat-timeout-ms"));
 }
 
+TEST(CommandLineTest, DeclaresTheBinarysFlagsBesideTheCommonOnes) {
+  CommandLine command_line("tessera-coordinator: the rendezvous point", "tessera-coordinator");
+  bool join = false;
+  bool dashboard = true;
+  std::string file_sd;
+  int replicas = 1;
+  uint64_t key_space = 1024;
+  command_line.AddFlag("--join", &join, "Join a running fleet");
+  command_line.AddFlag("--dashboard,!--no-dashboard", &dashboard, "Serve the dashboard");
+  command_line.AddOption("--file-sd", &file_sd, "Targets file");
+  command_line.AddOption("--replicas", &replicas, "Copies of each range", 1, 64,
+                         /*show_default=*/true);
+  command_line.AddOption("--key-space", &key_space, "Number of keys", uint64_t{1},
+                         uint64_t{1} << 62, /*show_default=*/false);
+  StatusOr<ProcessConfig> config =
+      Parse(Role::kCoordinator,
+            {"--join", "--no-dashboard", "--file-sd=/tmp/sd.json", "--replicas=3",
+             "--key-space=4611686018427387904"},
+            {}, command_line.app());
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(join);
+  EXPECT_FALSE(dashboard);
+  EXPECT_EQ(file_sd, "/tmp/sd.json");
+  EXPECT_EQ(replicas, 3);
+  EXPECT_EQ(key_space, uint64_t{1} << 62);
+}
+
+TEST(CommandLineTest, RangesAreCheckedAndHelpShowsWhatWasAsked) {
+  for (const std::vector<std::string>& args :
+       std::vector<std::vector<std::string>>{{"--replicas=0"}, {"--replicas=65"},
+                                             {"--key-space=0"}, {"--replicas=two"}}) {
+    CommandLine command_line("tessera-coordinator");
+    int replicas = 1;
+    uint64_t key_space = 1024;
+    command_line.AddOption("--replicas", &replicas, "Copies", 1, 64, /*show_default=*/true);
+    command_line.AddOption("--key-space", &key_space, "Keys", uint64_t{1}, uint64_t{1} << 62,
+                           /*show_default=*/false);
+    StatusOr<ProcessConfig> config = Parse(Role::kCoordinator, args, {}, command_line.app());
+    ASSERT_FALSE(config.ok()) << args[0];
+    EXPECT_EQ(config.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_THAT(config.status().message(), HasSubstr(args[0].substr(0, args[0].find('='))));
+  }
+
+  CommandLine command_line("tessera-coordinator: the rendezvous point", "tessera-coordinator");
+  int replicas = 2;
+  uint64_t key_space = 1024;
+  command_line.AddOption("--replicas", &replicas, "Copies", 1, 64, /*show_default=*/true);
+  command_line.AddOption("--key-space", &key_space, "Keys", uint64_t{1}, uint64_t{1} << 62,
+                         /*show_default=*/false);
+  bool help = false;
+  testing::internal::CaptureStdout();
+  StatusOr<ProcessConfig> config =
+      Parse(Role::kCoordinator, {"--help"}, {}, command_line.app(), &help);
+  std::string out = testing::internal::GetCapturedStdout();
+  EXPECT_TRUE(help);
+  EXPECT_THAT(out, HasSubstr("tessera-coordinator: the rendezvous point"));
+  EXPECT_THAT(out, HasSubstr("INT in [1 - 64]"));
+  EXPECT_THAT(out, HasSubstr("=2"));  // the default, asked for
+  EXPECT_THAT(out, Not(HasSubstr("=1024")));
+}
+
 TEST(ProcessConfigTest, BinaryFlagClashIsAnInternalError) {
   CLI::App app("tessera worker");
   int rank = 0;
