@@ -71,10 +71,20 @@ def toy_dataset(samples=64):
     return TensorDataset(x, y)
 
 
+# The tensors this process gave to its checks' collectives, held until it exits. Torch 1.13's
+# Gloo releases a finished collective's tensors on its worker thread, which must take the GIL
+# to free a tensor Python made; when that is the last reference while the main thread, holding
+# the GIL, waits in ProcessGroupGloo's destructor for the same thread, neither moves
+# (pytorch/pytorch#56297): the Gloo run of this program hung at exit 4 times in 10 on a busy
+# machine. Held here, the worker's release frees nothing. (DDP's own buckets are not Python's.)
+_given_to_collectives = []
+
+
 def same_on_every_rank(model):
     """Whether every rank holds exactly the parameters this rank holds (an all_gather)."""
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     gathered = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
+    _given_to_collectives.extend([flat] + gathered)
     dist.all_gather(gathered, flat)
     return all(torch.equal(flat, other) for other in gathered)
 
@@ -107,6 +117,7 @@ def demo_basic(rank, world_size, save_params=None, epochs=3):
             loss.backward()
             optimizer.step()
             total += torch.tensor([loss.item() * len(inputs), len(inputs)])
+        _given_to_collectives.append(total)
         dist.all_reduce(total)  # the epoch's mean loss over every rank's samples
         losses.append((total[0] / total[1]).item())
 
