@@ -166,10 +166,14 @@ run_suite() {
   if ! testlogs="$(bazel info "$@" "${bazel_flags[@]}" bazel-testlogs 2>/dev/null)"; then
     testlogs="$(readlink -f bazel-testlogs || true)"
   fi
-  # The counts (and the failed test cases) of this run; with --repeat, the table too.
+  # The counts (and the failed test cases) of this run; with --repeat, the table too. Each
+  # target ran --repeat's N times, or as often as a --runs_per_test given with the bazel flags.
+  local runs=1 flag
+  for flag in "$@" "${bazel_flags[@]}"; do
+    [[ "$flag" =~ ^--runs_per_test=([1-9][0-9]*)$ ]] && runs="${BASH_REMATCH[1]}"
+  done
   local results=(/usr/bin/python3 tools/flake_hunt/flake_hunt.py --log "$log"
-    --testlogs "$testlogs" --runs "$((repeat > 0 ? repeat : 1))" --name "$name"
-    --counts-out "$counts")
+    --testlogs "$testlogs" --runs "$runs" --name "$name" --counts-out "$counts")
   echo "0 0 0 0" >"$counts"
   local counting=0
   if ((repeat > 0 && json)); then
