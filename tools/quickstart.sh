@@ -159,7 +159,10 @@ if [[ " $* " != *" -- "* ]]; then
 fi
 launch_args+=(--linger "$worker_linger_seconds")
 step "starting the fleet: $launcher ${launch_args[*]}"
-"$launcher" "${launch_args[@]}" >"$log" 2>&1 &
+# The log exists before tail opens it: the launcher's own redirection runs in the child, which a
+# cold machine may schedule after tail (seen on a bare machine: tail failed, nothing was scraped).
+: >"$log"
+"$launcher" "${launch_args[@]}" >>"$log" 2>&1 &
 launch_pid=$!
 
 declare -A urls=()  # "server 1" -> metrics URL
