@@ -2,6 +2,13 @@
 
 namespace tessera {
 
+MessageBody::MessageBody() = default;
+MessageBody::MessageBody(const MessageBody& other) = default;
+MessageBody::MessageBody(MessageBody&& other) noexcept = default;
+MessageBody& MessageBody::operator=(const MessageBody& other) = default;
+MessageBody& MessageBody::operator=(MessageBody&& other) noexcept = default;
+MessageBody::~MessageBody() = default;
+
 std::string_view MessageTypeName(MessageType type) {
   switch (type) {
     case MessageType::kRegisterRequest: return "RegisterRequest";

@@ -31,9 +31,10 @@ bool WriteSeed(const std::string& path, const MessageHeader& header, MessageBody
 
 template <size_t I = 0>
 bool EveryType(const MessageHeader& header, int* written, const std::string& dir) {
-  if constexpr (I < std::variant_size_v<MessageBody>) {
+  if constexpr (I < std::variant_size_v<MessageBodyVariant>) {
     const std::string path = dir + "/type-" + std::to_string(I);
-    if (!WriteSeed(path, header, MessageBody{std::in_place_index<I>})) return false;
+    const MessageBody body{std::variant_alternative_t<I, MessageBodyVariant>{}};
+    if (!WriteSeed(path, header, body)) return false;
     ++*written;
     return EveryType<I + 1>(header, written, dir);
   }
