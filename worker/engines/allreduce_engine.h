@@ -51,7 +51,7 @@
 #include "common/training/optimizer.h"
 #include "common/training/parameter_layout.h"
 #include "worker/collectives/collectives.h"
-#include "worker/engines/comm_thread.h"
+#include "worker/collectives/comm_thread.h"
 #include "worker/engines/gradient_buckets.h"
 #include "worker/engines/training_engine.h"
 

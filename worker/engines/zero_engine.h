@@ -54,7 +54,7 @@
 #include "common/training/lr_schedule.h"
 #include "common/training/optimizer.h"
 #include "worker/collectives/collectives.h"
-#include "worker/engines/comm_thread.h"
+#include "worker/collectives/comm_thread.h"
 #include "worker/engines/training_engine.h"
 #include "worker/nn/parameter_storage.h"
 

@@ -44,8 +44,8 @@
 #include "common/security/credentials.h"
 #include "worker/collectives/channel/zmq/collective_mailbox.h"
 #include "worker/collectives/channel/zmq/ring_zmq.h"
+#include "worker/collectives/comm_thread.h"
 #include "worker/collectives/ring_collectives.h"
-#include "worker/engines/comm_thread.h"
 #include "worker/torch/rendezvous_store.h"
 
 namespace tessera::worker {

@@ -1,4 +1,4 @@
-#include "worker/engines/comm_thread.h"
+#include "worker/collectives/comm_thread.h"
 
 #include <gtest/gtest.h>
 

@@ -8,8 +8,8 @@
 //   Status status = done.get();  // or wait_for with a deadline
 //
 // Thread-safety: Submit and CancelPending from any thread; the work runs on the comm thread.
-#ifndef TESSERA_WORKER_ENGINES_COMM_THREAD_H_
-#define TESSERA_WORKER_ENGINES_COMM_THREAD_H_
+#ifndef TESSERA_WORKER_COLLECTIVES_COMM_THREAD_H_
+#define TESSERA_WORKER_COLLECTIVES_COMM_THREAD_H_
 
 #include <condition_variable>
 #include <deque>
@@ -57,4 +57,4 @@ class CommThread {
 
 }  // namespace tessera::worker
 
-#endif  // TESSERA_WORKER_ENGINES_COMM_THREAD_H_
+#endif  // TESSERA_WORKER_COLLECTIVES_COMM_THREAD_H_
