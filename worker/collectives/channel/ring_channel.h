@@ -4,7 +4,7 @@
 //   - RingShm (shm/ring_shm.h): one shared-memory byte ring each way; ranks on one host.
 //   - RingLinks (links/ring_links.h): one TCP connection each way; works across hosts.
 //   - RingZmq (zmq/ring_zmq.h): frames as messages through the process's transport (ZeroMQ).
-// and RingSplit (ring_split.h), one of them to next and another from prev (a ring that
+// and MixedHopChannel (mixed_hop_channel.h), one of them to next and another from prev (a ring that
 // crosses hosts: shared memory for the hops within one, TCP for the hops between).
 // ConnectRingChannel (ring_channel_setup.h) picks one the same way on every rank
 // (tessera-worker --ring-transport auto|shm|links|zmq).

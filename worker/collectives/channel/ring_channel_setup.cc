@@ -7,7 +7,7 @@
 #include "common/base/host_port.h"
 #include "common/base/role.h"
 #include "worker/collectives/channel/links/ring_links.h"
-#include "worker/collectives/channel/ring_split.h"
+#include "worker/collectives/channel/mixed_hop_channel.h"
 #include "worker/collectives/channel/shm/ring_shm.h"
 #include "worker/collectives/channel/zmq/ring_zmq.h"
 #include "worker/collectives/ring_collectives.h"
@@ -289,9 +289,9 @@ StatusOr<ConnectedRingChannel> ConnectShmOrAuto(const RingChannelSetupOptions& o
   } else if (!to_next_shm && !from_prev_shm) {
     channel = std::move(links);
   } else if (to_next_shm) {
-    channel = std::make_shared<RingSplit>(std::move(shm), std::move(links));
+    channel = std::make_shared<MixedHopChannel>(std::move(shm), std::move(links));
   } else {
-    channel = std::make_shared<RingSplit>(std::move(links), std::move(shm));
+    channel = std::make_shared<MixedHopChannel>(std::move(links), std::move(shm));
   }
   return ConnectedRingChannel{std::move(channel), std::move(description), place.order};
 }

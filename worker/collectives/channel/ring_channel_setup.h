@@ -5,9 +5,10 @@
 //   shm    RingShm: shared-memory rings to the neighbours (one host, one /dev/shm); fails with
 //          FailedPrecondition naming the ranks that cannot map their neighbours' segments.
 //   auto   per hop: shared memory where both ends can map each other's segments (a host's
-//          ranks), TCP links elsewhere (between hosts); RingSplit (ring_split.h) for a rank
-//          whose two hops differ. Which hop can is agreed collectively (a max all-reduce over
-//          RingZmq), so both ends of every hop choose alike.
+//          ranks), TCP links elsewhere (between hosts); MixedHopChannel
+//          (mixed_hop_channel.h) for a rank whose two hops differ. Which hop can is agreed
+//          collectively (a max all-reduce over RingZmq), so both ends of every hop choose
+//          alike.
 //
 // The ring visits the ranks in RingOrder (below), which puts each host's ranks next to each
 // other: pass `order` on to RingCollectivesOptions::ring_order.

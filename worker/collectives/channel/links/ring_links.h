@@ -134,7 +134,7 @@ class RingLinks : public RingChannel {
 
   // Connects as described above; every rank of the ring must call it. REQUIRES:
   // world_size >= 2. Errors name the peer and the step that failed. One direction only (a
-  // ring whose other hop is another channel, ring_split.h): without a listener there is no
+  // ring whose other hop is another channel, mixed_hop_channel.h): without a listener there is no
   // link from prev (Recv fails FailedPrecondition), without next_address none to next (Send
   // fails so).
   static StatusOr<std::unique_ptr<RingLinks>> Connect(const RingLinksOptions& options,

@@ -100,7 +100,7 @@ class RingShm final : public RingChannel {
   // Create makes this rank's segment (its name is linked until UnlinkOwnSegment or the
   // destructor); Attach opens the neighbours' (at world 2 both are the same) and checks their
   // tokens: FailedPrecondition naming the neighbour if that fails. `failures` may be null.
-  // One direction only (a ring whose other hop is another channel, ring_split.h): an empty
+  // One direction only (a ring whose other hop is another channel, mixed_hop_channel.h): an empty
   // `prev` name leaves out the ring from prev (Recv fails FailedPrecondition), an empty `next`
   // the ring to next (Send fails so). Our own segment is needed either way: its doorbell wakes
   // our waiters.

@@ -1,4 +1,4 @@
-#include "worker/collectives/channel/ring_split.h"
+#include "worker/collectives/channel/mixed_hop_channel.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -23,7 +23,7 @@ namespace {
 
 // A ring of `world` (even) ranks in this process, as on world / 2 hosts of two ranks each:
 // hop h (h -> h + 1) over shared memory for even h (within a "host"), a socket pair for odd h
-// (between). So every rank is a RingSplit: even ranks send over shm and receive over a link,
+// (between). So every rank is a MixedHopChannel: even ranks send over shm and receive over a link,
 // odd ranks the other way round.
 class MixedRing {
  public:
@@ -65,7 +65,7 @@ class MixedRing {
     }
     for (int rank = 0; rank < world; ++rank) {
       channels.push_back(
-          std::make_shared<RingSplit>(std::move(to_next[rank]), std::move(from_prev[rank])));
+          std::make_shared<MixedHopChannel>(std::move(to_next[rank]), std::move(from_prev[rank])));
     }
   }
 
@@ -80,7 +80,7 @@ class MixedRing {
     return results;
   }
 
-  std::vector<std::shared_ptr<RingSplit>> channels;
+  std::vector<std::shared_ptr<MixedHopChannel>> channels;
 
  private:
   const int world_;
@@ -108,7 +108,7 @@ std::vector<uint8_t> Pattern(size_t bytes, uint8_t seed) {
 // A frame larger than the shared-memory ring and than the socket buffers: a Send leaves most of
 // it queued, and nobody on the sending side ever waits (no Recv, no Flush) — only the pump can
 // hand it on. Both kinds of outbound half.
-TEST(RingSplitTest, ThePumpHandsOnWhatASendLeftQueued) {
+TEST(MixedHopChannelTest, ThePumpHandsOnWhatASendLeftQueued) {
   MixedRing ring(2, /*socket_buffer_bytes=*/64 << 10);
   const size_t bytes = size_t{16} << 20;
   for (int sender : {0, 1}) {  // 0 sends over shm, 1 over its link
@@ -128,7 +128,7 @@ TEST(RingSplitTest, ThePumpHandsOnWhatASendLeftQueued) {
 
 // All-reduces over the mixed ring, large enough that every hop's ring or socket fills, with
 // the default segment size, against the sum: the pump, Sends and the call's Flush together.
-TEST(RingSplitTest, AllReduceOverAMixedRingIsExact) {
+TEST(MixedHopChannelTest, AllReduceOverAMixedRingIsExact) {
   constexpr int kWorld = 4;
   MixedRing ring(kWorld);
   std::vector<std::unique_ptr<RingCollectives>> collectives;
@@ -165,7 +165,7 @@ TEST(RingSplitTest, AllReduceOverAMixedRingIsExact) {
 }
 
 // A channel whose next never reads goes away promptly, its pump stopped mid-flush.
-TEST(RingSplitTest, DestroyingItStopsThePumpWithinASlice) {
+TEST(MixedHopChannelTest, DestroyingItStopsThePumpWithinASlice) {
   MixedRing ring(2, /*socket_buffer_bytes=*/64 << 10);
   ASSERT_TRUE(ring.channels[1]->Send(Data(1, Pattern(size_t{8} << 20, 1))).ok());
   ASSERT_GT(ring.channels[1]->unsent(), 0u);
@@ -173,7 +173,7 @@ TEST(RingSplitTest, DestroyingItStopsThePumpWithinASlice) {
   const auto started = SteadyClock::now();
   ring.channels[1].reset();
   EXPECT_LT(SteadyClock::now() - started,
-            std::chrono::milliseconds(RingSplit::kPumpSliceMs + 1000));
+            std::chrono::milliseconds(MixedHopChannel::kPumpSliceMs + 1000));
 }
 
 }  // namespace

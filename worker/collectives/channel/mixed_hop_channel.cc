@@ -1,15 +1,16 @@
-#include "worker/collectives/channel/ring_split.h"
+#include "worker/collectives/channel/mixed_hop_channel.h"
 
 #include <utility>
 
 namespace tessera::worker {
 
-RingSplit::RingSplit(std::unique_ptr<RingChannel> to_next, std::unique_ptr<RingChannel> from_prev)
+MixedHopChannel::MixedHopChannel(std::unique_ptr<RingChannel> to_next,
+                                 std::unique_ptr<RingChannel> from_prev)
     : to_next_(std::move(to_next)), from_prev_(std::move(from_prev)) {
   pump_ = std::thread([this] { Pump(); });
 }
 
-RingSplit::~RingSplit() {
+MixedHopChannel::~MixedHopChannel() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
@@ -18,7 +19,7 @@ RingSplit::~RingSplit() {
   pump_.join();  // within a slice
 }
 
-Status RingSplit::Send(RingFrame frame) {
+Status MixedHopChannel::Send(RingFrame frame) {
   Status sent = to_next_->Send(std::move(frame));
   if (sent.ok() && to_next_->unsent() > 0) {
     {
@@ -30,7 +31,7 @@ Status RingSplit::Send(RingFrame frame) {
   return sent;
 }
 
-void RingSplit::Pump() {
+void MixedHopChannel::Pump() {
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
     wanted_changed_.wait(lock, [this] { return wanted_ || stopping_; });

@@ -1,10 +1,11 @@
-// RingSplit: a rank's ring channel whose two hops travel differently: frames to next through
+// MixedHopChannel: a rank's ring channel whose two hops travel differently: frames to next through
 // one channel, frames from prev through another. ConnectRingChannel (ring_channel_setup.h)
 // builds one for a rank whose neighbours are on different hosts' sides of it: shared memory
 // (RingShm) to a neighbour on this host, a TCP link (RingLinks) to or from one on another.
 // Each half is set up for its one direction only; the other direction of each is unused.
 //
-//   auto split = std::make_unique<RingSplit>(std::move(shm_to_next), std::move(links_from_prev));
+//   auto channel =
+//       std::make_unique<MixedHopChannel>(std::move(shm_to_next), std::move(links_from_prev));
 //
 // Why it has a thread: RingShm and RingLinks hand on what a Send could not write at once (a
 // full ring or socket buffer) only while a thread waits on that same channel, and here a Recv
@@ -14,8 +15,8 @@
 // small ones go out at once on the sending thread and the pump stays asleep.
 //
 // Thread-safety: thread-safe, as its halves are.
-#ifndef TESSERA_WORKER_COLLECTIVES_CHANNEL_RING_SPLIT_H_
-#define TESSERA_WORKER_COLLECTIVES_CHANNEL_RING_SPLIT_H_
+#ifndef TESSERA_WORKER_COLLECTIVES_CHANNEL_MIXED_HOP_CHANNEL_H_
+#define TESSERA_WORKER_COLLECTIVES_CHANNEL_MIXED_HOP_CHANNEL_H_
 
 #include <condition_variable>
 #include <cstddef>
@@ -28,16 +29,16 @@
 
 namespace tessera::worker {
 
-class RingSplit final : public RingChannel {
+class MixedHopChannel final : public RingChannel {
  public:
   // How long one flush of the pump waits before it looks whether it should stop.
   static constexpr int64_t kPumpSliceMs = 50;
 
   // REQUIRES: both halves are of the same rank, non-null.
-  RingSplit(std::unique_ptr<RingChannel> to_next, std::unique_ptr<RingChannel> from_prev);
-  ~RingSplit() override;
-  RingSplit(const RingSplit&) = delete;
-  RingSplit& operator=(const RingSplit&) = delete;
+  MixedHopChannel(std::unique_ptr<RingChannel> to_next, std::unique_ptr<RingChannel> from_prev);
+  ~MixedHopChannel() override;
+  MixedHopChannel(const MixedHopChannel&) = delete;
+  MixedHopChannel& operator=(const MixedHopChannel&) = delete;
 
   int rank() const override { return to_next_->rank(); }
   Status Send(RingFrame frame) override;
@@ -66,4 +67,4 @@ class RingSplit final : public RingChannel {
 
 }  // namespace tessera::worker
 
-#endif  // TESSERA_WORKER_COLLECTIVES_CHANNEL_RING_SPLIT_H_
+#endif  // TESSERA_WORKER_COLLECTIVES_CHANNEL_MIXED_HOP_CHANNEL_H_
