@@ -3,7 +3,7 @@
 #
 #   N passed, M failed, K skipped
 #
-#   tools/test.sh                      # bazel test //...
+#   tools/test.sh                      # tools/check_layers.sh, then bazel test //...
 #   tools/test.sh --sanitizers         # ... then again under --config=asan and --config=tsan
 #                                      # (without the tests tagged no_sanitizers, no_asan or
 #                                      # no_tsan there: tests/BUILD, tools/test_tags.bzl)
@@ -209,6 +209,15 @@ run_suite() {
   total_failed=$((total_failed + failed))
   total_skipped=$((total_skipped + skipped))
 }
+
+# The whole suite begins with the layering (tools/check_layers.sh), counted as one test.
+if ((repeat == 0)) && [[ "${targets[*]}" == "//..." ]]; then
+  if tools/check_layers.sh; then
+    total_passed=$((total_passed + 1))
+  else
+    total_failed=$((total_failed + 1))
+  fi
+fi
 
 if ((repeat > 0)); then
   repeat_flags=(--runs_per_test="$repeat" --nocache_test_results)
