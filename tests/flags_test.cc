@@ -32,7 +32,7 @@ struct Binary {
 const std::vector<Binary> kBinaries = {
     {"tessera-worker", "worker/tessera-worker", {}, {}, 40},
     {"tessera-server", "server/ps/tessera-server", {}, {"--coordinator", "127.0.0.1:1"}, 10},
-    {"tessera-coordinator", "server/coordinator/tessera-coordinator", {}, {}, 8},
+    {"tessera-coordinator", "coordinator/tessera-coordinator", {}, {}, 8},
     {"tessera-launch", "tools/tessera-launch", {}, {}, 8},
     {"tessera-export-params", "tools/tessera-export-params", {},
      {"--checkpoint-dir", "/nonexistent", "--out", "/nonexistent/params"}, 1},

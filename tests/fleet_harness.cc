@@ -134,7 +134,7 @@ StatusOr<int> FleetHarness::StartCommand(const std::string& label,
 }
 
 StatusOr<std::string> FleetHarness::StartCoordinator(const std::vector<std::string>& args) {
-  ASSIGN_OR_RETURN(int id, Start("coordinator", "server/coordinator/tessera-coordinator", args));
+  ASSIGN_OR_RETURN(int id, Start("coordinator", "coordinator/tessera-coordinator", args));
   RETURN_IF_ERROR(WaitReady(id, Deadline::AfterMillis(30000)));
   const std::string& address = processes_[id].address;  // tcp://127.0.0.1:PORT
   return address.substr(std::string("tcp://").size());
@@ -267,7 +267,7 @@ StatusOr<TwoWorkerJob> StartTwoWorkerJob(FleetHarness& harness, const std::strin
   TwoWorkerJob job;
   const std::string n = std::to_string(num_servers);
   ASSIGN_OR_RETURN(job.coordinator,
-                   harness.Start("coordinator", "server/coordinator/tessera-coordinator",
+                   harness.Start("coordinator", "coordinator/tessera-coordinator",
                                  Concat({"--num-servers", n, "--num-workers", "2"},
                                         coordinator_flags)));
   RETURN_IF_ERROR(harness.WaitReady(job.coordinator, Deadline::AfterMillis(30000)));

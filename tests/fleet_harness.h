@@ -20,7 +20,7 @@
 
 namespace tessera::testing {
 
-// The path of a binary built by Bazel, e.g. "server/coordinator/tessera-coordinator", in the runfiles.
+// The path of a binary built by Bazel, e.g. "coordinator/tessera-coordinator", in the runfiles.
 std::string BinaryPath(const std::string& workspace_relative);
 
 // A minimal blocking HTTP/1.0 GET of http://IPV4:PORT/PATH: the status code and body.

@@ -63,7 +63,7 @@ class MultiHostTest : public ::testing::Test {
     TwoWorkerJob job;
     const std::string n = std::to_string(servers);
     ASSIGN_OR_RETURN(job.coordinator,
-                     StartOn(0, "coordinator", "server/coordinator/tessera-coordinator",
+                     StartOn(0, "coordinator", "coordinator/tessera-coordinator",
                              {"--coordinator", EmulatedHosts::Address(0) + ":0", "--num-servers",
                               n, "--num-workers", "2"}));
     RETURN_IF_ERROR(harness_.WaitReady(job.coordinator, Deadline::AfterMillis(30000)));
@@ -206,7 +206,7 @@ TEST_F(MultiHostTest, TwoWorkersPerHostUseSharedMemoryWithinAHostAndLinksBetween
 // mpirun --map-by node or srun --distribution=cyclic place them): the ring visits each host's
 // workers together (order 0, 2, 1, 3), so that two of its four hops still use shared memory.
 TEST_F(MultiHostTest, RoundRobinPlacementIsRingedHostByHost) {
-  auto coordinator = StartOn(0, "coordinator", "server/coordinator/tessera-coordinator",
+  auto coordinator = StartOn(0, "coordinator", "coordinator/tessera-coordinator",
                              {"--coordinator", EmulatedHosts::Address(0) + ":0",
                               "--num-servers", "0", "--num-workers", "4"});
   ASSERT_TRUE(coordinator.ok()) << coordinator.status();
@@ -331,7 +331,7 @@ TEST_F(MultiHostTest, AServerDyingOnAnotherHostIsSeenByItsClosedConnectionAtOnce
       "--steps", "300", "--hidden", "32,16", "--input-dim", "16", "--classes", "4"};
   const std::vector<std::string> slow_heartbeats = {"--heartbeat-timeout-ms", "60000"};
   const std::string path = TempPath("server-killed-across.params");
-  auto coordinator = StartOn(0, "coordinator", "server/coordinator/tessera-coordinator",
+  auto coordinator = StartOn(0, "coordinator", "coordinator/tessera-coordinator",
                              Concat({"--coordinator", EmulatedHosts::Address(0) + ":0",
                                      "--num-servers", "3", "--num-workers", "2", "--replicas",
                                      "2"},

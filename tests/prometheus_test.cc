@@ -457,7 +457,7 @@ TEST(PrometheusTest, ScrapesEveryProcessFoundThroughServiceDiscovery) {
 // Over HTTPS with basic auth (issue 15, item 4): a server serves /metrics with a certificate
 // and a user file, and the real Prometheus scrapes it with the scrape configuration
 // docs/security-http.md shows (scheme https, tls_config, basic_auth). Through a static target:
-// the coordinator's /sd does not take https:// metrics URLs yet (server/coordinator/
+// the coordinator's /sd does not take https:// metrics URLs yet (coordinator/
 // service_discovery.cc), so this fleet's coordinator serves plain HTTP on the loopback.
 TEST(PrometheusTest, ScrapesOverTlsWithBasicAuth) {
   ASSERT_EQ(access(kPrometheus, X_OK), 0) << kPrometheus << " is missing";

@@ -38,7 +38,7 @@ struct Fleet {
 // A coordinator, ready, and one server (which announces itself once the workers are there).
 Fleet StartServers(FleetHarness& harness) {
   Fleet fleet;
-  auto coordinator = harness.Start("coordinator", "server/coordinator/tessera-coordinator",
+  auto coordinator = harness.Start("coordinator", "coordinator/tessera-coordinator",
                                    {"--num-servers", "1", "--num-workers", "2"});
   EXPECT_TRUE(coordinator.ok()) << coordinator.status();
   fleet.coordinator = *coordinator;

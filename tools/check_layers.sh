@@ -62,11 +62,13 @@ else
   failed=1
 fi
 
-must_not "//common/..." "//server/... + //worker/... + //tools/..." "common is the bottom layer"
-must_not "//server/..." "//worker/... + //tools/..." "the servers and the workers are peers"
-# The coordinator still lives in server/ and worker/hosted_coordinator hosts it (issue 50
-# moves it to a top-level coordinator/); the parameter server is off limits already.
-must_not "//worker/..." "//server/ps/... + //tools/..." "workers reach servers over the wire"
+must_not "//common/..." "//coordinator/... + //server/... + //worker/... + //tools/..." \
+  "common is the bottom layer"
+must_not "//coordinator/..." "//server/... + //worker/... + //tools/..." \
+  "the coordinator shares only common/ with the parameter server"
+must_not "//server/..." "//coordinator/... + //worker/... + //tools/..." \
+  "the parameter server shares only common/ with the coordinator"
+must_not "//worker/..." "//server/... + //tools/..." "workers reach the servers over the wire"
 must_not "//worker/collectives/..." \
   "//worker/engines/... + //worker:all + //worker/torch/... + //worker/jobs/..." \
   "collectives are below the engines, the trainer and the PyTorch backend"

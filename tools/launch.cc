@@ -154,7 +154,7 @@ How it works:
   --mode and the forwarded flags (any flag the launcher does not know, and everything
   after --).
   Binaries are looked up in --bin-dir, else in the launcher's Bazel runfiles, else next to it
-  in bazel-bin (../server/coordinator/tessera-coordinator, ../server/ps/tessera-server,
+  in bazel-bin (../coordinator/tessera-coordinator, ../server/ps/tessera-server,
   ../worker/tessera-worker).
 
 Exit status:
@@ -463,7 +463,7 @@ StatusOr<std::string> SelfExecutable() {
 
 // Where the three binaries are under `root` when it is laid out like the workspace.
 FleetBinaries WorkspaceLayout(const std::string& root) {
-  return {root + "/server/coordinator/tessera-coordinator",
+  return {root + "/coordinator/tessera-coordinator",
           root + "/server/ps/tessera-server",
           root + "/worker/tessera-worker"};
 }

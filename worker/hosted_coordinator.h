@@ -24,7 +24,7 @@
 #include "common/config/config.h"
 #include "common/security/credentials.h"
 #include "common/transport/rpc_endpoint.h"
-#include "server/coordinator/coordinator.h"
+#include "coordinator/coordinator.h"
 
 namespace tessera::worker {
 

@@ -93,7 +93,7 @@ struct ProcessConfig {
   int local_rank = -1;
   // Flag --num-workers (alias --world-size); env WORLD_SIZE | OMPI_COMM_WORLD_SIZE | SLURM_NTASKS.
   // >= 1 for a worker. A coordinator or server with 0 serves a long-running fleet: successive
-  // jobs' workers attach, train and leave (see server/coordinator/coordinator.h).
+  // jobs' workers attach, train and leave (see coordinator/coordinator.h).
   int num_workers = 1;
   // Flag --num-servers; env TESSERA_NUM_SERVERS. 0 for all-reduce and ZeRO modes.
   int num_servers = 0;

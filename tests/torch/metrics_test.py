@@ -146,7 +146,7 @@ def _registered(rank, world_size):
 
 def _start_coordinator(stderr):
     """A tessera-coordinator for torch ranks; its TESSERA_READY fields."""
-    binary = os.path.join(_RUNFILES, "server/coordinator/tessera-coordinator")
+    binary = os.path.join(_RUNFILES, "coordinator/tessera-coordinator")
     coordinator = subprocess.Popen(
         [binary, "--num-workers", "0", "--coordinator", "127.0.0.1:0", "--job", "torchjob"],
         stdout=subprocess.PIPE, stderr=stderr, text=True)

@@ -50,7 +50,7 @@ StatusOr<Binaries> FindBinaries(const std::string& bin_dir) {
   };
   Binaries binaries;
   ASSIGN_OR_RETURN(binaries.worker, find("worker/tessera-worker"));
-  ASSIGN_OR_RETURN(binaries.coordinator, find("server/coordinator/tessera-coordinator"));
+  ASSIGN_OR_RETURN(binaries.coordinator, find("coordinator/tessera-coordinator"));
   ASSIGN_OR_RETURN(binaries.server, find("server/ps/tessera-server"));
   ASSIGN_OR_RETURN(binaries.launcher, find("tools/tessera-launch"));
   return binaries;

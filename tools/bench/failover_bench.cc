@@ -104,7 +104,7 @@ StatusOr<std::pair<int, std::string>> Ready(Timeline& timeline, int child) {
 // environment), server `server` in a UTS namespace with a host name of its own.
 StatusOr<RunningFleet> StartByHand(const FailoverBenchOptions& o, int server, Timeline& timeline) {
   ASSIGN_OR_RETURN(std::string coordinator_binary,
-                   FindRunfile("server/coordinator/tessera-coordinator"));
+                   FindRunfile("coordinator/tessera-coordinator"));
   ASSIGN_OR_RETURN(std::string server_binary, FindRunfile("server/ps/tessera-server"));
   ASSIGN_OR_RETURN(std::string worker_binary, FindRunfile("worker/tessera-worker"));
   const std::vector<std::string> fleet_flags = {"--num-servers", std::to_string(o.servers),

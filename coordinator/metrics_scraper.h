@@ -1,6 +1,6 @@
 // Metrics scraping: reads another process's /metrics page over HTTP, for the coordinator's
-// dashboard (server/coordinator/dashboard.h). Prometheus itself needs none of this; it scrapes the fleet
-// through service discovery (server/coordinator/service_discovery.h).
+// dashboard (coordinator/dashboard.h). Prometheus itself needs none of this; it scrapes the fleet
+// through service discovery (coordinator/service_discovery.h).
 //
 //   ASSIGN_OR_RETURN(std::vector<MetricSample> samples,
 //                    ScrapeMetrics("http://127.0.0.1:40187/metrics", Deadline::AfterMillis(800)));
@@ -15,8 +15,8 @@
 //     (# HELP, # TYPE) and timestamps are skipped.
 //
 // Thread-safety: free functions without shared state; call them from any thread.
-#ifndef TESSERA_SERVER_COORDINATOR_METRICS_SCRAPER_H_
-#define TESSERA_SERVER_COORDINATOR_METRICS_SCRAPER_H_
+#ifndef TESSERA_COORDINATOR_METRICS_SCRAPER_H_
+#define TESSERA_COORDINATOR_METRICS_SCRAPER_H_
 
 #include <cstddef>
 #include <map>
@@ -65,4 +65,4 @@ std::optional<double> FindSample(const std::vector<MetricSample>& samples, std::
 
 }  // namespace tessera::server
 
-#endif  // TESSERA_SERVER_COORDINATOR_METRICS_SCRAPER_H_
+#endif  // TESSERA_COORDINATOR_METRICS_SCRAPER_H_

@@ -8,8 +8,8 @@
 #include <memory>
 #include <string>
 
-#include "server/coordinator/dashboard.h"
-#include "server/coordinator/service_discovery.h"
+#include "coordinator/dashboard.h"
+#include "coordinator/service_discovery.h"
 
 namespace {
 

@@ -28,8 +28,8 @@
 //
 // Thread-safety: thread-safe. UpdateFleet() is for the coordinator's hook, the Serve*()
 // functions for the HTTP server's threads; Start() and Stop() for the owner.
-#ifndef TESSERA_SERVER_COORDINATOR_DASHBOARD_H_
-#define TESSERA_SERVER_COORDINATOR_DASHBOARD_H_
+#ifndef TESSERA_COORDINATOR_DASHBOARD_H_
+#define TESSERA_COORDINATOR_DASHBOARD_H_
 
 #include <condition_variable>
 #include <cstdint>
@@ -50,7 +50,7 @@
 #include "common/base/status.h"
 #include "common/messages/fleet_view.h"
 #include "common/metrics/metrics_http.h"
-#include "server/coordinator/metrics_scraper.h"
+#include "coordinator/metrics_scraper.h"
 
 namespace tessera::server {
 
@@ -187,4 +187,4 @@ Status AddDashboardHandlers(std::shared_ptr<Dashboard> dashboard, MetricsHttpSer
 
 }  // namespace tessera::server
 
-#endif  // TESSERA_SERVER_COORDINATOR_DASHBOARD_H_
+#endif  // TESSERA_COORDINATOR_DASHBOARD_H_

@@ -1,4 +1,4 @@
-#include "server/coordinator/dashboard.h"
+#include "coordinator/dashboard.h"
 
 #include <unistd.h>
 

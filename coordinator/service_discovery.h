@@ -19,8 +19,8 @@
 // fails or leaves. The job's name is in `tessera_job` because Prometheus sets `job` itself, from
 // the scrape config's job_name. A process whose metrics URL has an unspecified host (0.0.0.0,
 // ::) is listed under the host name it registered with (the coordinator: its own host name).
-#ifndef TESSERA_SERVER_COORDINATOR_SERVICE_DISCOVERY_H_
-#define TESSERA_SERVER_COORDINATOR_SERVICE_DISCOVERY_H_
+#ifndef TESSERA_COORDINATOR_SERVICE_DISCOVERY_H_
+#define TESSERA_COORDINATOR_SERVICE_DISCOVERY_H_
 
 #include <memory>
 #include <mutex>
@@ -108,4 +108,4 @@ class ServiceDiscovery {
 
 }  // namespace tessera::server
 
-#endif  // TESSERA_SERVER_COORDINATOR_SERVICE_DISCOVERY_H_
+#endif  // TESSERA_COORDINATOR_SERVICE_DISCOVERY_H_

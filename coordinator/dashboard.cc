@@ -1,4 +1,4 @@
-#include "server/coordinator/dashboard.h"
+#include "coordinator/dashboard.h"
 
 #include <algorithm>
 #include <atomic>
@@ -10,7 +10,7 @@
 
 #include "common/base/logging.h"
 #include "common/metrics/metric_names.h"
-#include "server/coordinator/service_discovery.h"
+#include "coordinator/service_discovery.h"
 
 namespace tessera::server {
 namespace {
@@ -19,7 +19,7 @@ namespace names = metric_names;
 
 // The page, embedded at build time from dashboard_page.html (see the genrule in BUILD).
 constexpr char kPage[] =
-#include "server/coordinator/dashboard_page.inc"
+#include "coordinator/dashboard_page.inc"
     ;
 
 int64_t UnixMillisNow() {

@@ -1,4 +1,4 @@
-#include "server/coordinator/metrics_scraper.h"
+#include "coordinator/metrics_scraper.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

@@ -1,4 +1,4 @@
-#include "server/coordinator/coordinator.h"
+#include "coordinator/coordinator.h"
 
 #include <algorithm>
 #include <iterator>

@@ -36,8 +36,8 @@
 //
 // Thread-safety: Run() owns all state on the calling thread; message handlers only queue.
 // Snapshot() may be called from any thread.
-#ifndef TESSERA_SERVER_COORDINATOR_COORDINATOR_H_
-#define TESSERA_SERVER_COORDINATOR_COORDINATOR_H_
+#ifndef TESSERA_COORDINATOR_COORDINATOR_H_
+#define TESSERA_COORDINATOR_COORDINATOR_H_
 
 #include <cstdint>
 #include <functional>
@@ -229,4 +229,4 @@ class Coordinator {
 
 }  // namespace tessera::server
 
-#endif  // TESSERA_SERVER_COORDINATOR_COORDINATOR_H_
+#endif  // TESSERA_COORDINATOR_COORDINATOR_H_

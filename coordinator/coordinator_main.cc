@@ -1,4 +1,4 @@
-// tessera-coordinator: the rendezvous point of one job (see server/coordinator/coordinator.h).
+// tessera-coordinator: the rendezvous point of one job (see coordinator/coordinator.h).
 #include <unistd.h>
 
 #include <cstdio>
@@ -8,9 +8,9 @@
 #include "common/base/logging.h"
 #include "common/config/config.h"
 #include "common/process/process_runtime.h"
-#include "server/coordinator/coordinator.h"
-#include "server/coordinator/dashboard.h"
-#include "server/coordinator/service_discovery.h"
+#include "coordinator/coordinator.h"
+#include "coordinator/dashboard.h"
+#include "coordinator/service_discovery.h"
 
 int main(int argc, char** argv) {
   using namespace tessera;

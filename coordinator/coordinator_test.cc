@@ -1,5 +1,5 @@
 // The coordinator and RendezvousClient together, in one process over loopback ZeroMQ.
-#include "server/coordinator/coordinator.h"
+#include "coordinator/coordinator.h"
 
 #include <gtest/gtest.h>
 #include <sys/wait.h>

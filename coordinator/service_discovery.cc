@@ -1,4 +1,4 @@
-#include "server/coordinator/service_discovery.h"
+#include "coordinator/service_discovery.h"
 
 #include <nlohmann/json.hpp>
 
