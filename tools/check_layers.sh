@@ -69,6 +69,8 @@ must_not "//coordinator/..." "//server/... + //worker/... + //tools/..." \
 must_not "//server/..." "//coordinator/... + //worker/... + //tools/..." \
   "the parameter server shares only common/ with the coordinator"
 must_not "//worker/..." "//server/... + //tools/..." "workers reach the servers over the wire"
+must_not "//worker/collectives/channel/..." "//worker/collectives:all" \
+  "the channels are below the ring algorithms and the setup that picks a channel"
 must_not "//worker/collectives/..." \
   "//worker/engines/... + //worker:all + //worker/torch/... + //worker/jobs/..." \
   "collectives are below the engines, the trainer and the PyTorch backend"

@@ -13,8 +13,8 @@
 #include "common/security/credentials.h"
 #include "common/transport/inproc/inproc_transport.h"
 #include "common/transport/zmq/zmq_endpoint.h"
-#include "worker/collectives/channel/ring_channel_setup.h"
 #include "worker/collectives/half_float.h"
+#include "worker/collectives/ring_channel_setup.h"
 
 namespace tessera::worker {
 

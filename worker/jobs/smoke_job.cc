@@ -19,7 +19,7 @@
 #include "common/messages/fleet_view.h"
 #include "common/training/ps_job.h"
 #include "common/transport/rpc_endpoint.h"
-#include "worker/collectives/channel/ring_channel_setup.h"
+#include "worker/collectives/ring_channel_setup.h"
 #include "worker/collectives/ring_collectives.h"
 
 namespace tessera::worker {

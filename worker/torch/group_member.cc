@@ -9,7 +9,7 @@
 #include "common/base/logging.h"
 #include "common/base/role.h"
 #include "common/transport/zmq/zmq_endpoint.h"
-#include "worker/collectives/channel/ring_channel_setup.h"
+#include "worker/collectives/ring_channel_setup.h"
 
 namespace tessera::worker {
 namespace {

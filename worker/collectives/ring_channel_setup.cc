@@ -1,4 +1,4 @@
-#include "worker/collectives/channel/ring_channel_setup.h"
+#include "worker/collectives/ring_channel_setup.h"
 
 #include <algorithm>
 #include <cstdio>

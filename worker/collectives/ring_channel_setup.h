@@ -23,8 +23,8 @@
 //
 // The direct channels bootstrap over RingZmq: each rank tells its neighbours where it listens
 // (links) or which segment is its (shm) under reserved tags, which collectives must not use.
-#ifndef TESSERA_WORKER_COLLECTIVES_CHANNEL_RING_CHANNEL_SETUP_H_
-#define TESSERA_WORKER_COLLECTIVES_CHANNEL_RING_CHANNEL_SETUP_H_
+#ifndef TESSERA_WORKER_COLLECTIVES_RING_CHANNEL_SETUP_H_
+#define TESSERA_WORKER_COLLECTIVES_RING_CHANNEL_SETUP_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -93,4 +93,4 @@ StatusOr<ConnectedRingChannel> ConnectRingChannel(const RingChannelSetupOptions&
 
 }  // namespace tessera::worker
 
-#endif  // TESSERA_WORKER_COLLECTIVES_CHANNEL_RING_CHANNEL_SETUP_H_
+#endif  // TESSERA_WORKER_COLLECTIVES_RING_CHANNEL_SETUP_H_
