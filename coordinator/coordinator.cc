@@ -11,7 +11,7 @@
 #include "common/transport/bind_address.h"
 #include "common/transport/zmq/zmq_transport.h"
 
-namespace tessera::server {
+namespace tessera::coordinator {
 namespace {
 
 // How often CheckLocalProcesses looks (a kill() and a /proc read per member of this host).
@@ -957,4 +957,4 @@ void Coordinator::UpdateMemberGauges() {
   }
 }
 
-}  // namespace tessera::server
+}  // namespace tessera::coordinator

@@ -57,7 +57,7 @@
 #include "common/transport/envelope_queue.h"
 #include "common/transport/rpc_endpoint.h"
 
-namespace tessera::server {
+namespace tessera::coordinator {
 
 struct CoordinatorOptions {
   std::string job = "tessera";
@@ -227,6 +227,6 @@ class Coordinator {
   std::map<MemberKey, SteadyClock::time_point> last_heard_;  // guarded by snapshot_mu_
 };
 
-}  // namespace tessera::server
+}  // namespace tessera::coordinator
 
 #endif  // TESSERA_COORDINATOR_COORDINATOR_H_

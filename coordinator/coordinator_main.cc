@@ -55,7 +55,7 @@ int main(int argc, char** argv) {
   CLI::App* app = command_line.app();
   return RunProcess(Role::kCoordinator, argc, argv, app, [&](ProcessRuntime& runtime) -> Status {
     const ProcessConfig& config = runtime.config();
-    server::CoordinatorOptions options;
+    coordinator::CoordinatorOptions options;
     options.job = config.job;
     options.num_servers = config.num_servers;
     options.num_workers = config.num_workers;
@@ -65,12 +65,12 @@ int main(int argc, char** argv) {
     options.rendezvous_timeout_ms = config.rendezvous_timeout_ms;
     options.heartbeat_timeout_ms = config.heartbeat_timeout_ms;
     // Service discovery: shared with the /sd handler, which may outlive this function.
-    server::ServiceDiscoveryOptions sd_options;
+    coordinator::ServiceDiscoveryOptions sd_options;
     sd_options.job = config.job;
     sd_options.coordinator_metrics_url = runtime.metrics_url();
     sd_options.file_sd_path = file_sd;
-    ASSIGN_OR_RETURN(std::shared_ptr<server::ServiceDiscovery> discovery,
-                     server::ServiceDiscovery::Create(sd_options));
+    ASSIGN_OR_RETURN(std::shared_ptr<coordinator::ServiceDiscovery> discovery,
+                     coordinator::ServiceDiscovery::Create(sd_options));
     FleetView empty;
     empty.job = config.job;
     RETURN_IF_ERROR(discovery->Update(empty));  // a bad --file-sd fails here, at start
@@ -81,16 +81,16 @@ int main(int argc, char** argv) {
                << (file_sd.empty() ? std::string() : ", file_sd targets in " + file_sd);
     // The dashboard: shared with its handlers too; its scraping thread reads the coordinator's
     // heartbeat times and is stopped below before the coordinator goes away.
-    std::shared_ptr<server::Dashboard> dashboard;
+    std::shared_ptr<coordinator::Dashboard> dashboard;
     if (dashboard_enabled) {
-      server::DashboardOptions dashboard_options;
+      coordinator::DashboardOptions dashboard_options;
       dashboard_options.job = config.job;
       dashboard_options.coordinator_address = runtime.endpoint().address();
       dashboard_options.coordinator_metrics_url = runtime.metrics_url();
       dashboard_options.coordinator_pid = getpid();
       dashboard_options.heartbeat_timeout_ms = config.heartbeat_timeout_ms;
-      ASSIGN_OR_RETURN(dashboard, server::Dashboard::Create(dashboard_options));
-      RETURN_IF_ERROR(server::AddDashboardHandlers(dashboard, &runtime.http()));
+      ASSIGN_OR_RETURN(dashboard, coordinator::Dashboard::Create(dashboard_options));
+      RETURN_IF_ERROR(coordinator::AddDashboardHandlers(dashboard, &runtime.http()));
       TLOG(INFO) << "dashboard at "
                  << runtime.metrics_url().substr(0, runtime.metrics_url().rfind('/'))
                  << "/dashboard";
@@ -112,10 +112,11 @@ int main(int argc, char** argv) {
         }
       }
     };
-    ASSIGN_OR_RETURN(auto coordinator, server::Coordinator::Create(&runtime.endpoint(), options,
-                                                                   &runtime.metrics()));
+    ASSIGN_OR_RETURN(auto coordinator,
+                     coordinator::Coordinator::Create(&runtime.endpoint(), options,
+                                                      &runtime.metrics()));
     struct StopDashboard {  // on every return: the thread must not outlive `coordinator`
-      server::Dashboard* dashboard;
+      coordinator::Dashboard* dashboard;
       ~StopDashboard() {
         if (dashboard != nullptr) dashboard->Stop();
       }

@@ -15,7 +15,7 @@
 #include "common/rendezvous/rendezvous_client.h"
 #include "common/transport/zmq/zmq_endpoint.h"
 
-namespace tessera::server {
+namespace tessera::coordinator {
 namespace {
 
 struct Fleet {
@@ -605,4 +605,4 @@ TEST(CoordinatorTest, LongRunningFleetTurnsAwayAnIncompleteJobAndGoesOn) {
 }
 
 }  // namespace
-}  // namespace tessera::server
+}  // namespace tessera::coordinator

@@ -12,7 +12,7 @@
 #include "common/metrics/metric_names.h"
 #include "coordinator/service_discovery.h"
 
-namespace tessera::server {
+namespace tessera::coordinator {
 namespace {
 
 namespace names = metric_names;
@@ -533,4 +533,4 @@ Status AddDashboardHandlers(std::shared_ptr<Dashboard> dashboard, MetricsHttpSer
   });
 }
 
-}  // namespace tessera::server
+}  // namespace tessera::coordinator

@@ -52,7 +52,7 @@
 #include "common/metrics/metrics_http.h"
 #include "coordinator/metrics_scraper.h"
 
-namespace tessera::server {
+namespace tessera::coordinator {
 
 struct DashboardOptions {
   std::string job = "tessera";
@@ -185,6 +185,6 @@ class Dashboard {
 // Serves `dashboard` at /dashboard (and /dashboard/) and /dashboard/data on `http`.
 Status AddDashboardHandlers(std::shared_ptr<Dashboard> dashboard, MetricsHttpServer* http);
 
-}  // namespace tessera::server
+}  // namespace tessera::coordinator
 
 #endif  // TESSERA_COORDINATOR_DASHBOARD_H_

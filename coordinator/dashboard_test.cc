@@ -13,7 +13,7 @@
 #include "common/metrics/metrics.h"
 #include "common/metrics/metrics_http.h"
 
-namespace tessera::server {
+namespace tessera::coordinator {
 namespace {
 
 namespace names = metric_names;
@@ -368,4 +368,4 @@ TEST(DashboardTest, TheThreadScrapesEveryIntervalAndStops) {
 }
 
 }  // namespace
-}  // namespace tessera::server
+}  // namespace tessera::coordinator

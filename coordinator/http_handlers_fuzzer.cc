@@ -27,17 +27,18 @@ tessera::FleetView View() {
 }
 
 struct Handlers {
-  std::unique_ptr<tessera::server::Dashboard> dashboard;
-  std::unique_ptr<tessera::server::ServiceDiscovery> discovery;
+  std::unique_ptr<tessera::coordinator::Dashboard> dashboard;
+  std::unique_ptr<tessera::coordinator::ServiceDiscovery> discovery;
   Handlers() {
-    tessera::server::DashboardOptions dashboard_options;
+    tessera::coordinator::DashboardOptions dashboard_options;
     dashboard_options.coordinator_address = "tcp://127.0.0.1:5550";
     dashboard_options.coordinator_metrics_url = "http://127.0.0.1:5551/metrics";
-    dashboard = std::move(tessera::server::Dashboard::Create(dashboard_options)).value();
+    dashboard = std::move(tessera::coordinator::Dashboard::Create(dashboard_options)).value();
     dashboard->UpdateFleet(View());  // not started: nothing is scraped
-    tessera::server::ServiceDiscoveryOptions discovery_options;
+    tessera::coordinator::ServiceDiscoveryOptions discovery_options;
     discovery_options.coordinator_metrics_url = "http://127.0.0.1:5551/metrics";
-    discovery = std::move(tessera::server::ServiceDiscovery::Create(discovery_options)).value();
+    discovery =
+        std::move(tessera::coordinator::ServiceDiscovery::Create(discovery_options)).value();
     if (!discovery->Update(View()).ok()) __builtin_trap();
   }
 };

@@ -16,7 +16,7 @@
 #include "common/base/host_port.h"
 #include "common/base/quote.h"
 
-namespace tessera::server {
+namespace tessera::coordinator {
 namespace {
 
 constexpr std::string_view kHttpScheme = "http://";
@@ -324,4 +324,4 @@ std::optional<double> FindSample(const std::vector<MetricSample>& samples, std::
   return std::nullopt;
 }
 
-}  // namespace tessera::server
+}  // namespace tessera::coordinator

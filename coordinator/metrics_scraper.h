@@ -28,7 +28,7 @@
 #include "common/base/deadline.h"
 #include "common/base/status.h"
 
-namespace tessera::server {
+namespace tessera::coordinator {
 
 struct HttpGetResult {
   int status = 0;  // the HTTP status code
@@ -63,6 +63,6 @@ StatusOr<std::vector<MetricSample>> ScrapeMetrics(std::string_view url, Deadline
 std::optional<double> FindSample(const std::vector<MetricSample>& samples, std::string_view name,
                                  const std::map<std::string, std::string>& labels);
 
-}  // namespace tessera::server
+}  // namespace tessera::coordinator
 
 #endif  // TESSERA_COORDINATOR_METRICS_SCRAPER_H_

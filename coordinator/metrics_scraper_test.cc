@@ -13,7 +13,7 @@
 #include "common/metrics/metrics.h"
 #include "common/metrics/metrics_http.h"
 
-namespace tessera::server {
+namespace tessera::coordinator {
 namespace {
 
 TEST(ParseExpositionTextTest, ReadsNamesLabelsAndValues) {
@@ -185,4 +185,4 @@ TEST(HttpGetErrorsTest, ARefusedConnectionIsUnavailable) {
 }
 
 }  // namespace
-}  // namespace tessera::server
+}  // namespace tessera::coordinator

@@ -7,7 +7,7 @@
 #include "common/base/logging.h"
 #include "common/base/quote.h"
 
-namespace tessera::server {
+namespace tessera::coordinator {
 namespace {
 
 
@@ -134,4 +134,4 @@ HttpResponse ServiceDiscovery::Serve(const HttpRequest& request) const {
   return response;
 }
 
-}  // namespace tessera::server
+}  // namespace tessera::coordinator

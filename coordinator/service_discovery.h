@@ -33,7 +33,7 @@
 #include "common/messages/fleet_view.h"
 #include "common/metrics/metrics_http.h"
 
-namespace tessera::server {
+namespace tessera::coordinator {
 
 struct ScrapeTarget {
   std::string address;       // HOST:PORT, what Prometheus connects to
@@ -106,6 +106,6 @@ class ServiceDiscovery {
   std::string skipped_;       // guarded by mu_; the last warning about unlisted members
 };
 
-}  // namespace tessera::server
+}  // namespace tessera::coordinator
 
 #endif  // TESSERA_COORDINATOR_SERVICE_DISCOVERY_H_

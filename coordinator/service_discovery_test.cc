@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-namespace tessera::server {
+namespace tessera::coordinator {
 namespace {
 
 MemberInfo Member(Role role, int rank, MemberState state, const std::string& metrics_address) {
@@ -245,4 +245,4 @@ TEST(ServiceDiscoveryTest, RejectsABadCoordinatorUrl) {
 }
 
 }  // namespace
-}  // namespace tessera::server
+}  // namespace tessera::coordinator

@@ -27,7 +27,7 @@ StatusOr<std::unique_ptr<HostedCoordinator>> HostedCoordinator::Start(
         "--coordinator or MASTER_ADDR/MASTER_PORT otherwise)");
   }
   hosted->endpoint_ = std::move(endpoint).value();
-  server::CoordinatorOptions options;
+  coordinator::CoordinatorOptions options;
   options.job = config.job;
   options.num_servers = 0;
   options.num_workers = config.num_workers;
@@ -35,7 +35,7 @@ StatusOr<std::unique_ptr<HostedCoordinator>> HostedCoordinator::Start(
   options.rendezvous_timeout_ms = config.rendezvous_timeout_ms;
   options.heartbeat_timeout_ms = config.heartbeat_timeout_ms;
   ASSIGN_OR_RETURN(hosted->coordinator_,
-                   server::Coordinator::Create(hosted->endpoint_.get(), options, nullptr));
+                   coordinator::Coordinator::Create(hosted->endpoint_.get(), options, nullptr));
   HostedCoordinator* raw = hosted.get();
   hosted->thread_ = std::thread([raw] {
     Status result = raw->coordinator_->Run([raw] { return raw->stop_.load(); });

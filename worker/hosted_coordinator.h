@@ -44,7 +44,7 @@ class HostedCoordinator {
   HostedCoordinator() = default;
 
   std::unique_ptr<RpcEndpoint> endpoint_;
-  std::unique_ptr<server::Coordinator> coordinator_;
+  std::unique_ptr<coordinator::Coordinator> coordinator_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
   std::mutex mu_;
