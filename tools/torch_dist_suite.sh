@@ -23,7 +23,8 @@
 # finished test), .xml (JUnit), .list (the tests selected) and .done (exit status, seconds).
 # OUT/summary.md: passed/failed/errors/skipped per (backend, world size) and every test that
 # passes on gloo but not on tessera, with tessera's error or skip reason. Exit status 0 when the
-# runs were carried out (test failures are in the summary), 1 when a run could not start.
+# runs were carried out (test failures are in the summary), 1 when a run could not start or
+# finished no test (e.g. --no-install before tessera.torch was ever installed).
 # Interpreter: Debian's /usr/bin/python3 (the one with torch), or $TESSERA_PYTHON.
 set -euo pipefail
 
@@ -115,3 +116,18 @@ for pid in "${pids[@]}"; do wait "$pid" || true; done
 
 "$python" "$repo/tests/torch/dist_suite/summarize.py" "$out" --markdown "$out/summary.md"
 echo "torch_dist_suite: summary in $out/summary.md"
+
+# A run that finished no test did not start (an import error, a missing tessera package):
+# that is this script's failure, not a result.
+status=0
+for ws in "${ws_list[@]}"; do
+  for backend in "${bs[@]}"; do
+    name="$backend-ws$ws"
+    if [[ ! -f "$out/$name.done" || ! -s "$out/$name.jsonl" ]]; then
+      echo "torch_dist_suite: $name: no test ran (its selection: $out/$name.list; its" \
+        "output: $out/$name.log, or above if the selection itself failed)" >&2
+      status=1
+    fi
+  done
+done
+exit "$status"
