@@ -31,8 +31,8 @@ MessageHandler CollectiveMailbox::Handler(std::shared_ptr<CollectiveMailbox> mai
 }
 
 bool CollectiveMailbox::IsNew(int32_t sender, uint64_t number) {
-  Seen& seen = seen_[sender];
-  if ((number >> 32) != (seen.newest >> 32) || seen.newest == 0) {  // a channel's first frame
+  Seen& seen = seen_[{sender, static_cast<uint32_t>(number >> 32)}];
+  if (seen.newest == 0) {  // a channel's first frame
     seen = Seen{number, {}};
     return true;
   }
@@ -86,16 +86,27 @@ void CollectiveMailbox::Deliver(RingFrame frame) {
   arrived_.notify_all();
 }
 
-StatusOr<RingFrame> CollectiveMailbox::Pop(uint64_t tag, uint32_t slot, Deadline deadline) {
+StatusOr<RingFrame> CollectiveMailbox::Pop(uint64_t tag, uint32_t slot, Deadline deadline,
+                                           const FailureBus* also) {
   std::unique_lock<std::mutex> lock(mu_);
+  const auto failed = [&] {
+    Status failure = failures_->failure();
+    return failure.ok() && also != nullptr ? also->failure() : failure;
+  };
   while (true) {
-    if (Status failed = failures_->failure(); !failed.ok()) return failed;
+    if (Status failure = failed(); !failure.ok()) return failure;
     if (frames_.Has(tag, slot)) return frames_.Take(tag, slot);
     if (arrived_.wait_until(lock, deadline.when()) == std::cv_status::timeout &&
-        !frames_.Has(tag, slot) && failures_->failure().ok()) {
+        !frames_.Has(tag, slot) && failed().ok()) {
       return DeadlineExceededError("");
     }
   }
+}
+
+void CollectiveMailbox::WakeWaiters() {
+  // Taking the lock orders the wake-up after a waiter's check of its buses and before its wait.
+  { std::lock_guard<std::mutex> lock(mu_); }
+  arrived_.notify_all();
 }
 
 void CollectiveMailbox::Discard(uint64_t tag) {

@@ -12,8 +12,9 @@
 // A frame the transport delivered twice is dropped (with a warning). Kept, it would wait under
 // its (tag, slot) for the next call that uses the tag, which would take it for its own frame:
 // another call's elements, a wrong result on every rank and no error. RingZmq numbers the frames
-// it sends each peer (RingFrameNumber), and the mailbox remembers per sender the newest number
-// and which of the kRepeatWindow numbers below it it has had. A frame that arrives late
+// it sends each peer (RingFrameNumber), and the mailbox remembers per sender and channel (a
+// process may send through several: its ring's, its point-to-point channel, its groups') the
+// newest number and which of the kRepeatWindow numbers below it it has had. A frame that arrives late
 // (overtaken by later ones) is still taken, once; one further behind cannot be told from a
 // repeat and is dropped too, so that nothing old is ever used (its call then fails at its
 // deadline, naming the peer). The transports deliver each sender's messages in order, or
@@ -35,6 +36,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <utility>
 
 #include "common/base/deadline.h"
 #include "common/base/failure_bus.h"
@@ -73,8 +75,13 @@ class CollectiveMailbox {
 
   // The oldest frame queued under (tag, slot). DeadlineExceeded with an empty message (the
   // caller knows what it waited for and says so, as RingChannel::Recv promises) once
-  // `deadline` passes, or the bus's failure.
-  StatusOr<RingFrame> Pop(uint64_t tag, uint32_t slot, Deadline deadline);
+  // `deadline` passes, or the bus's failure, or `also`'s (a group's own bus, whose failure
+  // calls WakeWaiters) if it is not null.
+  StatusOr<RingFrame> Pop(uint64_t tag, uint32_t slot, Deadline deadline,
+                          const FailureBus* also = nullptr);
+
+  // Wakes every Pop to check its buses again.
+  void WakeWaiters();
 
   Status failure() const { return failures_->failure(); }
 
@@ -101,7 +108,9 @@ class CollectiveMailbox {
   mutable std::mutex mu_;
   std::condition_variable arrived_;
   KeptFrames frames_;  // guarded by mu_
-  std::map<int32_t, Seen> seen_;  // by sender rank; guarded by mu_
+  // By sender rank and channel (RingFrameNumber's upper half): one process's channels (its
+  // world's ring and point-to-point channels, its groups') count apart; guarded by mu_.
+  std::map<std::pair<int32_t, uint32_t>, Seen> seen_;
   uint64_t repeats_ = 0;          // guarded by mu_
   std::shared_ptr<void> subscription_;  // wakes waiters when the bus fails; last member
 };
