@@ -252,6 +252,11 @@ StatusOr<ConnectedRingChannel> ConnectShmOrAuto(const RingChannelSetupOptions& o
   if (hops < probe.hop_shm.size() && !is_auto) {
     return FailedPreconditionError(unable).WithContext("--ring-transport " + options.kind);
   }
+  if (hops < probe.hop_shm.size() && !options.direct_links) {
+    return ConnectedRingChannel{zmq, "zmq (through the transport; a group opens no links), " +
+                                         std::string("chosen by auto: ") + unable,
+                                place.order};
+  }
   if (hops == 0) return ConnectAllLinks(options, place, *zmq, ", chosen by auto: " + unable);
 
   const bool to_next_shm = probe.hop_shm[static_cast<size_t>(place.position)];
@@ -333,6 +338,9 @@ StatusOr<ConnectedRingChannel> ConnectRingChannel(const RingChannelSetupOptions&
   zmq_options.transport = options.transport;
   zmq_options.mailbox = options.mailbox;
   zmq_options.next = place.next;
+  zmq_options.communicator = options.communicator;
+  zmq_options.world_ranks = options.world_ranks;
+  zmq_options.failures = options.failures;
   ASSIGN_OR_RETURN(std::shared_ptr<RingZmq> zmq, RingZmq::Create(zmq_options));
   if (options.world_size < 2) {
     return ConnectedRingChannel{zmq, "none (a world of 1)", place.order};
@@ -343,8 +351,11 @@ StatusOr<ConnectedRingChannel> ConnectRingChannel(const RingChannelSetupOptions&
     order = "; ring order " + order + " (each host's ranks next to each other)";
   }
   StatusOr<ConnectedRingChannel> connected = InternalError("no channel");
-  if (kind == "zmq") {
-    connected = ConnectedRingChannel{zmq, "zmq (through the transport)", place.order};
+  if (kind == "zmq" || (kind == "links" && !options.direct_links)) {
+    connected = ConnectedRingChannel{
+        zmq, kind == "zmq" ? "zmq (through the transport)"
+                           : "zmq (through the transport; a group opens no links)",
+        place.order};
   } else if (kind == "links") {
     connected = ConnectAllLinks(options, place, *zmq, "");
   } else {

@@ -40,6 +40,7 @@
 #include "common/transport/transport.h"
 #include "worker/collectives/channel/ring_channel.h"
 #include "worker/collectives/channel/zmq/collective_mailbox.h"
+#include "worker/collectives/channel/zmq/communicator_tags.h"
 
 namespace tessera::worker {
 
@@ -63,6 +64,14 @@ struct RingChannelSetupOptions {
   // rank); the default admits anyone.
   Credentials credentials;
   MetricsRegistry* metrics = nullptr;  // counts refused links; may be null; not owned
+  // A group's ring (communicator.h): its id and its ranks' world ranks (RingZmqOptions), with
+  // rank, world_size and peer_addresses the group's. The world: kWorldCommunicator.
+  uint32_t communicator = kWorldCommunicator;
+  std::vector<int> world_ranks;
+  // Whether hops that cannot use shared memory may open TCP links (a listener each). A group's
+  // may not, so that groups add no socket: where not every hop of its ring can use shared
+  // memory, the whole ring goes through the transport (zmq), and kind links means zmq.
+  bool direct_links = true;
 };
 
 struct ConnectedRingChannel {

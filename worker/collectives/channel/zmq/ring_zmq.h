@@ -32,6 +32,7 @@
 #include "common/transport/transport.h"
 #include "worker/collectives/channel/ring_channel.h"
 #include "worker/collectives/channel/zmq/collective_mailbox.h"
+#include "worker/collectives/channel/zmq/communicator_tags.h"
 
 namespace tessera::worker {
 
@@ -42,6 +43,15 @@ struct RingZmqOptions {
   Transport* transport = nullptr;           // not owned
   std::shared_ptr<CollectiveMailbox> mailbox;
   int next = -1;  // the rank Send sends to; -1: rank + 1 (mod world_size)
+  // A group's channel over the world's transport and mailbox (communicator_tags.h): the
+  // group's id, which its frames' tags carry, and the world rank of each of its ranks (the
+  // transport names senders by world rank; Recv's frames name them by group rank). The world:
+  // kWorldCommunicator and no world_ranks.
+  uint32_t communicator = kWorldCommunicator;
+  std::vector<int> world_ranks;
+  // Fails this channel's waits besides the mailbox's own bus (a group being destroyed); may be
+  // null.
+  std::shared_ptr<FailureBus> failures;
 };
 
 class RingZmq final : public RingChannel {
@@ -60,12 +70,15 @@ class RingZmq final : public RingChannel {
   Status Flush(Deadline deadline) override { return OkStatus(); }
   void CopyUnsentPayloads() override {}
   size_t unsent() const override { return 0; }  // handed to the transport at once
-  Status failure() const override { return options_.mailbox->failure(); }
-  void Discard(uint64_t tag) override { options_.mailbox->Discard(tag); }
+  Status failure() const override;
+  void Discard(uint64_t tag) override;
   size_t kept() const override { return options_.mailbox->queued(); }
 
  private:
   RingZmq(RingZmqOptions options, uint32_t id);
+
+  // "worker 3" (its world rank) for a rank of this channel's world.
+  std::string Peer(int rank) const;
 
   const RingZmqOptions options_;
   const int next_;
@@ -74,6 +87,7 @@ class RingZmq final : public RingChannel {
   // each peer leave in order.
   std::mutex send_mu_;
   std::vector<uint32_t> sent_;  // frames sent to each rank so far; guarded by send_mu_
+  std::shared_ptr<void> wake_;  // wakes the mailbox's waiters when options_.failures fails
 };
 
 }  // namespace tessera::worker
