@@ -197,6 +197,19 @@ TEST(CollectiveMailboxTest, CountsMayWrapAndANewChannelCountsAfresh) {
   EXPECT_FALSE(Kept(*mailbox, 10, 1));
 }
 
+// One process sends through several channels at once (its ring's, its point-to-point one, its
+// groups'): each counts on its own, and switching between them forgets none of their repeats.
+TEST(CollectiveMailboxTest, ASendersChannelsCountApart) {
+  auto mailbox = NewMailbox();
+  EXPECT_TRUE(Kept(*mailbox, 9, 1));
+  EXPECT_TRUE(Kept(*mailbox, 10, 1));
+  EXPECT_TRUE(Kept(*mailbox, 9, 2));
+  EXPECT_TRUE(Kept(*mailbox, 10, 2));
+  EXPECT_FALSE(Kept(*mailbox, 9, 1));
+  EXPECT_FALSE(Kept(*mailbox, 10, 2));
+  EXPECT_EQ(mailbox->repeats(), 2u);
+}
+
 Envelope FrameFrom(std::optional<Role> role, int32_t rank, RingFrame frame) {
   Envelope envelope;
   envelope.origin.reply_to = "route";

@@ -1,0 +1,197 @@
+// Communicator: a process's place in a group of the job's workers: the collectives of
+// collectives.h on that group, point-to-point messages, all-to-all, and groups within it
+// (Split, DeviceMesh in device_mesh.h), all over the process's one transport endpoint. The
+// world (every worker) is a Communicator; so is each group made from it, and every strategy and
+// the PyTorch backend's process groups use one.
+//
+//   ASSIGN_OR_RETURN(std::unique_ptr<Communicator> world, Communicator::Connect(options));
+//   // Collective over the world: ranks 0 and 2 form one group, 1 and 3 another.
+//   ASSIGN_OR_RETURN(std::unique_ptr<Communicator> pair, world->Split(world->rank() % 2, tag));
+//   RETURN_IF_ERROR(pair->AllReduce(grads, n, DataType::kFloat32, ReduceOp::kSum, "g", 1));
+//   RETURN_IF_ERROR(pair->Send(bytes, size, /*dst=*/1, /*tag=*/7, "activations"));
+//
+// One endpoint, whatever the number of groups: a group's frames travel through the world's
+// transport and wait in its CollectiveMailbox under tags that carry the group's id
+// (channel/zmq/communicator_tags.h). A group's ring uses shared memory where every hop of it
+// can (its ranks share a host), as the world's does, and otherwise the transport: it opens no
+// listener (TCP links are the world's), and runs on its callers' threads (no thread of its
+// own). Gloo, by contrast, opens a device and pairs per group.
+//
+// Ranks: a communicator's ranks are 0 .. world_size()-1 (its "group ranks"); world_ranks()
+// maps them to the world's. Errors name the communicator, the group rank and the world rank:
+//   group 2 (world ranks 1, 3) rank 1 (world rank 3): allreduce tag=5 tensor=g rank=1: no
+//   chunk from worker 0 (step 0) within 2000 ms
+// (inside the ring's message, "worker N" is the group's rank N). A failure of the process (its
+// FailureBus: the coordinator's notice that a worker died) fails every communicator's waits;
+// Abort fails one communicator's alone.
+//
+// Tags: the world's collectives take any tag below 2^63, as before groups; a group's, tags
+// below 2^32 (its callers count calls). Send / Recv are matched by (peer, tag) in the order
+// each side calls them; every point-to-point tag space is a communicator's own.
+//
+// Thread-safety: thread-safe; concurrent collectives need different tags (collectives.h), and
+// Split is a collective like the others.
+#ifndef TESSERA_WORKER_COLLECTIVES_COMMUNICATOR_H_
+#define TESSERA_WORKER_COLLECTIVES_COMMUNICATOR_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/base/data_type.h"
+#include "common/base/deadline.h"
+#include "common/base/failure_bus.h"
+#include "common/base/status.h"
+#include "common/messages/ring_frame.h"
+#include "common/metrics/metrics.h"
+#include "common/security/credentials.h"
+#include "common/transport/transport.h"
+#include "worker/collectives/channel/zmq/collective_mailbox.h"
+#include "worker/collectives/channel/zmq/ring_zmq.h"
+#include "worker/collectives/collectives.h"
+#include "worker/collectives/ring_collectives.h"
+
+namespace tessera::worker {
+
+// What the world's communicator is made from: this process's transport and where it delivers
+// ring frames, and how rings are set up (ring_channel_setup.h). Groups inherit all of it.
+struct CommunicatorOptions {
+  int rank = 0;
+  int world_size = 1;
+  std::vector<std::string> peer_addresses;  // every worker's transport address, by world rank
+  Transport* transport = nullptr;  // not owned; must outlive every communicator made from it
+  std::shared_ptr<CollectiveMailbox> mailbox;  // where the endpoint delivers ring frames
+  std::shared_ptr<FailureBus> failures;        // the process's
+  std::string ring_transport = "auto";         // auto, shm, links or zmq
+  int64_t timeout_ms = 30000;  // bounds setup and every call, from its start
+  size_t segment_bytes = 1024 * 1024;
+  int64_t links_spin_us = 0;
+  Credentials credentials;             // who may join the world's TCP links
+  MetricsRegistry* metrics = nullptr;  // may be null; not owned
+};
+
+class Communicator final : public Collectives {
+ public:
+  // The world's communicator: sets up its ring (collective: every rank calls it). Errors name
+  // what was waited for.
+  static StatusOr<std::unique_ptr<Communicator>> Connect(const CommunicatorOptions& options);
+  // Fails what still waits in this communicator (Abort), and frees its id.
+  ~Communicator() override;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return static_cast<int>(world_ranks_.size()); }
+  // 0 for the world; a group's id is the same on each of its ranks.
+  uint32_t id() const { return id_; }
+  int world_rank() const { return world_ranks_[static_cast<size_t>(rank_)]; }
+  // The world rank of each of this communicator's ranks.
+  const std::vector<int>& world_ranks() const { return world_ranks_; }
+  // "the world" or "group 2 (world ranks 1, 3)".
+  const std::string& name() const { return name_; }
+  // The ring's channel, as ring channel setup described it.
+  const std::string& channel_description() const { return channel_description_; }
+  int64_t timeout_ms() const { return timeout_ms_; }
+
+  // ---- Collectives (collectives.h), on this communicator's ranks.
+  Status AllReduce(void* data, size_t count, DataType dtype, ReduceOp op,
+                   const std::string& tensor, uint64_t tag) override;
+  Status ReduceScatter(const void* input, void* output, size_t count, DataType dtype, ReduceOp op,
+                       const std::string& tensor, uint64_t tag) override;
+  Status AllGather(const void* input, void* output, size_t count, DataType dtype,
+                   const std::string& tensor, uint64_t tag) override;
+  Status Broadcast(void* data, size_t count, DataType dtype, int root, const std::string& tensor,
+                   uint64_t tag) override;
+  Status Barrier(uint64_t tag) override;
+  // Rank q gets send_counts[q] elements of `element_bytes` from `input` (laid out in rank
+  // order); `output` gets recv_counts[q] elements from each rank q, in rank order. Every rank's
+  // send_counts[q] must equal rank q's recv_counts[this rank]: a difference fails naming both.
+  // Uneven counts (zero included) are fine. `tag` as a collective's.
+  Status AllToAll(const void* input, const std::vector<size_t>& send_counts, void* output,
+                  const std::vector<size_t>& recv_counts, size_t element_bytes,
+                  const std::string& what, uint32_t tag);
+  // Rank 0 waits until every rank has arrived or `timeout_ms` passed, then releases them; on a
+  // timeout it fails naming the first rank (or, with wait_all_ranks, every rank) missing, in
+  // Gloo's words, and the others fail at their deadline.
+  Status MonitoredBarrier(int64_t timeout_ms, bool wait_all_ranks, uint32_t tag);
+
+  // ---- Point to point, matched by (peer, tag) in the order each side calls them. Send returns
+  // once the bytes are copied and queued (it never waits for the receiver); Recv waits up to
+  // the communicator's timeout: a message of another size fails naming both sizes. At most
+  // kMaxPointToPointRanks ranks.
+  static constexpr int kMaxPointToPointRanks = 4096;
+  Status Send(const void* data, size_t bytes, int dst, uint32_t tag, const std::string& what);
+  Status Recv(void* data, size_t bytes, int src, uint32_t tag, const std::string& what);
+  // Like Recv, from whichever other rank's next message with `tag` comes first; the rank it
+  // came from. Ranks are taken in turn, so that one that sends often does not starve others.
+  StatusOr<int> RecvAny(void* data, size_t bytes, uint32_t tag, const std::string& what);
+
+  // ---- Groups.
+  // Collective over this communicator (every rank calls it, with the same tag): the ranks that
+  // pass the same color >= 0 form a group, in this communicator's rank order; each gets its
+  // group (a rank whose color is negative gets null). As MPI_Comm_split. One call makes every
+  // group of a partition (a mesh's rows, say) at once.
+  StatusOr<std::unique_ptr<Communicator>> Split(int color, uint64_t tag);
+  // Collective over this communicator: the group of `ranks` (this communicator's ranks, in the
+  // group's rank order); null on the ranks not in it.
+  StatusOr<std::unique_ptr<Communicator>> Split(const std::vector<int>& ranks, uint64_t tag);
+  // Collective over `ranks` only, whose members agreed on `id` beforehand (torch's store does,
+  // for its new_group, where only members call): the group of `ranks` (this communicator's
+  // ranks, in group order), with its own timeout. AlreadyExists if this process has a live
+  // group with that id; InvalidArgument for ranks that are repeated, out of range or without
+  // this rank.
+  StatusOr<std::unique_ptr<Communicator>> Group(const std::vector<int>& ranks, uint32_t id,
+                                                int64_t timeout_ms);
+  // The smallest id this process could give a new group: each member of a group proposes its
+  // own, and the group takes the largest.
+  uint32_t NextGroupId() const;
+
+  // Fails every wait of this communicator, and every later call, with `why` (a group's only,
+  // not its parent's; the world's fails the process).
+  void Abort(const Status& why);
+
+ private:
+  struct Process;  // what the world and its groups share: the endpoint's parts, group ids
+
+  Communicator(std::shared_ptr<Process> process, uint32_t id, int rank,
+               std::vector<int> world_ranks, int64_t timeout_ms);
+  // Sets up the ring and the point-to-point channel (collective over the members).
+  Status Start(const std::string& ring_transport, bool direct_links);
+
+  // "group 2 (world ranks 1, 3) rank 1 (world rank 3)": the prefix of every error.
+  std::string Where() const;
+  // "worker 3" for this communicator's rank q (its world rank).
+  std::string Worker(int rank) const;
+  Status Checked(const std::string& what, int peer) const;
+  Status SendFrame(int dst, uint64_t tag, uint32_t slot, const void* data, size_t bytes,
+                   CollectiveOp op);
+  // Receives the frame (tag, slot), which `src` must have sent, into exactly `bytes` at `data`.
+  Status TakeFrame(uint64_t tag, uint32_t slot, int src, void* data, size_t bytes,
+                   Deadline deadline, const std::string& what);
+
+  const std::shared_ptr<Process> process_;
+  const uint32_t id_;
+  const int rank_;
+  const std::vector<int> world_ranks_;
+  const int64_t timeout_ms_;
+  const std::string name_;
+  // The world's: the process's bus. A group's: its own, failed by Abort and by the process's.
+  std::shared_ptr<FailureBus> failures_;
+  std::shared_ptr<void> parent_subscription_;  // a group's: the process's failure into its bus
+  std::unique_ptr<RingCollectives> ring_;
+  std::unique_ptr<RingZmq> peers_;  // point-to-point and all-to-all frames
+  std::string channel_description_;
+  std::mutex p2p_mu_;
+  std::map<std::pair<int, uint32_t>, uint32_t> sent_;      // messages by (dst, tag); p2p_mu_
+  std::map<std::pair<int, uint32_t>, uint32_t> received_;  // by (src, tag); p2p_mu_
+  int last_any_source_ = 0;                                 // guarded by p2p_mu_
+};
+
+}  // namespace tessera::worker
+
+#endif  // TESSERA_WORKER_COLLECTIVES_COMMUNICATOR_H_
