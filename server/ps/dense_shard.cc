@@ -1,6 +1,5 @@
 #include "server/ps/dense_shard.h"
 
-#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <optional>
@@ -15,6 +14,7 @@
 #include "common/training/nonfinite.h"
 #include "common/training/optimizer.h"
 #include "server/ps/forward_chain.h"
+#include "server/ps/replication_log.h"
 
 namespace tessera::server {
 namespace {
@@ -90,12 +90,20 @@ struct DenseShard::PendingReply {
 struct DenseShard::ChainAck {
   std::atomic<int> remaining{0};  // chunks still waiting, plus one while it is being served
   std::function<void()> taken;
+
+  // What a chunk (or the serving) calls once done with `ack`, with no chunk's lock held: the
+  // last one acknowledges the forward.
+  static ReplicationLogBase::Ack ChunkDone(std::shared_ptr<ChainAck> ack) {
+    return [ack = std::move(ack)] {
+      if (ack->remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) ack->taken();
+    };
+  }
 };
 
 // What a chunk's lock released, to be sent once it is released.
 struct DenseShard::Ready {
   std::vector<std::shared_ptr<PendingReply>> replies;
-  std::vector<std::shared_ptr<ChainAck>> acks;  // a chunk of each is done
+  std::vector<ReplicationLogBase::Ack> acks;  // ChainAck::ChunkDone: a chunk of each is done
 };
 
 // An update a chain's copy applied (a forward, or one parked here), for the copies after it.
@@ -146,29 +154,20 @@ struct DenseShard::Chunk {
     int joining = -1;
   };
   std::map<int64_t, StepNotes> notes;  // guarded by mu
-  // The updates applied here that the backup has not acknowledged yet (ps-sync: the step, at
-  // most one); the replies with their values wait.
-  std::set<int64_t> forwarding;  // guarded by mu
-  // The backup's side, ps-async and ps-ssp: forwarded pushes that came before the update
-  // before them, by update number (applied in that order, ApplyParked).
-  struct Parked {
-    int rank = 0;
-    int64_t step = 0;
+  // The backup's side, ps-async and ps-ssp: what a forwarded push parked in `log` carries.
+  struct ParkedGradient {
     TensorData gradient;  // shares the forward's frame, or a view of the worker's region
     // A view (ForwardedStep::in_region), and the copies after this one the forward named:
     // those mapped the worker's region (it named them).
     bool in_region = false;
     std::string chain;
   };
-  std::map<int64_t, Parked> parked;  // guarded by mu
-  // ps-async, ps-ssp: a joined server that took a copy of this chunk (CopyTo): every later
-  // update goes there when the push names no backup. Empty: none.
-  std::string backup;  // guarded by mu
-  // A chain's middle copy: the copies after this one, as the last forward named them (the
-  // updates it applies off its parked ones go there too), and the forwards it took whose
-  // update here is not yet at every one of them (ChainAck), with that update.
-  std::string chain;                                                // guarded by mu
-  std::vector<std::pair<int64_t, std::shared_ptr<ChainAck>>> acks;  // guarded by mu
+  // The updates applied here that the backup has not acknowledged yet (ps-sync: the step, at
+  // most one; the replies with their values wait); ps-async and ps-ssp: forwarded pushes
+  // parked until their turn (ApplyParked), a joined server that took a copy of this chunk
+  // (CopyTo: every later update goes there when the push names no backup), and a chain's middle
+  // copy's forwards (ChainAck) whose update here is not yet at every copy after this one.
+  ReplicationLog<ParkedGradient> log;  // guarded by mu
 };
 
 StatusOr<std::unique_ptr<DenseShard>> DenseShard::Create(const PsJobConfig& config,
@@ -331,10 +330,8 @@ Status DenseShard::Serve(int rank, int64_t step, const std::vector<TensorData>& 
       // A worker's request at a copy holding parked forwards: its primary is gone (workers ask
       // only the primary), and nothing fills their gaps any more. In a chain they go on to
       // the copies after this one, numbered as applied here, so those stay a prefix of this.
-      if (!chunk.parked.empty()) {
-        ApplyParked(&chunk, /*all=*/true,
-                    ChainWith(forward_to.empty() ? chunk.chain : forward_to, chunk.backup),
-                    &onward);
+      if (chunk.log.has_parked()) {
+        ApplyParked(&chunk, /*all=*/true, chunk.log.ChainOfParked(forward_to), &onward);
       }
       // A pull: the values after step - 1 in every model (after a restore, versions restart
       // at the checkpoint's step).
@@ -389,7 +386,7 @@ Status DenseShard::Serve(int rank, int64_t step, const std::vector<TensorData>& 
             }
             if (forward) {
               // Its replies wait for the backup's acknowledgement.
-              chunk.forwarding.insert(decision.update);
+              chunk.log.Sent(decision.update);
               forwarded.gradients.push_back(std::move(average));
               forwarded_chunks.emplace_back(&chunk, decision.update);
               if (decision.action == PushAction::kDropHeld) {
@@ -406,14 +403,14 @@ Status DenseShard::Serve(int rank, int64_t step, const std::vector<TensorData>& 
           case PushAction::kApplyNow: {
             std::vector<float> scratch;
             ApplyGradient(decision.update, FloatsOf(tensors[i], &scratch), &chunk);
-            if (forwarder_ != nullptr && backup.empty() && !chunk.backup.empty()) {
-              backup = chunk.backup;
+            if (forwarder_ != nullptr && backup.empty() && !chunk.log.joined().empty()) {
+              backup = chunk.log.joined();
               pending->copied_to = backup;
             }
             if (forwarder_ != nullptr && (!backup.empty() || !forward_to.empty())) {
               // Its reply waits for the backup's acknowledgement; the gradient is the push's
               // frame.
-              chunk.forwarding.insert(decision.update);
+              chunk.log.Sent(decision.update);
               forwarded.gradients.push_back(tensors[i]);
               forwarded.updates.push_back(decision.update);
               forwarded_chunks.emplace_back(&chunk, decision.update);
@@ -495,7 +492,7 @@ void DenseShard::Forwarded(const std::vector<std::pair<Chunk*, int64_t>>& update
     Ready ready;
     {
       std::lock_guard<std::mutex> lock(chunk->mu);
-      chunk->forwarding.erase(update);
+      chunk->log.Acknowledged(update);
       ReleaseReady(chunk, &ready);
     }
     Send(ready);
@@ -595,10 +592,8 @@ Status DenseShard::ApplyForwarded(const ForwardedStep& forwarded, std::function<
 Status DenseShard::ApplyForwardedPush(const ForwardedStep& forwarded, std::function<void()> taken) {
   const std::string what = "worker " + std::to_string(forwarded.pushed_by) + "'s push of step " +
                            std::to_string(forwarded.step) + ", forwarded";
-  if (forwarded.pushed_by < 0 || forwarded.pushed_by >= config_.num_workers) {
-    return InvalidArgumentError(what + ": the job has workers 0 to " +
-                                std::to_string(config_.num_workers - 1));
-  }
+  RETURN_IF_ERROR(
+      ReplicationLogBase::CheckPushedBy(what, forwarded.pushed_by, config_.num_workers));
   if (forwarded.updates.size() != forwarded.gradients.size()) {
     return InvalidArgumentError(what + ": " + std::to_string(forwarded.gradients.size()) +
                                 " chunks and " + std::to_string(forwarded.updates.size()) +
@@ -634,18 +629,14 @@ Status DenseShard::ApplyForwardedPush(const ForwardedStep& forwarded, std::funct
     {
       std::lock_guard<std::mutex> lock(chunk.mu);
       const int64_t update = forwarded.updates[i];
-      // A copy of a forward taken already is left alone (applied, or parked: emplace keeps
-      // the first); in a chain it is acknowledged as the first is.
-      if (update > chunk.policy.version()) {
-        chunk.parked.emplace(update,
-                             Chunk::Parked{forwarded.pushed_by, forwarded.step,
-                                           forwarded.gradients[i], forwarded.in_region, chain});
+      // A copy of a forward taken already is left alone (applied, or parked: the first is
+      // kept); in a chain it is acknowledged as the first is.
+      if (chunk.log.Park(update, chunk.policy,
+                         {forwarded.pushed_by, forwarded.step,
+                          {forwarded.gradients[i], forwarded.in_region, chain}})) {
         ApplyParked(&chunk, /*all=*/false, chain, ack != nullptr ? &onward : nullptr);
       }
-      if (ack != nullptr) {
-        if (!chain.empty()) chunk.chain = chain;
-        chunk.acks.emplace_back(update, ack);
-      }
+      if (ack != nullptr) chunk.log.AwaitCopies(update, chain, ChainAck::ChunkDone(ack));
       ReleaseReady(&chunk, &ready);
     }
     Send(ready);
@@ -653,39 +644,31 @@ Status DenseShard::ApplyForwardedPush(const ForwardedStep& forwarded, std::funct
   SendOnward(std::move(onward));
   if (ack != nullptr) {
     Ready served;
-    served.acks.push_back(std::move(ack));
+    served.acks.push_back(ChainAck::ChunkDone(std::move(ack)));
     Send(served);
   }
   return OkStatus();
 }
 
-// The parked forwards in update order: each as the policy's next push of its worker (the
-// update the primary gave it), while it is the next one (`all`: every one, gaps closed).
+// The parked forwards the chunk's log gives, in update order.
 void DenseShard::ApplyParked(Chunk* chunk, bool all, const std::string& chain,
                              std::vector<Onward>* onward) {
-  while (!chunk->parked.empty() &&
-         (all || chunk->parked.begin()->first == chunk->policy.version() + 1)) {
-    Chunk::Parked parked = std::move(chunk->parked.begin()->second);
-    chunk->parked.erase(chunk->parked.begin());
-    StatusOr<PushDecision> decided = chunk->policy.Push(parked.rank, parked.step);
-    // ps-async and ps-ssp refuse no push; a copy (kApplied) applies nothing.
-    if (decided.ok() && decided->action == PushAction::kApplyNow) {
-      std::vector<float> scratch;
-      ApplyGradient(decided->update, FloatsOf(parked.gradient, &scratch), chunk);
-      if (onward != nullptr && !chain.empty()) {
-        // Its replies here, and the acknowledgement of its forward, wait for the next copies.
-        chunk->forwarding.insert(decided->update);
-        // Named again to the copies its worker named (they mapped its region); to others (a
-        // joined server) with a copy of the bytes, which the worker writes again once answered.
-        const bool named = parked.in_region && parked.chain == chain;
-        TensorData gradient = std::move(parked.gradient);
-        if (parked.in_region && !named) {
-          gradient = TensorData::Floats(gradient.name, gradient.key, gradient.Read<float>());
-        }
-        onward->push_back(Onward{chunk, chain, decided->update, parked.rank, parked.step,
-                                 std::move(gradient), named});
-      }
+  for (auto& [update, parked] : chunk->log.TakeNext(&chunk->policy, all)) {
+    Chunk::ParkedGradient& carried = parked.payload;
+    std::vector<float> scratch;
+    ApplyGradient(update, FloatsOf(carried.gradient, &scratch), chunk);
+    if (onward == nullptr || chain.empty()) continue;
+    // Its replies here, and the acknowledgement of its forward, wait for the next copies.
+    chunk->log.Sent(update);
+    // Named again to the copies its worker named (they mapped its region); to others (a
+    // joined server) with a copy of the bytes, which the worker writes again once answered.
+    const bool named = carried.in_region && carried.chain == chain;
+    TensorData gradient = std::move(carried.gradient);
+    if (carried.in_region && !named) {
+      gradient = TensorData::Floats(gradient.name, gradient.key, gradient.Read<float>());
     }
+    onward->push_back(
+        Onward{chunk, chain, update, parked.rank, parked.step, std::move(gradient), named});
   }
 }
 
@@ -770,8 +753,7 @@ void DenseShard::ReleaseReady(Chunk* chunk, Ready* ready) {
   std::vector<Waiter> keep;
   for (Waiter& waiter : chunk->waiters) {
     // A reply with the values of a step the backup has not acknowledged waits for it.
-    const bool unforwarded =
-        !chunk->forwarding.empty() && waiter.rule.min_version >= *chunk->forwarding.begin();
+    const bool unforwarded = !chunk->log.AcknowledgedThrough(waiter.rule.min_version);
     if (unforwarded || !chunk->policy.MayRelease(waiter.rule)) {
       keep.push_back(std::move(waiter));
       continue;
@@ -810,22 +792,11 @@ void DenseShard::ReleaseReady(Chunk* chunk, Ready* ready) {
   metrics_->AddWaiting(-static_cast<int64_t>(chunk->waiters.size() - keep.size()));
   chunk->waiters.swap(keep);
   // A chain's forwards whose update here is applied and at every copy after this one.
-  auto done = [chunk](const std::pair<int64_t, std::shared_ptr<ChainAck>>& ack) {
-    return chunk->policy.version() >= ack.first &&
-           (chunk->forwarding.empty() || *chunk->forwarding.begin() > ack.first);
-  };
-  for (auto& ack : chunk->acks) {
-    if (done(ack)) ready->acks.push_back(std::move(ack.second));
-  }
-  chunk->acks.erase(std::remove_if(chunk->acks.begin(), chunk->acks.end(),
-                                   [](const auto& ack) { return ack.second == nullptr; }),
-                    chunk->acks.end());
+  chunk->log.TakeDue(chunk->policy.version(), &ready->acks);
 }
 
 void DenseShard::Send(const Ready& ready) {
-  for (const std::shared_ptr<ChainAck>& ack : ready.acks) {
-    if (ack->remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) ack->taken();
-  }
+  for (const ReplicationLogBase::Ack& ack : ready.acks) ack();
   for (const std::shared_ptr<PendingReply>& pending : ready.replies) {
     PsPushPullReply reply;
     reply.tensors = std::move(pending->parts);
@@ -908,11 +879,11 @@ std::string DenseShard::DescribeWait(const Chunk& chunk, const Waiter& waiter) c
   const ConsistencyPolicy& policy = chunk.policy;
   const ReleaseRule& rule = waiter.rule;
   const bool sync = config_.consistency == PsConsistency::kSync;
-  if (!chunk.forwarding.empty() && rule.min_version >= *chunk.forwarding.begin()) {
+  if (!chunk.log.AcknowledgedThrough(rule.min_version)) {
     return "it carries " + std::string(sync ? "step " : "update ") +
-           std::to_string(*chunk.forwarding.begin()) +
+           std::to_string(chunk.log.first_unacknowledged()) +
            ", which the range's backup has not acknowledged (" +
-           std::to_string(chunk.forwarding.size()) + " forwarded and unacknowledged here)";
+           std::to_string(chunk.log.unacknowledged()) + " forwarded and unacknowledged here)";
   }
   if (rule.min_version >= 0 && policy.version() < rule.min_version) {
     if (sync) {
@@ -953,7 +924,7 @@ std::map<uint64_t, ChunkState> DenseShard::CopyTo(const std::string& backup) {
     std::lock_guard<std::mutex> lock(chunk->mu);
     saved[chunk->where.index] = {chunk->values->floats, chunk->state, chunk->policy.version(),
                                  chunk->policy.clocks()};
-    chunk->backup = backup;
+    chunk->log.CopiedTo(backup);
   }
   return saved;
 }
@@ -975,11 +946,8 @@ void DenseShard::Restore(std::map<uint64_t, ChunkState> saved, int64_t step) {
       chunk->dropped_step = 0;
       chunk->dropped_by = -1;
       chunk->notes.clear();
-      chunk->forwarding.clear();
-      chunk->parked.clear();
       // A chain's forwards taken before: the restored state replaces them.
-      for (auto& ack : chunk->acks) ready.acks.push_back(std::move(ack.second));
-      chunk->acks.clear();
+      chunk->log.Clear(&ready.acks);
       ReleaseReady(chunk.get(), &ready);
     }
     Send(ready);

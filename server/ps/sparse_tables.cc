@@ -1,13 +1,13 @@
 #include "server/ps/sparse_tables.h"
 
 #include <optional>
-#include <set>
 #include <utility>
 
 #include "common/base/logging.h"
 #include "common/training/lr_schedule.h"
 #include "common/training/nonfinite.h"
 #include "server/ps/forward_chain.h"
+#include "server/ps/replication_log.h"
 
 namespace tessera::server {
 
@@ -30,28 +30,20 @@ struct SparseTables::Table {
   // ps-sync: the rows of a step not applied yet, by rank.
   std::map<int64_t, std::vector<RankRows>> held;  // guarded by mu
   std::vector<Waiter> waiters;                    // guarded by mu
-  // The backup's side, ps-async and ps-ssp: forwarded pushes that came before the update
-  // before them, by update number, with their worker and step.
-  struct Parked {
-    int rank = 0;
-    int64_t step = 0;
+  // The backup's side, ps-async and ps-ssp: what a forwarded push parked in `log` carries.
+  struct ParkedRows {
     RankRows rows;
     TensorData row_ids;  // as forwarded (their frames), to be passed on in a chain
     TensorData values;
   };
-  std::map<int64_t, Parked> parked;  // guarded by mu
-  // ps-async, ps-ssp: a joined server that took a copy of this table (CopyTo): every later
-  // push goes there when it names no backup. Empty: none. Once it acknowledged one, pull
-  // replies name it (SparsePullReply::copied_to).
-  std::string backup;        // guarded by mu
+  // The updates applied here that the copies after this one have not acknowledged yet;
+  // forwarded pushes parked until their turn (ApplyParked); a joined server that took a copy
+  // of this table (CopyTo: every later push goes there when it names no backup); and the
+  // acknowledgements waiting for an update here to be at every copy after this one (a forward
+  // taken by a chain's middle copy, or at a chain's new primary a copy of a push).
+  ReplicationLog<ParkedRows> log;  // guarded by mu
+  // The joined server acknowledged a push: pull replies name it (SparsePullReply::copied_to).
   bool backup_took = false;  // guarded by mu
-  // The updates applied here that the copies after this one have not acknowledged yet.
-  std::set<int64_t> forwarding;  // guarded by mu
-  // A chain's middle copy: the copies after this one, as the last forward named them, and
-  // the acknowledgements waiting for an update here to be at every one of them (a forward
-  // taken, or at a chain's new primary a copy of a push), with that update.
-  std::string chain;                                            // guarded by mu
-  std::vector<std::pair<int64_t, std::function<void()>>> acks;  // guarded by mu
 };
 
 // What a table's lock released, to be sent once it is released.
@@ -152,9 +144,8 @@ Status SparseTables::Push(const std::string& name, int rank, int64_t step,
     std::lock_guard<std::mutex> lock(table.mu);
     // A worker's push at a copy holding parked forwards: its primary is gone. In a chain they
     // go on to the copies after this one, numbered as applied here.
-    if (!table.parked.empty()) {
-      ApplyParked(&table, /*all=*/true,
-                  ChainWith(forward_to.empty() ? table.chain : forward_to, table.backup), &onward);
+    if (table.log.has_parked()) {
+      ApplyParked(&table, /*all=*/true, table.log.ChainOfParked(forward_to), &onward);
     }
     StatusOr<PushDecision> decision = table.policy.Push(rank, step);
     if (!decision.ok()) return decision.status().WithContext("table '" + name + "'");
@@ -164,19 +155,19 @@ Status SparseTables::Push(const std::string& name, int rank, int64_t step,
                                            ids.size());
       metrics_->SparseUpdate();
       // A joined server's copy comes last in the chain, as DenseShard::Serve's.
-      const std::string to = ChainWith(forward_to, table.backup);
+      const std::string to = ChainWith(forward_to, table.log.joined());
       if (applied.ok() && forwarder_ != nullptr && !to.empty()) {
         forward = ForwardedRows{name, rank, step, decision->update, row_ids, values};
         chain = to;
-        to_joined = !table.backup.empty();
-        table.forwarding.insert(decision->update);
+        to_joined = !table.log.joined().empty();
+        table.log.Sent(decision->update);
       }
     } else if (decision->action == PushAction::kApplied) {
       // ps-async, ps-ssp: a copy of a push this worker made; nothing to apply. Taken once
       // every update here is at the copies after this one (a chain's new primary may still be
       // passing on the forward that brought it).
-      if (done != nullptr && !table.forwarding.empty()) {
-        table.acks.emplace_back(table.policy.version(), std::move(done));
+      if (done != nullptr && table.log.unacknowledged() > 0) {
+        table.log.AwaitCopies(table.policy.version(), /*chain=*/"", std::move(done));
         done = nullptr;
       }
     } else {
@@ -207,7 +198,7 @@ void SparseTables::Forwarded(Table* table, int64_t update, bool to_joined) {
   Ready ready;
   {
     std::lock_guard<std::mutex> lock(table->mu);
-    table->forwarding.erase(update);
+    table->log.Acknowledged(update);
     if (to_joined) table->backup_took = true;
     ReleaseReady(table, &ready);
   }
@@ -227,10 +218,7 @@ Status SparseTables::ApplyForwarded(const ForwardedRows& rows, std::function<voi
                            std::to_string(rows.step) + " to table '" + rows.table + "', forwarded";
   ASSIGN_OR_RETURN(Table * found, Find(rows.table));
   Table& table = *found;
-  if (rows.pushed_by < 0 || rows.pushed_by >= config_.num_workers) {
-    return InvalidArgumentError(what + ": the job has workers 0 to " +
-                                std::to_string(config_.num_workers - 1));
-  }
+  RETURN_IF_ERROR(ReplicationLogBase::CheckPushedBy(what, rows.pushed_by, config_.num_workers));
   if (rows.update < 1 || rows.step < 1) {
     return InvalidArgumentError(what + ": update " + std::to_string(rows.update) +
                                 "; updates and steps start at 1");
@@ -247,17 +235,14 @@ Status SparseTables::ApplyForwarded(const ForwardedRows& rows, std::function<voi
   std::vector<std::pair<std::string, ForwardedRows>> onward;
   {
     std::lock_guard<std::mutex> lock(table.mu);
-    // A copy of a forward taken already is left alone (applied, or parked: emplace keeps the
-    // first); in a chain it is acknowledged as the first is.
-    if (rows.update > table.policy.version()) {
-      table.parked.emplace(rows.update, Table::Parked{rows.pushed_by, rows.step, std::move(parked),
-                                                      rows.row_ids, rows.values});
+    // A copy of a forward taken already is left alone (applied, or parked: the first is
+    // kept); in a chain it is acknowledged as the first is.
+    if (table.log.Park(
+            rows.update, table.policy,
+            {rows.pushed_by, rows.step, {std::move(parked), rows.row_ids, rows.values}})) {
       ApplyParked(&table, /*all=*/false, chain, &onward);
     }
-    if (!chain.empty()) {
-      table.chain = chain;
-      table.acks.emplace_back(rows.update, std::move(taken));
-    }
+    if (!chain.empty()) table.log.AwaitCopies(rows.update, chain, std::move(taken));
     ReleaseReady(&table, &ready);
   }
   Send(&ready);
@@ -265,31 +250,26 @@ Status SparseTables::ApplyForwarded(const ForwardedRows& rows, std::function<voi
   return OkStatus();
 }
 
-// The parked forwards in update order: each as the policy's next push of its worker, while it
-// is the next one (`all`: every one, gaps closed).
+// The parked forwards the table's log gives, in update order.
 void SparseTables::ApplyParked(Table* table, bool all, const std::string& chain,
                                std::vector<std::pair<std::string, ForwardedRows>>* onward) {
-  while (!table->parked.empty() &&
-         (all || table->parked.begin()->first == table->policy.version() + 1)) {
-    Table::Parked parked = std::move(table->parked.begin()->second);
-    table->parked.erase(table->parked.begin());
-    StatusOr<PushDecision> decided = table->policy.Push(parked.rank, parked.step);
-    // ps-async and ps-ssp refuse no push; a copy (kApplied) applies nothing.
-    if (!decided.ok() || decided->action != PushAction::kApplyNow) continue;
-    const float lr = LearningRate(config_.schedule, config_.optimizer.lr, decided->update - 1);
+  for (auto& [update, parked] : table->log.TakeNext(&table->policy, all)) {
+    Table::ParkedRows& carried = parked.payload;
+    const float lr = LearningRate(config_.schedule, config_.optimizer.lr, update - 1);
     // Every id was checked on arrival, so this does not fail.
-    Status applied = table->rows->ApplyGradients(lr, decided->update, parked.rows.ids.data(),
-                                                 parked.rows.grads.data(), parked.rows.ids.size());
+    Status applied =
+        table->rows->ApplyGradients(lr, update, carried.rows.ids.data(),
+                                    carried.rows.grads.data(), carried.rows.ids.size());
     if (!applied.ok()) {
       TLOG(ERROR) << "forwarded rows of table '" << table->spec.name << "': " << applied;
     }
     metrics_->SparseUpdate();
     if (onward != nullptr && !chain.empty() && forwarder_ != nullptr) {
       // Acknowledgements of forwards (and copies' replies) wait for the next copies.
-      table->forwarding.insert(decided->update);
-      onward->emplace_back(
-          chain, ForwardedRows{table->spec.name, parked.rank, parked.step, decided->update,
-                               std::move(parked.row_ids), std::move(parked.values)});
+      table->log.Sent(update);
+      onward->emplace_back(chain, ForwardedRows{table->spec.name, parked.rank, parked.step, update,
+                                                std::move(carried.row_ids),
+                                                std::move(carried.values)});
     }
   }
 }
@@ -328,8 +308,8 @@ Status SparseTables::Pull(const std::string& name, int64_t step, const TensorDat
   std::vector<std::pair<std::string, ForwardedRows>> onward;
   {
     std::lock_guard<std::mutex> lock(table.mu);
-    if (!table.parked.empty()) {  // the primary is gone
-      ApplyParked(&table, /*all=*/true, ChainWith(table.chain, table.backup), &onward);
+    if (table.log.has_parked()) {  // the primary is gone
+      ApplyParked(&table, /*all=*/true, table.log.ChainOfParked(/*forward_to=*/""), &onward);
     }
     waiter.rule = table.policy.RowPull(step);
     table.waiters.push_back(std::move(waiter));
@@ -342,18 +322,7 @@ Status SparseTables::Pull(const std::string& name, int64_t step, const TensorDat
 
 void SparseTables::ReleaseReady(Table* table, Ready* ready) {
   // Acknowledgements whose update here is applied and at every copy after this one.
-  if (!table->acks.empty()) {
-    std::vector<std::pair<int64_t, std::function<void()>>> waiting;
-    for (auto& [update, ack] : table->acks) {
-      if (table->policy.version() >= update &&
-          (table->forwarding.empty() || *table->forwarding.begin() > update)) {
-        ready->acks.push_back(std::move(ack));
-      } else {
-        waiting.emplace_back(update, std::move(ack));
-      }
-    }
-    table->acks.swap(waiting);
-  }
+  table->log.TakeDue(table->policy.version(), &ready->acks);
   std::vector<Waiter> keep;
   const size_t dim = static_cast<size_t>(table->spec.dim);
   for (Waiter& waiter : table->waiters) {
@@ -371,7 +340,7 @@ void SparseTables::ReleaseReady(Table* table, Ready* ready) {
         {std::move(waiter.reply),
          SparsePullReply{table->spec.name, TensorData::Int64s("row_ids", std::move(waiter.ids)),
                          TensorData::Floats("values", 0, std::move(values)),
-                         table->backup_took ? table->backup : std::string()}});
+                         table->backup_took ? table->log.joined() : std::string()}});
   }
   table->waiters.swap(keep);
 }
@@ -417,7 +386,7 @@ std::map<std::string, TableRows> SparseTables::CopyTo(const std::string& backup)
     table->rows->Export(&rows.ids, &rows.values, &rows.state);
     rows.version = table->policy.version();
     rows.clocks = table->policy.clocks();
-    table->backup = backup;
+    table->log.CopiedTo(backup);
     table->backup_took = false;
   }
   return saved;
@@ -450,11 +419,8 @@ void SparseTables::CommitRestore(Restored restored, int64_t step,
         table->policy.Restore(step);
       }
       table->held.clear();
-      table->parked.clear();
-      table->forwarding.clear();
       // A chain's forwards taken before: the restored rows replace them.
-      for (auto& ack : table->acks) ready.acks.push_back(std::move(ack.second));
-      table->acks.clear();
+      table->log.Clear(&ready.acks);
       ReleaseReady(table.get(), &ready);
     }
     Send(&ready);
