@@ -1,6 +1,7 @@
 """Subgroups (dist.new_group), operations from several Python threads at once, and the Work
 objects of asynchronous operations, on the tessera backend."""
 
+import os
 import threading
 import unittest
 
@@ -200,6 +201,51 @@ def _work_objects(rank, world):
     return failures
 
 
+def _listening_sockets():
+    """This process's listening TCP sockets (their inodes)."""
+    listening = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A":  # LISTEN
+                    listening.add(fields[9])
+    mine = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:[") and target[8:-1] in listening:
+            mine.add(target[8:-1])
+    return len(mine)
+
+
+def _threads_now():
+    return len(os.listdir("/proc/self/task"))
+
+
+def _sixteen_groups(rank, world):
+    """16 new_group()s of every rank, each used by an all-reduce: no listening socket and at
+    most 2 threads more than before them (issue 50; Gloo adds 3 threads per group)."""
+    failures = []
+    dist.barrier()  # the world's own op first: its threads are there before the groups
+    sockets, threads = _listening_sockets(), _threads_now()
+    groups = [dist.new_group(list(range(world))) for _ in range(16)]
+    for i, group in enumerate(groups):
+        t = torch.full((8,), float(rank + i))
+        dist.all_reduce(t, group=group)
+        if not torch.equal(t, torch.full((8,), float(sum(q + i for q in range(world))))):
+            failures.append(f"rank {rank}: group {i}: {t.tolist()}")
+    if _listening_sockets() != sockets:
+        failures.append(f"rank {rank}: {_listening_sockets()} listening sockets after 16 "
+                        f"groups, {sockets} before")
+    if _threads_now() > threads + 2:
+        failures.append(f"rank {rank}: {_threads_now()} threads after 16 groups, {threads} "
+                        "before")
+    return failures
+
+
 def _everything(rank, world):
     return _subgroups(rank, world) + _work_objects(rank, world) + _threads(rank, world)
 
@@ -212,6 +258,11 @@ class SubgroupsTest(unittest.TestCase):
 
     def test_world_3(self):
         self._check(3)
+
+    def test_sixteen_groups_share_the_worlds_endpoint(self):
+        results = torch_testing.run_ranks(_sixteen_groups, 2, timeout_s=60)
+        failures = [f for per_rank in results for f in per_rank]
+        self.assertEqual(failures, [], "\n".join(failures))
 
     @torch_testing.not_under_sanitizer
     def test_world_5(self):

@@ -3,7 +3,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
 #include <condition_variable>
+#include <filesystem>
 #include <map>
 #include <mutex>
 #include <numeric>
@@ -184,7 +187,7 @@ TEST(GroupMemberTest, SendAndRecvMatchByPeerAndTagInOrder) {
   ASSERT_TRUE(group.at(0).Send(values, 24, 1, 1, "send d").ok());
   Status status = wrong.get();
   EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
-  EXPECT_THAT(status.message(), HasSubstr("worker 0 sent 24 bytes; rank 1 expects 8"));
+  EXPECT_THAT(status.message(), HasSubstr("rank 0 (worker 0) sent 24 bytes; this rank expects 8"));
 }
 
 // Mismatched collectives fail on every rank, naming what differs.
@@ -225,6 +228,83 @@ TEST(GroupMemberTest, JoinWaitsForTheStoreUntilItsDeadline) {
   StatusOr<std::unique_ptr<GroupMember>> member = GroupMember::Join(options);
   EXPECT_EQ(member.status().code(), StatusCode::kDeadlineExceeded);
   EXPECT_THAT(member.status().message(), HasSubstr("worker 1's address"));
+}
+
+// The threads of this process (every rank's, here).
+size_t Threads() {
+  size_t count = 0;
+  for (auto it = std::filesystem::directory_iterator("/proc/self/task");
+       it != std::filesystem::directory_iterator(); ++it) {
+    ++count;
+  }
+  return count;
+}
+
+// new_group()'s members join over the default group's host: the right ranks and results, and
+// 16 groups add no thread (nor endpoint: they have none to add), as torch's processes see
+// (tests/torch/subgroups_test.py counts sockets too). A group's destruction fails its own
+// waits alone.
+TEST(GroupMemberTest, SubgroupsShareTheDefaultGroupsHost) {
+  Group world(4, "auto");
+  const size_t threads_before = Threads();
+  std::vector<std::vector<std::unique_ptr<GroupMember>>> groups(4);
+  // Every rank joins {0, 2} or {1, 3}, then 15 groups of all four ranks, each through its
+  // own store (torch's prefix store per group).
+  const std::vector<std::vector<int>> evens_odds = {{0, 2}, {1, 3}};
+  std::vector<MemoryStore> stores(2 + 15);
+  std::vector<Status> joined = RunRanks(4, [&](int rank) -> Status {
+    for (size_t g = 0; g < stores.size(); ++g) {
+      std::vector<int> members = g < 2 ? evens_odds[g] : std::vector<int>{0, 1, 2, 3};
+      const auto at = std::find(members.begin(), members.end(), rank);
+      if (at == members.end()) continue;
+      GroupMemberOptions options;
+      options.rank = static_cast<int>(at - members.begin());
+      options.world_size = static_cast<int>(members.size());
+      options.store = &stores[g];
+      options.host = world.at(rank).host();
+      options.global_ranks = members;
+      options.timeout_ms = kTimeoutMs;
+      ASSIGN_OR_RETURN(std::unique_ptr<GroupMember> member, GroupMember::Join(options));
+      groups[static_cast<size_t>(rank)].push_back(std::move(member));
+    }
+    return OkStatus();
+  });
+  ExpectAllOk(joined);
+  EXPECT_EQ(Threads(), threads_before);
+  // Each rank's pair and its last all-rank group all-reduce, on the shared comm thread.
+  std::vector<std::shared_future<Status>> done;
+  std::vector<std::vector<float>> pair(4, std::vector<float>(1000)), all(4, std::vector<float>(10));
+  for (int rank = 0; rank < 4; ++rank) {
+    for (size_t i = 0; i < 1000; ++i) pair[rank][i] = static_cast<float>(rank * 1000 + i);
+    for (size_t i = 0; i < 10; ++i) all[rank][i] = static_cast<float>(rank + i);
+    GroupMember& mine = *groups[rank].front();
+    GroupMember& everyone = *groups[rank].back();
+    done.push_back(mine.Submit([&, rank] {
+      return mine.AllReduce(pair[rank].data(), 1000, DataType::kFloat32, ReduceOp::kSum, "pair");
+    }));
+    done.push_back(everyone.Submit([&, rank] {
+      return everyone.AllReduce(all[rank].data(), 10, DataType::kFloat32, ReduceOp::kSum, "all");
+    }));
+  }
+  for (auto& future : done) EXPECT_TRUE(future.get().ok()) << future.get();
+  for (int rank = 0; rank < 4; ++rank) {
+    const int other = rank ^ 2;
+    EXPECT_EQ(pair[rank][7], static_cast<float>(rank * 1000 + other * 1000 + 14)) << rank;
+    EXPECT_EQ(all[rank][3], static_cast<float>(0 + 1 + 2 + 3 + 4 * 3)) << rank;
+  }
+  // Rank 0 waits in its pair for a message; destroying that group ends the wait, and the
+  // world goes on.
+  std::vector<uint8_t> byte(1);
+  GroupMember* pair0 = groups[0].front().get();
+  auto waiting = pair0->SubmitRecv([&] { return pair0->Recv(byte.data(), 1, 1, 0, "never"); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  groups[0].erase(groups[0].begin());
+  EXPECT_EQ(waiting.get().code(), StatusCode::kCancelled);
+  groups.clear();
+  ExpectAllOk(world.Collective([&](int rank) {
+    float one = 1;
+    return world.at(rank).AllReduce(&one, 1, DataType::kFloat32, ReduceOp::kSum, "after");
+  }));
 }
 
 }  // namespace

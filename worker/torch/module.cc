@@ -2,12 +2,14 @@
 // registers the "tessera" backend with torch.distributed (Backend.register_backend).
 #include <pybind11/chrono.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <chrono>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "common/base/host_port.h"
 #include "common/transport/bind_address.h"
@@ -76,11 +78,17 @@ std::string MetricsUrl() {
   return presence == nullptr ? std::string() : presence->metrics_url();
 }
 
-// torch's creator: (store, rank, world_size, timeout) -> the process group. Joining waits for
-// the other ranks, so the GIL is released meanwhile.
+// The default group's host (group_member.h), which every new_group of this process joins
+// over: one endpoint and two threads whatever the number of groups.
+std::mutex host_mu;
+std::weak_ptr<GroupHost> world_host;  // guarded by host_mu
+
+// torch's creator (extended API): (store, rank, world_size, timeout, global ranks: empty for
+// the default group) -> the process group. Joining waits for the other ranks, so the GIL is
+// released meanwhile.
 c10::intrusive_ptr<ProcessGroupTessera> CreateProcessGroup(
     const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-    std::chrono::duration<double> timeout) {
+    std::chrono::duration<double> timeout, const std::vector<int>& global_ranks) {
   StatusOr<BackendConfig> config = BackendConfigFrom(CurrentEnvironment());
   TORCH_CHECK(config.ok(), "tessera: ", config.status().message());
   const int64_t timeout_ms = EffectiveTimeoutMs(
@@ -88,9 +96,20 @@ c10::intrusive_ptr<ProcessGroupTessera> CreateProcessGroup(
   FleetPresence* presence = Presence(*config, rank, size, timeout_ms);
   GroupMemberOptions defaults = config->member;
   defaults.metrics = presence->metrics();
-  return c10::make_intrusive<ProcessGroupTessera>(store, rank, size,
-                                                  std::chrono::milliseconds(timeout_ms),
-                                                  defaults, presence->backend_metrics());
+  if (!global_ranks.empty()) {
+    // A new_group: over the default group's endpoint, if the default group is tessera's.
+    std::lock_guard<std::mutex> lock(host_mu);
+    defaults.host = world_host.lock();
+    if (defaults.host != nullptr) defaults.global_ranks = global_ranks;
+  }
+  auto group = c10::make_intrusive<ProcessGroupTessera>(store, rank, size,
+                                                        std::chrono::milliseconds(timeout_ms),
+                                                        defaults, presence->backend_metrics());
+  if (global_ranks.empty()) {
+    std::lock_guard<std::mutex> lock(host_mu);
+    world_host = group->host();
+  }
+  return group;
 }
 
 // The flat float32 CPU buffer of `what`, with `elements` floats.
@@ -297,6 +316,7 @@ PYBIND11_MODULE(_C, module) {
                              "How the group's ring travels: shm, links or zmq, and why");
   module.def("create_process_group", &tessera::worker::CreateProcessGroup, py::arg("store"),
              py::arg("rank"), py::arg("world_size"), py::arg("timeout"),
+             py::arg("global_ranks"),
              py::call_guard<py::gil_scoped_release>(),
              "torch.distributed's creator of a tessera process group");
   module.def(

@@ -271,6 +271,34 @@ ProcessGroupTessera::~ProcessGroupTessera() {
   if (saved != nullptr) PyEval_RestoreThread(saved);
 }
 
+c10::intrusive_ptr<c10d::Work> ProcessGroupTessera::Enqueue(c10d::OpType type,
+                                                           std::vector<at::Tensor> outputs,
+                                                           std::function<Status(int*)> body,
+                                                           Queue queue) {
+  auto work = c10::make_intrusive<TesseraWork>(rank_, type, std::move(outputs));
+  std::function<Status()> run = [this, work, body = std::move(body)]() mutable {
+    return Finish(metrics_, *work, [&] {
+      int source = -1;
+      RETURN_IF_ERROR(body(&source));
+      if (source >= 0) work->set_source_rank(source);
+      return OkStatus();
+    });
+  };
+  switch (queue) {
+    case Queue::kCollective:
+      ++sequence_;
+      member_->Submit(std::move(run));
+      break;
+    case Queue::kReceive:
+      member_->SubmitRecv(std::move(run));
+      break;
+    case Queue::kNone:
+      (void)run();
+      break;
+  }
+  return work;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Collectives
 
@@ -279,19 +307,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTessera::broadcast(
   at::Tensor tensor = Single(tensors, "broadcast");
   const DataType dtype = CheckTensor(tensor, "broadcast");
   const int root = static_cast<int>(opts.rootRank);
-  auto work = c10::make_intrusive<TesseraWork>(rank_, c10d::OpType::BROADCAST,
-                                               std::vector<at::Tensor>{tensor});
   const std::string what = Describe("broadcast", tensor);
-  ++sequence_;
-  member_->Submit([this, work, tensor, dtype, root, what]() mutable {
-    return Finish(metrics_, *work, [&] {
-      at::Tensor buffer = Contiguous(tensor);
-      RETURN_IF_ERROR(member_->Broadcast(buffer.data_ptr(), buffer.numel(), dtype, root, what));
-      CopyBack(tensor, buffer);
-      return OkStatus();
-    });
-  });
-  return work;
+  return Enqueue(
+      c10d::OpType::BROADCAST, {tensor}, [this, tensor, dtype, root, what](int*) mutable {
+        at::Tensor buffer = Contiguous(tensor);
+        RETURN_IF_ERROR(member_->Broadcast(buffer.data_ptr(), buffer.numel(), dtype, root, what));
+        CopyBack(tensor, buffer);
+        return OkStatus();
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTessera::allreduce(
@@ -300,19 +323,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTessera::allreduce(
   const DataType dtype = CheckTensor(tensor, "allreduce");
   StatusOr<ReduceOp> op = ReduceOpOf(opts.reduceOp);
   Check(op.status(), "allreduce");
-  auto work = c10::make_intrusive<TesseraWork>(rank_, c10d::OpType::ALLREDUCE,
-                                               std::vector<at::Tensor>{tensor});
   const std::string what = Describe("allreduce", tensor);
-  ++sequence_;
-  member_->Submit([this, work, tensor, dtype, op = *op, what]() mutable {
-    return Finish(metrics_, *work, [&] {
-      at::Tensor buffer = Contiguous(tensor);
-      RETURN_IF_ERROR(member_->AllReduce(buffer.data_ptr(), buffer.numel(), dtype, op, what));
-      CopyBack(tensor, buffer);
-      return OkStatus();
-    });
-  });
-  return work;
+  return Enqueue(
+      c10d::OpType::ALLREDUCE, {tensor}, [this, tensor, dtype, op = *op, what](int*) mutable {
+        at::Tensor buffer = Contiguous(tensor);
+        RETURN_IF_ERROR(member_->AllReduce(buffer.data_ptr(), buffer.numel(), dtype, op, what));
+        CopyBack(tensor, buffer);
+        return OkStatus();
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTessera::allreduce_coalesced(
@@ -327,18 +345,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTessera::allreduce_coalesced(
   }
   StatusOr<ReduceOp> op = ReduceOpOf(opts.reduceOp);
   Check(op.status(), "allreduce_coalesced");
-  auto work = c10::make_intrusive<TesseraWork>(rank_, c10d::OpType::ALLREDUCE_COALESCED, tensors);
-  ++sequence_;
-  member_->Submit([this, work, tensors, dtype, op = *op]() mutable {
-    return Finish(metrics_, *work, [&] {
-      at::Tensor flat = Flatten(tensors);
-      RETURN_IF_ERROR(member_->AllReduce(flat.data_ptr(), flat.numel(), dtype, op,
-                                         Describe("allreduce_coalesced", flat)));
-      Unflatten(flat, tensors);
-      return OkStatus();
-    });
-  });
-  return work;
+  return Enqueue(
+      c10d::OpType::ALLREDUCE_COALESCED, tensors, [this, tensors, dtype, op = *op](int*) mutable {
+        at::Tensor flat = Flatten(tensors);
+        RETURN_IF_ERROR(member_->AllReduce(flat.data_ptr(), flat.numel(), dtype, op,
+                                           Describe("allreduce_coalesced", flat)));
+        Unflatten(flat, tensors);
+        return OkStatus();
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTessera::reduce(std::vector<at::Tensor>& tensors,
@@ -349,20 +363,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTessera::reduce(std::vector<at::Tenso
   Check(op.status(), "reduce");
   const int root = static_cast<int>(opts.rootRank);
   TORCH_CHECK(root >= 0 && root < size_, "tessera: reduce: root ", root, " is not a rank");
-  auto work = c10::make_intrusive<TesseraWork>(rank_, c10d::OpType::REDUCE,
-                                               std::vector<at::Tensor>{tensor});
   const std::string what = Describe("reduce", tensor);
-  ++sequence_;
-  member_->Submit([this, work, tensor, dtype, op = *op, root, what]() mutable {
-    return Finish(metrics_, *work, [&] {
-      // An all-reduce; only the root keeps the result (the others' tensors stay as given).
-      at::Tensor buffer = rank_ == root ? Contiguous(tensor) : tensor.contiguous().clone();
-      RETURN_IF_ERROR(member_->AllReduce(buffer.data_ptr(), buffer.numel(), dtype, op, what));
-      if (rank_ == root) CopyBack(tensor, buffer);
-      return OkStatus();
-    });
-  });
-  return work;
+  return Enqueue(
+      c10d::OpType::REDUCE, {tensor}, [this, tensor, dtype, op = *op, root, what](int*) mutable {
+        // An all-reduce; only the root keeps the result (the others' tensors stay as given).
+        at::Tensor buffer = rank_ == root ? Contiguous(tensor) : tensor.contiguous().clone();
+        RETURN_IF_ERROR(member_->AllReduce(buffer.data_ptr(), buffer.numel(), dtype, op, what));
+        if (rank_ == root) CopyBack(tensor, buffer);
+        return OkStatus();
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTessera::allgather(
@@ -374,19 +383,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTessera::allgather(
               outputs.size());
   CheckLike(outputs[0], input, static_cast<size_t>(size_), "allgather", "the output list");
   std::vector<at::Tensor> gathered = outputs[0];
-  auto work = c10::make_intrusive<TesseraWork>(rank_, c10d::OpType::ALLGATHER, gathered);
   const std::string what = Describe("allgather", input);
-  ++sequence_;
-  member_->Submit([this, work, input, gathered, dtype, what]() mutable {
-    return Finish(metrics_, *work, [&] {
-      at::Tensor in = Contiguous(input);
-      at::Tensor flat = at::empty({in.numel() * size_}, in.options());
-      RETURN_IF_ERROR(member_->AllGather(in.data_ptr(), flat.data_ptr(), in.numel(), dtype, what));
-      Unflatten(flat, gathered);
-      return OkStatus();
-    });
-  });
-  return work;
+  return Enqueue(
+      c10d::OpType::ALLGATHER, gathered, [this, input, gathered, dtype, what](int*) mutable {
+        at::Tensor in = Contiguous(input);
+        at::Tensor flat = at::empty({in.numel() * size_}, in.options());
+        RETURN_IF_ERROR(
+            member_->AllGather(in.data_ptr(), flat.data_ptr(), in.numel(), dtype, what));
+        Unflatten(flat, gathered);
+        return OkStatus();
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTessera::allgather_coalesced(
@@ -417,24 +423,20 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTessera::allgather_coalesced(
       gathered.push_back(outputs[r][i]);
     }
   }
-  auto work = c10::make_intrusive<TesseraWork>(rank_, c10d::OpType::ALLGATHER_COALESCED,
-                                               gathered);
   std::vector<at::Tensor> in_list = inputs;
   std::vector<std::vector<at::Tensor>> out_lists = outputs;
-  ++sequence_;
-  member_->Submit([this, work, in_list, out_lists, dtype]() mutable {
-    return Finish(metrics_, *work, [&] {
-      at::Tensor in = Flatten(in_list);
-      const std::string what = Describe("allgather_coalesced", in);
-      at::Tensor flat = at::empty({in.numel() * size_}, in.options());
-      RETURN_IF_ERROR(member_->AllGather(in.data_ptr(), flat.data_ptr(), in.numel(), dtype, what));
-      for (int r = 0; r < size_; ++r) {
-        Unflatten(flat.narrow(0, r * in.numel(), in.numel()), out_lists[r]);
-      }
-      return OkStatus();
-    });
-  });
-  return work;
+  return Enqueue(
+      c10d::OpType::ALLGATHER_COALESCED, gathered, [this, in_list, out_lists, dtype](int*) mutable {
+        at::Tensor in = Flatten(in_list);
+        const std::string what = Describe("allgather_coalesced", in);
+        at::Tensor flat = at::empty({in.numel() * size_}, in.options());
+        RETURN_IF_ERROR(
+            member_->AllGather(in.data_ptr(), flat.data_ptr(), in.numel(), dtype, what));
+        for (int r = 0; r < size_; ++r) {
+          Unflatten(flat.narrow(0, r * in.numel(), in.numel()), out_lists[r]);
+        }
+        return OkStatus();
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTessera::_allgather_base(
@@ -442,20 +444,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTessera::_allgather_base(
   const DataType dtype = CheckTensor(input, "_allgather_base");
   CheckTensor(output, "_allgather_base");
   CheckGroupSized(output, "output", input, size_, "_allgather_base");
-  auto work = c10::make_intrusive<TesseraWork>(rank_, c10d::OpType::_ALLGATHER_BASE,
-                                               std::vector<at::Tensor>{output});
   const std::string what = Describe("allgather", input);
-  ++sequence_;
-  member_->Submit([this, work, input, output, dtype, what]() mutable {
-    return Finish(metrics_, *work, [&] {
-      at::Tensor in = Contiguous(input);
-      at::Tensor out = Contiguous(output);
-      RETURN_IF_ERROR(member_->AllGather(in.data_ptr(), out.data_ptr(), in.numel(), dtype, what));
-      CopyBack(output, out);
-      return OkStatus();
-    });
-  });
-  return work;
+  return Enqueue(
+      c10d::OpType::_ALLGATHER_BASE, {output}, [this, input, output, dtype, what](int*) mutable {
+        at::Tensor in = Contiguous(input);
+        at::Tensor out = Contiguous(output);
+        RETURN_IF_ERROR(member_->AllGather(in.data_ptr(), out.data_ptr(), in.numel(), dtype, what));
+        CopyBack(output, out);
+        return OkStatus();
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTessera::gather(
@@ -475,19 +472,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTessera::gather(
     TORCH_CHECK(outputs.empty(), "tessera: gather: only the root (rank ", root,
                 ") passes output tensors");
   }
-  auto work = c10::make_intrusive<TesseraWork>(rank_, c10d::OpType::GATHER, gathered);
   const std::string what = Describe("gather", input);
-  ++sequence_;
-  member_->Submit([this, work, input, gathered, dtype, what]() mutable {
-    return Finish(metrics_, *work, [&] {
-      at::Tensor in = Contiguous(input);
-      at::Tensor flat = at::empty({in.numel() * size_}, in.options());
-      RETURN_IF_ERROR(member_->AllGather(in.data_ptr(), flat.data_ptr(), in.numel(), dtype, what));
-      if (!gathered.empty()) Unflatten(flat, gathered);
-      return OkStatus();
-    });
-  });
-  return work;
+  return Enqueue(
+      c10d::OpType::GATHER, gathered, [this, input, gathered, dtype, what](int*) mutable {
+        at::Tensor in = Contiguous(input);
+        at::Tensor flat = at::empty({in.numel() * size_}, in.options());
+        RETURN_IF_ERROR(
+            member_->AllGather(in.data_ptr(), flat.data_ptr(), in.numel(), dtype, what));
+        if (!gathered.empty()) Unflatten(flat, gathered);
+        return OkStatus();
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTessera::scatter(
@@ -507,21 +501,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTessera::scatter(
     TORCH_CHECK(inputs.empty(), "tessera: scatter: only the root (rank ", root,
                 ") passes input tensors");
   }
-  auto work = c10::make_intrusive<TesseraWork>(rank_, c10d::OpType::SCATTER,
-                                               std::vector<at::Tensor>{output});
   const std::string what = Describe("scatter", output);
-  ++sequence_;
-  member_->Submit([this, work, output, pieces, dtype, root, what]() mutable {
-    return Finish(metrics_, *work, [&] {
-      // The root's pieces travel to every rank (a broadcast); each keeps its own.
-      at::Tensor flat = pieces.empty() ? at::empty({output.numel() * size_}, output.options())
-                                       : Flatten(pieces);
-      RETURN_IF_ERROR(member_->Broadcast(flat.data_ptr(), flat.numel(), dtype, root, what));
-      output.copy_(flat.narrow(0, output.numel() * rank_, output.numel()).view(output.sizes()));
-      return OkStatus();
-    });
-  });
-  return work;
+  return Enqueue(
+      c10d::OpType::SCATTER, {output}, [this, output, pieces, dtype, root, what](int*) mutable {
+        // The root's pieces travel to every rank (a broadcast); each keeps its own.
+        at::Tensor flat = pieces.empty() ? at::empty({output.numel() * size_}, output.options())
+                                         : Flatten(pieces);
+        RETURN_IF_ERROR(member_->Broadcast(flat.data_ptr(), flat.numel(), dtype, root, what));
+        output.copy_(flat.narrow(0, output.numel() * rank_, output.numel()).view(output.sizes()));
+        return OkStatus();
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTessera::reduce_scatter(
@@ -535,21 +524,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTessera::reduce_scatter(
   StatusOr<ReduceOp> op = ReduceOpOf(opts.reduceOp);
   Check(op.status(), "reduce_scatter");
   std::vector<at::Tensor> pieces = inputs[0];
-  auto work = c10::make_intrusive<TesseraWork>(rank_, c10d::OpType::REDUCE_SCATTER,
-                                               std::vector<at::Tensor>{output});
   const std::string what = Describe("reduce_scatter", output);
-  ++sequence_;
-  member_->Submit([this, work, output, pieces, dtype, op = *op, what]() mutable {
-    return Finish(metrics_, *work, [&] {
-      at::Tensor flat = Flatten(pieces);
-      at::Tensor out = Contiguous(output);
-      RETURN_IF_ERROR(member_->ReduceScatter(flat.data_ptr(), out.data_ptr(), out.numel(), dtype,
-                                             op, what));
-      CopyBack(output, out);
-      return OkStatus();
-    });
-  });
-  return work;
+  return Enqueue(
+      c10d::OpType::REDUCE_SCATTER, {output},
+      [this, output, pieces, dtype, op = *op, what](int*) mutable {
+        at::Tensor flat = Flatten(pieces);
+        at::Tensor out = Contiguous(output);
+        RETURN_IF_ERROR(member_->ReduceScatter(flat.data_ptr(), out.data_ptr(), out.numel(), dtype,
+                                               op, what));
+        CopyBack(output, out);
+        return OkStatus();
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTessera::_reduce_scatter_base(
@@ -559,21 +544,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTessera::_reduce_scatter_base(
   CheckGroupSized(input, "input", output, size_, "_reduce_scatter_base");
   StatusOr<ReduceOp> op = ReduceOpOf(opts.reduceOp);
   Check(op.status(), "_reduce_scatter_base");
-  auto work = c10::make_intrusive<TesseraWork>(rank_, c10d::OpType::_REDUCE_SCATTER_BASE,
-                                               std::vector<at::Tensor>{output});
   const std::string what = Describe("reduce_scatter", output);
-  ++sequence_;
-  member_->Submit([this, work, input, output, dtype, op = *op, what]() mutable {
-    return Finish(metrics_, *work, [&] {
-      at::Tensor in = Contiguous(input);
-      at::Tensor out = Contiguous(output);
-      RETURN_IF_ERROR(member_->ReduceScatter(in.data_ptr(), out.data_ptr(), out.numel(), dtype,
-                                             op, what));
-      CopyBack(output, out);
-      return OkStatus();
-    });
-  });
-  return work;
+  return Enqueue(
+      c10d::OpType::_REDUCE_SCATTER_BASE, {output},
+      [this, input, output, dtype, op = *op, what](int*) mutable {
+        at::Tensor in = Contiguous(input);
+        at::Tensor out = Contiguous(output);
+        RETURN_IF_ERROR(member_->ReduceScatter(in.data_ptr(), out.data_ptr(), out.numel(), dtype,
+                                               op, what));
+        CopyBack(output, out);
+        return OkStatus();
+      });
 }
 
 namespace {
@@ -616,21 +597,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTessera::alltoall_base(
               c10::toString(output.scalar_type()));
   const std::vector<size_t> send = SplitCounts(input, input_split_sizes, size_, "input");
   const std::vector<size_t> recv = SplitCounts(output, output_split_sizes, size_, "output");
-  auto work = c10::make_intrusive<TesseraWork>(rank_, c10d::OpType::ALLTOALL_BASE,
-                                               std::vector<at::Tensor>{output});
   const std::string what = Describe("alltoall", input);
-  ++sequence_;
-  member_->Submit([this, work, input, output, send, recv, what]() mutable {
-    return Finish(metrics_, *work, [&] {
-      at::Tensor in = Contiguous(input);
-      at::Tensor out = Contiguous(output);
-      RETURN_IF_ERROR(member_->AllToAll(in.data_ptr(), send, out.data_ptr(), recv,
-                                        in.element_size(), what));
-      CopyBack(output, out);
-      return OkStatus();
-    });
-  });
-  return work;
+  return Enqueue(
+      c10d::OpType::ALLTOALL_BASE, {output}, [this, input, output, send, recv, what](int*) mutable {
+        at::Tensor in = Contiguous(input);
+        at::Tensor out = Contiguous(output);
+        RETURN_IF_ERROR(member_->AllToAll(in.data_ptr(), send, out.data_ptr(), recv,
+                                          in.element_size(), what));
+        CopyBack(output, out);
+        return OkStatus();
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTessera::alltoall(std::vector<at::Tensor>& outputs,
@@ -650,20 +626,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTessera::alltoall(std::vector<at::Ten
     send.push_back(static_cast<size_t>(inputs[q].numel()));
     recv.push_back(static_cast<size_t>(outputs[q].numel()));
   }
-  auto work = c10::make_intrusive<TesseraWork>(rank_, c10d::OpType::ALLTOALL, outputs);
   const std::string what = Describe("alltoall", inputs[0]);
-  ++sequence_;
-  member_->Submit([this, work, inputs, outputs, send, recv, what]() mutable {
-    return Finish(metrics_, *work, [&] {
-      at::Tensor in = Flatten(inputs);
-      at::Tensor out = Flatten(outputs);  // the right size and dtype; overwritten
-      RETURN_IF_ERROR(member_->AllToAll(in.data_ptr(), send, out.data_ptr(), recv,
-                                        in.element_size(), what));
-      Unflatten(out, outputs);
-      return OkStatus();
-    });
-  });
-  return work;
+  return Enqueue(
+      c10d::OpType::ALLTOALL, outputs, [this, inputs, outputs, send, recv, what](int*) mutable {
+        at::Tensor in = Flatten(inputs);
+        at::Tensor out = Flatten(outputs);  // the right size and dtype; overwritten
+        RETURN_IF_ERROR(member_->AllToAll(in.data_ptr(), send, out.data_ptr(), recv,
+                                          in.element_size(), what));
+        Unflatten(out, outputs);
+        return OkStatus();
+      });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -672,67 +644,48 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTessera::alltoall(std::vector<at::Ten
 c10::intrusive_ptr<c10d::Work> ProcessGroupTessera::send(std::vector<at::Tensor>& tensors,
                                                         int dst, int tag) {
   at::Tensor tensor = Single(tensors, "send");
-  auto work = c10::make_intrusive<TesseraWork>(rank_, c10d::OpType::SEND,
-                                               std::vector<at::Tensor>{tensor});
+  const std::string what = Describe("send", tensor) + " to rank " + std::to_string(dst);
   // The bytes are copied as the message is queued: the send is complete at once, and its
   // outcome is in the Work.
-  at::Tensor buffer = Contiguous(tensor);
-  (void)Finish(metrics_, *work, [&] {
+  return Enqueue(c10d::OpType::SEND, {tensor}, [this, tensor, dst, tag, what](int*) {
+    at::Tensor buffer = Contiguous(tensor);
     return member_->Send(buffer.data_ptr(), buffer.numel() * buffer.element_size(), dst,
-                         static_cast<uint32_t>(tag),
-                         Describe("send", tensor) + " to rank " + std::to_string(dst));
-  });
-  return work;
+                         static_cast<uint32_t>(tag), what);
+  }, Queue::kNone);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTessera::recv(std::vector<at::Tensor>& tensors,
                                                         int src, int tag) {
   at::Tensor tensor = Single(tensors, "recv");
-  auto work = c10::make_intrusive<TesseraWork>(rank_, c10d::OpType::RECV,
-                                               std::vector<at::Tensor>{tensor});
   const std::string what = Describe("recv", tensor) + " from rank " + std::to_string(src);
-  member_->SubmitRecv([this, work, tensor, src, tag, what]() mutable {
-    return Finish(metrics_, *work, [&] {
-      at::Tensor buffer = Contiguous(tensor);
-      RETURN_IF_ERROR(member_->Recv(buffer.data_ptr(), buffer.numel() * buffer.element_size(),
-                                    src, static_cast<uint32_t>(tag), what));
-      CopyBack(tensor, buffer);
-      work->set_source_rank(src);
-      return OkStatus();
-    });
-  });
-  return work;
+  return Enqueue(c10d::OpType::RECV, {tensor}, [this, tensor, src, tag, what](int* from) mutable {
+    at::Tensor buffer = Contiguous(tensor);
+    RETURN_IF_ERROR(member_->Recv(buffer.data_ptr(), buffer.numel() * buffer.element_size(), src,
+                                  static_cast<uint32_t>(tag), what));
+    CopyBack(tensor, buffer);
+    *from = src;
+    return OkStatus();
+  }, Queue::kReceive);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTessera::recvAnysource(
     std::vector<at::Tensor>& tensors, int tag) {
   at::Tensor tensor = Single(tensors, "recv");
-  auto work = c10::make_intrusive<TesseraWork>(rank_, c10d::OpType::RECVANYSOURCE,
-                                               std::vector<at::Tensor>{tensor});
   const std::string what = Describe("recv", tensor) + " from any rank by rank " +
                            std::to_string(rank_);
-  member_->SubmitRecv([this, work, tensor, tag, what]() mutable {
-    return Finish(metrics_, *work, [&] {
-      at::Tensor buffer = Contiguous(tensor);
-      ASSIGN_OR_RETURN(const int src,
-                       member_->RecvAny(buffer.data_ptr(), buffer.numel() * buffer.element_size(),
-                                        static_cast<uint32_t>(tag), what));
-      CopyBack(tensor, buffer);
-      work->set_source_rank(src);
-      return OkStatus();
-    });
-  });
-  return work;
+  return Enqueue(
+      c10d::OpType::RECVANYSOURCE, {tensor}, [this, tensor, tag, what](int* from) mutable {
+        at::Tensor buffer = Contiguous(tensor);
+        ASSIGN_OR_RETURN(*from,
+                         member_->RecvAny(buffer.data_ptr(), buffer.numel() * buffer.element_size(),
+                                          static_cast<uint32_t>(tag), what));
+        CopyBack(tensor, buffer);
+        return OkStatus();
+      }, Queue::kReceive);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTessera::barrier(const c10d::BarrierOptions& opts) {
-  auto work = c10::make_intrusive<TesseraWork>(rank_, c10d::OpType::BARRIER,
-                                               std::vector<at::Tensor>{});
-  ++sequence_;
-  member_->Submit([this, work]() {
-    return Finish(metrics_, *work, [&] { return member_->Barrier("barrier"); });
-  });
-  return work;
+  return Enqueue(c10d::OpType::BARRIER, {}, [this](int*) { return member_->Barrier("barrier"); });
 }
 
 void ProcessGroupTessera::monitoredBarrier(const c10d::BarrierOptions& opts,

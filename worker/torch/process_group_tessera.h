@@ -24,6 +24,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -46,6 +47,9 @@ class ProcessGroupTessera final : public c10d::ProcessGroup {
   const std::string getBackendName() const override { return "tessera"; }
   // The ring's channel, as set up: "shm (shared-memory rings ...)", "links (...)", ...
   const std::string& channel_description() const { return member_->channel_description(); }
+  // What the process's groups share (group_member.h): the default group's is every later
+  // new_group's.
+  const std::shared_ptr<GroupHost>& host() const { return member_->host(); }
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;
@@ -96,6 +100,15 @@ class ProcessGroupTessera final : public c10d::ProcessGroup {
   uint64_t getSequenceNumberForGroup() override;
 
  private:
+  // Where an op runs: on the comm thread (collectives, in order), the receive thread, or at
+  // once on the caller's (a send, whose bytes are copied as it is queued).
+  enum class Queue { kCollective, kReceive, kNone };
+  // Every op goes through here: a Work of `type` whose result is `outputs`, completed with
+  // what `body` returns (body sets *source_rank for a receive) and recorded in the metrics.
+  c10::intrusive_ptr<c10d::Work> Enqueue(c10d::OpType type, std::vector<at::Tensor> outputs,
+                                         std::function<Status(int* source_rank)> body,
+                                         Queue queue = Queue::kCollective);
+
   const std::chrono::milliseconds timeout_;
   BackendMetrics* const metrics_;  // may be null
   std::unique_ptr<GroupMember> member_;

@@ -97,12 +97,15 @@ def metrics_url():
     return _C.metrics_url()
 
 
-def _create(store, rank, world_size, timeout):
-    return _C.create_process_group(store, rank, world_size, timeout)
+def _create(options, pg_options=None):
+    # torch's extended creator API: global_ranks_in_group is empty for the default group, and
+    # names a new_group's members, which then share the default group's endpoint.
+    return _C.create_process_group(options.store, options.group_rank, options.group_size,
+                                   options.timeout, list(options.global_ranks_in_group))
 
 
 if BACKEND.upper() not in _dist.Backend._plugins:
-    _dist.Backend.register_backend(BACKEND, _create)
+    _dist.Backend.register_backend(BACKEND, _create, extended_api=True)
 
 # A program that starts its own ranks (mp.spawn, as PyTorch's tutorials do) runs unchanged: its
 # parent, which no launcher started, makes the job's key for its children. A rank that a
