@@ -68,7 +68,9 @@ StatusOr<std::unique_ptr<Communicator>> Communicator::Connect(const Communicator
   std::unique_ptr<Communicator> world(new Communicator(process, kWorldCommunicator, options.rank,
                                                        std::move(everyone), options.timeout_ms));
   world->failures_ = options.failures;
-  RETURN_IF_ERROR(world->Start(options.ring_transport, /*direct_links=*/true));
+  RETURN_IF_ERROR(world->Start(options.ring_transport, /*direct_links=*/true,
+                               options.setup_timeout_ms > 0 ? options.setup_timeout_ms
+                                                            : options.timeout_ms));
   return world;
 }
 
@@ -79,7 +81,8 @@ Communicator::~Communicator() {
   process_->live.erase(id_);
 }
 
-Status Communicator::Start(const std::string& ring_transport, bool direct_links) {
+Status Communicator::Start(const std::string& ring_transport, bool direct_links,
+                           int64_t setup_timeout_ms) {
   const CommunicatorOptions& world = process_->world;
   std::vector<std::string> addresses;
   for (int w : world_ranks_) addresses.push_back(world.peer_addresses[static_cast<size_t>(w)]);
@@ -92,7 +95,7 @@ Status Communicator::Start(const std::string& ring_transport, bool direct_links)
   setup.transport = world.transport;
   setup.mailbox = world.mailbox;
   setup.failures = failures_;
-  setup.timeout_ms = timeout_ms_;
+  setup.timeout_ms = setup_timeout_ms;
   setup.segment_bytes = world.segment_bytes;
   setup.links_spin_us = world.links_spin_us;
   setup.credentials = world.credentials;
@@ -137,24 +140,40 @@ std::string Communicator::Worker(int rank) const {
 // ---------------------------------------------------------------------------------------------
 // Collectives
 
+Collectives& Communicator::For(const void* buffer) {
+  if (device_ != nullptr && IsDeviceMemory(buffer)) return *device_;
+  return *ring_;
+}
+
+Status Communicator::UseDevice(NcclCollectivesOptions options) {
+  options.rank = rank_;
+  options.world_size = world_size();
+  StatusOr<std::unique_ptr<Collectives>> device = CreateNcclCollectives(options, ring_.get());
+  if (!device.ok()) return device.status().WithContext(Where() + ": its device backend");
+  device_ = std::move(device).value();
+  return OkStatus();
+}
+
 Status Communicator::AllReduce(void* data, size_t count, DataType dtype, ReduceOp op,
                                const std::string& tensor, uint64_t tag) {
-  return ring_->AllReduce(data, count, dtype, op, tensor, tag).WithContext(Where());
+  return For(data).AllReduce(data, count, dtype, op, tensor, tag).WithContext(Where());
 }
 
 Status Communicator::ReduceScatter(const void* input, void* output, size_t count, DataType dtype,
                                    ReduceOp op, const std::string& tensor, uint64_t tag) {
-  return ring_->ReduceScatter(input, output, count, dtype, op, tensor, tag).WithContext(Where());
+  return For(input)
+      .ReduceScatter(input, output, count, dtype, op, tensor, tag)
+      .WithContext(Where());
 }
 
 Status Communicator::AllGather(const void* input, void* output, size_t count, DataType dtype,
                                const std::string& tensor, uint64_t tag) {
-  return ring_->AllGather(input, output, count, dtype, tensor, tag).WithContext(Where());
+  return For(output).AllGather(input, output, count, dtype, tensor, tag).WithContext(Where());
 }
 
 Status Communicator::Broadcast(void* data, size_t count, DataType dtype, int root,
                                const std::string& tensor, uint64_t tag) {
-  return ring_->Broadcast(data, count, dtype, root, tensor, tag).WithContext(Where());
+  return For(data).Broadcast(data, count, dtype, root, tensor, tag).WithContext(Where());
 }
 
 Status Communicator::Barrier(uint64_t tag) { return ring_->Barrier(tag).WithContext(Where()); }
@@ -502,7 +521,8 @@ StatusOr<std::unique_ptr<Communicator>> Communicator::Group(const std::vector<in
     auto p = parent.lock();
     if (c != nullptr && p != nullptr) c->Fail(p->failure());
   });
-  RETURN_IF_ERROR(group->Start(process_->world.ring_transport, /*direct_links=*/false));
+  RETURN_IF_ERROR(group->Start(process_->world.ring_transport, /*direct_links=*/false,
+                               timeout_ms));
   return group;
 }
 

@@ -29,8 +29,11 @@
 // below 2^32 (its callers count calls). Send / Recv are matched by (peer, tag) in the order
 // each side calls them; every point-to-point tag space is a communicator's own.
 //
+// Device memory: after UseDevice, each collective picks the NCCL backend for a buffer in device
+// memory and the ring for host memory, through this one interface.
+//
 // Thread-safety: thread-safe; concurrent collectives need different tags (collectives.h), and
-// Split is a collective like the others.
+// Split is a collective like the others. UseDevice only before the collectives it serves.
 #ifndef TESSERA_WORKER_COLLECTIVES_COMMUNICATOR_H_
 #define TESSERA_WORKER_COLLECTIVES_COMMUNICATOR_H_
 
@@ -54,6 +57,7 @@
 #include "worker/collectives/channel/zmq/collective_mailbox.h"
 #include "worker/collectives/channel/zmq/ring_zmq.h"
 #include "worker/collectives/collectives.h"
+#include "worker/collectives/nccl/nccl_collectives.h"
 #include "worker/collectives/ring_collectives.h"
 
 namespace tessera::worker {
@@ -68,7 +72,8 @@ struct CommunicatorOptions {
   std::shared_ptr<CollectiveMailbox> mailbox;  // where the endpoint delivers ring frames
   std::shared_ptr<FailureBus> failures;        // the process's
   std::string ring_transport = "auto";         // auto, shm, links or zmq
-  int64_t timeout_ms = 30000;  // bounds setup and every call, from its start
+  int64_t timeout_ms = 30000;  // bounds every call, from its start
+  int64_t setup_timeout_ms = 0;  // bounds the world's ring setup; 0: timeout_ms
   size_t segment_bytes = 1024 * 1024;
   int64_t links_spin_us = 0;
   Credentials credentials;             // who may join the world's TCP links
@@ -131,6 +136,14 @@ class Communicator final : public Collectives {
   // came from. Ranks are taken in turn, so that one that sends often does not starve others.
   StatusOr<int> RecvAny(void* data, size_t bytes, uint32_t tag, const std::string& what);
 
+  // ---- Device memory.
+  // Makes this communicator's NCCL backend (nccl/nccl_collectives.h; collective over its
+  // ranks, with options' rank and world size this communicator's), after which the collectives
+  // above take buffers in device memory too, picked per buffer (IsDeviceMemory): host buffers
+  // still go round the ring. UNAVAILABLE in a build without CUDA or on a machine without a
+  // GPU, after which every buffer is the ring's as before.
+  Status UseDevice(NcclCollectivesOptions options);
+
   // ---- Groups.
   // Collective over this communicator (every rank calls it, with the same tag): the ranks that
   // pass the same color >= 0 form a group, in this communicator's rank order; each gets its
@@ -160,8 +173,9 @@ class Communicator final : public Collectives {
 
   Communicator(std::shared_ptr<Process> process, uint32_t id, int rank,
                std::vector<int> world_ranks, int64_t timeout_ms);
-  // Sets up the ring and the point-to-point channel (collective over the members).
-  Status Start(const std::string& ring_transport, bool direct_links);
+  // Sets up the ring and the point-to-point channel (collective over the members), within
+  // setup_timeout_ms.
+  Status Start(const std::string& ring_transport, bool direct_links, int64_t setup_timeout_ms);
 
   // "group 2 (world ranks 1, 3) rank 1 (world rank 3)": the prefix of every error.
   std::string Where() const;
@@ -183,7 +197,11 @@ class Communicator final : public Collectives {
   // The world's: the process's bus. A group's: its own, failed by Abort and by the process's.
   std::shared_ptr<FailureBus> failures_;
   std::shared_ptr<void> parent_subscription_;  // a group's: the process's failure into its bus
+  // The backend for `buffer`: the device's if it is in device memory and UseDevice made one.
+  Collectives& For(const void* buffer);
+
   std::unique_ptr<RingCollectives> ring_;
+  std::unique_ptr<Collectives> device_;  // NCCL, once UseDevice made it
   std::unique_ptr<RingZmq> peers_;  // point-to-point and all-to-all frames
   std::string channel_description_;
   std::mutex p2p_mu_;

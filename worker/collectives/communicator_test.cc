@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <functional>
 #include <memory>
 #include <string>
@@ -358,6 +359,26 @@ TEST_P(CommunicatorTest, AbortEndsAGroupsWaitAtOnceAndLeavesTheWorld) {
 
 INSTANTIATE_TEST_SUITE_P(Channels, CommunicatorTest, ::testing::Values("zmq", "shm"),
                          [](const auto& info) { return info.param; });
+
+// The NCCL backend is reachable through the communicator; on this machine (no GPU, or a build
+// without CUDA) UseDevice says why it cannot be had, and host buffers go round the ring as
+// before. On a GPU machine, device buffers then take NCCL (nccl_collectives_test covers it).
+TEST(CommunicatorDeviceTest, WithoutAGpuUseDeviceSaysWhyAndTheRingCarriesOn) {
+  TestWorld world(2, "zmq");
+  world.RunAll([&](int r) -> Status {
+    Status device = world.at(r).UseDevice(NcclCollectivesOptions{});
+    if (device.ok()) {
+      std::printf("rank %d: a GPU is here; the device path is nccl_collectives_test's\n", r);
+    } else if (device.code() != StatusCode::kUnavailable ||
+               device.message().find("rank " + std::to_string(r)) == std::string::npos) {
+      return InternalError("UseDevice: " + device.ToString());
+    }
+    return CheckedAllReduce(world.at(r), 100, 1, 0);
+  });
+  std::vector<float> host(4);
+  EXPECT_FALSE(IsDeviceMemory(host.data()));
+  EXPECT_FALSE(IsDeviceMemory(nullptr));
+}
 
 TEST(CommunicatorGroupIdTest, MembersAgreeOnIdsAndRefuseOneInUse) {
   TestWorld world(2, "zmq");

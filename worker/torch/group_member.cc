@@ -71,7 +71,8 @@ StatusOr<std::shared_ptr<GroupHost>> MakeHost(const GroupMemberOptions& options,
   world.mailbox = host->mailbox;
   world.failures = host->failures;
   world.ring_transport = options.ring_transport;
-  world.timeout_ms = std::max<int64_t>(1, deadline.RemainingMillis());
+  world.timeout_ms = options.timeout_ms;
+  world.setup_timeout_ms = std::max<int64_t>(1, deadline.RemainingMillis());
   world.segment_bytes = options.segment_bytes;
   world.credentials = options.credentials;
   world.metrics = options.metrics;

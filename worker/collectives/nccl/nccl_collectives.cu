@@ -1027,4 +1027,16 @@ StatusOr<std::unique_ptr<Collectives>> CreateNcclCollectives(const NcclCollectiv
   return std::unique_ptr<Collectives>(std::move(collectives));
 }
 
+bool IsDeviceMemory(const void* pointer) {
+  if (pointer == nullptr) return false;
+  cudaPointerAttributes attributes{};
+  if (cudaPointerGetAttributes(&attributes, pointer) != cudaSuccess) {
+    // No driver or device, or memory CUDA does not know: host memory to us. The error is not
+    // sticky; keep it from resurfacing at a later check.
+    (void)cudaGetLastError();
+    return false;
+  }
+  return attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
+}
+
 }  // namespace tessera::worker

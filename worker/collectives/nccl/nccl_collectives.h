@@ -121,6 +121,11 @@ struct NcclCollectivesOptions {
 StatusOr<std::unique_ptr<Collectives>> CreateNcclCollectives(const NcclCollectivesOptions& options,
                                                              Collectives* host);
 
+// Whether `pointer` addresses CUDA device (or managed) memory, which NcclCollectives takes and
+// the host ring does not: how a Communicator (communicator.h) picks the backend per buffer.
+// False for host memory, for null, and always in a build without CUDA.
+bool IsDeviceMemory(const void* pointer);
+
 }  // namespace tessera::worker
 
 #endif  // TESSERA_WORKER_COLLECTIVES_NCCL_NCCL_COLLECTIVES_H_
