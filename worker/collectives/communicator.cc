@@ -133,6 +133,11 @@ std::string Communicator::Where() const {
          std::to_string(world_rank()) + ")";
 }
 
+Status Communicator::Named(Status status) const {
+  // Where() only on failure: a collective's success costs no string.
+  return status.ok() ? status : status.WithContext(Where());
+}
+
 std::string Communicator::Worker(int rank) const {
   return MemberName(Role::kWorker, world_ranks_[static_cast<size_t>(rank)]);
 }
@@ -156,27 +161,25 @@ Status Communicator::UseDevice(NcclCollectivesOptions options) {
 
 Status Communicator::AllReduce(void* data, size_t count, DataType dtype, ReduceOp op,
                                const std::string& tensor, uint64_t tag) {
-  return For(data).AllReduce(data, count, dtype, op, tensor, tag).WithContext(Where());
+  return Named(For(data).AllReduce(data, count, dtype, op, tensor, tag));
 }
 
 Status Communicator::ReduceScatter(const void* input, void* output, size_t count, DataType dtype,
                                    ReduceOp op, const std::string& tensor, uint64_t tag) {
-  return For(input)
-      .ReduceScatter(input, output, count, dtype, op, tensor, tag)
-      .WithContext(Where());
+  return Named(For(input).ReduceScatter(input, output, count, dtype, op, tensor, tag));
 }
 
 Status Communicator::AllGather(const void* input, void* output, size_t count, DataType dtype,
                                const std::string& tensor, uint64_t tag) {
-  return For(output).AllGather(input, output, count, dtype, tensor, tag).WithContext(Where());
+  return Named(For(output).AllGather(input, output, count, dtype, tensor, tag));
 }
 
 Status Communicator::Broadcast(void* data, size_t count, DataType dtype, int root,
                                const std::string& tensor, uint64_t tag) {
-  return For(data).Broadcast(data, count, dtype, root, tensor, tag).WithContext(Where());
+  return Named(For(data).Broadcast(data, count, dtype, root, tensor, tag));
 }
 
-Status Communicator::Barrier(uint64_t tag) { return ring_->Barrier(tag).WithContext(Where()); }
+Status Communicator::Barrier(uint64_t tag) { return Named(ring_->Barrier(tag)); }
 
 // ---------------------------------------------------------------------------------------------
 // Point to point
@@ -200,7 +203,8 @@ Status Communicator::TakeFrame(uint64_t tag, uint32_t slot, int src, void* data,
                                Deadline deadline, const std::string& what) {
   StatusOr<RingFrame> frame = peers_->Recv(tag, slot, deadline);
   if (!frame.ok()) {
-    if (frame.status().code() == StatusCode::kDeadlineExceeded && frame.status().message().empty()) {
+    if (frame.status().code() == StatusCode::kDeadlineExceeded &&
+        frame.status().message().empty()) {
       return DeadlineExceededError(Where() + ": " + what + ": nothing from rank " +
                                    std::to_string(src) + " (" + Worker(src) + ") within " +
                                    std::to_string(timeout_ms_) + " ms");
@@ -241,9 +245,9 @@ Status Communicator::Send(const void* data, size_t bytes, int dst, uint32_t tag,
     std::lock_guard<std::mutex> lock(p2p_mu_);
     count = sent_[{dst, tag}]++;
   }
-  return SendFrame(dst, SpaceTag(TagSpace::kPointToPoint, id_, tag), PointToPointSlot(rank_, count),
-                   data, bytes, CollectiveOp::kSendRecv)
-      .WithContext(Where() + ": " + what);
+  Status sent = SendFrame(dst, SpaceTag(TagSpace::kPointToPoint, id_, tag),
+                          PointToPointSlot(rank_, count), data, bytes, CollectiveOp::kSendRecv);
+  return sent.ok() ? sent : sent.WithContext(Where() + ": " + what);
 }
 
 Status Communicator::Recv(void* data, size_t bytes, int src, uint32_t tag,
@@ -345,9 +349,9 @@ Status Communicator::AllToAll(const void* input, const std::vector<size_t>& send
                                     " elements but expects " + std::to_string(recv_counts[q]));
       }
     } else {
-      RETURN_IF_ERROR(SendFrame(static_cast<int>(q), wire, static_cast<uint32_t>(rank_),
-                                in + offset, bytes, CollectiveOp::kAllToAll)
-                          .WithContext(Where() + ": " + what));
+      Status sent = SendFrame(static_cast<int>(q), wire, static_cast<uint32_t>(rank_),
+                              in + offset, bytes, CollectiveOp::kAllToAll);
+      if (!sent.ok()) return sent.WithContext(Where() + ": " + what);
     }
     offset += bytes;
   }
@@ -434,8 +438,9 @@ StatusOr<std::unique_ptr<Communicator>> Communicator::Split(int color, uint64_t 
   }
   {
     std::lock_guard<std::mutex> lock(process_->mu);
-    process_->next_group_id = std::max<uint32_t>(
-        process_->next_group_id, static_cast<uint32_t>(base) + static_cast<uint32_t>(colors.size()));
+    process_->next_group_id =
+        std::max<uint32_t>(process_->next_group_id,
+                           static_cast<uint32_t>(base) + static_cast<uint32_t>(colors.size()));
   }
   if (color < 0) return std::unique_ptr<Communicator>();
   std::vector<int> members;

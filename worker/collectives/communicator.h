@@ -179,6 +179,8 @@ class Communicator final : public Collectives {
 
   // "group 2 (world ranks 1, 3) rank 1 (world rank 3)": the prefix of every error.
   std::string Where() const;
+  // `status`, prefixed with Where() if it failed.
+  Status Named(Status status) const;
   // "worker 3" for this communicator's rank q (its world rank).
   std::string Worker(int rank) const;
   Status Checked(const std::string& what, int peer) const;

@@ -14,9 +14,9 @@
 // another call's elements, a wrong result on every rank and no error. RingZmq numbers the frames
 // it sends each peer (RingFrameNumber), and the mailbox remembers per sender and channel (a
 // process may send through several: its ring's, its point-to-point channel, its groups') the
-// newest number and which of the kRepeatWindow numbers below it it has had. A frame that arrives late
-// (overtaken by later ones) is still taken, once; one further behind cannot be told from a
-// repeat and is dropped too, so that nothing old is ever used (its call then fails at its
+// newest number and which of the kRepeatWindow numbers below it it has had. A frame that
+// arrives late (overtaken by later ones) is still taken, once; one further behind cannot be
+// told from a repeat and is dropped too, so that nothing old is ever used (its call then fails at its
 // deadline, naming the peer). The transports deliver each sender's messages in order, or
 // nearly.
 //
