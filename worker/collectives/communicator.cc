@@ -77,6 +77,10 @@ StatusOr<std::unique_ptr<Communicator>> Communicator::Connect(const Communicator
 Communicator::~Communicator() {
   if (id_ == kWorldCommunicator) return;  // the process's bus is not this communicator's
   Abort(CancelledError(name_ + " is being destroyed"));
+  // Frames its calls left behind (a failed call's peers' frames) would wait in the shared
+  // mailbox for good: they go with the group.
+  const uint32_t id = id_;
+  process_->world.mailbox->DiscardIf([id](uint64_t tag) { return IsGroupsWireTag(id, tag); });
   std::lock_guard<std::mutex> lock(process_->mu);
   process_->live.erase(id_);
 }

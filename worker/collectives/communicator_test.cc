@@ -66,6 +66,7 @@ class TestWorld {
 
   int world() const { return static_cast<int>(ranks_.size()); }
   Communicator& at(int rank) { return *ranks_[static_cast<size_t>(rank)].world; }
+  CollectiveMailbox& mailbox(int rank) { return *ranks_[static_cast<size_t>(rank)].mailbox; }
   // As when rank's process dies: its communicators and endpoint go.
   void Kill(int rank) {
     ranks_[static_cast<size_t>(rank)].world.reset();
@@ -355,6 +356,29 @@ TEST_P(CommunicatorTest, AbortEndsAGroupsWaitAtOnceAndLeavesTheWorld) {
   groups[0].reset();
   groups[1].reset();
   world.RunAll([&](int r) { return CheckedAllReduce(world.at(r), 100, 1, 0); });
+}
+
+TEST_P(CommunicatorTest, AGroupTakesTheFramesItLeftWithIt) {
+  TestWorld world(2, GetParam());
+  std::vector<std::unique_ptr<Communicator>> groups(2);
+  world.RunAll([&](int r) -> Status {
+    ASSIGN_OR_RETURN(groups[static_cast<size_t>(r)], world.at(r).Split(0, 1));
+    return OkStatus();
+  });
+  // Messages nobody receives wait in rank 1's mailbox, which the world shares.
+  const int64_t value = 7;
+  for (uint32_t tag = 0; tag < 3; ++tag) {
+    ASSERT_TRUE(groups[0]->Send(&value, sizeof(value), 1, tag, "unread").ok());
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (world.mailbox(1).queued() < 3 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(world.mailbox(1).queued(), 3u);
+  groups[1].reset();
+  EXPECT_EQ(world.mailbox(1).queued(), 0u);
+  groups[0].reset();
+  world.RunAll([&](int r) { return CheckedAllReduce(world.at(r), 10, 1, 0); });
 }
 
 INSTANTIATE_TEST_SUITE_P(Channels, CommunicatorTest, ::testing::Values("zmq", "shm"),

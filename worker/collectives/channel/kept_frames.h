@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <utility>
 
@@ -43,6 +44,18 @@ class KeptFrames {
   // Drops every frame kept under `tag` (see RingChannel::Discard).
   void Discard(uint64_t tag) {
     for (auto it = frames_.lower_bound({tag, 0}); it != frames_.end() && it->first.first == tag;) {
+      count_ -= it->second.size();
+      it = frames_.erase(it);
+    }
+  }
+
+  // Drops every frame whose tag `matches` (a destroyed group's).
+  void DiscardIf(const std::function<bool(uint64_t tag)>& matches) {
+    for (auto it = frames_.begin(); it != frames_.end();) {
+      if (!matches(it->first.first)) {
+        ++it;
+        continue;
+      }
       count_ -= it->second.size();
       it = frames_.erase(it);
     }

@@ -114,6 +114,11 @@ void CollectiveMailbox::Discard(uint64_t tag) {
   frames_.Discard(tag);
 }
 
+void CollectiveMailbox::DiscardIf(const std::function<bool(uint64_t tag)>& matches) {
+  std::lock_guard<std::mutex> lock(mu_);
+  frames_.DiscardIf(matches);
+}
+
 size_t CollectiveMailbox::queued() const {
   std::lock_guard<std::mutex> lock(mu_);
   return frames_.size();

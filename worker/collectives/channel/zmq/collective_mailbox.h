@@ -33,6 +33,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -87,6 +88,8 @@ class CollectiveMailbox {
 
   // Drops every frame queued under `tag`.
   void Discard(uint64_t tag);
+  // Drops every frame whose tag `matches` (a destroyed group's, communicator_tags.h).
+  void DiscardIf(const std::function<bool(uint64_t tag)>& matches);
   size_t queued() const;
   // Frames dropped as repeats.
   uint64_t repeats() const;

@@ -61,6 +61,11 @@ inline StatusOr<uint64_t> WireTag(uint32_t id, uint64_t tag) {
                               ": a group's collectives take tags below 2^32");
 }
 
+// Whether `wire` (a tag as it travels) is one of group `id`'s. REQUIRES: id is a group's.
+inline constexpr bool IsGroupsWireTag(uint32_t id, uint64_t wire) {
+  return (wire >> 63) != 0 && ((wire >> 32) & 0xffffffu) == id;
+}
+
 }  // namespace tessera::worker
 
 #endif  // TESSERA_WORKER_COLLECTIVES_CHANNEL_ZMQ_COMMUNICATOR_TAGS_H_

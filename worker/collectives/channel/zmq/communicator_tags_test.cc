@@ -34,6 +34,15 @@ TEST(CommunicatorTagsTest, GroupsTagsAreTheirOwnAndApartFromTheWorlds) {
   }
 }
 
+TEST(CommunicatorTagsTest, AGroupKnowsItsWireTagsFromOthers) {
+  for (uint64_t tag : {uint64_t{1}, ~uint64_t{0}, SpaceTag(TagSpace::kAllToAll, 5, 2)}) {
+    EXPECT_TRUE(IsGroupsWireTag(5, *WireTag(5, tag))) << tag;
+    EXPECT_FALSE(IsGroupsWireTag(6, *WireTag(5, tag))) << tag;
+  }
+  EXPECT_FALSE(IsGroupsWireTag(5, 5ull << 32));      // a world tag
+  EXPECT_FALSE(IsGroupsWireTag(5, *WireTag(0, ~uint64_t{0})));  // the world's setup
+}
+
 TEST(CommunicatorTagsTest, AGroupsSetupTagsCarryItsId) {
   EXPECT_EQ(*WireTag(5, ~uint64_t{0} - 1), 0xff000005fffffffeull);
 }
