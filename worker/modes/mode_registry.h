@@ -3,7 +3,8 @@
 // (its capabilities), and either makes its training strategy (training_strategy.h) or runs
 // its job (job_modes.h). --mode's validation and help, main's dispatch and the trainer's
 // mode-dependent behaviour all come from here, so no code outside this folder compares a mode
-// name. A new mode is a new file (its strategy, beside the others here) and one line in the
+// name (but for the engines' check, on restoring, of the writer's mode that a checkpoint's
+// manifest records: worker/engines/sharded_state.cc, ps_engine.cc). A new mode is a new file (its strategy, beside the others here) and one line in the
 // table (mode_registry.cc).
 //
 // Thread-safety: the table is immutable; every function may be called from any thread.
