@@ -154,6 +154,7 @@ Status RunTraining(ProcessRuntime& runtime, const WorkerFlags& worker_flags, con
   context.checkpoint_dir = trainer.checkpoint_dir;
   context.checkpoint_on_stop = trainer.checkpoint_on_stop && !trainer.checkpoint_dir.empty();
   context.every_rank_stops = every_rank_stops;
+  context.restores_checkpoints_of = CheckpointSiblings(mode);
   ASSIGN_OR_RETURN(std::unique_ptr<TrainingStrategy> strategy, mode.make_strategy(context));
   trainer.on_stop_agreed = [strategy = strategy.get()] { strategy->OnStopAgreed(); };
   const OptimizerOptions& optimizer = context.optimizer;

@@ -13,8 +13,10 @@ const std::vector<ModeEntry>& Modes() {
     constexpr std::string_view kZero =
         "the same with the optimizer state, + gradients, + parameters partitioned (ZeRO stages "
         "1-3)";
-    constexpr uint32_t kPsCapabilities = kNeedsServers | kCannotSkipEmbeddingSteps;
-    constexpr uint32_t kRingCapabilities = kReducesGradientsAcrossRanks | kReportsModelStateBytes;
+    constexpr uint32_t kPsCapabilities =
+        kNeedsServers | kCannotSkipEmbeddingSteps | kServerCheckpoints;
+    constexpr uint32_t kRingCapabilities =
+        kReducesGradientsAcrossRanks | kReportsModelStateBytes | kShardedCheckpoints;
     return new std::vector<ModeEntry>{
         // name, help, capabilities, training strategy, job
         {"local", "train alone (no --coordinator needed)", kTrainsAlone, MakeLocalStrategy,
@@ -51,6 +53,21 @@ std::string ModeNames() {
     names += (names.empty() ? "" : ", ") + std::string(mode.name);
   }
   return names;
+}
+
+std::vector<std::string> ModeNamesWith(ModeCapability capability) {
+  std::vector<std::string> names;
+  for (const ModeEntry& mode : Modes()) {
+    if (mode.Has(capability)) names.emplace_back(mode.name);
+  }
+  return names;
+}
+
+std::vector<std::string> CheckpointSiblings(const ModeEntry& mode) {
+  for (ModeCapability format : {kShardedCheckpoints, kServerCheckpoints}) {
+    if (mode.Has(format)) return ModeNamesWith(format);
+  }
+  return {};
 }
 
 std::string ModesHelp() {

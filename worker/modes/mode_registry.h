@@ -3,9 +3,9 @@
 // (its capabilities), and either makes its training strategy (training_strategy.h) or runs
 // its job (job_modes.h). --mode's validation and help, main's dispatch and the trainer's
 // mode-dependent behaviour all come from here, so no code outside this folder compares a mode
-// name (but for the engines' check, on restoring, of the writer's mode that a checkpoint's
-// manifest records: worker/engines/sharded_state.cc, ps_engine.cc). A new mode is a new file (its strategy, beside the others here) and one line in the
-// table (mode_registry.cc).
+// name (the engines learn which writers' checkpoints they restore from CheckpointSiblings,
+// through their strategy). A new mode is a new file (its strategy, beside the others here)
+// and one line in the table (mode_registry.cc).
 //
 // Thread-safety: the table is immutable; every function may be called from any thread.
 #ifndef TESSERA_WORKER_MODES_MODE_REGISTRY_H_
@@ -37,6 +37,11 @@ enum ModeCapability : uint32_t {
   // --on-nonfinite skip cannot drop its steps when the model has embedding tables (their rows
   // go to the servers apart from the dense chunks, before the dense check).
   kCannotSkipEmbeddingSteps = 1u << 4,
+  // Its checkpoints are sharded flat buffers (worker/engines/sharded_state.h): any mode with
+  // this bit restores them, at any world size.
+  kShardedCheckpoints = 1u << 5,
+  // Its checkpoints are the parameter servers' shards: any mode with this bit restores them.
+  kServerCheckpoints = 1u << 6,
 };
 
 struct ModeEntry {
@@ -61,6 +66,13 @@ const ModeEntry* FindMode(std::string_view name);
 
 // "local, ps-sync, ...": every mode's name, in the table's order.
 std::string ModeNames();
+
+// The names of the modes with `capability`, in the table's order.
+std::vector<std::string> ModeNamesWith(ModeCapability capability);
+
+// The modes whose checkpoints `mode` restores (those of its checkpoint format: sharded or the
+// servers'); empty for a mode that checks no writer (local) or writes none (the jobs).
+std::vector<std::string> CheckpointSiblings(const ModeEntry& mode);
 
 // --mode's help text: "local: train alone (...); ps-sync, ps-async, ps-ssp: train against the
 // parameter servers; ...".

@@ -2,6 +2,7 @@
 
 #include <set>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -53,7 +54,21 @@ TEST(ModeRegistryTest, CapabilitiesAreThoseOfTheModesNames) {
     EXPECT_EQ(mode.Has(kReducesGradientsAcrossRanks), ring);
     EXPECT_EQ(mode.Has(kReportsModelStateBytes), ring);
     EXPECT_EQ(mode.Has(kCannotSkipEmbeddingSteps), ps);
+    EXPECT_EQ(mode.Has(kShardedCheckpoints), ring);
+    EXPECT_EQ(mode.Has(kServerCheckpoints), ps);
     EXPECT_EQ(mode.trains(), name == "local" || ps || ring);
+  }
+}
+
+// The engines restore the checkpoints of the modes that wrote them in the same format, as
+// they did when they compared the names themselves.
+TEST(ModeRegistryTest, CheckpointSiblingsShareAFormat) {
+  const std::vector<std::string> sharded = {"allreduce", "zero1", "zero2", "zero3"};
+  const std::vector<std::string> servers = {"ps-sync", "ps-async", "ps-ssp"};
+  for (const std::string& name : sharded) EXPECT_EQ(CheckpointSiblings(*FindMode(name)), sharded);
+  for (const std::string& name : servers) EXPECT_EQ(CheckpointSiblings(*FindMode(name)), servers);
+  for (const char* name : {"local", "smoke", "bench-allreduce", "bench-ps"}) {
+    EXPECT_TRUE(CheckpointSiblings(*FindMode(name)).empty()) << name;
   }
 }
 

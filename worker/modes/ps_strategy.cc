@@ -64,6 +64,7 @@ StatusOr<std::unique_ptr<TrainingStrategy>> MakeStrategy(const StrategyContext& 
   // As in the ring modes: the steps up to the agreed stop and the checkpoint must not be
   // cut short by the grace.
   options.stop_grace = !context.checkpoint_on_stop;
+  options.restores_checkpoints_of = context.restores_checkpoints_of;
   ASSIGN_OR_RETURN(std::unique_ptr<PsEngine> ps,
                    PsEngine::Create(options, &runtime.endpoint(), client->view(), context.rank,
                                     &runtime.metrics()));

@@ -10,6 +10,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/base/status.h"
 #include "common/training/lr_schedule.h"
@@ -30,6 +31,8 @@ struct StrategyContext {
   bool checkpoint_on_stop = false;
   // Set (when not null) once the ranks of a mode that agrees on stopping agreed to stop.
   bool* every_rank_stops = nullptr;
+  // The modes whose checkpoints this one restores (mode_registry.h's CheckpointSiblings).
+  std::vector<std::string> restores_checkpoints_of;
 };
 
 class TrainingStrategy {

@@ -18,6 +18,7 @@ StatusOr<std::unique_ptr<TrainingStrategy>> MakeStrategy(const StrategyContext& 
         options.prefetch = !context.mode.flags->no_overlap;
         // A wait covers one block's collectives, each bounded by the request timeout.
         options.wait_timeout_ms = 4 * context.mode.runtime->config().request_timeout_ms;
+        options.restores_checkpoints_of = context.restores_checkpoints_of;
         ASSIGN_OR_RETURN(std::unique_ptr<ZeroEngine> engine,
                          ZeroEngine::Create(options, collectives,
                                             &context.mode.runtime->metrics()));
