@@ -71,13 +71,18 @@ must_not "//server/..." "//coordinator/... + //worker/... + //tools/..." \
 must_not "//worker/..." "//server/... + //tools/..." "workers reach the servers over the wire"
 must_not "//worker/collectives/channel/..." "//worker/collectives:all" \
   "the channels are below the ring algorithms and the setup that picks a channel"
-must_not "//worker/collectives/..." \
-  "//worker/engines/... + //worker:all + //worker/torch/... + //worker/jobs/..." \
-  "collectives are below the engines, the trainer and the PyTorch backend"
-must_not "//worker/engines/..." "//worker:all + //worker/torch/... + //worker/jobs/..." \
-  "the engines are below the trainer and the PyTorch backend"
+must_not "//worker/collectives/..." "//worker/engines/... + //worker:all + //worker/torch/... \
++ //worker/jobs/... + //worker/modes/..." \
+  "collectives are below the engines, the modes, the trainer and the PyTorch backend"
+must_not "//worker/engines/..." \
+  "//worker:all + //worker/torch/... + //worker/jobs/... + //worker/modes/..." \
+  "the engines are below the modes, the trainer and the PyTorch backend"
+must_not "//worker/jobs/..." "//worker/modes/... + //worker:all" \
+  "the jobs are below the mode registry that runs them and main"
+must_not "//worker/modes/..." "//worker:all + //worker/torch/..." \
+  "the modes are below main and the command line; the PyTorch backend is beside them"
 must_not "//worker/nn/... + //worker/data/..." \
-  "//worker/engines/... + //worker:all + //worker/torch/..." \
+  "//worker/engines/... + //worker:all + //worker/torch/... + //worker/modes/..." \
   "models and data are below the engines"
 
 if ((failed)); then

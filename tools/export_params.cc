@@ -9,14 +9,18 @@
 // is wrong (a missing, truncated or corrupted shard, a coverage gap or overlap).
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <iostream>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "common/base/status.h"
 #include "common/training/checkpoint.h"
 #include "common/training/optimizer.h"
 #include "common/training/parameter_layout.h"
 #include "worker/engines/sharded_state.h"
+#include "worker/modes/mode_registry.h"
 #include "worker/params_file.h"
 
 namespace tessera::tools {
@@ -37,7 +41,8 @@ Status Export(const ExportConfig& config) {
   }
   ASSIGN_OR_RETURN(CheckpointManifest manifest, ReadCheckpointManifest(config.checkpoint_dir, step));
   const std::string where = CheckpointStepDirectory(config.checkpoint_dir, step) + "/MANIFEST.json";
-  if (!worker::IsShardedCheckpointMode(manifest.mode)) {
+  const std::vector<std::string> sharded = worker::ModeNamesWith(worker::kShardedCheckpoints);
+  if (std::find(sharded.begin(), sharded.end(), manifest.mode) == sharded.end()) {
     return FailedPreconditionError(where + ": a checkpoint of --mode " + manifest.mode +
                                    "; this tool reads those of allreduce, zero1, zero2 and zero3");
   }
@@ -49,7 +54,7 @@ Status Export(const ExportConfig& config) {
     RETURN_IF_ERROR(layout.Add(tensor.name, tensor.shape).status().WithContext(where));
   }
   ASSIGN_OR_RETURN(OptimizerKind optimizer, ParseOptimizerKind(manifest.optimizer));
-  const worker::ShardedCheckpointSpec spec{manifest.mode, &layout, optimizer};
+  const worker::ShardedCheckpointSpec spec{manifest.mode, &layout, optimizer, sharded};
   ASSIGN_OR_RETURN(worker::AssembledState state,
                    worker::ReadShardedCheckpoint(config.checkpoint_dir, step, spec));
   RETURN_IF_ERROR(worker::SaveParams(config.out, layout, state.params));

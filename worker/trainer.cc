@@ -293,8 +293,7 @@ StatusOr<TrainingSummary> Train(const TrainerOptions& options, const data::Datas
   int64_t skipped_step = 0;  // the last step the gradient check skipped
   if (options.on_nonfinite != NonFinitePolicy::kOff) {
     // All-reduce and ZeRO engines check what the reduction gave them, not this rank's own.
-    const std::string_view mode = engine->name();
-    const bool reduced = mode == "allreduce" || mode.rfind("zero", 0) == 0;
+    const bool reduced = options.gradients_reduced_across_ranks;
     const bool skip = options.on_nonfinite == NonFinitePolicy::kSkip;
     auto tensor_at = [&layout](uint64_t element) -> const ParameterView* {
       for (const ParameterView& view : layout.views()) {

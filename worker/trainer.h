@@ -73,6 +73,10 @@ struct TrainerOptions {
   std::function<void()> on_stop_agreed;
   bool checkpoint_on_stop = false;
   NonFinitePolicy on_nonfinite = NonFinitePolicy::kError;
+  // The engine's gradient check sees the gradients reduced across the ranks (allreduce,
+  // zero1-3: the mode registry's kReducesGradientsAcrossRanks), so a NaN or Inf it reports
+  // may be any rank's, and the error says so.
+  bool gradients_reduced_across_ranks = false;
   // Tests: from this step on (0: never) one feature of this rank's first sample is NaN, so
   // that the step's loss and gradients are.
   int64_t inject_nonfinite_step = 0;

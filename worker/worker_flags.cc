@@ -7,6 +7,7 @@
 
 #include "common/config/flag_checks.h"
 #include "common/training/ps_job.h"
+#include "worker/modes/mode_registry.h"
 
 namespace tessera::worker {
 namespace {
@@ -190,48 +191,37 @@ void AddAllReduceBenchFlags(CLI::App* app, AllReduceBenchFlags* flags) {
 }
 
 void AddWorkerFlags(CLI::App* app, WorkerFlags* flags) {
-  app->add_option("--mode", flags->mode,
-                  "local: train alone (no --coordinator needed); ps-sync, ps-async, ps-ssp: "
-                  "train against the parameter servers; allreduce: data parallel by ring "
-                  "all-reduce (no servers); zero1, zero2, zero3: the same with the optimizer "
-                  "state, + gradients, + parameters partitioned (ZeRO stages 1-3); smoke: the "
-                  "fleet smoke job (push/pull through the servers, verified all-reduces, exit); "
-                  "bench-allreduce: timed all-reduces for tessera-bench allreduce; bench-ps: "
-                  "timed push+pull steps for tessera-bench ps")
+  ModeFlags* modes = &flags->modes;
+  app->add_option("--mode", flags->mode, ModesHelp())
       ->check(CLI::Validator(
           [](std::string& mode) -> std::string {
-            if (mode == "local" || mode == "smoke" || mode == "allreduce" || mode == "zero1" ||
-                mode == "zero2" || mode == "zero3" || mode == "bench-allreduce" ||
-                mode == "bench-ps" || ParsePsMode(mode).ok()) {
-              return "";
-            }
-            return "mode " + mode + " is not available in this version; available: local, "
-                   "ps-sync, ps-async, ps-ssp, allreduce, zero1, zero2, zero3, smoke, "
-                   "bench-allreduce, bench-ps";
+            if (FindMode(mode) != nullptr) return "";
+            return "mode " + mode + " is not available in this version; available: " +
+                   ModeNames();
           },
           "MODE", "mode"))
       ->capture_default_str();
   AddTrainingFlags(app, &flags->training);
   auto* ps = app->add_option_group("Parameter server (--mode ps-*)");
-  ps->add_option("--staleness", flags->staleness,
+  ps->add_option("--staleness", modes->staleness,
                  "ps-ssp: how many steps a worker may run ahead of the slowest")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
       ->capture_default_str();
-  ps->add_option("--ps-chunk-elements", flags->ps_chunk_elements,
+  ps->add_option("--ps-chunk-elements", modes->ps_chunk_elements,
                  "Dense parameters travel and are sharded in chunks of this many floats")
       ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 28))
       ->capture_default_str();
-  ps->add_option("--ps-shared-memory", flags->ps_shared_memory,
+  ps->add_option("--ps-shared-memory", modes->ps_shared_memory,
                  "Servers on this host exchange gradients and values with this worker through "
                  "shared memory instead of sockets (false: always sockets)")
       ->capture_default_str();
-  ps->add_option("--ps-resend-ms", flags->ps_resend_ms,
+  ps->add_option("--ps-resend-ms", modes->ps_resend_ms,
                  "A request to a server unanswered this long is sent again (the same request: "
                  "a server applies it once), then after twice as long, up to 8x, until "
                  "--request-timeout-ms; 0: never")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
       ->capture_default_str();
-  ps->add_option("--bench-ps-mode", flags->bench_ps_mode,
+  ps->add_option("--bench-ps-mode", modes->bench_ps_mode,
                  "--mode bench-ps: the mode its steps use (ps-async: each worker's own "
                  "push+pull throughput; ps-sync: the workers' steps in lockstep, as in training; "
                  "ps-ssp: with --bench-iters only)")
@@ -243,18 +233,18 @@ void AddWorkerFlags(CLI::App* app, WorkerFlags* flags) {
           "MODE", "ps mode"))
       ->capture_default_str();
   auto* ddp = app->add_option_group("All-reduce (--mode allreduce, zero1-3)");
-  ddp->add_option("--bucket-mb", flags->bucket_mb,
+  ddp->add_option("--bucket-mb", modes->bucket_mb,
                   "Gradient bucket size in MiB (PyTorch DDP's bucket_cap_mb)")
       ->check(FiniteRange(0, 4096))
       ->capture_default_str();
-  ddp->add_flag("--no-overlap", flags->no_overlap,
+  ddp->add_flag("--no-overlap", modes->no_overlap,
                 "allreduce, zero1: start all buckets after backward instead of during it; "
                 "zero3: no prefetch of the next layer's parameters");
-  ddp->add_option("--segment-kb", flags->segment_kb,
+  ddp->add_option("--segment-kb", modes->segment_kb,
                   "Pipelining unit of the ring: the largest piece one message carries")
       ->check(CLI::Range(uint64_t{1}, uint64_t{64} << 10))
       ->capture_default_str();
-  ddp->add_option("--ring-transport", flags->ring_transport,
+  ddp->add_option("--ring-transport", modes->ring_transport,
                   "How ring segments travel: shm (shared-memory rings to the ring neighbours, "
                   "same host only; worker/collectives/channel/shm/ring_shm.h), links (direct TCP connections to them; "
                   "worker/collectives/channel/links/ring_links.h), zmq (through the process's transport and its I/O "
@@ -264,15 +254,15 @@ void AddWorkerFlags(CLI::App* app, WorkerFlags* flags) {
                   "thread. Every worker must use the same")
       ->check(CLI::IsMember({"auto", "shm", "links", "zmq"}))
       ->capture_default_str();
-  ddp->add_option("--ring-spin-us", flags->ring_spin_us,
+  ddp->add_option("--ring-spin-us", modes->ring_spin_us,
                   "With --ring-transport links: the most a waiting collective polls its socket "
                   "without sleeping (yielding the core each round) before it sleeps in poll(); "
                   "the budget within this cap adapts to how long recent waits took, and drops "
                   "to 0 while waits outlast it. 0: never spin")
       ->check(CLI::Range(int64_t{0}, int64_t{1000000}))
       ->capture_default_str();
-  AddSmokeFlags(app, &flags->smoke);
-  AddAllReduceBenchFlags(app, &flags->bench);
+  AddSmokeFlags(app, &modes->smoke);
+  AddAllReduceBenchFlags(app, &modes->bench);
 }
 
 }  // namespace

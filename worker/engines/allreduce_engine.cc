@@ -313,7 +313,8 @@ Status AllReduceEngine::Step(int64_t step, float* params, float* grads,
 Status AllReduceEngine::SaveCheckpoint(const std::string& root, int64_t step,
                                        const float* params) {
   RETURN_IF_ERROR(AwaitParameters(0, size_));  // complete parameters, no gather still reading
-  const ShardedCheckpointSpec spec{std::string(name()), &layout_, options_.optimizer.kind};
+  const ShardedCheckpointSpec spec{std::string(name()), &layout_, options_.optimizer.kind,
+                                   options_.restores_checkpoints_of};
   const uint64_t tag = kCheckpointTagBase + 4 * static_cast<uint64_t>(step);
   if (options_.zero_stage == 0) {
     // The replicas are identical: rank 0 writes all of it, the others nothing.
@@ -332,7 +333,8 @@ Status AllReduceEngine::SaveCheckpoint(const std::string& root, int64_t step,
 
 Status AllReduceEngine::RestoreCheckpoint(const std::string& root, int64_t step, float* params) {
   RETURN_IF_ERROR(AwaitParameters(0, size_));  // no gather may write `params` meanwhile
-  const ShardedCheckpointSpec spec{std::string(name()), &layout_, options_.optimizer.kind};
+  const ShardedCheckpointSpec spec{std::string(name()), &layout_, options_.optimizer.kind,
+                                   options_.restores_checkpoints_of};
   const uint64_t tag = kCheckpointTagBase + 4 * static_cast<uint64_t>(step) + 2;
   const std::vector<Partition> everything = {{0, size_}};
   RETURN_IF_ERROR(RestoreShardedCheckpoint(root, step, spec,

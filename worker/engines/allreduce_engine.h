@@ -44,6 +44,7 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "common/metrics/metrics.h"
@@ -66,6 +67,9 @@ struct AllReduceEngineOptions {
   // Longest wait for zero1's parameter all-gather of one tensor (each collective also has its
   // own deadline).
   int64_t wait_timeout_ms = 60000;
+  // RestoreCheckpoint: the modes whose checkpoints this engine restores (sharded_state.h's
+  // format), as the mode registry (worker/modes/mode_registry.h) lists them.
+  std::vector<std::string> restores_checkpoints_of;
 };
 
 class AllReduceEngine final : public TrainingEngine {

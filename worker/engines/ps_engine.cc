@@ -1180,7 +1180,8 @@ Status PsEngine::SaveCheckpoint(const std::string& root, int64_t step, const flo
 Status PsEngine::RestoreCheckpoint(const std::string& root, int64_t step, float* params) {
   if (rank_ == 0) {
     ASSIGN_OR_RETURN(CheckpointManifest manifest, ReadCheckpointManifest(root, step));
-    if (manifest.mode.rfind("ps-", 0) != 0) {
+    const std::vector<std::string>& restorable = options_.restores_checkpoints_of;
+    if (std::find(restorable.begin(), restorable.end(), manifest.mode) == restorable.end()) {
       return FailedPreconditionError("checkpoint " + CheckpointStepDirectory(root, step) +
                                      " was written in mode " + manifest.mode +
                                      "; a ps-* job resumes from a ps-* checkpoint");

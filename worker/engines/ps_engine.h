@@ -115,6 +115,9 @@ struct PsEngineOptions {
   // lost to a step slower than the grace: a hung peer is then left to the heartbeat and the
   // request timeout (as the ring modes do).
   bool stop_grace = true;
+  // RestoreCheckpoint: the modes whose checkpoints (the servers' shards) this engine restores,
+  // as the mode registry (worker/modes/mode_registry.h) lists them.
+  std::vector<std::string> restores_checkpoints_of;
 };
 
 // See PsEngineOptions::stop_requested.

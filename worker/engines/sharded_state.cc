@@ -48,11 +48,17 @@ std::string LayoutDifference(const CheckpointManifest& manifest, const Parameter
          " in this model";
 }
 
-}  // namespace
-
-bool IsShardedCheckpointMode(const std::string& mode) {
-  return mode == "allreduce" || mode == "zero1" || mode == "zero2" || mode == "zero3";
+// "a", "a or b", "a, b or c".
+std::string OrList(const std::vector<std::string>& items) {
+  std::string listed;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (i > 0) listed += i + 1 == items.size() ? " or " : ", ";
+    listed += items[i];
+  }
+  return listed;
 }
+
+}  // namespace
 
 std::string RankShardFileName(int rank) { return "rank-" + std::to_string(rank) + ".ckpt"; }
 
@@ -225,10 +231,11 @@ StatusOr<AssembledState> ReadShardedCheckpoint(const std::string& root, int64_t 
                                                const ShardedCheckpointSpec& spec) {
   ASSIGN_OR_RETURN(CheckpointManifest manifest, ReadCheckpointManifest(root, step));
   const std::string directory = CheckpointStepDirectory(root, step);
-  if (!IsShardedCheckpointMode(manifest.mode)) {
+  if (std::find(spec.restores_from.begin(), spec.restores_from.end(), manifest.mode) ==
+      spec.restores_from.end()) {
     return FailedPreconditionError(
         "checkpoint " + directory + " was written by --mode " + manifest.mode + "; --mode " +
-        spec.mode + " restores checkpoints of allreduce, zero1, zero2 or zero3");
+        spec.mode + " restores checkpoints of " + OrList(spec.restores_from));
   }
   const ParameterLayout& layout = *spec.layout;
   const std::vector<ManifestTensor> mine = Tensors(layout);

@@ -50,10 +50,11 @@ struct ShardedCheckpointSpec {
   std::string mode;  // the writer's mode name, recorded in the manifest ("zero2", ...)
   const ParameterLayout* layout = nullptr;
   OptimizerKind optimizer = OptimizerKind::kSgd;
+  // Reading: the writers' modes whose checkpoints are in this format (and restore into one
+  // another): the mode registry's (worker/modes/mode_registry.h), which the engines do not
+  // see, passed down. A checkpoint of any other mode is refused naming it.
+  std::vector<std::string> restores_from;
 };
-
-// The modes whose checkpoints are in this format (and restore into one another).
-bool IsShardedCheckpointMode(const std::string& mode);
 
 // "rank-3.ckpt".
 std::string RankShardFileName(int rank);

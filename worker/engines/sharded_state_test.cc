@@ -16,6 +16,10 @@
 namespace tessera::worker {
 namespace {
 
+// The modes whose checkpoints are in this format, as the mode registry lists them
+// (worker/modes/mode_registry.h, above the engines).
+const std::vector<std::string> kShardedModes = {"allreduce", "zero1", "zero2", "zero3"};
+
 using ::testing::HasSubstr;
 
 std::string Root(const std::string& name) {
@@ -188,7 +192,7 @@ TEST(SliceAssemblerTest, OverlapsGapsAndMalformedShardsNameTheFile) {
 TEST(ShardedCheckpointTest, RestoresAtAnotherWorldSizeAndBucketPlan) {
   const std::string root = Root("sharded_resize");
   const ParameterLayout layout = MakeLayout();
-  const ShardedCheckpointSpec spec{"zero2", &layout, OptimizerKind::kAdam};
+  const ShardedCheckpointSpec spec{"zero2", &layout, OptimizerKind::kAdam, kShardedModes};
   auto saved = RunRanks(3, [&](int rank, Collectives* c) {
     const auto slices = ZeroSlices({{6, 4}, {0, 6}}, 3, rank);
     std::vector<float> params, state;
@@ -205,7 +209,7 @@ TEST(ShardedCheckpointTest, RestoresAtAnotherWorldSizeAndBucketPlan) {
   EXPECT_EQ(manifest->files[2].file, "rank-2.ckpt");
   EXPECT_EQ(*LatestCheckpointStep(root), 5);
 
-  const ShardedCheckpointSpec zero1{"zero1", &layout, OptimizerKind::kAdam};
+  const ShardedCheckpointSpec zero1{"zero1", &layout, OptimizerKind::kAdam, kShardedModes};
   auto restored = RunRanks(2, [&](int rank, Collectives* c) -> Status {
     const auto slices = ZeroSlices({{0, 10}}, 2, rank);
     std::vector<float> expected_params, expected_state;
@@ -225,7 +229,7 @@ TEST(ShardedCheckpointTest, RestoresAtAnotherWorldSizeAndBucketPlan) {
 TEST(ShardedCheckpointTest, ReplicasWriteOneShard) {
   const std::string root = Root("sharded_replicas");
   const ParameterLayout layout = MakeLayout();
-  const ShardedCheckpointSpec spec{"allreduce", &layout, OptimizerKind::kAdam};
+  const ShardedCheckpointSpec spec{"allreduce", &layout, OptimizerKind::kAdam, kShardedModes};
   auto saved = RunRanks(2, [&](int rank, Collectives* c) {
     std::vector<Partition> slices;
     if (rank == 0) slices = {{0, 10}};
@@ -246,7 +250,7 @@ TEST(ShardedCheckpointTest, ReplicasWriteOneShard) {
 TEST(ShardedCheckpointTest, AFailedShardCommitsNothing) {
   const std::string root = Root("sharded_fail");
   const ParameterLayout layout = MakeLayout();
-  const ShardedCheckpointSpec spec{"zero1", &layout, OptimizerKind::kSgd};
+  const ShardedCheckpointSpec spec{"zero1", &layout, OptimizerKind::kSgd, kShardedModes};
   std::vector<float> params(10, 1.0f);
   auto save = [&](int64_t step) {
     return RunRanks(2, [&](int rank, Collectives* c) {
@@ -269,7 +273,7 @@ TEST(ShardedCheckpointTest, AFailedShardCommitsNothing) {
 TEST(ShardedCheckpointTest, OtherModelOptimizerModeAndCorruptionAreNamed) {
   const std::string root = Root("sharded_mismatch");
   const ParameterLayout layout = MakeLayout();
-  const ShardedCheckpointSpec spec{"zero2", &layout, OptimizerKind::kAdam};
+  const ShardedCheckpointSpec spec{"zero2", &layout, OptimizerKind::kAdam, kShardedModes};
   auto saved = RunRanks(2, [&](int rank, Collectives* c) {
     const std::vector<Partition> slices = {PartitionOf(10, 2, rank)};
     std::vector<float> params, state;
@@ -280,17 +284,28 @@ TEST(ShardedCheckpointTest, OtherModelOptimizerModeAndCorruptionAreNamed) {
   const std::string directory = CheckpointStepDirectory(root, 3);
 
   const ParameterLayout other = MakeLayout(5);
-  auto wrong_model = ReadShardedCheckpoint(root, 3, {"zero2", &other, OptimizerKind::kAdam});
+  auto wrong_model =
+      ReadShardedCheckpoint(root, 3, {"zero2", &other, OptimizerKind::kAdam, kShardedModes});
   EXPECT_EQ(wrong_model.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_THAT(wrong_model.status().message(),
               HasSubstr("checkpoint " + directory + " is of another model: tensor #1 is 'b' [4] "
                         "in the checkpoint and 'b' [5] in this model"));
-  auto wrong_optimizer = ReadShardedCheckpoint(root, 3, {"zero2", &layout, OptimizerKind::kSgd});
+  auto wrong_optimizer =
+      ReadShardedCheckpoint(root, 3, {"zero2", &layout, OptimizerKind::kSgd, kShardedModes});
   EXPECT_THAT(wrong_optimizer.status().message(),
               HasSubstr("holds the optimizer state of adam; this run uses sgd"));
 
   // Into another mode of the family: fine.
-  EXPECT_TRUE(ReadShardedCheckpoint(root, 3, {"allreduce", &layout, OptimizerKind::kAdam}).ok());
+  EXPECT_TRUE(
+      ReadShardedCheckpoint(root, 3, {"allreduce", &layout, OptimizerKind::kAdam, kShardedModes})
+          .ok());
+  // Into a mode that does not restore the writer's checkpoints: refused, naming both.
+  auto wrong_mode = ReadShardedCheckpoint(root, 3, {"zero1", &layout, OptimizerKind::kAdam,
+                                                    {"allreduce", "zero1"}});
+  EXPECT_EQ(wrong_mode.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(wrong_mode.status().message(),
+              HasSubstr("checkpoint " + directory + " was written by --mode zero2; --mode zero1 "
+                        "restores checkpoints of allreduce or zero1"));
 
   // A flipped byte in rank 1's shard.
   const std::string shard = directory + "/rank-1.ckpt";

@@ -439,7 +439,8 @@ std::vector<Partition> ZeroEngine::OwnedSlices() const {
 }
 
 Status ZeroEngine::SaveCheckpoint(const std::string& root, int64_t step, const float* params) {
-  const ShardedCheckpointSpec spec{std::string(name()), &layout_, options_.optimizer.kind};
+  const ShardedCheckpointSpec spec{std::string(name()), &layout_, options_.optimizer.kind,
+                                   options_.restores_checkpoints_of};
   const std::vector<Partition> slices = OwnedSlices();
   std::vector<float> stage2_slices;
   const float* values = shard_.data();
@@ -455,7 +456,8 @@ Status ZeroEngine::SaveCheckpoint(const std::string& root, int64_t step, const f
 }
 
 Status ZeroEngine::RestoreCheckpoint(const std::string& root, int64_t step, float* params) {
-  const ShardedCheckpointSpec spec{std::string(name()), &layout_, options_.optimizer.kind};
+  const ShardedCheckpointSpec spec{std::string(name()), &layout_, options_.optimizer.kind,
+                                   options_.restores_checkpoints_of};
   RETURN_IF_ERROR(RestoreShardedCheckpoint(
       root, step, spec, OwnedSlices(), options_.stage == 3 ? shard_.data() : nullptr, state_.data(),
       params, collectives_, kCheckpointTagBase + 4 * static_cast<uint64_t>(step) + 2));

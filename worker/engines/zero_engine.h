@@ -48,6 +48,7 @@
 #include <future>
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "common/metrics/metrics.h"
@@ -67,6 +68,9 @@ struct ZeroEngineOptions {
   bool prefetch = true;            // stage 3: gather the next block during the current one
   int max_gradient_blocks_in_flight = 2;  // held at once (see above); at least 1
   int64_t wait_timeout_ms = 60000;  // longest wait for one collective (each also has its own)
+  // RestoreCheckpoint: the modes whose checkpoints this engine restores (sharded_state.h's
+  // format), as the mode registry (worker/modes/mode_registry.h) lists them.
+  std::vector<std::string> restores_checkpoints_of;
 };
 
 class ZeroEngine final : public TrainingEngine, private ParameterStorage {

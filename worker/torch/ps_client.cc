@@ -101,6 +101,11 @@ StatusOr<std::unique_ptr<PsClient>> PsClient::Join(const PsClientOptions& option
   engine.optimizer = client->optimizer_;
   engine.schedule = options.schedule;
   engine.request_timeout_ms = options.request_timeout_ms;
+  // A checkpoint of any parameter-server mode restores into any other, as in tessera-worker
+  // (whose mode registry lists the same; this backend does not see it).
+  for (PsConsistency writer : {PsConsistency::kSync, PsConsistency::kAsync, PsConsistency::kSsp}) {
+    engine.restores_checkpoints_of.emplace_back(PsModeName(writer));
+  }
   ASSIGN_OR_RETURN(client->engine_,
                    PsEngine::Create(engine, client->endpoint_.get(), client->client_->view(),
                                     client->rank_, &client->metrics_));

@@ -1,0 +1,37 @@
+// ModeFlags: the flags of tessera-worker that belong to its modes (the parameter-server,
+// all-reduce and ring flags, and the smoke and benchmark jobs' flags), as a plain struct.
+// worker_flags.cc registers them on the command line; the strategies and jobs of
+// mode_registry.h read them. Every mode accepts all of them (a flag another mode takes is
+// ignored), as tessera-worker always did.
+//
+// Thread-safety: a plain struct, filled once by the command line in main().
+#ifndef TESSERA_WORKER_MODES_MODE_FLAGS_H_
+#define TESSERA_WORKER_MODES_MODE_FLAGS_H_
+
+#include <cstdint>
+#include <string>
+
+#include "worker/collectives/channel/links/ring_links.h"
+#include "worker/jobs/allreduce_bench_job.h"
+#include "worker/jobs/smoke_job.h"
+
+namespace tessera::worker {
+
+struct ModeFlags {
+  SmokeFlags smoke;
+  AllReduceBenchFlags bench;
+  int64_t staleness = 2;
+  uint64_t ps_chunk_elements = 1 << 16;
+  bool ps_shared_memory = true;
+  int64_t ps_resend_ms = 2000;
+  std::string bench_ps_mode = "ps-async";
+  double bucket_mb = 25;
+  bool no_overlap = false;
+  uint64_t segment_kb = 1024;
+  std::string ring_transport = "auto";
+  int64_t ring_spin_us = kDefaultRingSpinCapUs;
+};
+
+}  // namespace tessera::worker
+
+#endif  // TESSERA_WORKER_MODES_MODE_FLAGS_H_

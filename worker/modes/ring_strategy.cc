@@ -1,0 +1,141 @@
+#include "worker/modes/ring_strategy.h"
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+#include "common/base/logging.h"
+#include "worker/collectives/ring_channel_setup.h"
+#include "worker/engines/ps_engine.h"  // kStopGraceMs: the ring waits as long as the PS engine
+
+namespace tessera::worker {
+namespace {
+
+// A stop ends a ring wait on a peer that never answers (one that hangs: the heartbeat would
+// tell only after --heartbeat-timeout-ms). kStopGraceMs after the stop, the ring's failure bus
+// fails with the stop, unless the ranks agreed to stop by then (every rank answered). Not with
+// --checkpoint-on-sigterm, whose checkpoint a step slower than the grace would otherwise
+// lose. The PS engine has its own grace.
+class RingStopGrace {
+ public:
+  RingStopGrace(ProcessRuntime& runtime, std::shared_ptr<FailureBus> failures)
+      : runtime_(runtime), failures_(std::move(failures)), watcher_([this] { Watch(); }) {}
+  ~RingStopGrace() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    watcher_.join();
+  }
+  RingStopGrace(const RingStopGrace&) = delete;
+  RingStopGrace& operator=(const RingStopGrace&) = delete;
+
+  // The ranks agreed to stop: no wait is cut short from now on.
+  void Disarm() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      disarmed_ = true;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  void Watch() {
+    std::unique_lock<std::mutex> lock(mu_);
+    // Polled: a stop request wakes the runtime's waiters, not this condition variable.
+    while (!runtime_.StopRequested()) {
+      if (cv_.wait_for(lock, std::chrono::milliseconds(50), [this] { return done_; })) return;
+    }
+    if (cv_.wait_for(lock, std::chrono::milliseconds(kStopGraceMs),
+                     [this] { return done_ || disarmed_; })) {
+      return;
+    }
+    lock.unlock();
+    failures_->Fail(CancelledError(runtime_.StopReason() + ", and the ring still waited " +
+                                   std::to_string(kStopGraceMs) +
+                                   " ms later (a peer that does not answer)"));
+  }
+
+  ProcessRuntime& runtime_;
+  const std::shared_ptr<FailureBus> failures_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;      // guarded by mu_
+  bool disarmed_ = false;  // guarded by mu_
+  std::thread watcher_;    // last: started once the rest is initialised
+};
+
+// Thread-safety: the training thread only.
+class RingStrategy final : public TrainingStrategy {
+ public:
+  explicit RingStrategy(bool* every_rank_stops) : every_rank_stops_(every_rank_stops) {}
+  // The engine goes first, then the grace, then the ring the engine ran on.
+  ~RingStrategy() override {
+    engine_.reset();
+    stop_grace_.reset();
+    collectives_.reset();
+  }
+
+  TrainingEngine* engine() override { return engine_.get(); }
+  void OnStopAgreed() override {
+    if (stop_grace_ != nullptr) stop_grace_->Disarm();
+    if (every_rank_stops_ != nullptr) *every_rank_stops_ = true;
+  }
+
+  bool* const every_rank_stops_;
+  std::unique_ptr<RingCollectives> collectives_;
+  std::unique_ptr<RingStopGrace> stop_grace_;
+  std::unique_ptr<TrainingEngine> engine_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<RingCollectives>> MakeWorkerRing(const ModeContext& context,
+                                                          std::string* channel_description) {
+  ProcessRuntime& runtime = *context.runtime;
+  const ModeFlags& flags = *context.flags;
+  RendezvousClient& client = *context.client;
+  RingChannelSetupOptions setup;
+  setup.kind = flags.ring_transport;
+  setup.rank = client.rank();
+  setup.world_size = client.view().num_workers;
+  ASSIGN_OR_RETURN(setup.peer_addresses, RingPeerAddresses(client.view()));
+  setup.transport = &runtime.endpoint().transport();
+  setup.mailbox = context.wiring.mailbox;
+  setup.failures = context.wiring.failures;
+  setup.timeout_ms = runtime.config().rendezvous_timeout_ms;
+  setup.segment_bytes = static_cast<size_t>(flags.segment_kb) * 1024;
+  setup.links_spin_us = flags.ring_spin_us;
+  setup.credentials = runtime.credentials();
+  setup.metrics = &runtime.metrics();
+  ASSIGN_OR_RETURN(ConnectedRingChannel channel, ConnectRingChannel(setup));
+  TLOG(INFO) << "ring channel: " << channel.description;
+  if (channel_description != nullptr) *channel_description = channel.description;
+  RingCollectivesOptions ring;
+  ring.rank = setup.rank;
+  ring.world_size = setup.world_size;
+  ring.channel = std::move(channel.channel);
+  ring.ring_order = std::move(channel.order);
+  ring.timeout_ms = runtime.config().request_timeout_ms;
+  ring.segment_bytes = setup.segment_bytes;
+  return RingCollectives::Create(ring);
+}
+
+StatusOr<std::unique_ptr<TrainingStrategy>> MakeRingStrategy(const StrategyContext& context,
+                                                            const RingEngineFactory& make_engine) {
+  auto strategy = std::make_unique<RingStrategy>(context.every_rank_stops);
+  // A stop while the ring is set up ends its waits after the grace too.
+  strategy->stop_grace_ =
+      std::make_unique<RingStopGrace>(*context.mode.runtime, context.mode.wiring.failures);
+  ASSIGN_OR_RETURN(strategy->collectives_, MakeWorkerRing(context.mode));
+  // With a checkpoint on stop, a step slower than the grace must not cost the checkpoint:
+  // a hung peer is then left to the heartbeat (--heartbeat-timeout-ms).
+  if (context.checkpoint_on_stop) strategy->stop_grace_.reset();
+  ASSIGN_OR_RETURN(strategy->engine_, make_engine(strategy->collectives_.get()));
+  return std::unique_ptr<TrainingStrategy>(std::move(strategy));
+}
+
+}  // namespace tessera::worker
