@@ -36,13 +36,14 @@ Status RunSmokeMode(const ModeContext& context) {
 
 Status RunAllReduceBenchMode(const ModeContext& context) {
   RETURN_IF_ERROR(MeetAtStart(context));
-  std::string channel;
-  ASSIGN_OR_RETURN(std::unique_ptr<RingCollectives> ring, MakeWorkerRing(context, &channel));
+  ASSIGN_OR_RETURN(std::unique_ptr<Communicator> world, MakeWorkerWorld(context));
   // For tessera-bench, which runs the workers at --log-level warning.
   if (context.client->rank() == 0) {
-    PrintLine(nlohmann::json({{"bench", "ring_channel"}, {"channel", channel}}).dump());
+    PrintLine(nlohmann::json({{"bench", "ring_channel"},
+                              {"channel", world->channel_description()}})
+                  .dump());
   }
-  return RunAllReduceBench(*ring, context.flags->bench, PrintLine);
+  return RunAllReduceBench(*world, context.flags->bench, PrintLine);
 }
 
 Status RunPsBenchMode(const ModeContext& context) {

@@ -86,42 +86,34 @@ class RingStrategy final : public TrainingStrategy {
   }
 
   bool* const every_rank_stops_;
-  std::unique_ptr<RingCollectives> collectives_;
+  std::unique_ptr<Communicator> collectives_;
   std::unique_ptr<RingStopGrace> stop_grace_;
   std::unique_ptr<TrainingEngine> engine_;
 };
 
 }  // namespace
 
-StatusOr<std::unique_ptr<RingCollectives>> MakeWorkerRing(const ModeContext& context,
-                                                          std::string* channel_description) {
+StatusOr<std::unique_ptr<Communicator>> MakeWorkerWorld(const ModeContext& context) {
   ProcessRuntime& runtime = *context.runtime;
   const ModeFlags& flags = *context.flags;
   RendezvousClient& client = *context.client;
-  RingChannelSetupOptions setup;
-  setup.kind = flags.ring_transport;
-  setup.rank = client.rank();
-  setup.world_size = client.view().num_workers;
-  ASSIGN_OR_RETURN(setup.peer_addresses, RingPeerAddresses(client.view()));
-  setup.transport = &runtime.endpoint().transport();
-  setup.mailbox = context.wiring.mailbox;
-  setup.failures = context.wiring.failures;
-  setup.timeout_ms = runtime.config().rendezvous_timeout_ms;
-  setup.segment_bytes = static_cast<size_t>(flags.segment_kb) * 1024;
-  setup.links_spin_us = flags.ring_spin_us;
-  setup.credentials = runtime.credentials();
-  setup.metrics = &runtime.metrics();
-  ASSIGN_OR_RETURN(ConnectedRingChannel channel, ConnectRingChannel(setup));
-  TLOG(INFO) << "ring channel: " << channel.description;
-  if (channel_description != nullptr) *channel_description = channel.description;
-  RingCollectivesOptions ring;
-  ring.rank = setup.rank;
-  ring.world_size = setup.world_size;
-  ring.channel = std::move(channel.channel);
-  ring.ring_order = std::move(channel.order);
-  ring.timeout_ms = runtime.config().request_timeout_ms;
-  ring.segment_bytes = setup.segment_bytes;
-  return RingCollectives::Create(ring);
+  CommunicatorOptions world;
+  world.rank = client.rank();
+  world.world_size = client.view().num_workers;
+  ASSIGN_OR_RETURN(world.peer_addresses, RingPeerAddresses(client.view()));
+  world.transport = &runtime.endpoint().transport();
+  world.mailbox = context.wiring.mailbox;
+  world.failures = context.wiring.failures;
+  world.ring_transport = flags.ring_transport;
+  world.timeout_ms = runtime.config().request_timeout_ms;
+  world.setup_timeout_ms = runtime.config().rendezvous_timeout_ms;
+  world.segment_bytes = static_cast<size_t>(flags.segment_kb) * 1024;
+  world.links_spin_us = flags.ring_spin_us;
+  world.credentials = runtime.credentials();
+  world.metrics = &runtime.metrics();
+  ASSIGN_OR_RETURN(std::unique_ptr<Communicator> communicator, Communicator::Connect(world));
+  TLOG(INFO) << "ring channel: " << communicator->channel_description();
+  return communicator;
 }
 
 StatusOr<std::unique_ptr<TrainingStrategy>> MakeRingStrategy(const StrategyContext& context,
@@ -130,7 +122,7 @@ StatusOr<std::unique_ptr<TrainingStrategy>> MakeRingStrategy(const StrategyConte
   // A stop while the ring is set up ends its waits after the grace too.
   strategy->stop_grace_ =
       std::make_unique<RingStopGrace>(*context.mode.runtime, context.mode.wiring.failures);
-  ASSIGN_OR_RETURN(strategy->collectives_, MakeWorkerRing(context.mode));
+  ASSIGN_OR_RETURN(strategy->collectives_, MakeWorkerWorld(context.mode));
   // With a checkpoint on stop, a step slower than the grace must not cost the checkpoint:
   // a hung peer is then left to the heartbeat (--heartbeat-timeout-ms).
   if (context.checkpoint_on_stop) strategy->stop_grace_.reset();
