@@ -43,6 +43,7 @@ const std::vector<Binary> kBinaries = {
     {"tessera-bench exit", "tools/tessera-bench", {"exit"}, {}, 1},
     {"tessera-bench torch", "tools/tessera-bench", {"torch"}, {}, 5},
     {"tessera-bench ps", "tools/tessera-bench", {"ps"}, {}, 5},
+    {"tessera-bench groups", "tools/tessera-bench", {"groups"}, {}, 5},
 };
 
 // Type names of numeric options in --help.

@@ -10,6 +10,8 @@
 //   tessera-bench failover ...    tools/bench/failover_bench.h
 //   tessera-bench torch ...       tools/bench/torch_bench.h
 //   tessera-bench ps ...          tools/bench/ps_bench.h
+//   tessera-bench security ...    tools/bench/security_bench.h
+//   tessera-bench groups ...      tools/bench/groups_bench.h
 //
 // To add one: a tools/bench/<name>_bench.{h,cc} with `BenchCommand Add<Name>Bench(CLI::App*)`,
 // a cc_library in tools/BUILD, and a line in the list below.
@@ -22,6 +24,7 @@
 #include "tools/bench/bench_util.h"
 #include "tools/bench/exit_bench.h"
 #include "tools/bench/failover_bench.h"
+#include "tools/bench/groups_bench.h"
 #include "tools/bench/memory_bench.h"
 #include "tools/bench/ps_bench.h"
 #include "tools/bench/security_bench.h"
@@ -44,6 +47,7 @@ int main(int argc, char** argv) {
       tessera::tools::AddTorchBench(&app),
       tessera::tools::AddPsBench(&app),
       tessera::tools::AddSecurityBench(&app),
+      tessera::tools::AddGroupsBench(&app),
   };
   CLI11_PARSE(app, argc, argv);
   tessera::SetMinLogLevel(tessera::LogLevel::kWarning);
