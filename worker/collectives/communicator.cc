@@ -77,10 +77,9 @@ StatusOr<std::unique_ptr<Communicator>> Communicator::Connect(const Communicator
 Communicator::~Communicator() {
   if (id_ == kWorldCommunicator) return;  // the process's bus is not this communicator's
   Abort(CancelledError(name_ + " is being destroyed"));
-  // Frames its calls left behind (a failed call's peers' frames) would wait in the shared
-  // mailbox for good: they go with the group.
-  const uint32_t id = id_;
-  process_->world.mailbox->DiscardIf([id](uint64_t tag) { return IsGroupsWireTag(id, tag); });
+  // Frames its calls left behind (a failed call's peers' frames, a message nobody received)
+  // or its peers send later would wait in the shared mailbox for good: they go with the group.
+  process_->world.mailbox->ForgetGroup(id_);
   std::lock_guard<std::mutex> lock(process_->mu);
   process_->live.erase(id_);
 }

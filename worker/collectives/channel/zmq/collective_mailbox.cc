@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "common/base/logging.h"
+#include "worker/collectives/channel/zmq/communicator_tags.h"
 
 namespace tessera::worker {
 
@@ -58,6 +59,10 @@ void CollectiveMailbox::Deliver(RingFrame frame) {
   bool repeat = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (!forgotten_groups_.empty() && (frame.tag >> 63) != 0 &&
+        forgotten_groups_.count(static_cast<uint32_t>(frame.tag >> 32) & 0xffffffu) != 0) {
+      return;  // a group this process has destroyed (ForgetGroup)
+    }
     if (number != 0 && !IsNew(frame.sender_rank, number)) {
       repeat = true;
       ++repeats_;
@@ -114,9 +119,10 @@ void CollectiveMailbox::Discard(uint64_t tag) {
   frames_.Discard(tag);
 }
 
-void CollectiveMailbox::DiscardIf(const std::function<bool(uint64_t tag)>& matches) {
+void CollectiveMailbox::ForgetGroup(uint32_t id) {
   std::lock_guard<std::mutex> lock(mu_);
-  frames_.DiscardIf(matches);
+  forgotten_groups_.insert(id);
+  frames_.DiscardIf([id](uint64_t tag) { return IsGroupsWireTag(id, tag); });
 }
 
 size_t CollectiveMailbox::queued() const {

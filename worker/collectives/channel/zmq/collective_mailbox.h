@@ -33,8 +33,8 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <mutex>
 #include <utility>
@@ -88,8 +88,11 @@ class CollectiveMailbox {
 
   // Drops every frame queued under `tag`.
   void Discard(uint64_t tag);
-  // Drops every frame whose tag `matches` (a destroyed group's, communicator_tags.h).
-  void DiscardIf(const std::function<bool(uint64_t tag)>& matches);
+  // A group (communicator_tags.h) is gone from this process: drops its frames kept here, and
+  // every later one (a peer's send after the group's destruction, or a failed call's frames
+  // still under way), which would otherwise wait for good and fill the mailbox. Group ids are
+  // never given twice in a process.
+  void ForgetGroup(uint32_t id);
   size_t queued() const;
   // Frames dropped as repeats.
   uint64_t repeats() const;
@@ -111,6 +114,7 @@ class CollectiveMailbox {
   mutable std::mutex mu_;
   std::condition_variable arrived_;
   KeptFrames frames_;  // guarded by mu_
+  std::set<uint32_t> forgotten_groups_;  // guarded by mu_
   // By sender rank and channel (RingFrameNumber's upper half): one process's channels (its
   // world's ring and point-to-point channels, its groups') count apart; guarded by mu_.
   std::map<std::pair<int32_t, uint32_t>, Seen> seen_;

@@ -8,6 +8,8 @@
 #include <thread>
 #include <vector>
 
+#include "worker/collectives/channel/zmq/communicator_tags.h"
+
 namespace tessera::worker {
 namespace {
 
@@ -208,6 +210,18 @@ TEST(CollectiveMailboxTest, ASendersChannelsCountApart) {
   EXPECT_FALSE(Kept(*mailbox, 9, 1));
   EXPECT_FALSE(Kept(*mailbox, 10, 2));
   EXPECT_EQ(mailbox->repeats(), 2u);
+}
+
+TEST(CollectiveMailboxTest, AForgottenGroupsFramesGoNowAndLater) {
+  auto mailbox = NewMailbox();
+  mailbox->Deliver(Frame(*WireTag(3, 1), 0));
+  mailbox->Deliver(Frame(*WireTag(4, 1), 0));
+  mailbox->Deliver(Frame(1, 0));  // the world's
+  mailbox->ForgetGroup(3);
+  EXPECT_EQ(mailbox->queued(), 2u);
+  mailbox->Deliver(Frame(*WireTag(3, ~uint64_t{0}), 0));  // its setup's, say
+  EXPECT_EQ(mailbox->queued(), 2u);
+  EXPECT_TRUE(mailbox->Pop(*WireTag(4, 1), 0, Deadline::AfterMillis(0)).ok());
 }
 
 Envelope FrameFrom(std::optional<Role> role, int32_t rank, RingFrame frame) {
