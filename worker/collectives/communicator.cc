@@ -35,6 +35,7 @@ struct Communicator::Process {
   mutable std::mutex mu;
   uint32_t next_group_id = 1;  // guarded by mu
   std::set<uint32_t> live;     // ids of the groups alive in this process; guarded by mu
+  CommPool pool;  // every communicator's queues; stops when the last communicator has gone
 };
 
 Communicator::Communicator(std::shared_ptr<Process> process, uint32_t id, int rank,
@@ -46,7 +47,9 @@ Communicator::Communicator(std::shared_ptr<Process> process, uint32_t id, int ra
       timeout_ms_(timeout_ms),
       name_(id == kWorldCommunicator ? "the world"
                                      : "group " + std::to_string(id) + " (world ranks " +
-                                           RankList(world_ranks_) + ")") {}
+                                           RankList(world_ranks_) + ")"),
+      ops_(process_->pool.NewStrand()),
+      receives_(process_->pool.NewStrand()) {}
 
 StatusOr<std::unique_ptr<Communicator>> Communicator::Connect(const CommunicatorOptions& options) {
   const std::string who = "the world's communicator, rank " + std::to_string(options.rank);
@@ -75,8 +78,13 @@ StatusOr<std::unique_ptr<Communicator>> Communicator::Connect(const Communicator
 }
 
 Communicator::~Communicator() {
-  if (id_ == kWorldCommunicator) return;  // the process's bus is not this communicator's
-  Abort(CancelledError(name_ + " is being destroyed"));
+  const std::string reason = name_ + " is being destroyed";
+  if (id_ == kWorldCommunicator) {  // the process's bus is not this communicator's to fail
+    CloseQueues(reason);
+    return;
+  }
+  Abort(CancelledError(reason));
+  CloseQueues(reason);
   // Frames its calls left behind (a failed call's peers' frames, a message nobody received)
   // or its peers send later would wait in the shared mailbox for good: they go with the group.
   process_->world.mailbox->ForgetGroup(id_);
@@ -408,6 +416,29 @@ Status Communicator::MonitoredBarrier(int64_t timeout_ms, bool wait_all_ranks, u
                         .WithContext(Where() + ": " + what));
   }
   return OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Asynchronous
+
+std::shared_future<Status> Communicator::Enqueue(std::function<Status()> op) {
+  return process_->pool.Submit(ops_, std::move(op));
+}
+
+std::shared_future<Status> Communicator::EnqueueRecv(std::function<Status()> op) {
+  return process_->pool.Submit(receives_, std::move(op));
+}
+
+std::shared_future<Status> Communicator::RecvAsync(void* data, size_t bytes, int src,
+                                                   uint32_t tag, std::string what) {
+  return EnqueueRecv([this, data, bytes, src, tag, what = std::move(what)] {
+    return Recv(data, bytes, src, tag, what);
+  });
+}
+
+void Communicator::CloseQueues(const std::string& why) {
+  process_->pool.Close(*receives_, why);
+  process_->pool.Close(*ops_, why);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -39,6 +39,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -57,6 +59,7 @@
 #include "worker/collectives/channel/zmq/collective_mailbox.h"
 #include "worker/collectives/channel/zmq/ring_zmq.h"
 #include "worker/collectives/collectives.h"
+#include "worker/collectives/comm_pool.h"
 #include "worker/collectives/nccl/nccl_collectives.h"
 #include "worker/collectives/ring_collectives.h"
 
@@ -85,7 +88,8 @@ class Communicator final : public Collectives {
   // The world's communicator: sets up its ring (collective: every rank calls it). Errors name
   // what was waited for.
   static StatusOr<std::unique_ptr<Communicator>> Connect(const CommunicatorOptions& options);
-  // Fails what still waits in this communicator (Abort), and frees its id.
+  // A group's: fails what still waits in it (Abort) and forgets its id. Every communicator's:
+  // closes its queues (CloseQueues).
   ~Communicator() override;
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
@@ -135,6 +139,22 @@ class Communicator final : public Collectives {
   // Like Recv, from whichever other rank's next message with `tag` comes first; the rank it
   // came from. Ranks are taken in turn, so that one that sends often does not starve others.
   StatusOr<int> RecvAny(void* data, size_t bytes, uint32_t tag, const std::string& what);
+
+  // ---- Asynchronous: on threads the world and its groups share (a CommPool, comm_pool.h),
+  // which start only when used. Each communicator has two queues: ops run one at a time in
+  // the order queued, never behind another queue's (so a collective of one group blocked on
+  // peers that run another group's first does not hold that one up), and receives likewise.
+  // Queues `op` (collectives, in the order every rank queues them); the future holds what it
+  // returns, or CANCELLED if the communicator closes first.
+  std::shared_future<Status> Enqueue(std::function<Status()> op);
+  // Queues `op` (a receive) behind this communicator's receives queued before.
+  std::shared_future<Status> EnqueueRecv(std::function<Status()> op);
+  // Recv on the receive queue: returns at once. `data` must stay valid until the future is set.
+  std::shared_future<Status> RecvAsync(void* data, size_t bytes, int src, uint32_t tag,
+                                       std::string what);
+  // Drops what this communicator has queued (CANCELLED, "<why>: not started") and waits for
+  // what runs. Abort first to end a wait on peers. Not from the communicator's own ops.
+  void CloseQueues(const std::string& why);
 
   // ---- Device memory.
   // Makes this communicator's NCCL backend (nccl/nccl_collectives.h; collective over its
@@ -202,6 +222,8 @@ class Communicator final : public Collectives {
   // The backend for `buffer`: the device's if it is in device memory and UseDevice made one.
   Collectives& For(const void* buffer);
 
+  std::shared_ptr<CommPool::Strand> ops_;       // Enqueue's queue
+  std::shared_ptr<CommPool::Strand> receives_;  // EnqueueRecv's
   std::unique_ptr<RingCollectives> ring_;
   std::unique_ptr<Collectives> device_;  // NCCL, once UseDevice made it
   std::unique_ptr<RingZmq> peers_;  // point-to-point and all-to-all frames

@@ -358,6 +358,36 @@ TEST_P(CommunicatorTest, AbortEndsAGroupsWaitAtOnceAndLeavesTheWorld) {
   world.RunAll([&](int r) { return CheckedAllReduce(world.at(r), 100, 1, 0); });
 }
 
+// Rank 0 queues group A's all-reduce before B's, rank 1 B's before A's: each group's queue
+// gets a thread, so neither waits behind the other (one shared thread would deadlock). And a
+// receive queued before the message is sent returns at once.
+TEST_P(CommunicatorTest, QueuedOpsOfTwoGroupsNeverWaitBehindEachOther) {
+  TestWorld world(2, GetParam());
+  std::vector<std::unique_ptr<Communicator>> a(2), b(2);
+  world.RunAll([&](int r) -> Status {
+    ASSIGN_OR_RETURN(a[static_cast<size_t>(r)], world.at(r).Split(0, 1));
+    ASSIGN_OR_RETURN(b[static_cast<size_t>(r)], world.at(r).Split(0, 2));
+    return OkStatus();
+  });
+  std::vector<std::shared_future<Status>> done;
+  for (int r = 0; r < 2; ++r) {
+    Communicator* mine_a = a[static_cast<size_t>(r)].get();
+    Communicator* mine_b = b[static_cast<size_t>(r)].get();
+    Communicator* first = r == 0 ? mine_a : mine_b;
+    Communicator* second = r == 0 ? mine_b : mine_a;
+    for (Communicator* group : {first, second}) {
+      done.push_back(group->Enqueue([group] { return CheckedAllReduce(*group, 5000, 1, 3); }));
+    }
+  }
+  int32_t got = 0;
+  std::shared_future<Status> received = world.at(1).RecvAsync(&got, sizeof(got), 0, 4, "async");
+  const int32_t sent = 42;
+  ASSERT_TRUE(world.at(0).Send(&sent, sizeof(sent), 1, 4, "async").ok());
+  for (auto& future : done) EXPECT_TRUE(future.get().ok()) << future.get();
+  EXPECT_TRUE(received.get().ok()) << received.get();
+  EXPECT_EQ(got, 42);
+}
+
 TEST_P(CommunicatorTest, AGroupTakesTheFramesItLeftWithIt) {
   TestWorld world(2, GetParam());
   std::vector<std::unique_ptr<Communicator>> groups(2);

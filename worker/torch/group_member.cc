@@ -25,16 +25,15 @@ class GroupHost {
  public:
   ~GroupHost() {
     // What runs ends now: its peers may be gone too, and a wait for them must not hold the
-    // process (up to the group's timeout) as it exits. The pool then stops (what is queued
-    // never starts), before the parts its work uses go.
+    // process (up to the group's timeout) as it exits. The world then goes (what is queued
+    // never starts), before the parts its work uses.
     failures->Fail(CancelledError("the process group is being destroyed"));
   }
 
   std::unique_ptr<RpcEndpoint> endpoint;
   std::shared_ptr<FailureBus> failures = std::make_shared<FailureBus>();
   std::shared_ptr<CollectiveMailbox> mailbox;
-  std::unique_ptr<Communicator> world;
-  CommPool pool;  // last member: it stops before the parts go
+  std::unique_ptr<Communicator> world;  // its queues' threads stop before the parts go
 };
 
 namespace {
@@ -136,25 +135,22 @@ StatusOr<std::unique_ptr<GroupMember>> GroupMember::Join(const GroupMemberOption
 GroupMember::GroupMember(std::shared_ptr<GroupHost> host, std::unique_ptr<Communicator> own)
     : host_(std::move(host)),
       own_(std::move(own)),
-      communicator_(own_ != nullptr ? own_.get() : host_->world.get()),
-      collectives_(host_->pool.NewStrand()),
-      receives_(host_->pool.NewStrand()) {}
+      communicator_(own_ != nullptr ? own_.get() : host_->world.get()) {}
 
 GroupMember::~GroupMember() {
   // This group's waits end now (a new_group's alone; the default group's fails every group,
   // as torch destroys them all with it); what it has queued never starts.
   const std::string reason = "the process group is being destroyed";
   communicator_->Abort(CancelledError(reason));
-  host_->pool.Close(*receives_, reason);
-  host_->pool.Close(*collectives_, reason);
+  communicator_->CloseQueues(reason);
 }
 
 std::shared_future<Status> GroupMember::Submit(std::function<Status()> op) {
-  return host_->pool.Submit(collectives_, std::move(op));
+  return communicator_->Enqueue(std::move(op));
 }
 
 std::shared_future<Status> GroupMember::SubmitRecv(std::function<Status()> op) {
-  return host_->pool.Submit(receives_, std::move(op));
+  return communicator_->EnqueueRecv(std::move(op));
 }
 
 Status GroupMember::AllReduce(void* data, size_t count, DataType dtype, ReduceOp op,

@@ -19,11 +19,11 @@
 // a host (the default group is another backend's), a group makes a host of its own.
 //
 // Threads: a group's collectives run one at a time, in submission order (which is the order
-// every rank must call them in, as torch requires), and its receives likewise, each on a
-// strand of the host's CommPool (comm_pool.h): no group's op waits behind another's, nor a
-// collective behind a receive, and the threads are as many as the most strands ever busy at
-// once (one, for groups used one after the other). Sends leave at once (their bytes are
-// copied).
+// every rank must call them in, as torch requires), and its receives likewise, on its
+// communicator's queues (Communicator::Enqueue, EnqueueRecv): no group's op waits behind
+// another's, nor a collective behind a receive, and the threads are as many as the most
+// queues ever busy at once (one, for groups used one after the other). Sends leave at once
+// (their bytes are copied).
 //
 // Errors name the operation, the group, its rank and the world rank and the peer, e.g.
 // "group 1 (world ranks 1, 3) rank 0 (world rank 1): allreduce of 1024 x float32 rank=0: no
@@ -50,7 +50,6 @@
 #include "common/messages/ring_frame.h"
 #include "common/metrics/metrics.h"
 #include "common/security/credentials.h"
-#include "worker/collectives/comm_pool.h"
 #include "worker/collectives/communicator.h"
 #include "worker/torch/rendezvous_store.h"
 
@@ -139,10 +138,7 @@ class GroupMember {
   // A new_group's communicator (null for the default group's member, whose is the host's).
   std::unique_ptr<Communicator> own_;
   Communicator* const communicator_;  // own_ or the host's world
-  // This group's queues on the host's threads: collectives, and receives.
-  const std::shared_ptr<CommPool::Strand> collectives_;
-  const std::shared_ptr<CommPool::Strand> receives_;
-  uint64_t next_tag_ = 1;  // of collectives; run on collectives_ only
+  uint64_t next_tag_ = 1;  // of collectives; on the communicator's op queue only
 };
 
 }  // namespace tessera::worker
