@@ -6,8 +6,8 @@
 Importing this module registers the backend (as torch-ccl and torch-ucc do); after that every
 torch.distributed call on a tessera group runs on Tessera's ring: shared memory between ranks of
 one host, TCP links between hosts. It also holds the parameter-server client for any
-nn.Module (ParameterServerOptimizer, ShardedEmbedding: tessera/torch/ps.py). See
-docs/pytorch.md.
+nn.Module (ParameterServerOptimizer, ShardedEmbedding: tessera/torch/ps.py) and
+FullyShardedDataParallel for the CPU (tessera/torch/fsdp/). See docs/pytorch.md.
 """
 
 import os as _os
@@ -18,9 +18,10 @@ import torch.distributed as _dist
 from tessera.torch import _C
 from tessera.torch import ps as _ps
 from tessera.torch.ps import ParameterServerOptimizer, ShardedEmbedding, ShardedEmbeddingBag
+from tessera.torch.fsdp import FullyShardedDataParallel
 
-__all__ = ["BACKEND", "make_job_key", "metrics_url", "ParameterServerOptimizer",
-           "ShardedEmbedding", "ShardedEmbeddingBag"]
+__all__ = ["BACKEND", "make_job_key", "metrics_url", "FullyShardedDataParallel",
+           "ParameterServerOptimizer", "ShardedEmbedding", "ShardedEmbeddingBag"]
 
 # The name to give torch.distributed.init_process_group.
 BACKEND = "tessera"

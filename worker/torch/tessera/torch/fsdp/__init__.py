@@ -1,0 +1,17 @@
+"""torch.distributed.fsdp for the CPU, over any process group (tessera, gloo): a program
+written for torch's FSDP runs after changing its imports to
+
+    from tessera.torch.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
+    from tessera.torch.fsdp.wrap import transformer_auto_wrap_policy
+
+(torch 1.13's own torch.distributed.fsdp does not import on Debian's Python 3.11, and needs
+CUDA.) What is supported and what is not yet: docs/pytorch.md, "FSDP on tessera" (issue 44).
+"""
+
+from tessera.torch.fsdp import wrap
+from tessera.torch.fsdp.fully_sharded_data_parallel import (
+    BackwardPrefetch, CPUOffload, FullStateDictConfig, FullyShardedDataParallel, MixedPrecision,
+    ShardingStrategy, StateDictType)
+
+__all__ = ["BackwardPrefetch", "CPUOffload", "FullStateDictConfig", "FullyShardedDataParallel",
+           "MixedPrecision", "ShardingStrategy", "StateDictType", "wrap"]

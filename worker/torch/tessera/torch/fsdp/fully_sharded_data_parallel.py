@@ -1,0 +1,628 @@
+"""FullyShardedDataParallel in pure Python over any torch.distributed process group whose
+backend has all-gather into one tensor, reduce-scatter of one tensor, all_reduce and broadcast
+on CPU tensors (tessera; gloo through the fallbacks in _all_gather_into and _reduce_scatter).
+
+Words used below:
+  unit         a module the auto-wrap policy wraps (or the user wraps), plus the root for what
+               remains; each unit is one FullyShardedDataParallel instance.
+  flat         the unit's parameters concatenated in one 1-D tensor, padded with zeros to a
+               multiple of the world size ("padded" numel).
+  shard        rank r's slice of the flat tensor: the nn.Parameter the optimizer sees.
+  full         the gathered flat tensor, a leaf of autograd the module's parameters are views
+               of during forward and backward. To free it, its storage is resized to 0 and
+               later resized back and refilled (fairscale's trick): the views autograd saved in
+               forward stay valid for backward.
+"""
+
+import contextlib
+import enum
+import math
+from collections import namedtuple
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+__all__ = ["FullyShardedDataParallel", "ShardingStrategy", "BackwardPrefetch", "MixedPrecision",
+           "StateDictType", "FullStateDictConfig", "CPUOffload"]
+
+
+class ShardingStrategy(enum.Enum):
+    FULL_SHARD = enum.auto()
+    SHARD_GRAD_OP = enum.auto()
+    NO_SHARD = enum.auto()
+    HYBRID_SHARD = enum.auto()
+    _HYBRID_SHARD_ZERO2 = enum.auto()
+
+
+class BackwardPrefetch(enum.Enum):
+    BACKWARD_PRE = enum.auto()
+    BACKWARD_POST = enum.auto()
+
+
+class StateDictType(enum.Enum):
+    FULL_STATE_DICT = enum.auto()
+    LOCAL_STATE_DICT = enum.auto()
+    SHARDED_STATE_DICT = enum.auto()
+
+
+@dataclass
+class MixedPrecision:
+    param_dtype: Optional[torch.dtype] = None
+    reduce_dtype: Optional[torch.dtype] = None
+    buffer_dtype: Optional[torch.dtype] = None
+
+
+@dataclass
+class CPUOffload:
+    offload_params: bool = False
+
+
+@dataclass
+class FullStateDictConfig:
+    offload_to_cpu: bool = False
+    rank0_only: bool = False
+
+
+_IncompatibleKeys = namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
+
+
+def _unsupported(argument):
+    return NotImplementedError(f"tessera FSDP: {argument} is not supported yet (issue 44)")
+
+
+def _resize_storage(tensor, numel):
+    """Resizes the storage under `tensor` to numel elements (0 frees it), keeping the storage
+    object, so every view of it (those autograd saved included) sees the new memory."""
+    if hasattr(tensor, "untyped_storage"):
+        tensor.untyped_storage().resize_(numel * tensor.element_size())
+    else:
+        tensor.storage().resize_(numel)
+
+
+def _is_gloo(group):
+    return dist.get_backend(group) == dist.Backend.GLOO
+
+
+def _all_gather_into(output, shard, group):
+    if _is_gloo(group):
+        # Gloo in torch 1.13 has no _allgather_base for CPU tensors: gather into the slices.
+        dist.all_gather(list(output.chunk(dist.get_world_size(group))), shard, group=group)
+    else:
+        dist.all_gather_into_tensor(output, shard, group=group)
+
+
+def _reduce_scatter(shard, full, group):
+    """shard = the sum over ranks of this rank's slice of full; full may be overwritten."""
+    if _is_gloo(group):
+        # Gloo in torch 1.13 has no _reduce_scatter_base for CPU tensors: all-reduce the whole
+        # and keep this rank's slice (world size times the traffic, same result).
+        dist.all_reduce(full, group=group)
+        shard.copy_(full.chunk(dist.get_world_size(group))[dist.get_rank(group)])
+    else:
+        dist.reduce_scatter_tensor(shard, full, group=group)
+
+
+def _all_gather_strings(text, group):
+    """Every rank's `text`, by rank (through all-gathers of fixed-size byte tensors)."""
+    world = dist.get_world_size(group)
+    data = torch.tensor(list(text.encode()), dtype=torch.uint8)
+    lengths = torch.zeros(world, dtype=torch.int64)
+    _all_gather_into(lengths, torch.tensor([data.numel()], dtype=torch.int64), group)
+    longest = int(lengths.max())
+    padded = torch.zeros(longest, dtype=torch.uint8)
+    padded[:data.numel()] = data
+    everyone = torch.zeros(world * longest, dtype=torch.uint8)
+    _all_gather_into(everyone, padded, group)
+    return [bytes(everyone[r * longest:r * longest + int(lengths[r])].tolist()).decode()
+            for r in range(world)]
+
+
+def _for_each_tensor(value, fn):
+    if torch.is_tensor(value):
+        fn(value)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _for_each_tensor(item, fn)
+    elif isinstance(value, dict):
+        for item in value.values():
+            _for_each_tensor(item, fn)
+
+
+def _recursive_wrap(module, policy, ignored_modules, ignored_params, wrap, path):
+    """torch's auto-wrap: children first, then the module itself with what its children left.
+    Returns (module or its wrapper, the number of parameters now in units)."""
+    numel = sum(p.numel() for p in module.parameters() if p not in ignored_params)
+    if not policy(module, True, numel):
+        return module, 0
+    wrapped_numel = 0
+    for name, child in module.named_children():
+        if child in ignored_modules or isinstance(child, FullyShardedDataParallel):
+            continue
+        child_path = f"{path}.{name}" if path else name
+        new_child, child_numel = _recursive_wrap(child, policy, ignored_modules, ignored_params,
+                                                 wrap, child_path)
+        setattr(module, name, new_child)
+        wrapped_numel += child_numel
+    if path and policy(module, False, numel - wrapped_numel):
+        return wrap(module, path), numel
+    return module, wrapped_numel
+
+
+class FullyShardedDataParallel(nn.Module):
+    """torch.distributed.fsdp.FullyShardedDataParallel (later releases' semantics) for CPU
+    tensors. Supported: process_group, sharding_strategy FULL_SHARD / SHARD_GRAD_OP / NO_SHARD,
+    auto_wrap_policy, ignored_modules, device_id None or CPU, sync_module_states, no_sync(),
+    clip_grad_norm_(), summon_full_params(), full state dicts. backward_prefetch,
+    forward_prefetch and limit_all_gathers are accepted and have no effect: every gather and
+    reduce-scatter here is synchronous, so there is nothing to prefetch or to limit. Other
+    arguments that are not their default raise NotImplementedError (issue 44).
+
+    Not thread-safe: one thread drives forward and backward, as with torch's.
+    """
+
+    def __init__(self, module, process_group=None, sharding_strategy=None, cpu_offload=None,
+                 auto_wrap_policy=None, backward_prefetch=BackwardPrefetch.BACKWARD_PRE,
+                 mixed_precision=None, ignored_modules=None, param_init_fn=None, device_id=None,
+                 sync_module_states=False, forward_prefetch=False, limit_all_gathers=False,
+                 use_orig_params=False, *, _unit_name=None):
+        super().__init__()
+        if sharding_strategy is None:
+            sharding_strategy = ShardingStrategy.FULL_SHARD
+        if sharding_strategy in (ShardingStrategy.HYBRID_SHARD,
+                                 ShardingStrategy._HYBRID_SHARD_ZERO2):
+            raise _unsupported(f"sharding_strategy={sharding_strategy.name}")
+        if not isinstance(sharding_strategy, ShardingStrategy):
+            raise TypeError(f"tessera FSDP: sharding_strategy must be a ShardingStrategy, not "
+                            f"{sharding_strategy!r}")
+        if cpu_offload is not None and cpu_offload.offload_params:
+            raise _unsupported("cpu_offload")
+        if mixed_precision is not None:
+            raise _unsupported("mixed_precision")
+        if param_init_fn is not None:
+            raise _unsupported("param_init_fn")
+        if use_orig_params:
+            raise _unsupported("use_orig_params=True")
+        if device_id is not None and torch.device(device_id).type != "cpu":
+            raise ValueError(f"tessera FSDP: device_id={device_id!r}: only CPU tensors are "
+                             f"supported (device_id None or 'cpu')")
+        if any(p.device.type != "cpu" for p in module.parameters()):
+            raise ValueError("tessera FSDP: the module has parameters off the CPU; only CPU "
+                             "tensors are supported")
+        self.process_group = process_group if process_group is not None else dist.group.WORLD
+        self.sharding_strategy = sharding_strategy
+        self.rank = dist.get_rank(self.process_group)
+        self.world_size = dist.get_world_size(self.process_group)
+        # A unit the auto-wrap made is named by its path in the root's module; the root (or a
+        # unit the user wrapped by hand) "<root>".
+        self._unit_name = _unit_name or "<root>"
+        self._is_root = None  # decided at the first forward (_lazy_init)
+        self._sync_gradients = True
+        self._state_dict_type = StateDictType.FULL_STATE_DICT
+        self._state_dict_config = FullStateDictConfig()
+
+        ignored_modules = set(ignored_modules or ())
+        for m in list(ignored_modules):
+            ignored_modules.update(m.modules())
+        self._ignored_modules = ignored_modules
+        ignored_params = {p for m in ignored_modules for p in m.parameters()}
+
+        arguments = dict(process_group=process_group, sharding_strategy=sharding_strategy,
+                         backward_prefetch=backward_prefetch, ignored_modules=ignored_modules,
+                         device_id=device_id, sync_module_states=sync_module_states,
+                         forward_prefetch=forward_prefetch, limit_all_gathers=limit_all_gathers)
+        if auto_wrap_policy is not None:
+            def wrap(child, path):
+                return FullyShardedDataParallel(child, **arguments, _unit_name=path)
+            _recursive_wrap(module, auto_wrap_policy, ignored_modules, ignored_params, wrap, "")
+        self._fsdp_wrapped_module = module
+        self._flatten(ignored_params)
+        self._check_same_on_every_rank()
+        if sync_module_states:
+            self._broadcast_from_rank0()
+        self._shard()
+
+    # -- construction ---------------------------------------------------------------------------
+
+    def _own_modules(self):
+        """(path, module) of the wrapped modules this unit flattens: not inside a nested unit
+        or an ignored module."""
+        stack = [("", self._fsdp_wrapped_module)]
+        while stack:
+            path, m = stack.pop(0)
+            if isinstance(m, FullyShardedDataParallel) or m in self._ignored_modules:
+                continue
+            yield path, m
+            for name, child in m.named_children():
+                stack.append((f"{path}.{name}" if path else name, child))
+
+    def _flatten(self, ignored_params):
+        # _param_slots: (module, attribute, index into _params) for every reference, tied
+        # parameters (one tensor under two names) included; _params: the distinct tensors.
+        self._param_slots = []
+        self._params = []
+        self._param_names = []
+        index_of = {}
+        for path, m in self._own_modules():
+            m._tessera_fsdp_param_names = [n for n, p in m._parameters.items()
+                                           if p is not None and p not in ignored_params]
+            for name in m._tessera_fsdp_param_names:
+                p = m._parameters[name]
+                if getattr(p, "_tessera_fsdp_flattened", False) and id(p) not in index_of:
+                    raise ValueError(f"tessera FSDP: parameter '{path}.{name}' is shared with "
+                                     f"another FSDP unit; tied parameters must be in one unit")
+                if id(p) not in index_of:
+                    index_of[id(p)] = len(self._params)
+                    self._params.append(p)
+                    self._param_names.append(f"{path}.{name}" if path else name)
+                    p._tessera_fsdp_flattened = True
+                self._param_slots.append((m, name, index_of[id(p)]))
+        self._shapes = [p.shape for p in self._params]
+        self._numels = [p.numel() for p in self._params]
+        self._numel = sum(self._numels)
+        dtypes = {p.dtype for p in self._params}
+        if len(dtypes) > 1:
+            raise ValueError(f"tessera FSDP: unit '{self._unit_name}' mixes parameter dtypes "
+                             f"{sorted(str(d) for d in dtypes)}; one flat parameter needs one")
+        self._dtype = dtypes.pop() if dtypes else torch.float32
+        self._requires_grad = any(p.requires_grad for p in self._params)
+        for m, name, _ in self._param_slots:
+            if name in m._parameters:
+                del m._parameters[name]
+
+    def _describe(self):
+        lines = [f"unit '{self._unit_name}' ({type(self._fsdp_wrapped_module).__name__})"]
+        if self._unit_name == "<root>":
+            count = sum(isinstance(m, FullyShardedDataParallel) for m in self.modules())
+            lines[0] += f" with {count} units"
+        for name, p in zip(self._param_names, self._params):
+            lines.append(f"{name}\t{list(p.shape)} {str(p.dtype).replace('torch.', '')}")
+        return "\n".join(lines)
+
+    def _check_same_on_every_rank(self):
+        """Fails on every rank when the ranks' units differ, naming the unit, the parameter and
+        both shapes: their collectives would otherwise mismatch."""
+        everyone = [d.split("\n") for d in
+                    _all_gather_strings(self._describe(), self.process_group)]
+        mine = everyone[self.rank]
+        for r, theirs in enumerate(everyone):
+            if theirs == mine:
+                continue
+            if theirs[0] != mine[0]:
+                problem = f"rank {self.rank} wraps {mine[0]} where rank {r} wraps {theirs[0]}"
+            else:
+                ours = dict(line.split("\t") for line in mine[1:])
+                others = dict(line.split("\t") for line in theirs[1:])
+                problem = next(
+                    (f"parameter '{n}': rank {self.rank} has {ours.get(n, 'none')}, rank {r} "
+                     f"has {others.get(n, 'none')}"
+                     for n in list(ours) + list(others) if ours.get(n) != others.get(n)),
+                    "parameters in a different order")
+            raise ValueError(f"tessera FSDP: the ranks' models differ in {mine[0]}: {problem}")
+
+    def _broadcast_from_rank0(self):
+        # broadcast's src is a rank of the default group.
+        get_global_rank = getattr(dist, "get_global_rank", None) or \
+            dist.distributed_c10d._get_global_rank
+        source = (0 if self.process_group is dist.group.WORLD
+                  else get_global_rank(self.process_group, 0))
+        with torch.no_grad():
+            for p in self._params:
+                dist.broadcast(p.data, src=source, group=self.process_group)
+            for _, m in self._own_modules():
+                for b in m._buffers.values():
+                    if b is not None:
+                        dist.broadcast(b, src=source, group=self.process_group)
+
+    def _shard(self):
+        sharded = self.sharding_strategy != ShardingStrategy.NO_SHARD
+        world = self.world_size if sharded else 1
+        self._padded = math.ceil(self._numel / world) * world
+        self._shard_numel = self._padded // world
+        if self._numel == 0:
+            self.flat_param = None
+            self._full = None
+            return
+        with torch.no_grad():
+            flat = torch.zeros(self._padded, dtype=self._dtype)
+            flat[:self._numel] = torch.cat([p.detach().reshape(-1) for p in self._params])
+        if sharded:
+            start = self.rank * self._shard_numel
+            self.flat_param = nn.Parameter(flat[start:start + self._shard_numel].clone(),
+                                           requires_grad=self._requires_grad)
+            self._full = flat.requires_grad_(self._requires_grad)
+        else:
+            # The shard is the whole: the full tensor shares its memory (other version counter).
+            self.flat_param = nn.Parameter(flat, requires_grad=self._requires_grad)
+            self._full = flat.data.requires_grad_(self._requires_grad)
+            self._full_gathered = True
+        self._params = None  # the originals are now views of the full tensor
+        self._grad_accumulator = None
+        if self._requires_grad:
+            # Kept alive here: the tensor holds its AccumulateGrad node only weakly, and a new
+            # node would not have the hook.
+            self._grad_accumulator = self._full.expand_as(self._full).grad_fn.next_functions[0][0]
+            self._grad_accumulator.register_hook(self._post_backward)
+        # Views for attribute access before the first forward; made before the storage is freed.
+        self._set_views(self._full.data)
+        self._full_gathered = True
+        self._free_full()
+
+    # -- gather and free ------------------------------------------------------------------------
+
+    def _gather_full(self):
+        if self.flat_param is None or self._full_gathered:
+            return
+        _resize_storage(self._full, self._padded)
+        with torch.no_grad():
+            _all_gather_into(self._full.data, self.flat_param.data, self.process_group)
+        self._full_gathered = True
+
+    def _free_full(self):
+        if self.sharding_strategy == ShardingStrategy.NO_SHARD or self._full is None:
+            return
+        _resize_storage(self._full, 0)
+        self._full_gathered = False
+
+    def _set_views(self, full):
+        views = full.split(self._numels + [self._padded - self._numel])
+        for m, name, index in self._param_slots:
+            setattr(m, name, views[index].view(self._shapes[index]))
+
+    # -- forward and backward -------------------------------------------------------------------
+
+    def _fsdp_units(self):
+        return [m for m in self.modules() if isinstance(m, FullyShardedDataParallel)]
+
+    def _lazy_init(self):
+        for unit in self._fsdp_units():
+            unit._is_root = unit is self
+        self._callback_queued = False
+
+    def forward(self, *args, **kwargs):
+        if self._is_root is None:
+            self._lazy_init()
+        if self.flat_param is not None:
+            # Parameters change between forwards (the optimizer steps the shards).
+            self._free_full()
+            self._gather_full()
+            self._set_views(self._full)
+        output = self._fsdp_wrapped_module(*args, **kwargs)
+        # The root keeps its parameters until its backward; FULL_SHARD frees the others now.
+        if self.sharding_strategy == ShardingStrategy.FULL_SHARD and not self._is_root:
+            self._free_full()
+        if torch.is_grad_enabled():
+            _for_each_tensor(output, lambda t: t.register_hook(self._pre_backward)
+                             if t.requires_grad else None)
+        return output
+
+    def _pre_backward(self, grad):
+        if self._is_root and not self._callback_queued:
+            self._callback_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
+        self._gather_full()
+        return grad
+
+    def _post_backward(self, *unused):
+        grad = self._full.grad
+        self._full.grad = None
+        if grad is not None and self._sync_gradients:
+            with torch.no_grad():
+                grad = grad / self.world_size  # averaged, as DDP does
+                if self.sharding_strategy == ShardingStrategy.NO_SHARD:
+                    dist.all_reduce(grad, group=self.process_group)
+                    shard_grad = grad
+                else:
+                    shard_grad = torch.empty(self._shard_numel, dtype=grad.dtype)
+                    _reduce_scatter(shard_grad, grad, self.process_group)
+                if self.flat_param.grad is None:
+                    self.flat_param.grad = shard_grad
+                else:
+                    self.flat_param.grad.add_(shard_grad)
+        elif grad is not None:
+            # no_sync: keep the unreduced full gradient for the next synced backward.
+            self._full.grad = grad
+        if self.sharding_strategy != ShardingStrategy.NO_SHARD:
+            self._free_full()
+
+    def _finish_backward(self):
+        self._callback_queued = False
+        for unit in self._fsdp_units():
+            if unit.sharding_strategy != ShardingStrategy.NO_SHARD:
+                unit._free_full()
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Gradients of the backwards inside accumulate unreduced on each rank (full size);
+        the first backward after it reduces their sum."""
+        units = self._fsdp_units()
+        previous = [u._sync_gradients for u in units]
+        for u in units:
+            u._sync_gradients = False
+        try:
+            yield
+        finally:
+            for u, p in zip(units, previous):
+                u._sync_gradients = p
+
+    # -- gradients ------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def clip_grad_norm_(self, max_norm, norm_type=2.0):
+        """Scales every shard's gradient so that the norm of all gradients together (over all
+        ranks) is at most max_norm, as torch.nn.utils.clip_grad_norm_ does on the unsharded
+        model. Returns that total norm. A collective: every rank calls it."""
+        norm_type = float(norm_type)
+        sharded, replicated = [], []
+        for u in self._fsdp_units():
+            if u.flat_param is not None and u.flat_param.grad is not None:
+                (replicated if u.sharding_strategy == ShardingStrategy.NO_SHARD
+                 else sharded).append(u.flat_param.grad)
+        # Ignored modules' parameters are replicated, as in DDP.
+        for m in self._ignored_modules:
+            replicated += [p.grad for p in m.parameters(recurse=False) if p.grad is not None]
+        if math.isinf(norm_type):
+            local = torch.tensor([max([g.abs().max().item() for g in sharded] or [0.0])],
+                                 dtype=torch.float64)
+            dist.all_reduce(local, op=dist.ReduceOp.MAX, group=self.process_group)
+            total = max([local.item()] + [g.abs().max().item() for g in replicated])
+        else:
+            local = torch.tensor([sum(g.double().abs().pow(norm_type).sum().item()
+                                      for g in sharded)], dtype=torch.float64)
+            dist.all_reduce(local, group=self.process_group)
+            total = local.item() + sum(g.double().abs().pow(norm_type).sum().item()
+                                       for g in replicated)
+            total = total ** (1.0 / norm_type)
+        clip_coef = float(max_norm) / (total + 1e-6)
+        if clip_coef < 1.0:
+            for g in sharded + replicated:
+                g.mul_(clip_coef)
+        return torch.tensor(total)
+
+    # -- full parameters and state dicts --------------------------------------------------------
+
+    @contextlib.contextmanager
+    def summon_full_params(self, writeback=True, rank0_only=False, offload_to_cpu=False,
+                           with_grads=False, recurse=True):
+        """Within it the wrapped modules hold their full parameters (plain tensors); with
+        writeback=True changes made to them are kept (each rank keeps its shard of them)."""
+        if with_grads:
+            raise _unsupported("summon_full_params(with_grads=True)")
+        units = self._fsdp_units() if recurse else [self]
+        units = [u for u in units if u.flat_param is not None]
+        for u in units:
+            u._gather_full()
+            u._set_views(u._full.data)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for u in units:
+                    if writeback and u.sharding_strategy != ShardingStrategy.NO_SHARD:
+                        start = u.rank * u._shard_numel
+                        u.flat_param.data.copy_(u._full.data[start:start + u._shard_numel])
+                    u._free_full()
+
+    @staticmethod
+    @contextlib.contextmanager
+    def state_dict_type(module, state_dict_type, state_dict_config=None,
+                        optim_state_dict_config=None):
+        """Sets the kind of state dict of every FSDP unit in module within it. Only
+        FULL_STATE_DICT is supported for now."""
+        if state_dict_type != StateDictType.FULL_STATE_DICT:
+            raise _unsupported(f"StateDictType.{state_dict_type.name}")
+        if optim_state_dict_config is not None:
+            raise _unsupported("optim_state_dict_config")
+        units = [m for m in module.modules() if isinstance(m, FullyShardedDataParallel)]
+        previous = [(u._state_dict_type, u._state_dict_config) for u in units]
+        for u in units:
+            u._state_dict_type = state_dict_type
+            u._state_dict_config = state_dict_config or FullStateDictConfig()
+        try:
+            yield
+        finally:
+            for u, (kind, config) in zip(units, previous):
+                u._state_dict_type, u._state_dict_config = kind, config
+
+    def _original_entries(self, prefix=""):
+        """(key, tensor) of the unwrapped model's state dict, in its order; inside
+        summon_full_params."""
+        def walk(m, prefix):
+            while isinstance(m, FullyShardedDataParallel):
+                m = m._fsdp_wrapped_module
+            names = getattr(m, "_tessera_fsdp_param_names", [])
+            for name in names:
+                yield prefix + name, getattr(m, name)
+            for name, p in m._parameters.items():
+                if p is not None and name not in names:
+                    yield prefix + name, p
+            for name, b in m._buffers.items():
+                if b is not None and name not in m._non_persistent_buffers_set:
+                    yield prefix + name, b
+            for name, child in m._modules.items():
+                if child is not None:
+                    yield from walk(child, prefix + name + ".")
+        return walk(self, prefix)
+
+    def state_dict(self, destination=None, prefix="", keep_vars=False):
+        """The full state dict with the unwrapped model's keys (loads into the plain module).
+        A collective: every rank calls it; with rank0_only the others get an empty dict."""
+        if destination is None:
+            destination = {}
+        with self.summon_full_params(writeback=False):
+            if self._state_dict_config.rank0_only and self.rank != 0:
+                return destination
+            for key, tensor in self._original_entries(prefix):
+                destination[key] = tensor.detach().clone()
+        return destination
+
+    def load_state_dict(self, state_dict, strict=True):
+        """Loads a full state dict (the unwrapped model's keys) on every rank."""
+        with self.summon_full_params(writeback=True), torch.no_grad():
+            entries = dict(self._original_entries())
+            missing = [k for k in entries if k not in state_dict]
+            unexpected = [k for k in state_dict if k not in entries]
+            if strict and (missing or unexpected):
+                raise RuntimeError(f"tessera FSDP: load_state_dict: missing keys {missing}, "
+                                   f"unexpected keys {unexpected}")
+            for key, tensor in entries.items():
+                if key in state_dict:
+                    if state_dict[key].shape != tensor.shape:
+                        raise RuntimeError(f"tessera FSDP: load_state_dict: '{key}' has shape "
+                                           f"{list(state_dict[key].shape)}, the model "
+                                           f"{list(tensor.shape)}")
+                    tensor.copy_(state_dict[key])
+        return _IncompatibleKeys(missing, unexpected)
+
+    @property
+    def module(self):
+        return self._fsdp_wrapped_module
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name == "_fsdp_wrapped_module":
+                raise
+            return getattr(self._fsdp_wrapped_module, name)
+
+    # -- not yet (issue 44) ---------------------------------------------------------------------
+
+    @staticmethod
+    def set_state_dict_type(module, state_dict_type, state_dict_config=None,
+                            optim_state_dict_config=None):
+        raise _unsupported("FullyShardedDataParallel.set_state_dict_type")
+
+    @staticmethod
+    def full_optim_state_dict(*args, **kwargs):
+        raise _unsupported("FullyShardedDataParallel.full_optim_state_dict")
+
+    @staticmethod
+    def sharded_optim_state_dict(*args, **kwargs):
+        raise _unsupported("FullyShardedDataParallel.sharded_optim_state_dict")
+
+    @staticmethod
+    def shard_full_optim_state_dict(*args, **kwargs):
+        raise _unsupported("FullyShardedDataParallel.shard_full_optim_state_dict")
+
+    @staticmethod
+    def flatten_sharded_optim_state_dict(*args, **kwargs):
+        raise _unsupported("FullyShardedDataParallel.flatten_sharded_optim_state_dict")
+
+    @staticmethod
+    def scatter_full_optim_state_dict(*args, **kwargs):
+        raise _unsupported("FullyShardedDataParallel.scatter_full_optim_state_dict")
+
+    @staticmethod
+    def rekey_optim_state_dict(*args, **kwargs):
+        raise _unsupported("FullyShardedDataParallel.rekey_optim_state_dict")
+
+    @staticmethod
+    def optim_state_dict(*args, **kwargs):
+        raise _unsupported("FullyShardedDataParallel.optim_state_dict")
+
+    @staticmethod
+    def optim_state_dict_to_load(*args, **kwargs):
+        raise _unsupported("FullyShardedDataParallel.optim_state_dict_to_load")
