@@ -18,10 +18,11 @@ import torch.distributed as _dist
 from tessera.torch import _C
 from tessera.torch import ps as _ps
 from tessera.torch.ps import ParameterServerOptimizer, ShardedEmbedding, ShardedEmbeddingBag
-from tessera.torch.fsdp import FullyShardedDataParallel
+from tessera.torch.fsdp import FullyShardedDataParallel, hybrid_groups
 
 __all__ = ["BACKEND", "make_job_key", "metrics_url", "FullyShardedDataParallel",
-           "ParameterServerOptimizer", "ShardedEmbedding", "ShardedEmbeddingBag"]
+           "hybrid_groups", "ParameterServerOptimizer", "ShardedEmbedding",
+           "ShardedEmbeddingBag"]
 
 # The name to give torch.distributed.init_process_group.
 BACKEND = "tessera"

@@ -12,6 +12,7 @@ from tessera.torch.fsdp import wrap
 from tessera.torch.fsdp.fully_sharded_data_parallel import (
     BackwardPrefetch, CPUOffload, FullStateDictConfig, FullyShardedDataParallel, MixedPrecision,
     ShardingStrategy, StateDictType)
+from tessera.torch.fsdp.hybrid import hybrid_groups
 
 __all__ = ["BackwardPrefetch", "CPUOffload", "FullStateDictConfig", "FullyShardedDataParallel",
-           "MixedPrecision", "ShardingStrategy", "StateDictType", "wrap"]
+           "MixedPrecision", "ShardingStrategy", "StateDictType", "hybrid_groups", "wrap"]

@@ -69,6 +69,27 @@ class FullStateDictConfig:
 _IncompatibleKeys = namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
 
 
+_HYBRID = (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2)
+# The strategies that free a unit's full parameters after its forward (the root's excepted).
+_FREED_AFTER_FORWARD = (ShardingStrategy.FULL_SHARD, ShardingStrategy.HYBRID_SHARD)
+
+
+def _hybrid_pair(process_group):
+    """The (shard_group, replicate_group) of a hybrid strategy's process_group argument."""
+    if isinstance(process_group, (tuple, list)):
+        if len(process_group) != 2:
+            raise ValueError(f"tessera FSDP: a hybrid strategy's process_group is one group or "
+                             f"a (shard_group, replicate_group) pair, not {len(process_group)} "
+                             f"groups")
+        return tuple(process_group)
+    if process_group is None or process_group is dist.group.WORLD:
+        from tessera.torch.fsdp.hybrid import hybrid_groups
+        return hybrid_groups()
+    raise ValueError("tessera FSDP: a hybrid strategy with one group shards within each host "
+                     "of the default group; for another group pass its (shard_group, "
+                     "replicate_group) pair (tessera.torch.hybrid_groups builds one)")
+
+
 def _unsupported(argument):
     return NotImplementedError(f"tessera FSDP: {argument} is not supported yet (issue 44)")
 
@@ -171,9 +192,6 @@ class FullyShardedDataParallel(nn.Module):
         super().__init__()
         if sharding_strategy is None:
             sharding_strategy = ShardingStrategy.FULL_SHARD
-        if sharding_strategy in (ShardingStrategy.HYBRID_SHARD,
-                                 ShardingStrategy._HYBRID_SHARD_ZERO2):
-            raise _unsupported(f"sharding_strategy={sharding_strategy.name}")
         if not isinstance(sharding_strategy, ShardingStrategy):
             raise TypeError(f"tessera FSDP: sharding_strategy must be a ShardingStrategy, not "
                             f"{sharding_strategy!r}")
@@ -191,10 +209,26 @@ class FullyShardedDataParallel(nn.Module):
         if any(p.device.type != "cpu" for p in module.parameters()):
             raise ValueError("tessera FSDP: the module has parameters off the CPU; only CPU "
                              "tensors are supported")
-        self.process_group = process_group if process_group is not None else dist.group.WORLD
+        # Hybrid strategies: process_group becomes the (shard_group, replicate_group) pair
+        # once, at the outermost unit, and the units auto-wrap makes get the pair.
+        self._replicate_group = None
+        if sharding_strategy in _HYBRID:
+            process_group = _hybrid_pair(process_group)
+            self._replicate_group = process_group[1]
+            self.process_group = process_group[0]
+        elif isinstance(process_group, (tuple, list)):
+            raise ValueError(f"tessera FSDP: a (shard_group, replicate_group) pair is for "
+                             f"HYBRID_SHARD and _HYBRID_SHARD_ZERO2, not "
+                             f"{sharding_strategy.name}")
+        else:
+            self.process_group = process_group if process_group is not None else dist.group.WORLD
         self.sharding_strategy = sharding_strategy
         self.rank = dist.get_rank(self.process_group)
         self.world_size = dist.get_world_size(self.process_group)
+        # Gradients are averaged over every rank that trains (as DDP does): the shard group's
+        # times the replicate group's.
+        self._gradient_divisor = self.world_size * (
+            dist.get_world_size(self._replicate_group) if self._replicate_group else 1)
         # A unit the auto-wrap made is named by its path in the root's module; the root (or a
         # unit the user wrapped by hand) "<root>".
         self._unit_name = _unit_name or "<root>"
@@ -221,7 +255,11 @@ class FullyShardedDataParallel(nn.Module):
         self._flatten(ignored_params)
         self._check_same_on_every_rank()
         if sync_module_states:
-            self._broadcast_from_rank0()
+            # Replicate group first: its rank 0 is on the first host, whose shard-group rank 0
+            # then holds rank 0's values for the broadcast within each host.
+            if self._replicate_group is not None:
+                self._broadcast_from_rank0(self._replicate_group)
+            self._broadcast_from_rank0(self.process_group)
         self._shard()
 
     # -- construction ---------------------------------------------------------------------------
@@ -302,19 +340,18 @@ class FullyShardedDataParallel(nn.Module):
                     "parameters in a different order")
             raise ValueError(f"tessera FSDP: the ranks' models differ in {mine[0]}: {problem}")
 
-    def _broadcast_from_rank0(self):
+    def _broadcast_from_rank0(self, group):
         # broadcast's src is a rank of the default group.
         get_global_rank = getattr(dist, "get_global_rank", None) or \
             dist.distributed_c10d._get_global_rank
-        source = (0 if self.process_group is dist.group.WORLD
-                  else get_global_rank(self.process_group, 0))
+        source = 0 if group is dist.group.WORLD else get_global_rank(group, 0)
         with torch.no_grad():
             for p in self._params:
-                dist.broadcast(p.data, src=source, group=self.process_group)
+                dist.broadcast(p.data, src=source, group=group)
             for _, m in self._own_modules():
                 for b in m._buffers.values():
                     if b is not None:
-                        dist.broadcast(b, src=source, group=self.process_group)
+                        dist.broadcast(b, src=source, group=group)
 
     def _shard(self):
         sharded = self.sharding_strategy != ShardingStrategy.NO_SHARD
@@ -391,7 +428,7 @@ class FullyShardedDataParallel(nn.Module):
             self._set_views(self._full)
         output = self._fsdp_wrapped_module(*args, **kwargs)
         # The root keeps its parameters until its backward; FULL_SHARD frees the others now.
-        if self.sharding_strategy == ShardingStrategy.FULL_SHARD and not self._is_root:
+        if self.sharding_strategy in _FREED_AFTER_FORWARD and not self._is_root:
             self._free_full()
         if torch.is_grad_enabled():
             _for_each_tensor(output, lambda t: t.register_hook(self._pre_backward)
@@ -410,13 +447,15 @@ class FullyShardedDataParallel(nn.Module):
         self._full.grad = None
         if grad is not None and self._sync_gradients:
             with torch.no_grad():
-                grad = grad / self.world_size  # averaged, as DDP does
+                grad = grad / self._gradient_divisor  # averaged, as DDP does
                 if self.sharding_strategy == ShardingStrategy.NO_SHARD:
                     dist.all_reduce(grad, group=self.process_group)
                     shard_grad = grad
                 else:
                     shard_grad = torch.empty(self._shard_numel, dtype=grad.dtype)
                     _reduce_scatter(shard_grad, grad, self.process_group)
+                    if self._replicate_group is not None:
+                        dist.all_reduce(shard_grad, group=self._replicate_group)
                 if self.flat_param.grad is None:
                     self.flat_param.grad = shard_grad
                 else:
