@@ -297,9 +297,8 @@ class FsdpErrorsTest(unittest.TestCase):
 
     def test_unsupported_arguments_raise(self):
         from tessera.torch.fsdp import (CPUOffload, FullyShardedDataParallel as FSDP,
-                                        MixedPrecision, StateDictType)
+                                        StateDictType)
         cases = {
-            "mixed_precision": dict(mixed_precision=MixedPrecision(param_dtype=torch.float16)),
             "cpu_offload": dict(cpu_offload=CPUOffload(offload_params=True)),
             "param_init_fn": dict(param_init_fn=lambda m: None),
             "use_orig_params": dict(use_orig_params=True),

@@ -141,6 +141,17 @@ def _all_gather_strings(text, group):
             for r in range(world)]
 
 
+def _cast_floating(value, dtype):
+    """value with its floating-point tensors (in lists, tuples and dicts) cast to dtype."""
+    if torch.is_tensor(value):
+        return value.to(dtype) if value.is_floating_point() else value
+    if isinstance(value, (list, tuple)):
+        return type(value)(_cast_floating(item, dtype) for item in value)
+    if isinstance(value, dict):
+        return {key: _cast_floating(item, dtype) for key, item in value.items()}
+    return value
+
+
 def _for_each_tensor(value, fn):
     if torch.is_tensor(value):
         fn(value)
@@ -174,12 +185,21 @@ def _recursive_wrap(module, policy, ignored_modules, ignored_params, wrap, path)
 
 class FullyShardedDataParallel(nn.Module):
     """torch.distributed.fsdp.FullyShardedDataParallel (later releases' semantics) for CPU
-    tensors. Supported: process_group, sharding_strategy FULL_SHARD / SHARD_GRAD_OP / NO_SHARD,
-    auto_wrap_policy, ignored_modules, device_id None or CPU, sync_module_states, no_sync(),
+    tensors. Supported: process_group (for HYBRID_SHARD and _HYBRID_SHARD_ZERO2 one group, the
+    default, to shard within each host, or a (shard_group, replicate_group) pair: see
+    hybrid_groups), sharding_strategy (all five), mixed_precision, auto_wrap_policy, ignored_modules, device_id None or CPU, sync_module_states, no_sync(),
     clip_grad_norm_(), summon_full_params(), full state dicts. backward_prefetch,
     forward_prefetch and limit_all_gathers are accepted and have no effect: every gather and
     reduce-scatter here is synchronous, so there is nothing to prefetch or to limit. Other
     arguments that are not their default raise NotImplementedError (issue 44).
+
+    mixed_precision: the shards (and the optimizer) stay in the parameters' dtype; the full
+    parameters are gathered in param_dtype, floating-point inputs are cast to it, gradients are
+    reduced in reduce_dtype (default param_dtype) and accumulated into the shards' .grad in
+    the parameters' dtype; buffers are cast to buffer_dtype (state dicts keep their dtype).
+    bfloat16 works for every module; float16 only for modules whose CPU kernels torch 1.13 has
+    in float16: not nn.Linear (addmm), attention or LayerNorm, which raise torch's own
+    "not implemented for 'Half'".
 
     Not thread-safe: one thread drives forward and backward, as with torch's.
     """
@@ -198,7 +218,11 @@ class FullyShardedDataParallel(nn.Module):
         if cpu_offload is not None and cpu_offload.offload_params:
             raise _unsupported("cpu_offload")
         if mixed_precision is not None:
-            raise _unsupported("mixed_precision")
+            for field in ("param_dtype", "reduce_dtype", "buffer_dtype"):
+                dtype = getattr(mixed_precision, field)
+                if dtype not in (None, torch.float16, torch.bfloat16, torch.float32):
+                    raise ValueError(f"tessera FSDP: MixedPrecision.{field}={dtype}: float16, "
+                                     f"bfloat16, float32 or None")
         if param_init_fn is not None:
             raise _unsupported("param_init_fn")
         if use_orig_params:
@@ -236,6 +260,7 @@ class FullyShardedDataParallel(nn.Module):
         self._sync_gradients = True
         self._state_dict_type = StateDictType.FULL_STATE_DICT
         self._state_dict_config = FullStateDictConfig()
+        self._mixed_precision = mixed_precision or MixedPrecision()
 
         ignored_modules = set(ignored_modules or ())
         for m in list(ignored_modules):
@@ -246,6 +271,7 @@ class FullyShardedDataParallel(nn.Module):
         arguments = dict(process_group=process_group, sharding_strategy=sharding_strategy,
                          backward_prefetch=backward_prefetch, ignored_modules=ignored_modules,
                          device_id=device_id, sync_module_states=sync_module_states,
+                         mixed_precision=mixed_precision,
                          forward_prefetch=forward_prefetch, limit_all_gathers=limit_all_gathers)
         if auto_wrap_policy is not None:
             def wrap(child, path):
@@ -254,6 +280,10 @@ class FullyShardedDataParallel(nn.Module):
         self._fsdp_wrapped_module = module
         self._flatten(ignored_params)
         self._check_same_on_every_rank()
+        # The dtype of the full parameters (forward and backward) and of the gradients'
+        # reduction; the shards stay in the parameters' own dtype (the optimizer's).
+        self._param_dtype = self._mixed_precision.param_dtype or self._dtype
+        self._reduce_dtype = self._mixed_precision.reduce_dtype or self._param_dtype
         if sync_module_states:
             # Replicate group first: its rank 0 is on the first host, whose shard-group rank 0
             # then holds rank 0's values for the broadcast within each host.
@@ -358,6 +388,7 @@ class FullyShardedDataParallel(nn.Module):
         world = self.world_size if sharded else 1
         self._padded = math.ceil(self._numel / world) * world
         self._shard_numel = self._padded // world
+        self._cast_buffers()
         if self._numel == 0:
             self.flat_param = None
             self._full = None
@@ -369,12 +400,17 @@ class FullyShardedDataParallel(nn.Module):
             start = self.rank * self._shard_numel
             self.flat_param = nn.Parameter(flat[start:start + self._shard_numel].clone(),
                                            requires_grad=self._requires_grad)
-            self._full = flat.requires_grad_(self._requires_grad)
-        else:
+            self._full = flat.to(self._param_dtype).requires_grad_(self._requires_grad)
+        elif self._param_dtype == self._dtype:
             # The shard is the whole: the full tensor shares its memory (other version counter).
             self.flat_param = nn.Parameter(flat, requires_grad=self._requires_grad)
             self._full = flat.data.requires_grad_(self._requires_grad)
-            self._full_gathered = True
+        else:
+            # NO_SHARD in lower precision: the full tensor is the shard's cast copy, made anew
+            # at each forward.
+            self.flat_param = nn.Parameter(flat, requires_grad=self._requires_grad)
+            self._full = flat.to(self._param_dtype).requires_grad_(self._requires_grad)
+        self._full_is_shard = self._full.data_ptr() == self.flat_param.data_ptr()
         self._params = None  # the originals are now views of the full tensor
         self._grad_accumulator = None
         if self._requires_grad:
@@ -394,11 +430,41 @@ class FullyShardedDataParallel(nn.Module):
             return
         _resize_storage(self._full, self._padded)
         with torch.no_grad():
-            _all_gather_into(self._full.data, self.flat_param.data, self.process_group)
+            # Cast before the gather: the same values as casting after, in less traffic.
+            shard = self.flat_param.data.to(self._param_dtype)
+            if self.sharding_strategy == ShardingStrategy.NO_SHARD:
+                self._full.data.copy_(shard)
+            else:
+                _all_gather_into(self._full.data, shard, self.process_group)
         self._full_gathered = True
 
+    def _full_precision_full(self):
+        """The gathered flat tensor in the shards' dtype: _full itself (gathered) without
+        mixed precision, else a new tensor (_full stays freed)."""
+        if self._param_dtype == self._dtype:
+            self._gather_full()
+            return self._full.data
+        if self._full_is_shard or self.sharding_strategy == ShardingStrategy.NO_SHARD:
+            return self.flat_param.data
+        full = torch.empty(self._padded, dtype=self._dtype)
+        _all_gather_into(full, self.flat_param.data, self.process_group)
+        return full
+
+    def _cast_buffers(self):
+        """Casts the floating-point buffers of this unit's modules to buffer_dtype, keeping
+        their dtypes for the state dict."""
+        dtype = self._mixed_precision.buffer_dtype
+        if dtype is None:
+            return
+        for _, m in self._own_modules():
+            m._tessera_fsdp_buffer_dtypes = {}
+            for name, b in m._buffers.items():
+                if b is not None and b.is_floating_point():
+                    m._tessera_fsdp_buffer_dtypes[name] = b.dtype
+                    m._buffers[name] = b.to(dtype)
+
     def _free_full(self):
-        if self.sharding_strategy == ShardingStrategy.NO_SHARD or self._full is None:
+        if self._full is None or self._full_is_shard:
             return
         _resize_storage(self._full, 0)
         self._full_gathered = False
@@ -426,6 +492,9 @@ class FullyShardedDataParallel(nn.Module):
             self._free_full()
             self._gather_full()
             self._set_views(self._full)
+        if self._param_dtype != self._dtype:
+            # The inputs in the parameters' dtype, as torch's FSDP casts them.
+            args, kwargs = _cast_floating((args, kwargs), self._param_dtype)
         output = self._fsdp_wrapped_module(*args, **kwargs)
         # The root keeps its parameters until its backward; FULL_SHARD frees the others now.
         if self.sharding_strategy in _FREED_AFTER_FORWARD and not self._is_root:
@@ -447,7 +516,8 @@ class FullyShardedDataParallel(nn.Module):
         self._full.grad = None
         if grad is not None and self._sync_gradients:
             with torch.no_grad():
-                grad = grad / self._gradient_divisor  # averaged, as DDP does
+                # Averaged, as DDP does, in the reduction's dtype.
+                grad = grad.to(self._reduce_dtype) / self._gradient_divisor
                 if self.sharding_strategy == ShardingStrategy.NO_SHARD:
                     dist.all_reduce(grad, group=self.process_group)
                     shard_grad = grad
@@ -456,6 +526,7 @@ class FullyShardedDataParallel(nn.Module):
                     _reduce_scatter(shard_grad, grad, self.process_group)
                     if self._replicate_group is not None:
                         dist.all_reduce(shard_grad, group=self._replicate_group)
+                shard_grad = shard_grad.to(self._dtype)
                 if self.flat_param.grad is None:
                     self.flat_param.grad = shard_grad
                 else:
@@ -463,14 +534,12 @@ class FullyShardedDataParallel(nn.Module):
         elif grad is not None:
             # no_sync: keep the unreduced full gradient for the next synced backward.
             self._full.grad = grad
-        if self.sharding_strategy != ShardingStrategy.NO_SHARD:
-            self._free_full()
+        self._free_full()
 
     def _finish_backward(self):
         self._callback_queued = False
         for unit in self._fsdp_units():
-            if unit.sharding_strategy != ShardingStrategy.NO_SHARD:
-                unit._free_full()
+            unit._free_full()
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -531,17 +600,18 @@ class FullyShardedDataParallel(nn.Module):
             raise _unsupported("summon_full_params(with_grads=True)")
         units = self._fsdp_units() if recurse else [self]
         units = [u for u in units if u.flat_param is not None]
+        fulls = []
         for u in units:
-            u._gather_full()
-            u._set_views(u._full.data)
+            fulls.append(u._full_precision_full())
+            u._set_views(fulls[-1])
         try:
             yield
         finally:
             with torch.no_grad():
-                for u in units:
-                    if writeback and u.sharding_strategy != ShardingStrategy.NO_SHARD:
+                for u, full in zip(units, fulls):
+                    if writeback and full.data_ptr() != u.flat_param.data_ptr():
                         start = u.rank * u._shard_numel
-                        u.flat_param.data.copy_(u._full.data[start:start + u._shard_numel])
+                        u.flat_param.data.copy_(full[start:start + u._shard_numel])
                     u._free_full()
 
     @staticmethod
@@ -565,9 +635,10 @@ class FullyShardedDataParallel(nn.Module):
             for u, (kind, config) in zip(units, previous):
                 u._state_dict_type, u._state_dict_config = kind, config
 
-    def _original_entries(self, prefix=""):
+    def _original_entries(self, prefix="", model_dtypes=True):
         """(key, tensor) of the unwrapped model's state dict, in its order; inside
-        summon_full_params."""
+        summon_full_params. With model_dtypes, buffers that buffer_dtype cast are copies in
+        the dtype the model had; else the buffers themselves (to load into)."""
         def walk(m, prefix):
             while isinstance(m, FullyShardedDataParallel):
                 m = m._fsdp_wrapped_module
@@ -577,9 +648,12 @@ class FullyShardedDataParallel(nn.Module):
             for name, p in m._parameters.items():
                 if p is not None and name not in names:
                     yield prefix + name, p
+            dtypes = getattr(m, "_tessera_fsdp_buffer_dtypes", {})
             for name, b in m._buffers.items():
                 if b is not None and name not in m._non_persistent_buffers_set:
-                    yield prefix + name, b
+                    # In the dtype the model had (buffer_dtype is for forward only).
+                    yield prefix + name, (b.to(dtypes[name]) if model_dtypes and name in dtypes
+                                          else b)
             for name, child in m._modules.items():
                 if child is not None:
                     yield from walk(child, prefix + name + ".")
@@ -600,7 +674,7 @@ class FullyShardedDataParallel(nn.Module):
     def load_state_dict(self, state_dict, strict=True):
         """Loads a full state dict (the unwrapped model's keys) on every rank."""
         with self.summon_full_params(writeback=True), torch.no_grad():
-            entries = dict(self._original_entries())
+            entries = dict(self._original_entries(model_dtypes=False))
             missing = [k for k in entries if k not in state_dict]
             unexpected = [k for k in state_dict if k not in entries]
             if strict and (missing or unexpected):
