@@ -296,8 +296,7 @@ class FsdpErrorsTest(unittest.TestCase):
             self.assertIn("[5, 32]", error)
 
     def test_unsupported_arguments_raise(self):
-        from tessera.torch.fsdp import (CPUOffload, FullyShardedDataParallel as FSDP,
-                                        StateDictType)
+        from tessera.torch.fsdp import CPUOffload, FullyShardedDataParallel as FSDP
         cases = {
             "cpu_offload": dict(cpu_offload=CPUOffload(offload_params=True)),
             "param_init_fn": dict(param_init_fn=lambda m: None),
@@ -309,12 +308,8 @@ class FsdpErrorsTest(unittest.TestCase):
                 FSDP(nn.Linear(2, 2), **kwargs)
         with self.assertRaisesRegex(ValueError, "only CPU"):
             FSDP(nn.Linear(2, 2), device_id=torch.device("cuda", 0))
-        for kind in ("LOCAL_STATE_DICT", "SHARDED_STATE_DICT"):
-            with self.assertRaisesRegex(NotImplementedError, kind):
-                with FSDP.state_dict_type(nn.Linear(2, 2), StateDictType[kind]):
-                    pass
-        with self.assertRaisesRegex(NotImplementedError, "full_optim_state_dict"):
-            FSDP.full_optim_state_dict(nn.Linear(2, 2), None)
+        with self.assertRaisesRegex(NotImplementedError, "sharded_optim_state_dict"):
+            FSDP.sharded_optim_state_dict(nn.Linear(2, 2), None)
 
 
 if __name__ == "__main__":

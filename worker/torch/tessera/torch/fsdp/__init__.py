@@ -8,11 +8,16 @@ written for torch's FSDP runs after changing its imports to
 CUDA.) What is supported and what is not yet: docs/pytorch.md, "FSDP on tessera" (issue 44).
 """
 
-from tessera.torch.fsdp import wrap
+from tessera.torch.fsdp import checkpoint, wrap
+from tessera.torch.fsdp.checkpoint import (
+    ShardedSlice, full_state_dict_from_sharded, merge_sharded_state_dicts)
 from tessera.torch.fsdp.fully_sharded_data_parallel import (
-    BackwardPrefetch, CPUOffload, FullStateDictConfig, FullyShardedDataParallel, MixedPrecision,
-    ShardingStrategy, StateDictType)
+    BackwardPrefetch, CPUOffload, FullStateDictConfig, FullyShardedDataParallel,
+    LocalStateDictConfig, MixedPrecision, ShardedStateDictConfig, ShardingStrategy,
+    StateDictType)
 from tessera.torch.fsdp.hybrid import hybrid_groups
 
 __all__ = ["BackwardPrefetch", "CPUOffload", "FullStateDictConfig", "FullyShardedDataParallel",
-           "MixedPrecision", "ShardingStrategy", "StateDictType", "hybrid_groups", "wrap"]
+           "LocalStateDictConfig", "MixedPrecision", "ShardedSlice", "ShardedStateDictConfig",
+           "ShardingStrategy", "StateDictType", "checkpoint", "full_state_dict_from_sharded",
+           "hybrid_groups", "merge_sharded_state_dicts", "wrap"]

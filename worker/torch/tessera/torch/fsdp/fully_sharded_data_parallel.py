@@ -26,7 +26,8 @@ import torch.distributed as dist
 import torch.nn as nn
 
 __all__ = ["FullyShardedDataParallel", "ShardingStrategy", "BackwardPrefetch", "MixedPrecision",
-           "StateDictType", "FullStateDictConfig", "CPUOffload"]
+           "StateDictType", "FullStateDictConfig", "LocalStateDictConfig",
+           "ShardedStateDictConfig", "CPUOffload"]
 
 
 class ShardingStrategy(enum.Enum):
@@ -65,6 +66,20 @@ class FullStateDictConfig:
     offload_to_cpu: bool = False
     rank0_only: bool = False
 
+
+@dataclass
+class LocalStateDictConfig:
+    offload_to_cpu: bool = False
+
+
+@dataclass
+class ShardedStateDictConfig:
+    offload_to_cpu: bool = False
+
+
+_DEFAULT_CONFIGS = {StateDictType.FULL_STATE_DICT: FullStateDictConfig,
+                    StateDictType.LOCAL_STATE_DICT: LocalStateDictConfig,
+                    StateDictType.SHARDED_STATE_DICT: ShardedStateDictConfig}
 
 _IncompatibleKeys = namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
 
@@ -187,11 +202,13 @@ class FullyShardedDataParallel(nn.Module):
     """torch.distributed.fsdp.FullyShardedDataParallel (later releases' semantics) for CPU
     tensors. Supported: process_group (for HYBRID_SHARD and _HYBRID_SHARD_ZERO2 one group, the
     default, to shard within each host, or a (shard_group, replicate_group) pair: see
-    hybrid_groups), sharding_strategy (all five), mixed_precision, auto_wrap_policy, ignored_modules, device_id None or CPU, sync_module_states, no_sync(),
-    clip_grad_norm_(), summon_full_params(), full state dicts. backward_prefetch,
-    forward_prefetch and limit_all_gathers are accepted and have no effect: every gather and
-    reduce-scatter here is synchronous, so there is nothing to prefetch or to limit. Other
-    arguments that are not their default raise NotImplementedError (issue 44).
+    hybrid_groups), sharding_strategy (all five), mixed_precision, auto_wrap_policy,
+    ignored_modules, device_id None or CPU, sync_module_states, no_sync(), clip_grad_norm_(),
+    summon_full_params(), full, local and sharded state dicts (checkpoint.py), and the full
+    optimizer state dict functions. backward_prefetch, forward_prefetch and limit_all_gathers
+    are accepted and have no effect: every gather and reduce-scatter here is synchronous, so
+    there is nothing to prefetch or to limit. Other arguments that are not their default raise
+    NotImplementedError (issue 44).
 
     mixed_precision: the shards (and the optimizer) stay in the parameters' dtype; the full
     parameters are gathered in param_dtype, floating-point inputs are cast to it, gradients are
@@ -618,32 +635,31 @@ class FullyShardedDataParallel(nn.Module):
     @contextlib.contextmanager
     def state_dict_type(module, state_dict_type, state_dict_config=None,
                         optim_state_dict_config=None):
-        """Sets the kind of state dict of every FSDP unit in module within it. Only
-        FULL_STATE_DICT is supported for now."""
-        if state_dict_type != StateDictType.FULL_STATE_DICT:
-            raise _unsupported(f"StateDictType.{state_dict_type.name}")
-        if optim_state_dict_config is not None:
-            raise _unsupported("optim_state_dict_config")
+        """Sets the kind of state dict of every FSDP unit in module within it:
+        FULL_STATE_DICT (the unwrapped model's, gathered), LOCAL_STATE_DICT (each unit's shard
+        as it is, "<unit>.flat_param"; loads only where it was saved) or SHARDED_STATE_DICT
+        (each parameter's slice in this rank's shard by name: tessera.torch.fsdp.checkpoint;
+        loads at any world size and strategy)."""
         units = [m for m in module.modules() if isinstance(m, FullyShardedDataParallel)]
         previous = [(u._state_dict_type, u._state_dict_config) for u in units]
-        for u in units:
-            u._state_dict_type = state_dict_type
-            u._state_dict_config = state_dict_config or FullStateDictConfig()
+        FullyShardedDataParallel.set_state_dict_type(module, state_dict_type, state_dict_config,
+                                                     optim_state_dict_config)
         try:
             yield
         finally:
             for u, (kind, config) in zip(units, previous):
                 u._state_dict_type, u._state_dict_config = kind, config
 
-    def _original_entries(self, prefix="", model_dtypes=True):
+    def _original_entries(self, prefix="", model_dtypes=True, flattened=True):
         """(key, tensor) of the unwrapped model's state dict, in its order; inside
-        summon_full_params. With model_dtypes, buffers that buffer_dtype cast are copies in
-        the dtype the model had; else the buffers themselves (to load into)."""
+        summon_full_params (or with flattened=False, which leaves out the parameters the units
+        flattened). With model_dtypes, buffers that buffer_dtype cast are copies in the dtype
+        the model had; else the buffers themselves (to load into)."""
         def walk(m, prefix):
             while isinstance(m, FullyShardedDataParallel):
                 m = m._fsdp_wrapped_module
             names = getattr(m, "_tessera_fsdp_param_names", [])
-            for name in names:
+            for name in names if flattened else ():
                 yield prefix + name, getattr(m, name)
             for name, p in m._parameters.items():
                 if p is not None and name not in names:
@@ -660,10 +676,16 @@ class FullyShardedDataParallel(nn.Module):
         return walk(self, prefix)
 
     def state_dict(self, destination=None, prefix="", keep_vars=False):
-        """The full state dict with the unwrapped model's keys (loads into the plain module).
-        A collective: every rank calls it; with rank0_only the others get an empty dict."""
+        """The state dict of the kind state_dict_type chose. FULL_STATE_DICT (the default): the
+        unwrapped model's keys (loads into the plain module); a collective: every rank calls
+        it; with rank0_only the others get an empty dict."""
+        from tessera.torch.fsdp import checkpoint
         if destination is None:
             destination = {}
+        if self._state_dict_type == StateDictType.LOCAL_STATE_DICT:
+            return checkpoint.local_state_dict(self, destination, prefix)
+        if self._state_dict_type == StateDictType.SHARDED_STATE_DICT:
+            return checkpoint.sharded_state_dict(self, destination, prefix)
         with self.summon_full_params(writeback=False):
             if self._state_dict_config.rank0_only and self.rank != 0:
                 return destination
@@ -672,7 +694,17 @@ class FullyShardedDataParallel(nn.Module):
         return destination
 
     def load_state_dict(self, state_dict, strict=True):
-        """Loads a full state dict (the unwrapped model's keys) on every rank."""
+        """Loads a state dict of the kind state_dict_type chose: a full state dict (the
+        unwrapped model's keys) on every rank; a local one saved at this rank; a sharded one
+        whose values are ShardedSlices or lists of them (merge_sharded_state_dicts of the
+        files every rank saved, at any world size and strategy)."""
+        from tessera.torch.fsdp import checkpoint
+        if self._state_dict_type == StateDictType.LOCAL_STATE_DICT:
+            checkpoint.load_local_state_dict(self, state_dict)
+            return _IncompatibleKeys([], [])
+        if self._state_dict_type == StateDictType.SHARDED_STATE_DICT:
+            checkpoint.load_sharded_state_dict(self, state_dict)
+            return _IncompatibleKeys([], [])
         with self.summon_full_params(writeback=True), torch.no_grad():
             entries = dict(self._original_entries(model_dtypes=False))
             missing = [k for k in entries if k not in state_dict]
@@ -701,32 +733,55 @@ class FullyShardedDataParallel(nn.Module):
                 raise
             return getattr(self._fsdp_wrapped_module, name)
 
-    # -- not yet (issue 44) ---------------------------------------------------------------------
+    # -- state dict types and optimizer state dicts ----------------------------------------------
 
     @staticmethod
     def set_state_dict_type(module, state_dict_type, state_dict_config=None,
                             optim_state_dict_config=None):
-        raise _unsupported("FullyShardedDataParallel.set_state_dict_type")
+        """Sets the kind of state dict of every FSDP unit in module (state_dict_type is the
+        same, within a with block)."""
+        if optim_state_dict_config is not None:
+            raise _unsupported("optim_state_dict_config")
+        if not isinstance(state_dict_type, StateDictType):
+            raise TypeError(f"tessera FSDP: state_dict_type must be a StateDictType, not "
+                            f"{state_dict_type!r}")
+        for u in module.modules():
+            if isinstance(u, FullyShardedDataParallel):
+                u._state_dict_type = state_dict_type
+                u._state_dict_config = state_dict_config or _DEFAULT_CONFIGS[state_dict_type]()
 
     @staticmethod
-    def full_optim_state_dict(*args, **kwargs):
-        raise _unsupported("FullyShardedDataParallel.full_optim_state_dict")
+    def full_optim_state_dict(model, optim, optim_input=None, rank0_only=True, group=None):
+        """The optimizer's state as for the unwrapped model, keyed by parameter names (later
+        torch's optim_state_dict keys; torch 1.13 keyed by parameter ids):
+        tessera.torch.fsdp.checkpoint.full_optim_state_dict."""
+        from tessera.torch.fsdp import checkpoint
+        return checkpoint.full_optim_state_dict(model, optim, optim_input, rank0_only, group)
+
+    @staticmethod
+    def shard_full_optim_state_dict(full_optim_state_dict, model, optim_input=None):
+        """This rank's optimizer state dict (for an optimizer over model.parameters()) from a
+        full one saved at any world size and strategy."""
+        from tessera.torch.fsdp import checkpoint
+        return checkpoint.shard_full_optim_state_dict(full_optim_state_dict, model, optim_input)
+
+    @staticmethod
+    def scatter_full_optim_state_dict(full_optim_state_dict, model, optim_input=None,
+                                      group=None):
+        """shard_full_optim_state_dict with the full one given on rank 0 only."""
+        from tessera.torch.fsdp import checkpoint
+        return checkpoint.scatter_full_optim_state_dict(full_optim_state_dict, model,
+                                                        optim_input, group)
+
+    # -- not yet (issue 44) ---------------------------------------------------------------------
 
     @staticmethod
     def sharded_optim_state_dict(*args, **kwargs):
         raise _unsupported("FullyShardedDataParallel.sharded_optim_state_dict")
 
     @staticmethod
-    def shard_full_optim_state_dict(*args, **kwargs):
-        raise _unsupported("FullyShardedDataParallel.shard_full_optim_state_dict")
-
-    @staticmethod
     def flatten_sharded_optim_state_dict(*args, **kwargs):
         raise _unsupported("FullyShardedDataParallel.flatten_sharded_optim_state_dict")
-
-    @staticmethod
-    def scatter_full_optim_state_dict(*args, **kwargs):
-        raise _unsupported("FullyShardedDataParallel.scatter_full_optim_state_dict")
 
     @staticmethod
     def rekey_optim_state_dict(*args, **kwargs):
