@@ -10,6 +10,7 @@ momentum and weight decay, every parameter within 1e-6 relative to its tensor's 
 
 import unittest
 
+import torch
 import torch.distributed as dist
 
 import fsdp_test
@@ -49,6 +50,16 @@ def _hybrid(rank, world_size):
         results[f"residency {strategy}"] = {
             "kept after forward": after_forward, "kept after backward": after_backward,
             "shards": total // SHARD_SIZE <= shards <= total // SHARD_SIZE + 3 * SHARD_SIZE}
+    # sync_module_states: every rank starts from rank 0's values (broadcast across the
+    # replicate group, then within the shard group).
+    torch.manual_seed(rank)
+    synced = FSDP(fsdp_test._Mlp(), auto_wrap_policy=fsdp_test._policy("mlp"),
+                  sharding_strategy=ShardingStrategy.HYBRID_SHARD, process_group=pair,
+                  sync_module_states=True)
+    torch.manual_seed(0)
+    expected = fsdp_test._Mlp().state_dict()
+    results["synced from rank 0"] = all(torch.equal(v, expected[k])
+                                        for k, v in synced.state_dict().items())
     # One group (the default): hosts by hostname; here one host, so the shard group is the
     # world and the replicate groups have one rank each.
     fsdp = FSDP(fsdp_test._make("mlp"), sharding_strategy=ShardingStrategy.HYBRID_SHARD)
@@ -73,6 +84,10 @@ class HybridShardTest(unittest.TestCase):
             self.assertEqual(r["shard group size"], SHARD_SIZE)
             self.assertEqual(r["replicate group size"], WORLD_SIZE // SHARD_SIZE)
             self.assertEqual(r["by hostname"], (WORLD_SIZE, 1))
+
+    def test_sync_module_states_starts_every_rank_from_rank_0(self):
+        for r in self.results:
+            self.assertTrue(r["synced from rank 0"])
 
     def test_equals_ddp(self):
         worst = max(e for r in self.results for e in r.values() if isinstance(e, float))
