@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from tessera.torch.fsdp.collectives import all_gather_into
+
 __all__ = ["ShardedSlice", "merge_sharded_state_dicts", "full_state_dict_from_sharded",
            "full_optim_state_dict", "shard_full_optim_state_dict",
            "scatter_full_optim_state_dict"]
@@ -272,11 +274,11 @@ def full_optim_state_dict(model, optim, optim_input=None, rank0_only=True, group
 
 
 def _gather_flat(unit, shard_value):
-    from tessera.torch.fsdp.fully_sharded_data_parallel import ShardingStrategy, _all_gather_into
+    from tessera.torch.fsdp.fully_sharded_data_parallel import ShardingStrategy
     if unit.sharding_strategy == ShardingStrategy.NO_SHARD:
         return shard_value.detach()
     full = torch.empty(unit._padded, dtype=shard_value.dtype)
-    _all_gather_into(full, shard_value.detach().contiguous(), unit.process_group)
+    all_gather_into(full, shard_value.detach().contiguous(), unit.process_group)
     return full
 
 

@@ -1,6 +1,6 @@
 """FullyShardedDataParallel in pure Python over any torch.distributed process group whose
 backend has all-gather into one tensor, reduce-scatter of one tensor, all_reduce and broadcast
-on CPU tensors (tessera; gloo through the fallbacks in _all_gather_into and _reduce_scatter).
+on CPU tensors (tessera; gloo through the fallbacks in collectives.py).
 
 Words used below:
   unit         a module the auto-wrap policy wraps (or the user wraps), plus the root for what
@@ -24,6 +24,8 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+
+from tessera.torch.fsdp.collectives import all_gather_into, all_gather_strings, reduce_scatter
 
 __all__ = ["FullyShardedDataParallel", "ShardingStrategy", "BackwardPrefetch", "MixedPrecision",
            "StateDictType", "FullStateDictConfig", "LocalStateDictConfig",
@@ -116,44 +118,6 @@ def _resize_storage(tensor, numel):
         tensor.untyped_storage().resize_(numel * tensor.element_size())
     else:
         tensor.storage().resize_(numel)
-
-
-def _is_gloo(group):
-    return dist.get_backend(group) == dist.Backend.GLOO
-
-
-def _all_gather_into(output, shard, group):
-    if _is_gloo(group):
-        # Gloo in torch 1.13 has no _allgather_base for CPU tensors: gather into the slices.
-        dist.all_gather(list(output.chunk(dist.get_world_size(group))), shard, group=group)
-    else:
-        dist.all_gather_into_tensor(output, shard, group=group)
-
-
-def _reduce_scatter(shard, full, group):
-    """shard = the sum over ranks of this rank's slice of full; full may be overwritten."""
-    if _is_gloo(group):
-        # Gloo in torch 1.13 has no _reduce_scatter_base for CPU tensors: all-reduce the whole
-        # and keep this rank's slice (world size times the traffic, same result).
-        dist.all_reduce(full, group=group)
-        shard.copy_(full.chunk(dist.get_world_size(group))[dist.get_rank(group)])
-    else:
-        dist.reduce_scatter_tensor(shard, full, group=group)
-
-
-def _all_gather_strings(text, group):
-    """Every rank's `text`, by rank (through all-gathers of fixed-size byte tensors)."""
-    world = dist.get_world_size(group)
-    data = torch.tensor(list(text.encode()), dtype=torch.uint8)
-    lengths = torch.zeros(world, dtype=torch.int64)
-    _all_gather_into(lengths, torch.tensor([data.numel()], dtype=torch.int64), group)
-    longest = int(lengths.max())
-    padded = torch.zeros(longest, dtype=torch.uint8)
-    padded[:data.numel()] = data
-    everyone = torch.zeros(world * longest, dtype=torch.uint8)
-    _all_gather_into(everyone, padded, group)
-    return [bytes(everyone[r * longest:r * longest + int(lengths[r])].tolist()).decode()
-            for r in range(world)]
 
 
 def _cast_floating(value, dtype):
@@ -370,7 +334,7 @@ class FullyShardedDataParallel(nn.Module):
         """Fails on every rank when the ranks' units differ, naming the unit, the parameter and
         both shapes: their collectives would otherwise mismatch."""
         everyone = [d.split("\n") for d in
-                    _all_gather_strings(self._describe(), self.process_group)]
+                    all_gather_strings(self._describe(), self.process_group)]
         mine = everyone[self.rank]
         for r, theirs in enumerate(everyone):
             if theirs == mine:
@@ -452,7 +416,7 @@ class FullyShardedDataParallel(nn.Module):
             if self.sharding_strategy == ShardingStrategy.NO_SHARD:
                 self._full.data.copy_(shard)
             else:
-                _all_gather_into(self._full.data, shard, self.process_group)
+                all_gather_into(self._full.data, shard, self.process_group)
         self._full_gathered = True
 
     def _full_precision_full(self):
@@ -464,7 +428,7 @@ class FullyShardedDataParallel(nn.Module):
         if self._full_is_shard or self.sharding_strategy == ShardingStrategy.NO_SHARD:
             return self.flat_param.data
         full = torch.empty(self._padded, dtype=self._dtype)
-        _all_gather_into(full, self.flat_param.data, self.process_group)
+        all_gather_into(full, self.flat_param.data, self.process_group)
         return full
 
     def _cast_buffers(self):
@@ -540,7 +504,7 @@ class FullyShardedDataParallel(nn.Module):
                     shard_grad = grad
                 else:
                     shard_grad = torch.empty(self._shard_numel, dtype=grad.dtype)
-                    _reduce_scatter(shard_grad, grad, self.process_group)
+                    reduce_scatter(shard_grad, grad, self.process_group)
                     if self._replicate_group is not None:
                         dist.all_reduce(shard_grad, group=self._replicate_group)
                 shard_grad = shard_grad.to(self._dtype)

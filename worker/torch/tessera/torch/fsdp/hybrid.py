@@ -13,13 +13,14 @@ import socket
 
 import torch.distributed as dist
 
+from tessera.torch.fsdp.collectives import all_gather_strings
+
 __all__ = ["hybrid_groups"]
 
 
 def _hosts_by_name():
     """The default group's ranks grouped by hostname, in the order of their first rank."""
-    from tessera.torch.fsdp.fully_sharded_data_parallel import _all_gather_strings
-    names = _all_gather_strings(socket.gethostname(), dist.group.WORLD)
+    names = all_gather_strings(socket.gethostname(), dist.group.WORLD)
     hosts = {}
     for rank, name in enumerate(names):
         hosts.setdefault(name, []).append(rank)
