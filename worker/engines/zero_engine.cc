@@ -26,6 +26,12 @@ constexpr uint64_t kStopTagBase = 1ull << 59;
 
 constexpr uint64_t kFloat = sizeof(float);
 
+Status HsdpCheckpointsUnimplemented() {
+  return UnimplementedError(
+      "hsdp writes and restores no checkpoints yet (issue 44): use zero3 or allreduce for a "
+      "run with --checkpoint-dir");
+}
+
 }  // namespace
 
 StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(const ZeroEngineOptions& options,
@@ -78,9 +84,20 @@ Status ZeroEngine::Initialize(const ParameterLayout& layout,
                                 std::to_string(tables.size()) +
                                 " of this model): use a ps-* mode for the ctr model");
   }
+  Collectives* const replicate = options_.replicate;
+  if (replicate != nullptr) {
+    RETURN_IF_ERROR(CheckLayoutsMatch(replicate, layout, kFingerprintTag));
+  }
   RETURN_IF_ERROR(CheckLayoutsMatch(collectives_, layout, kFingerprintTag));
   layout_ = layout;
   size_ = layout.total_size();
+  // HSDP: the first shard group's parameters to every group's rank of the same index first,
+  // so that the shard groups' broadcasts below all send the world's rank 0's.
+  if (replicate != nullptr) {
+    RETURN_IF_ERROR(replicate->Broadcast(params, size_, DataType::kFloat32, /*root=*/0,
+                                         "initial parameters", kBroadcastTag)
+                        .WithContext("broadcasting the first shard group's parameters"));
+  }
   RETURN_IF_ERROR(collectives_->Broadcast(params, size_, DataType::kFloat32, /*root=*/0,
                                           "initial parameters", kBroadcastTag)
                       .WithContext("broadcasting rank 0's parameters"));
@@ -108,8 +125,13 @@ Status ZeroEngine::Initialize(const ParameterLayout& layout,
   InitOptimizerState(options_.optimizer, state_.data(), owned_);
   comm_ = std::make_unique<CommThread>();
   PublishBytes();
-  TLOG(INFO) << name() << " among " << world << " workers: " << size_ << " parameters in "
-             << tensors_.size() << " tensors, " << owned_ << " owned here";
+  TLOG(INFO) << name() << " among " << world << " workers"
+             << (replicate != nullptr
+                     ? " (a shard group, in " + std::to_string(replicate->world_size()) +
+                           " replicas)"
+                     : std::string())
+             << ": " << size_ << " parameters in " << tensors_.size() << " tensors, " << owned_
+             << " owned here";
   return OkStatus();
 }
 
@@ -271,6 +293,18 @@ Status ZeroEngine::GradientsDone(const ParameterBlock& block) {
                                            kOpTagBase + w.tag)
                    .WithContext("reduce-scattering the gradients of '" + t.name + "'");
       if (!status.ok()) break;
+      // HSDP: the shard group's mean of this slice, averaged with the other groups' (each
+      // holds the same slice of its own ranks' gradients), under the same tag on the
+      // replicate group.
+      float* shard = w.add ? gradients + t.slice.offset : slice;
+      if (options_.replicate != nullptr && t.slice.size > 0) {
+        status = options_.replicate
+                     ->AllReduce(shard, t.slice.size, DataType::kFloat32, ReduceOp::kAverage,
+                                 t.name, kOpTagBase + w.tag)
+                     .WithContext("averaging the gradient shard of '" + t.name +
+                                  "' across the replicas");
+        if (!status.ok()) break;
+      }
       if (w.add) {
         const float* reduced = gradients + t.slice.offset;
         for (uint64_t j = 0; j < t.slice.size; ++j) slice[j] += reduced[j];
@@ -439,6 +473,7 @@ std::vector<Partition> ZeroEngine::OwnedSlices() const {
 }
 
 Status ZeroEngine::SaveCheckpoint(const std::string& root, int64_t step, const float* params) {
+  if (options_.replicate != nullptr) return HsdpCheckpointsUnimplemented();
   const ShardedCheckpointSpec spec{std::string(name()), &layout_, options_.optimizer.kind,
                                    options_.restores_checkpoints_of};
   const std::vector<Partition> slices = OwnedSlices();
@@ -456,6 +491,7 @@ Status ZeroEngine::SaveCheckpoint(const std::string& root, int64_t step, const f
 }
 
 Status ZeroEngine::RestoreCheckpoint(const std::string& root, int64_t step, float* params) {
+  if (options_.replicate != nullptr) return HsdpCheckpointsUnimplemented();
   const ShardedCheckpointSpec spec{std::string(name()), &layout_, options_.optimizer.kind,
                                    options_.restores_checkpoints_of};
   RETURN_IF_ERROR(RestoreShardedCheckpoint(
@@ -498,8 +534,12 @@ void ZeroEngine::PublishBytes() {
 
 StatusOr<bool> ZeroEngine::AgreeToStop(int64_t step, bool stop) {
   // The communication thread is idle after Step, so the call can run here.
-  return AnyRank(collectives_, stop, "whether to stop after step " + std::to_string(step),
-                 kStopTagBase + static_cast<uint64_t>(step));
+  const std::string what = "whether to stop after step " + std::to_string(step);
+  const uint64_t tag = kStopTagBase + static_cast<uint64_t>(step);
+  ASSIGN_OR_RETURN(bool any_in_group, AnyRank(collectives_, stop, what, tag));
+  if (options_.replicate == nullptr) return any_in_group;
+  // Any rank of any shard group: every group's answer, across the replicas.
+  return AnyRank(options_.replicate, any_in_group, what, tag);
 }
 
 }  // namespace tessera::worker

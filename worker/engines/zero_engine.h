@@ -34,6 +34,14 @@
 //                        a block it waits until fewer than that await their reduce-scatter.
 // With the defaults both are at most the two largest layers' parameters.
 //
+// HSDP (`--mode hsdp`, PyTorch's HYBRID_SHARD): with a `replicate` communicator, `collectives`
+// is this rank's shard group and `replicate` the ranks holding the same shard in the other
+// groups; each reduced gradient slice is then also averaged across `replicate` (an all-reduce,
+// on the communication thread right after its reduce-scatter), so every replica updates the
+// same slice with the world's mean gradient. Shard groups must be of one size, so that the
+// mean of their means is the world's. The initial parameters come from the replicate group's
+// rank 0, the stop agreement spans both; checkpoints are refused (issue 44).
+//
 // Results equal --mode allreduce up to float rounding (the ring reduces per tensor here, per
 // bucket there, so the summation order differs).
 //
@@ -71,6 +79,9 @@ struct ZeroEngineOptions {
   // RestoreCheckpoint: the modes whose checkpoints this engine restores (sharded_state.h's
   // format), as the mode registry (worker/modes/mode_registry.h) lists them.
   std::vector<std::string> restores_checkpoints_of;
+  // HSDP (above): the ranks holding this rank's shard in the other shard groups; not owned,
+  // must outlive the engine. Null (zero2, zero3): `collectives` is the whole world.
+  Collectives* replicate = nullptr;
 };
 
 class ZeroEngine final : public TrainingEngine, private ParameterStorage {
@@ -81,13 +92,16 @@ class ZeroEngine final : public TrainingEngine, private ParameterStorage {
                                                       MetricsRegistry* metrics);
   ~ZeroEngine() override;
 
-  std::string_view name() const override { return options_.stage == 2 ? "zero2" : "zero3"; }
+  std::string_view name() const override {
+    if (options_.replicate != nullptr) return "hsdp";
+    return options_.stage == 2 ? "zero2" : "zero3";
+  }
   Status Initialize(const ParameterLayout& layout, const std::vector<EmbeddingTableSpec>& tables,
                     float* params) override;
   void OnBackwardStart(int64_t step, float* grads) override;
   Status Step(int64_t step, float* params, float* grads,
               const std::vector<SparseRows>& sparse) override;
-  // Whether any rank was asked to stop (one tiny all-reduce per step).
+  // Whether any rank was asked to stop (one tiny all-reduce per step; HSDP: one per group).
   StatusOr<bool> AgreeToStop(int64_t step, bool stop) override;
   ParameterStorage* parameter_storage() override { return this; }
   Status GatherParameters(float* params) override;
