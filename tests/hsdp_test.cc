@@ -1,6 +1,6 @@
 // --mode hsdp end to end (issue 44, item 4): workers on loopback under tessera-launch, ZeRO-3
 // within shard groups and replicated across them, compared against --mode allreduce and zero3
-// on the same world, seed and data; and its refusals.
+// on the same world, seed and data; its checkpoints; and its refusal of a bad group size.
 //
 // Tolerance: that of allreduce_test.cc's ZeRO comparisons, |hsdp - allreduce| <= 1e-6 +
 // 1e-5 |allreduce| per parameter: hsdp reduce-scatters per tensor within a group and then
@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <tuple>
 
 #include "tests/fleet_harness.h"
@@ -19,8 +20,8 @@ namespace {
 
 constexpr int64_t kRunMs = 120000;
 
-std::vector<std::string> Flags() {
-  return {"--steps", "25", "--optimizer", "sgd", "--lr", "0.1", "--device", "cpu",
+std::vector<std::string> Flags(const std::string& steps = "25") {
+  return {"--steps", steps, "--optimizer", "sgd", "--lr", "0.1", "--device", "cpu",
           "--log-every", "5", "--train-samples", "1920", "--hidden", "64,32", "--input-dim",
           "16", "--classes", "4", "--seed", "5", "--batch-size", "16", "--bucket-mb", "0.002"};
 }
@@ -91,14 +92,53 @@ TEST(HsdpTest, AShardGroupSizeThatDoesNotDivideTheWorldFailsNamingBoth) {
       << output;
 }
 
-TEST(HsdpTest, CheckpointsAreRefusedNamingTheIssue) {
+bool Exists(const std::string& path) { return std::ifstream(path).good(); }
+
+// 4 workers in shard groups of 2: the first group writes the checkpoint of step 10 (two
+// shards); resuming it in hsdp ends bitwise where the uninterrupted run does, and resuming it
+// in zero3 on 2 workers (the same global batch) within the tolerance.
+TEST(HsdpTest, CheckpointsResumeInHsdpAndAtAnotherWorldSizeInZero3) {
   FleetHarness harness;
-  const std::string output = RunToFailure(
-      harness, "hsdp", Concat({"--workers", "2", "--mode", "hsdp", "--"},
-                              Concat(Flags(), {"--checkpoint-dir", TempPath("hsdp_ckpt")})));
-  EXPECT_NE(output.find("--mode hsdp writes and restores no checkpoints yet (issue 44)"),
-            std::string::npos)
-      << output;
+  const std::string dir = TempPath("hsdp_ckpt");
+  const std::string whole = TempPath("hsdp_whole.bin"), resumed = TempPath("hsdp_resumed.bin"),
+                    zero3 = TempPath("hsdp_zero3.bin");
+  const std::vector<std::string> hsdp = {"--workers", "4", "--mode", "hsdp", "--"};
+  // Runs a launcher to success; its output.
+  auto run = [&](const std::string& label, const std::vector<std::string>& args) {
+    auto id = harness.Start(label, "tools/tessera-launch", args);
+    EXPECT_TRUE(id.ok()) << id.status();
+    if (!id.ok()) return std::string();
+    auto exit = harness.WaitExit(*id, Deadline::AfterMillis(kRunMs));
+    EXPECT_TRUE(exit.ok() && exit->success()) << label << "\n" << harness.Output(*id);
+    return harness.Output(*id);
+  };
+  run("uninterrupted", Concat(hsdp, Concat(Flags("20"), {"--shard-group-size", "2",
+                                                         "--save-params", whole})));
+  run("first part", Concat(hsdp, Concat(Flags("10"), {"--shard-group-size", "2",
+                                                      "--checkpoint-dir", dir,
+                                                      "--checkpoint-every", "10"})));
+  const std::string step10 = dir + "/step-000000000010";
+  EXPECT_TRUE(Exists(step10 + "/MANIFEST.json"));
+  EXPECT_TRUE(Exists(step10 + "/rank-0.ckpt"));
+  EXPECT_TRUE(Exists(step10 + "/rank-1.ckpt"));
+  EXPECT_FALSE(Exists(step10 + "/rank-2.ckpt")) << "the second replica wrote a shard";
+  const std::string output =
+      run("resumed", Concat(hsdp, Concat(Flags("20"), {"--shard-group-size", "2",
+                                                      "--checkpoint-dir", dir, "--resume",
+                                                      "--save-params", resumed})));
+  EXPECT_NE(output.find("resumed from the checkpoint of step 10"), std::string::npos) << output;
+  EXPECT_TRUE(Load(resumed) == Load(whole))
+      << "the resumed run ends elsewhere than the uninterrupted one";
+  std::vector<std::string> in_zero3 = Concat({"--workers", "2", "--mode", "zero3", "--"},
+                                             Concat(Flags("20"), {"--checkpoint-dir", dir,
+                                                                  "--resume", "--resume-step",
+                                                                  "10", "--save-params",
+                                                                  zero3}));
+  *(std::find(in_zero3.begin(), in_zero3.end(), std::string("--batch-size")) + 1) = "32";
+  const std::string zero3_output = run("resumed in zero3", in_zero3);
+  EXPECT_NE(zero3_output.find("resumed from the checkpoint of step 10"), std::string::npos)
+      << zero3_output;
+  ExpectClose(Load(zero3), Load(whole));
 }
 
 }  // namespace

@@ -26,12 +26,6 @@ constexpr uint64_t kStopTagBase = 1ull << 59;
 
 constexpr uint64_t kFloat = sizeof(float);
 
-Status HsdpCheckpointsUnimplemented() {
-  return UnimplementedError(
-      "hsdp writes and restores no checkpoints yet (issue 44): use zero3 or allreduce for a "
-      "run with --checkpoint-dir");
-}
-
 }  // namespace
 
 StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(const ZeroEngineOptions& options,
@@ -473,10 +467,30 @@ std::vector<Partition> ZeroEngine::OwnedSlices() const {
 }
 
 Status ZeroEngine::SaveCheckpoint(const std::string& root, int64_t step, const float* params) {
-  if (options_.replicate != nullptr) return HsdpCheckpointsUnimplemented();
   const ShardedCheckpointSpec spec{std::string(name()), &layout_, options_.optimizer.kind,
                                    options_.restores_checkpoints_of};
   const std::vector<Partition> slices = OwnedSlices();
+  const uint64_t tag = kCheckpointTagBase + 4 * static_cast<uint64_t>(step);
+  if (options_.replicate != nullptr) {
+    // HSDP: the replicas' shards are identical; the first replica's shard group writes them
+    // as a zero3 world of its size would, and the other replicas learn whether it did.
+    Status saved;
+    if (options_.first_replica) {
+      saved = SaveShardedCheckpoint(root, step, spec, slices, shard_.data(), state_.data(),
+                                    collectives_, tag);
+    }
+    ASSIGN_OR_RETURN(bool failed,
+                     AnyRank(options_.replicate, !saved.ok(),
+                             "whether the checkpoint of step " + std::to_string(step) +
+                                 " was saved",
+                             tag));
+    RETURN_IF_ERROR(saved);
+    if (failed) {
+      return AbortedError("hsdp: the first replica failed to save the checkpoint of step " +
+                          std::to_string(step) + " (its ranks name the cause)");
+    }
+    return OkStatus();
+  }
   std::vector<float> stage2_slices;
   const float* values = shard_.data();
   if (options_.stage == 2) {
@@ -487,16 +501,29 @@ Status ZeroEngine::SaveCheckpoint(const std::string& root, int64_t step, const f
     values = stage2_slices.data();
   }
   return SaveShardedCheckpoint(root, step, spec, slices, values, state_.data(), collectives_,
-                               kCheckpointTagBase + 4 * static_cast<uint64_t>(step));
+                               tag);
 }
 
 Status ZeroEngine::RestoreCheckpoint(const std::string& root, int64_t step, float* params) {
-  if (options_.replicate != nullptr) return HsdpCheckpointsUnimplemented();
   const ShardedCheckpointSpec spec{std::string(name()), &layout_, options_.optimizer.kind,
                                    options_.restores_checkpoints_of};
-  RETURN_IF_ERROR(RestoreShardedCheckpoint(
+  const uint64_t tag = kCheckpointTagBase + 4 * static_cast<uint64_t>(step) + 2;
+  Status restored = RestoreShardedCheckpoint(
       root, step, spec, OwnedSlices(), options_.stage == 3 ? shard_.data() : nullptr, state_.data(),
-      params, collectives_, kCheckpointTagBase + 4 * static_cast<uint64_t>(step) + 2));
+      params, collectives_, tag);
+  if (options_.replicate != nullptr) {
+    // HSDP: every shard group agreed within itself; the replicas agree too.
+    ASSIGN_OR_RETURN(bool failed,
+                     AnyRank(options_.replicate, !restored.ok(),
+                             "whether the checkpoint of step " + std::to_string(step) +
+                                 " was restored",
+                             tag));
+    if (restored.ok() && failed) {
+      restored = AbortedError("hsdp: another replica failed to restore the checkpoint of step " +
+                              std::to_string(step) + " (its ranks name the cause)");
+    }
+  }
+  RETURN_IF_ERROR(restored);
   if (options_.stage == 2) full_.assign(params, params + size_);
   TLOG(INFO) << "restored the checkpoint of step " << step << " from "
              << CheckpointStepDirectory(root, step);

@@ -39,8 +39,10 @@
 // groups; each reduced gradient slice is then also averaged across `replicate` (an all-reduce,
 // on the communication thread right after its reduce-scatter), so every replica updates the
 // same slice with the world's mean gradient. Shard groups must be of one size, so that the
-// mean of their means is the world's. The initial parameters come from the replicate group's
-// rank 0, the stop agreement spans both; checkpoints are refused (issue 44).
+// mean of their means is the world's. The initial parameters are world rank 0's (through the
+// replicate group, then the shard group), the stop agreement spans both. Checkpoints are the
+// sharded ones of zero3 (sharded_state.h): the replicas hold identical shards, so only the
+// first replica's shard group (`first_replica`) writes, and every rank restores its slices.
 //
 // Results equal --mode allreduce up to float rounding (the ring reduces per tensor here, per
 // bucket there, so the summation order differs).
@@ -82,6 +84,9 @@ struct ZeroEngineOptions {
   // HSDP (above): the ranks holding this rank's shard in the other shard groups; not owned,
   // must outlive the engine. Null (zero2, zero3): `collectives` is the whole world.
   Collectives* replicate = nullptr;
+  // HSDP: whether this rank's shard group is the first replica (the one holding world rank
+  // 0), whose ranks write the checkpoints.
+  bool first_replica = true;
 };
 
 class ZeroEngine final : public TrainingEngine, private ParameterStorage {
@@ -105,7 +110,8 @@ class ZeroEngine final : public TrainingEngine, private ParameterStorage {
   StatusOr<bool> AgreeToStop(int64_t step, bool stop) override;
   ParameterStorage* parameter_storage() override { return this; }
   Status GatherParameters(float* params) override;
-  // Sharded checkpoints (sharded_state.h): each rank writes its slices of every tensor.
+  // Sharded checkpoints (sharded_state.h): each rank writes its slices of every tensor (HSDP:
+  // each rank of the first replica).
   // `params` is ignored (null from the trainer): the engine holds them.
   Status SaveCheckpoint(const std::string& root, int64_t step, const float* params) override;
   // Restores into this rank's slices, at any world size, from any sharded mode; also writes

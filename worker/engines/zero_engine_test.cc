@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -242,7 +243,8 @@ TEST(ZeroEngineTwoRanksTest, ASkipOfOneRankIsEveryRanks) {
 // each a ring of its own in this process. World rank w's gradients are all w + 1: the shard
 // groups' means, 1.5 and 3.5, averaged across the replicas are the world's mean 2.5, so one
 // SGD step at lr 0.5 takes every parameter from 1 to -0.25 on every rank (exact in float).
-// A stop asked for by one rank is every rank's, in both groups.
+// A stop asked for by one rank is every rank's, in both groups. The first replica writes the
+// checkpoint (two shards, as a zero3 world of 2), from which every rank restores.
 TEST(ZeroEngineHsdpTest, ReplicasAverageTheShardGroupsGradients) {
   TestRingOptions ring_options;
   ring_options.in_process = true;
@@ -262,12 +264,15 @@ TEST(ZeroEngineHsdpTest, ReplicasAverageTheShardGroupsGradients) {
     options.optimizer.kind = OptimizerKind::kSgd;
     options.optimizer.lr = 0.5f;
     options.replicate = &replicate_rings[index]->at(group);
+    options.first_replica = group == 0;
+    options.restores_checkpoints_of = {"zero3", "hsdp"};
     auto engine = ZeroEngine::Create(options, &shard_rings[group]->at(index), &metrics[w]);
     ASSERT_TRUE(engine.ok()) << engine.status();
     EXPECT_EQ((*engine)->name(), "hsdp");
     engines[w] = std::move(*engine);
   }
-  std::vector<float> params[4];
+  const std::string dir = ::testing::TempDir() + "/hsdp_engine_ckpt";
+  std::vector<float> params[4], restored[4];
   Status statuses[4];
   bool stops[4] = {};
   std::vector<std::thread> threads;
@@ -294,7 +299,9 @@ TEST(ZeroEngineHsdpTest, ReplicasAverageTheShardGroupsGradients) {
         RETURN_IF_ERROR(engine.Step(1, nullptr, nullptr, {}));
         RETURN_IF_ERROR(engine.GatherParameters(params[w].data()));
         ASSIGN_OR_RETURN(stops[w], engine.AgreeToStop(1, /*stop=*/w == 3));
-        return OkStatus();
+        RETURN_IF_ERROR(engine.SaveCheckpoint(dir, 1, nullptr));
+        restored[w].assign(35, 0.0f);
+        return engine.RestoreCheckpoint(dir, 1, restored[w].data());
       }();
     });
   }
@@ -304,9 +311,13 @@ TEST(ZeroEngineHsdpTest, ReplicasAverageTheShardGroupsGradients) {
     ASSERT_TRUE(statuses[w].ok()) << statuses[w];
     EXPECT_EQ(params[w], std::vector<float>(35, -0.25f));
     EXPECT_TRUE(stops[w]);
+    EXPECT_EQ(restored[w], params[w]);
   }
-  EXPECT_EQ(engines[0]->SaveCheckpoint("/nonexistent", 1, nullptr).code(),
-            StatusCode::kUnimplemented);
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(std::ifstream(dir + "/step-000000000001/rank-" + std::to_string(r) + ".ckpt").good(),
+              r < 2)
+        << r;
+  }
 }
 
 // A block whose gradients never arrived in a step is an error naming the tensor.

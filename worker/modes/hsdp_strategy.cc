@@ -98,10 +98,6 @@ StatusOr<std::vector<int>> ShardGroupOfRanks(const std::vector<std::string>& pee
 }
 
 StatusOr<std::unique_ptr<TrainingStrategy>> MakeHsdpStrategy(const StrategyContext& context) {
-  if (!context.checkpoint_dir.empty()) {
-    return UnimplementedError("--mode hsdp writes and restores no checkpoints yet (issue 44): "
-                              "drop --checkpoint-dir, or use --mode zero3");
-  }
   ASSIGN_OR_RETURN(std::vector<std::string> peers,
                    RingPeerAddresses(context.mode.client->view()));
   ASSIGN_OR_RETURN(std::vector<int> group_of,
@@ -129,6 +125,8 @@ StatusOr<std::unique_ptr<TrainingStrategy>> MakeHsdpStrategy(const StrategyConte
         // a reduce-scatter and an all-reduce per tensor.
         options.wait_timeout_ms = 8 * context.mode.runtime->config().request_timeout_ms;
         options.replicate = replicate_tags.get();
+        options.first_replica = group_of[static_cast<size_t>(rank)] == 0;
+        options.restores_checkpoints_of = context.restores_checkpoints_of;
         ASSIGN_OR_RETURN(std::unique_ptr<ZeroEngine> engine,
                          ZeroEngine::Create(options, shard_tags.get(),
                                             &context.mode.runtime->metrics()));

@@ -6,8 +6,11 @@
 // the shard group and averages each gradient shard across the replicate group, so the
 // parameters equal --mode zero3 and allreduce on the same world up to float rounding.
 //
+// Checkpoints: zero3's sharded ones (worker/engines/sharded_state.h), written by the first
+// shard group, restorable at any world size in any sharded mode.
+//
 // Errors: a --shard-group-size that does not divide the world, or hosts with different
-// numbers of workers, name the numbers; --checkpoint-dir is refused (issue 44).
+// numbers of workers, name the numbers.
 #ifndef TESSERA_WORKER_MODES_HSDP_STRATEGY_H_
 #define TESSERA_WORKER_MODES_HSDP_STRATEGY_H_
 

@@ -31,7 +31,7 @@ const std::vector<ModeEntry>& Modes() {
         {"zero2", kZero, kRingCapabilities, MakeZero2Strategy, nullptr},
         {"zero3", kZero, kRingCapabilities, MakeZero3Strategy, nullptr},
         {"hsdp", "zero3 within each host (or --shard-group-size ranks), replicated across them",
-         kReducesGradientsAcrossRanks | kReportsModelStateBytes, MakeHsdpStrategy, nullptr},
+         kRingCapabilities, MakeHsdpStrategy, nullptr},
         {"smoke", "the fleet smoke job (push/pull through the servers, verified all-reduces, "
          "exit)", kNeedsServers, nullptr, RunSmokeMode},
         {"bench-allreduce", "timed all-reduces for tessera-bench allreduce", 0, nullptr,

@@ -52,12 +52,11 @@ TEST(ModeRegistryTest, CapabilitiesAreThoseOfTheModesNames) {
     const bool ring = name == "allreduce" || name.rfind("zero", 0) == 0;
     EXPECT_EQ(mode.Has(kTrainsAlone), name == "local");
     EXPECT_EQ(mode.Has(kNeedsServers), ps || name == "smoke" || name == "bench-ps");
-    // hsdp: a ring mode without checkpoints yet (issue 44, item 4).
     const bool hsdp = name == "hsdp";
     EXPECT_EQ(mode.Has(kReducesGradientsAcrossRanks), ring || hsdp);
     EXPECT_EQ(mode.Has(kReportsModelStateBytes), ring || hsdp);
     EXPECT_EQ(mode.Has(kCannotSkipEmbeddingSteps), ps);
-    EXPECT_EQ(mode.Has(kShardedCheckpoints), ring);
+    EXPECT_EQ(mode.Has(kShardedCheckpoints), ring || hsdp);
     EXPECT_EQ(mode.Has(kServerCheckpoints), ps);
     EXPECT_EQ(mode.trains(), name == "local" || ps || ring || hsdp);
   }
@@ -66,11 +65,11 @@ TEST(ModeRegistryTest, CapabilitiesAreThoseOfTheModesNames) {
 // The engines restore the checkpoints of the modes that wrote them in the same format, as
 // they did when they compared the names themselves.
 TEST(ModeRegistryTest, CheckpointSiblingsShareAFormat) {
-  const std::vector<std::string> sharded = {"allreduce", "zero1", "zero2", "zero3"};
+  const std::vector<std::string> sharded = {"allreduce", "zero1", "zero2", "zero3", "hsdp"};
   const std::vector<std::string> servers = {"ps-sync", "ps-async", "ps-ssp"};
   for (const std::string& name : sharded) EXPECT_EQ(CheckpointSiblings(*FindMode(name)), sharded);
   for (const std::string& name : servers) EXPECT_EQ(CheckpointSiblings(*FindMode(name)), servers);
-  for (const char* name : {"local", "hsdp", "smoke", "bench-allreduce", "bench-ps"}) {
+  for (const char* name : {"local", "smoke", "bench-allreduce", "bench-ps"}) {
     EXPECT_TRUE(CheckpointSiblings(*FindMode(name)).empty()) << name;
   }
 }
