@@ -202,6 +202,55 @@ TEST_F(MultiHostTest, TwoWorkersPerHostUseSharedMemoryWithinAHostAndLinksBetween
       << "the same job on one host ended with other parameters";
 }
 
+// --mode hsdp (issue 44, item 4) on two workers per host without --shard-group-size: each
+// host's two workers are a shard group and the workers with the same index on the two hosts a
+// replicate group; the job ends with the parameters of the same job on one host with
+// --shard-group-size 2 (the same groups, the same arithmetic).
+TEST_F(MultiHostTest, HsdpShardsWithinEachHostAndReplicatesAcross) {
+  const std::string path = TempPath("hsdp-across.params");
+  const std::vector<std::string> job = Concat(kJob, {"--save-params", path});
+  auto launcher = [&](int node, const std::string& coordinator) {
+    return StartOn(node, "node " + std::to_string(node), "tools/tessera-launch",
+                   Concat({"--nnodes", "2", "--node-rank", std::to_string(node),
+                           "--nproc-per-node", "2", "--coordinator", coordinator, "--mode",
+                           "hsdp", "--log-level", "info", "--"},
+                          job));
+  };
+  auto node0 = launcher(0, EmulatedHosts::Address(0) + ":0");
+  ASSERT_TRUE(node0.ok()) << node0.status();
+  const std::string announced = "[launch] coordinator address tcp://";
+  ASSERT_TRUE(harness_.WaitForLine(*node0, announced, Deadline::AfterMillis(30000)).ok())
+      << harness_.Output(*node0);
+  const std::string out0 = harness_.Output(*node0);
+  const size_t at = out0.find(announced) + announced.size();
+  const std::string coordinator = out0.substr(at, out0.find(' ', at) - at);
+  auto node1 = launcher(1, coordinator);
+  ASSERT_TRUE(node1.ok()) << node1.status();
+  for (int id : {*node1, *node0}) {
+    auto exit = harness_.WaitExit(id, Deadline::AfterMillis(kRunMs));
+    ASSERT_TRUE(exit.ok()) << exit.status() << "\n" << harness_.Output(id);
+    EXPECT_EQ(exit->status, 0) << harness_.Output(id);
+  }
+  EXPECT_NE(harness_.Output(*node0).find("(world ranks 0, 1)"), std::string::npos)
+      << harness_.Output(*node0);
+  EXPECT_NE(harness_.Output(*node1).find("(world ranks 2, 3)"), std::string::npos)
+      << harness_.Output(*node1);
+  EXPECT_NE(harness_.Output(*node0).find("replicate group"), std::string::npos);
+
+  FleetHarness one_host;
+  const std::string one_host_path = TempPath("hsdp-one-host.params");
+  auto reference = one_host.Start(
+      "one host", "tools/tessera-launch",
+      Concat({"--workers", "4", "--mode", "hsdp", "--"},
+             Concat(kJob, {"--shard-group-size", "2", "--save-params", one_host_path})));
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  auto exit = one_host.WaitExit(*reference, Deadline::AfterMillis(kRunMs));
+  ASSERT_TRUE(exit.ok() && exit->status == 0) << one_host.Output(*reference);
+  ASSERT_FALSE(ReadWholeFile(path).empty()) << "worker 0 saved no parameters in " << path;
+  EXPECT_EQ(ReadWholeFile(path), ReadWholeFile(one_host_path))
+      << "the same job on one host ended with other parameters";
+}
+
 // The same four workers placed round-robin (workers 0 and 2 on host 0, 1 and 3 on host 1, as
 // mpirun --map-by node or srun --distribution=cyclic place them): the ring visits each host's
 // workers together (order 0, 2, 1, 3), so that two of its four hops still use shared memory.

@@ -43,8 +43,10 @@ Status Export(const ExportConfig& config) {
   const std::string where = CheckpointStepDirectory(config.checkpoint_dir, step) + "/MANIFEST.json";
   const std::vector<std::string> sharded = worker::ModeNamesWith(worker::kShardedCheckpoints);
   if (std::find(sharded.begin(), sharded.end(), manifest.mode) == sharded.end()) {
+    std::string modes;
+    for (const std::string& mode : sharded) modes += (modes.empty() ? "" : ", ") + mode;
     return FailedPreconditionError(where + ": a checkpoint of --mode " + manifest.mode +
-                                   "; this tool reads those of allreduce, zero1, zero2 and zero3");
+                                   "; this tool reads those of " + modes);
   }
   if (manifest.tensors.empty()) {
     return FailedPreconditionError(where + " lists no tensors (written before they were recorded)");

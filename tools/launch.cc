@@ -209,8 +209,8 @@ void AddFlags(CLI::App& app, LaunchConfig* config) {
           ->capture_default_str();
   app.add_option("--mode", config->mode,
                  "Passed to workers as --mode: local (train alone; use --workers 1), ps-sync, "
-                 "ps-async, ps-ssp (need --servers), allreduce, zero1, zero2, zero3, or smoke (the "
-                 "fleet smoke job)")
+                 "ps-async, ps-ssp (need --servers), allreduce, zero1, zero2, zero3, hsdp, or "
+                 "smoke (the fleet smoke job)")
       ->type_name("MODE")
       ->capture_default_str();
   app.add_option("--linger", config->linger_s,

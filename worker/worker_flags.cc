@@ -232,7 +232,7 @@ void AddWorkerFlags(CLI::App* app, WorkerFlags* flags) {
           },
           "MODE", "ps mode"))
       ->capture_default_str();
-  auto* ddp = app->add_option_group("All-reduce (--mode allreduce, zero1-3)");
+  auto* ddp = app->add_option_group("All-reduce (--mode allreduce, zero1-3, hsdp)");
   ddp->add_option("--bucket-mb", modes->bucket_mb,
                   "Gradient bucket size in MiB (PyTorch DDP's bucket_cap_mb)")
       ->check(FiniteRange(0, 4096))
@@ -240,6 +240,11 @@ void AddWorkerFlags(CLI::App* app, WorkerFlags* flags) {
   ddp->add_flag("--no-overlap", modes->no_overlap,
                 "allreduce, zero1: start all buckets after backward instead of during it; "
                 "zero3: no prefetch of the next layer's parameters");
+  ddp->add_option("--shard-group-size", modes->shard_group_size,
+                  "hsdp: the workers of a shard group (ranks 0..N-1, N..2N-1, ...), which must "
+                  "divide the world; 0: the workers of each host")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
   ddp->add_option("--segment-kb", modes->segment_kb,
                   "Pipelining unit of the ring: the largest piece one message carries")
       ->check(CLI::Range(uint64_t{1}, uint64_t{64} << 10))

@@ -15,6 +15,8 @@
 //   zero2     + the gradients partitioned: reduce-scattered layer by layer during backward
 //   zero3     + the parameters partitioned: each layer gathered just before it runs
 //             (worker/engines/zero_engine.h; stages 2 and 3 run on the CPU).
+//   hsdp      zero3 within each host (or --shard-group-size ranks), replicated across them
+//             (worker/modes/hsdp_strategy.h; issue 44).
 //   smoke     the foundation smoke job (smoke_job.h): barrier, probe push/pull through the
 //             servers, verified ring all-reduces among the workers, exit.
 //   bench-allreduce

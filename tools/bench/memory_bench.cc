@@ -20,6 +20,7 @@ struct MemoryBenchOptions {
   std::string np_text = "1,2,4";
   std::string stages_text = "0,1,2,3";
   std::string hidden = "1024,1024";
+  int shard_group_size = 0;  // hsdp's --shard-group-size; 0: the host's workers (all of them)
   int64_t steps = 3;
   int timeout_s = 600;
   bool json = false;
@@ -27,13 +28,25 @@ struct MemoryBenchOptions {
 
 constexpr const char* kKinds[3] = {"parameters", "gradients", "optimizer_state"};
 
+// --stages hsdp: ZeRO-3 within each shard group, replicated across them.
+constexpr int64_t kHsdp = 4;
+
 const char* ModeOf(int64_t stage) {
-  static const char* modes[] = {"allreduce", "zero1", "zero2", "zero3"};
+  static const char* modes[] = {"allreduce", "zero1", "zero2", "zero3", "hsdp"};
   return modes[stage];
 }
 
-// ZeRO's per-rank bytes for Adam in float32: {parameters, gradients, optimizer state}.
+// The ranks one rank's state is partitioned across: the world, or hsdp's shard group (the
+// world too when the bench's one host is one group).
+double PartitionedAcross(int64_t stage, int64_t np, const MemoryBenchOptions& o) {
+  if (stage == kHsdp && o.shard_group_size > 0) return o.shard_group_size;
+  return static_cast<double>(np);
+}
+
+// ZeRO's per-rank bytes for Adam in float32: {parameters, gradients, optimizer state}; hsdp's
+// are stage 3's with n its shard group's size.
 std::vector<double> Theory(int64_t stage, double psi, double n) {
+  if (stage == kHsdp) stage = 3;
   return {stage == 3 ? 4 * psi / n : 4 * psi, stage >= 2 ? 4 * psi / n : 4 * psi,
           stage >= 1 ? 8 * psi / n : 8 * psi};
 }
@@ -45,6 +58,7 @@ std::vector<double> Theory(int64_t stage, double psi, double n) {
 // nothing transient.
 std::vector<double> PeakBound(int64_t stage, double psi, double n,
                               const std::vector<double>& layer_sizes) {
+  if (stage == kHsdp) stage = 3;
   std::vector<double> sorted = layer_sizes;
   std::sort(sorted.rbegin(), sorted.rend());
   const double two_largest =
@@ -111,6 +125,9 @@ StatusOr<Row> Measure(const std::string& launch, const MemoryBenchOptions& o, in
                                    "--hidden", o.hidden, "--steps", std::to_string(o.steps),
                                    "--batch-size", "16", "--log-every", "0",
                                    "--eval-samples", "16"};
+  if (stage == kHsdp && o.shard_group_size > 0) {
+    argv.push_back("--shard-group-size=" + std::to_string(o.shard_group_size));
+  }
   ASSIGN_OR_RETURN(std::vector<ChildOutput> outputs,
                    RunAllToCompletion({{label, argv}}, int64_t{o.timeout_s} * 1000));
   ASSIGN_OR_RETURN(std::vector<nlohmann::json> summaries, WorkerSummaries(outputs));
@@ -131,9 +148,10 @@ StatusOr<Row> Measure(const std::string& launch, const MemoryBenchOptions& o, in
       row.peak[k] = std::max(row.peak[k], bytes["peak"].value(kKinds[k], 0.0));
     }
   }
-  row.theory = Theory(stage, row.psi, static_cast<double>(np));
+  const double n = PartitionedAcross(stage, np, o);
+  row.theory = Theory(stage, row.psi, n);
   ASSIGN_OR_RETURN(std::vector<double> layer_sizes, LayerSizes(o.hidden));
-  row.peak_bound = PeakBound(stage, row.psi, static_cast<double>(np), layer_sizes);
+  row.peak_bound = PeakBound(stage, row.psi, n, layer_sizes);
   return row;
 }
 
@@ -153,8 +171,10 @@ int RunMemoryBench(const MemoryBenchOptions& o) {
   if (!nps.ok()) return fail(nps.status());
   StatusOr<std::vector<int64_t>> stages = ParseList<int64_t>(
       "--stages", o.stages_text, [](const std::string& item) -> StatusOr<int64_t> {
+        if (item == "hsdp") return kHsdp;
         if (item.size() != 1 || item[0] < '0' || item[0] > '3') {
-          return InvalidArgumentError("'" + item + "' is not a ZeRO stage (0, 1, 2 or 3)");
+          return InvalidArgumentError("'" + item + "' is not a ZeRO stage (0, 1, 2 or 3) "
+                                      "or hsdp");
         }
         return int64_t{item[0] - '0'};
       });
@@ -184,7 +204,8 @@ int RunMemoryBench(const MemoryBenchOptions& o) {
     const bool peak_within = r.total(r.peak) <= 1.1 * r.total(r.peak_bound);
     all_within = all_within && within;
     all_peaks_within = all_peaks_within && peak_within;
-    nlohmann::json j = {{"stage", r.stage}, {"mode", ModeOf(r.stage)}, {"np", r.np},
+    nlohmann::json j = {{"stage", r.stage == kHsdp ? 3 : r.stage}, {"mode", ModeOf(r.stage)},
+                        {"np", r.np},
                         {"parameters", r.psi}, {"held_vs_theory", ratio},
                         {"within_10_percent", within},
                         {"peak_vs_bound", r.total(r.peak) / r.total(r.peak_bound)},
@@ -211,7 +232,8 @@ int RunMemoryBench(const MemoryBenchOptions& o) {
   for (const Row& r : rows) {
     char ratio[16];
     std::snprintf(ratio, sizeof(ratio), "%.3f", r.total(r.held) / r.total(r.theory));
-    std::cout << "| " << r.stage << " | " << r.np << " | " << Mb(r.held[0]) << " | "
+    const std::string stage = r.stage == kHsdp ? "hsdp" : std::to_string(r.stage);
+    std::cout << "| " << stage << " | " << r.np << " | " << Mb(r.held[0]) << " | "
               << Mb(r.held[1]) << " | " << Mb(r.held[2]) << " | " << Mb(r.total(r.held)) << " | "
               << Mb(r.total(r.theory)) << " | " << ratio << " | " << Mb(r.total(r.peak))
               << " | " << Mb(r.total(r.peak_bound)) << " | ";
@@ -232,7 +254,13 @@ BenchCommand AddMemoryBench(CLI::App* parent) {
   CLI::App* app = parent->add_subcommand(
       "memory", "Model-state bytes per rank in ZeRO stages 0-3, measured vs the formulas");
   app->add_option("--np", o->np_text, "World sizes, comma-separated")->capture_default_str();
-  app->add_option("--stages", o->stages_text, "ZeRO stages (0 = --mode allreduce)")
+  app->add_option("--stages", o->stages_text,
+                  "ZeRO stages (0 = --mode allreduce), and hsdp for --mode hsdp")
+      ->capture_default_str();
+  app->add_option("--shard-group-size", o->shard_group_size,
+                  "--stages hsdp: passed to the workers, which must divide every --np; 0: each "
+                  "host's workers (here all of them)")
+      ->check(CLI::Range(0, 1024))
       ->capture_default_str();
   app->add_option("--hidden", o->hidden, "The mlp's hidden widths (784-...-10)")
       ->capture_default_str();

@@ -347,7 +347,8 @@ BenchCommand AddTrainBench(CLI::App* parent) {
   CLI::App* train = parent->add_subcommand(
       "train",
       "Training throughput of the mlp model on the CPU vs PyTorch (--mode allreduce: also vs "
-      "DDP); --mode zero1|zero2|zero3: a ZeRO stage vs --mode allreduce, Tessera only");
+      "DDP); --mode zero1|zero2|zero3|hsdp: a ZeRO stage (or hsdp) vs --mode allreduce, "
+      "Tessera only");
   train->add_option("--batch-size", flags->batch_sizes, "Batch size(s), comma-separated: a row each")
       ->capture_default_str();
   train->add_option("--optimizer", flags->optimizers,
@@ -385,8 +386,12 @@ BenchCommand AddTrainBench(CLI::App* parent) {
                     "(tessera-launch --mode allreduce vs PyTorch DDP over gloo); zero1, zero2, "
                     "zero3: Tessera only (no PyTorch run), --np processes of --mode allreduce "
                     "against that ZeRO stage (step time, model-state bytes per rank, issue 6's "
-                    "goal); --optimizer defaults to adam there")
-      ->check(CLI::IsMember({"local", "allreduce", "zero1", "zero2", "zero3"}))
+                    "goal); --optimizer defaults to adam there; hsdp: the same for --mode hsdp")
+      ->check(CLI::IsMember({"local", "allreduce", "zero1", "zero2", "zero3", "hsdp"}))
+      ->capture_default_str();
+  train->add_option("--shard-group-size", train_options.shard_group_size,
+                    "--mode hsdp: passed to the workers (0: each host's workers)")
+      ->check(CLI::Range(0, 64))
       ->capture_default_str();
   train->add_option("--np", train_options.np, "Processes per side with --mode allreduce|zero*")
       ->check(CLI::Range(2, 64))

@@ -1,6 +1,6 @@
 //   tessera-bench train [--batch-size 64] [--optimizer sgd] [--hidden 1024,1024] [--steps 200]
 //                       [--warmup-steps 20] [--threads N] [--repeats 3] [--json] [--no-torch]
-//                       [--mode local|allreduce|zero1|zero2|zero3] [--np 2]
+//                       [--mode local|allreduce|zero1|zero2|zero3|hsdp] [--np 2]
 //
 // train: single-process training throughput (samples/s) of Tessera's `mlp` model on the CPU
 // against PyTorch (Debian's python3-torch, CPU) training the same architecture with the same
@@ -17,7 +17,7 @@
 // its own clock around the step loop.
 //
 // --mode allreduce adds np processes on each side: tessera-launch --mode allreduce against
-// PyTorch DDP. --mode zero1|zero2|zero3 (issue 6) measures Tessera alone: np processes of
+// PyTorch DDP. --mode zero1|zero2|zero3|hsdp (issue 6, 44) measures Tessera alone: np processes of
 // --mode allreduce against np of that ZeRO stage, alternating, on the same batch pool, model,
 // optimizer (Adam unless --optimizer says otherwise), steps and threads; it reports ms/step,
 // global samples/s, the per-rank model-state bytes held between steps and at the peak (from

@@ -87,6 +87,9 @@ StatusOr<TrainRun> RunTessera(const std::string& worker, const std::string& laun
         std::string("--json")}) {
     argv.push_back(arg);
   }
+  if (mode == "hsdp" && o.shard_group_size > 0) {
+    argv.push_back("--shard-group-size=" + std::to_string(o.shard_group_size));
+  }
   argv.insert(argv.end(), worker_args.begin(), worker_args.end());
   const std::string label =
       (np > 1 ? "tessera-launch --workers " + std::to_string(np) + " --mode " + mode

@@ -36,12 +36,14 @@ struct TrainBenchOptions {
   // allreduce vs PyTorch DDP over gloo), batch_size per rank, beside the single-process runs.
   // "zero1" | "zero2" | "zero3": Tessera only, np processes of --mode allreduce against np of
   // that ZeRO stage (step time and model-state bytes), no single-process or PyTorch runs.
+  // "hsdp" likewise (issue 44, item 4), with --shard-group-size passed on when not 0.
   std::string mode = "local";
   int np = 2;
+  int shard_group_size = 0;
   // --nonfinite-check: --on-nonfinite error against off in local, allreduce and ps-sync
   // (train_nonfinite_bench.h) instead of the comparison with PyTorch.
   bool nonfinite_check = false;
-  bool zero() const { return mode.rfind("zero", 0) == 0; }
+  bool zero() const { return mode.rfind("zero", 0) == 0 || mode == "hsdp"; }
   bool distributed() const { return mode == "allreduce" || zero(); }
 };
 
@@ -76,7 +78,7 @@ StatusOr<double> WriteBatchPool(const TrainBenchOptions& o, int64_t batch,
 
 // tessera-worker --mode local on the batch pool (`worker`), a progress line per step; the timed
 // steps' rates are read back from those lines. With np > 1: `launch` --workers np --mode `mode`
-// (allreduce, zero1, zero2, zero3; ps-sync with one server), the rates read from worker 0's
+// (allreduce, zero1, zero2, zero3, hsdp; ps-sync with one server), the rates read from worker 0's
 // lines (every step is synchronous) times np, the model-state bytes the largest over the
 // workers' summaries (every worker but a ps-* one must report them). `worker_args` go to
 // every worker after the benchmark's own.

@@ -1,6 +1,6 @@
-// `tessera-bench train --mode zero1|zero2|zero3` (issue 6): Tessera alone, np processes of
-// --mode allreduce against np of that ZeRO stage, alternating, on the same batch pool, model,
-// optimizer, steps and threads.
+// `tessera-bench train --mode zero1|zero2|zero3|hsdp` (issue 6; hsdp: issue 44): Tessera
+// alone, np processes of --mode allreduce against np of that ZeRO stage (or hsdp), alternating,
+// on the same batch pool, model, optimizer, steps and threads.
 #ifndef TESSERA_TOOLS_BENCH_TRAIN_ZERO_BENCH_H_
 #define TESSERA_TOOLS_BENCH_TRAIN_ZERO_BENCH_H_
 

@@ -367,14 +367,17 @@ StatusOr<ConnectedRingChannel> ConnectRingChannel(const RingChannelSetupOptions&
   return connected;
 }
 
+std::string PeerHost(const std::string& address) {
+  StatusOr<std::pair<std::string, int>> host_port =
+      ParseHostPort(address.rfind("tcp://", 0) == 0 ? address.substr(6) : address);
+  return host_port.ok() ? host_port->first : address;
+}
+
 std::vector<int> RingOrder(const std::vector<std::string>& peer_addresses) {
   std::vector<std::string> hosts;  // in the order of their lowest rank
   std::vector<std::vector<int>> ranks;
   for (size_t rank = 0; rank < peer_addresses.size(); ++rank) {
-    const std::string& address = peer_addresses[rank];
-    StatusOr<std::pair<std::string, int>> host_port =
-        ParseHostPort(address.rfind("tcp://", 0) == 0 ? address.substr(6) : address);
-    const std::string host = host_port.ok() ? host_port->first : address;
+    const std::string host = PeerHost(peer_addresses[rank]);
     const size_t at = static_cast<size_t>(std::find(hosts.begin(), hosts.end(), host) -
                                           hosts.begin());
     if (at == hosts.size()) {

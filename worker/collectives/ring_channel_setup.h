@@ -80,6 +80,10 @@ struct ConnectedRingChannel {
   std::vector<int> order;   // the ring's order (RingOrder), for RingCollectivesOptions
 };
 
+// The host of a worker's transport address ("tcp://host:port"): what RingOrder groups by;
+// the address itself when it has no host and port.
+std::string PeerHost(const std::string& address);
+
 // The order the ring visits the ranks in, the same on every rank: each host's ranks next to
 // each other (the host of a rank is that of its transport address), so that as few hops as
 // possible cross hosts, and under auto as many as can use shared memory. Hosts come in the

@@ -1,6 +1,7 @@
 // Sharded checkpoints of a flat parameter buffer and its per-element optimizer state, for
 // engines whose ranks own slices of it (allreduce, zero1, zero2; zero3 holds only its slices of
-// the parameters too). The format depends neither on the world size nor on the bucket plan, so
+// the parameters too, and hsdp's first shard group writes as zero3 on its ranks would). The
+// format depends neither on the world size nor on the bucket plan, so
 // a checkpoint restores at any world size and into any of these modes (DeepSpeed's "universal
 // checkpoint", without a conversion step):
 //

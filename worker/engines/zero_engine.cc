@@ -78,9 +78,20 @@ Status ZeroEngine::Initialize(const ParameterLayout& layout,
                                 std::to_string(tables.size()) +
                                 " of this model): use a ps-* mode for the ctr model");
   }
+  Collectives* const replicate = options_.replicate;
+  if (replicate != nullptr) {
+    RETURN_IF_ERROR(CheckLayoutsMatch(replicate, layout, kFingerprintTag));
+  }
   RETURN_IF_ERROR(CheckLayoutsMatch(collectives_, layout, kFingerprintTag));
   layout_ = layout;
   size_ = layout.total_size();
+  // HSDP: the first shard group's parameters to every group's rank of the same index first,
+  // so that the shard groups' broadcasts below all send the world's rank 0's.
+  if (replicate != nullptr) {
+    RETURN_IF_ERROR(replicate->Broadcast(params, size_, DataType::kFloat32, /*root=*/0,
+                                         "initial parameters", kBroadcastTag)
+                        .WithContext("broadcasting the first shard group's parameters"));
+  }
   RETURN_IF_ERROR(collectives_->Broadcast(params, size_, DataType::kFloat32, /*root=*/0,
                                           "initial parameters", kBroadcastTag)
                       .WithContext("broadcasting rank 0's parameters"));
@@ -108,8 +119,13 @@ Status ZeroEngine::Initialize(const ParameterLayout& layout,
   InitOptimizerState(options_.optimizer, state_.data(), owned_);
   comm_ = std::make_unique<CommThread>();
   PublishBytes();
-  TLOG(INFO) << name() << " among " << world << " workers: " << size_ << " parameters in "
-             << tensors_.size() << " tensors, " << owned_ << " owned here";
+  TLOG(INFO) << name() << " among " << world << " workers"
+             << (replicate != nullptr
+                     ? " (a shard group, in " + std::to_string(replicate->world_size()) +
+                           " replicas)"
+                     : std::string())
+             << ": " << size_ << " parameters in " << tensors_.size() << " tensors, " << owned_
+             << " owned here";
   return OkStatus();
 }
 
@@ -271,6 +287,18 @@ Status ZeroEngine::GradientsDone(const ParameterBlock& block) {
                                            kOpTagBase + w.tag)
                    .WithContext("reduce-scattering the gradients of '" + t.name + "'");
       if (!status.ok()) break;
+      // HSDP: the shard group's mean of this slice, averaged with the other groups' (each
+      // holds the same slice of its own ranks' gradients), under the same tag on the
+      // replicate group.
+      float* shard = w.add ? gradients + t.slice.offset : slice;
+      if (options_.replicate != nullptr && t.slice.size > 0) {
+        status = options_.replicate
+                     ->AllReduce(shard, t.slice.size, DataType::kFloat32, ReduceOp::kAverage,
+                                 t.name, kOpTagBase + w.tag)
+                     .WithContext("averaging the gradient shard of '" + t.name +
+                                  "' across the replicas");
+        if (!status.ok()) break;
+      }
       if (w.add) {
         const float* reduced = gradients + t.slice.offset;
         for (uint64_t j = 0; j < t.slice.size; ++j) slice[j] += reduced[j];
@@ -442,6 +470,27 @@ Status ZeroEngine::SaveCheckpoint(const std::string& root, int64_t step, const f
   const ShardedCheckpointSpec spec{std::string(name()), &layout_, options_.optimizer.kind,
                                    options_.restores_checkpoints_of};
   const std::vector<Partition> slices = OwnedSlices();
+  const uint64_t tag = kCheckpointTagBase + 4 * static_cast<uint64_t>(step);
+  if (options_.replicate != nullptr) {
+    // HSDP: the replicas' shards are identical; the first replica's shard group writes them
+    // as a zero3 world of its size would, and the other replicas learn whether it did.
+    Status saved;
+    if (options_.first_replica) {
+      saved = SaveShardedCheckpoint(root, step, spec, slices, shard_.data(), state_.data(),
+                                    collectives_, tag);
+    }
+    ASSIGN_OR_RETURN(bool failed,
+                     AnyRank(options_.replicate, !saved.ok(),
+                             "whether the checkpoint of step " + std::to_string(step) +
+                                 " was saved",
+                             tag));
+    RETURN_IF_ERROR(saved);
+    if (failed) {
+      return AbortedError("hsdp: the first replica failed to save the checkpoint of step " +
+                          std::to_string(step) + " (its ranks name the cause)");
+    }
+    return OkStatus();
+  }
   std::vector<float> stage2_slices;
   const float* values = shard_.data();
   if (options_.stage == 2) {
@@ -452,15 +501,29 @@ Status ZeroEngine::SaveCheckpoint(const std::string& root, int64_t step, const f
     values = stage2_slices.data();
   }
   return SaveShardedCheckpoint(root, step, spec, slices, values, state_.data(), collectives_,
-                               kCheckpointTagBase + 4 * static_cast<uint64_t>(step));
+                               tag);
 }
 
 Status ZeroEngine::RestoreCheckpoint(const std::string& root, int64_t step, float* params) {
   const ShardedCheckpointSpec spec{std::string(name()), &layout_, options_.optimizer.kind,
                                    options_.restores_checkpoints_of};
-  RETURN_IF_ERROR(RestoreShardedCheckpoint(
+  const uint64_t tag = kCheckpointTagBase + 4 * static_cast<uint64_t>(step) + 2;
+  Status restored = RestoreShardedCheckpoint(
       root, step, spec, OwnedSlices(), options_.stage == 3 ? shard_.data() : nullptr, state_.data(),
-      params, collectives_, kCheckpointTagBase + 4 * static_cast<uint64_t>(step) + 2));
+      params, collectives_, tag);
+  if (options_.replicate != nullptr) {
+    // HSDP: every shard group agreed within itself; the replicas agree too.
+    ASSIGN_OR_RETURN(bool failed,
+                     AnyRank(options_.replicate, !restored.ok(),
+                             "whether the checkpoint of step " + std::to_string(step) +
+                                 " was restored",
+                             tag));
+    if (restored.ok() && failed) {
+      restored = AbortedError("hsdp: another replica failed to restore the checkpoint of step " +
+                              std::to_string(step) + " (its ranks name the cause)");
+    }
+  }
+  RETURN_IF_ERROR(restored);
   if (options_.stage == 2) full_.assign(params, params + size_);
   TLOG(INFO) << "restored the checkpoint of step " << step << " from "
              << CheckpointStepDirectory(root, step);
@@ -498,8 +561,12 @@ void ZeroEngine::PublishBytes() {
 
 StatusOr<bool> ZeroEngine::AgreeToStop(int64_t step, bool stop) {
   // The communication thread is idle after Step, so the call can run here.
-  return AnyRank(collectives_, stop, "whether to stop after step " + std::to_string(step),
-                 kStopTagBase + static_cast<uint64_t>(step));
+  const std::string what = "whether to stop after step " + std::to_string(step);
+  const uint64_t tag = kStopTagBase + static_cast<uint64_t>(step);
+  ASSIGN_OR_RETURN(bool any_in_group, AnyRank(collectives_, stop, what, tag));
+  if (options_.replicate == nullptr) return any_in_group;
+  // Any rank of any shard group: every group's answer, across the replicas.
+  return AnyRank(options_.replicate, any_in_group, what, tag);
 }
 
 }  // namespace tessera::worker

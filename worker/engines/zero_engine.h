@@ -34,6 +34,16 @@
 //                        a block it waits until fewer than that await their reduce-scatter.
 // With the defaults both are at most the two largest layers' parameters.
 //
+// HSDP (`--mode hsdp`, PyTorch's HYBRID_SHARD): with a `replicate` communicator, `collectives`
+// is this rank's shard group and `replicate` the ranks holding the same shard in the other
+// groups; each reduced gradient slice is then also averaged across `replicate` (an all-reduce,
+// on the communication thread right after its reduce-scatter), so every replica updates the
+// same slice with the world's mean gradient. Shard groups must be of one size, so that the
+// mean of their means is the world's. The initial parameters are world rank 0's (through the
+// replicate group, then the shard group), the stop agreement spans both. Checkpoints are the
+// sharded ones of zero3 (sharded_state.h): the replicas hold identical shards, so only the
+// first replica's shard group (`first_replica`) writes, and every rank restores its slices.
+//
 // Results equal --mode allreduce up to float rounding (the ring reduces per tensor here, per
 // bucket there, so the summation order differs).
 //
@@ -71,6 +81,12 @@ struct ZeroEngineOptions {
   // RestoreCheckpoint: the modes whose checkpoints this engine restores (sharded_state.h's
   // format), as the mode registry (worker/modes/mode_registry.h) lists them.
   std::vector<std::string> restores_checkpoints_of;
+  // HSDP (above): the ranks holding this rank's shard in the other shard groups; not owned,
+  // must outlive the engine. Null (zero2, zero3): `collectives` is the whole world.
+  Collectives* replicate = nullptr;
+  // HSDP: whether this rank's shard group is the first replica (the one holding world rank
+  // 0), whose ranks write the checkpoints.
+  bool first_replica = true;
 };
 
 class ZeroEngine final : public TrainingEngine, private ParameterStorage {
@@ -81,17 +97,21 @@ class ZeroEngine final : public TrainingEngine, private ParameterStorage {
                                                       MetricsRegistry* metrics);
   ~ZeroEngine() override;
 
-  std::string_view name() const override { return options_.stage == 2 ? "zero2" : "zero3"; }
+  std::string_view name() const override {
+    if (options_.replicate != nullptr) return "hsdp";
+    return options_.stage == 2 ? "zero2" : "zero3";
+  }
   Status Initialize(const ParameterLayout& layout, const std::vector<EmbeddingTableSpec>& tables,
                     float* params) override;
   void OnBackwardStart(int64_t step, float* grads) override;
   Status Step(int64_t step, float* params, float* grads,
               const std::vector<SparseRows>& sparse) override;
-  // Whether any rank was asked to stop (one tiny all-reduce per step).
+  // Whether any rank was asked to stop (one tiny all-reduce per step; HSDP: one per group).
   StatusOr<bool> AgreeToStop(int64_t step, bool stop) override;
   ParameterStorage* parameter_storage() override { return this; }
   Status GatherParameters(float* params) override;
-  // Sharded checkpoints (sharded_state.h): each rank writes its slices of every tensor.
+  // Sharded checkpoints (sharded_state.h): each rank writes its slices of every tensor (HSDP:
+  // each rank of the first replica).
   // `params` is ignored (null from the trainer): the engine holds them.
   Status SaveCheckpoint(const std::string& root, int64_t step, const float* params) override;
   // Restores into this rank's slices, at any world size, from any sharded mode; also writes

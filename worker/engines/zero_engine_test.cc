@@ -1,16 +1,19 @@
 // ZeroEngine on one rank, driven the way Sequential drives its storage, with collectives that
 // copy (world size 1) and count the all-gathers per tensor: what stage 3 gathers in each pass,
 // the bound on transient memory, and gradient accumulation over micro-batches. And on two
-// ranks of a real ring in this process: a skip one rank's check asks for is every rank's.
+// ranks of a real ring in this process: a skip one rank's check asks for is every rank's. And
+// HSDP's replicate path on four ranks in two pairs of rings.
 #include "worker/engines/zero_engine.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <optional>
+#include <thread>
 
 #include "worker/collectives/ring_test_harness.h"
 
@@ -233,6 +236,87 @@ TEST(ZeroEngineTwoRanksTest, ASkipOfOneRankIsEveryRanks) {
     for (int rank = 0; rank < 2; ++rank) EXPECT_EQ(params[rank], std::vector<float>(35, 1.0f));
     for (const Status& status : step(2, 1.0f, /*nan_on_rank1=*/false)) ASSERT_TRUE(status.ok()) << status;
     for (int rank = 0; rank < 2; ++rank) EXPECT_EQ(params[rank], std::vector<float>(35, 0.5f));
+  }
+}
+
+// HSDP on four ranks: shard groups {0, 1} and {2, 3}, replicate groups {0, 2} and {1, 3},
+// each a ring of its own in this process. World rank w's gradients are all w + 1: the shard
+// groups' means, 1.5 and 3.5, averaged across the replicas are the world's mean 2.5, so one
+// SGD step at lr 0.5 takes every parameter from 1 to -0.25 on every rank (exact in float).
+// A stop asked for by one rank is every rank's, in both groups. The first replica writes the
+// checkpoint (two shards, as a zero3 world of 2), from which every rank restores.
+TEST(ZeroEngineHsdpTest, ReplicasAverageTheShardGroupsGradients) {
+  TestRingOptions ring_options;
+  ring_options.in_process = true;
+  std::vector<std::unique_ptr<TestRing>> shard_rings, replicate_rings;
+  for (int g = 0; g < 2; ++g) {
+    shard_rings.push_back(std::make_unique<TestRing>(2, ring_options));
+    replicate_rings.push_back(std::make_unique<TestRing>(2, ring_options));
+    ASSERT_TRUE(shard_rings.back()->ok() && replicate_rings.back()->ok());
+  }
+  const ParameterLayout layout = ThreeLayers();
+  MetricsRegistry metrics[4];
+  std::unique_ptr<ZeroEngine> engines[4];
+  for (int w = 0; w < 4; ++w) {
+    const int group = w / 2, index = w % 2;
+    ZeroEngineOptions options;
+    options.stage = 3;
+    options.optimizer.kind = OptimizerKind::kSgd;
+    options.optimizer.lr = 0.5f;
+    options.replicate = &replicate_rings[index]->at(group);
+    options.first_replica = group == 0;
+    options.restores_checkpoints_of = {"zero3", "hsdp"};
+    auto engine = ZeroEngine::Create(options, &shard_rings[group]->at(index), &metrics[w]);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    EXPECT_EQ((*engine)->name(), "hsdp");
+    engines[w] = std::move(*engine);
+  }
+  const std::string dir = ::testing::TempDir() + "/hsdp_engine_ckpt";
+  std::vector<float> params[4], restored[4];
+  Status statuses[4];
+  bool stops[4] = {};
+  std::vector<std::thread> threads;
+  for (int w = 0; w < 4; ++w) {
+    threads.emplace_back([&, w] {
+      statuses[w] = [&]() -> Status {
+        ZeroEngine& engine = *engines[w];
+        // Only world rank 0's initial parameters count.
+        params[w].assign(35, w == 0 ? 1.0f : 7.0f);
+        RETURN_IF_ERROR(engine.Initialize(layout, {}, params[w].data()));
+        engine.OnBackwardStart(1, nullptr);
+        ParameterStorage* storage = engine.parameter_storage();
+        for (const ParameterBlock& block : kBlocks) {
+          RETURN_IF_ERROR(storage->Acquire(block, Pass::kForward).status());
+          storage->Release(block);
+        }
+        for (int i = 2; i >= 0; --i) {
+          RETURN_IF_ERROR(storage->Acquire(kBlocks[i], Pass::kBackward).status());
+          ASSIGN_OR_RETURN(float* grads, storage->GradientBlock(kBlocks[i]));
+          std::fill(grads, grads + kBlocks[i].size, static_cast<float>(w + 1));
+          storage->Release(kBlocks[i]);
+          RETURN_IF_ERROR(storage->GradientsDone(kBlocks[i]));
+        }
+        RETURN_IF_ERROR(engine.Step(1, nullptr, nullptr, {}));
+        RETURN_IF_ERROR(engine.GatherParameters(params[w].data()));
+        ASSIGN_OR_RETURN(stops[w], engine.AgreeToStop(1, /*stop=*/w == 3));
+        RETURN_IF_ERROR(engine.SaveCheckpoint(dir, 1, nullptr));
+        restored[w].assign(35, 0.0f);
+        return engine.RestoreCheckpoint(dir, 1, restored[w].data());
+      }();
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (int w = 0; w < 4; ++w) {
+    SCOPED_TRACE(w);
+    ASSERT_TRUE(statuses[w].ok()) << statuses[w];
+    EXPECT_EQ(params[w], std::vector<float>(35, -0.25f));
+    EXPECT_TRUE(stops[w]);
+    EXPECT_EQ(restored[w], params[w]);
+  }
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(std::ifstream(dir + "/step-000000000001/rank-" + std::to_string(r) + ".ckpt").good(),
+              r < 2)
+        << r;
   }
 }
 

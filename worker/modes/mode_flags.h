@@ -30,6 +30,8 @@ struct ModeFlags {
   uint64_t segment_kb = 1024;
   std::string ring_transport = "auto";
   int64_t ring_spin_us = kDefaultRingSpinCapUs;
+  // --mode hsdp: the ranks of a shard group (consecutive); 0: each host's ranks.
+  int shard_group_size = 0;
 };
 
 }  // namespace tessera::worker

@@ -1,6 +1,7 @@
 #include "worker/modes/mode_registry.h"
 
 #include "worker/modes/allreduce_strategy.h"
+#include "worker/modes/hsdp_strategy.h"
 #include "worker/modes/local_strategy.h"
 #include "worker/modes/ps_strategy.h"
 #include "worker/modes/zero_strategy.h"
@@ -29,6 +30,8 @@ const std::vector<ModeEntry>& Modes() {
         {"zero1", kZero, kRingCapabilities, MakeZero1Strategy, nullptr},
         {"zero2", kZero, kRingCapabilities, MakeZero2Strategy, nullptr},
         {"zero3", kZero, kRingCapabilities, MakeZero3Strategy, nullptr},
+        {"hsdp", "zero3 within each host (or --shard-group-size ranks), replicated across them",
+         kRingCapabilities, MakeHsdpStrategy, nullptr},
         {"smoke", "the fleet smoke job (push/pull through the servers, verified all-reduces, "
          "exit)", kNeedsServers, nullptr, RunSmokeMode},
         {"bench-allreduce", "timed all-reduces for tessera-bench allreduce", 0, nullptr,

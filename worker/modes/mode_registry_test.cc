@@ -30,13 +30,14 @@ TEST(ModeRegistryTest, EveryModeHasOneNameAndExactlyOneWayToRun) {
 // registry (issue 50, item 6).
 TEST(ModeRegistryTest, HelpAndNamesReadAsTheyAlwaysDid) {
   EXPECT_EQ(ModeNames(),
-            "local, ps-sync, ps-async, ps-ssp, allreduce, zero1, zero2, zero3, smoke, "
+            "local, ps-sync, ps-async, ps-ssp, allreduce, zero1, zero2, zero3, hsdp, smoke, "
             "bench-allreduce, bench-ps");
   EXPECT_EQ(ModesHelp(),
             "local: train alone (no --coordinator needed); ps-sync, ps-async, ps-ssp: "
             "train against the parameter servers; allreduce: data parallel by ring "
             "all-reduce (no servers); zero1, zero2, zero3: the same with the optimizer "
-            "state, + gradients, + parameters partitioned (ZeRO stages 1-3); smoke: the "
+            "state, + gradients, + parameters partitioned (ZeRO stages 1-3); hsdp: zero3 "
+            "within each host (or --shard-group-size ranks), replicated across them; smoke: the "
             "fleet smoke job (push/pull through the servers, verified all-reduces, exit); "
             "bench-allreduce: timed all-reduces for tessera-bench allreduce; bench-ps: "
             "timed push+pull steps for tessera-bench ps");
@@ -51,19 +52,20 @@ TEST(ModeRegistryTest, CapabilitiesAreThoseOfTheModesNames) {
     const bool ring = name == "allreduce" || name.rfind("zero", 0) == 0;
     EXPECT_EQ(mode.Has(kTrainsAlone), name == "local");
     EXPECT_EQ(mode.Has(kNeedsServers), ps || name == "smoke" || name == "bench-ps");
-    EXPECT_EQ(mode.Has(kReducesGradientsAcrossRanks), ring);
-    EXPECT_EQ(mode.Has(kReportsModelStateBytes), ring);
+    const bool hsdp = name == "hsdp";
+    EXPECT_EQ(mode.Has(kReducesGradientsAcrossRanks), ring || hsdp);
+    EXPECT_EQ(mode.Has(kReportsModelStateBytes), ring || hsdp);
     EXPECT_EQ(mode.Has(kCannotSkipEmbeddingSteps), ps);
-    EXPECT_EQ(mode.Has(kShardedCheckpoints), ring);
+    EXPECT_EQ(mode.Has(kShardedCheckpoints), ring || hsdp);
     EXPECT_EQ(mode.Has(kServerCheckpoints), ps);
-    EXPECT_EQ(mode.trains(), name == "local" || ps || ring);
+    EXPECT_EQ(mode.trains(), name == "local" || ps || ring || hsdp);
   }
 }
 
 // The engines restore the checkpoints of the modes that wrote them in the same format, as
 // they did when they compared the names themselves.
 TEST(ModeRegistryTest, CheckpointSiblingsShareAFormat) {
-  const std::vector<std::string> sharded = {"allreduce", "zero1", "zero2", "zero3"};
+  const std::vector<std::string> sharded = {"allreduce", "zero1", "zero2", "zero3", "hsdp"};
   const std::vector<std::string> servers = {"ps-sync", "ps-async", "ps-ssp"};
   for (const std::string& name : sharded) EXPECT_EQ(CheckpointSiblings(*FindMode(name)), sharded);
   for (const std::string& name : servers) EXPECT_EQ(CheckpointSiblings(*FindMode(name)), servers);

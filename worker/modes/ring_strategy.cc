@@ -72,10 +72,11 @@ class RingStopGrace {
 class RingStrategy final : public TrainingStrategy {
  public:
   explicit RingStrategy(bool* every_rank_stops) : every_rank_stops_(every_rank_stops) {}
-  // The engine goes first, then the grace, then the ring the engine ran on.
+  // The engine goes first, then the grace, then the groups and the ring the engine ran on.
   ~RingStrategy() override {
     engine_.reset();
     stop_grace_.reset();
+    groups_.clear();
     collectives_.reset();
   }
 
@@ -87,6 +88,7 @@ class RingStrategy final : public TrainingStrategy {
 
   bool* const every_rank_stops_;
   std::unique_ptr<Communicator> collectives_;
+  std::vector<std::unique_ptr<Collectives>> groups_;  // made from collectives_
   std::unique_ptr<RingStopGrace> stop_grace_;
   std::unique_ptr<TrainingEngine> engine_;
 };
@@ -118,6 +120,14 @@ StatusOr<std::unique_ptr<Communicator>> MakeWorkerWorld(const ModeContext& conte
 
 StatusOr<std::unique_ptr<TrainingStrategy>> MakeRingStrategy(const StrategyContext& context,
                                                             const RingEngineFactory& make_engine) {
+  return MakeGroupedRingStrategy(
+      context, [&make_engine](Communicator* world, std::vector<std::unique_ptr<Collectives>>*) {
+        return make_engine(world);
+      });
+}
+
+StatusOr<std::unique_ptr<TrainingStrategy>> MakeGroupedRingStrategy(
+    const StrategyContext& context, const GroupedEngineFactory& make_engine) {
   auto strategy = std::make_unique<RingStrategy>(context.every_rank_stops);
   // A stop while the ring is set up ends its waits after the grace too.
   strategy->stop_grace_ =
@@ -126,7 +136,8 @@ StatusOr<std::unique_ptr<TrainingStrategy>> MakeRingStrategy(const StrategyConte
   // With a checkpoint on stop, a step slower than the grace must not cost the checkpoint:
   // a hung peer is then left to the heartbeat (--heartbeat-timeout-ms).
   if (context.checkpoint_on_stop) strategy->stop_grace_.reset();
-  ASSIGN_OR_RETURN(strategy->engine_, make_engine(strategy->collectives_.get()));
+  ASSIGN_OR_RETURN(strategy->engine_,
+                   make_engine(strategy->collectives_.get(), &strategy->groups_));
   return std::unique_ptr<TrainingStrategy>(std::move(strategy));
 }
 

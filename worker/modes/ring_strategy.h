@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/base/status.h"
 #include "worker/collectives/collectives.h"
@@ -28,6 +29,11 @@ StatusOr<std::unique_ptr<Communicator>> MakeWorkerWorld(const ModeContext& conte
 using RingEngineFactory =
     std::function<StatusOr<std::unique_ptr<TrainingEngine>>(Collectives* collectives)>;
 
+// Builds the engine of a ring strategy on groups it makes from `world` (Split): it hands them
+// to *groups, which the strategy keeps until after the engine is gone.
+using GroupedEngineFactory = std::function<StatusOr<std::unique_ptr<TrainingEngine>>(
+    Communicator* world, std::vector<std::unique_ptr<Collectives>>* groups)>;
+
 // A strategy whose engine runs collectives on the workers' world: its communicator, a stop
 // grace that
 // ends a wait on a peer that never answers after a stop (not with a checkpoint on stop), and
@@ -35,6 +41,9 @@ using RingEngineFactory =
 // *every_rank_stops.
 StatusOr<std::unique_ptr<TrainingStrategy>> MakeRingStrategy(const StrategyContext& context,
                                                             const RingEngineFactory& make_engine);
+// The same, for an engine on groups of the world (--mode hsdp).
+StatusOr<std::unique_ptr<TrainingStrategy>> MakeGroupedRingStrategy(
+    const StrategyContext& context, const GroupedEngineFactory& make_engine);
 
 }  // namespace tessera::worker
 
