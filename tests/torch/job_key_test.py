@@ -199,12 +199,14 @@ class JobKeyTest(unittest.TestCase):
                 port = queue.get(timeout=60)
                 print(port, flush=True)
                 second = subprocess.Popen([sys.executable, sys.argv[1], port.split()[1]])
-                print("rank 0:", queue.get(timeout=60), flush=True)
+                # One string per line: two processes share this output, and print's separate
+                # writes of its arguments could interleave with the other's (seen under load).
+                print("rank 0: " + queue.get(timeout=60), flush=True)
                 first.join(60)
                 second.wait(60)
             """)
         child = self._script("child.py", RANK_BODY, """\
-            rank(1, int(sys.argv[1]), lambda line: print("rank 1:", line, flush=True))
+            rank(1, int(sys.argv[1]), lambda line: print("rank 1: " + line, flush=True))
             """)
         process = _start(parent, child)
         output = _finish(process)
@@ -217,7 +219,7 @@ class JobKeyTest(unittest.TestCase):
             if __name__ == "__main__":
                 first, queue = start_rank0()
                 print(queue.get(timeout=60), flush=True)
-                print("rank 0:", queue.get(timeout=90), flush=True)
+                print("rank 0: " + queue.get(timeout=90), flush=True)
                 first.join(60)
             """)
         # Rank 1 of the same job, at the same store, as rank 0's sibling would be.
