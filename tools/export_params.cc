@@ -1,7 +1,8 @@
-// tessera-export-params: consolidates a sharded checkpoint (--mode allreduce, zero1, zero2;
-// worker/engines/sharded_state.h) into one --save-params file (docs/params-format.md), without the
-// model or a fleet: the manifest names every tensor and its shape, and the shards together
-// hold every parameter exactly once.
+// tessera-export-params: consolidates a sharded checkpoint (worker/engines/sharded_state.h) of
+// --mode allreduce, zero1, zero2, zero3 or hsdp, or of tessera.torch.fsdp.save_sharded_checkpoint
+// (mode "fsdp"), into one --save-params file (docs/params-format.md), without the model or a
+// fleet: the manifest names every tensor and its shape, and the shards together hold every
+// parameter exactly once.
 //
 //   tessera-export-params --checkpoint-dir D [--step N] --out params.bin
 //
@@ -41,7 +42,9 @@ Status Export(const ExportConfig& config) {
   }
   ASSIGN_OR_RETURN(CheckpointManifest manifest, ReadCheckpointManifest(config.checkpoint_dir, step));
   const std::string where = CheckpointStepDirectory(config.checkpoint_dir, step) + "/MANIFEST.json";
-  const std::vector<std::string> sharded = worker::ModeNamesWith(worker::kShardedCheckpoints);
+  // The modes' own, and the Python FSDP writer's, which is no --mode of the worker.
+  std::vector<std::string> sharded = worker::ModeNamesWith(worker::kShardedCheckpoints);
+  sharded.push_back("fsdp");
   if (std::find(sharded.begin(), sharded.end(), manifest.mode) == sharded.end()) {
     std::string modes;
     for (const std::string& mode : sharded) modes += (modes.empty() ? "" : ", ") + mode;

@@ -16,8 +16,12 @@ from tessera.torch.fsdp.fully_sharded_data_parallel import (
     LocalStateDictConfig, MixedPrecision, ShardedStateDictConfig, ShardingStrategy,
     StateDictType)
 from tessera.torch.fsdp.hybrid import hybrid_groups
+from tessera.torch.fsdp.native_checkpoint import (
+    full_state_dict_from_checkpoint, load_sharded_checkpoint, save_sharded_checkpoint)
 
 __all__ = ["BackwardPrefetch", "CPUOffload", "FullStateDictConfig", "FullyShardedDataParallel",
            "LocalStateDictConfig", "MixedPrecision", "ShardedSlice", "ShardedStateDictConfig",
-           "ShardingStrategy", "StateDictType", "checkpoint", "full_state_dict_from_sharded",
-           "hybrid_groups", "merge_sharded_state_dicts", "wrap"]
+           "ShardingStrategy", "StateDictType", "checkpoint", "full_state_dict_from_checkpoint",
+           "full_state_dict_from_sharded",
+           "hybrid_groups", "load_sharded_checkpoint", "merge_sharded_state_dicts",
+           "save_sharded_checkpoint", "wrap"]
