@@ -53,6 +53,36 @@ class MultiHostTest : public ::testing::Test {
         label, hosts_->Command(host, Concat(argv, args), /*private_shm=*/true, own_hostname));
   }
 
+  // tessera-launch --nnodes 2 --nproc-per-node 2 --mode `mode` on each host, node 0's
+  // hosting the coordinator, with `job` after "--"; both must exit 0 within kRunMs. Their
+  // process ids in *node0 and *node1 (for harness_.Output).
+  void RunTwoNodes(const std::string& mode, const std::vector<std::string>& job, int* node0,
+                   int* node1) {
+    auto launcher = [&](int node, const std::string& coordinator) {
+      return StartOn(node, "node " + std::to_string(node), "tools/tessera-launch",
+                     Concat({"--nnodes", "2", "--node-rank", std::to_string(node),
+                             "--nproc-per-node", "2", "--coordinator", coordinator, "--mode",
+                             mode, "--log-level", "info", "--"},
+                            job));
+    };
+    auto first = launcher(0, EmulatedHosts::Address(0) + ":0");
+    ASSERT_TRUE(first.ok()) << first.status();
+    *node0 = *first;
+    const std::string announced = "[launch] coordinator address tcp://";
+    ASSERT_TRUE(harness_.WaitForLine(*node0, announced, Deadline::AfterMillis(30000)).ok())
+        << harness_.Output(*node0);
+    const std::string out0 = harness_.Output(*node0);
+    const size_t at = out0.find(announced) + announced.size();
+    auto second = launcher(1, out0.substr(at, out0.find(' ', at) - at));
+    ASSERT_TRUE(second.ok()) << second.status();
+    *node1 = *second;
+    for (int id : {*node1, *node0}) {
+      auto exit = harness_.WaitExit(id, Deadline::AfterMillis(kRunMs));
+      ASSERT_TRUE(exit.ok()) << exit.status() << "\n" << harness_.Output(id);
+      EXPECT_EQ(exit->status, 0) << harness_.Output(id);
+    }
+  }
+
   // A coordinator on host 0 (at its address, port 0), `servers` servers on hosts 0, 1, 0, ...
   // and worker r on host r, with `server_flags[s]` and `worker_flags[r]` appended and worker 1
   // given `worker1_env`.
@@ -153,35 +183,15 @@ TEST_F(MultiHostTest, EveryModeTrainsAcrossHostsWithoutBindHost) {
 TEST_F(MultiHostTest, TwoWorkersPerHostUseSharedMemoryWithinAHostAndLinksBetween) {
   const std::string path = TempPath("per-hop-across.params");
   const std::vector<std::string> job = Concat(kJob, {"--save-params", path});
-  auto launcher = [&](int node, const std::string& coordinator) {
-    return StartOn(node, "node " + std::to_string(node), "tools/tessera-launch",
-                   Concat({"--nnodes", "2", "--node-rank", std::to_string(node),
-                           "--nproc-per-node", "2", "--coordinator", coordinator, "--mode",
-                           "allreduce", "--log-level", "info", "--"},
-                          job));
-  };
-  auto node0 = launcher(0, EmulatedHosts::Address(0) + ":0");
-  ASSERT_TRUE(node0.ok()) << node0.status();
-  const std::string announced = "[launch] coordinator address tcp://";
-  ASSERT_TRUE(harness_.WaitForLine(*node0, announced, Deadline::AfterMillis(30000)).ok())
-      << harness_.Output(*node0);
-  const std::string out0 = harness_.Output(*node0);
-  const size_t at = out0.find(announced) + announced.size();
-  const std::string coordinator = out0.substr(at, out0.find(' ', at) - at);
-  auto node1 = launcher(1, coordinator);
-  ASSERT_TRUE(node1.ok()) << node1.status();
-  for (int id : {*node1, *node0}) {
-    auto exit = harness_.WaitExit(id, Deadline::AfterMillis(kRunMs));
-    ASSERT_TRUE(exit.ok()) << exit.status() << "\n" << harness_.Output(id);
-    EXPECT_EQ(exit->status, 0) << harness_.Output(id);
-  }
+  int node0 = -1, node1 = -1;
+  ASSERT_NO_FATAL_FAILURE(RunTwoNodes("allreduce", job, &node0, &node1));
   const std::string map = "chosen by auto per hop (0->1 shm, 1->2 links, 2->3 shm, 3->0 links)";
   const std::string hops[4] = {"shm to worker 1, links from worker 3, ",
                                "links to worker 2, shm from worker 0, ",
                                "shm to worker 3, links from worker 1, ",
                                "links to worker 0, shm from worker 2, "};
   for (int rank = 0; rank < 4; ++rank) {
-    const std::string out = harness_.Output(rank < 2 ? *node0 : *node1);
+    const std::string out = harness_.Output(rank < 2 ? node0 : node1);
     EXPECT_NE(out.find("ring channel: " + hops[rank] + map), std::string::npos)
         << "worker " << rank << ":\n" << out;
   }
@@ -209,33 +219,13 @@ TEST_F(MultiHostTest, TwoWorkersPerHostUseSharedMemoryWithinAHostAndLinksBetween
 TEST_F(MultiHostTest, HsdpShardsWithinEachHostAndReplicatesAcross) {
   const std::string path = TempPath("hsdp-across.params");
   const std::vector<std::string> job = Concat(kJob, {"--save-params", path});
-  auto launcher = [&](int node, const std::string& coordinator) {
-    return StartOn(node, "node " + std::to_string(node), "tools/tessera-launch",
-                   Concat({"--nnodes", "2", "--node-rank", std::to_string(node),
-                           "--nproc-per-node", "2", "--coordinator", coordinator, "--mode",
-                           "hsdp", "--log-level", "info", "--"},
-                          job));
-  };
-  auto node0 = launcher(0, EmulatedHosts::Address(0) + ":0");
-  ASSERT_TRUE(node0.ok()) << node0.status();
-  const std::string announced = "[launch] coordinator address tcp://";
-  ASSERT_TRUE(harness_.WaitForLine(*node0, announced, Deadline::AfterMillis(30000)).ok())
-      << harness_.Output(*node0);
-  const std::string out0 = harness_.Output(*node0);
-  const size_t at = out0.find(announced) + announced.size();
-  const std::string coordinator = out0.substr(at, out0.find(' ', at) - at);
-  auto node1 = launcher(1, coordinator);
-  ASSERT_TRUE(node1.ok()) << node1.status();
-  for (int id : {*node1, *node0}) {
-    auto exit = harness_.WaitExit(id, Deadline::AfterMillis(kRunMs));
-    ASSERT_TRUE(exit.ok()) << exit.status() << "\n" << harness_.Output(id);
-    EXPECT_EQ(exit->status, 0) << harness_.Output(id);
-  }
-  EXPECT_NE(harness_.Output(*node0).find("(world ranks 0, 1)"), std::string::npos)
-      << harness_.Output(*node0);
-  EXPECT_NE(harness_.Output(*node1).find("(world ranks 2, 3)"), std::string::npos)
-      << harness_.Output(*node1);
-  EXPECT_NE(harness_.Output(*node0).find("replicate group"), std::string::npos);
+  int node0 = -1, node1 = -1;
+  ASSERT_NO_FATAL_FAILURE(RunTwoNodes("hsdp", job, &node0, &node1));
+  EXPECT_NE(harness_.Output(node0).find("(world ranks 0, 1)"), std::string::npos)
+      << harness_.Output(node0);
+  EXPECT_NE(harness_.Output(node1).find("(world ranks 2, 3)"), std::string::npos)
+      << harness_.Output(node1);
+  EXPECT_NE(harness_.Output(node0).find("replicate group"), std::string::npos);
 
   FleetHarness one_host;
   const std::string one_host_path = TempPath("hsdp-one-host.params");
