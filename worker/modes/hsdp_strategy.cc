@@ -46,8 +46,6 @@ class GroupTags final : public Collectives {
   }
   Status Barrier(uint64_t tag) override { return group_->Barrier(Folded(tag)); }
 
-  const Communicator& group() const { return *group_; }
-
  private:
   static uint64_t Folded(uint64_t tag) {
     constexpr uint64_t kQuarter = 1ull << 30;
