@@ -227,12 +227,17 @@ Status Communicator::TakeFrame(uint64_t tag, uint32_t slot, int src, void* data,
     return InternalError(Where() + ": " + what + ": a message for rank " + std::to_string(src) +
                          " came from rank " + std::to_string(frame->sender_rank));
   }
-  if (frame->data.size() != bytes) {
+  return CopyPayload(*frame, src, data, bytes, what);
+}
+
+Status Communicator::CopyPayload(const RingFrame& frame, int src, void* data, size_t bytes,
+                                 const std::string& what) const {
+  if (frame.data.size() != bytes) {
     return InvalidArgumentError(Where() + ": " + what + ": rank " + std::to_string(src) + " (" +
-                                Worker(src) + ") sent " + std::to_string(frame->data.size()) +
+                                Worker(src) + ") sent " + std::to_string(frame.data.size()) +
                                 " bytes; this rank expects " + std::to_string(bytes));
   }
-  if (bytes > 0) std::memcpy(data, frame->data.data(), bytes);
+  if (bytes > 0) std::memcpy(data, frame.data.data(), bytes);
   return OkStatus();
 }
 
@@ -314,13 +319,7 @@ StatusOr<int> Communicator::RecvAny(void* data, size_t bytes, uint32_t tag,
         ++received_[{src, tag}];
         last_any_source_ = src;
       }
-      if (frame->data.size() != bytes) {
-        return InvalidArgumentError(Where() + ": " + what + ": rank " + std::to_string(src) +
-                                    " (" + Worker(src) + ") sent " +
-                                    std::to_string(frame->data.size()) +
-                                    " bytes; this rank expects " + std::to_string(bytes));
-      }
-      if (bytes > 0) std::memcpy(data, frame->data.data(), bytes);
+      RETURN_IF_ERROR(CopyPayload(*frame, src, data, bytes, what));
       return src;
     }
     if (deadline.Expired()) {

@@ -206,6 +206,10 @@ class Communicator final : public Collectives {
   Status Checked(const std::string& what, int peer) const;
   Status SendFrame(int dst, uint64_t tag, uint32_t slot, const void* data, size_t bytes,
                    CollectiveOp op);
+  // Copies `frame`'s payload (from rank `src`) to `data`, which takes exactly `bytes`: another
+  // size is InvalidArgument naming both.
+  Status CopyPayload(const RingFrame& frame, int src, void* data, size_t bytes,
+                     const std::string& what) const;
   // Receives the frame (tag, slot), which `src` must have sent, into exactly `bytes` at `data`.
   Status TakeFrame(uint64_t tag, uint32_t slot, int src, void* data, size_t bytes,
                    Deadline deadline, const std::string& what);
