@@ -87,7 +87,8 @@ StatusOr<TrainRun> RunTessera(const std::string& worker, const std::string& laun
         std::string("--json")}) {
     argv.push_back(arg);
   }
-  if (mode == "hsdp" && o.shard_group_size > 0) {
+  // The shard groups are the mode under test's (hsdp's), never its allreduce reference's.
+  if (o.shard_group_size > 0 && mode == o.mode) {
     argv.push_back("--shard-group-size=" + std::to_string(o.shard_group_size));
   }
   argv.insert(argv.end(), worker_args.begin(), worker_args.end());
