@@ -51,7 +51,9 @@ std::shared_future<Status> CommPool::Submit(const std::shared_ptr<Strand>& stran
   runnable_.push_back(strand);
   if (runnable_.size() > idle_) {
     // Every thread is busy (or taken): this strand gets one of its own rather than wait
-    // behind work that may wait for it.
+    // behind work that may wait for it. The new thread counts as idle from now, not from
+    // when it first takes the lock: otherwise submits in between each start another.
+    ++idle_;
     threads_.emplace_back([this] { Loop(); });
   } else {
     work_.notify_one();
@@ -84,8 +86,7 @@ void CommPool::Loop() {
   std::optional<Task> finished;  // the last task run, whose future is set next
   Status status;
   std::exception_ptr thrown;
-  ++idle_;
-  while (true) {
+  while (true) {  // idle_ counts this thread already (Submit counted it as it started it)
     if (finished.has_value()) {
       // Counted idle before the future is set, so that a caller who waits for it and submits
       // again finds this thread rather than starting another.
