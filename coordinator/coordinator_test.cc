@@ -55,10 +55,12 @@ struct Fleet {
     options.heartbeat_timeout_ms = heartbeat_timeout_ms;
     options.request_timeout_ms = 5000;
     if (role == Role::kWorker) options.num_workers = job_workers;
+    if (role == Role::kWorker) options.handlers_follow = workers_handlers_follow;
     return options;
   }
   MetricsRegistry metrics;
   int job_workers = 0;  // what workers register as their job's size
+  bool workers_handlers_follow = false;  // RendezvousOptions::handlers_follow for workers
 };
 
 struct Process {
@@ -381,6 +383,65 @@ TEST(CoordinatorTest, AJoiningServerTakesAFailedOnesPlaceAndEveryoneGetsTheNewVi
   EXPECT_EQ(server->address, joined.endpoint->address());
   EXPECT_EQ(fleet.coordinator->Snapshot().Find(Role::kServer, 1)->state, MemberState::kAlive);
   processes[2].client->SetFleetChangeHandler(nullptr);
+}
+
+// A worker whose handlers come after Join (a ps-* worker building its model) is not failed by
+// a server's loss in between: the notice, and the view with the server that took the failed
+// one's place, wait for its handlers and reach them as they are set. A handler that then
+// refuses the loss fails the worker as it would have at once.
+TEST(CoordinatorTest, NoticesBeforeTheHandlersAreHeldForThem) {
+  Fleet fleet(2, 2, 10000, /*heartbeat_ms=*/10000);
+  fleet.workers_handlers_follow = true;
+  auto processes = JoinAll(fleet, {{Role::kServer, 0}, {Role::kServer, 1}, {Role::kWorker, 0},
+                                   {Role::kWorker, 1}});
+  const uint64_t epoch_before = fleet.coordinator->Snapshot().epoch;
+  processes[1].client->LeaveWithError(InternalError("disk on fire"));
+  Process joined;
+  joined.endpoint = NewEndpoint();
+  RendezvousOptions options = fleet.Options(Role::kServer, -1);
+  options.join = true;
+  Deadline deadline = Deadline::AfterMillis(5000);
+  StatusOr<std::unique_ptr<RendezvousClient>> client = UnavailableError("not joined yet");
+  while (!client.ok() && !deadline.Expired()) {  // once the coordinator has seen the failure
+    client = RendezvousClient::Join(joined.endpoint.get(), options, nullptr);
+    if (!client.ok()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_TRUE(client.ok()) << client.status();
+  joined.client = std::move(client).value();
+  joined.client->StartHeartbeats();
+  while (fleet.coordinator->Snapshot().Find(Role::kServer, 1)->state != MemberState::kAlive &&
+         !deadline.Expired()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the notices' time to arrive
+  EXPECT_TRUE(processes[2].client->health().ok()) << processes[2].client->health();
+  EXPECT_TRUE(processes[3].client->health().ok()) << processes[3].client->health();
+
+  std::vector<FailureNotice> losses;  // set on this thread: the held ones are replayed here
+  processes[2].client->SetPeerLossHandler([&](const FailureNotice& notice) {
+    losses.push_back(notice);
+    return OkStatus();
+  });
+  ASSERT_EQ(losses.size(), 1u);
+  EXPECT_EQ(losses[0].role, Role::kServer);
+  EXPECT_EQ(losses[0].rank, 1);
+  EXPECT_NE(losses[0].reason.find("disk on fire"), std::string::npos) << losses[0].reason;
+  std::vector<FleetView> views;
+  processes[2].client->SetFleetChangeHandler([&](const FleetView& view) { views.push_back(view); });
+  ASSERT_EQ(views.size(), 1u);
+  EXPECT_GT(views[0].epoch, epoch_before);
+  EXPECT_EQ(views[0].Find(Role::kServer, 1)->address, joined.endpoint->address());
+  EXPECT_TRUE(processes[2].client->health().ok()) << processes[2].client->health();
+  processes[2].client->SetFleetChangeHandler(nullptr);
+  processes[2].client->SetPeerLossHandler(nullptr);
+
+  processes[3].client->SetPeerLossHandler(
+      [](const FailureNotice&) { return FailedPreconditionError("range 1 is lost"); });
+  const Status failed = processes[3].client->health();
+  EXPECT_EQ(failed.code(), StatusCode::kAborted) << failed;
+  EXPECT_NE(failed.message().find("server 1 ("), std::string::npos) << failed;
+  EXPECT_NE(failed.message().find("disk on fire; range 1 is lost"), std::string::npos) << failed;
+  processes[3].client->SetPeerLossHandler(nullptr);
 }
 
 // A member registered from the coordinator's host whose process is gone is declared failed at

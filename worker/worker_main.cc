@@ -248,6 +248,7 @@ Status RunMemberOfFleet(ProcessRuntime& runtime, const WorkerFlags& flags, const
   RendezvousOptions options = RendezvousOptionsFrom(runtime.config());
   options.metrics_address = runtime.metrics_url();
   options.stop_requested = [&runtime] { return runtime.StopRequested(); };
+  options.handlers_follow = mode.Has(kSurvivesServerLoss);
   ASSIGN_OR_RETURN(std::unique_ptr<RendezvousClient> client,
                    RendezvousClient::Join(&endpoint, options, &runtime.metrics()));
   // A failed peer (or a lost coordinator) wakes a collective waiting for frames with the root

@@ -61,35 +61,8 @@ StatusOr<std::unique_ptr<RendezvousClient>> RendezvousClient::Join(
 
   // Failure notices may arrive as soon as we are registered.
   RendezvousClient* raw = client.get();
-  const bool fatal = options.peer_failures_are_fatal;
-  endpoint->SetHandler(MessageType::kFailureNotice, [raw, fatal](Envelope envelope) {
-    const FailureNotice& notice = *envelope.As<FailureNotice>();
-    const std::string address = notice.address.empty() ? "?" : notice.address;
-    const std::string reason = notice.reason.empty() ? "no reason given" : notice.reason;
-    if (notice.role == Role::kCoordinator) {  // it stopped: nobody is left to carry on with
-      if (raw->health().ok() && IsCleanCoordinatorStop(notice.reason)) {
-        raw->coordinator_stopped_cleanly_ = true;
-      }
-      raw->Fail(UnavailableError("lost contact with the coordinator: " + reason));
-      return;
-    }
-    std::string what = MemberName(notice.role, notice.rank) + " (" + address + ") failed: " + reason;
-    std::function<Status(const FailureNotice&)> on_peer_loss;
-    {
-      std::lock_guard<std::mutex> lock(raw->mu_);
-      on_peer_loss = raw->on_peer_loss_;
-    }
-    if (!fatal) {
-      TLOG(WARNING) << what << "; carrying on";
-      if (on_peer_loss) (void)on_peer_loss(notice);  // told, and carrying on anyway
-      return;
-    }
-    if (on_peer_loss) {
-      Status carry_on = on_peer_loss(notice);
-      if (carry_on.ok()) return;  // the handler said how it carries on
-      if (!carry_on.message().empty()) what += "; " + carry_on.message();
-    }
-    raw->Fail(AbortedError(what));
+  endpoint->SetHandler(MessageType::kFailureNotice, [raw](Envelope envelope) {
+    raw->PeerFailed(*envelope.As<FailureNotice>());
   });
   // A newer view (a server joined in a failed one's place): to the handler, once per epoch.
   endpoint->SetHandler(MessageType::kFleetView, [raw](Envelope envelope) {
@@ -100,6 +73,7 @@ StatusOr<std::unique_ptr<RendezvousClient>> RendezvousClient::Join(
       if (view.epoch <= raw->newest_epoch_) return;
       raw->newest_epoch_ = view.epoch;
       on_fleet_change = raw->on_fleet_change_;
+      if (!on_fleet_change && raw->options_.handlers_follow) raw->held_view_ = view;
     }
     TLOG(DEBUG) << "fleet view of epoch " << view.epoch << " from the coordinator";
     if (on_fleet_change) on_fleet_change(view);
@@ -162,8 +136,13 @@ void RendezvousClient::StartHeartbeats() {
 }
 
 void RendezvousClient::SetFleetChangeHandler(std::function<void(const FleetView&)> handler) {
-  std::lock_guard<std::mutex> lock(mu_);
-  on_fleet_change_ = std::move(handler);
+  std::optional<FleetView> held;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    on_fleet_change_ = handler;
+    if (on_fleet_change_) held.swap(held_view_);
+  }
+  if (held.has_value()) handler(*held);
 }
 
 RendezvousClient::~RendezvousClient() {
@@ -186,9 +165,48 @@ Status RendezvousClient::health() const {
   return health_;
 }
 
+void RendezvousClient::PeerFailed(const FailureNotice& notice) {
+  const std::string address = notice.address.empty() ? "?" : notice.address;
+  const std::string reason = notice.reason.empty() ? "no reason given" : notice.reason;
+  if (notice.role == Role::kCoordinator) {  // it stopped: nobody is left to carry on with
+    if (health().ok() && IsCleanCoordinatorStop(notice.reason)) {
+      coordinator_stopped_cleanly_ = true;
+    }
+    Fail(UnavailableError("lost contact with the coordinator: " + reason));
+    return;
+  }
+  std::string what = MemberName(notice.role, notice.rank) + " (" + address + ") failed: " + reason;
+  std::function<Status(const FailureNotice&)> on_peer_loss;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    on_peer_loss = on_peer_loss_;
+    if (!on_peer_loss && options_.handlers_follow && options_.peer_failures_are_fatal) {
+      TLOG(INFO) << what << "; told to this process's handler once it has one";
+      held_losses_.push_back(notice);
+      return;
+    }
+  }
+  if (!options_.peer_failures_are_fatal) {
+    TLOG(WARNING) << what << "; carrying on";
+    if (on_peer_loss) (void)on_peer_loss(notice);  // told, and carrying on anyway
+    return;
+  }
+  if (on_peer_loss) {
+    Status carry_on = on_peer_loss(notice);
+    if (carry_on.ok()) return;  // the handler said how it carries on
+    if (!carry_on.message().empty()) what += "; " + carry_on.message();
+  }
+  Fail(AbortedError(what));
+}
+
 void RendezvousClient::SetPeerLossHandler(std::function<Status(const FailureNotice&)> handler) {
-  std::lock_guard<std::mutex> lock(mu_);
-  on_peer_loss_ = std::move(handler);
+  std::vector<FailureNotice> held;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    on_peer_loss_ = std::move(handler);
+    if (on_peer_loss_) held.swap(held_losses_);
+  }
+  for (const FailureNotice& notice : held) PeerFailed(notice);
 }
 
 void RendezvousClient::SetFailureCallback(std::function<void(const Status&)> callback) {

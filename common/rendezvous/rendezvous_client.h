@@ -50,6 +50,11 @@ struct RendezvousOptions {
   // cannot go on); false, it is logged and this process carries on (servers outlive jobs).
   // Losing the coordinator is always a failure.
   bool peer_failures_are_fatal = true;
+  // With fatal peer failures: this process installs a peer-loss handler after Join, once it
+  // has built what the handler asks (a worker's parameter-server engine, after its model).
+  // Failure notices and newer fleet views that arrive before then are held and handed to the
+  // handlers as they are set, instead of failing the process (or being dropped) in between.
+  bool handlers_follow = false;
   // A server taking a failed server's place in a running fleet (tessera-server --join): Join
   // returns with the view at once and the process heartbeats only from StartHeartbeats() on
   // (once it serves: the coordinator makes it alive, and tells the others, at its first).
@@ -97,10 +102,13 @@ class RendezvousClient {
   // the handler logs how); else why not, which the failure then says (when not empty). When
   // they are not fatal, only told (its answer is ignored). Runs on the endpoint's handler
   // thread and must not block. Null: every loss is fatal (or, not fatal, only logged).
+  // Notices held until now (RendezvousOptions::handlers_follow) go to it at once, on the
+  // caller's thread.
   void SetPeerLossHandler(std::function<Status(const FailureNotice&)> handler);
 
   // Called with each newer fleet view the coordinator sends (a server joined in a failed
-  // one's place), on the endpoint's handler thread; must not block. Null: ignored.
+  // one's place), on the endpoint's handler thread; must not block. Null: ignored. A newer
+  // view held until now (RendezvousOptions::handlers_follow) goes to it at once.
   void SetFleetChangeHandler(std::function<void(const FleetView&)> handler);
   // RendezvousOptions::join: starts heartbeating (the first one at once). Once only.
   void StartHeartbeats();
@@ -123,6 +131,9 @@ class RendezvousClient {
                                 const std::string& what) const;
   void HeartbeatLoop();
   void Fail(const Status& status);
+  // What a failure notice about another member means here: the peer-loss handler's answer
+  // (or its absence) fails this process, or it carries on.
+  void PeerFailed(const FailureNotice& notice);
   void StopHeartbeats();
 
   RpcEndpoint* const endpoint_;
@@ -139,6 +150,9 @@ class RendezvousClient {
   std::function<Status(const FailureNotice&)> on_peer_loss_;  // guarded by mu_
   std::function<void(const FleetView&)> on_fleet_change_;      // guarded by mu_
   uint64_t newest_epoch_ = 0;                                  // guarded by mu_
+  // RendezvousOptions::handlers_follow: what arrived before the handlers were set.
+  std::vector<FailureNotice> held_losses_;        // guarded by mu_
+  std::optional<FleetView> held_view_;            // guarded by mu_
   std::atomic<bool> coordinator_stopped_cleanly_{false};
   std::map<std::string, uint64_t> barrier_generation_;  // guarded by mu_
   std::thread heartbeat_thread_;

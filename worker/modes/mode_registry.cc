@@ -15,7 +15,7 @@ const std::vector<ModeEntry>& Modes() {
         "the same with the optimizer state, + gradients, + parameters partitioned (ZeRO stages "
         "1-3)";
     constexpr uint32_t kPsCapabilities =
-        kNeedsServers | kCannotSkipEmbeddingSteps | kServerCheckpoints;
+        kNeedsServers | kCannotSkipEmbeddingSteps | kServerCheckpoints | kSurvivesServerLoss;
     constexpr uint32_t kRingCapabilities =
         kReducesGradientsAcrossRanks | kReportsModelStateBytes | kShardedCheckpoints;
     return new std::vector<ModeEntry>{

@@ -42,6 +42,10 @@ enum ModeCapability : uint32_t {
   kShardedCheckpoints = 1u << 5,
   // Its checkpoints are the parameter servers' shards: any mode with this bit restores them.
   kServerCheckpoints = 1u << 6,
+  // Its strategy survives a server's loss (other replicas of its key ranges carry on): the
+  // fleet client holds failure notices until the strategy's handler takes them
+  // (RendezvousOptions::handlers_follow), rather than failing while the model is built.
+  kSurvivesServerLoss = 1u << 7,
 };
 
 struct ModeEntry {

@@ -79,6 +79,7 @@ StatusOr<std::unique_ptr<PsClient>> PsClient::Join(const PsClientOptions& option
   // A PS job cannot go on without a server or (ps-sync) a peer: the coordinator's notice fails
   // every pending request, naming who failed, as in tessera-worker.
   join.peer_failures_are_fatal = true;
+  join.handlers_follow = true;  // the engine's, set below once it exists
   StatusOr<std::unique_ptr<RendezvousClient>> joined =
       RendezvousClient::Join(client->endpoint_.get(), join, &client->metrics_);
   if (!joined.ok()) {
