@@ -187,6 +187,38 @@ inline constexpr MetricName kDdpWaitSeconds{
     "tessera_ddp_wait_seconds",
     "Time the optimizer step waited for gradient all-reduces after backward finished."};
 
+// --- FSDP of PyTorch processes (tessera.torch.fsdp, worker/torch/fsdp_metrics.h) ---
+
+// gauge; labels: kind (shard, gathered, gradient_shard, full_gradient).
+inline constexpr MetricName kFsdpParamBytes{
+    "tessera_fsdp_param_bytes",
+    "Bytes of FSDP flat parameters and gradients this rank holds now, by kind: shard (its "
+    "parameter shards), gathered (unsharded parameters allocated), gradient_shard (sharded "
+    "gradients), full_gradient (unsharded gradients awaiting reduce-scatter)."};
+// gauge; labels: kind (as kFsdpParamBytes).
+inline constexpr MetricName kFsdpParamPeakBytes{
+    "tessera_fsdp_param_peak_bytes",
+    "Most bytes tessera_fsdp_param_bytes of the kind reached since the process started or its "
+    "peaks were last reset (tessera.torch._C.fsdp_reset_peaks)."};
+// histogram (seconds); labels: op (all_gather, reduce_scatter, all_reduce).
+inline constexpr MetricName kFsdpCollectiveSeconds{
+    "tessera_fsdp_collective_seconds",
+    "Time from an FSDP collective's issue to its completion as FSDP sees it, by operation "
+    "(all_reduce: the replicate step of hybrid sharding)."};
+// counter; labels: op (as kFsdpCollectiveSeconds).
+inline constexpr MetricName kFsdpCollectiveBytesTotal{
+    "tessera_fsdp_collective_bytes_total",
+    "Bytes of the unsharded buffers FSDP gathered, reduce-scattered or all-reduced, by "
+    "operation."};
+// counter.
+inline constexpr MetricName kFsdpPrefetchWaitsTotal{
+    "tessera_fsdp_prefetch_waits_total",
+    "Times FSDP needed a prefetched all-gather that had not finished and waited for it."};
+// counter (seconds).
+inline constexpr MetricName kFsdpPrefetchWaitSecondsTotal{
+    "tessera_fsdp_prefetch_wait_seconds_total",
+    "Seconds FSDP spent waiting for prefetched all-gathers that had not finished."};
+
 // --- Training (every mode, on workers) ---
 
 // gauge: the last finished optimizer step.
