@@ -75,6 +75,108 @@ def _sample(text, name):
     return None
 
 
+def _assert_promtool_clean(test, text):
+    with tempfile.NamedTemporaryFile("w", suffix=".prom") as f:
+        f.write(text)
+        f.flush()
+        with open(f.name) as stdin:
+            check = subprocess.run(["promtool", "check", "metrics"], stdin=stdin,
+                                   capture_output=True, text=True, timeout=60)
+    test.assertEqual(check.returncode, 0, check.stdout + check.stderr)
+
+
+def _fsdp_over_gloo(rank, world_size):
+    """FSDP's instruments in a process whose only group is Gloo's."""
+    from tessera.torch import _C
+
+    _C.fsdp_add_param_bytes("shard", 1000)
+    _C.fsdp_add_param_bytes("gathered", 4000)
+    _C.fsdp_add_param_bytes("gathered", 6000)
+    _C.fsdp_add_param_bytes("gathered", -4000)
+    _C.fsdp_observe_collective("all_gather", 0.25, 4000)
+    _C.fsdp_observe_collective("all_gather", 0.5, 6000)
+    _C.fsdp_prefetch_wait(0.125)
+    errors = []
+    for call in (lambda: _C.fsdp_add_param_bytes("params", 1),
+                 lambda: _C.fsdp_observe_collective("allgather", 0.1, 1),
+                 lambda: _C.fsdp_observe_collective("all_gather", 0.1, -1),
+                 lambda: _C.fsdp_prefetch_wait(float("nan"))):
+        try:
+            call()
+            errors.append(None)
+        except ValueError as e:
+            errors.append(str(e))
+    before = _C.fsdp_metrics()
+    _C.fsdp_reset_peaks()
+    return before, _C.fsdp_metrics(), errors, _C.metrics_url()
+
+
+def _fsdp_then_a_tessera_group(rank, world_size):
+    """FSDP's first call comes before the tessera group: the group's /metrics serves it."""
+    import tessera.torch
+    from tessera.torch import _C
+
+    _C.fsdp_add_param_bytes("shard", 100 * (rank + 1))
+    dist.init_process_group("tessera", rank=rank, world_size=world_size,
+                            init_method=f"file://{os.environ['TESSERA_TEST_DIR']}/store")
+    _C.fsdp_add_param_bytes("full_gradient", 4096)
+    _C.fsdp_observe_collective("reduce_scatter", 0.01, 4096)
+    _C.fsdp_add_param_bytes("full_gradient", -4096)
+    _C.fsdp_observe_collective("all_reduce", 0.02, 2048)
+    _C.fsdp_prefetch_wait(0.5)
+    dist.all_reduce(torch.zeros(4))
+    text = _fetch(tessera.torch.metrics_url())
+    dist.barrier()  # neither rank stops serving before the other has read its page
+    dist.destroy_process_group()
+    return text
+
+
+class FsdpMetricsTest(unittest.TestCase):
+    def test_the_instruments_work_without_a_tessera_group(self):
+        [(before, after, errors, url)] = torch_testing.run_ranks(_fsdp_over_gloo, 1,
+                                                                 backend="gloo")
+        self.assertEqual(url, "")
+        self.assertEqual(before["held"], {"shard": 1000, "gathered": 6000, "gradient_shard": 0,
+                                          "full_gradient": 0})
+        self.assertEqual(before["peak"], {"shard": 1000, "gathered": 10000,
+                                          "gradient_shard": 0, "full_gradient": 0})
+        self.assertEqual(before["collective_count"],
+                         {"all_gather": 2, "reduce_scatter": 0, "all_reduce": 0})
+        self.assertAlmostEqual(before["collective_seconds"]["all_gather"], 0.75)
+        self.assertEqual(before["prefetch_waits"], 1)
+        self.assertAlmostEqual(before["prefetch_wait_seconds"], 0.125)
+        self.assertEqual(after["peak"]["gathered"], 6000)  # reset to what is held
+        self.assertEqual(after["held"], before["held"])
+        self.assertIn("'params' is not one of shard, gathered, gradient_shard or "
+                      "full_gradient", errors[0])
+        self.assertIn("'allgather' is not one of all_gather, reduce_scatter or all_reduce",
+                      errors[1])
+        self.assertIn("nbytes must be >= 0", errors[2])
+        self.assertIn("seconds must be finite", errors[3])
+
+    def test_the_backends_page_serves_them_promtool_clean(self):
+        results = torch_testing.run_ranks(_fsdp_then_a_tessera_group, 2, init=False,
+                                          env={"TESSERA_METRICS_PORT": "0"})
+        for rank, text in enumerate(results):
+            with self.subTest(rank=rank):
+                self.assertEqual(_sample(text, 'tessera_fsdp_param_bytes{kind="shard"}'),
+                                 100 * (rank + 1), text)
+                self.assertEqual(_sample(text, 'tessera_fsdp_param_bytes{kind="full_gradient"}'),
+                                 0)
+                self.assertEqual(
+                    _sample(text, 'tessera_fsdp_param_peak_bytes{kind="full_gradient"}'), 4096)
+                self.assertEqual(_sample(text, 'tessera_fsdp_collective_seconds_count'
+                                               '{op="reduce_scatter"}'), 1)
+                self.assertEqual(_sample(text, 'tessera_fsdp_collective_bytes_total'
+                                               '{op="all_reduce"}'), 2048)
+                self.assertEqual(_sample(text, 'tessera_fsdp_prefetch_waits_total'), 1)
+                self.assertEqual(_sample(text, 'tessera_fsdp_prefetch_wait_seconds_total'), 0.5)
+                # The backend's own series share the page.
+                self.assertEqual(_sample(text, 'tessera_collective_bytes_total{op="allreduce"}'),
+                                 16)
+                _assert_promtool_clean(self, text)
+
+
 class MetricsTest(unittest.TestCase):
     def test_each_rank_serves_its_ops_promtool_clean(self):
         results = torch_testing.run_ranks(_ops_then_metrics, 2,
@@ -94,13 +196,9 @@ class MetricsTest(unittest.TestCase):
                                  0)
                 self.assertEqual(_sample(text, 'tessera_collective_seconds_count{op="barrier",'
                                                'size_class="<64KiB"}'), 1)
-                with tempfile.NamedTemporaryFile("w", suffix=".prom") as f:
-                    f.write(text)
-                    f.flush()
-                    with open(f.name) as stdin:
-                        check = subprocess.run(["promtool", "check", "metrics"], stdin=stdin,
-                                               capture_output=True, text=True, timeout=60)
-                self.assertEqual(check.returncode, 0, check.stdout + check.stderr)
+                # FSDP's series appear with FSDP's first call, not with the group.
+                self.assertNotIn("tessera_fsdp_", text)
+                _assert_promtool_clean(self, text)
 
 
 class MetricsSecurityTest(unittest.TestCase):

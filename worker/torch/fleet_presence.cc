@@ -15,7 +15,10 @@ StatusOr<std::unique_ptr<FleetPresence>> FleetPresence::Start(
     const FleetPresenceOptions& options) {
   namespace names = metric_names;
   std::unique_ptr<FleetPresence> presence(new FleetPresence());
-  MetricsRegistry& registry = presence->metrics_;
+  if (options.registry == nullptr) presence->own_registry_ = std::make_unique<MetricsRegistry>();
+  presence->registry_ =
+      options.registry != nullptr ? options.registry : presence->own_registry_.get();
+  MetricsRegistry& registry = *presence->registry_;
   ASSIGN_OR_RETURN(GaugeFamily * start_time,
                    registry.RegisterGauge(names::kProcessStartTimeSeconds.name,
                                           names::kProcessStartTimeSeconds.help));

@@ -1,7 +1,9 @@
 // FleetPresence: what a process using the "tessera" torch.distributed backend shows the
 // outside, one per process, made when its first (world) process group is created:
 //
-//   - the process's metrics registry, which every group's BackendMetrics and transport add to;
+//   - the process's metrics registry (its own, or the one the options name, which the
+//     extension module makes first so FSDP's instruments exist before any group), which
+//     every group's BackendMetrics and transport add to;
 //   - with a metrics port (TESSERA_METRICS_PORT), Prometheus /metrics over HTTP, its URL
 //     logged ("rank 1 serves metrics at http://127.0.0.1:41234/metrics");
 //   - with a coordinator (TESSERA_COORDINATOR), a registration there as worker <rank> of a job
@@ -38,6 +40,8 @@ struct FleetPresenceOptions {
   std::optional<MetricsHttpSettings> metrics;  // unset: no HTTP server
   std::string coordinator;                     // HOST:PORT; empty: no registration
   int64_t timeout_ms = 60000;                  // bounds the registration
+  // The process's registry, which must outlive the presence; null: the presence owns one.
+  MetricsRegistry* registry = nullptr;
 };
 
 class FleetPresence {
@@ -52,7 +56,7 @@ class FleetPresence {
   // Leaves because the process is failing with `error` (RendezvousClient::LeaveWithError).
   void LeaveWithError(const Status& error);
 
-  MetricsRegistry* metrics() { return &metrics_; }
+  MetricsRegistry* metrics() { return registry_; }
   BackendMetrics* backend_metrics() { return backend_metrics_.get(); }
   // True when registered with a coordinator (TESSERA_COORDINATOR).
   bool registered() const { return client_ != nullptr; }
@@ -62,7 +66,8 @@ class FleetPresence {
  private:
   FleetPresence() = default;
 
-  MetricsRegistry metrics_;
+  std::unique_ptr<MetricsRegistry> own_registry_;  // when the options named none
+  MetricsRegistry* registry_ = nullptr;            // own_registry_ or the options'
   std::unique_ptr<BackendMetrics> backend_metrics_;
   std::unique_ptr<MetricsHttpServer> http_;
   std::unique_ptr<RpcEndpoint> endpoint_;      // to the coordinator

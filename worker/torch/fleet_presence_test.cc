@@ -7,6 +7,8 @@
 
 #include <chrono>
 
+#include "worker/torch/fsdp_metrics.h"
+
 namespace tessera::worker {
 namespace {
 
@@ -26,6 +28,27 @@ TEST(FleetPresenceTest, RecordsEveryOpInTheProcessRegistry) {
   EXPECT_NE(text.find("tessera_collective_errors_total{op=\"reduce_scatter\"} 1"),
             std::string::npos);
   EXPECT_NE(text.find("tessera_collective_errors_total{op=\"allreduce\"} 0"), std::string::npos);
+  EXPECT_NE(text.find("tessera_build_info{role=\"worker\""), std::string::npos);
+}
+
+// The extension module makes the process's registry first (FSDP's instruments may be fed
+// before, or without, any tessera group); the presence serves it, with FSDP's series.
+TEST(FleetPresenceTest, ServesTheRegistryItIsGiven) {
+  MetricsRegistry registry;
+  auto fsdp = FsdpMetrics::Register(&registry);
+  ASSERT_TRUE(fsdp.ok()) << fsdp.status();
+  (*fsdp)->AddParamBytes(FsdpParamKind::kShard, 4096);
+  FleetPresenceOptions options;
+  options.registry = &registry;
+  auto presence = FleetPresence::Start(options);
+  ASSERT_TRUE(presence.ok()) << presence.status();
+  EXPECT_EQ((*presence)->metrics(), &registry);
+  (*presence)->backend_metrics()->Record(TorchOp::kAllGather, 64, 0.001, true);
+  const std::string text = registry.RenderText();
+  EXPECT_NE(text.find("tessera_fsdp_param_bytes{kind=\"shard\"} 4096"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("tessera_collective_bytes_total{op=\"allgather\"} 64"),
+            std::string::npos);
   EXPECT_NE(text.find("tessera_build_info{role=\"worker\""), std::string::npos);
 }
 

@@ -6,9 +6,11 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <chrono>
+#include <cmath>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/base/host_port.h"
@@ -16,6 +18,7 @@
 #include "common/security/job_key.h"
 #include "worker/torch/backend_config.h"
 #include "worker/torch/fleet_presence.h"
+#include "worker/torch/fsdp_metrics.h"
 #include "worker/torch/process_group_tessera.h"
 #include "worker/torch/ps_client.h"
 
@@ -23,6 +26,27 @@ namespace py = pybind11;
 
 namespace tessera::worker {
 namespace {
+
+// The process's metrics registry, made on first use: by the first tessera group, whose
+// FleetPresence serves it, or by tessera.torch.fsdp's first call (which may come from a
+// process whose groups are Gloo's, before or without any tessera group). Never destroyed, as
+// the presence.
+MetricsRegistry& Registry() {
+  // Function-local statics: made once, thread-safely, whichever thread comes first.
+  static MetricsRegistry* const registry = new MetricsRegistry();
+  return *registry;
+}
+
+// FSDP's instruments in it, registered by FSDP's first call, so that only processes that use
+// FSDP export tessera_fsdp_* (the dashboard shows its FSDP panel for those).
+FsdpMetrics& Fsdp() {
+  static FsdpMetrics* const fsdp = [] {
+    StatusOr<std::unique_ptr<FsdpMetrics>> made = FsdpMetrics::Register(&Registry());
+    TORCH_CHECK(made.ok(), "tessera: ", made.status().message());  // a bug: names are fixed
+    return made->release();
+  }();
+  return *fsdp;
+}
 
 // The process's FleetPresence, made with its first group (init_process_group's world group,
 // whose rank and size it registers with). Never destroyed: groups the script did not destroy
@@ -52,6 +76,7 @@ FleetPresence* Presence(const BackendConfig& config, int rank, int size, int64_t
     options.metrics = config.metrics;
     options.coordinator = ps_registered ? std::string() : config.coordinator;
     options.timeout_ms = timeout_ms;
+    options.registry = &Registry();
     StatusOr<std::unique_ptr<FleetPresence>> started = FleetPresence::Start(options);
     TORCH_CHECK(started.ok(), "tessera: ", started.status().message());
     presence = started->release();
@@ -76,6 +101,68 @@ void LeaveFleetWithError(const std::string& error) {
 std::string MetricsUrl() {
   std::lock_guard<std::mutex> lock(presence_mu);
   return presence == nullptr ? std::string() : presence->metrics_url();
+}
+
+// tessera.torch.fsdp's instruments (fsdp_metrics.h). They run a few times per FSDP unit and
+// step: a parse of a short string and a few atomic updates. A bad kind, op or value is the
+// caller's bug: ValueError naming it.
+template <typename T>
+T Parsed(StatusOr<T> parsed) {
+  if (!parsed.ok()) throw py::value_error("tessera: " + parsed.status().message());
+  return *parsed;
+}
+
+void CheckSeconds(double seconds, const char* what) {
+  if (!(seconds >= 0) || std::isinf(seconds)) {
+    throw py::value_error(std::string("tessera: ") + what +
+                          ": seconds must be finite and >= 0, got " + std::to_string(seconds));
+  }
+}
+
+void FsdpAddParamBytes(std::string_view kind, int64_t delta) {
+  Fsdp().AddParamBytes(Parsed(ParseFsdpParamKind(kind)), delta);
+}
+
+void FsdpObserveCollective(std::string_view op, double seconds, int64_t nbytes) {
+  const FsdpCollective parsed = Parsed(ParseFsdpCollective(op));
+  CheckSeconds(seconds, "fsdp_observe_collective");
+  if (nbytes < 0) {
+    throw py::value_error("tessera: fsdp_observe_collective: nbytes must be >= 0, got " +
+                          std::to_string(nbytes));
+  }
+  Fsdp().ObserveCollective(parsed, seconds, static_cast<uint64_t>(nbytes));
+}
+
+void FsdpPrefetchWait(double seconds) {
+  CheckSeconds(seconds, "fsdp_prefetch_wait");
+  Fsdp().PrefetchWait(seconds);
+}
+
+void FsdpResetPeaks() { Fsdp().ResetPeaks(); }
+
+// {"held": {kind: int}, "peak": {kind: int}, "collective_seconds": {op: float},
+//  "collective_count": {op: int}, "prefetch_waits": int, "prefetch_wait_seconds": float}
+py::dict FsdpMetricsDict() {
+  const FsdpMetrics::Snapshot read = Fsdp().Read();
+  py::dict held, peak, seconds, count;
+  for (size_t i = 0; i < kFsdpParamKindCount; ++i) {
+    const py::str kind(std::string(FsdpParamKindName(static_cast<FsdpParamKind>(i))));
+    held[kind] = read.held[i];
+    peak[kind] = read.peak[i];
+  }
+  for (size_t i = 0; i < kFsdpCollectiveCount; ++i) {
+    const py::str op(std::string(FsdpCollectiveName(static_cast<FsdpCollective>(i))));
+    seconds[op] = read.collective_seconds[i];
+    count[op] = read.collective_count[i];
+  }
+  py::dict metrics;
+  metrics["held"] = held;
+  metrics["peak"] = peak;
+  metrics["collective_seconds"] = seconds;
+  metrics["collective_count"] = count;
+  metrics["prefetch_waits"] = read.prefetch_waits;
+  metrics["prefetch_wait_seconds"] = read.prefetch_wait_seconds;
+  return metrics;
 }
 
 // The default group's host (group_member.h), which every new_group of this process joins
@@ -328,6 +415,20 @@ PYBIND11_MODULE(_C, module) {
       py::arg("path"), "Writes a new job key to a new file at `path` (mode 0600)");
   module.def("metrics_url", &tessera::worker::MetricsUrl,
              "http://HOST:PORT/metrics of this process (TESSERA_METRICS_PORT), or ''");
+  module.def("fsdp_add_param_bytes", &tessera::worker::FsdpAddParamBytes, py::arg("kind"), py::arg("delta"),
+             "Adds delta bytes (negative: freed) to what FSDP holds of kind (shard, gathered, "
+             "gradient_shard, full_gradient) and raises its peak when exceeded");
+  module.def("fsdp_observe_collective", &tessera::worker::FsdpObserveCollective, py::arg("op"),
+             py::arg("seconds"), py::arg("nbytes"),
+             "One FSDP collective (all_gather, reduce_scatter, all_reduce) of nbytes bytes, "
+             "seconds from issue to completion");
+  module.def("fsdp_prefetch_wait", &tessera::worker::FsdpPrefetchWait, py::arg("seconds"),
+             "FSDP waited seconds for a prefetched all-gather that had not finished");
+  module.def("fsdp_reset_peaks", &tessera::worker::FsdpResetPeaks,
+             "Sets each kind's peak bytes to what is held now");
+  module.def("fsdp_metrics", &tessera::worker::FsdpMetricsDict,
+             "FSDP's instruments: {held, peak: {kind: int}, collective_seconds: {op: float}, "
+             "collective_count: {op: int}, prefetch_waits: int, prefetch_wait_seconds: float}");
   module.def("leave_fleet_with_error", &tessera::worker::LeaveFleetWithError, py::arg("error"),
              py::call_guard<py::gil_scoped_release>(),
              "Tells the coordinator (if any) this process is failing with `error`");
