@@ -109,6 +109,8 @@ std::string_view DashboardPageHtml() { return std::string_view(kPage, sizeof(kPa
 MetricsReading ReadMetrics(const std::vector<MetricSample>& samples) {
   const std::string phase_sum = std::string(names::kTrainStepPhaseSeconds.name) + "_sum";
   const std::string phase_count = std::string(names::kTrainStepPhaseSeconds.name) + "_count";
+  const std::string fsdp_sum = std::string(names::kFsdpCollectiveSeconds.name) + "_sum";
+  const std::string fsdp_count = std::string(names::kFsdpCollectiveSeconds.name) + "_count";
   MetricsReading reading;
   for (const MetricSample& sample : samples) {
     const std::string& name = sample.name;
@@ -144,6 +146,21 @@ MetricsReading ReadMetrics(const std::vector<MetricSample>& samples) {
       reading.memory["parameters"] += sample.value;
     } else if (name == names::kPsOptimizerStateBytes.name) {
       reading.memory["optimizer_state"] += sample.value;
+    } else if (name.rfind("tessera_fsdp_", 0) == 0) {
+      reading.fsdp = true;
+      if (name == names::kFsdpParamBytes.name) {
+        reading.fsdp_held[label("kind")] += sample.value;
+      } else if (name == names::kFsdpParamPeakBytes.name) {
+        reading.fsdp_peak[label("kind")] += sample.value;
+      } else if (name == fsdp_sum) {
+        reading.fsdp_collective[label("op")].first += sample.value;
+      } else if (name == fsdp_count) {
+        reading.fsdp_collective[label("op")].second += sample.value;
+      } else if (name == names::kFsdpPrefetchWaitsTotal.name) {
+        Accumulate(&reading.fsdp_prefetch_waits, sample.value);
+      } else if (name == names::kFsdpPrefetchWaitSecondsTotal.name) {
+        Accumulate(&reading.fsdp_prefetch_wait_seconds, sample.value);
+      }
     }
   }
   return reading;
@@ -430,6 +447,25 @@ std::string Dashboard::DataJson(int64_t since_unix_ms) const {
       for (const auto& [kind, bytes] : reading->memory) memory[kind] = Number(bytes);
     }
     process["memory"] = memory;
+    // FSDP's panel, for the members that export its series: null for the others.
+    if (reading && reading->fsdp) {
+      json held = json::object(), peak = json::object(), collectives = json::object();
+      for (const auto& [kind, bytes] : reading->fsdp_held) held[kind] = Number(bytes);
+      for (const auto& [kind, bytes] : reading->fsdp_peak) peak[kind] = Number(bytes);
+      for (const auto& [op, sum_count] : reading->fsdp_collective) {
+        const auto& [sum, count] = sum_count;
+        collectives[op] = {{"seconds_total", Number(sum)},
+                           {"count", Number(count)},
+                           {"mean_seconds", Number(count > 0 ? sum / count : kNoValue)}};
+      }
+      process["fsdp"] = {{"held", std::move(held)},
+                         {"peak", std::move(peak)},
+                         {"collectives", std::move(collectives)},
+                         {"prefetch_waits", Number(reading->fsdp_prefetch_waits)},
+                         {"prefetch_wait_seconds", Number(reading->fsdp_prefetch_wait_seconds)}};
+    } else {
+      process["fsdp"] = nullptr;
+    }
     processes.push_back(std::move(process));
 
     json points = {{"role", std::string(RoleName(info.role))}, {"rank", info.rank}};

@@ -19,12 +19,14 @@
 // What the page shows: fleet health (every process with role, rank, state, pid, addresses,
 // seconds since its last heartbeat, whether its last scrape worked), loss and samples/s per
 // worker over time, step time, bytes sent and received per process (and by peer role), the
-// straggler indicator and the model state each rank holds. The straggler indicator compares
-// each worker's own time per step, the data and compute phases of
-// tessera_train_step_phase_seconds over the last straggler_window_ms, with the median over the
-// workers: in synchronous modes everyone's total step time is the same (the fast ones wait in
-// the engine phase), so the time a rank spends on its own work is what shows who holds the
-// others up.
+// straggler indicator and the model state each rank holds; for torch ranks that train with
+// tessera.torch.fsdp, the FSDP bytes they hold and held at most by kind, the mean time of their
+// all-gathers, reduce-scatters and all-reduces, and their waits for prefetched all-gathers.
+// The straggler indicator compares each worker's own time per step, the data and compute
+// phases of tessera_train_step_phase_seconds over the last straggler_window_ms, with the
+// median over the workers: in synchronous modes everyone's total step time is the same (the
+// fast ones wait in the engine phase), so the time a rank spends on its own work is what
+// shows who holds the others up.
 //
 // Thread-safety: thread-safe. UpdateFleet() is for the coordinator's hook, the Serve*()
 // functions for the HTTP server's threads; Start() and Stop() for the owner.
@@ -95,6 +97,15 @@ struct MetricsReading {
   // tessera_model_state_bytes on workers, tessera_ps_parameter_bytes and
   // tessera_ps_optimizer_state_bytes on parameter servers.
   std::map<std::string, double> memory;
+  // tessera.torch.fsdp's series (a torch rank training with FSDP); fsdp is false, and the
+  // maps empty, when the process exports none of them.
+  bool fsdp = false;
+  std::map<std::string, double> fsdp_held;  // tessera_fsdp_param_bytes, by kind
+  std::map<std::string, double> fsdp_peak;  // tessera_fsdp_param_peak_bytes, by kind
+  // tessera_fsdp_collective_seconds: op -> {_sum, _count}.
+  std::map<std::string, std::pair<double, double>> fsdp_collective;
+  double fsdp_prefetch_waits = kNoValue;          // tessera_fsdp_prefetch_waits_total
+  double fsdp_prefetch_wait_seconds = kNoValue;   // tessera_fsdp_prefetch_wait_seconds_total
 };
 MetricsReading ReadMetrics(const std::vector<MetricSample>& samples);
 

@@ -68,6 +68,39 @@ class FakeProcess {
 
   std::string url() const { return http_->url(); }
 
+  // The series a torch rank training with tessera.torch.fsdp exports (as
+  // worker/torch/fsdp_metrics.h registers them), after a few of its calls.
+  void ExportFsdp() {
+    auto gauges = [this](const names::MetricName& name) {
+      return registry_.RegisterGauge(name.name, name.help, {"kind"}).value();
+    };
+    auto held = gauges(names::kFsdpParamBytes);
+    auto peak = gauges(names::kFsdpParamPeakBytes);
+    for (const char* kind : {"shard", "gathered", "gradient_shard", "full_gradient"}) {
+      held->WithLabels({kind}).value();
+      peak->WithLabels({kind}).value();
+    }
+    // Six significant digits, which the JSON keeps exactly.
+    held->WithLabels({"shard"}).value()->Set(524288);
+    peak->WithLabels({"shard"}).value()->Set(524288);
+    peak->WithLabels({"gathered"}).value()->Set(262144);
+    auto seconds = registry_
+                       .RegisterHistogram(names::kFsdpCollectiveSeconds.name,
+                                          names::kFsdpCollectiveSeconds.help, {"op"},
+                                          {0.001, 0.01, 0.1, 1})
+                       .value();
+    seconds->WithLabels({"all_gather"}).value()->Observe(0.02);
+    seconds->WithLabels({"all_gather"}).value()->Observe(0.04);
+    seconds->WithLabels({"reduce_scatter"}).value()->Observe(0.05);
+    seconds->WithLabels({"all_reduce"}).value();
+    registry_.RegisterCounter(names::kFsdpPrefetchWaitsTotal.name,
+                              names::kFsdpPrefetchWaitsTotal.help)
+        .value()->WithLabels({}).value()->Increment(3);
+    registry_.RegisterCounter(names::kFsdpPrefetchWaitSecondsTotal.name,
+                              names::kFsdpPrefetchWaitSecondsTotal.help)
+        .value()->WithLabels({}).value()->Increment(0.25);
+  }
+
  private:
   MetricsRegistry registry_;
   Gauge* step_ = nullptr;
@@ -223,6 +256,67 @@ TEST(DashboardTest, ShowsEachKeyRangesCopiesAndPrimary) {
   doc = json::parse(dashboard->ServeData({"GET", "/dashboard/data", ""}).body);
   EXPECT_EQ(doc.at("ranges")[1].at("primary"), -1);
   EXPECT_EQ(doc.at("ranges")[2].at("primary"), 0);
+}
+
+TEST(ReadMetricsTest, ReadsFsdpSeries) {
+  auto samples = ParseExpositionText(
+      "tessera_fsdp_param_bytes{kind=\"shard\"} 1024\n"
+      "tessera_fsdp_param_bytes{kind=\"gathered\"} 0\n"
+      "tessera_fsdp_param_peak_bytes{kind=\"gathered\"} 4096\n"
+      "tessera_fsdp_collective_seconds_bucket{op=\"all_gather\",le=\"+Inf\"} 2\n"
+      "tessera_fsdp_collective_seconds_sum{op=\"all_gather\"} 0.5\n"
+      "tessera_fsdp_collective_seconds_count{op=\"all_gather\"} 2\n"
+      "tessera_fsdp_collective_bytes_total{op=\"all_gather\"} 8192\n"
+      "tessera_fsdp_prefetch_waits_total 3\n"
+      "tessera_fsdp_prefetch_wait_seconds_total 0.125\n");
+  ASSERT_TRUE(samples.ok()) << samples.status();
+  MetricsReading reading = ReadMetrics(*samples);
+  EXPECT_TRUE(reading.fsdp);
+  EXPECT_EQ(reading.fsdp_held, (std::map<std::string, double>{{"shard", 1024}, {"gathered", 0}}));
+  EXPECT_EQ(reading.fsdp_peak, (std::map<std::string, double>{{"gathered", 4096}}));
+  ASSERT_EQ(reading.fsdp_collective.size(), 1u);
+  EXPECT_EQ(reading.fsdp_collective["all_gather"], std::make_pair(0.5, 2.0));
+  EXPECT_EQ(reading.fsdp_prefetch_waits, 3);
+  EXPECT_EQ(reading.fsdp_prefetch_wait_seconds, 0.125);
+  // The FSDP series are not model state: the memory panel stays as it was.
+  EXPECT_TRUE(reading.memory.empty());
+
+  MetricsReading none = ReadMetrics(*ParseExpositionText("tessera_train_step 1\n"));
+  EXPECT_FALSE(none.fsdp);
+  EXPECT_TRUE(std::isnan(none.fsdp_prefetch_waits));
+}
+
+// A torch rank that trains with tessera.torch.fsdp gets the FSDP panel's data; the others
+// null, which hides the panel when no member has it.
+TEST(DashboardTest, ShowsFsdpForTheMembersThatExportIt) {
+  FakeProcess worker0(true), worker1(true);
+  worker1.ExportFsdp();
+  auto dashboard = Dashboard::Create(Options()).value();
+  FleetView view;
+  view.job = "dashjob";
+  view.num_workers = 2;
+  view.members = {Member(Role::kWorker, 0, MemberState::kAlive, worker0.url(), 101),
+                  Member(Role::kWorker, 1, MemberState::kAlive, worker1.url(), 102)};
+  dashboard->UpdateFleet(view);
+  dashboard->ScrapeOnce();
+  json doc = json::parse(dashboard->DataJson(0));
+  const json* w0 = FindProcess(doc, "worker 0");
+  const json* w1 = FindProcess(doc, "worker 1");
+  ASSERT_NE(w0, nullptr);
+  ASSERT_NE(w1, nullptr);
+  EXPECT_TRUE(w0->at("fsdp").is_null()) << *w0;
+  const json& fsdp = w1->at("fsdp");
+  EXPECT_EQ(fsdp.at("held"), json({{"shard", 524288}, {"gathered", 0}, {"gradient_shard", 0},
+                                   {"full_gradient", 0}}))
+      << fsdp;
+  EXPECT_EQ(fsdp.at("peak").at("gathered"), 262144);
+  EXPECT_EQ(fsdp.at("collectives").at("all_gather").at("count"), 2);
+  EXPECT_NEAR(fsdp.at("collectives").at("all_gather").at("mean_seconds").get<double>(), 0.03,
+              1e-9);
+  EXPECT_EQ(fsdp.at("collectives").at("all_reduce").at("count"), 0);
+  EXPECT_TRUE(fsdp.at("collectives").at("all_reduce").at("mean_seconds").is_null());
+  EXPECT_EQ(fsdp.at("prefetch_waits"), 3);
+  EXPECT_EQ(fsdp.at("prefetch_wait_seconds"), 0.25);
 }
 
 TEST(DashboardTest, ScrapesMembersIntoHistoryRatesAndStragglers) {

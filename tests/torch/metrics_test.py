@@ -6,6 +6,7 @@ tessera-coordinator (TESSERA_COORDINATOR), whose service discovery then lists ev
 import base64
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -272,7 +273,86 @@ dist.barrier()
 """
 
 
+def _fsdp_on_the_dashboard(rank, world_size):
+    """FSDP's series of a registered rank; rank 0 waits until the dashboard has both ranks'."""
+    from tessera.torch import _C
+
+    # 256 KiB, 512 KiB, 128 KiB: six significant digits, which the dashboard's JSON keeps.
+    _C.fsdp_add_param_bytes("shard", (rank + 1) * 262144)
+    _C.fsdp_add_param_bytes("gathered", 131072)
+    _C.fsdp_add_param_bytes("gathered", -131072)
+    _C.fsdp_observe_collective("all_gather", 0.02, 131072)
+    _C.fsdp_observe_collective("reduce_scatter", 0.03, 131072)
+    _C.fsdp_prefetch_wait(0.004)
+    data = None
+    if rank == 0:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            data = json.loads(_fetch(os.environ["TEST_COORDINATOR_DATA"]))
+            fsdp = [p for p in data["processes"] if p["role"] == "worker" and p["fsdp"]]
+            if len(fsdp) == world_size:
+                break
+            time.sleep(0.2)
+    dist.barrier()  # both ranks stay (and are scraped) until rank 0 has seen them
+    return data
+
+
+def _chromium_dom(url):
+    """The DOM of `url` after its JavaScript ran, from a headless Chromium (Debian's chromium,
+    tools/install_deps.sh), bounded by 90 s; the whole process group is killed on a timeout."""
+    with tempfile.TemporaryDirectory() as profile:
+        browser = subprocess.Popen(
+            ["/usr/bin/chromium", "--headless", "--no-sandbox", "--disable-gpu",
+             "--disable-dev-shm-usage", "--no-first-run", "--user-data-dir=" + profile,
+             "--virtual-time-budget=5000", "--dump-dom", url],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            out, err = browser.communicate(timeout=90)
+        finally:
+            if browser.poll() is None:
+                os.killpg(browser.pid, 9)
+                browser.communicate()
+    return browser.returncode, out, err
+
+
 class CoordinatorTest(unittest.TestCase):
+    def test_chromium_shows_the_fsdp_panel_of_the_torch_ranks(self):
+        self.assertTrue(os.access("/usr/bin/chromium", os.X_OK),
+                        "/usr/bin/chromium is missing: run tools/install_deps.sh")
+        coordinator, ready = _start_coordinator(subprocess.DEVNULL)
+        try:
+            self.assertTrue(ready, "the coordinator never printed TESSERA_READY")
+            dashboard = ready["metrics"].replace("/metrics", "/dashboard")
+            results = torch_testing.run_ranks(
+                _fsdp_on_the_dashboard, 2,
+                env={"TESSERA_COORDINATOR": ready["address"][len("tcp://"):],
+                     "TEST_COORDINATOR_DATA": dashboard + "/data"})
+            workers = {p["rank"]: p for p in results[0]["processes"] if p["role"] == "worker"}
+            for rank in range(2):
+                fsdp = workers[rank]["fsdp"]
+                self.assertIsNotNone(fsdp, workers[rank])
+                self.assertEqual(fsdp["held"]["shard"], (rank + 1) * 262144)
+                self.assertEqual(fsdp["peak"]["gathered"], 131072)
+                self.assertEqual(fsdp["collectives"]["reduce_scatter"]["count"], 1)
+                self.assertEqual(fsdp["prefetch_waits"], 1)
+            code, dom, err = _chromium_dom(dashboard)
+            self.assertEqual(code, 0, err)
+            self.assertIn('id="fsdp-panel"', dom)
+            self.assertNotIn('id="fsdp-panel" hidden', dom, dom[:4000])
+            rows = re.findall(r'<tr data-fsdp="([^"]*)">(.*?)</tr>', dom)
+            self.assertEqual([name for name, _ in rows], ["worker 0", "worker 1"], dom[:4000])
+            for rank, (_, row) in enumerate(rows):
+                self.assertIn(f'data-kind="shard">{256 * (rank + 1)} KiB (', row)
+                self.assertIn('data-kind="gathered">0 B (128 KiB)', row)
+                self.assertIn('data-op="all_gather"', row)
+                self.assertIn("20.0 ms \u00d7 1", row)
+                self.assertIn('data-prefetch-waits="1"', row)
+        finally:
+            coordinator.terminate()
+            coordinator.wait(timeout=30)
+            coordinator.stdout.close()
+
+
     def test_an_uncaught_exception_is_told_to_the_coordinator(self):
         with tempfile.TemporaryDirectory() as directory:
             log_path = os.path.join(directory, "coordinator.log")
