@@ -319,6 +319,18 @@ void PopulateWithAllMetrics(MetricsRegistry* registry) {
   histogram(names::kDdpWaitSeconds, {})->WithLabels({}).value()->Observe(0.001);
   gauge(names::kModelStateBytes, {"kind"})->WithLabels({"optimizer_state"}).value()->Set(8e6);
   gauge(names::kModelStatePeakBytes, {"kind"})->WithLabels({"parameters"}).value()->Set(9e6);
+  gauge(names::kFsdpParamBytes, {"kind"})->WithLabels({"gathered"}).value()->Set(4096);
+  gauge(names::kFsdpParamPeakBytes, {"kind"})->WithLabels({"full_gradient"}).value()->Set(8192);
+  histogram(names::kFsdpCollectiveSeconds, {"op"})
+      ->WithLabels({"reduce_scatter"})
+      .value()
+      ->Observe(0.004);
+  counter(names::kFsdpCollectiveBytesTotal, {"op"})
+      ->WithLabels({"all_gather"})
+      .value()
+      ->Increment(8);
+  counter(names::kFsdpPrefetchWaitsTotal, {})->WithLabels({}).value()->Increment(2);
+  counter(names::kFsdpPrefetchWaitSecondsTotal, {})->WithLabels({}).value()->Increment(0.01);
   gauge(names::kTrainStep, {})->WithLabels({}).value()->Set(10);
   gauge(names::kTrainLoss, {})->WithLabels({}).value()->Set(0.5);
   counter(names::kTrainSamplesTotal, {})->WithLabels({}).value()->Increment(640);
