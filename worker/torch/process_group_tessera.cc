@@ -269,20 +269,35 @@ ProcessGroupTessera::~ProcessGroupTessera() {
   delete member_.get();
   (void)member_.release();
   if (saved != nullptr) PyEval_RestoreThread(saved);
+  ReleaseFinished();  // the threads are gone: what their ops held goes with the group
+}
+
+void ProcessGroupTessera::ReleaseFinished() {
+  std::vector<FinishedOp> finished;
+  {
+    std::lock_guard<std::mutex> lock(finished_mu_);
+    finished.swap(finished_);
+  }
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTessera::Enqueue(c10d::OpType type,
                                                            std::vector<at::Tensor> outputs,
                                                            std::function<Status(int*)> body,
                                                            Queue queue) {
+  ReleaseFinished();  // what earlier ops held, on this (the caller's) thread
   auto work = c10::make_intrusive<TesseraWork>(rank_, type, std::move(outputs));
-  std::function<Status()> run = [this, work, body = std::move(body)]() mutable {
-    return Finish(metrics_, *work, [&] {
+  auto op = std::make_shared<FinishedOp>(FinishedOp{work, std::move(body)});
+  std::function<Status()> run = [this, op]() {
+    auto& done = static_cast<TesseraWork&>(*op->work);
+    const Status status = Finish(metrics_, done, [&] {
       int source = -1;
-      RETURN_IF_ERROR(body(&source));
-      if (source >= 0) work->set_source_rank(source);
+      RETURN_IF_ERROR(op->body(&source));
+      if (source >= 0) done.set_source_rank(source);
       return OkStatus();
     });
+    std::lock_guard<std::mutex> lock(finished_mu_);
+    finished_.push_back(std::move(*op));  // moved, not released: op keeps nothing
+    return status;
   };
   switch (queue) {
     case Queue::kCollective:

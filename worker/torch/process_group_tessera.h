@@ -26,6 +26,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -109,10 +110,23 @@ class ProcessGroupTessera final : public c10d::ProcessGroup {
                                          std::function<Status(int* source_rank)> body,
                                          Queue queue = Queue::kCollective);
 
+  // What a finished op held: its Work and its body, whose captures are the op's tensors. The
+  // comm thread does not drop them: when the caller has let go of its own references, the
+  // last one frees a tensor whose Python object takes the GIL, which contends with the
+  // caller, and while the interpreter exits ends the thread (std::terminate, seen at the exit
+  // of FSDP ranks). Released on a caller's thread: at the next op, or with the group.
+  struct FinishedOp {
+    c10::intrusive_ptr<c10d::Work> work;
+    std::function<Status(int*)> body;
+  };
+  void ReleaseFinished();
+
   const std::chrono::milliseconds timeout_;
   BackendMetrics* const metrics_;  // may be null
   std::unique_ptr<GroupMember> member_;
   std::atomic<uint64_t> sequence_{0};  // collectives issued (getSequenceNumberForGroup)
+  std::mutex finished_mu_;
+  std::vector<FinishedOp> finished_;  // guarded by finished_mu_
 };
 
 }  // namespace tessera::worker
