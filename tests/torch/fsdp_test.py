@@ -165,6 +165,25 @@ def _equality(rank, world_size):
         for strategy in ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"):
             kwargs = dict(sharding_strategy=ShardingStrategy[strategy])
             results[f"{model_name} {strategy}"] = _compare(rank, model_name, kwargs, gloo)[0]
+    # Prefetching (the gathers issued ahead on the comm thread) changes no value.
+    from tessera.torch import _C
+    from tessera.torch.fsdp import BackwardPrefetch
+    waits_before = _C.fsdp_metrics()["prefetch_waits"]
+    for name, kwargs in (("forward and post", dict(forward_prefetch=True,
+                                                    backward_prefetch=BackwardPrefetch.BACKWARD_POST)),
+                         ("none", dict(backward_prefetch=None))):
+        for strategy in ("FULL_SHARD", "SHARD_GRAD_OP"):
+            kwargs = dict(kwargs, sharding_strategy=ShardingStrategy[strategy])
+            results[f"transformer prefetch {name} {strategy}"] = _compare(
+                rank, "transformer", kwargs, gloo, dict(steps=5))[0]
+    metrics = _C.fsdp_metrics()
+    results["metrics"] = {
+        "gathered after backward": metrics["held"]["gathered"],
+        "full gradients after backward": metrics["held"]["full_gradient"],
+        "peak gathered": metrics["peak"]["gathered"],
+        "gathers": metrics["collective_count"]["all_gather"],
+        "reduce-scatters": metrics["collective_count"]["reduce_scatter"],
+        "prefetch waits counted": metrics["prefetch_waits"] >= waits_before}
     for strategy in ("FULL_SHARD", "NO_SHARD"):
         kwargs = dict(sharding_strategy=ShardingStrategy[strategy])
         results[f"no_sync {strategy}"] = _compare(rank, "mlp", kwargs, gloo,
@@ -247,6 +266,26 @@ class FsdpEqualsDdpTest(unittest.TestCase):
 
     def test_transformer_world_3(self):
         self._check(3, "transformer")
+
+    def test_mlp_world_4(self):
+        self._check(4, "mlp")
+
+    def test_transformer_world_4(self):
+        self._check(4, "transformer")
+
+    def test_prefetching_changes_no_value(self):
+        for world_size in (2, 3, 4):
+            self._check(world_size, "transformer prefetch")
+
+    def test_metrics_account_for_gathers_and_frees(self):
+        for world_size in (2, 3):
+            metrics = _Ranks.of(world_size)["metrics"]
+            self.assertEqual(metrics["gathered after backward"], 0, world_size)
+            self.assertEqual(metrics["full gradients after backward"], 0, world_size)
+            self.assertGreater(metrics["peak gathered"], 0)
+            self.assertGreater(metrics["gathers"], 0)
+            self.assertGreater(metrics["reduce-scatters"], 0)
+            self.assertTrue(metrics["prefetch waits counted"])
 
     def test_no_sync(self):
         self._check(2, "no_sync")

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from tessera.torch.fsdp import runtime
 from tessera.torch.fsdp.collectives import all_gather_into, all_gather_strings, reduce_scatter
 
 __all__ = ["FullyShardedDataParallel", "ShardingStrategy", "BackwardPrefetch", "MixedPrecision",
@@ -169,10 +170,12 @@ class FullyShardedDataParallel(nn.Module):
     hybrid_groups), sharding_strategy (all five), mixed_precision, auto_wrap_policy,
     ignored_modules, device_id None or CPU, sync_module_states, no_sync(), clip_grad_norm_(),
     summon_full_params(), full, local and sharded state dicts (checkpoint.py), and the full
-    optimizer state dict functions. backward_prefetch, forward_prefetch and limit_all_gathers
-    are accepted and have no effect: every gather and reduce-scatter here is synchronous, so
-    there is nothing to prefetch or to limit. Other arguments that are not their default raise
-    NotImplementedError (issue 44).
+    optimizer state dict functions. Gathers and reduce-scatters run on the backend's comm
+    thread (runtime.py): backward_prefetch (BACKWARD_PRE, the default, or BACKWARD_POST)
+    issues the next unit's gather in backward, forward_prefetch=True in forward, each from the
+    order the units ran in the first iteration; at most one unit is prefetched, so at most two
+    are gathered at once whatever limit_all_gathers says. Other arguments that are not their
+    default raise NotImplementedError (issue 44).
 
     mixed_precision: the shards (and the optimizer) stay in the parameters' dtype; the full
     parameters are gathered in param_dtype, floating-point inputs are cast to it, gradients are
@@ -242,6 +245,14 @@ class FullyShardedDataParallel(nn.Module):
         self._state_dict_type = StateDictType.FULL_STATE_DICT
         self._state_dict_config = FullStateDictConfig()
         self._mixed_precision = mixed_precision or MixedPrecision()
+        self._backward_prefetch = backward_prefetch
+        self._forward_prefetch = forward_prefetch
+        self._runtime = None  # the root's (runtime.py), set at the first forward
+        self._gather = None   # the all-gather in flight (runtime.Issued), if any
+        self._following_in_backward = None  # the unit this one's backward prefetches
+        self._pre_backward_done = False
+        self._gradient_shard_bytes = 0  # what the root last told the metrics
+        self._full_gradient_bytes = 0   # this unit's unreduced gradient held (metrics)
 
         ignored_modules = set(ignored_modules or ())
         for m in list(ignored_modules):
@@ -392,6 +403,8 @@ class FullyShardedDataParallel(nn.Module):
             self.flat_param = nn.Parameter(flat, requires_grad=self._requires_grad)
             self._full = flat.to(self._param_dtype).requires_grad_(self._requires_grad)
         self._full_is_shard = self._full.data_ptr() == self.flat_param.data_ptr()
+        runtime.add_bytes("shard", self.flat_param.numel() * self.flat_param.element_size())
+        self._full_bytes = self._padded * self._full.element_size()
         self._params = None  # the originals are now views of the full tensor
         self._grad_accumulator = None
         if self._requires_grad:
@@ -402,21 +415,44 @@ class FullyShardedDataParallel(nn.Module):
         # Views for attribute access before the first forward; made before the storage is freed.
         self._set_views(self._full.data)
         self._full_gathered = True
+        if not self._full_is_shard:
+            runtime.add_bytes("gathered", self._full_bytes)
         self._free_full()
 
     # -- gather and free ------------------------------------------------------------------------
 
-    def _gather_full(self):
-        if self.flat_param is None or self._full_gathered:
+    def _start_gather(self):
+        """Issues the all-gather of the full parameters on the comm thread (a no-op when they
+        are gathered or being gathered)."""
+        if self.flat_param is None or self._full_gathered or self._gather is not None:
             return
         _resize_storage(self._full, self._padded)
+        runtime.add_bytes("gathered", self._full_bytes)
         with torch.no_grad():
             # Cast before the gather: the same values as casting after, in less traffic.
             shard = self.flat_param.data.to(self._param_dtype)
             if self.sharding_strategy == ShardingStrategy.NO_SHARD:
                 self._full.data.copy_(shard)
-            else:
-                all_gather_into(self._full.data, shard, self.process_group)
+                self._full_gathered = True
+                return
+            full = self._full.data
+            phase = (runtime.BACKWARD_GATHER
+                     if self._runtime is not None and self._runtime.in_backward
+                     else runtime.FORWARD_GATHER)
+            self._gather = runtime.Issued(
+                self._runtime, self, phase, self.process_group,
+                lambda: all_gather_into(full, shard, self.process_group, async_op=True),
+                self._full_bytes, keep=(shard,))
+
+    def _gather_full(self, prefetched=False):
+        if self.flat_param is None or self._full_gathered:
+            return
+        if self._gather is None:
+            prefetched = False
+            self._start_gather()
+        if self._gather is not None:
+            gather, self._gather = self._gather, None
+            gather.wait(prefetched=prefetched)
         self._full_gathered = True
 
     def _full_precision_full(self):
@@ -447,6 +483,12 @@ class FullyShardedDataParallel(nn.Module):
     def _free_full(self):
         if self._full is None or self._full_is_shard:
             return
+        if self._gather is not None:  # a prefetch not used: its gather must finish first
+            gather, self._gather = self._gather, None
+            gather.wait()
+            self._full_gathered = True
+        if self._full_gathered:
+            runtime.add_bytes("gathered", -self._full_bytes)
         _resize_storage(self._full, 0)
         self._full_gathered = False
 
@@ -461,18 +503,26 @@ class FullyShardedDataParallel(nn.Module):
         return [m for m in self.modules() if isinstance(m, FullyShardedDataParallel)]
 
     def _lazy_init(self):
-        for unit in self._fsdp_units():
+        units = self._fsdp_units()
+        for unit in units:
             unit._is_root = unit is self
+        runtime.Runtime(self, units)
         self._callback_queued = False
 
     def forward(self, *args, **kwargs):
         if self._is_root is None:
             self._lazy_init()
         if self.flat_param is not None:
-            # Parameters change between forwards (the optimizer steps the shards).
-            self._free_full()
-            self._gather_full()
+            # Parameters change between forwards (the optimizer steps the shards); a gather
+            # prefetched in this forward has the new ones.
+            if self._gather is None:
+                self._free_full()
+            self._gather_full(prefetched=True)
             self._set_views(self._full)
+        following = self._runtime.forward_started(self)
+        # One gathered in an earlier forward without backward (evaluation) refreshes itself.
+        if following is not None and self._forward_prefetch and not following._full_gathered:
+            following._start_gather()
         if self._param_dtype != self._dtype:
             # The inputs in the parameters' dtype, as torch's FSDP casts them.
             args, kwargs = _cast_floating((args, kwargs), self._param_dtype)
@@ -481,15 +531,24 @@ class FullyShardedDataParallel(nn.Module):
         if self.sharding_strategy in _FREED_AFTER_FORWARD and not self._is_root:
             self._free_full()
         if torch.is_grad_enabled():
+            self._pre_backward_done = False
             _for_each_tensor(output, lambda t: t.register_hook(self._pre_backward)
                              if t.requires_grad else None)
         return output
 
     def _pre_backward(self, grad):
+        if self._pre_backward_done:  # once per backward, whichever output's gradient is first
+            return grad
+        self._pre_backward_done = True
         if self._is_root and not self._callback_queued:
             self._callback_queued = True
+            self._runtime.in_backward = True
             torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
-        self._gather_full()
+        self._gather_full(prefetched=True)
+        following = self._runtime.backward_started(self)
+        self._following_in_backward = following
+        if following is not None and self._backward_prefetch == BackwardPrefetch.BACKWARD_PRE:
+            following._start_gather()
         return grad
 
     def _post_backward(self, *unused):
@@ -498,29 +557,81 @@ class FullyShardedDataParallel(nn.Module):
         if grad is not None and self._sync_gradients:
             with torch.no_grad():
                 # Averaged, as DDP does, in the reduction's dtype.
-                grad = grad.to(self._reduce_dtype) / self._gradient_divisor
-                if self.sharding_strategy == ShardingStrategy.NO_SHARD:
-                    dist.all_reduce(grad, group=self.process_group)
-                    shard_grad = grad
-                else:
-                    shard_grad = torch.empty(self._shard_numel, dtype=grad.dtype)
-                    reduce_scatter(shard_grad, grad, self.process_group)
-                    if self._replicate_group is not None:
-                        dist.all_reduce(shard_grad, group=self._replicate_group)
-                shard_grad = shard_grad.to(self._dtype)
-                if self.flat_param.grad is None:
-                    self.flat_param.grad = shard_grad
-                else:
-                    self.flat_param.grad.add_(shard_grad)
+                reduced = grad.to(self._reduce_dtype) / self._gradient_divisor
+            del grad
+            self._reduce(reduced)
         elif grad is not None:
             # no_sync: keep the unreduced full gradient for the next synced backward.
             self._full.grad = grad
+            self._count_full_gradient(grad)
         self._free_full()
+        following = self._following_in_backward
+        if following is not None and self._backward_prefetch == BackwardPrefetch.BACKWARD_POST:
+            following._start_gather()
+
+    def _count_full_gradient(self, grad):
+        held = 0 if grad is None else grad.numel() * grad.element_size()
+        runtime.add_bytes("full_gradient", held - self._full_gradient_bytes)
+        self._full_gradient_bytes = held
+
+    def _reduce(self, reduced):
+        """Issues the reduction of a full gradient on the comm thread; the shard's gradient
+        is accumulated once it completed (Runtime.finish_reduction)."""
+        self._count_full_gradient(reduced)
+        nbytes = reduced.numel() * reduced.element_size()
+        if self.sharding_strategy == ShardingStrategy.NO_SHARD:
+            shard_grad = reduced
+            issued = runtime.Issued(
+                self._runtime, self, runtime.ALL_REDUCE, self.process_group,
+                lambda: dist.all_reduce(reduced, group=self.process_group, async_op=True),
+                nbytes, keep=(reduced,))
+        else:
+            shard_grad = torch.empty(self._shard_numel, dtype=reduced.dtype)
+            issued = runtime.Issued(
+                self._runtime, self, runtime.REDUCE_SCATTER, self.process_group,
+                lambda: reduce_scatter(shard_grad, reduced, self.process_group, async_op=True),
+                nbytes, keep=(reduced, shard_grad))
+
+        def finish():
+            if reduced is not shard_grad:
+                # Freed now: the backend may hold the tensor until its next op.
+                _resize_storage(reduced, 0)
+            self._count_full_gradient(None)
+            if self._replicate_group is not None:
+                runtime.Issued(
+                    self._runtime, self, runtime.REPLICATE, self._replicate_group,
+                    lambda: dist.all_reduce(shard_grad, group=self._replicate_group,
+                                            async_op=True),
+                    shard_grad.numel() * shard_grad.element_size()).wait()
+            with torch.no_grad():
+                grad = shard_grad.to(self._dtype)
+                if self.flat_param.grad is None:
+                    self.flat_param.grad = grad
+                else:
+                    self.flat_param.grad.add_(grad)
+        self._runtime.reduce(self, issued, finish)
 
     def _finish_backward(self):
         self._callback_queued = False
-        for unit in self._fsdp_units():
-            unit._free_full()
+        self._runtime.backward_finished()
+
+    def _name_of_shard_element(self, at):
+        """'parameter' (element e of n) of element `at` of this rank's gradient shard."""
+        start = self.rank * self._shard_numel if (
+            self.sharding_strategy != ShardingStrategy.NO_SHARD) else 0
+        element = start + at
+        offset = 0
+        prefix = "" if self._unit_name == "<root>" else self._unit_name + "."
+        for name, numel in zip(self._param_names, self._numels):
+            if element < offset + numel:
+                return f"'{prefix}{name}' (element {element - offset} of {numel})"
+            offset += numel
+        return f"the padding of unit '{self._unit_name}' (element {element})"
+
+    @property
+    def nonfinite_skipped_steps(self):
+        """The backwards whose gradients TESSERA_ON_NONFINITE=skip dropped (on the root)."""
+        return self._runtime.skipped_steps if self._runtime is not None else 0
 
     @contextlib.contextmanager
     def no_sync(self):
