@@ -338,8 +338,6 @@ class FsdpErrorsTest(unittest.TestCase):
         from tessera.torch.fsdp import CPUOffload, FullyShardedDataParallel as FSDP
         cases = {
             "cpu_offload": dict(cpu_offload=CPUOffload(offload_params=True)),
-            "param_init_fn": dict(param_init_fn=lambda m: None),
-            "use_orig_params": dict(use_orig_params=True),
         }
         for name, kwargs in cases.items():
             with self.subTest(name), self.assertRaisesRegex(NotImplementedError,

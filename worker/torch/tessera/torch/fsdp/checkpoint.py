@@ -208,13 +208,35 @@ def load_sharded_state_dict(model, state_dict):
 # -- optimizer state dicts -------------------------------------------------------------------
 
 def _names_of_parameters(model):
-    """{parameter: name or unit}: each unit's flat_param maps to its unit (with its prefix),
-    any other parameter (ignored modules') to its name in the unwrapped model."""
-    owners = {id(unit.flat_param): (prefix, unit) for prefix, unit in units_with_prefix(model)}
+    """{parameter: name or unit}: each unit's flat_param maps to (its prefix, the unit), with
+    use_orig_params each original parameter to (prefix, unit, its index in the unit), any
+    other parameter (ignored modules') to its name in the unwrapped model."""
+    owners = {}
+    for prefix, unit in units_with_prefix(model):
+        owners[id(unit.flat_param)] = (prefix, unit)
+        for j, (p, _, _) in enumerate(getattr(unit, "_orig_params", ())):
+            owners[id(p)] = (prefix, unit, j)
     names = {}
     for path, p in model.named_parameters():
         names[id(p)] = owners.get(id(p), _strip_wrappers(path))
     return names
+
+
+def _unit_state_of_orig_params(unit, state_of):
+    """use_orig_params: the unit's state as if its optimizer had stepped the shard: each
+    per-parameter tensor of the original parameters (state_of(p)) laid into a shard-shaped
+    one at the parameter's slice (zeros where a parameter has none, and in the padding);
+    other values (steps) from the first parameter that has them."""
+    flat = {}
+    for p, first, last in unit._orig_params:
+        for key, value in (state_of(p) or {}).items():
+            if torch.is_tensor(value) and value.dim() > 0 and value.numel() == last - first:
+                if key not in flat:
+                    flat[key] = torch.zeros(unit.flat_param.numel(), dtype=value.dtype)
+                flat[key][first:last] = value.reshape(-1)
+            elif key not in flat:
+                flat[key] = value
+    return flat
 
 
 def _is_sharded_state(value, flat_param):
@@ -232,8 +254,9 @@ def full_optim_state_dict(model, optim, optim_input=None, rank0_only=True, group
                                   "supported: the optimizer's own parameters are used (issue 44)")
     saved = optim.state_dict()
     params = [p for g in optim.param_groups for p in g["params"]]
+    index_of = {id(p): index for index, p in enumerate(params)}
     names = _names_of_parameters(model)
-    state, groups = {}, []
+    state, groups, done = {}, [], set()
     for index, p in enumerate(params):
         owner = names.get(id(p))
         if owner is None:
@@ -243,7 +266,13 @@ def full_optim_state_dict(model, optim, optim_input=None, rank0_only=True, group
         if isinstance(owner, str):
             state[owner] = {k: v.clone() if torch.is_tensor(v) else v for k, v in values.items()}
             continue
-        prefix, unit = owner
+        prefix, unit = owner[:2]
+        if len(owner) == 3:  # use_orig_params: the unit's parameters at once
+            if id(unit) in done:
+                continue
+            done.add(id(unit))
+            values = _unit_state_of_orig_params(
+                unit, lambda q: saved["state"].get(index_of.get(id(q))))
         gathered = {}
         for key in sorted(values):
             value = values[key]
@@ -263,6 +292,8 @@ def full_optim_state_dict(model, optim, optim_input=None, rank0_only=True, group
             owner = names[id(p)]
             if isinstance(owner, str):
                 group_names.append(owner)
+            elif len(owner) == 3:
+                group_names.append(owner[0] + owner[1]._param_names[owner[2]])
             else:
                 group_names += [owner[0] + name for name in owner[1]._param_names]
         groups.append({**{k: v for k, v in group_state.items() if k != "params"},
@@ -292,7 +323,7 @@ def shard_full_optim_state_dict(full_osd, model, optim_input=None):
                                   "is not supported: model.parameters() order is used (issue 44)")
     names = _names_of_parameters(model)
     full_state = full_osd["state"]
-    state, index_of_name = {}, {}
+    state, index_of_name, sharded_units = {}, {}, {}
     for index, p in enumerate(model.parameters()):
         owner = names[id(p)]
         if isinstance(owner, str):
@@ -301,28 +332,24 @@ def shard_full_optim_state_dict(full_osd, model, optim_input=None):
                 state[index] = {k: v.clone() if torch.is_tensor(v) else v
                                 for k, v in full_state[owner].items()}
             continue
-        prefix, unit = owner
+        prefix, unit = owner[:2]
         layout = list(_layout(unit))
+        if len(owner) == 3:  # use_orig_params: this parameter's slice of the unit's shard
+            index_of_name[prefix + layout[owner[2]][0]] = index
+            if id(unit) not in sharded_units:
+                sharded_units[id(unit)] = _shard_unit_state(unit, layout, prefix, full_state)
+            orig, first, last = unit._orig_params[owner[2]]
+            values = sharded_units[id(unit)]
+            if values is not None:
+                state[index] = {k: v[first:last].view(orig.shape).clone()
+                                if torch.is_tensor(v) and v.dim() > 0 else v
+                                for k, v in values.items()}
+            continue
         for name, *_ in layout:
             index_of_name[prefix + name] = index
-        entries = [full_state.get(prefix + name) for name, *_ in layout]
-        if all(e is None for e in entries):
-            continue
-        if any(e is None for e in entries):
-            missing = [prefix + name for (name, *_), e in zip(layout, entries) if e is None]
-            raise ValueError(f"tessera FSDP: shard_full_optim_state_dict: no state for "
-                             f"{missing}, but for other parameters of their unit")
-        shard_start = _shard_start(unit)
-        sharded = {}
-        for key, first in entries[0].items():
-            if torch.is_tensor(first) and first.shape == layout[0][2] and first.dim() > 0:
-                flat = torch.zeros(unit._padded, dtype=first.dtype)
-                for (name, offset, shape, numel), entry in zip(layout, entries):
-                    flat[offset:offset + numel] = entry[key].reshape(-1)
-                sharded[key] = flat[shard_start:shard_start + unit.flat_param.numel()].clone()
-            else:
-                sharded[key] = first.clone() if torch.is_tensor(first) else first
-        state[index] = sharded
+        sharded = _shard_unit_state(unit, layout, prefix, full_state)
+        if sharded is not None:
+            state[index] = sharded
     groups = []
     for group in full_osd["param_groups"]:
         indices = []
@@ -334,6 +361,29 @@ def shard_full_optim_state_dict(full_osd, model, optim_input=None):
                 indices.append(index_of_name[name])
         groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": indices})
     return {"state": state, "param_groups": groups}
+
+
+def _shard_unit_state(unit, layout, prefix, full_state):
+    """This rank's shard of a unit's state from the full state of its parameters (None when
+    none of them has any)."""
+    entries = [full_state.get(prefix + name) for name, *_ in layout]
+    if all(e is None for e in entries):
+        return None
+    if any(e is None for e in entries):
+        missing = [prefix + name for (name, *_), e in zip(layout, entries) if e is None]
+        raise ValueError(f"tessera FSDP: shard_full_optim_state_dict: no state for "
+                         f"{missing}, but for other parameters of their unit")
+    shard_start = _shard_start(unit)
+    sharded = {}
+    for key, first in entries[0].items():
+        if torch.is_tensor(first) and first.shape == layout[0][2] and first.dim() > 0:
+            flat = torch.zeros(unit._padded, dtype=first.dtype)
+            for (name, offset, shape, numel), entry in zip(layout, entries):
+                flat[offset:offset + numel] = entry[key].reshape(-1)
+            sharded[key] = flat[shard_start:shard_start + unit.flat_param.numel()].clone()
+        else:
+            sharded[key] = first.clone() if torch.is_tensor(first) else first
+    return sharded
 
 
 def scatter_full_optim_state_dict(full_osd, model, optim_input=None, group=None):

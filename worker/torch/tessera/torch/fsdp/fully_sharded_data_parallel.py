@@ -207,16 +207,13 @@ class FullyShardedDataParallel(nn.Module):
                 if dtype not in (None, torch.float16, torch.bfloat16, torch.float32):
                     raise ValueError(f"tessera FSDP: MixedPrecision.{field}={dtype}: float16, "
                                      f"bfloat16, float32 or None")
-        if param_init_fn is not None:
-            raise _unsupported("param_init_fn")
-        if use_orig_params:
-            raise _unsupported("use_orig_params=True")
         if device_id is not None and torch.device(device_id).type != "cpu":
             raise ValueError(f"tessera FSDP: device_id={device_id!r}: only CPU tensors are "
                              f"supported (device_id None or 'cpu')")
-        if any(p.device.type != "cpu" for p in module.parameters()):
+        if any(p.device.type not in ("cpu", "meta") for p in module.parameters()):
             raise ValueError("tessera FSDP: the module has parameters off the CPU; only CPU "
-                             "tensors are supported")
+                             "tensors are supported (and meta ones, materialized on the CPU: "
+                             "param_init_fn)")
         # Hybrid strategies: process_group becomes the (shard_group, replicate_group) pair
         # once, at the outermost unit, and the units auto-wrap makes get the pair.
         self._replicate_group = None
@@ -263,13 +260,16 @@ class FullyShardedDataParallel(nn.Module):
         arguments = dict(process_group=process_group, sharding_strategy=sharding_strategy,
                          backward_prefetch=backward_prefetch, ignored_modules=ignored_modules,
                          device_id=device_id, sync_module_states=sync_module_states,
-                         mixed_precision=mixed_precision,
-                         forward_prefetch=forward_prefetch, limit_all_gathers=limit_all_gathers)
+                         mixed_precision=mixed_precision, param_init_fn=param_init_fn,
+                         forward_prefetch=forward_prefetch, limit_all_gathers=limit_all_gathers,
+                         use_orig_params=use_orig_params)
         if auto_wrap_policy is not None:
             def wrap(child, path):
                 return FullyShardedDataParallel(child, **arguments, _unit_name=path)
             _recursive_wrap(module, auto_wrap_policy, ignored_modules, ignored_params, wrap, "")
         self._fsdp_wrapped_module = module
+        self._use_orig_params = use_orig_params
+        self._materialize(param_init_fn)
         self._flatten(ignored_params)
         self._check_same_on_every_rank()
         # The dtype of the full parameters (forward and backward) and of the gradients'
@@ -297,6 +297,59 @@ class FullyShardedDataParallel(nn.Module):
             yield path, m
             for name, child in m.named_children():
                 stack.append((f"{path}.{name}" if path else name, child))
+
+    def _materialize(self, param_init_fn):
+        """Modules of this unit with parameters or buffers on the meta device get real ones on
+        the CPU, unit by unit (each is sharded before the next is made), as in later torch
+        releases: param_init_fn(module) for each, or else empty tensors that the module's
+        reset_parameters() fills. Nested units and ignored modules are out of the tree
+        meanwhile, so that a param_init_fn that recurses (torch 1.13's Module.to_empty does)
+        leaves them alone."""
+        def has_meta(m):
+            return any(t is not None and t.is_meta
+                       for t in list(m._parameters.values()) + list(m._buffers.values()))
+        own = [m for _, m in self._own_modules()]
+        if not any(has_meta(m) for m in own):
+            return
+        if param_init_fn is None:
+            for path, m in self._own_modules():
+                if has_meta(m) and not hasattr(m, "reset_parameters"):
+                    where = f"'{path}'" if path else "the unit's own module"
+                    raise ValueError(f"tessera FSDP: {where} ({type(m).__name__}) of unit "
+                                     f"'{self._unit_name}' is on the meta device and has no "
+                                     f"reset_parameters() to materialize it: give "
+                                     f"param_init_fn")
+        detached = [(m, name, child) for m in own for name, child in m._modules.items()
+                    if isinstance(child, FullyShardedDataParallel)
+                    or child in self._ignored_modules]
+        for m, name, _ in detached:
+            m._modules[name] = None
+        try:
+            for m in own:
+                if not has_meta(m):  # real from the start, or made so with its parent
+                    continue
+                if param_init_fn is not None:
+                    param_init_fn(m)
+                    continue
+                with torch.no_grad():
+                    for name, p in m._parameters.items():
+                        if p is not None and p.is_meta:
+                            m._parameters[name] = nn.Parameter(
+                                torch.empty_like(p, device="cpu"), requires_grad=p.requires_grad)
+                    for name, b in m._buffers.items():
+                        if b is not None and b.is_meta:
+                            m._buffers[name] = torch.empty_like(b, device="cpu")
+                m.reset_parameters()
+        finally:
+            for m, name, child in detached:
+                m._modules[name] = child
+        for path, m in self._own_modules():
+            for name, t in list(m._parameters.items()) + list(m._buffers.items()):
+                if t is not None and t.device.type != "cpu":
+                    where = f"{path}.{name}" if path else name
+                    raise ValueError(f"tessera FSDP: '{where}' of unit '{self._unit_name}' is "
+                                     f"on {t.device} after materialization; param_init_fn must "
+                                     f"leave every tensor of the module it is given on the CPU")
 
     def _flatten(self, ignored_params):
         # _param_slots: (module, attribute, index into _params) for every reference, tied
@@ -390,17 +443,17 @@ class FullyShardedDataParallel(nn.Module):
             flat[:self._numel] = torch.cat([p.detach().reshape(-1) for p in self._params])
         if sharded:
             start = self.rank * self._shard_numel
-            self.flat_param = nn.Parameter(flat[start:start + self._shard_numel].clone(),
-                                           requires_grad=self._requires_grad)
+            self._set_flat_param(nn.Parameter(flat[start:start + self._shard_numel].clone(),
+                                              requires_grad=self._requires_grad))
             self._full = flat.to(self._param_dtype).requires_grad_(self._requires_grad)
         elif self._param_dtype == self._dtype:
             # The shard is the whole: the full tensor shares its memory (other version counter).
-            self.flat_param = nn.Parameter(flat, requires_grad=self._requires_grad)
+            self._set_flat_param(nn.Parameter(flat, requires_grad=self._requires_grad))
             self._full = flat.data.requires_grad_(self._requires_grad)
         else:
             # NO_SHARD in lower precision: the full tensor is the shard's cast copy, made anew
             # at each forward.
-            self.flat_param = nn.Parameter(flat, requires_grad=self._requires_grad)
+            self._set_flat_param(nn.Parameter(flat, requires_grad=self._requires_grad))
             self._full = flat.to(self._param_dtype).requires_grad_(self._requires_grad)
         self._full_is_shard = self._full.data_ptr() == self.flat_param.data_ptr()
         runtime.add_bytes("shard", self.flat_param.numel() * self.flat_param.element_size())
@@ -418,6 +471,69 @@ class FullyShardedDataParallel(nn.Module):
         if not self._full_is_shard:
             runtime.add_bytes("gathered", self._full_bytes)
         self._free_full()
+        if self._use_orig_params:
+            self._register_orig_params()
+
+    def _set_flat_param(self, flat_param):
+        """The unit's shard: its one parameter, or with use_orig_params a plain attribute (the
+        module's parameters are then the original ones, views of their slices of it)."""
+        if self._use_orig_params:
+            object.__setattr__(self, "flat_param", flat_param)
+        else:
+            self.flat_param = flat_param
+
+    def _register_orig_params(self):
+        """use_orig_params: each original parameter is registered again as a view of its slice
+        of this rank's shard: 1-D (possibly empty) when sharded, its shape with NO_SHARD, as
+        in later torch releases. The optimizer steps them in place in the shard."""
+        start = self.rank * self._shard_numel if (
+            self.sharding_strategy != ShardingStrategy.NO_SHARD) else 0
+        end = start + self._shard_numel
+        self._orig_params = []  # (parameter, first, last element in the shard)
+        offset = 0
+        for shape, numel in zip(self._shapes, self._numels):
+            first, last = max(offset, start) - start, min(offset + numel, end) - start
+            first, last = min(first, self._shard_numel), max(min(first, self._shard_numel), last)
+            view = self.flat_param.data[first:last]
+            if self.sharding_strategy == ShardingStrategy.NO_SHARD:
+                view = view.view(shape)
+            self._orig_params.append((nn.Parameter(view, requires_grad=self._requires_grad),
+                                      first, last))
+            offset += numel
+        for m, name, index in self._param_slots:
+            m._parameters[name] = self._orig_params[index][0]
+            m.__dict__.pop(name, None)
+
+    def _accumulate_shard_grad(self, grad):
+        """Adds this backward's shard gradient to the shard's .grad (and, with
+        use_orig_params, to the original parameters' .grad, views of it: what the optimizer
+        zeroed or set to None there counts as zero)."""
+        flat = self.flat_param
+        if self._use_orig_params and flat.grad is not None:
+            olds = [(p.grad, first, last) for p, first, last in self._orig_params]
+            if all(old is None for old, _, _ in olds):
+                flat.grad = None
+            else:
+                for old, first, last in olds:
+                    mine = flat.grad[first:last]
+                    if old is None:
+                        mine.zero_()
+                    elif old.data_ptr() != mine.data_ptr() or old.numel() != mine.numel():
+                        mine.copy_(old.reshape(-1))
+        if flat.grad is None:
+            flat.grad = grad
+        else:
+            flat.grad.add_(grad)
+        if self._use_orig_params:
+            for p, first, last in self._orig_params:
+                p.grad = flat.grad[first:last].view(p.shape)
+
+    def drop_gradients(self):
+        """Sets the shard's gradients (and the original parameters') to None."""
+        if self.flat_param is not None:
+            self.flat_param.grad = None
+        for p, _, _ in getattr(self, "_orig_params", ()):
+            p.grad = None
 
     # -- gather and free ------------------------------------------------------------------------
 
@@ -491,11 +607,16 @@ class FullyShardedDataParallel(nn.Module):
             runtime.add_bytes("gathered", -self._full_bytes)
         _resize_storage(self._full, 0)
         self._full_gathered = False
+        if self._use_orig_params:  # the attributes are the sharded originals again
+            for m, name, _ in self._param_slots:
+                m.__dict__.pop(name, None)
 
     def _set_views(self, full):
         views = full.split(self._numels + [self._padded - self._numel])
         for m, name, index in self._param_slots:
-            setattr(m, name, views[index].view(self._shapes[index]))
+            # In the instance's dict: found before the module's parameters (use_orig_params
+            # keeps the sharded originals registered there).
+            m.__dict__[name] = views[index].view(self._shapes[index])
 
     # -- forward and backward -------------------------------------------------------------------
 
@@ -604,11 +725,7 @@ class FullyShardedDataParallel(nn.Module):
                                             async_op=True),
                     shard_grad.numel() * shard_grad.element_size()).wait()
             with torch.no_grad():
-                grad = shard_grad.to(self._dtype)
-                if self.flat_param.grad is None:
-                    self.flat_param.grad = grad
-                else:
-                    self.flat_param.grad.add_(grad)
+                self._accumulate_shard_grad(shard_grad.to(self._dtype))
         self._runtime.reduce(self, issued, finish)
 
     def _finish_backward(self):

@@ -243,8 +243,7 @@ class Runtime:
                     f"(reduced from every rank's)")
         if self.policy == "skip":
             for unit in self.units:
-                if unit.flat_param is not None:
-                    unit.flat_param.grad = None
+                unit.drop_gradients()
             for m in root._ignored_modules:
                 for p in m.parameters(recurse=False):
                     p.grad = None
