@@ -4,13 +4,11 @@ them within the collective timeout, never a hang; NaN and Inf in the gradients f
 TESSERA_ON_NONFINITE (error, skip or off, as tessera-worker's --on-nonfinite).
 """
 
-import functools
 import os
 import time
 import unittest
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
