@@ -11,10 +11,10 @@ CUDA.) What is supported and what is not yet: docs/pytorch.md, "FSDP on tessera"
 from tessera.torch.fsdp import checkpoint, wrap
 from tessera.torch.fsdp.checkpoint import (
     ShardedSlice, full_state_dict_from_sharded, merge_sharded_state_dicts)
-from tessera.torch.fsdp.fully_sharded_data_parallel import (
-    BackwardPrefetch, CPUOffload, FullStateDictConfig, FullyShardedDataParallel,
-    LocalStateDictConfig, MixedPrecision, ShardedStateDictConfig, ShardingStrategy,
-    StateDictType)
+from tessera.torch.fsdp.api import (
+    BackwardPrefetch, CPUOffload, FullStateDictConfig, LocalStateDictConfig, MixedPrecision,
+    ShardedStateDictConfig, ShardingStrategy, StateDictType)
+from tessera.torch.fsdp.fully_sharded_data_parallel import FullyShardedDataParallel
 from tessera.torch.fsdp.hybrid import hybrid_groups
 from tessera.torch.fsdp.native_checkpoint import (
     full_state_dict_from_checkpoint, load_sharded_checkpoint, save_sharded_checkpoint)

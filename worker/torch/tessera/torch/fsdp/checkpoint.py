@@ -62,7 +62,7 @@ def _layout(unit):
 
 
 def _shard_start(unit):
-    from tessera.torch.fsdp.fully_sharded_data_parallel import ShardingStrategy
+    from tessera.torch.fsdp.api import ShardingStrategy
     if unit.sharding_strategy == ShardingStrategy.NO_SHARD:
         return 0
     return unit.rank * unit._shard_numel
@@ -305,7 +305,7 @@ def full_optim_state_dict(model, optim, optim_input=None, rank0_only=True, group
 
 
 def _gather_flat(unit, shard_value):
-    from tessera.torch.fsdp.fully_sharded_data_parallel import ShardingStrategy
+    from tessera.torch.fsdp.api import ShardingStrategy
     if unit.sharding_strategy == ShardingStrategy.NO_SHARD:
         return shard_value.detach()
     full = torch.empty(unit._padded, dtype=shard_value.dtype)

@@ -73,7 +73,7 @@ def _fingerprint(tensors):
 
 
 def _is_first_replica(unit):
-    from tessera.torch.fsdp.fully_sharded_data_parallel import ShardingStrategy, _HYBRID
+    from tessera.torch.fsdp.api import ShardingStrategy, _HYBRID
     if unit.sharding_strategy == ShardingStrategy.NO_SHARD:
         return unit.rank == 0
     if unit.sharding_strategy in _HYBRID and unit._replicate_group is not None:
