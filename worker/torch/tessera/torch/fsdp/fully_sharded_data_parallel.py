@@ -612,8 +612,9 @@ class FullyShardedDataParallel(StateDictMethods, nn.Module):
         self._full.grad = None
         if grad is not None and self._sync_gradients:
             with torch.no_grad():
-                # Averaged, as DDP does, in the reduction's dtype.
-                reduced = grad.to(self._reduce_dtype) / self._gradient_divisor
+                # Averaged, as DDP does, in the reduction's dtype; in place (the gradient is
+                # this unit's alone), so no second full-size tensor is held meanwhile.
+                reduced = grad.to(self._reduce_dtype).div_(self._gradient_divisor)
             del grad
             self._reduce(reduced)
         elif grad is not None:
