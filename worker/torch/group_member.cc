@@ -47,7 +47,7 @@ Whereabouts Decode(const std::string& text) {
 // share a loopback (LoopbackScope: another host, or another network namespace of this one):
 // the ring would wait for the unreachable rank until the timeout and then blame a missing
 // answer. A rank binds the loopback when it has no rendezvous host to find its route to
-// (backend_config.h: no MASTER_ADDR, as with a file:// or tcp:// init_method).
+// (backend_config.h: no MASTER_ADDR and no TCPStore, as with a file:// init method).
 Status CheckReachable(const std::string& who, int rank, const std::string& address,
                       const Whereabouts& here, int peer, const std::string& peer_address,
                       const Whereabouts& there) {
@@ -60,8 +60,8 @@ Status CheckReachable(const std::string& who, int rank, const std::string& addre
       (theirs ? peer_address : address) + ", a loopback address, but " + Worker(rank) + " (on " +
       here.host_name + ", " + here.scope + ") and " + Worker(peer) + " (on " + there.host_name +
       ", " + there.scope + ") are on different hosts or network namespaces, which cannot "
-      "reach each other's loopback. Without MASTER_ADDR (a file:// or tcp:// init_method) "
-      "the backend binds the loopback: give every rank TESSERA_SOCKET_IFNAME=<the interface "
+      "reach each other's loopback. Without a rendezvous host (MASTER_ADDR or a TCPStore; "
+      "a file:// init method has none) the backend binds the loopback: give every rank TESSERA_SOCKET_IFNAME=<the interface "
       "between the hosts, e.g. eth0>, TESSERA_BIND_HOST=<its address or interface>, or "
       "MASTER_ADDR=<the rendezvous host>, whose route decides the address");
 }
