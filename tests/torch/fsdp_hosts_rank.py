@@ -2,9 +2,11 @@
 namespaces (issue 44).
 
     fsdp_hosts_rank.py --rank R --world-size 4 --store PATH --result PATH [--timeout-s 60]
+        [--tcp-store-host HOST]
 
 Joins the tessera default group through a file store at PATH (a directory both hosts see: only
-/dev/shm is private to a host), makes the hybrid groups by hostname (hybrid_groups() without a
+/dev/shm is private to a host), or with --tcp-store-host through torch's TCPStore at HOST, on a
+port rank 0 gets from the OS and writes to PATH for the others; makes the hybrid groups by hostname (hybrid_groups() without a
 shard size: each emulated host has a name of its own) and a Gloo group of the world, and trains
 fsdp_test's transformer (transformer_auto_wrap_policy) with HYBRID_SHARD and
 _HYBRID_SHARD_ZERO2 against DDP over Gloo: same seed, 20 steps of SGD with momentum and weight
@@ -19,6 +21,7 @@ import datetime
 import json
 import os
 import socket
+import time
 
 import torch
 import torch.distributed as dist
@@ -35,6 +38,32 @@ def _members(group):
     return [int(t.item()) for t in gathered]
 
 
+def _write_atomically(path, text):
+    """Written whole under another name, then renamed: a reader never sees half a file."""
+    partial = path + ".partial"
+    with open(partial, "w") as f:
+        f.write(text)
+    os.rename(partial, path)
+
+
+def _tcp_store(host, port_file, rank, world_size, timeout):
+    """torch's TCPStore at `host`: rank 0 serves it on a port the OS picks and writes the port
+    to `port_file`, which the other ranks wait for (within `timeout`)."""
+    if rank == 0:
+        store = dist.TCPStore(host, 0, world_size, True, timeout, wait_for_workers=False)
+        _write_atomically(port_file, str(store.port))
+        return store
+    deadline = time.monotonic() + timeout.total_seconds()
+    while not os.path.exists(port_file):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rank {rank}: rank 0 wrote no TCPStore port to {port_file} "
+                               f"within {timeout.total_seconds()} s")
+        time.sleep(0.05)
+    with open(port_file) as f:
+        port = int(f.read())
+    return dist.TCPStore(host, port, world_size, False, timeout)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rank", type=int, required=True)
@@ -43,6 +72,8 @@ def main():
     parser.add_argument("--result", required=True, help="where to write the JSON result")
     parser.add_argument("--timeout-s", type=float, default=60.0,
                         help="every group's timeout (a peer that stops is an error then)")
+    parser.add_argument("--tcp-store-host", default="",
+                        help="meet through torch's TCPStore there (--store: its port's file)")
     args = parser.parse_args()
 
     from tessera.torch import hybrid_groups
@@ -50,8 +81,13 @@ def main():
 
     torch.set_num_threads(1)
     timeout = datetime.timedelta(seconds=args.timeout_s)
-    dist.init_process_group("tessera", init_method=f"file://{args.store}", rank=args.rank,
-                            world_size=args.world_size, timeout=timeout)
+    if args.tcp_store_host:
+        store = _tcp_store(args.tcp_store_host, args.store, args.rank, args.world_size, timeout)
+        dist.init_process_group("tessera", store=store, rank=args.rank,
+                                world_size=args.world_size, timeout=timeout)
+    else:
+        dist.init_process_group("tessera", init_method=f"file://{args.store}", rank=args.rank,
+                                world_size=args.world_size, timeout=timeout)
     # DDP's group: Gloo over eth0 (GLOO_SOCKET_IFNAME, set by the test).
     gloo = dist.new_group(backend="gloo", timeout=timeout)
     shard, replicate = hybrid_groups()
@@ -64,11 +100,7 @@ def main():
                                                                kwargs, gloo)[0]
     dist.barrier()
     dist.destroy_process_group()
-    # Written whole under another name, then renamed: the test never reads half a file.
-    partial = args.result + ".partial"
-    with open(partial, "w") as f:
-        json.dump(result, f)
-    os.rename(partial, args.result)
+    _write_atomically(args.result, json.dumps(result))
     print(f"rank {args.rank} on {result['hostname']}: {json.dumps(result)}", flush=True)
 
 
