@@ -6,10 +6,12 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <map>
 
 #include "common/base/host_port.h"
@@ -142,6 +144,20 @@ StatusOr<std::string> InterfaceAddress(std::string_view name) {
                          ListInterfaces() + ")");
   }
   return it->second;
+}
+
+std::string LoopbackScope() {
+  std::string boot_id;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot_id;
+  struct stat netns = {};
+  // The calling thread's: a thread may have entered a namespace of its own (setns), and its
+  // sockets are that namespace's.
+  if (boot_id.empty() || (stat("/proc/thread-self/ns/net", &netns) != 0 &&
+                          stat("/proc/self/ns/net", &netns) != 0)) {
+    return "host " + LocalHostName();
+  }
+  return "boot " + boot_id + " netns " + std::to_string(netns.st_dev) + ":" +
+         std::to_string(netns.st_ino);
 }
 
 bool IsAddressOfThisHost(std::string_view address) {

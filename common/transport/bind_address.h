@@ -40,6 +40,14 @@ bool IsAddressOfThisHost(std::string_view address);
 // The IPv4 address of interface `name` (e.g. "eth0"); NotFound listing the interfaces.
 StatusOr<std::string> InterfaceAddress(std::string_view name);
 
+// Where this process's loopback addresses lead: "boot BOOT_ID netns DEV:INODE" (the machine's
+// boot id and the network namespace's identity, /proc/sys/kernel/random/boot_id and
+// /proc/thread-self/ns/net). Two processes reach each other at 127.0.0.1 only if theirs are equal:
+// network namespaces (containers, the emulated hosts of tests/emulated_hosts.h) share a
+// machine and often a host name, but not a loopback, and a UTS namespace changes the host name
+// only. Where /proc cannot tell, "host HOSTNAME".
+std::string LoopbackScope();
+
 }  // namespace tessera
 
 #endif  // TESSERA_COMMON_TRANSPORT_BIND_ADDRESS_H_

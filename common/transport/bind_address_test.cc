@@ -3,8 +3,10 @@
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <net/if.h>
+#include <sched.h>
 
 #include <string>
+#include <thread>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -120,6 +122,24 @@ TEST(InterfaceAddressTest, FindsTheLoopbackAndNamesTheMissing) {
   ASSERT_TRUE(lo.ok()) << lo.status();
   EXPECT_EQ(*lo, "127.0.0.1");
   EXPECT_THAT(InterfaceAddress("nosuch0").status().message(), HasSubstr("no interface"));
+}
+
+// The same on every thread of one namespace; another network namespace (where this test may
+// make one: root) has another.
+TEST(LoopbackScopeTest, IsTheNetworkNamespaces) {
+  const std::string here = LoopbackScope();
+  EXPECT_EQ(here.rfind("boot ", 0), 0u) << here;
+  std::string other_thread, other_namespace;
+  bool unshared = false;
+  std::thread([&] { other_thread = LoopbackScope(); }).join();
+  std::thread([&] {
+    unshared = unshare(CLONE_NEWNET) == 0;  // this thread only; it ends with it
+    other_namespace = LoopbackScope();
+  }).join();
+  EXPECT_EQ(other_thread, here);
+  if (unshared) {
+    EXPECT_NE(other_namespace, here);
+  }
 }
 
 }  // namespace

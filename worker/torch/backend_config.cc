@@ -76,27 +76,30 @@ StatusOr<Credentials> CredentialsFromEnvironment(const Environment& env,
   return credentials;
 }
 
-StatusOr<BackendConfig> BackendConfigFrom(const Environment& env) {
+StatusOr<BackendConfig> BackendConfigFrom(const Environment& env, std::string_view store_host) {
   BackendConfig config;
   GroupMemberOptions& member = config.member;
   member.timeout_ms = kDefaultTimeoutMs;
   {
-    // As --bind-host: auto aims at the rendezvous host torch was given (MASTER_ADDR).
+    // As --bind-host: auto aims at the rendezvous host torch was given: MASTER_ADDR (env://),
+    // else its TCPStore's host (tcp://, which sets no MASTER_ADDR).
     auto given = env.find("TESSERA_BIND_HOST");
     if (given == env.end()) given = env.find("TESSERA_SOCKET_IFNAME");
     const std::string choice = given == env.end() ? "auto" : given->second;
     auto master = env.find("MASTER_ADDR");
-    StatusOr<BindAddress> bind =
-        ResolveBindAddress(choice, master == env.end() ? "" : master->second);
+    const std::string rendezvous_host =
+        master != env.end() ? master->second : std::string(store_host);
+    StatusOr<BindAddress> bind = ResolveBindAddress(choice, rendezvous_host);
     if (!bind.ok()) {
-      return bind.status().WithContext(given == env.end() ? "MASTER_ADDR=" + Quote(master->second)
-                                                          : given->first + "=" + Quote(choice));
+      return bind.status().WithContext(
+          given != env.end()    ? given->first + "=" + Quote(choice)
+          : master != env.end() ? "MASTER_ADDR=" + Quote(master->second)
+                                : "the host of torch's TCPStore, " + Quote(rendezvous_host));
     }
     // Every socket of a rank binds the address its peers are given.
     member.bind_host = bind->advertise;
     ASSIGN_OR_RETURN(member.credentials,
-                     CredentialsFromEnvironment(
-                         env, member.bind_host, master == env.end() ? "" : master->second));
+                     CredentialsFromEnvironment(env, member.bind_host, rendezvous_host));
   }
   if (auto it = env.find("TESSERA_RING_TRANSPORT"); it != env.end()) {
     const std::string& kind = it->second;

@@ -3,7 +3,9 @@
 // flags to give it):
 //
 //   TESSERA_BIND_HOST       where each rank's transport and ring links listen, and the
-//                           address its peers get (default 127.0.0.1: one host)
+//                           address its peers get (default auto: the local end of the route
+//                           to MASTER_ADDR, else to the host of torch's TCPStore (a tcp://
+//                           init method), else 127.0.0.1 (a file store: one host))
 //   TESSERA_RING_TRANSPORT  auto (default), shm, links or zmq, as tessera-worker's flag
 //   TESSERA_METRICS_PORT    serve Prometheus /metrics on this port (0: the OS picks one, and
 //                           the URL is logged); unset: no /metrics
@@ -27,6 +29,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "common/base/status.h"
 #include "common/config/config.h"
@@ -54,8 +57,11 @@ struct BackendConfig {
   std::string coordinator;                     // HOST:PORT; empty: none
 };
 
-// InvalidArgument naming the variable and what it should hold for a bad value.
-StatusOr<BackendConfig> BackendConfigFrom(const Environment& env);
+// InvalidArgument naming the variable and what it should hold for a bad value. `store_host`:
+// the host of the TCPStore torch gave the group ("" for other stores), which auto aims at
+// when MASTER_ADDR is unset.
+StatusOr<BackendConfig> BackendConfigFrom(const Environment& env,
+                                          std::string_view store_host = "");
 
 // The timeout a group gets: `torch_ms` unless it is torch's default, then the backend's.
 int64_t EffectiveTimeoutMs(const BackendConfig& config, int64_t torch_ms);

@@ -46,6 +46,21 @@ TEST(BackendConfigTest, ReadsEveryVariable) {
   EXPECT_EQ(config->coordinator, "10.0.0.1:29500");
 }
 
+// A tcp:// init method sets no MASTER_ADDR: auto aims at its TCPStore's host then.
+TEST(BackendConfigTest, WithoutMasterAddrTheBindHostFollowsTheRouteToTheStoresHost) {
+  StatusOr<BackendConfig> local = BackendConfigFrom(Insecure({}), "localhost");
+  ASSERT_TRUE(local.ok()) << local.status();
+  EXPECT_EQ(local->member.bind_host, "127.0.0.1");
+  Status unresolved = BackendConfigFrom(Insecure({}), "no-such-host.invalid").status();
+  EXPECT_NE(unresolved.message().find("the host of torch's TCPStore, \"no-such-host.invalid\""),
+            std::string::npos)
+      << unresolved;
+  StatusOr<BackendConfig> master =
+      BackendConfigFrom(Insecure({{"MASTER_ADDR", "localhost"}}), "no-such-host.invalid");
+  ASSERT_TRUE(master.ok()) << master.status();
+  EXPECT_EQ(master->member.bind_host, "127.0.0.1");
+}
+
 TEST(BackendConfigTest, TheBindHostFollowsTheRouteToMasterAddrOrAnInterface) {
   StatusOr<BackendConfig> local = BackendConfigFrom(Insecure({{"MASTER_ADDR", "localhost"}}));
   ASSERT_TRUE(local.ok()) << local.status();

@@ -5,8 +5,10 @@
 #include <utility>
 
 #include "common/base/failure_bus.h"
+#include "common/base/host_port.h"
 #include "common/base/logging.h"
 #include "common/base/role.h"
+#include "common/transport/bind_address.h"
 #include "common/transport/rpc_endpoint.h"
 #include "common/transport/zmq/zmq_endpoint.h"
 #include "worker/collectives/channel/zmq/collective_mailbox.h"
@@ -18,6 +20,51 @@ std::string Worker(int rank) { return MemberName(Role::kWorker, rank); }
 
 std::string AddressKey(int rank) { return "tessera/address/" + std::to_string(rank); }
 std::string GroupIdKey(int rank) { return "tessera/group_id/" + std::to_string(rank); }
+std::string ScopeKey(int rank) { return "tessera/loopback_scope/" + std::to_string(rank); }
+
+// Whether `address` (tcp://HOST:PORT) is on a loopback host.
+bool IsLoopbackAddress(const std::string& address) {
+  const std::string prefix = "tcp://";
+  StatusOr<std::pair<std::string, int>> host_port = ParseHostPort(
+      address.rfind(prefix, 0) == 0 ? address.substr(prefix.size()) : address);
+  return host_port.ok() && IsLoopbackHost(host_port->first);
+}
+
+// What a rank publishes under ScopeKey: its LoopbackScope, and its host name for errors.
+struct Whereabouts {
+  std::string scope;
+  std::string host_name;
+};
+
+std::string Encode(const Whereabouts& w) { return w.scope + "|" + w.host_name; }
+Whereabouts Decode(const std::string& text) {
+  const size_t bar = text.rfind('|');
+  if (bar == std::string::npos) return {text, ""};
+  return {text.substr(0, bar), text.substr(bar + 1)};
+}
+
+// FailedPrecondition when this rank or `peer` advertises a loopback address and the two do not
+// share a loopback (LoopbackScope: another host, or another network namespace of this one):
+// the ring would wait for the unreachable rank until the timeout and then blame a missing
+// answer. A rank binds the loopback when it has no rendezvous host to find its route to
+// (backend_config.h: no MASTER_ADDR and no TCPStore, as with a file:// init method).
+Status CheckReachable(const std::string& who, int rank, const std::string& address,
+                      const Whereabouts& here, int peer, const std::string& peer_address,
+                      const Whereabouts& there) {
+  if (here.scope == there.scope) return OkStatus();
+  // The peer's loopback first: it is what this rank could not reach.
+  const bool theirs = IsLoopbackAddress(peer_address);
+  if (!theirs && !IsLoopbackAddress(address)) return OkStatus();
+  return FailedPreconditionError(
+      who + ": " + Worker(theirs ? peer : rank) + " advertises " +
+      (theirs ? peer_address : address) + ", a loopback address, but " + Worker(rank) + " (on " +
+      here.host_name + ", " + here.scope + ") and " + Worker(peer) + " (on " + there.host_name +
+      ", " + there.scope + ") are on different hosts or network namespaces, which cannot "
+      "reach each other's loopback. Without a rendezvous host (MASTER_ADDR or a TCPStore; "
+      "a file:// init method has none) the backend binds the loopback: give every rank TESSERA_SOCKET_IFNAME=<the interface "
+      "between the hosts, e.g. eth0>, TESSERA_BIND_HOST=<its address or interface>, or "
+      "MASTER_ADDR=<the rendezvous host>, whose route decides the address");
+}
 
 }  // namespace
 
@@ -61,6 +108,20 @@ StatusOr<std::shared_ptr<GroupHost>> MakeHost(const GroupMemberOptions& options,
       return address.status().WithContext(who + ": waiting for " + Worker(q) + "'s address");
     }
     addresses[static_cast<size_t>(q)] = std::move(address).value();
+  }
+  // Which ranks share a loopback: one that advertises it to a rank elsewhere is an error now,
+  // naming the fix, not a ring setup that waits for it until the timeout.
+  const Whereabouts here{LoopbackScope(), LocalHostName()};
+  RETURN_IF_ERROR(options.store->Set(ScopeKey(options.rank), Encode(here))
+                      .WithContext(who + ": publishing where its loopback leads"));
+  for (int q = 0; q < options.world_size; ++q) {
+    StatusOr<std::string> there = options.store->Get(ScopeKey(q), deadline);
+    if (!there.ok()) {
+      return there.status().WithContext(who + ": waiting for " + Worker(q) +
+                                         "'s loopback scope");
+    }
+    RETURN_IF_ERROR(CheckReachable(who, options.rank, host->endpoint->address(), here, q,
+                                   addresses[static_cast<size_t>(q)], Decode(*there)));
   }
   CommunicatorOptions world;
   world.rank = options.rank;

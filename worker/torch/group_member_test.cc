@@ -230,6 +230,34 @@ TEST(GroupMemberTest, JoinWaitsForTheStoreUntilItsDeadline) {
   EXPECT_THAT(member.status().message(), HasSubstr("worker 1's address"));
 }
 
+// A rank whose peer advertises a loopback address from another network namespace (or host)
+// fails at once naming both and the fix, instead of waiting for the peer until the timeout;
+// so does a rank that advertises its own loopback to such a peer.
+TEST(GroupMemberTest, ALoopbackAddressFromAnotherNamespaceIsRefusedNamingTheFix) {
+  for (const std::string peer_address : {"tcp://127.0.0.1:1", "tcp://10.77.0.2:1"}) {
+    SCOPED_TRACE(peer_address);
+    MemoryStore store;
+    ASSERT_TRUE(store.Set("tessera/address/1", peer_address).ok());
+    ASSERT_TRUE(store.Set("tessera/loopback_scope/1", "boot x netns 1:1|emulated-host-1").ok());
+    GroupMemberOptions options;
+    options.rank = 0;
+    options.world_size = 2;
+    options.store = &store;
+    options.timeout_ms = kTimeoutMs;
+    const auto started = std::chrono::steady_clock::now();
+    StatusOr<std::unique_ptr<GroupMember>> member = GroupMember::Join(options);
+    EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(5));
+    EXPECT_EQ(member.status().code(), StatusCode::kFailedPrecondition) << member.status();
+    const std::string loopback = peer_address.find("127.0.0.1") != std::string::npos
+                                     ? "worker 1 advertises tcp://127.0.0.1:1"
+                                     : "worker 0 advertises tcp://127.0.0.1:";
+    EXPECT_THAT(member.status().message(), HasSubstr(loopback));
+    EXPECT_THAT(member.status().message(),
+                HasSubstr("worker 1 (on emulated-host-1, boot x netns 1:1)"));
+    EXPECT_THAT(member.status().message(), HasSubstr("TESSERA_SOCKET_IFNAME="));
+  }
+}
+
 // The threads of this process (every rank's, here).
 size_t Threads() {
   size_t count = 0;

@@ -171,12 +171,13 @@ std::mutex host_mu;
 std::weak_ptr<GroupHost> world_host;  // guarded by host_mu
 
 // torch's creator (extended API): (store, rank, world_size, timeout, global ranks: empty for
-// the default group) -> the process group. Joining waits for the other ranks, so the GIL is
+// the default group, the host of the TCPStore under `store` or "") -> the process group. Joining waits for the other ranks, so the GIL is
 // released meanwhile.
 c10::intrusive_ptr<ProcessGroupTessera> CreateProcessGroup(
     const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-    std::chrono::duration<double> timeout, const std::vector<int>& global_ranks) {
-  StatusOr<BackendConfig> config = BackendConfigFrom(CurrentEnvironment());
+    std::chrono::duration<double> timeout, const std::vector<int>& global_ranks,
+    const std::string& store_host) {
+  StatusOr<BackendConfig> config = BackendConfigFrom(CurrentEnvironment(), store_host);
   TORCH_CHECK(config.ok(), "tessera: ", config.status().message());
   const int64_t timeout_ms = EffectiveTimeoutMs(
       *config, std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count());
@@ -403,7 +404,7 @@ PYBIND11_MODULE(_C, module) {
                              "How the group's ring travels: shm, links or zmq, and why");
   module.def("create_process_group", &tessera::worker::CreateProcessGroup, py::arg("store"),
              py::arg("rank"), py::arg("world_size"), py::arg("timeout"),
-             py::arg("global_ranks"),
+             py::arg("global_ranks"), py::arg("store_host"),
              py::call_guard<py::gil_scoped_release>(),
              "torch.distributed's creator of a tessera process group");
   module.def(

@@ -99,11 +99,21 @@ def metrics_url():
     return _C.metrics_url()
 
 
+def _store_host(store):
+    """The host of the TCPStore under torch's prefix stores (a tcp:// or env:// init method),
+    or "" (a file store): the rendezvous host whose route decides the address a rank binds
+    when MASTER_ADDR is unset (backend_config.h)."""
+    while isinstance(store, _dist.PrefixStore):
+        store = store.underlying_store
+    return store.host if isinstance(store, _dist.TCPStore) else ""
+
+
 def _create(options, pg_options=None):
     # torch's extended creator API: global_ranks_in_group is empty for the default group, and
     # names a new_group's members, which then share the default group's endpoint.
     return _C.create_process_group(options.store, options.group_rank, options.group_size,
-                                   options.timeout, list(options.global_ranks_in_group))
+                                   options.timeout, list(options.global_ranks_in_group),
+                                   _store_host(options.store))
 
 
 if BACKEND.upper() not in _dist.Backend._plugins:
