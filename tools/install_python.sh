@@ -64,9 +64,11 @@ built="$(readlink -f bazel-bin)/worker/torch/tessera"  # bazel-bin: the build ju
 mkdir -p "$prefix/tessera/torch"
 prefix="$(cd "$prefix" && pwd)"
 install -m 0644 worker/torch/tessera/__init__.py "$prefix/tessera/__init__.py"
-for module in worker/torch/tessera/torch/*.py; do  # every module of the package
-  install -m 0644 "$module" "$prefix/tessera/torch/$(basename "$module")"
-done
+# Every module of the package and of its subpackages (tessera.torch.fsdp), as the tree has them.
+(cd worker/torch && find tessera/torch -name '*.py' -print0) |
+  while IFS= read -r -d '' module; do
+    install -D -m 0644 "worker/torch/$module" "$prefix/$module"
+  done
 install -m 0755 "$built/torch/_C.so" "$prefix/tessera/torch/_C.so"
 
 mkdir -p "$site"
