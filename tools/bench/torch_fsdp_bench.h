@@ -60,6 +60,9 @@ struct TorchFsdpOptions {
   int memory_seq = 64;
   int memory_steps = 2;
   int memory_max_layers = 128;
+  // MALLOC_MMAP_THRESHOLD_ of the ranks (glibc): 0 leaves glibc's dynamic threshold, under
+  // which FSDP's many unit-sized temporaries grow the heap (see the .cc).
+  int64_t malloc_mmap_threshold = 0;
 
   // Parsed from the texts above.
   std::vector<int64_t> nps;
