@@ -22,6 +22,7 @@
 #include "common/base/status.h"
 #include "common/security/job_key.h"
 #include "tools/bench/bench_util.h"
+#include "tools/bench/emulated_hosts.h"
 #include "tools/bench/memory_limiter.h"
 
 namespace tessera::tools {
@@ -79,7 +80,10 @@ struct RunSpec {
   int hybrid_shard_size = 0;
   int64_t memory_limit = 0;  // 0: none
   int64_t malloc_mmap_threshold = 0;  // 0: glibc's default
+  const EmulatedHosts* hosts = nullptr;  // not null: np / kHosts consecutive ranks per host
 };
+
+constexpr char kHostsSuffix[] = "@hosts";
 
 class Runner {
  public:
@@ -118,6 +122,11 @@ class Runner {
         // with the default, 350 MiB with 128 KiB; DDP's 688 and 610).
         argv.push_back("MALLOC_MMAP_THRESHOLD_=" + std::to_string(spec.malloc_mmap_threshold));
       }
+      const int host = spec.np > 0 ? rank / std::max(1, spec.np / EmulatedHosts::kHosts) : 0;
+      if (spec.hosts != nullptr) {
+        argv.push_back("TESSERA_BIND_HOST=" + EmulatedHosts::Address(host));
+        argv.push_back("GLOO_SOCKET_IFNAME=eth0");
+      }
       for (const std::string& arg :
            {std::string(kPython), script_, "--config=" + spec.config,
             "--rank=" + std::to_string(rank), "--world=" + std::to_string(spec.np),
@@ -132,6 +141,7 @@ class Runner {
             "--hybrid-shard-size=" + std::to_string(spec.hybrid_shard_size)}) {
         argv.push_back(arg);
       }
+      if (spec.hosts != nullptr) argv = spec.hosts->Wrap(host, argv);
       if (spec.memory_limit > 0) {
         ASSIGN_OR_RETURN(argv, limiter->Wrap("r" + std::to_string(rank), spec.memory_limit,
                                              std::move(argv)));
@@ -146,8 +156,9 @@ class Runner {
     if (!outputs.ok()) return outputs.status();
     std::optional<nlohmann::json> row;
     for (const nlohmann::json& j : BenchLines({(*outputs)[0]}, "torch_fsdp_info")) {
-      // The first FSDP run's (it names the wrap policy's source).
-      if (info_.is_null() || info_.value("wrap_policy", "").empty()) info_ = j;
+      // The first run's (on one host), with the first FSDP run's wrap policy source.
+      if (info_.is_null()) info_ = j;
+      if (info_.value("wrap_policy", "").empty()) info_["wrap_policy"] = j.value("wrap_policy", "");
     }
     for (const nlohmann::json& j : BenchLines({(*outputs)[0]}, "torch_fsdp")) row = j;
     if (!row || !(row->value("step_s", 0.0) > 0)) {
@@ -173,6 +184,7 @@ using Rows = std::map<std::pair<int64_t, std::string>, nlohmann::json>;
 
 std::vector<std::string> Configs(const TorchFsdpOptions& o) {
   std::vector<std::string> configs = {"ddp-tessera", "ddp-gloo"};
+  if (o.hybrid_netns) configs.push_back(std::string("ddp-tessera") + kHostsSuffix);
   configs.insert(configs.end(), o.strategies.begin(), o.strategies.end());
   return configs;
 }
@@ -182,9 +194,15 @@ bool HybridRuns(const TorchFsdpOptions& o, int64_t np) {
   return np % o.hybrid_hosts == 0 && np / o.hybrid_hosts >= 2;
 }
 
-RunSpec ModelSpec(const TorchFsdpOptions& o, const std::string& config, int64_t np) {
+// config: a configuration, or ddp-tessera@hosts (DDP across the emulated hosts).
+RunSpec ModelSpec(const TorchFsdpOptions& o, const std::string& config, int64_t np,
+                  const EmulatedHosts* hosts) {
   RunSpec spec;
-  spec.config = config;
+  const size_t at = config.find(kHostsSuffix);
+  spec.config = config.substr(0, at);
+  if (at != std::string::npos || (config == "HYBRID_SHARD" && o.hybrid_netns)) {
+    spec.hosts = hosts;
+  }
   spec.np = static_cast<int>(np);
   spec.dim = o.dim;
   spec.layers = o.layers;
@@ -195,7 +213,10 @@ RunSpec ModelSpec(const TorchFsdpOptions& o, const std::string& config, int64_t 
   spec.steps = o.steps;
   spec.warmup_steps = o.warmup_steps;
   spec.malloc_mmap_threshold = o.malloc_mmap_threshold;
-  if (config == "HYBRID_SHARD") spec.hybrid_shard_size = static_cast<int>(np / o.hybrid_hosts);
+  // Across network-namespace hosts hybrid_groups() finds the hosts by hostname.
+  if (config == "HYBRID_SHARD" && spec.hosts == nullptr) {
+    spec.hybrid_shard_size = static_cast<int>(np / o.hybrid_hosts);
+  }
   return spec;
 }
 
@@ -213,19 +234,22 @@ double ExpectedFullShardBytes(const nlohmann::json& row, int64_t np) {
   return kStateBytesPerParameter * row.value("parameters", 0.0) / np + TwoUnitsBytes(row);
 }
 
-Status Measure(const TorchFsdpOptions& o, Runner* runner, Rows* rows) {
+Status Measure(const TorchFsdpOptions& o, Runner* runner, const EmulatedHosts* hosts,
+               Rows* rows) {
   for (int64_t np : o.nps) {
     std::map<std::string, std::vector<nlohmann::json>> runs;
     for (int repeat = 0; repeat < o.repeats; ++repeat) {
       std::vector<std::string> order = Configs(o);
       if (repeat % 2 == 1) std::reverse(order.begin(), order.end());
       for (const std::string& config : order) {
-        if (config == "HYBRID_SHARD" && !HybridRuns(o, np)) continue;
+        const bool across_hosts = config == "HYBRID_SHARD" ||
+                                  config.find(kHostsSuffix) != std::string::npos;
+        if (across_hosts && !HybridRuns(o, np)) continue;
         if (!runner->setup().json) {
           std::cerr << "measuring " << config << " at np " << np << " (run " << repeat + 1
                     << " of " << o.repeats << ")...\n";
         }
-        ASSIGN_OR_RETURN(nlohmann::json row, runner->Run(ModelSpec(o, config, np), nullptr));
+        ASSIGN_OR_RETURN(nlohmann::json row, runner->Run(ModelSpec(o, config, np, hosts), nullptr));
         runs[config].push_back(std::move(row));
       }
     }
@@ -334,9 +358,15 @@ std::vector<nlohmann::json> CheckGoals(const TorchFsdpOptions& o, const Report& 
              {"SHARD_GRAD_OP", 1.1}, {"FULL_SHARD", 1.3}, {"HYBRID_SHARD", 1.2}}) {
       const auto row = r.rows.find({np, strategy});
       if (row == r.rows.end()) continue;
-      const double ratio = row->second.at("step_s").get<double>() / ddp;
+      double ratio = row->second.at("step_s").get<double>() / ddp;
       std::string what = strategy + " step time <= " + Fixed(bound, 1) + "x DDP on tessera";
-      if (strategy == "HYBRID_SHARD") {
+      if (strategy == "HYBRID_SHARD" && o.hybrid_netns) {
+        ratio = row->second.at("step_s").get<double>() /
+                r.rows.at({np, std::string("ddp-tessera") + kHostsSuffix})
+                    .at("step_s")
+                    .get<double>();
+        what += " across 2 emulated hosts (network namespaces; DDP across the same)";
+      } else if (strategy == "HYBRID_SHARD") {
         what += " (" + std::to_string(o.hybrid_hosts) + " hosts emulated as rank blocks)";
       }
       goals.push_back(Goal(what + at, ratio <= bound, Fixed(ratio, 2) + "x"));
@@ -400,9 +430,17 @@ nlohmann::json JsonRow(const TorchFsdpOptions& o, const Report& r, int64_t np,
                         {"two_units_bytes", TwoUnitsBytes(m)},
                         {"rank0_losses", m.value("rank0_losses", std::vector<double>{})}};
   if (config == "FULL_SHARD") row["expected_state_bytes"] = ExpectedFullShardBytes(m, np);
-  if (config == "HYBRID_SHARD") {
+  if (config == "HYBRID_SHARD" && o.hybrid_netns) {
+    row["hybrid_hosts"] = EmulatedHosts::kHosts;
+    row["hosts_emulated"] = "network namespaces (own net, /dev/shm, hostname)";
+    const nlohmann::json& same_hosts = r.rows.at({np, std::string("ddp-tessera") + kHostsSuffix});
+    row["step_time_over_ddp_same_hosts"] = step / same_hosts.at("step_s").get<double>();
+  } else if (config == "HYBRID_SHARD") {
     row["hybrid_hosts"] = o.hybrid_hosts;
     row["hosts_emulated"] = "rank blocks on one machine (hybrid_groups(shard_size))";
+  }
+  if (config.find(kHostsSuffix) != std::string::npos) {
+    row["hosts_emulated"] = "network namespaces (own net, /dev/shm, hostname)";
   }
   return row;
 }
@@ -480,13 +518,18 @@ void Print(const TorchFsdpOptions& o, const TorchRankSetup& setup, const nlohman
                                                                            "construction")
             << "); act = activations autograd saved; state = peak - act; formula = 12P/N + two "
             << "largest units (FULL_SHARD)\n";
-  if (std::count(o.strategies.begin(), o.strategies.end(), "HYBRID_SHARD")) {
+  if (std::count(o.strategies.begin(), o.strategies.end(), "HYBRID_SHARD") &&
+      o.hybrid_netns) {
+    std::cout << "HYBRID_SHARD and ddp-tessera@hosts: ranks on 2 emulated hosts (network, mount "
+              << "and UTS namespaces: own addresses, /dev/shm and hostnames); hybrid_groups() "
+              << "by hostname; x ddp of HYBRID_SHARD's goal: over ddp-tessera@hosts\n";
+  } else if (std::count(o.strategies.begin(), o.strategies.end(), "HYBRID_SHARD")) {
     std::cout << "HYBRID_SHARD: " << o.hybrid_hosts << " hosts emulated as blocks of np/"
               << o.hybrid_hosts << " consecutive ranks on this machine "
               << "(hybrid_groups(shard_size)), not separate hosts\n";
   }
   std::cout << "\n"
-            << std::left << std::setw(15) << "config" << std::right << std::setw(4) << "np"
+            << std::left << std::setw(18) << "config" << std::right << std::setw(4) << "np"
             << std::setw(10) << "step ms" << std::setw(8) << "x ddp" << std::setw(8) << "x gloo"
             << std::setw(10) << "peak MiB" << std::setw(9) << "act MiB" << std::setw(11)
             << "state MiB" << std::setw(13) << "formula MiB" << std::setw(11) << "last loss"
@@ -496,7 +539,7 @@ void Print(const TorchFsdpOptions& o, const TorchRankSetup& setup, const nlohman
       if (!r.rows.count({np, config})) continue;
       const nlohmann::json row = JsonRow(o, r, np, config);
       const std::vector<double> losses = row.at("rank0_losses").get<std::vector<double>>();
-      std::cout << std::left << std::setw(15) << config << std::right << std::setw(4) << np
+      std::cout << std::left << std::setw(18) << config << std::right << std::setw(4) << np
                 << std::setw(10) << Fixed(row.at("step_s").get<double>() * 1e3, 0)
                 << std::setw(7) << Fixed(row.at("step_time_over_ddp").get<double>(), 2) << "x"
                 << std::setw(7) << Fixed(row.at("step_time_over_gloo_ddp").get<double>(), 2)
@@ -566,6 +609,9 @@ void AddTorchFsdpOptions(CLI::App* app, TorchFsdpOptions* o) {
                   "(runs at each np that H divides into blocks of 2 or more)")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
+  app->add_flag("--hybrid-netns", o->hybrid_netns,
+                "--fsdp: HYBRID_SHARD across 2 emulated hosts (network namespaces; needs root), "
+                "beside DDP on tessera across them (ddp-tessera@hosts)");
   app->add_option("--memory-limit", o->memory_limit_text,
                   "--fsdp: per-rank memory limit (e.g. 1536M, 2G) of the largest-model search "
                   "for DDP and FULL_SHARD; 0: no search")
@@ -628,6 +674,10 @@ Status ParseTorchFsdpOptions(TorchFsdpOptions* o) {
                                 std::to_string(o->memory_heads));
   }
   ASSIGN_OR_RETURN(o->memory_limit, ParseMemoryLimit(o->memory_limit_text));
+  if (o->hybrid_netns && o->hybrid_hosts != EmulatedHosts::kHosts) {
+    return InvalidArgumentError("--hybrid-netns emulates 2 hosts, not --hybrid-hosts " +
+                                std::to_string(o->hybrid_hosts));
+  }
   return OkStatus();
 }
 
@@ -642,7 +692,15 @@ int RunTorchFsdpBench(const TorchFsdpOptions& o, const TorchRankSetup& setup) {
   if (!scratch.ok()) return fail(scratch.status());
   Runner runner(setup, *script, std::move(*scratch));
   Report report;
-  if (Status status = Measure(o, &runner, &report.rows); !status.ok()) return fail(status);
+  std::unique_ptr<EmulatedHosts> hosts;
+  if (o.hybrid_netns) {
+    StatusOr<std::unique_ptr<EmulatedHosts>> made = EmulatedHosts::Create();
+    if (!made.ok()) return fail(made.status());
+    hosts = std::move(*made);
+  }
+  if (Status status = Measure(o, &runner, hosts.get(), &report.rows); !status.ok()) {
+    return fail(status);
+  }
   if (o.memory_limit > 0) {
     StatusOr<MemoryLimiter> limiter = MemoryLimiter::Find();
     if (!limiter.ok()) return fail(limiter.status());

@@ -11,8 +11,11 @@
 //     the formula (DDP's parameter, gradient and momentum bytes, 12 P) / N plus the two largest
 //     units' gathered bytes;
 //   - HYBRID_SHARD with --hybrid-hosts H: hybrid_groups(shard_size=np/H) on this one machine,
-//     blocks of np/H consecutive ranks as the "hosts" (not network namespaces: the output says
-//     so);
+//     blocks of np/H consecutive ranks as the "hosts" (the output says so); with --hybrid-netns
+//     (root; H = 2) instead across two emulated hosts (emulated_hosts.h: network, mount and UTS
+//     namespaces, so hybrid_groups() groups by hostname and no shared memory crosses hosts),
+//     beside DDP on tessera across the same two hosts (config ddp-tessera@hosts), its
+//     baseline;
 //   - with --memory-limit: the largest model (by depth; --memory-dim wide) that trains
 //     --memory-steps steps at --memory-np ranks with each rank in a memory cgroup of that limit
 //     (cgroup v2 memory.max or v1 memory.limit_in_bytes, under this process's own cgroup; else
@@ -53,6 +56,7 @@ struct TorchFsdpOptions {
   int warmup_steps = 2;
   int repeats = 1;
   int hybrid_hosts = 2;
+  bool hybrid_netns = false;  // HYBRID_SHARD across two network-namespace hosts
   std::string memory_limit_text = "0";  // "0": no memory-limit search
   int memory_np = 4;
   int memory_dim = 512;
