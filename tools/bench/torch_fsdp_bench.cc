@@ -275,6 +275,7 @@ struct LimitResult {
   std::string config;
   int layers = 0;  // 0: not even one layer fits
   int64_t parameters = 0;
+  bool capped = false;  // --memory-max-layers fit: the largest is at least that
   std::vector<nlohmann::json> probes;  // {layers, parameters?, fits, reason?}
 };
 
@@ -329,6 +330,7 @@ StatusOr<LimitResult> SearchLimit(const TorchFsdpOptions& o, Runner* runner,
     }
     good = layers;
   }
+  result.capped = bad == 0;
   // Bisect between the last depth that fit and the first that did not, to within an eighth.
   while (bad > 0 && good > 0 && bad - good > std::max(1, good / 8)) {
     const int middle = (good + bad) / 2;
@@ -392,7 +394,8 @@ std::vector<nlohmann::json> CheckGoals(const TorchFsdpOptions& o, const Report& 
                              HumanBytes(o.memory_limit) + " per rank (np " +
                              std::to_string(o.memory_np) + ")",
                          ratio >= 3.0,
-                         Fixed(ratio, 2) + "x: " + std::to_string(full.layers) + " vs " +
+                         Fixed(ratio, 2) + "x" + (full.capped ? " or more" : "") + ": " +
+                             std::to_string(full.layers) + " vs " +
                              std::to_string(ddp.layers) + " layers, " +
                              Fixed(full.parameters / 1e6, 1) + "M vs " +
                              Fixed(ddp.parameters / 1e6, 1) + "M parameters"));
@@ -490,6 +493,7 @@ void Print(const TorchFsdpOptions& o, const TorchRankSetup& setup, const nlohman
                                    {"dim", o.memory_dim},
                                    {"largest_layers", limit.layers},
                                    {"largest_parameters", limit.parameters},
+                                   {"capped_by_max_layers", limit.capped},
                                    {"probes", limit.probes}})
                        .dump()
                 << "\n";
@@ -560,7 +564,8 @@ void Print(const TorchFsdpOptions& o, const TorchRankSetup& setup, const nlohman
     for (const LimitResult& limit : r.limits) {
       std::cout << "  " << std::left << std::setw(13) << limit.config << std::right
                 << std::setw(5) << limit.layers << " layers, " << std::setw(7)
-                << Fixed(limit.parameters / 1e6, 1) << "M parameters  (probes:";
+                << Fixed(limit.parameters / 1e6, 1) << "M parameters"
+                << (limit.capped ? " or more (--memory-max-layers fit)" : "") << "  (probes:";
       for (const nlohmann::json& p : limit.probes) {
         std::cout << " " << p.at("layers").get<int>() << (p.at("fits").get<bool>() ? "+" : "-");
       }

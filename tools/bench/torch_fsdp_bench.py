@@ -30,15 +30,18 @@ the max over the ranks, and the run's step time the median over its steps.
 
 Memory (per rank, bytes): the process's resident set as the kernel counts it. torch's CPU
 allocator keeps no statistics in 1.13 and tracemalloc does not see tensors, so: `base` is
-VmRSS after the process group and the batches exist (with malloc_trim), then the model is
-built and wrapped and the optimizer made, VmHWM is reset (writing 5 to /proc/self/clear_refs)
-so construction (every rank builds the whole model before FSDP shards it) does not count, and
-`peak` is VmHWM after the steps minus base. `activation_bytes` are the distinct storages
-autograd saved for backward in one step (saved_tensors_hooks), parameters and their views
-excepted: what the state formula leaves out. Rank 0 prints one line
+VmRSS once the process group and the batches exist and one step of a tiny model and a few
+tiny collectives have touched the code and buffers the run will use (after malloc_trim);
+then the model is built and wrapped and the optimizer made, VmHWM is reset (writing 5 to
+/proc/self/clear_refs) so that construction (every rank builds the whole model before FSDP
+shards it) does not count, and `peak` is VmHWM after the steps minus base. It includes what
+glibc's malloc keeps (MALLOC_MMAP_THRESHOLD_, set by tessera-bench's --malloc-mmap-threshold,
+changes that). `activation_bytes` are the distinct storages autograd saved for backward in
+one step (saved_tensors_hooks), parameters and their views excepted: what the state formula
+leaves out. Rank 0 prints one line
   {"bench":"torch_fsdp","config":...,"strategy":...,"backend":...,"world":W,"parameters":P,
    "step_s":median,"steps_s":[...],"peak_bytes":max over ranks,"peak_bytes_per_rank":[...],
-   "activation_bytes":...,"unit_numels":[...],"losses":[...],...}
+   "activation_bytes":...,"unit_numels":[...],"rank0_losses":[...],...}
 after a {"bench":"torch_fsdp_info",...} line. Exit status 3 when torch or tessera.torch cannot
 be imported (the message on stderr says which).
 """
@@ -215,6 +218,28 @@ def auto_wrap_policy(block_class):
 # ---------------------------------------------------------------------------------------------
 # The run
 
+def warm_code(args, gpt_class, torch, dist, backend):
+    """Runs once, before the base is taken, what the measured steps will run on a tiny model
+    and tiny tensors: the code pages of torch's kernels and the backend's buffers (Tessera's
+    shared-memory rings) count in VmRSS once touched, a fixed cost of the process that is not
+    the model's."""
+    tiny = argparse.Namespace(**vars(args))
+    tiny.dim, tiny.heads, tiny.layers, tiny.vocab = 32, 2, 1, 64
+    model = gpt_class(tiny)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    ids = torch.randint(0, tiny.vocab, (args.batch_size, args.seq))
+    loss = torch.nn.functional.cross_entropy(model(ids).reshape(-1, tiny.vocab), ids.reshape(-1))
+    loss.backward()
+    optimizer.step()
+    world = dist.get_world_size()
+    t = torch.zeros(1024 * world)
+    dist.all_reduce(t)
+    dist.all_gather(list(t.chunk(world)), t[:1024].clone())
+    if backend != "gloo":  # Gloo in 1.13 has neither on the CPU
+        dist.all_gather_into_tensor(t, t[:1024].clone())
+        dist.reduce_scatter_tensor(t[:1024].clone(), t)
+
+
 def wrap(args, model, block_class, torch, dist):
     """The model under args.config, and the auto-wrap policy's source (FSDP) or ""."""
     if args.config.startswith("ddp-"):
@@ -266,6 +291,8 @@ def main():
         dist.all_reduce(t, group=book)
         return [int(v) for v in t.tolist()]
 
+    block_class, gpt_class = make_model_classes(torch)
+    warm_code(args, gpt_class, torch, dist, backend)
     generator = torch.Generator().manual_seed(args.seed + 1 + args.rank)  # own batches
     batches = []
     for _ in range(4):
@@ -274,7 +301,6 @@ def main():
     settle()
     base = status_bytes("VmRSS")
 
-    block_class, gpt_class = make_model_classes(torch)
     torch.manual_seed(args.seed)  # the same initial weights on every rank and configuration
     model = gpt_class(args)
     parameters = sum(p.numel() for p in model.parameters())
