@@ -390,15 +390,23 @@ std::vector<nlohmann::json> CheckGoals(const TorchFsdpOptions& o, const Report& 
     const LimitResult& full = r.limits[1];
     const double ratio = ddp.parameters > 0
                              ? static_cast<double>(full.parameters) / ddp.parameters : 0.0;
-    goals.push_back(Goal("FULL_SHARD's largest model >= 3x DDP's under " +
+    const std::string what = "FULL_SHARD's largest model >= 3x DDP's under " +
                              HumanBytes(o.memory_limit) + " per rank (np " +
-                             std::to_string(o.memory_np) + ")",
-                         ratio >= 3.0,
-                         Fixed(ratio, 2) + "x" + (full.capped ? " or more" : "") + ": " +
-                             std::to_string(full.layers) + " vs " +
-                             std::to_string(ddp.layers) + " layers, " +
-                             Fixed(full.parameters / 1e6, 1) + "M vs " +
-                             Fixed(ddp.parameters / 1e6, 1) + "M parameters"));
+                             std::to_string(o.memory_np) + ")";
+    if (ddp.capped) {
+      // DDP's own largest is unknown: no ratio.
+      goals.push_back(Goal(what, false,
+                           "not measured: DDP fit the deepest model tried (" +
+                               std::to_string(ddp.layers) + " layers); raise "
+                               "--memory-max-layers or lower --memory-limit"));
+    } else {
+      goals.push_back(Goal(what, ratio >= 3.0,
+                           Fixed(ratio, 2) + "x" + (full.capped ? " or more" : "") + ": " +
+                               std::to_string(full.layers) + " vs " +
+                               std::to_string(ddp.layers) + " layers, " +
+                               Fixed(full.parameters / 1e6, 1) + "M vs " +
+                               Fixed(ddp.parameters / 1e6, 1) + "M parameters"));
+    }
   }
   return goals;
 }
