@@ -26,6 +26,7 @@
 #include "common/base/status.h"
 #include "common/security/job_key.h"
 #include "common/config/flag_checks.h"
+#include "tools/bench/torch_fsdp_bench.h"
 #include "tools/bench/torch_python.h"
 
 namespace tessera::tools {
@@ -459,7 +460,7 @@ void Report(const TorchBenchOptions& o, const PythonSetup& py, const Results& r)
   }
 }
 
-int RunTorchBench(const TorchBenchOptions& o) {
+int RunTorchBench(const TorchBenchOptions& o, const TorchFsdpOptions& fsdp) {
   StatusOr<PythonSetup> py = ProbePython();
   if (!py.ok()) {
     std::cerr << "tessera-bench torch: " << py.status() << "\n";
@@ -477,6 +478,9 @@ int RunTorchBench(const TorchBenchOptions& o) {
     }
     return 0;
   }
+  if (fsdp.enabled) {
+    return RunTorchFsdpBench(fsdp, {*py, o.threads, o.ring_transport, o.timeout_s, o.json});
+  }
   Results results;
   Status status = Measure(o, *py, &results);
   if (!status.ok()) {
@@ -491,16 +495,20 @@ int RunTorchBench(const TorchBenchOptions& o) {
 
 BenchCommand AddTorchBench(CLI::App* parent) {
   auto o = std::make_shared<TorchBenchOptions>();
+  auto fsdp = std::make_shared<TorchFsdpOptions>();
   CLI::App* app = parent->add_subcommand(
       "torch",
       "torch.distributed from Python on backend tessera vs gloo, side by side: collectives "
-      "(all_reduce, all_gather, broadcast) and DDP training samples/s");
+      "(all_reduce, all_gather, broadcast) and DDP training samples/s; with --fsdp, FSDP "
+      "beside DDP on a GPT-like model");
   app->footer(
       "Every rank is /usr/bin/python3 tools/bench/torch_dist_bench.py holding one group of each "
       "backend; they alternate in the same processes. Skips (exit 0, saying why) when "
       "/usr/bin/python3 cannot import torch.distributed or tessera.torch (taken from this "
       "binary's runfiles, else the interpreter's path: tools/install_python.sh).\n"
-      "Quick look:  tessera-bench torch --np 2 --sizes 4K,1M --models mlp --repeats 1");
+      "Quick look:  tessera-bench torch --np 2 --sizes 4K,1M --models mlp --repeats 1\n"
+      "FSDP (issue 44), ranks of tools/bench/torch_fsdp_bench.py:  tessera-bench torch --fsdp "
+      "[--fsdp-np 2,4] [--strategies ...] [--memory-limit 1536M]");
   app->add_option("--np", o->np_text, "Processes of the collectives, comma-separated (2-64)")
       ->capture_default_str();
   app->add_option("--ops", o->ops_text,
@@ -558,13 +566,20 @@ BenchCommand AddTorchBench(CLI::App* parent) {
   app->add_flag("--json", o->json,
                 "One JSON object per line (config, then a row per collective and model, then "
                 "the goals) instead of the table");
-  return {app, [o]() -> int {
-            Status status = ParseOptions(o.get());
+  AddTorchFsdpOptions(app, fsdp.get());
+  return {app, [o, fsdp, app]() -> int {
+            Status status =
+                fsdp->enabled ? ParseTorchFsdpOptions(fsdp.get()) : ParseOptions(o.get());
             if (!status.ok()) {
               std::cerr << "tessera-bench torch: " << status.message() << "\n";
               return 2;
             }
-            return RunTorchBench(*o);
+            // --fsdp has defaults of its own for the training flags it shares.
+            if (app->count("--batch-size")) fsdp->batch_size = o->batch_size;
+            if (app->count("--steps")) fsdp->steps = o->steps;
+            if (app->count("--warmup-steps")) fsdp->warmup_steps = o->warmup_steps;
+            if (app->count("--repeats")) fsdp->repeats = o->repeats;
+            return RunTorchBench(*o, *fsdp);
           }};
 }
 

@@ -4,6 +4,13 @@
 //                       [--warmup-steps 10] [--repeats 3] [--threads 1]
 //                       [--ring-transport auto] [--no-collectives] [--no-train] [--json]
 //                       [--timeout-s 600]
+//   tessera-bench torch --fsdp [--fsdp-np 2,4]
+//                       [--strategies FULL_SHARD,SHARD_GRAD_OP,NO_SHARD,HYBRID_SHARD]
+//                       [--fsdp-dim 768] [--fsdp-layers 12] [--fsdp-heads 12] [--fsdp-vocab 8192]
+//                       [--fsdp-seq 128] [--batch-size 2] [--steps 5] [--warmup-steps 2]
+//                       [--repeats 1] [--hybrid-hosts 2] [--hybrid-netns]
+//                       [--memory-limit 0 | 1536M] [--memory-np 4] [--memory-dim 512] ...
+//                       [--malloc-mmap-threshold 0] [--json]
 //
 // torch: the "tessera" torch.distributed backend (worker/torch/) against Gloo, from Python, as
 // a PyTorch user meets them. Every rank is a `/usr/bin/python3 tools/bench/torch_dist_bench.py`
@@ -25,6 +32,9 @@
 // Figures are ratios: tessera's speedup = gloo's time / tessera's (samples/s: tessera's over
 // gloo's). The table ends with the goals (all_reduce at least 5x Gloo at 4 KiB and 2x from
 // 1 MiB, DDP at least 1.8x Gloo's samples/s at 2 processes), each met or missed.
+//
+// --fsdp (issue 44): tessera's FSDP beside DDP on tessera and on Gloo, on a GPT-like model;
+// see torch_fsdp_bench.h.
 //
 // The ranks run torch with --threads threads (torch.set_num_threads, OMP_NUM_THREADS and
 // OPENBLAS_NUM_THREADS; 1 by default: the ranks share the machine's cores) and meet through a

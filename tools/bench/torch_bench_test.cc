@@ -81,12 +81,80 @@ TEST(TorchBenchTest, TwoRanksJsonShape) {
   }
 }
 
+// `torch --fsdp` on a tiny GPT-like model: DDP on both backends and two FSDP strategies at 2
+// ranks, one run of processes each (about 15 s here).
+TEST(TorchBenchTest, FsdpJsonShape) {
+  const char* sanitizer = std::getenv("TESSERA_SANITIZER");
+  if (sanitizer != nullptr && *sanitizer != '\0') {
+    GTEST_SKIP() << "not run under " << sanitizer << ": /usr/bin/python3 is not instrumented";
+  }
+  StatusOr<std::string> bench = FindRunfile("tools/tessera-bench");
+  ASSERT_TRUE(bench.ok()) << bench.status();
+  StatusOr<ChildOutput> output = RunToCompletion(
+      "tessera-bench torch --fsdp",
+      {*bench, "torch", "--fsdp", "--fsdp-np", "2", "--strategies", "FULL_SHARD,SHARD_GRAD_OP",
+       "--fsdp-dim", "32", "--fsdp-layers", "2", "--fsdp-heads", "2", "--fsdp-vocab", "64",
+       "--fsdp-seq", "8", "--steps", "2", "--warmup-steps", "1", "--timeout-s", "120",
+       "--json"},
+      /*timeout_ms=*/240'000);
+  ASSERT_TRUE(output.ok()) << output.status();
+  std::map<std::string, std::vector<nlohmann::json>> by_kind;
+  for (const std::string& line : output->stdout_lines) {
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    ASSERT_TRUE(j.is_object()) << "not a JSON object: " << line;
+    EXPECT_EQ(j.value("benchmark", ""), "torch") << line;
+    by_kind[j.value("kind", "")].push_back(j);
+  }
+  if (!by_kind["skipped"].empty()) {
+    GTEST_SKIP() << by_kind["skipped"][0].value("skipped", "");
+  }
+  ASSERT_EQ(by_kind["config"].size(), 1u);
+  EXPECT_EQ(by_kind["config"][0].value("mode", ""), "fsdp");
+  EXPECT_EQ(by_kind["config"][0].value("steps", 0), 2);
+
+  ASSERT_EQ(by_kind["fsdp"].size(), 4u);
+  std::vector<std::string> configs, strategies;
+  for (const nlohmann::json& row : by_kind["fsdp"]) {
+    configs.push_back(row.value("config", ""));
+    strategies.push_back(row.value("strategy", ""));
+    EXPECT_EQ(row.value("np", 0), 2) << row.dump();
+    EXPECT_GT(row.value("step_s", 0.0), 0.0) << row.dump();
+    EXPECT_GT(row.value("step_time_over_ddp", 0.0), 0.0) << row.dump();
+    EXPECT_GT(row.value("step_time_over_gloo_ddp", 0.0), 0.0) << row.dump();
+    EXPECT_GT(row.value("peak_bytes", 0.0), 0.0) << row.dump();
+    EXPECT_TRUE(row.contains("activation_bytes")) << row.dump();
+    EXPECT_EQ(row.value("parameters", 0), by_kind["fsdp"][0].value("parameters", -1))
+        << row.dump();
+    // Same seeds and batches: the same first loss under every configuration.
+    ASSERT_FALSE(row.value("rank0_losses", std::vector<double>{}).empty()) << row.dump();
+  }
+  EXPECT_EQ(configs, (std::vector<std::string>{"ddp-tessera", "ddp-gloo", "FULL_SHARD",
+                                               "SHARD_GRAD_OP"}));
+  EXPECT_EQ(strategies, (std::vector<std::string>{"DDP", "DDP", "FULL_SHARD", "SHARD_GRAD_OP"}));
+  EXPECT_DOUBLE_EQ(by_kind["fsdp"][0].value("step_time_over_ddp", 0.0), 1.0);
+  EXPECT_GT(by_kind["fsdp"][2].value("expected_state_bytes", 0.0), 0.0);
+  const double first_loss = by_kind["fsdp"][0]["rank0_losses"][0].get<double>();
+  for (const nlohmann::json& row : by_kind["fsdp"]) {
+    EXPECT_NEAR(row["rank0_losses"][0].get<double>(), first_loss, 1e-4) << row.dump();
+  }
+
+  // SHARD_GRAD_OP's and FULL_SHARD's step time, FULL_SHARD's memory; no search, no hybrid.
+  ASSERT_EQ(by_kind["goal"].size(), 3u);
+  for (const nlohmann::json& goal : by_kind["goal"]) {
+    EXPECT_TRUE(goal.contains("met")) << goal.dump();
+    EXPECT_FALSE(goal.value("detail", "").empty()) << goal.dump();
+  }
+}
+
 TEST(TorchBenchTest, RejectsBadFlagsNamingThem) {
   StatusOr<std::string> bench = FindRunfile("tools/tessera-bench");
   ASSERT_TRUE(bench.ok()) << bench.status();
   for (const std::vector<std::string>& args :
        {std::vector<std::string>{"--sizes", "4K,6"}, std::vector<std::string>{"--ops", "reduce"},
-        std::vector<std::string>{"--np", "1"}, std::vector<std::string>{"--models", "rnn"}}) {
+        std::vector<std::string>{"--np", "1"}, std::vector<std::string>{"--models", "rnn"},
+        std::vector<std::string>{"--strategies", "ZERO3", "--fsdp"},
+        std::vector<std::string>{"--fsdp-np", "1", "--fsdp"},
+        std::vector<std::string>{"--memory-limit", "12X", "--fsdp"}}) {
     std::vector<std::string> argv = {*bench, "torch"};
     argv.insert(argv.end(), args.begin(), args.end());
     StatusOr<ChildOutput> output = RunToCompletion("tessera-bench torch " + args[0], argv, 30'000);
