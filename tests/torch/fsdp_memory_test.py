@@ -1,7 +1,8 @@
 """Per-rank peak memory of tessera.torch.fsdp follows its formula for each strategy (issue 44),
 measured by the kernel: the process's resident set (VmRSS) and its peak (VmHWM, reset through
-/proc/self/clear_refs), with glibc told to map every tensor of 64 KiB or more on its own (so a
-freed tensor leaves the resident set at once). The model is six Linear(1024, 1024) units
+/proc/self/clear_refs), in FSDP's default configuration (which has glibc map every tensor of
+128 KiB or more on its own, so that a freed unit leaves the resident set at once: runtime.py's
+tune_malloc). The model is six Linear(1024, 1024) units
 (4.2 MB each) and a batch of 4, so activations and the interpreter's own allocations stay far
 below the 10% tolerance.
 
@@ -21,12 +22,10 @@ moves the measured peak by about one unit (seen: FULL_SHARD 53.9-58.6 MiB, HYBRI
 54.2-60.5 MiB against 56.05), inside the tolerance.
 """
 
-import ctypes
 import gc
 import unittest
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -53,9 +52,6 @@ def _peak(rank, world_size, strategy):
     from tessera.torch.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
     from tessera.torch.fsdp import hybrid_groups
     from tessera.torch.fsdp.wrap import ModuleWrapPolicy
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallopt(-3, 64 * 1024)  # M_MMAP_THRESHOLD: fixed, so big blocks are mapped alone
-    libc.mallopt(-1, 64 * 1024)  # M_TRIM_THRESHOLD
     group = hybrid_groups(shard_size=2) if strategy == "HYBRID_SHARD" else None
 
     def build():

@@ -80,6 +80,9 @@ struct RunSpec {
   int hybrid_shard_size = 0;
   int64_t memory_limit = 0;  // 0: none
   int64_t malloc_mmap_threshold = 0;  // 0: glibc's default
+  // FSDP builds the model on the meta device and materializes it unit by unit (param_init_fn),
+  // as a model larger than a rank's memory must be made.
+  bool meta_init = false;
   const EmulatedHosts* hosts = nullptr;  // not null: np / kHosts consecutive ranks per host
 };
 
@@ -141,6 +144,7 @@ class Runner {
             "--hybrid-shard-size=" + std::to_string(spec.hybrid_shard_size)}) {
         argv.push_back(arg);
       }
+      if (spec.meta_init) argv.push_back("--meta-init");
       if (spec.hosts != nullptr) argv = spec.hosts->Wrap(host, argv);
       if (spec.memory_limit > 0) {
         ASSIGN_OR_RETURN(argv, limiter->Wrap("r" + std::to_string(rank), spec.memory_limit,
@@ -220,12 +224,13 @@ RunSpec ModelSpec(const TorchFsdpOptions& o, const std::string& config, int64_t 
   return spec;
 }
 
-// The two largest units' gathered bytes (float32).
+// The two largest units unsharded: their gathered parameters and full gradients (float32), what
+// a unit holds while its backward runs (the one computing, the one prefetched or reducing).
 double TwoUnitsBytes(const nlohmann::json& row) {
   std::vector<int64_t> numels = row.value("unit_numels", std::vector<int64_t>{});
   std::sort(numels.rbegin(), numels.rend());
   double bytes = 0;
-  for (size_t i = 0; i < numels.size() && i < 2; ++i) bytes += 4.0 * numels[i];
+  for (size_t i = 0; i < numels.size() && i < 2; ++i) bytes += 8.0 * numels[i];
   return bytes;
 }
 
@@ -297,6 +302,7 @@ StatusOr<LimitResult> SearchLimit(const TorchFsdpOptions& o, Runner* runner,
     spec.warmup_steps = 1;
     spec.memory_limit = o.memory_limit;
     spec.malloc_mmap_threshold = o.malloc_mmap_threshold;
+    spec.meta_init = true;  // the rank script builds DDP's model whole either way
     if (!runner->setup().json) {
       std::cerr << "memory limit " << HumanBytes(o.memory_limit) << ": " << config << " with "
                 << layers << " layers...\n";

@@ -9,7 +9,7 @@
 //   - peak memory per rank: VmHWM growth over the steps (reset after the model is built and
 //     wrapped; construction excluded), less the activations autograd saved (measured), beside
 //     the formula (DDP's parameter, gradient and momentum bytes, 12 P) / N plus the two largest
-//     units' gathered bytes;
+//     units' gathered parameters and full gradients (8 bytes per element);
 //   - HYBRID_SHARD with --hybrid-hosts H: hybrid_groups(shard_size=np/H) on this one machine,
 //     blocks of np/H consecutive ranks as the "hosts" (the output says so); with --hybrid-netns
 //     (root; H = 2) instead across two emulated hosts (emulated_hosts.h: network, mount and UTS

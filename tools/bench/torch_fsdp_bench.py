@@ -79,6 +79,9 @@ def parse_args():
     parser.add_argument("--warmup-steps", type=int, default=2)
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--meta-init", action="store_true",
+                        help="FSDP: build the model on the meta device, materialized unit by "
+                             "unit (param_init_fn); DDP builds it whole either way")
     parser.add_argument("--hybrid-shard-size", type=int, default=0,
                         help="HYBRID_SHARD: ranks per emulated host; 0: by hostname")
     args = parser.parse_args()
@@ -151,18 +154,23 @@ def make_model_classes(torch):
     class Block(nn.Module):
         """Pre-LayerNorm transformer block: causal self-attention, then a 4x GELU MLP."""
 
-        def __init__(self, dim, heads, seq):
+        def __init__(self, dim, heads, seq, device=None):
             super().__init__()
             self.heads = heads
-            self.ln1 = nn.LayerNorm(dim)
-            self.qkv = nn.Linear(dim, 3 * dim)
-            self.proj = nn.Linear(dim, dim)
-            self.ln2 = nn.LayerNorm(dim)
-            self.fc = nn.Linear(dim, 4 * dim)
-            self.fc_out = nn.Linear(4 * dim, dim)
+            self.ln1 = nn.LayerNorm(dim, device=device)
+            self.qkv = nn.Linear(dim, 3 * dim, device=device)
+            self.proj = nn.Linear(dim, dim, device=device)
+            self.ln2 = nn.LayerNorm(dim, device=device)
+            self.fc = nn.Linear(dim, 4 * dim, device=device)
+            self.fc_out = nn.Linear(4 * dim, dim, device=device)
             # Additive causal mask (float: Gloo broadcasts no bool buffers).
-            self.register_buffer("mask", torch.full((seq, seq), float("-inf")).triu(1),
+            self.register_buffer("mask", torch.empty((seq, seq), device=device),
                                  persistent=False)
+            self.reset_mask()
+
+        def reset_mask(self):
+            with torch.no_grad():
+                self.mask.copy_(torch.full(self.mask.shape, float("-inf")).triu(1))
 
         def forward(self, x):
             batch, seq, dim = x.shape
@@ -175,21 +183,38 @@ def make_model_classes(torch):
             x = x + self.proj(attended)
             return x + self.fc_out(F.gelu(self.fc(self.ln2(x))))
 
+    def init_weights(module):
+        for m in module.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, std=0.02)
+                if getattr(m, "bias", None) is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.LayerNorm):
+                m.reset_parameters()
+            elif isinstance(m, Block):
+                m.reset_mask()
+
     class GPT(nn.Module):
-        def __init__(self, args):
+        def __init__(self, args, device=None):
             super().__init__()
-            self.tokens = nn.Embedding(args.vocab, args.dim)
-            self.positions = nn.Embedding(args.seq, args.dim)
-            self.blocks = nn.ModuleList(Block(args.dim, args.heads, args.seq)
+            self.tokens = nn.Embedding(args.vocab, args.dim, device=device)
+            self.positions = nn.Embedding(args.seq, args.dim, device=device)
+            self.blocks = nn.ModuleList(Block(args.dim, args.heads, args.seq, device)
                                         for _ in range(args.layers))
-            self.ln_f = nn.LayerNorm(args.dim)
-            self.head = nn.Linear(args.dim, args.vocab, bias=False)
+            self.ln_f = nn.LayerNorm(args.dim, device=device)
+            self.head = nn.Linear(args.dim, args.vocab, bias=False, device=device)
             self.head.weight = self.tokens.weight  # tied
-            for m in self.modules():
-                if isinstance(m, (nn.Linear, nn.Embedding)):
-                    nn.init.normal_(m.weight, std=0.02)
-                    if getattr(m, "bias", None) is not None:
-                        nn.init.zeros_(m.bias)
+            if device is None:
+                init_weights(self)
+
+        def param_init_fn(self, module):
+            """FSDP's param_init_fn for a GPT built on the meta device: each module on the
+            CPU, initialized as __init__ would (in another order: other values), the head
+            tied to the token embedding again (made before it)."""
+            module.to_empty(device="cpu")
+            init_weights(module)
+            if module is self.head:
+                module.weight = self.tokens.weight
 
         def forward(self, ids):
             positions = torch.arange(ids.shape[1])
@@ -241,7 +266,8 @@ def warm_code(args, gpt_class, torch, dist, backend):
 
 
 def wrap(args, model, block_class, torch, dist):
-    """The model under args.config, and the auto-wrap policy's source (FSDP) or ""."""
+    """The model under args.config, and the auto-wrap policy's source (FSDP) or "". With
+    --meta-init, an FSDP model is on the meta device and materialized unit by unit."""
     if args.config.startswith("ddp-"):
         return torch.nn.parallel.DistributedDataParallel(model), ""
     from tessera.torch.fsdp import FullyShardedDataParallel, ShardingStrategy
@@ -252,8 +278,9 @@ def wrap(args, model, block_class, torch, dist):
     if strategy == ShardingStrategy.HYBRID_SHARD and args.hybrid_shard_size > 0:
         from tessera.torch.fsdp import hybrid_groups
         process_group = hybrid_groups(shard_size=args.hybrid_shard_size)
-    return FullyShardedDataParallel(model, process_group=process_group,
-                                    sharding_strategy=strategy, auto_wrap_policy=policy), source
+    return FullyShardedDataParallel(
+        model, process_group=process_group, sharding_strategy=strategy, auto_wrap_policy=policy,
+        param_init_fn=model.param_init_fn if args.meta_init else None), source
 
 
 def main():
@@ -302,7 +329,8 @@ def main():
     base = status_bytes("VmRSS")
 
     torch.manual_seed(args.seed)  # the same initial weights on every rank and configuration
-    model = gpt_class(args)
+    meta = args.meta_init and not args.config.startswith("ddp-")
+    model = gpt_class(args, device="meta" if meta else None)
     parameters = sum(p.numel() for p in model.parameters())
     # FSDP's units under the policy: one per block, and the root with the rest.
     unit_numels = [sum(p.numel() for p in b.parameters()) for b in model.blocks]

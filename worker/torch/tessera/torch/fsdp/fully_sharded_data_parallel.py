@@ -129,6 +129,7 @@ class FullyShardedDataParallel(StateDictMethods, nn.Module):
                  sync_module_states=False, forward_prefetch=False, limit_all_gathers=False,
                  use_orig_params=False, *, _unit_name=None):
         super().__init__()
+        runtime.tune_malloc()
         if sharding_strategy is None:
             sharding_strategy = ShardingStrategy.FULL_SHARD
         if not isinstance(sharding_strategy, ShardingStrategy):

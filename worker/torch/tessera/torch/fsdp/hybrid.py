@@ -47,14 +47,15 @@ def _layout(world_size, shard_size, hosts=None):
     return hosts, replicate
 
 
-def hybrid_groups(shard_size=None):
+def hybrid_groups(shard_size=None, backend=None):
     """(shard_group, replicate_group) of this rank for HYBRID_SHARD: with shard_size None the
     ranks of each host (by hostname) shard and the hosts replicate; with shard_size, blocks of
     shard_size consecutive ranks of the default group are the "hosts" (also the way to
     emulate several hosts on one machine, and to choose the layout where hostnames do not tell
     it, e.g. network namespaces sharing one hostname). Raises ValueError when the layout does
-    not divide the world. A collective of the default group: every rank calls it, creating
-    every group in the same order (dist.new_group requires it)."""
+    not divide the world. backend: the groups' (dist.new_group's; None: the default group's).
+    A collective of the default group: every rank calls it, creating every group in the same
+    order (dist.new_group requires it)."""
     world_size = dist.get_world_size()
     hosts = _hosts_by_name() if shard_size is None else None
     shard_ranks, replicate_ranks = _layout(world_size, shard_size, hosts)
@@ -62,7 +63,7 @@ def hybrid_groups(shard_size=None):
     mine = {}
     for kind, layout in (("shard", shard_ranks), ("replicate", replicate_ranks)):
         for ranks in layout:
-            group = dist.new_group(ranks)
+            group = dist.new_group(ranks, backend=backend)
             if rank in ranks:
                 mine[kind] = group
     return mine["shard"], mine["replicate"]

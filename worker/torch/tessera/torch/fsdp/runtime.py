@@ -18,6 +18,7 @@
 Metrics go to the process's Prometheus registry (tessera.torch.metrics_url()).
 """
 
+import ctypes
 import logging
 import os
 import time
@@ -45,6 +46,36 @@ def nonfinite_policy():
         raise ValueError(f"tessera FSDP: TESSERA_ON_NONFINITE={policy!r}: expected error, skip "
                          f"or off (as tessera-worker's --on-nonfinite)")
     return policy
+
+
+_MALLOC_TUNED = False
+
+
+def tune_malloc():
+    """Once per process: glibc's malloc told to map every block of TESSERA_FSDP_MMAP_THRESHOLD
+    bytes or more (default 128 KiB) on its own. Its default threshold rises to the largest
+    block freed (up to 32 MiB), after which the unit-sized tensors FSDP frees stay in the heap:
+    measured at 4 blocks of dim 768 on 2 ranks, FULL_SHARD's peak was 579 MiB with it and 350
+    MiB without. 0, or MALLOC_MMAP_THRESHOLD_ set, leaves malloc as it is."""
+    global _MALLOC_TUNED
+    if _MALLOC_TUNED:
+        return
+    _MALLOC_TUNED = True
+    text = os.environ.get("TESSERA_FSDP_MMAP_THRESHOLD", "131072")
+    try:
+        threshold = int(text)
+    except ValueError:
+        raise ValueError(f"tessera FSDP: TESSERA_FSDP_MMAP_THRESHOLD={text!r}: a number of "
+                         f"bytes (0 leaves glibc's malloc as it is)") from None
+    if threshold <= 0 or "MALLOC_MMAP_THRESHOLD_" in os.environ:
+        return
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):  # not glibc
+        return
+    if mallopt(-3, threshold) == 1:  # M_MMAP_THRESHOLD
+        _LOG.info("tessera FSDP: glibc's malloc maps every block of %d bytes or more on its "
+                  "own (TESSERA_FSDP_MMAP_THRESHOLD), so freed units leave memory", threshold)
 
 
 def add_bytes(kind, delta):
