@@ -17,6 +17,19 @@
 namespace tessera::tools {
 namespace {
 
+// The --json lines by their "kind"; a line that is not a torch bench object fails the test.
+std::map<std::string, std::vector<nlohmann::json>> ByKind(const std::vector<std::string>& lines) {
+  std::map<std::string, std::vector<nlohmann::json>> by_kind;
+  for (const std::string& line : lines) {
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    EXPECT_TRUE(j.is_object()) << "not a JSON object: " << line;
+    if (!j.is_object()) continue;
+    EXPECT_EQ(j.value("benchmark", ""), "torch") << line;
+    by_kind[j.value("kind", "")].push_back(j);
+  }
+  return by_kind;
+}
+
 TEST(TorchBenchTest, TwoRanksJsonShape) {
   const char* sanitizer = std::getenv("TESSERA_SANITIZER");  // set by .bazelrc's configs
   if (sanitizer != nullptr && *sanitizer != '\0') {
@@ -31,13 +44,7 @@ TEST(TorchBenchTest, TwoRanksJsonShape) {
        "1", "--json"},
       /*timeout_ms=*/240'000);
   ASSERT_TRUE(output.ok()) << output.status();
-  std::map<std::string, std::vector<nlohmann::json>> by_kind;
-  for (const std::string& line : output->stdout_lines) {
-    nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    ASSERT_TRUE(j.is_object()) << "not a JSON object: " << line;
-    EXPECT_EQ(j.value("benchmark", ""), "torch") << line;
-    by_kind[j.value("kind", "")].push_back(j);
-  }
+  std::map<std::string, std::vector<nlohmann::json>> by_kind = ByKind(output->stdout_lines);
   if (!by_kind["skipped"].empty()) {
     GTEST_SKIP() << by_kind["skipped"][0].value("skipped", "");
   }
@@ -98,13 +105,7 @@ TEST(TorchBenchTest, FsdpJsonShape) {
        "--json"},
       /*timeout_ms=*/240'000);
   ASSERT_TRUE(output.ok()) << output.status();
-  std::map<std::string, std::vector<nlohmann::json>> by_kind;
-  for (const std::string& line : output->stdout_lines) {
-    nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    ASSERT_TRUE(j.is_object()) << "not a JSON object: " << line;
-    EXPECT_EQ(j.value("benchmark", ""), "torch") << line;
-    by_kind[j.value("kind", "")].push_back(j);
-  }
+  std::map<std::string, std::vector<nlohmann::json>> by_kind = ByKind(output->stdout_lines);
   if (!by_kind["skipped"].empty()) {
     GTEST_SKIP() << by_kind["skipped"][0].value("skipped", "");
   }
