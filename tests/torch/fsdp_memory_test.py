@@ -1,8 +1,8 @@
 """Per-rank peak memory of tessera.torch.fsdp follows its formula for each strategy (issue 44),
 measured by the kernel: the process's resident set (VmRSS) and its peak (VmHWM, reset through
-/proc/self/clear_refs), in FSDP's default configuration (which has glibc map every tensor of
-128 KiB or more on its own, so that a freed unit leaves the resident set at once: runtime.py's
-tune_malloc). The model is six Linear(1024, 1024) units
+/proc/self/clear_refs), with TESSERA_FSDP_MMAP_THRESHOLD=131072 (glibc maps every tensor of
+128 KiB or more on its own, so that a freed unit leaves the resident set at once, rather than
+stay in the heap for reuse: runtime.py's tune_malloc). The model is six Linear(1024, 1024) units
 (4.2 MB each) and a batch of 4, so activations and the interpreter's own allocations stay far
 below the 10% tolerance.
 
@@ -93,7 +93,9 @@ def _peak(rank, world_size, strategy):
 
 class FsdpPeakMemoryTest(unittest.TestCase):
     def _check(self, strategy, world_size):
-        for rank, r in enumerate(torch_testing.run_ranks(_peak, world_size, args=(strategy,))):
+        ranks = torch_testing.run_ranks(_peak, world_size, args=(strategy,),
+                                        env={"TESSERA_FSDP_MMAP_THRESHOLD": "131072"})
+        for rank, r in enumerate(ranks):
             with self.subTest(rank=rank):
                 mb = {k: round(v / 2**20, 2) for k, v in r.items()}
                 print(f"{strategy} rank {rank}: {mb} MiB", flush=True)
