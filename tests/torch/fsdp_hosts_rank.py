@@ -6,8 +6,9 @@ namespaces (issue 44).
 
 Joins the tessera default group through a file store at PATH (a directory both hosts see: only
 /dev/shm is private to a host), or with --tcp-store-host through torch's TCPStore at HOST, on a
-port rank 0 gets from the OS and writes to PATH for the others; makes the hybrid groups by hostname (hybrid_groups() without a
-shard size: each emulated host has a name of its own) and a Gloo group of the world, and trains
+port rank 0 gets from the OS and writes to PATH for the others; makes the hybrid groups by
+hostname (hybrid_groups() without a shard size: each emulated host has a name of its own) and a
+Gloo group of the world, and trains
 fsdp_test's transformer (transformer_auto_wrap_policy) with HYBRID_SHARD and
 _HYBRID_SHARD_ZERO2 against DDP over Gloo: same seed, 20 steps of SGD with momentum and weight
 decay. Writes a JSON object to --result: this rank's hostname, the world ranks of its shard and

@@ -169,8 +169,8 @@ def _equality(rank, world_size):
     from tessera.torch import _C
     from tessera.torch.fsdp import BackwardPrefetch
     waits_before = _C.fsdp_metrics()["prefetch_waits"]
-    for name, kwargs in (("forward and post", dict(forward_prefetch=True,
-                                                    backward_prefetch=BackwardPrefetch.BACKWARD_POST)),
+    post = BackwardPrefetch.BACKWARD_POST
+    for name, kwargs in (("forward and post", dict(forward_prefetch=True, backward_prefetch=post)),
                          ("none", dict(backward_prefetch=None))):
         for strategy in ("FULL_SHARD", "SHARD_GRAD_OP"):
             kwargs = dict(kwargs, sharding_strategy=ShardingStrategy[strategy])

@@ -61,8 +61,9 @@ Status CheckReachable(const std::string& who, int rank, const std::string& addre
       here.host_name + ", " + here.scope + ") and " + Worker(peer) + " (on " + there.host_name +
       ", " + there.scope + ") are on different hosts or network namespaces, which cannot "
       "reach each other's loopback. Without a rendezvous host (MASTER_ADDR or a TCPStore; "
-      "a file:// init method has none) the backend binds the loopback: give every rank TESSERA_SOCKET_IFNAME=<the interface "
-      "between the hosts, e.g. eth0>, TESSERA_BIND_HOST=<its address or interface>, or "
+      "a file:// init method has none) the backend binds the loopback: give every rank "
+      "TESSERA_SOCKET_IFNAME=<the interface between the hosts, e.g. eth0>, "
+      "TESSERA_BIND_HOST=<its address or interface>, or "
       "MASTER_ADDR=<the rendezvous host>, whose route decides the address");
 }
 

@@ -171,8 +171,8 @@ std::mutex host_mu;
 std::weak_ptr<GroupHost> world_host;  // guarded by host_mu
 
 // torch's creator (extended API): (store, rank, world_size, timeout, global ranks: empty for
-// the default group, the host of the TCPStore under `store` or "") -> the process group. Joining waits for the other ranks, so the GIL is
-// released meanwhile.
+// the default group, the host of the TCPStore under `store` or "") -> the process group.
+// Joining waits for the other ranks, so the GIL is released meanwhile.
 c10::intrusive_ptr<ProcessGroupTessera> CreateProcessGroup(
     const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
     std::chrono::duration<double> timeout, const std::vector<int>& global_ranks,
@@ -416,7 +416,8 @@ PYBIND11_MODULE(_C, module) {
       py::arg("path"), "Writes a new job key to a new file at `path` (mode 0600)");
   module.def("metrics_url", &tessera::worker::MetricsUrl,
              "http://HOST:PORT/metrics of this process (TESSERA_METRICS_PORT), or ''");
-  module.def("fsdp_add_param_bytes", &tessera::worker::FsdpAddParamBytes, py::arg("kind"), py::arg("delta"),
+  module.def("fsdp_add_param_bytes", &tessera::worker::FsdpAddParamBytes, py::arg("kind"),
+             py::arg("delta"),
              "Adds delta bytes (negative: freed) to what FSDP holds of kind (shard, gathered, "
              "gradient_shard, full_gradient) and raises its peak when exceeded");
   module.def("fsdp_observe_collective", &tessera::worker::FsdpObserveCollective, py::arg("op"),
