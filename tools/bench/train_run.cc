@@ -14,8 +14,17 @@
 #include "tools/bench/bench_util.h"
 #include "worker/data/binary_dataset.h"
 #include "worker/data/synthetic_classification.h"
+#include "worker/modes/mode_registry.h"
 
 namespace tessera::tools {
+
+using worker::ModeEntry;
+
+bool TrainBenchOptions::distributed() const {
+  const ModeEntry* entry = worker::FindMode(mode);
+  return entry != nullptr && entry->Has(worker::kReducesGradientsAcrossRanks);
+}
+
 namespace {
 
 // Debian's pthread OpenBLAS; first on the children's library path, so PyTorch's libblas.so.3 is
@@ -65,7 +74,8 @@ StatusOr<TrainRun> RunTessera(const std::string& worker, const std::string& laun
                               const std::string& mode,
                               const std::vector<std::string>& worker_args) {
   const int64_t total = o.warmup_steps + o.steps;
-  const bool ps = mode.rfind("ps-", 0) == 0;
+  const ModeEntry* entry = worker::FindMode(mode);
+  const bool ps = entry != nullptr && entry->Has(worker::kNeedsServers);
   std::vector<std::string> argv = ChildEnvironment(o.threads);
   if (np > 1) {
     for (const std::string& arg : {launch, std::string("--workers"), std::to_string(np),

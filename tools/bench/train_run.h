@@ -43,8 +43,10 @@ struct TrainBenchOptions {
   // --nonfinite-check: --on-nonfinite error against off in local, allreduce and ps-sync
   // (train_nonfinite_bench.h) instead of the comparison with PyTorch.
   bool nonfinite_check = false;
-  bool zero() const { return mode.rfind("zero", 0) == 0 || mode == "hsdp"; }
-  bool distributed() const { return mode == "allreduce" || zero(); }
+  // A ring mode (the registry's: gradients reduced across ranks), and one of those that is
+  // measured against the allreduce baseline.
+  bool distributed() const;
+  bool zero() const { return distributed() && mode != "allreduce"; }
 };
 
 // The kinds of model state the workers' summaries count ("model_state_bytes").
