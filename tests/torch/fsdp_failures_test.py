@@ -151,6 +151,18 @@ class FsdpFailuresTest(unittest.TestCase):
             self.assertEqual(results[rank]["skipped"], 0)
             self.assertFalse(results[rank]["finite"])
 
+    def test_a_bad_mmap_threshold_is_refused(self):
+        from tessera.torch.fsdp import runtime
+        os.environ["TESSERA_FSDP_MMAP_THRESHOLD"] = "lots"
+        tuned, runtime._MALLOC_TUNED = runtime._MALLOC_TUNED, False
+        try:
+            with self.assertRaisesRegex(ValueError, "TESSERA_FSDP_MMAP_THRESHOLD='lots': a "
+                                                    "number of bytes"):
+                runtime.tune_malloc()
+        finally:
+            del os.environ["TESSERA_FSDP_MMAP_THRESHOLD"]
+            runtime._MALLOC_TUNED = tuned
+
     def test_a_bad_policy_is_refused(self):
         from tessera.torch.fsdp import runtime
         os.environ["TESSERA_ON_NONFINITE"] = "ignore"
