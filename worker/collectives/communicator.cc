@@ -71,9 +71,9 @@ StatusOr<std::unique_ptr<Communicator>> Communicator::Connect(const Communicator
   std::unique_ptr<Communicator> world(new Communicator(process, kWorldCommunicator, options.rank,
                                                        std::move(everyone), options.timeout_ms));
   world->failures_ = options.failures;
-  RETURN_IF_ERROR(world->Start(options.ring_transport, /*direct_links=*/true,
-                               options.setup_timeout_ms > 0 ? options.setup_timeout_ms
-                                                            : options.timeout_ms));
+  RETURN_IF_ERROR(world->Start(options.ring_transport, options.setup_timeout_ms > 0
+                                                           ? options.setup_timeout_ms
+                                                           : options.timeout_ms));
   return world;
 }
 
@@ -92,8 +92,7 @@ Communicator::~Communicator() {
   process_->live.erase(id_);
 }
 
-Status Communicator::Start(const std::string& ring_transport, bool direct_links,
-                           int64_t setup_timeout_ms) {
+Status Communicator::Start(const std::string& ring_transport, int64_t setup_timeout_ms) {
   const CommunicatorOptions& world = process_->world;
   std::vector<std::string> addresses;
   for (int w : world_ranks_) addresses.push_back(world.peer_addresses[static_cast<size_t>(w)]);
@@ -113,7 +112,6 @@ Status Communicator::Start(const std::string& ring_transport, bool direct_links,
   setup.metrics = world.metrics;
   setup.communicator = id_;
   if (group) setup.world_ranks = world_ranks_;
-  setup.direct_links = direct_links;
   StatusOr<ConnectedRingChannel> channel = ConnectRingChannel(setup);
   if (!channel.ok()) return channel.status().WithContext(Where() + ": setting up its ring");
   RingCollectivesOptions ring;
@@ -559,8 +557,7 @@ StatusOr<std::unique_ptr<Communicator>> Communicator::Group(const std::vector<in
     auto p = parent.lock();
     if (c != nullptr && p != nullptr) c->Fail(p->failure());
   });
-  RETURN_IF_ERROR(group->Start(process_->world.ring_transport, /*direct_links=*/false,
-                               timeout_ms));
+  RETURN_IF_ERROR(group->Start(process_->world.ring_transport, timeout_ms));
   return group;
 }
 

@@ -12,9 +12,12 @@
 //
 // One endpoint, whatever the number of groups: a group's frames travel through the world's
 // transport and wait in its CollectiveMailbox under tags that carry the group's id
-// (channel/zmq/communicator_tags.h). A group's ring uses shared memory where every hop of it
-// can (its ranks share a host), as the world's does, and otherwise the transport: it opens no
-// listener (TCP links are the world's), and runs on its callers' threads (no thread of its
+// (channel/zmq/communicator_tags.h). A group's ring is set up as the world's is
+// (ring_channel_setup.h): shared memory on the hops between ranks of one host, TCP links on the
+// hops between hosts. Those links are connected sockets of the group's own (two per rank at
+// most, from a listener that closes once they are up), so that a group across hosts moves its
+// bytes as the world's ring does, not through the transport's I/O threads; a group within a
+// host opens no socket at all. A group's ring runs on its callers' threads (no thread of its
 // own). Gloo, by contrast, opens a device and pairs per group.
 //
 // Ranks: a communicator's ranks are 0 .. world_size()-1 (its "group ranks"); world_ranks()
@@ -195,7 +198,7 @@ class Communicator final : public Collectives {
                std::vector<int> world_ranks, int64_t timeout_ms);
   // Sets up the ring and the point-to-point channel (collective over the members), within
   // setup_timeout_ms.
-  Status Start(const std::string& ring_transport, bool direct_links, int64_t setup_timeout_ms);
+  Status Start(const std::string& ring_transport, int64_t setup_timeout_ms);
 
   // "group 2 (world ranks 1, 3) rank 1 (world rank 3)": the prefix of every error.
   std::string Where() const;

@@ -2,7 +2,8 @@
 // tessera-worker wires its own), with the ranks on threads of this process: sub-communicators,
 // a 2 x 2 mesh whose groups run at once, point-to-point messages, all-to-all with uneven
 // sizes, errors that name the group and both ranks, a dead rank, and an abort. Each case runs
-// over the ring channels a group can have: through the transport (zmq) and shared memory.
+// over the ring channels a group can have: through the transport (zmq), shared memory and TCP
+// links (a group of ranks on several hosts opens links of its own).
 #include "worker/collectives/communicator.h"
 
 #include <atomic>
@@ -144,6 +145,10 @@ TEST_P(CommunicatorTest, SubCommunicatorsOfEvenAndOddRanks) {
     if (mine->world_size() != 2 || mine->rank() != r / 2 || mine->world_rank() != r ||
         mine->id() == kWorldCommunicator) {
       return InternalError(mine->name() + ": rank " + std::to_string(mine->rank()));
+    }
+    // A group's ring is of the world's kind (links included: they are the group's own).
+    if (mine->channel_description().rfind(GetParam(), 0) != 0) {
+      return InternalError(mine->name() + "'s ring: " + mine->channel_description());
     }
     // 10000 floats: several segments of the ring; and the world still works beside them.
     RETURN_IF_ERROR(CheckedAllReduce(*mine, 10000, 1, 4));
@@ -418,7 +423,7 @@ TEST_P(CommunicatorTest, AGroupTakesTheFramesItLeftWithIt) {
   world.RunAll([&](int r) { return CheckedAllReduce(world.at(r), 10, 1, 0); });
 }
 
-INSTANTIATE_TEST_SUITE_P(Channels, CommunicatorTest, ::testing::Values("zmq", "shm"),
+INSTANTIATE_TEST_SUITE_P(Channels, CommunicatorTest, ::testing::Values("zmq", "shm", "links"),
                          [](const auto& info) { return info.param; });
 
 // The NCCL backend is reachable through the communicator; on this machine (no GPU, or a build

@@ -252,11 +252,6 @@ StatusOr<ConnectedRingChannel> ConnectShmOrAuto(const RingChannelSetupOptions& o
   if (hops < probe.hop_shm.size() && !is_auto) {
     return FailedPreconditionError(unable).WithContext("--ring-transport " + options.kind);
   }
-  if (hops < probe.hop_shm.size() && !options.direct_links) {
-    return ConnectedRingChannel{zmq, "zmq (through the transport; a group opens no links), " +
-                                         std::string("chosen by auto: ") + unable,
-                                place.order};
-  }
   if (hops == 0) return ConnectAllLinks(options, place, *zmq, ", chosen by auto: " + unable);
 
   const bool to_next_shm = probe.hop_shm[static_cast<size_t>(place.position)];
@@ -351,11 +346,8 @@ StatusOr<ConnectedRingChannel> ConnectRingChannel(const RingChannelSetupOptions&
     order = "; ring order " + order + " (each host's ranks next to each other)";
   }
   StatusOr<ConnectedRingChannel> connected = InternalError("no channel");
-  if (kind == "zmq" || (kind == "links" && !options.direct_links)) {
-    connected = ConnectedRingChannel{
-        zmq, kind == "zmq" ? "zmq (through the transport)"
-                           : "zmq (through the transport; a group opens no links)",
-        place.order};
+  if (kind == "zmq") {
+    connected = ConnectedRingChannel{zmq, "zmq (through the transport)", place.order};
   } else if (kind == "links") {
     connected = ConnectAllLinks(options, place, *zmq, "");
   } else {

@@ -68,10 +68,6 @@ struct RingChannelSetupOptions {
   // rank, world_size and peer_addresses the group's. The world: kWorldCommunicator.
   uint32_t communicator = kWorldCommunicator;
   std::vector<int> world_ranks;
-  // Whether hops that cannot use shared memory may open TCP links (a listener each). A group's
-  // may not, so that groups add no socket: where not every hop of its ring can use shared
-  // memory, the whole ring goes through the transport (zmq), and kind links means zmq.
-  bool direct_links = true;
 };
 
 struct ConnectedRingChannel {
