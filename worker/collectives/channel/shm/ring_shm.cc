@@ -555,6 +555,9 @@ void RingShm::ReadSome() {
     if (waiting != waiting_.end() && waiting->second.first != nullptr &&
         waiting->second.second == payload_bytes) {
       into = waiting->second.first;
+      // One frame per Recv: a later frame under the same (tag, slot) (the next call under a
+      // reused tag, read in the same pass) must not land on this one.
+      waiting->second.first = nullptr;
     }
     if (total > capacity) {
       auto s = std::make_unique<Streaming>();

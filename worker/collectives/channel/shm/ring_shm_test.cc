@@ -156,6 +156,25 @@ TEST(RingShmTest, ReadsInPlaceOrIntoTheLandingAndKeepsFramesAskedForLater) {
   EXPECT_EQ(pair.rank1->kept(), 0u);
 }
 
+// Two frames under one (tag, slot) (two calls under a reused tag) read in one pass while a
+// Recv waits with `into`: the first lands there, the second must not land on it.
+TEST(RingShmTest, ASecondFrameUnderTheSameKeyDoesNotLandOnTheFirst) {
+  Pair pair(16 * kPage);
+  std::vector<uint8_t> landing(800);
+  std::thread later([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_TRUE(pair.rank0->Send(Frame(0, 7, 0, 800, 6)).ok());
+    EXPECT_TRUE(pair.rank0->Send(Frame(0, 7, 0, 800, 7)).ok());
+  });
+  later.join();  // both are in the ring before the Recv reads either
+  auto first = pair.rank1->Recv(7, 0, Deadline::AfterMillis(5000), landing.data(), 800);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ExpectSame(*first, Frame(0, 7, 0, 800, 6));
+  auto second = pair.rank1->Recv(7, 0, Deadline::AfterMillis(5000), landing.data(), 800);
+  ASSERT_TRUE(second.ok()) << second.status();
+  ExpectSame(*second, Frame(0, 7, 0, 800, 7));
+}
+
 TEST(RingShmTest, SpaceHeldByAPayloadIsFreedWhenItIsDropped) {
   Pair pair(kPage);
   // 3 frames of 1984 + 64 bytes fill... only 2 fit in a page.
