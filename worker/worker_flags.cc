@@ -266,6 +266,15 @@ void AddWorkerFlags(CLI::App* app, WorkerFlags* flags) {
                   "to 0 while waits outlast it. 0: never spin")
       ->check(CLI::Range(int64_t{0}, int64_t{1000000}))
       ->capture_default_str();
+  ddp->add_option("--direct-read-min-bytes", modes->direct_read_min_bytes,
+                  "Where every worker of a communicator is on this host and the kernel allows "
+                  "cross-memory attach (process_vm_readv; checked at start, a refusal is logged), "
+                  "all-reduces, reduce-scatters and all-gathers of at least this many bytes read "
+                  "the peers' buffers directly (one copy; worker/collectives/"
+                  "direct_read_collectives.h) and smaller ones use the ring. 0: never. Every "
+                  "worker must use the same")
+      ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 40))
+      ->capture_default_str();
   AddSmokeFlags(app, &modes->smoke);
   AddAllReduceBenchFlags(app, &modes->bench);
 }

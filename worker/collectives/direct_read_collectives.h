@@ -51,6 +51,11 @@
 
 namespace tessera::worker {
 
+// The default of CommunicatorOptions::direct_read_min_bytes (communicator.h) and tessera-worker
+// --direct-read-min-bytes, measured (tessera-bench allreduce --np 2 and 4, direct reads on and
+// off): see the commit that set it.
+inline constexpr size_t kDefaultDirectReadMinBytes = 256 * 1024;
+
 // What ProbeDirectReads agreed.
 struct DirectReadProbe {
   bool usable = false;    // every rank can read every other's memory
