@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -89,7 +90,7 @@ StatusOr<DirectReadProbe> ProbeDirectReads(Collectives& control, uint64_t tag) {
 //            it calls (op, count, dtype, reduce op) and where its buffers lie; each checks that
 //            every peer calls the same (every rank sees the same table, so all fail alike).
 //   phase    a step after which a rank's reads are done: every rank says over the control
-//            whether it failed (an all-gather of a byte each), and none goes on, or returns,
+//            whether it failed (an all-gather of a few bytes each), and none goes on, or returns,
 //            before every peer has finished reading its buffers.
 //
 //   all-reduce      table; reduce slice r (read slice r of each peer's buffer, combine into
@@ -126,24 +127,28 @@ class DirectReadCollectives::Run {
     RETURN_IF_ERROR(Table(data, data));
     const Partition own = Slice(options_.rank);
     Status reduced = ReduceSlice(own, data + own.offset * element_bytes_);
-    RETURN_IF_ERROR(Phase(reduced, "reducing its slice"));
-    return Phase(GatherSlices(data, /*peers_whole=*/true), "gathering the reduced slices");
+    RETURN_IF_ERROR(Phase(1, reduced, "reducing its slice"));
+    return Phase(2, GatherSlices(data, /*peers_whole=*/true), "gathering the reduced slices");
   }
 
   Status ReduceScatter(const uint8_t* input, uint8_t* output) {
     RETURN_IF_ERROR(Table(input, output));
     const Partition own = Slice(options_.rank);
     const uint8_t* in_place = input + own.offset * element_bytes_;
-    if (output != in_place) std::memcpy(output, in_place, own.size * element_bytes_);
-    return Phase(ReduceSlice(own, output), "reducing its slice");
+    if (output != in_place && own.size > 0) {
+      std::memcpy(output, in_place, own.size * element_bytes_);
+    }
+    return Phase(1, ReduceSlice(own, output), "reducing its slice");
   }
 
   Status AllGather(const uint8_t* input, uint8_t* output) {
     RETURN_IF_ERROR(Table(input, output));
     const Partition own = Slice(options_.rank);
     uint8_t* in_place = output + own.offset * element_bytes_;
-    if (input != in_place) std::memcpy(in_place, input, own.size * element_bytes_);
-    return Phase(GatherSlices(output, /*peers_whole=*/false), "gathering the slices");
+    if (input != in_place && own.size > 0) {
+      std::memcpy(in_place, input, own.size * element_bytes_);
+    }
+    return Phase(1, GatherSlices(output, /*peers_whole=*/false), "gathering the slices");
   }
 
   // Arguments this rank can check alone.
@@ -288,27 +293,40 @@ class DirectReadCollectives::Run {
     return OkStatus();
   }
 
-  // A phase (see above). `mine`: how this rank's reads went. Returns `mine` if it failed (the
-  // root cause), else the first failed peer's error, quoted.
-  Status Phase(const Status& mine, const std::string& what) {
+  // A phase (see above), the call's `number`-th. `mine`: how this rank's reads went. Returns
+  // `mine` if it failed (the root cause), else the first failed peer's error, quoted. Each rank
+  // says it in `number` bytes of (number << 4) | failed, so that the phases of a call (under
+  // one tag) differ on the wire in size and in value, and a mix-up is named, never taken for
+  // a peer's failure.
+  Status Phase(int number, const Status& mine, const std::string& what) {
     const size_t world = static_cast<size_t>(options_.world_size);
     const size_t r = static_cast<size_t>(options_.rank);
-    std::vector<uint8_t> failed(world, 0);
-    failed[r] = mine.ok() ? 0 : 1;
-    Status told = options_.control->AllGather(failed.data() + r, failed.data(), world,
+    const size_t n = static_cast<size_t>(number);
+    const uint8_t said = static_cast<uint8_t>(number << 4);
+    std::vector<uint8_t> words(world * n, said);
+    std::fill_n(words.begin() + static_cast<ptrdiff_t>(r * n), n,
+                static_cast<uint8_t>(said | (mine.ok() ? 0 : 1)));
+    Status told = options_.control->AllGather(words.data() + r * n, words.data(), words.size(),
                                               DataType::kUInt8, tensor_, tag_);
     if (!mine.ok()) {
       if (told.ok()) (void)Quote(mine);  // the peers wait for our words
       return mine;
     }
     if (!told.ok()) return told.WithContext(Prefix() + ": after " + what);
-    if (std::all_of(failed.begin(), failed.end(), [](uint8_t f) { return f == 0; })) {
-      return OkStatus();
+    std::optional<size_t> failed;
+    for (size_t i = 0; i < words.size(); ++i) {
+      if ((words[i] & ~uint8_t{1}) != said) {
+        return InternalError(Prefix() + ": after " + what + ": " +
+                             Worker(static_cast<int>(i / n)) + "'s word of phase " +
+                             std::to_string(number) + " reads " + std::to_string(words[i]) +
+                             ", not " + std::to_string(said) + " or " +
+                             std::to_string(said | 1) + " (control frames mixed up)");
+      }
+      if ((words[i] & 1) != 0 && !failed) failed = i / n;
     }
-    const size_t q = static_cast<size_t>(
-        std::find(failed.begin(), failed.end(), uint8_t{1}) - failed.begin());
+    if (!failed) return OkStatus();
     StatusOr<std::string> quoted = Quote(mine);
-    return AbortedError(Prefix() + ": " + Worker(static_cast<int>(q)) + " failed " + what +
+    return AbortedError(Prefix() + ": " + Worker(static_cast<int>(*failed)) + " failed " + what +
                         (quoted.ok() && !quoted->empty()
                              ? ": " + *quoted
                              : " (its own error says why; quoting it failed too)"));
