@@ -256,7 +256,9 @@ void AddWorkerFlags(CLI::App* app, WorkerFlags* flags) {
                   "thread), or auto (per hop: shm between neighbours that can map each other's "
                   "shared memory, i.e. on one host, links elsewhere; the ring visits each "
                   "host's workers together). Both direct channels are driven by the calling "
-                  "thread. Every worker must use the same")
+                  "thread. Every worker must use the same. Where every worker is on one host, "
+                  "calls from --direct-read-min-bytes on bypass the ring (direct reads); the "
+                  "startup log's ring channel line says so and from what size")
       ->check(CLI::IsMember({"auto", "shm", "links", "zmq"}))
       ->capture_default_str();
   ddp->add_option("--ring-spin-us", modes->ring_spin_us,
