@@ -39,7 +39,7 @@ struct AllReduceBenchOptions {
   int ring_spin_us = 200;  // tessera-worker's default (kDefaultRingSpinCapUs)
   // tessera-worker --direct-read-min-bytes; when not 0, Tessera also runs with 0 (the ring
   // alone, "ring" in the table) unless no_ring_baseline.
-  uint64_t direct_read_min_bytes = 256 * 1024;  // tessera-worker's default
+  uint64_t direct_read_min_bytes = 3 << 20;  // tessera-worker's (kDefaultDirectReadMinBytes)
   bool no_ring_baseline = false;
   int timeout_s = 600;
   bool json = false;

@@ -1,7 +1,7 @@
 // tessera-bench allreduce --np N [--sizes 4K,...,256M] [--seconds 0.5 | --iters K] [--warmup 3]
 //                         [--segment-kb 1024] [--ring-transport auto|shm|links|zmq]
 //                         [--ring-spin-us 200] [--json] [--no-mpi] [--no-mpi-shm] [--no-gloo]
-//                         [--timeout-s 600] [--direct-read-min-bytes 262144]
+//                         [--timeout-s 600] [--direct-read-min-bytes 3145728]
 //                         [--no-ring-baseline]
 //
 // allreduce: like nccl-tests' all_reduce_perf, a table per buffer size of time, algbw

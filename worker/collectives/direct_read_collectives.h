@@ -52,9 +52,14 @@
 namespace tessera::worker {
 
 // The default of CommunicatorOptions::direct_read_min_bytes (communicator.h) and tessera-worker
-// --direct-read-min-bytes, measured (tessera-bench allreduce --np 2 and 4, direct reads on and
-// off): see the commit that set it.
-inline constexpr size_t kDefaultDirectReadMinBytes = 256 * 1024;
+// --direct-read-min-bytes: 3 MiB, measured with tessera-bench allreduce (float32 sum, direct
+// reads for every size against the shared-memory ring, same run). At np 2 the ring is faster
+// up to 2 MiB (direct reads 0.42x at 256 KiB, 0.47x at 1 MiB, 0.78x at 2 MiB: its segments stay
+// in cache, and process_vm_readv pins pages) and slower from 3 MiB (direct reads 1.45x at
+// 3 MiB, 1.58x at 4 MiB, 1.67x at 8-16 MiB). At np 4 on two cores (oversubscribed, noisy)
+// direct reads win 1.2-1.35x from 256 KiB to 1 MiB, tie at 2 MiB and win 1.07-1.23x above: the
+// threshold follows np 2's crossover, where the loss below it is largest.
+inline constexpr size_t kDefaultDirectReadMinBytes = 3 * 1024 * 1024;
 
 // What ProbeDirectReads agreed.
 struct DirectReadProbe {
