@@ -93,8 +93,8 @@ StatusOr<DirectReadProbe> ProbeDirectReads(Collectives& control, uint64_t tag) {
 //            whether it failed (an all-gather of a few bytes each), and none goes on, or returns,
 //            before every peer has finished reading its buffers.
 //
-//   all-reduce      table; reduce slice r (read slice r of each peer's buffer, combine into
-//                   ours; the last combination divides an average); phase; read each peer's
+//   all-reduce      table; reduce slice r (read slice r of each peer's buffer, combine in the
+//                   ring's order; the last combination divides an average); phase; read each peer's
 //                   reduced slice q into our slice q; phase.
 //   reduce-scatter  table; copy our input's slice r to the output; reduce into it from each
 //                   peer's input; phase.
@@ -248,9 +248,12 @@ class DirectReadCollectives::Run {
     return OkStatus();
   }
 
-  // Reduces slice `own` into `out` (which holds our elements of it already): each chunk is read
-  // from every peer in turn (from r + 1 on, so that the ranks read different peers at once)
-  // and combined. A peer's elements lie at its kFirst address + the slice's offset.
+  // Reduces slice `own` into `out` (which holds our elements of it already), chunk by chunk,
+  // in the ring's order of combination (ring_collectives.cc), so that both give the same bits:
+  // the partial result starts as rank r + 1's elements and each rank after it combines its own
+  // with it, its own first, up to ours: x_r op (x_{r-1} op (... op (x_{r+2} op x_{r+1}))). So
+  // the ranks read different peers at once (r + 1 first). A peer's elements lie at its kFirst
+  // address + the slice's offset. The scratch holds the partial result and the chunk read.
   Status ReduceSlice(const Partition& own, uint8_t* out) {
     const int world = options_.world_size;
     const size_t chunk = std::max<size_t>(1, options_.chunk_bytes / element_bytes_);
@@ -259,16 +262,20 @@ class DirectReadCollectives::Run {
     for (size_t begin = 0; begin < own.size; begin += chunk) {
       const size_t n = std::min(chunk, own.size - begin);
       const size_t at = (own.offset + begin) * element_bytes_;
+      uint8_t* partial = scratch_.get();
+      uint8_t* theirs = scratch_.get() + chunk * element_bytes_;
       for (int step = 1; step < world; ++step) {
         RETURN_IF_ERROR(Continue(doing));
         const int q = (options_.rank + step) % world;
-        RETURN_IF_ERROR(ReadPeerMemory(Peer(q, kFirst, at), scratch_.get(),
+        RETURN_IF_ERROR(ReadPeerMemory(Peer(q, kFirst, at), step == 1 ? partial : theirs,
                                        n * element_bytes_)
                             .WithContext(Prefix() + ": " + doing));
-        uint8_t* into = out + begin * element_bytes_;
-        Combine(dtype_, reduce_op_, /*last=*/step == world - 1, into, scratch_.get(), into, n,
-                world);
+        if (step == 1) continue;
+        Combine(dtype_, reduce_op_, /*last=*/false, theirs, partial, theirs, n, world);
+        std::swap(partial, theirs);
       }
+      uint8_t* into = out + begin * element_bytes_;
+      Combine(dtype_, reduce_op_, /*last=*/true, into, partial, into, n, world);
     }
     return OkStatus();
   }
@@ -405,7 +412,8 @@ std::unique_ptr<uint8_t[]> DirectReadCollectives::TakeScratch() {
       return taken;
     }
   }
-  return std::unique_ptr<uint8_t[]>(new uint8_t[options_.chunk_bytes + 8]);
+  // The partial result and the chunk read, each of at most max(chunk_bytes, one element).
+  return std::unique_ptr<uint8_t[]>(new uint8_t[2 * (options_.chunk_bytes + 8)]);
 }
 
 void DirectReadCollectives::GiveScratch(std::unique_ptr<uint8_t[]> scratch) {

@@ -17,7 +17,9 @@
 // and zero-length calls go to the ring whole.
 //
 // Every call combines exactly as collectives.h says (element_reduction.h, the ring's own
-// kernels); a slice's combination is computed by one rank, so every rank gets the same bits.
+// kernels) and in the ring's order, so a float sum has the same bits whichever of the two runs
+// it (when the ring visits the ranks in rank order, as it does on one host); a slice's
+// combination is computed by one rank, so every rank gets the same bits.
 // A call returns on any rank only after every rank has finished reading its buffers (the final
 // phase), so the caller may change them at once.
 //

@@ -185,6 +185,39 @@ TEST_P(DirectReadWorld, AllGatherPutsEveryRanksSliceInPlace) {
   }
 }
 
+// Sums whose rounding depends on the order of combination (16-bit floats, float32 fractions):
+// direct reads give the ring's bits exactly, so a threshold never changes a result.
+TEST_P(DirectReadWorld, SumsHaveTheRingsBits) {
+  const int world = GetParam();
+  DirectRing direct(world);
+  ASSERT_TRUE(direct.ok());
+  TestRing& ring = direct.ring();
+  const size_t count = 1001;
+  for (DataType dtype : {DataType::kFloat16, DataType::kBFloat16, DataType::kFloat32}) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kProduct}) {
+      std::vector<Bytes> inputs = Inputs(dtype, world, count, 3);
+      if (dtype == DataType::kFloat32) {
+        for (int q = 0; q < world; ++q) {
+          for (size_t i = 0; i < count; ++i) {
+            Set(dtype, inputs[q].data(), i, 1.0f + static_cast<float>((q * 7919 + i * 104729) %
+                                                                      1000) / 997.0f);
+          }
+        }
+      }
+      std::vector<Bytes> by_ring = inputs, by_reads = inputs;
+      const uint64_t tag = ring.NextTag();
+      ASSERT_TRUE(AllOk(ring.RunAll([&](int rank) -> Status {
+        RETURN_IF_ERROR(ring.at(rank).AllReduce(by_ring[rank].data(), count, dtype, op, "r", tag));
+        return direct.at(rank).AllReduce(by_reads[rank].data(), count, dtype, op, "d", tag);
+      }), ring.AllRanks()));
+      for (int rank = 0; rank < world; ++rank) {
+        ASSERT_EQ(by_reads[rank], by_ring[rank])
+            << Describe(count, dtype, op) << ", world " << world << ", rank " << rank;
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Worlds, DirectReadWorld, ::testing::Values(1, 2, 3, 5, 8));
 
 // A rank that calls with another count fails, and so does every other, naming it.
