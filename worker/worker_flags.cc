@@ -256,7 +256,9 @@ void AddWorkerFlags(CLI::App* app, WorkerFlags* flags) {
                   "thread), or auto (per hop: shm between neighbours that can map each other's "
                   "shared memory, i.e. on one host, links elsewhere; the ring visits each "
                   "host's workers together). Both direct channels are driven by the calling "
-                  "thread. Every worker must use the same")
+                  "thread. Every worker must use the same. Where every worker is on one host, "
+                  "calls from --direct-read-min-bytes on bypass the ring (direct reads); the "
+                  "startup log's ring channel line says so and from what size")
       ->check(CLI::IsMember({"auto", "shm", "links", "zmq"}))
       ->capture_default_str();
   ddp->add_option("--ring-spin-us", modes->ring_spin_us,
@@ -265,6 +267,15 @@ void AddWorkerFlags(CLI::App* app, WorkerFlags* flags) {
                   "the budget within this cap adapts to how long recent waits took, and drops "
                   "to 0 while waits outlast it. 0: never spin")
       ->check(CLI::Range(int64_t{0}, int64_t{1000000}))
+      ->capture_default_str();
+  ddp->add_option("--direct-read-min-bytes", modes->direct_read_min_bytes,
+                  "Where every worker of a communicator is on this host and the kernel allows "
+                  "cross-memory attach (process_vm_readv; checked at start, a refusal is logged), "
+                  "all-reduces, reduce-scatters and all-gathers of at least this many bytes read "
+                  "the peers' buffers directly (one copy; worker/collectives/"
+                  "direct_read_collectives.h) and smaller ones use the ring. 0: never. Every "
+                  "worker must use the same")
+      ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 40))
       ->capture_default_str();
   AddSmokeFlags(app, &modes->smoke);
   AddAllReduceBenchFlags(app, &modes->bench);

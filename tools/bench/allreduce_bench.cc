@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <iomanip>
@@ -36,6 +37,10 @@ struct AllReduceBenchOptions {
   int segment_kb = 1024;
   std::string ring_transport = "auto";
   int ring_spin_us = 200;  // tessera-worker's default (kDefaultRingSpinCapUs)
+  // tessera-worker --direct-read-min-bytes; when not 0, Tessera also runs with 0 (the ring
+  // alone, "ring" in the table) unless no_ring_baseline.
+  uint64_t direct_read_min_bytes = 3 << 20;  // tessera-worker's (kDefaultDirectReadMinBytes)
+  bool no_ring_baseline = false;
   int timeout_s = 600;
   bool json = false;
   bool no_mpi = false;
@@ -51,6 +56,24 @@ struct SystemResult {
   std::map<size_t, nlohmann::json> by_size;
   std::string channel;  // Tessera's ring channel, as its rank 0 reported it
 };
+
+// Bytes per second of one memcpy of `bytes` between two buffers touched first (no page faults
+// in the copies), median of `iters` copies: the machine's memory bound beside the table.
+double MemcpyBytesPerSecond(size_t bytes, int iters) {
+  std::vector<char> from(bytes, 1), to(bytes, 0);
+  std::vector<double> seconds;
+  for (int i = 0; i <= iters; ++i) {
+    from[static_cast<size_t>(i) % bytes] = static_cast<char>(i);  // a copy that is not elided
+    const auto start = std::chrono::steady_clock::now();
+    std::memcpy(to.data(), from.data(), bytes);
+    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+    if (i > 0) seconds.push_back(took.count());  // the first one warms up
+  }
+  volatile char sink = to[bytes / 2];
+  (void)sink;
+  std::sort(seconds.begin(), seconds.end());
+  return static_cast<double>(bytes) / seconds[seconds.size() / 2];
+}
 
 // "4096", "4K", "16M" (binary units), comma-separated.
 StatusOr<std::vector<size_t>> ParseSizes(const std::string& text) {
@@ -100,7 +123,8 @@ Status CollectLines(const std::vector<ChildOutput>& outputs, const AllReduceBenc
   return OkStatus();
 }
 
-Status MeasureTessera(const AllReduceBenchOptions& o, SystemResult* result) {
+Status MeasureTessera(const AllReduceBenchOptions& o, uint64_t direct_read_min_bytes,
+                      SystemResult* result) {
   ASSIGN_OR_RETURN(std::string launch, FindRunfile("tools/tessera-launch"));
   std::vector<std::string> argv = {launch,
                                    "--workers", std::to_string(o.np),
@@ -113,7 +137,9 @@ Status MeasureTessera(const AllReduceBenchOptions& o, SystemResult* result) {
                                    "--bench-seconds=" + std::to_string(o.seconds),
                                    "--segment-kb=" + std::to_string(o.segment_kb),
                                    "--ring-transport=" + o.ring_transport,
-                                   "--ring-spin-us=" + std::to_string(o.ring_spin_us)};
+                                   "--ring-spin-us=" + std::to_string(o.ring_spin_us),
+                                   "--direct-read-min-bytes=" +
+                                       std::to_string(direct_read_min_bytes)};
   ASSIGN_OR_RETURN(std::vector<ChildOutput> outputs,
                    RunAllToCompletion({{"tessera-launch --workers " + std::to_string(o.np) +
                                             " --mode bench-allreduce",
@@ -232,18 +258,23 @@ int RunAllReduceBench(const AllReduceBenchOptions& o) {
     return 1;
   }
   SystemResult tessera{"tessera", "tessera", "", {}, ""}, mpi{"mpi", "mpi-tcp", "", {}, ""},
-      mpi_shm{"mpi_shm", "mpi-shm", "", {}, ""}, gloo{"gloo", "gloo", "", {}, ""};
+      mpi_shm{"mpi_shm", "mpi-shm", "", {}, ""}, gloo{"gloo", "gloo", "", {}, ""},
+      ring{"tessera_ring", "ring", "", {}, ""};
+  if (o.direct_read_min_bytes == 0 || o.no_ring_baseline) {
+    ring.skipped = o.no_ring_baseline ? "--no-ring-baseline" : "--direct-read-min-bytes 0";
+  }
   if (o.no_mpi) mpi.skipped = "--no-mpi";
   if (o.no_mpi || o.no_mpi_shm) mpi_shm.skipped = o.no_mpi ? "--no-mpi" : "--no-mpi-shm";
   if (o.no_gloo) gloo.skipped = "--no-gloo";
-  const std::vector<const SystemResult*> peers = {&mpi, &mpi_shm, &gloo};
+  const std::vector<const SystemResult*> peers = {&ring, &mpi, &mpi_shm, &gloo};
   // One system at a time: the machine's cores are shared by the N processes of each.
   struct Step {
     SystemResult* result;
     std::function<Status()> measure;
   };
   const std::vector<Step> steps = {
-      {&tessera, [&] { return MeasureTessera(o, &tessera); }},
+      {&tessera, [&] { return MeasureTessera(o, o.direct_read_min_bytes, &tessera); }},
+      {&ring, [&] { return MeasureTessera(o, 0, &ring); }},
       {&mpi, [&] { return MeasureMpi(o, (*scratch)->path(), "self,tcp", &mpi); }},
       {&mpi_shm, [&] { return MeasureMpi(o, (*scratch)->path(), "self,vader", &mpi_shm); }},
       {&gloo, [&] { return MeasureGloo(o, &gloo); }},
@@ -262,11 +293,12 @@ int RunAllReduceBench(const AllReduceBenchOptions& o) {
     }
   }
 
+  const double memcpy_rate = MemcpyBytesPerSecond(size_t{64} << 20, 9);
   nlohmann::json rows = nlohmann::json::array();
   for (size_t size : o.sizes) {
     nlohmann::json row = {{"bytes", size}};
     const double t = TimeOf(tessera, size);
-    for (const SystemResult* r : {&tessera, &mpi, &mpi_shm, &gloo}) {
+    for (const SystemResult* r : {&tessera, &ring, &mpi, &mpi_shm, &gloo}) {
       if (!r->skipped.empty()) continue;
       const double time = TimeOf(*r, size);
       row[r->name] = {{"time_s", time},
@@ -291,6 +323,8 @@ int RunAllReduceBench(const AllReduceBenchOptions& o) {
                                  {"ring_transport", o.ring_transport},
                                  {"ring_channel", tessera.channel},
                                  {"ring_spin_us", o.ring_spin_us},
+                                 {"direct_read_min_bytes", o.direct_read_min_bytes},
+                                 {"memcpy_bytes_per_second", memcpy_rate},
                                  {"busbw_factor", bus_factor},
                                  {"skipped", skipped},
                                  {"rows", rows},
@@ -302,8 +336,12 @@ int RunAllReduceBench(const AllReduceBenchOptions& o) {
   std::cout << "allreduce: float32 sum among " << o.np << " processes on this host; time = "
             << "median over iterations of the slowest rank; busbw = algbw x 2(n-1)/n = "
             << std::setprecision(3) << bus_factor << " x algbw\n"
-            << "tessera: --ring-transport " << o.ring_transport << ", ring channel: "
+            << "tessera: --ring-transport " << o.ring_transport << " --direct-read-min-bytes "
+            << o.direct_read_min_bytes << ", ring channel: "
             << (tessera.channel.empty() ? "(not reported)" : tessera.channel) << "\n"
+            << (ring.skipped.empty() ? "ring: tessera with --direct-read-min-bytes 0\n" : "")
+            << "memcpy (64 MiB, one thread): " << std::setprecision(3) << memcpy_rate / 1e9
+            << " GB/s\n"
             << "mpi-tcp: OpenMPI --mca btl self,tcp (loopback TCP; the issue's goals); "
             << "mpi-shm: --mca btl self,vader (shared memory); gloo: torch.distributed TCP\n";
   for (const SystemResult* r : peers) {
@@ -383,6 +421,13 @@ BenchCommand AddAllReduceBench(CLI::App* parent) {
                   "Tessera's cap of the adaptive busy-poll before sleeping, links only (tessera-worker flag)")
       ->check(CLI::Range(0, 1000000))
       ->capture_default_str();
+  app->add_option("--direct-read-min-bytes", o->direct_read_min_bytes,
+                  "Tessera's threshold for direct reads (tessera-worker flag); unless 0 or "
+                  "--no-ring-baseline, Tessera runs again with 0 (the ring alone, column ring)")
+      ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 40))
+      ->capture_default_str();
+  app->add_flag("--no-ring-baseline", o->no_ring_baseline,
+                "Do not measure Tessera a second time with direct reads off");
   app->add_option("--timeout-s", o->timeout_s, "Deadline of each system's run")
       ->check(CLI::Range(1, 86400))
       ->capture_default_str();

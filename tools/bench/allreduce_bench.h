@@ -1,7 +1,8 @@
 // tessera-bench allreduce --np N [--sizes 4K,...,256M] [--seconds 0.5 | --iters K] [--warmup 3]
 //                         [--segment-kb 1024] [--ring-transport auto|shm|links|zmq]
 //                         [--ring-spin-us 200] [--json] [--no-mpi] [--no-mpi-shm] [--no-gloo]
-//                         [--timeout-s 600]
+//                         [--timeout-s 600] [--direct-read-min-bytes 3145728]
+//                         [--no-ring-baseline]
 //
 // allreduce: like nccl-tests' all_reduce_perf, a table per buffer size of time, algbw
 // (bytes / time) and busbw (algbw x 2(N-1)/N, what each rank's link carries in a ring) of a
@@ -10,7 +11,9 @@
 //     processes join the coordinator and build the ring from the fleet view exactly as
 //     --mode allreduce does (worker/jobs/allreduce_bench_job.h times RingCollectives::AllReduce),
 //     over the channel --ring-transport picks (auto: shared memory here); rank 0 reports the
-//     channel it uses, and the table's header names it;
+//     channel it uses, and the table's header names it; and again with
+//     --direct-read-min-bytes 0 (column ring: the ring alone, no direct reads) unless that is
+//     0 already or --no-ring-baseline;
 //   - OpenMPI's MPI_Allreduce, twice: tools/bench/mpi_allreduce.c, compiled here with mpicc and
 //     run with `mpirun --oversubscribe --bind-to none --mca pml ob1 --mca btl self,tcp -np N`
 //     (mpi-tcp: loopback TCP, what the goals are stated against) and with

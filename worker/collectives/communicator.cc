@@ -122,6 +122,33 @@ Status Communicator::Start(const std::string& ring_transport, int64_t setup_time
   ring.timeout_ms = timeout_ms_;
   ring.segment_bytes = world.segment_bytes;
   ASSIGN_OR_RETURN(ring_, RingCollectives::Create(ring));
+  std::string direct = "; direct reads: off";
+  if (world.direct_read_min_bytes > 0 && world_size() > 1) {
+    // Every rank sees the same addresses, so every rank decides alike whether to probe.
+    const std::string host = PeerHost(addresses[0]);
+    const bool one_host = std::all_of(addresses.begin(), addresses.end(), [&](const auto& a) {
+      return PeerHost(a) == host;
+    });
+    direct = "; direct reads: no (the ranks are on several hosts)";
+    if (one_host) {
+      DirectReadCollectivesOptions options;
+      options.rank = rank_;
+      options.world_size = world_size();
+      options.control = ring_.get();
+      options.timeout_ms = timeout_ms_;
+      options.failures = failures_;
+      StatusOr<std::unique_ptr<DirectReadCollectives>> made =
+          ConnectDirectReads(options, kDirectReadProbeTag);
+      if (!made.ok()) return made.status().WithContext(Where() + ": probing direct reads");
+      direct_ = std::move(made).value();
+      direct_min_bytes_ = world.direct_read_min_bytes;
+      direct = direct_ != nullptr
+                   ? "; direct reads (cross-memory attach) for all-reduce, reduce-scatter and "
+                     "all-gather from " + std::to_string(direct_min_bytes_) + " bytes, the ring "
+                     "below"
+                   : "; direct reads: refused by the kernel (logged), the ring carries all";
+    }
+  }
   RingZmqOptions peers;
   peers.rank = rank_;
   peers.world_size = world_size();
@@ -132,7 +159,7 @@ Status Communicator::Start(const std::string& ring_transport, int64_t setup_time
   if (group) peers.world_ranks = world_ranks_;
   peers.failures = group ? failures_ : nullptr;
   ASSIGN_OR_RETURN(peers_, RingZmq::Create(std::move(peers)));
-  channel_description_ = channel->description;
+  channel_description_ = channel->description + direct;
   return OkStatus();
 }
 
@@ -154,8 +181,9 @@ std::string Communicator::Worker(int rank) const {
 // ---------------------------------------------------------------------------------------------
 // Collectives
 
-Collectives& Communicator::For(const void* buffer) {
+Collectives& Communicator::For(const void* buffer, size_t bytes) {
   if (device_ != nullptr && IsDeviceMemory(buffer)) return *device_;
+  if (direct_ != nullptr && bytes >= direct_min_bytes_) return *direct_;
   return *ring_;
 }
 
@@ -170,17 +198,20 @@ Status Communicator::UseDevice(NcclCollectivesOptions options) {
 
 Status Communicator::AllReduce(void* data, size_t count, DataType dtype, ReduceOp op,
                                const std::string& tensor, uint64_t tag) {
-  return Named(For(data).AllReduce(data, count, dtype, op, tensor, tag));
+  return Named(For(data, count * DataTypeSize(dtype)).AllReduce(data, count, dtype, op, tensor,
+                                                                 tag));
 }
 
 Status Communicator::ReduceScatter(const void* input, void* output, size_t count, DataType dtype,
                                    ReduceOp op, const std::string& tensor, uint64_t tag) {
-  return Named(For(input).ReduceScatter(input, output, count, dtype, op, tensor, tag));
+  return Named(For(input, count * DataTypeSize(dtype))
+                   .ReduceScatter(input, output, count, dtype, op, tensor, tag));
 }
 
 Status Communicator::AllGather(const void* input, void* output, size_t count, DataType dtype,
                                const std::string& tensor, uint64_t tag) {
-  return Named(For(output).AllGather(input, output, count, dtype, tensor, tag));
+  return Named(For(output, count * DataTypeSize(dtype))
+                   .AllGather(input, output, count, dtype, tensor, tag));
 }
 
 Status Communicator::Broadcast(void* data, size_t count, DataType dtype, int root,

@@ -32,6 +32,13 @@
 // below 2^32 (its callers count calls). Send / Recv are matched by (peer, tag) in the order
 // each side calls them; every point-to-point tag space is a communicator's own.
 //
+// Direct reads: where every rank of a communicator (the world or a group) is on one host, and
+// the kernel lets them read each other's memory (ProbeDirectReads at setup; a refusal is logged
+// once and changes nothing else), all-reduces, reduce-scatters and all-gathers of at least
+// direct_read_min_bytes read the peers' buffers directly (direct_read_collectives.h: one copy
+// per byte) and smaller ones go round the ring, whose latency wins there. The channel's
+// description says which, and from what size.
+//
 // Device memory: after UseDevice, each collective picks the NCCL backend for a buffer in device
 // memory and the ring for host memory, through this one interface.
 //
@@ -63,6 +70,7 @@
 #include "worker/collectives/channel/zmq/ring_zmq.h"
 #include "worker/collectives/collectives.h"
 #include "worker/collectives/comm_pool.h"
+#include "worker/collectives/direct_read_collectives.h"
 #include "worker/collectives/nccl/nccl_collectives.h"
 #include "worker/collectives/ring_collectives.h"
 
@@ -84,6 +92,10 @@ struct CommunicatorOptions {
   int64_t links_spin_us = 0;
   Credentials credentials;             // who may join the world's TCP links
   MetricsRegistry* metrics = nullptr;  // may be null; not owned
+  // Collectives of a whole buffer of at least this many bytes use direct reads where they can
+  // (see above); 0: never. Every rank must use the same value (tessera-worker
+  // --direct-read-min-bytes).
+  size_t direct_read_min_bytes = kDefaultDirectReadMinBytes;
 };
 
 class Communicator final : public Collectives {
@@ -226,12 +238,17 @@ class Communicator final : public Collectives {
   // The world's: the process's bus. A group's: its own, failed by Abort and by the process's.
   std::shared_ptr<FailureBus> failures_;
   std::shared_ptr<void> parent_subscription_;  // a group's: the process's failure into its bus
-  // The backend for `buffer`: the device's if it is in device memory and UseDevice made one.
-  Collectives& For(const void* buffer);
+  // The backend for `buffer`: the device's if it is in device memory and UseDevice made one;
+  // else direct reads for a whole buffer of `bytes` >= direct_read_min_bytes where set up.
+  Collectives& For(const void* buffer, size_t bytes = 0);
 
   std::shared_ptr<CommPool::Strand> ops_;       // Enqueue's queue
   std::shared_ptr<CommPool::Strand> receives_;  // EnqueueRecv's
   std::unique_ptr<RingCollectives> ring_;
+  // The host's ranks reading each other's buffers; null where not all on one host, refused or
+  // off. Uses ring_ for its control.
+  std::unique_ptr<DirectReadCollectives> direct_;
+  size_t direct_min_bytes_ = 0;
   std::unique_ptr<Collectives> device_;  // NCCL, once UseDevice made it
   std::unique_ptr<RingZmq> peers_;  // point-to-point and all-to-all frames
   std::string channel_description_;

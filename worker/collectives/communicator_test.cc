@@ -31,7 +31,8 @@ constexpr int64_t kTimeoutMs = 20000;
 // W ranks, each with its own endpoint, mailbox, failure bus and world communicator.
 class TestWorld {
  public:
-  TestWorld(int world, const std::string& ring_transport, int64_t timeout_ms = kTimeoutMs)
+  TestWorld(int world, const std::string& ring_transport, int64_t timeout_ms = kTimeoutMs,
+            size_t direct_read_min_bytes = kDefaultDirectReadMinBytes)
       : ranks_(static_cast<size_t>(world)) {
     std::vector<std::string> addresses;
     for (int r = 0; r < world; ++r) {
@@ -60,6 +61,7 @@ class TestWorld {
       options.ring_transport = ring_transport;
       options.timeout_ms = timeout_ms;
       options.segment_bytes = 4096;
+      options.direct_read_min_bytes = direct_read_min_bytes;
       ASSIGN_OR_RETURN(rank.world, Communicator::Connect(options));
       return OkStatus();
     });
@@ -130,6 +132,38 @@ Status CheckedAllReduce(Communicator& group, size_t count, uint64_t tag, int sal
 }
 
 class CommunicatorTest : public ::testing::TestWithParam<std::string> {};
+
+// Ranks on one host (threads here): calls from direct_read_min_bytes on read the peers'
+// buffers directly, in the world and in a group, smaller ones go round the ring, and the
+// description says so; 0 turns direct reads off.
+TEST_P(CommunicatorTest, LargeCallsReadDirectlyFromTheThreshold) {
+  TestWorld world(4, GetParam(), kTimeoutMs, /*direct_read_min_bytes=*/4096);
+  world.RunAll([&](int r) -> Status {
+    Communicator& me = world.at(r);
+    const std::string& description = me.channel_description();
+    if (description.find("direct reads (cross-memory attach) for all-reduce, reduce-scatter "
+                         "and all-gather from 4096 bytes") == std::string::npos) {
+      return InternalError("the description does not say direct reads: " + description);
+    }
+    RETURN_IF_ERROR(CheckedAllReduce(me, 100003, 1, 1));  // direct
+    RETURN_IF_ERROR(CheckedAllReduce(me, 1000, 2, 2));    // 4000 bytes: the ring
+    ASSIGN_OR_RETURN(std::unique_ptr<Communicator> odd, me.Split(r % 2 == 1 ? 0 : -1, 3));
+    if (odd != nullptr) {
+      if (odd->channel_description().find("from 4096 bytes") == std::string::npos) {
+        return InternalError("the group's description: " + odd->channel_description());
+      }
+      RETURN_IF_ERROR(CheckedAllReduce(*odd, 20011, 4, 3));
+    }
+    return OkStatus();
+  });
+  TestWorld off(2, GetParam(), kTimeoutMs, /*direct_read_min_bytes=*/0);
+  off.RunAll([&](int r) -> Status {
+    if (off.at(r).channel_description().find("direct reads: off") == std::string::npos) {
+      return InternalError("the description: " + off.at(r).channel_description());
+    }
+    return CheckedAllReduce(off.at(r), 100003, 1, 1);
+  });
+}
 
 TEST_P(CommunicatorTest, SubCommunicatorsOfEvenAndOddRanks) {
   TestWorld world(4, GetParam());

@@ -48,6 +48,8 @@ namespace tessera::worker {
 inline constexpr uint64_t kRingLinksSetupTag = ~uint64_t{0};
 inline constexpr uint64_t kRingShmSetupTag = ~uint64_t{0} - 1;
 inline constexpr uint64_t kRingShmAgreeTag = ~uint64_t{0} - 2;
+// The direct-read probe over a communicator's ring (direct_read_collectives.h).
+inline constexpr uint64_t kDirectReadProbeTag = ~uint64_t{0} - 3;
 
 struct RingChannelSetupOptions {
   std::string kind = "auto";  // auto, shm, links or zmq

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "worker/collectives/channel/links/ring_links.h"
+#include "worker/collectives/direct_read_collectives.h"
 #include "worker/jobs/allreduce_bench_job.h"
 #include "worker/jobs/smoke_job.h"
 
@@ -30,6 +31,8 @@ struct ModeFlags {
   uint64_t segment_kb = 1024;
   std::string ring_transport = "auto";
   int64_t ring_spin_us = kDefaultRingSpinCapUs;
+  // CommunicatorOptions::direct_read_min_bytes (0: off).
+  uint64_t direct_read_min_bytes = kDefaultDirectReadMinBytes;
   // --mode hsdp: the ranks of a shard group (consecutive); 0: each host's ranks.
   int shard_group_size = 0;
 };

@@ -552,8 +552,11 @@ void RingShm::ReadSome() {
     const uint64_t total = kFrameHeaderBytes + Pad(payload_bytes);
     const auto waiting = waiting_.find({frame.tag, frame.slot});
     uint8_t* into = nullptr;
+    // Only the frame the waiter will take lands in its `into`: not one behind a frame already
+    // kept under the same (tag, slot) (the next call under a reused tag), whose payload would
+    // then point into the waiter's memory after its Recv returned.
     if (waiting != waiting_.end() && waiting->second.first != nullptr &&
-        waiting->second.second == payload_bytes) {
+        waiting->second.second == payload_bytes && !kept_.Has(frame.tag, frame.slot)) {
       into = waiting->second.first;
     }
     if (total > capacity) {

@@ -156,6 +156,38 @@ TEST(RingShmTest, ReadsInPlaceOrIntoTheLandingAndKeepsFramesAskedForLater) {
   EXPECT_EQ(pair.rank1->kept(), 0u);
 }
 
+// Two frames under one (tag, slot) (two calls under a reused tag): only the one a Recv takes
+// lands in its `into`, whether the two are read in one pass or the first was kept before.
+TEST(RingShmTest, ASecondFrameUnderTheSameKeyDoesNotLandInTheWaitersMemory) {
+  Pair pair(16 * kPage);
+  ASSERT_TRUE(pair.rank0->Send(Frame(0, 7, 0, 800, 6)).ok());
+  ASSERT_TRUE(pair.rank0->Send(Frame(0, 7, 0, 800, 7)).ok());
+  std::vector<uint8_t> landing(800);
+  auto first = pair.rank1->Recv(7, 0, Deadline::AfterMillis(5000), landing.data(), 800);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ExpectSame(*first, Frame(0, 7, 0, 800, 6));
+  first->data = Payload();
+  landing.assign(800, 0);  // the caller's memory is its own again
+  auto second = pair.rank1->Recv(7, 0, Deadline::AfterMillis(5000));
+  ASSERT_TRUE(second.ok()) << second.status();
+  ExpectSame(*second, Frame(0, 7, 0, 800, 7));
+
+  // The first kept while waiting for another frame; the second read while a Recv waits.
+  ASSERT_TRUE(pair.rank0->Send(Frame(0, 8, 0, 800, 8)).ok());
+  ASSERT_TRUE(pair.rank0->Send(Frame(0, 9, 0, 100, 9)).ok());
+  ASSERT_TRUE(pair.rank1->Recv(9, 0, Deadline::AfterMillis(5000)).ok());
+  ASSERT_TRUE(pair.rank0->Send(Frame(0, 8, 0, 800, 10)).ok());
+  std::vector<uint8_t> other(800);
+  auto kept = pair.rank1->Recv(8, 0, Deadline::AfterMillis(5000), other.data(), 800);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  ExpectSame(*kept, Frame(0, 8, 0, 800, 8));
+  kept->data = Payload();
+  other.assign(800, 0);
+  auto behind = pair.rank1->Recv(8, 0, Deadline::AfterMillis(5000));
+  ASSERT_TRUE(behind.ok()) << behind.status();
+  ExpectSame(*behind, Frame(0, 8, 0, 800, 10));
+}
+
 TEST(RingShmTest, SpaceHeldByAPayloadIsFreedWhenItIsDropped) {
   Pair pair(kPage);
   // 3 frames of 1984 + 64 bytes fill... only 2 fit in a page.
