@@ -109,6 +109,12 @@ StatusOr<BackendConfig> BackendConfigFrom(const Environment& env, std::string_vi
     }
     member.ring_transport = kind;
   }
+  if (auto it = env.find("TESSERA_DIRECT_READ_MIN_BYTES"); it != env.end()) {
+    ASSIGN_OR_RETURN(int64_t bytes,
+                     ParseInteger("TESSERA_DIRECT_READ_MIN_BYTES", it->second, 0,
+                                  int64_t{1} << 50, "a number of bytes (0: never)"));
+    member.direct_read_min_bytes = static_cast<size_t>(bytes);
+  }
   if (auto it = env.find("TESSERA_TIMEOUT_MS"); it != env.end()) {
     ASSIGN_OR_RETURN(member.timeout_ms,
                      ParseInteger("TESSERA_TIMEOUT_MS", it->second, 1, int64_t{1} << 40,

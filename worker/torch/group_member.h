@@ -76,6 +76,8 @@ struct GroupMemberOptions {
   // Bounds Join and every operation, from its start (torch's process-group timeout).
   int64_t timeout_ms = 30 * 60 * 1000;
   size_t segment_bytes = 1 << 20;
+  // CommunicatorOptions::direct_read_min_bytes (TESSERA_DIRECT_READ_MIN_BYTES); 0: off.
+  size_t direct_read_min_bytes = kDefaultDirectReadMinBytes;
   MetricsRegistry* metrics = nullptr;  // may be null; must outlive the member
 };
 
