@@ -19,12 +19,6 @@
 namespace tessera::worker {
 namespace {
 
-const DataType kAllDTypes[] = {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16,
-                               DataType::kBFloat16, DataType::kInt8,   DataType::kUInt8,
-                               DataType::kInt32,   DataType::kInt64,   DataType::kBool};
-const ReduceOp kAllOps[] = {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMax, ReduceOp::kMin,
-                            ReduceOp::kProduct};
-
 // Small chunks, so that a slice of a few hundred elements is read in several.
 constexpr size_t kTestChunkBytes = 64;
 

@@ -20,12 +20,6 @@
 namespace tessera::worker {
 namespace {
 
-const DataType kAllDTypes[] = {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16,
-                               DataType::kBFloat16, DataType::kInt8,   DataType::kUInt8,
-                               DataType::kInt32,   DataType::kInt64,   DataType::kBool};
-const ReduceOp kAllOps[] = {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMax, ReduceOp::kMin,
-                            ReduceOp::kProduct};
-
 TestRingOptions InProcess() {
   TestRingOptions options;
   options.in_process = true;

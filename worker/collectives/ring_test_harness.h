@@ -44,6 +44,14 @@ using Bytes = std::vector<uint8_t>;
 inline constexpr size_t kTestSegmentBytes = 1024;
 inline constexpr int64_t kTestTimeoutMs = 30000;
 
+// Every dtype and reduce op collectives.h defines, for the suites that cover them all.
+inline constexpr DataType kAllDTypes[] = {
+    DataType::kFloat32, DataType::kFloat64, DataType::kFloat16, DataType::kBFloat16,
+    DataType::kInt8,    DataType::kUInt8,   DataType::kInt32,   DataType::kInt64,
+    DataType::kBool};
+inline constexpr ReduceOp kAllOps[] = {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMax,
+                                       ReduceOp::kMin, ReduceOp::kProduct};
+
 struct TestRingOptions {
   // ConnectRingChannel's kind: zmq, links, shm or auto; links_encrypted: links under
   // Credentials kEncrypt (AEAD records, ring_link_cipher.h); or mixed: auto where worker 1 cannot
