@@ -151,6 +151,27 @@ class DirectReadCollectives::Run {
     return Phase(1, GatherSlices(output, /*peers_whole=*/false), "gathering the slices");
   }
 
+  // A failed call's error, naming first a peer that has exited if there is one. A peer that is
+  // alive leaves a call early (and frees the buffers its peers may still be reading) only when
+  // the control failed it: when another rank exited. So the error this rank met may name that
+  // peer (its range no longer mapped, its control frames gone) rather than the one that exited.
+  Status Blame(const Status& failed) const {
+    if (failed.ok()) return failed;
+    for (int p = 0; p < options_.world_size; ++p) {
+      if (p == options_.rank) continue;
+      const std::string peer = Worker(p);
+      const pid_t pid = options_.pids[static_cast<size_t>(p)];
+      if (!ProcessExited(pid)) continue;
+      if (failed.message().find(peer) != std::string::npos &&
+          failed.message().find("exited") != std::string::npos) {
+        return failed;  // named already
+      }
+      return UnavailableError(Prefix() + ": " + peer + " (pid " + std::to_string(pid) +
+                              ") exited, which failed this call: " + failed.message());
+    }
+    return failed;
+  }
+
   // Arguments this rank can check alone.
   Status CheckCall() const {
     if (element_bytes_ == 0) {
@@ -430,7 +451,7 @@ Status DirectReadCollectives::AllReduce(void* data, size_t count, DataType dtype
   }
   Run run(*this, CollectiveOp::kAllReduce, dtype, op, count, tensor, tag);
   if (Status bad = run.CheckCall(); !bad.ok()) return run.Refuse(bad);
-  return run.AllReduce(static_cast<uint8_t*>(data));
+  return run.Blame(run.AllReduce(static_cast<uint8_t*>(data)));
 }
 
 Status DirectReadCollectives::ReduceScatter(const void* input, void* output, size_t count,
@@ -441,7 +462,7 @@ Status DirectReadCollectives::ReduceScatter(const void* input, void* output, siz
   }
   Run run(*this, CollectiveOp::kReduceScatter, dtype, op, count, tensor, tag);
   if (Status bad = run.CheckCall(); !bad.ok()) return run.Refuse(bad);
-  return run.ReduceScatter(static_cast<const uint8_t*>(input), static_cast<uint8_t*>(output));
+  return run.Blame(run.ReduceScatter(static_cast<const uint8_t*>(input), static_cast<uint8_t*>(output)));
 }
 
 Status DirectReadCollectives::AllGather(const void* input, void* output, size_t count,
@@ -452,7 +473,7 @@ Status DirectReadCollectives::AllGather(const void* input, void* output, size_t 
   }
   Run run(*this, CollectiveOp::kAllGather, dtype, ReduceOp::kSum, count, tensor, tag);
   if (Status bad = run.CheckCall(); !bad.ok()) return run.Refuse(bad);
-  return run.AllGather(static_cast<const uint8_t*>(input), static_cast<uint8_t*>(output));
+  return run.Blame(run.AllGather(static_cast<const uint8_t*>(input), static_cast<uint8_t*>(output)));
 }
 
 Status DirectReadCollectives::Broadcast(void* data, size_t count, DataType dtype, int root,

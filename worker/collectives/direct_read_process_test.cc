@@ -81,6 +81,13 @@ class ForkedRanks {
         close(up[0]);
         close(down[1]);
         close(signal[0]);
+        // The parent's ends for the ranks forked before: `down` must reach its end of file
+        // when the parent closes it.
+        for (const Child& earlier : children_) {
+          close(earlier.up);
+          close(earlier.down);
+          close(earlier.signal);
+        }
         before(rank);
         _exit(RunChild(rank, body, up[1], down[0], signal[1]));
       }
@@ -102,7 +109,7 @@ class ForkedRanks {
         waitpid(child.pid, nullptr, 0);
       }
       close(child.up);
-      close(child.down);
+      if (child.down >= 0) close(child.down);
       close(child.signal);
     }
   }
@@ -117,11 +124,17 @@ class ForkedRanks {
     if (children_[rank].pid > 0) kill(children_[rank].pid, SIGKILL);
   }
 
-  // Every child's result ("" for as expected), once it exited.
+  // Every child's result ("" for as expected), once all wrote theirs and exited.
   std::vector<std::string> Results() {
+    std::vector<std::string> texts;
+    for (Child& child : children_) texts.push_back(ReadAll(child.up));
+    for (Child& child : children_) {
+      close(child.down);
+      child.down = -1;
+    }
     std::vector<std::string> results;
     for (Child& child : children_) {
-      std::string text = ReadAll(child.up);
+      std::string text = texts[results.size()];
       int status = 0;
       waitpid(child.pid, &status, 0);
       if (WIFSIGNALED(status)) text = "killed by signal " + std::to_string(WTERMSIG(status));
@@ -169,6 +182,15 @@ class ForkedRanks {
     channel->UnlinkOwnSegment();
     const std::string result = body(rank, **ring, [signal] { (void)!write(signal, "s", 1); });
     WriteAll(up, result);
+    close(up);
+    // The ring closes, as a failed rank's would, but the process stays until the parent has
+    // every rank's result (it closes `down` then): a survivor must name the rank that was
+    // killed, not one that exited after failing first.
+    ring->reset();
+    options.channel.reset();
+    char end;
+    while (read(down, &end, 1) > 0) {
+    }
     return 0;
   }
 

@@ -65,6 +65,14 @@ Status ReadPeerMemory(const PeerMemory& from, void* into, size_t bytes) {
   return OkStatus();
 }
 
+bool ProcessExited(pid_t pid) {
+  // Address 0: the kernel looks the process up before it touches the range.
+  uint8_t byte = 0;
+  iovec local{&byte, 1};
+  iovec remote{nullptr, 1};
+  return process_vm_readv(pid, &local, 1, &remote, 1, 0) < 0 && errno == ESRCH;
+}
+
 ProbeBuffer::ProbeBuffer() : pid_(getpid()) {
   std::random_device random;
   value_ = (static_cast<uint64_t>(random()) << 32) ^ random();

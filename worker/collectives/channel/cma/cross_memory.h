@@ -42,6 +42,10 @@ struct PeerMemory {
 // REQUIRES: `into` has room for `bytes`. Never blocks on the peer (the copy is the kernel's).
 Status ReadPeerMemory(const PeerMemory& from, void* into, size_t bytes);
 
+// Whether process `pid` has exited (a zombie not yet reaped included): a one-byte read of it
+// fails with ESRCH. A pid reused since by another process reads as not exited.
+bool ProcessExited(pid_t pid);
+
 // What a rank publishes at setup so its peers can check that they may read it: its pid and
 // the address of a value only it knows (random per buffer). A peer reads the value back with
 // ReadPeerMemory; a refusal, or a different value (another PID namespace: the pid is someone

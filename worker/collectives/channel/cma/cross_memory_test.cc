@@ -60,9 +60,16 @@ TEST(CrossMemoryTest, ReadsAChildProcessAndNamesItOnceItExited) {
     ASSERT_TRUE(ReadPeerMemory(peer, got.data(), got.size() * sizeof(uint64_t)).ok());
   }
   for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], buffer[i] ^ 1) << i;
+  EXPECT_FALSE(ProcessExited(child));
+  EXPECT_FALSE(ProcessExited(getpid()));
   ASSERT_EQ(write(to_child[1], "x", 1), 1);
+  // A zombie (exited, not reaped yet) has exited already.
+  siginfo_t info{};
+  ASSERT_EQ(waitid(P_PID, static_cast<id_t>(child), &info, WEXITED | WNOWAIT), 0);
+  EXPECT_TRUE(ProcessExited(child));
   int status = 0;
   ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(ProcessExited(child));
   Status read = ReadPeerMemory(peer, got.data(), 64);
   EXPECT_EQ(read.code(), StatusCode::kUnavailable) << read;
   EXPECT_NE(read.message().find("worker 1 (pid " + std::to_string(child) +
