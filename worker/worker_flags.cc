@@ -277,6 +277,14 @@ void AddWorkerFlags(CLI::App* app, WorkerFlags* flags) {
                   "worker must use the same")
       ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 40))
       ->capture_default_str();
+  ddp->add_option("--one-shot-max-bytes", modes->one_shot_max_bytes,
+                  "All-reduces on the ring of at most this many bytes (and at most a segment) "
+                  "gather every worker's whole buffer and reduce it on each worker: the same "
+                  "result in half the ring's steps, which is what small all-reduces wait for "
+                  "(worker/collectives/ring_collectives.h). 0: never. Every worker must use the "
+                  "same")
+      ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 40))
+      ->capture_default_str();
   AddSmokeFlags(app, &modes->smoke);
   AddAllReduceBenchFlags(app, &modes->bench);
 }

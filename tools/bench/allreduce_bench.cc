@@ -41,6 +41,7 @@ struct AllReduceBenchOptions {
   // alone, "ring" in the table) unless no_ring_baseline.
   uint64_t direct_read_min_bytes = 3 << 20;  // tessera-worker's (kDefaultDirectReadMinBytes)
   bool no_ring_baseline = false;
+  uint64_t one_shot_max_bytes = 16 << 10;  // tessera-worker's (kDefaultOneShotMaxBytes)
   int timeout_s = 600;
   bool json = false;
   bool no_mpi = false;
@@ -139,7 +140,9 @@ Status MeasureTessera(const AllReduceBenchOptions& o, uint64_t direct_read_min_b
                                    "--ring-transport=" + o.ring_transport,
                                    "--ring-spin-us=" + std::to_string(o.ring_spin_us),
                                    "--direct-read-min-bytes=" +
-                                       std::to_string(direct_read_min_bytes)};
+                                       std::to_string(direct_read_min_bytes),
+                                   "--one-shot-max-bytes=" +
+                                       std::to_string(o.one_shot_max_bytes)};
   ASSIGN_OR_RETURN(std::vector<ChildOutput> outputs,
                    RunAllToCompletion({{"tessera-launch --workers " + std::to_string(o.np) +
                                             " --mode bench-allreduce",
@@ -324,6 +327,7 @@ int RunAllReduceBench(const AllReduceBenchOptions& o) {
                                  {"ring_channel", tessera.channel},
                                  {"ring_spin_us", o.ring_spin_us},
                                  {"direct_read_min_bytes", o.direct_read_min_bytes},
+                                 {"one_shot_max_bytes", o.one_shot_max_bytes},
                                  {"memcpy_bytes_per_second", memcpy_rate},
                                  {"busbw_factor", bus_factor},
                                  {"skipped", skipped},
@@ -337,7 +341,8 @@ int RunAllReduceBench(const AllReduceBenchOptions& o) {
             << "median over iterations of the slowest rank; busbw = algbw x 2(n-1)/n = "
             << std::setprecision(3) << bus_factor << " x algbw\n"
             << "tessera: --ring-transport " << o.ring_transport << " --direct-read-min-bytes "
-            << o.direct_read_min_bytes << ", ring channel: "
+            << o.direct_read_min_bytes << " --one-shot-max-bytes " << o.one_shot_max_bytes
+            << ", ring channel: "
             << (tessera.channel.empty() ? "(not reported)" : tessera.channel) << "\n"
             << (ring.skipped.empty() ? "ring: tessera with --direct-read-min-bytes 0\n" : "")
             << "memcpy (64 MiB, one thread): " << std::setprecision(3) << memcpy_rate / 1e9
@@ -424,6 +429,11 @@ BenchCommand AddAllReduceBench(CLI::App* parent) {
   app->add_option("--direct-read-min-bytes", o->direct_read_min_bytes,
                   "Tessera's threshold for direct reads (tessera-worker flag); unless 0 or "
                   "--no-ring-baseline, Tessera runs again with 0 (the ring alone, column ring)")
+      ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 40))
+      ->capture_default_str();
+  app->add_option("--one-shot-max-bytes", o->one_shot_max_bytes,
+                  "Tessera's largest one-shot all-reduce (tessera-worker flag; 0: never), in "
+                  "both of its runs")
       ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 40))
       ->capture_default_str();
   app->add_flag("--no-ring-baseline", o->no_ring_baseline,

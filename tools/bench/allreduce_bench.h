@@ -2,7 +2,7 @@
 //                         [--segment-kb 1024] [--ring-transport auto|shm|links|zmq]
 //                         [--ring-spin-us 200] [--json] [--no-mpi] [--no-mpi-shm] [--no-gloo]
 //                         [--timeout-s 600] [--direct-read-min-bytes 3145728]
-//                         [--no-ring-baseline]
+//                         [--one-shot-max-bytes 16384] [--no-ring-baseline]
 //
 // allreduce: like nccl-tests' all_reduce_perf, a table per buffer size of time, algbw
 // (bytes / time) and busbw (algbw x 2(N-1)/N, what each rank's link carries in a ring) of a

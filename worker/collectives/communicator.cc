@@ -121,6 +121,7 @@ Status Communicator::Start(const std::string& ring_transport, int64_t setup_time
   ring.ring_order = channel->order;
   ring.timeout_ms = timeout_ms_;
   ring.segment_bytes = world.segment_bytes;
+  ring.one_shot_max_bytes = world.one_shot_max_bytes;
   ASSIGN_OR_RETURN(ring_, RingCollectives::Create(ring));
   std::string direct = "; direct reads: off";
   if (world.direct_read_min_bytes > 0 && world_size() > 1) {

@@ -96,6 +96,9 @@ struct CommunicatorOptions {
   // (see above); 0: never. Every rank must use the same value (tessera-worker
   // --direct-read-min-bytes).
   size_t direct_read_min_bytes = kDefaultDirectReadMinBytes;
+  // RingCollectivesOptions::one_shot_max_bytes: all-reduces on the ring of at most this many
+  // bytes gather the whole buffers (tessera-worker --one-shot-max-bytes); 0: never.
+  size_t one_shot_max_bytes = kDefaultOneShotMaxBytes;
 };
 
 class Communicator final : public Collectives {

@@ -156,7 +156,11 @@ class RingRun {
         deadline_(Deadline::AfterMillis(options.timeout_ms)) {
     const size_t w = static_cast<size_t>(world_);
     const size_t segment_elements = std::max<size_t>(options.segment_bytes / element_bytes_, 1);
-    if (call.op == CollectiveOp::kBroadcast) {
+    // A whole buffer per frame, so at most segment_bytes.
+    one_shot_ = call.op == CollectiveOp::kAllReduce && world_ > 1 && call.count > 0 &&
+                call.count <= std::min(options.one_shot_max_bytes, options.segment_bytes) /
+                                  element_bytes_;
+    if (call.op == CollectiveOp::kBroadcast || one_shot_) {
       max_block_ = call.count;
     } else {
       max_block_ = call.count / w + (call.count % w != 0 ? 1 : 0);
@@ -165,7 +169,9 @@ class RingRun {
         1, max_block_ / segment_elements + (max_block_ % segment_elements != 0 ? 1 : 0));
     const uint64_t steps = static_cast<uint64_t>(world_ - 1);
     switch (call.op) {
-      case CollectiveOp::kAllReduce: total_sends_ = 2 * steps * segments_; break;
+      case CollectiveOp::kAllReduce:
+        total_sends_ = (one_shot_ ? 1 : 2) * steps * segments_;
+        break;
       case CollectiveOp::kReduceScatter:
       case CollectiveOp::kAllGather: total_sends_ = steps * segments_; break;
       case CollectiveOp::kBroadcast:
@@ -253,6 +259,13 @@ class RingRun {
   //     Send block (r-t), complete; RecvCopy block (r-t-1), complete on prev. After the last
   //     step every block is complete on every rank.
   //   all-reduce = reduce-scatter, then all-gather.
+  //   one-shot all-reduce (buffers of at most one_shot_max_bytes): every rank gathers every
+  //     rank's whole buffer (steps t = 0 .. W-2: send the buffer of position r-t, ours at step
+  //     0, then what prev sent at step t-1; receive that of r-t-1), then combines each block
+  //     itself, in the ring's order: block b starts as position b+1's elements, then each
+  //     position after it combines its own with the partial result, up to b's, which
+  //     completes it. The same bits as the ring's all-reduce, in W-1 steps of latency instead
+  //     of 2(W-1): what wins for small buffers, whose time is the steps'.
   //   broadcast: the root sends its buffer to next; every other rank receives it from prev
   //     and passes it on unless next is the root. Then a handshake (below), so that no rank
   //     returns before every rank has the data and agreed on the call.
@@ -278,6 +291,7 @@ class RingRun {
 
   Status AllReduce(uint8_t* data) {
     if (world_ == 1) return OkStatus();  // every op of one buffer is itself
+    if (one_shot_) return OneShotAllReduce(data);
     const int r = position_;
     const int last_step = 2 * world_ - 3;
     RETURN_IF_ERROR(SendBlock(0, r - 1, Element(data, Block(r - 1).offset)));
@@ -298,6 +312,45 @@ class RingRun {
       for (int k = 0; k < segments(); ++k) {
         RETURN_IF_ERROR(RecvCopy(s, r - t - 1, k, data, /*forward=*/s < last_step));
       }
+    }
+    return OkStatus();
+  }
+
+  Status OneShotAllReduce(uint8_t* data) {
+    const int r = position_;
+    const size_t bytes = call_.count * element_bytes_;
+    // Regions 0 .. W-1: the buffer of the rank at each position (ours copied: we write `data`
+    // at the end, while the frames that borrow it may still wait in the channel); W and W+1:
+    // partial results.
+    Staging staging = Stage(world_ + 2);
+    std::memcpy(staging.Region(r), data, bytes);
+    RETURN_IF_ERROR(Send(0, 0, OneShotPiece(r), staging.Borrow(staging.Region(r), bytes)));
+    for (int t = 0; t <= world_ - 2; ++t) {
+      const int q = Wrap(r - t - 1);
+      const Piece piece = OneShotPiece(q);
+      uint8_t* place = staging.Region(q);
+      ASSIGN_OR_RETURN(RingFrame received, Recv(static_cast<uint32_t>(t), 0, piece, place));
+      if (!received.data.empty() && received.data.data() != place) {
+        std::memcpy(place, received.data.data(), received.data.size());
+      }
+      if (t < world_ - 2) {
+        RETURN_IF_ERROR(Send(static_cast<uint32_t>(t + 1), 0, piece, std::move(received.data)));
+      }
+    }
+    for (int b = 0; b < world_; ++b) {
+      const Partition block = Block(b);
+      if (block.size == 0) continue;
+      auto elements = [&](int position) { return Element(staging.Region(Wrap(position)),
+                                                         block.offset); };
+      const uint8_t* partial = elements(b + 1);
+      for (int q = b + 2; q < b + world_; ++q) {
+        uint8_t* out = staging.Region(world_ + q % 2);
+        Combine(call_.dtype, call_.reduce_op, /*last=*/false, elements(q), partial, out,
+                block.size, world_);
+        partial = out;
+      }
+      Combine(call_.dtype, call_.reduce_op, /*last=*/true, elements(b), partial,
+              Element(data, block.offset), block.size, world_);
     }
     return OkStatus();
   }
@@ -389,6 +442,13 @@ class RingRun {
     const Partition whole = Block(block);
     const Partition part = PartitionOf(whole.size, segments(), k);
     return Partition{whole.offset + part.offset, part.size};
+  }
+
+  // The whole buffer of the rank at `position`, placed at position x count of the W buffers a
+  // one-shot all-reduce gathers.
+  Piece OneShotPiece(int position) const {
+    return Piece{false, static_cast<uint32_t>(position),
+                 static_cast<uint64_t>(position) * call_.count, call_.count};
   }
 
   Piece DataPiece(int block, int k) const {
@@ -553,7 +613,7 @@ class RingRun {
         problem += ": do all ranks broadcast from the same root? (this rank's is " +
                    Worker(call_.root) + ")";
       } else {
-        problem += ": do all ranks use the same segment_bytes?";
+        problem += ": do all ranks use the same segment_bytes and one_shot_max_bytes?";
       }
       return mismatch(problem);
     }
@@ -659,7 +719,8 @@ class RingRun {
   const int prev_;
   const size_t element_bytes_;  // 1 for an unknown dtype, which CheckCall rejects
   const Deadline deadline_;
-  size_t max_block_ = 0;       // elements of the largest block
+  bool one_shot_ = false;      // an all-reduce by the one-shot algorithm
+  size_t max_block_ = 0;       // elements of the largest block (one-shot: of the buffer)
   uint64_t segments_ = 1;      // S
   uint64_t total_sends_ = 0;   // frames this rank sends to next in a successful call
   uint32_t next_send_slot_ = 0;  // the slot of our next frame to next

@@ -14,7 +14,9 @@
 // ring_collectives.cc, above the code that uses them. In short: all-reduce is a reduce-scatter
 // followed by an all-gather, W - 1 steps each; each rank's block is cut into segments of at
 // most segment_bytes, and a segment is passed on as soon as it has been received and combined,
-// so the channel moves one segment while this thread combines the next.
+// so the channel moves one segment while this thread combines the next. Small all-reduces (up
+// to one_shot_max_bytes) gather the whole buffers instead and combine them on every rank, in
+// the ring's order (the one-shot algorithm): W - 1 steps, the same bits.
 //
 // The algorithm sees only its channel (channel/ring_channel.h): frames to the successor, frames
 // from the predecessor. Which channel carries them (shared memory, TCP links, the transport) is
@@ -52,6 +54,12 @@
 
 namespace tessera::worker {
 
+// Measured with tessera-bench allreduce on 2 cores (docs/benchmarks.md): at np 2 a 4 KiB
+// all-reduce takes 2.4 us one-shot against the ring's 3.5-3.7, 16 KiB the same either way, and
+// 32-64 KiB longer one-shot; at np 4 one-shot is 7-20% faster up to 16 KiB and slower from 32
+// KiB (each rank receives W - 1 whole buffers).
+inline constexpr size_t kDefaultOneShotMaxBytes = 16u << 10;
+
 struct RingCollectivesOptions {
   int rank = 0;
   int world_size = 1;
@@ -70,6 +78,11 @@ struct RingCollectivesOptions {
   // 4-16 MiB all-reduces take ~1.3x less time than with 256 KiB (fewer frames, each costing
   // thread hand-offs over the transport), 64 KiB-1 MiB the same, 4 MiB segments worse.
   size_t segment_bytes = 1024 * 1024;
+  // All-reduces of at most this many bytes gather every rank's whole buffer and combine it on
+  // each rank (the one-shot algorithm, ring_collectives.cc): the same bits as the ring's
+  // reduce-scatter and all-gather, in half the steps. 0: never; above segment_bytes: up to
+  // segment_bytes (a buffer per frame). Every rank must use the same value.
+  size_t one_shot_max_bytes = kDefaultOneShotMaxBytes;
 };
 
 inline constexpr size_t kMaxSegmentBytes = 64u << 20;

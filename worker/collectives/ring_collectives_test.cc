@@ -714,9 +714,29 @@ TEST(RingCollectivesMismatchTest, AnotherSegmentSizeFailsEveryRank) {
   EXPECT_THAT(results[1].message(),
               HasSubstr("rank=1: the frame from worker 0 (step 0, segment 0 of 8) is block 2 "
                         "elements [2000, 2250), expected block 2 elements [2000, 2125): do all "
-                        "ranks use the same segment_bytes?"));
+                        "ranks use the same segment_bytes and one_shot_max_bytes?"));
   EXPECT_THAT(results[2].message(), HasSubstr("rank=2: the frame from worker 1"));
   EXPECT_THAT(results[0].message(), HasSubstr("rank=0: worker 2 reported a failure"));
+}
+
+// Rank 1 all-reduces a small buffer by the ring's steps, its peers by the one-shot algorithm:
+// every rank fails, the ranks that see the other algorithm's frames naming the setting.
+TEST(RingCollectivesMismatchTest, AnotherOneShotThresholdFailsEveryRank) {
+  TestRing ring(3, Over());
+  RingCollectivesOptions options = ring.Options(1, kTestSegmentBytes, kTestTimeoutMs);
+  options.one_shot_max_bytes = 0;
+  auto ring_only = RingCollectives::Create(options);
+  ASSERT_TRUE(ring_only.ok()) << ring_only.status();
+  std::vector<Bytes> buffers(3, Bytes(4 * 30));
+  std::vector<Status> results = RunExpectingFailures(ring, kInvalid, [&](int rank) {
+    Collectives& collectives = rank == 1 ? **ring_only : ring.at(rank);
+    return collectives.AllReduce(buffers[rank].data(), 30, DataType::kFloat32, ReduceOp::kSum,
+                                 "w", 12);
+  });
+  for (int rank : {1, 2}) {
+    EXPECT_THAT(results[rank].message(),
+                HasSubstr("do all ranks use the same segment_bytes and one_shot_max_bytes?"));
+  }
 }
 
 // Every rank rejects an average of integers itself, before it sends a byte.

@@ -124,6 +124,53 @@ INSTANTIATE_TEST_SUITE_P(WorldSizes, RingReductionsWorld, ::testing::Values(1, 2
                          });
 
 // ---------------------------------------------------------------------------------------------
+// The one-shot all-reduce (small buffers) against the ring's reduce-scatter and all-gather: the
+// same bits for every dtype and op, worlds 2 to 5, lengths that leave blocks empty or uneven,
+// with the rings in a rank order of their own too (interleaved hosts: 0, 2, 4, 1, 3).
+
+class OneShotWorld : public ::testing::TestWithParam<int> {};
+
+TEST_P(OneShotWorld, GivesTheRingsBitsForEveryDTypeAndOp) {
+  const int world = GetParam();
+  for (bool interleaved : {false, true}) {
+    TestRingOptions options = InProcess();
+    options.segment_bytes = 1 << 20;  // a single segment per block for the ring too
+    options.one_shot_max_bytes = 0;
+    if (interleaved) {
+      options.in_process = false;
+      options.interleaved_hosts = true;
+    }
+    TestRing ring(world, options);
+    options.one_shot_max_bytes = options.segment_bytes;
+    TestRing one_shot(world, options);
+    ASSERT_TRUE(ring.ok() && one_shot.ok());
+    for (size_t count : {size_t{1}, static_cast<size_t>(world) - 1, size_t{97}, size_t{1009}}) {
+      for (DataType dtype : kAllDTypes) {
+        for (ReduceOp op : kAllOps) {
+          if (!Defined(dtype, op)) continue;
+          const std::string what = Describe(count, dtype, op) +
+                                    (interleaved ? ", interleaved hosts" : "");
+          SCOPED_TRACE(what);
+          const std::vector<Bytes> inputs = Inputs(dtype, world, count, ring.NextTag());
+          std::vector<Bytes> by_ring = inputs, by_one_shot = inputs;
+          ASSERT_TRUE(AllReduce(ring, by_ring, count, dtype, op));
+          ASSERT_TRUE(AllReduce(one_shot, by_one_shot, count, dtype, op));
+          for (int rank = 0; rank < world; ++rank) {
+            ASSERT_EQ(by_one_shot[rank], by_ring[rank]) << "rank " << rank;
+          }
+        }
+      }
+    }
+    EXPECT_TRUE(NothingKept(one_shot));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, OneShotWorld, ::testing::Values(2, 3, 4, 5),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return "world" + std::to_string(info.param);
+                         });
+
+// ---------------------------------------------------------------------------------------------
 // The corners
 
 // Sums and products of integers wrap around (two's complement), as torch's do; max and min are

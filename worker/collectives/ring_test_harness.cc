@@ -146,6 +146,7 @@ RingCollectivesOptions TestRing::Options(int rank, size_t segment_bytes,
   options.ring_order = ranks_[rank].order;
   options.timeout_ms = timeout_ms;
   options.segment_bytes = segment_bytes;
+  options.one_shot_max_bytes = options_.one_shot_max_bytes;
   return options;
 }
 

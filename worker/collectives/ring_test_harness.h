@@ -65,6 +65,9 @@ struct TestRingOptions {
   // InProcessTransport endpoints instead of ZeroMQ ones on 127.0.0.1.
   bool in_process = false;
   size_t segment_bytes = kTestSegmentBytes;
+  // RingCollectivesOptions::one_shot_max_bytes: by default all-reduces of up to one segment
+  // (kTestSegmentBytes) are one-shot, so the suites' short and long buffers run both.
+  size_t one_shot_max_bytes = kDefaultOneShotMaxBytes;
   int64_t timeout_ms = kTestTimeoutMs;
   // By rank: the faults a FaultyTransport around that rank's transport injects into what the
   // rank sends (ring frames and setup alike). Ranks beyond the vector's end send faithfully.

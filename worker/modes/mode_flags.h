@@ -13,6 +13,7 @@
 
 #include "worker/collectives/channel/links/ring_links.h"
 #include "worker/collectives/direct_read_collectives.h"
+#include "worker/collectives/ring_collectives.h"
 #include "worker/jobs/allreduce_bench_job.h"
 #include "worker/jobs/smoke_job.h"
 
@@ -33,6 +34,8 @@ struct ModeFlags {
   int64_t ring_spin_us = kDefaultRingSpinCapUs;
   // CommunicatorOptions::direct_read_min_bytes (0: off).
   uint64_t direct_read_min_bytes = kDefaultDirectReadMinBytes;
+  // CommunicatorOptions::one_shot_max_bytes (0: off).
+  uint64_t one_shot_max_bytes = kDefaultOneShotMaxBytes;
   // --mode hsdp: the ranks of a shard group (consecutive); 0: each host's ranks.
   int shard_group_size = 0;
 };

@@ -115,6 +115,12 @@ StatusOr<BackendConfig> BackendConfigFrom(const Environment& env, std::string_vi
                                   int64_t{1} << 50, "a number of bytes (0: never)"));
     member.direct_read_min_bytes = static_cast<size_t>(bytes);
   }
+  if (auto it = env.find("TESSERA_ONE_SHOT_MAX_BYTES"); it != env.end()) {
+    ASSIGN_OR_RETURN(int64_t bytes,
+                     ParseInteger("TESSERA_ONE_SHOT_MAX_BYTES", it->second, 0,
+                                  int64_t{1} << 40, "a number of bytes (0: never)"));
+    member.one_shot_max_bytes = static_cast<size_t>(bytes);
+  }
   if (auto it = env.find("TESSERA_TIMEOUT_MS"); it != env.end()) {
     ASSIGN_OR_RETURN(member.timeout_ms,
                      ParseInteger("TESSERA_TIMEOUT_MS", it->second, 1, int64_t{1} << 40,

@@ -18,6 +18,7 @@ TEST(BackendConfigTest, DefaultsWithAnEmptyEnvironment) {
   EXPECT_EQ(config->member.bind_host, "127.0.0.1");
   EXPECT_EQ(config->member.ring_transport, "auto");
   EXPECT_EQ(config->member.direct_read_min_bytes, kDefaultDirectReadMinBytes);
+  EXPECT_EQ(config->member.one_shot_max_bytes, kDefaultOneShotMaxBytes);
   EXPECT_EQ(config->member.timeout_ms, 5 * 60 * 1000);
   EXPECT_FALSE(config->metrics.has_value());
   EXPECT_TRUE(config->coordinator.empty());
@@ -27,6 +28,7 @@ TEST(BackendConfigTest, ReadsEveryVariable) {
   StatusOr<BackendConfig> config = BackendConfigFrom(Insecure({{"TESSERA_BIND_HOST", "10.0.0.7"},
                                                       {"TESSERA_RING_TRANSPORT", "links"},
                                                       {"TESSERA_DIRECT_READ_MIN_BYTES", "0"},
+                                                      {"TESSERA_ONE_SHOT_MAX_BYTES", "4096"},
                                                       {"TESSERA_TIMEOUT_MS", "2500"},
                                                       {"TESSERA_METRICS_PORT", "9100"},
                                                       {"TESSERA_METRICS_BIND_HOST", "auto"},
@@ -38,6 +40,7 @@ TEST(BackendConfigTest, ReadsEveryVariable) {
   EXPECT_EQ(config->member.bind_host, "10.0.0.7");
   EXPECT_EQ(config->member.ring_transport, "links");
   EXPECT_EQ(config->member.direct_read_min_bytes, 0u);
+  EXPECT_EQ(config->member.one_shot_max_bytes, 4096u);
   EXPECT_EQ(config->member.timeout_ms, 2500);
   ASSERT_TRUE(config->metrics.has_value());
   EXPECT_EQ(config->metrics->port, 9100);
@@ -103,6 +106,7 @@ TEST(BackendConfigTest, BadValuesNameTheVariable) {
       {"TESSERA_BIND_HOST", "nosuch0"},      {"TESSERA_BIND_HOST", ""},
       {"TESSERA_RING_TRANSPORT", "tcp"},     {"TESSERA_TIMEOUT_MS", "0"},
       {"TESSERA_DIRECT_READ_MIN_BYTES", "-1"}, {"TESSERA_DIRECT_READ_MIN_BYTES", "3M"},
+      {"TESSERA_ONE_SHOT_MAX_BYTES", "-1"},    {"TESSERA_ONE_SHOT_MAX_BYTES", "64K"},
       {"TESSERA_TIMEOUT_MS", "5s"},          {"TESSERA_METRICS_PORT", "70000"},
       {"TESSERA_METRICS_PORT", "-1"},        {"TESSERA_COORDINATOR", "host"},
       {"TESSERA_COORDINATOR", "host:0"},

@@ -78,6 +78,8 @@ struct GroupMemberOptions {
   size_t segment_bytes = 1 << 20;
   // CommunicatorOptions::direct_read_min_bytes (TESSERA_DIRECT_READ_MIN_BYTES); 0: off.
   size_t direct_read_min_bytes = kDefaultDirectReadMinBytes;
+  // CommunicatorOptions::one_shot_max_bytes (TESSERA_ONE_SHOT_MAX_BYTES); 0: off.
+  size_t one_shot_max_bytes = kDefaultOneShotMaxBytes;
   MetricsRegistry* metrics = nullptr;  // may be null; must outlive the member
 };
 
