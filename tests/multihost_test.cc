@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -16,6 +17,7 @@
 
 #include "tests/emulated_hosts.h"
 #include "tests/fleet_harness.h"
+#include "worker/params_file.h"
 
 namespace tessera::testing {
 namespace {
@@ -210,6 +212,43 @@ TEST_F(MultiHostTest, TwoWorkersPerHostUseSharedMemoryWithinAHostAndLinksBetween
   ASSERT_FALSE(ReadWholeFile(path).empty()) << "worker 0 saved no parameters in " << path;
   EXPECT_EQ(ReadWholeFile(path), ReadWholeFile(one_host_path))
       << "the same job on one host ended with other parameters";
+}
+
+// The same job with --direct-read-min-bytes 512 (issue 45, item 2): the model's one bucket
+// (848 bytes) is all-reduced hierarchically, within each host by direct reads and across the
+// hosts over links, each worker says so, and the job ends with the one-host job's parameters
+// within rounding (the sums are grouped by host, so not bit for bit).
+TEST_F(MultiHostTest, TwoWorkersPerHostAllReduceHierarchically) {
+  const std::string path = TempPath("hierarchical.params");
+  int node0 = -1, node1 = -1;
+  ASSERT_NO_FATAL_FAILURE(RunTwoNodes(
+      "allreduce", Concat(kJob, {"--direct-read-min-bytes", "512", "--save-params", path}),
+      &node0, &node1));
+  for (int node : {node0, node1}) {
+    const std::string out = harness_.Output(node);
+    EXPECT_NE(out.find("; hierarchical all-reduce from 512 bytes: 2 ranks within each of 2 "
+                       "hosts (shm"),
+              std::string::npos)
+        << out;
+    EXPECT_NE(out.find("direct reads (cross-memory attach)"), std::string::npos) << out;
+  }
+  FleetHarness one_host;
+  const std::string one_host_path = TempPath("hierarchical-one-host.params");
+  auto reference = one_host.Start("one host", "tools/tessera-launch",
+                                  Concat({"--workers", "4", "--mode", "allreduce", "--"},
+                                         Concat(kJob, {"--save-params", one_host_path})));
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  auto exit = one_host.WaitExit(*reference, Deadline::AfterMillis(kRunMs));
+  ASSERT_TRUE(exit.ok() && exit->status == 0) << one_host.Output(*reference);
+  auto got = worker::LoadParams(path);
+  auto want = worker::LoadParams(one_host_path);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_TRUE(want.ok()) << want.status();
+  ASSERT_EQ(got->values.size(), want->values.size());
+  for (size_t i = 0; i < got->values.size(); ++i) {
+    EXPECT_NEAR(got->values[i], want->values[i], 1e-5 * (1 + std::fabs(want->values[i])))
+        << "parameter element " << i;
+  }
 }
 
 // --mode hsdp (issue 44, item 4) on two workers per host without --shard-group-size: each

@@ -124,6 +124,7 @@ Status Communicator::Start(const std::string& ring_transport, int64_t setup_time
   ring.one_shot_max_bytes = world.one_shot_max_bytes;
   ASSIGN_OR_RETURN(ring_, RingCollectives::Create(ring));
   std::string direct = "; direct reads: off";
+  bool several_hosts = false;
   if (world.direct_read_min_bytes > 0 && world_size() > 1) {
     // Every rank sees the same addresses, so every rank decides alike whether to probe.
     const std::string host = PeerHost(addresses[0]);
@@ -131,6 +132,8 @@ Status Communicator::Start(const std::string& ring_transport, int64_t setup_time
       return PeerHost(a) == host;
     });
     direct = "; direct reads: no (the ranks are on several hosts)";
+    direct_min_bytes_ = world.direct_read_min_bytes;
+    several_hosts = !one_host;
     if (one_host) {
       DirectReadCollectivesOptions options;
       options.rank = rank_;
@@ -142,7 +145,6 @@ Status Communicator::Start(const std::string& ring_transport, int64_t setup_time
           ConnectDirectReads(options, kDirectReadProbeTag);
       if (!made.ok()) return made.status().WithContext(Where() + ": probing direct reads");
       direct_ = std::move(made).value();
-      direct_min_bytes_ = world.direct_read_min_bytes;
       direct = direct_ != nullptr
                    ? "; direct reads (cross-memory attach) for all-reduce, reduce-scatter and "
                      "all-gather from " + std::to_string(direct_min_bytes_) + " bytes, the ring "
@@ -153,15 +155,75 @@ Status Communicator::Start(const std::string& ring_transport, int64_t setup_time
   RingZmqOptions peers;
   peers.rank = rank_;
   peers.world_size = world_size();
-  peers.peer_addresses = std::move(addresses);
+  peers.peer_addresses = addresses;
   peers.transport = world.transport;
   peers.mailbox = world.mailbox;
   peers.communicator = id_;
   if (group) peers.world_ranks = world_ranks_;
   peers.failures = group ? failures_ : nullptr;
   ASSIGN_OR_RETURN(peers_, RingZmq::Create(std::move(peers)));
+  if (several_hosts) {
+    StatusOr<std::string> hierarchy = StartHierarchy(addresses);
+    if (!hierarchy.ok()) {
+      return hierarchy.status().WithContext(Where() + ": making its hierarchical groups");
+    }
+    direct += *hierarchy;
+  }
   channel_description_ = channel->description + direct;
   return OkStatus();
+}
+
+StatusOr<std::string> Communicator::StartHierarchy(const std::vector<std::string>& addresses) {
+  // Hosts in the order of their lowest rank; every rank sees the same addresses, so every rank
+  // decides alike.
+  std::vector<std::string> hosts;
+  std::vector<int> host_of, place_of;
+  std::vector<int> ranks_on;
+  for (const std::string& address : addresses) {
+    const std::string host = PeerHost(address);
+    const auto found = std::find(hosts.begin(), hosts.end(), host);
+    const int h = static_cast<int>(found - hosts.begin());
+    if (found == hosts.end()) {
+      hosts.push_back(host);
+      ranks_on.push_back(0);
+    }
+    host_of.push_back(h);
+    place_of.push_back(ranks_on[static_cast<size_t>(h)]++);
+  }
+  const int per_host = ranks_on[0];
+  if (per_host < 2 ||
+      std::any_of(ranks_on.begin(), ranks_on.end(), [&](int n) { return n != per_host; })) {
+    return std::string("; hierarchical all-reduce: no (not the same number of ranks, at least "
+                       "two, on every host)");
+  }
+  const size_t r = static_cast<size_t>(rank_);
+  ASSIGN_OR_RETURN(host_, Split(host_of[r], kHierarchySplitTag));
+  ASSIGN_OR_RETURN(across_, Split(place_of[r], kHierarchySplitTag));
+  return "; hierarchical all-reduce from " + std::to_string(direct_min_bytes_) + " bytes: " +
+         std::to_string(per_host) + " ranks within each of " + std::to_string(hosts.size()) +
+         " hosts (" + host_->channel_description() + "), across them " +
+         across_->channel_description();
+}
+
+// Reduce-scatter within the host into this rank's slice of `data` (in place), all-reduce of the
+// slice across the hosts, all-gather within the host. An average averages within the host,
+// then across.
+Status Communicator::HierarchicalAllReduce(uint8_t* data, size_t count, DataType dtype,
+                                           ReduceOp op, const std::string& tensor,
+                                           uint64_t world_tag) {
+  // The groups take tags below 2^32 (their own spaces, used by nothing else): the caller's
+  // folded, so that calls that may run at once (the world's tags differ in their low bits:
+  // steps and buckets) stay apart, and one under a tag reused later maps alike.
+  const uint64_t tag = static_cast<uint32_t>(world_tag ^ (world_tag >> 32));
+  const size_t bytes = DataTypeSize(dtype);
+  const Partition own = PartitionOf(count, host_->world_size(), host_->rank());
+  uint8_t* slice = data + own.offset * bytes;
+  RETURN_IF_ERROR(host_->ReduceScatter(data, slice, count, dtype, op, tensor, tag)
+                      .WithContext("hierarchical all-reduce: within the host"));
+  RETURN_IF_ERROR(across_->AllReduce(slice, own.size, dtype, op, tensor, tag)
+                      .WithContext("hierarchical all-reduce: across the hosts"));
+  return host_->AllGather(slice, data, count, dtype, tensor, tag)
+      .WithContext("hierarchical all-reduce: within the host");
 }
 
 std::string Communicator::Where() const {
@@ -199,6 +261,12 @@ Status Communicator::UseDevice(NcclCollectivesOptions options) {
 
 Status Communicator::AllReduce(void* data, size_t count, DataType dtype, ReduceOp op,
                                const std::string& tensor, uint64_t tag) {
+  const size_t bytes = count * DataTypeSize(dtype);
+  if (host_ != nullptr && bytes >= direct_min_bytes_ && bytes > 0 &&
+      (device_ == nullptr || !IsDeviceMemory(data))) {
+    return Named(HierarchicalAllReduce(static_cast<uint8_t*>(data), count, dtype, op, tensor,
+                                       tag));
+  }
   return Named(For(data, count * DataTypeSize(dtype)).AllReduce(data, count, dtype, op, tensor,
                                                                  tag));
 }
@@ -594,7 +662,11 @@ StatusOr<std::unique_ptr<Communicator>> Communicator::Group(const std::vector<in
 }
 
 void Communicator::Abort(const Status& why) {
-  failures_->Fail(why.ok() ? CancelledError(name_ + " was aborted") : why);
+  const Status failure = why.ok() ? CancelledError(name_ + " was aborted") : why;
+  failures_->Fail(failure);
+  // The hierarchical groups hear of the process's failures themselves, not of this one's.
+  if (host_ != nullptr) host_->Abort(failure);
+  if (across_ != nullptr) across_->Abort(failure);
 }
 
 }  // namespace tessera::worker

@@ -39,6 +39,16 @@
 // per byte) and smaller ones go round the ring, whose latency wins there. The channel's
 // description says which, and from what size.
 //
+// Hierarchical all-reduce: where a communicator's ranks are on several hosts, the same number
+// on each and at least two, setup also makes two groups of it: the ranks of this host, and the
+// ranks at this rank's place on every host. An all-reduce of at least direct_read_min_bytes
+// is then a reduce-scatter within the host (by direct reads where the kernel allows them), an
+// all-reduce of this rank's slice across the hosts (the ring over links, one rank per host),
+// and an all-gather within the host: each byte crosses between hosts 2(H-1)/H times for H
+// hosts, as in the flat ring, but over H hops rather than W, and a host's ranks do the rest at
+// memory speed. Every rank gets the same bits, not the flat ring's (the sums are grouped by
+// host); direct_read_min_bytes 0 keeps the flat ring.
+//
 // Device memory: after UseDevice, each collective picks the NCCL backend for a buffer in device
 // memory and the ring for host memory, through this one interface.
 //
@@ -202,8 +212,8 @@ class Communicator final : public Collectives {
   // own, and the group takes the largest.
   uint32_t NextGroupId() const;
 
-  // Fails every wait of this communicator, and every later call, with `why` (a group's only,
-  // not its parent's; the world's fails the process).
+  // Fails every wait of this communicator (its hierarchical groups' included), and every later
+  // call, with `why` (a group's only, not its parent's; the world's fails the process).
   void Abort(const Status& why);
 
  private:
@@ -252,6 +262,14 @@ class Communicator final : public Collectives {
   // off. Uses ring_ for its control.
   std::unique_ptr<DirectReadCollectives> direct_;
   size_t direct_min_bytes_ = 0;
+  // The hierarchical all-reduce's groups (see above): this host's ranks and this rank's place
+  // on every host; null where it does not apply.
+  std::unique_ptr<Communicator> host_;
+  std::unique_ptr<Communicator> across_;
+  // Makes host_ and across_ where they apply; a note for the channel's description.
+  StatusOr<std::string> StartHierarchy(const std::vector<std::string>& addresses);
+  Status HierarchicalAllReduce(uint8_t* data, size_t count, DataType dtype, ReduceOp op,
+                               const std::string& tensor, uint64_t tag);
   std::unique_ptr<Collectives> device_;  // NCCL, once UseDevice made it
   std::unique_ptr<RingZmq> peers_;  // point-to-point and all-to-all frames
   std::string channel_description_;

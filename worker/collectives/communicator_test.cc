@@ -28,11 +28,13 @@ namespace {
 
 constexpr int64_t kTimeoutMs = 20000;
 
-// W ranks, each with its own endpoint, mailbox, failure bus and world communicator.
+// W ranks, each with its own endpoint, mailbox, failure bus and world communicator. With
+// `hosts` > 1 the ranks are in that many blocks of consecutive ranks, each bound to its own
+// loopback address (127.0.0.1, 127.0.0.2, ...): hosts, to the communicator.
 class TestWorld {
  public:
   TestWorld(int world, const std::string& ring_transport, int64_t timeout_ms = kTimeoutMs,
-            size_t direct_read_min_bytes = kDefaultDirectReadMinBytes)
+            size_t direct_read_min_bytes = kDefaultDirectReadMinBytes, int hosts = 1)
       : ranks_(static_cast<size_t>(world)) {
     std::vector<std::string> addresses;
     for (int r = 0; r < world; ++r) {
@@ -40,6 +42,7 @@ class TestWorld {
       ZmqTransportOptions zmq;
       zmq.role = Role::kWorker;
       zmq.rank = r;
+      zmq.bind_host = "127.0.0." + std::to_string(1 + r * hosts / world);
       auto endpoint = StartZmqEndpoint(zmq, nullptr);
       EXPECT_TRUE(endpoint.ok()) << endpoint.status();
       if (!endpoint.ok()) return;
@@ -162,6 +165,47 @@ TEST_P(CommunicatorTest, LargeCallsReadDirectlyFromTheThreshold) {
       return InternalError("the description: " + off.at(r).channel_description());
     }
     return CheckedAllReduce(off.at(r), 100003, 1, 1);
+  });
+}
+
+// Ranks on two hosts, two on each: all-reduces from direct_read_min_bytes on are hierarchical
+// (within each host, across them, within again), of sums and averages, under the world's large
+// tags too (as the native modes' buckets), and give every rank the naive result; smaller ones
+// go round the flat ring. Three ranks on two hosts (2 + 1) keep the flat ring for all.
+TEST_P(CommunicatorTest, AllReducesAcrossHostsAreHierarchicalFromTheThreshold) {
+  TestWorld world(4, GetParam(), kTimeoutMs, /*direct_read_min_bytes=*/4096, /*hosts=*/2);
+  world.RunAll([&](int r) -> Status {
+    Communicator& me = world.at(r);
+    const std::string& description = me.channel_description();
+    if (description.find("hierarchical all-reduce from 4096 bytes: 2 ranks within each of 2 "
+                         "hosts (") == std::string::npos ||
+        description.find("direct reads (cross-memory attach)") == std::string::npos) {
+      return InternalError("the description does not say hierarchical: " + description);
+    }
+    RETURN_IF_ERROR(CheckedAllReduce(me, 100003, 1, 1));                      // hierarchical
+    RETURN_IF_ERROR(CheckedAllReduce(me, 1000, 2, 2));                        // the flat ring
+    RETURN_IF_ERROR(CheckedAllReduce(me, 5001, (uint64_t{1} << 41) + 7, 3));  // a large tag
+    std::vector<float> data(20011);
+    for (size_t i = 0; i < data.size(); ++i) data[i] = Input(r, i, 4);
+    RETURN_IF_ERROR(me.AllReduce(data.data(), data.size(), DataType::kFloat32,
+                                 ReduceOp::kAverage, "avg", 5));
+    for (size_t i = 0; i < data.size(); ++i) {
+      // Sums of 2 and of 4 small integers, halved: exact in float either way.
+      if (data[i] != NaiveSum(me.world_ranks(), i, 4) / 4) {
+        return InternalError("average element " + std::to_string(i) + ": " +
+                             std::to_string(data[i]));
+      }
+    }
+    return OkStatus();
+  });
+  TestWorld uneven(3, GetParam(), kTimeoutMs, /*direct_read_min_bytes=*/4096, /*hosts=*/2);
+  uneven.RunAll([&](int r) -> Status {
+    const std::string& description = uneven.at(r).channel_description();
+    if (description.find("hierarchical all-reduce: no (not the same number of ranks") ==
+        std::string::npos) {
+      return InternalError("the description: " + description);
+    }
+    return CheckedAllReduce(uneven.at(r), 100003, 1, 1);
   });
 }
 
@@ -395,6 +439,37 @@ TEST_P(CommunicatorTest, AbortEndsAGroupsWaitAtOnceAndLeavesTheWorld) {
   groups[0].reset();
   groups[1].reset();
   world.RunAll([&](int r) { return CheckedAllReduce(world.at(r), 100, 1, 0); });
+}
+
+// A group of ranks on two hosts, two on each, all-reduces hierarchically; aborting it ends a
+// hierarchical all-reduce that waits (in the group's own groups) at once.
+TEST_P(CommunicatorTest, AbortEndsAHierarchicalAllReducesWait) {
+  TestWorld world(4, GetParam(), kTimeoutMs, /*direct_read_min_bytes=*/4096, /*hosts=*/2);
+  std::vector<std::unique_ptr<Communicator>> groups(4);
+  world.RunAll([&](int r) -> Status {
+    ASSIGN_OR_RETURN(groups[static_cast<size_t>(r)], world.at(r).Split(0, 1));
+    if (groups[static_cast<size_t>(r)]->channel_description().find("hierarchical all-reduce "
+                                                                   "from 4096 bytes") ==
+        std::string::npos) {
+      return InternalError("not hierarchical: " +
+                           groups[static_cast<size_t>(r)]->channel_description());
+    }
+    return OkStatus();
+  });
+  // Only rank 0 calls: it waits for its host's other rank.
+  const auto start = std::chrono::steady_clock::now();
+  std::thread abort([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    groups[0]->Abort(CancelledError("the group is being destroyed"));
+  });
+  std::vector<float> data(10000, 1.0f);
+  Status waited = groups[0]->AllReduce(data.data(), data.size(), DataType::kFloat32,
+                                       ReduceOp::kSum, "x", 2);
+  abort.join();
+  EXPECT_EQ(waited.code(), StatusCode::kCancelled) << waited;
+  EXPECT_NE(waited.message().find("hierarchical all-reduce: within the host"), std::string::npos)
+      << waited;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
 }
 
 // Rank 0 queues group A's all-reduce before B's, rank 1 B's before A's: each group's queue

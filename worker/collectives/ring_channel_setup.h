@@ -50,6 +50,8 @@ inline constexpr uint64_t kRingShmSetupTag = ~uint64_t{0} - 1;
 inline constexpr uint64_t kRingShmAgreeTag = ~uint64_t{0} - 2;
 // The direct-read probe over a communicator's ring (direct_read_collectives.h).
 inline constexpr uint64_t kDirectReadProbeTag = ~uint64_t{0} - 3;
+// The splits that make a communicator's hierarchical groups (communicator.h).
+inline constexpr uint64_t kHierarchySplitTag = ~uint64_t{0} - 4;
 
 struct RingChannelSetupOptions {
   std::string kind = "auto";  // auto, shm, links or zmq
