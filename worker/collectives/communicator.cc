@@ -191,6 +191,8 @@ StatusOr<std::string> Communicator::StartHierarchy(const std::vector<std::string
     place_of.push_back(ranks_on[static_cast<size_t>(h)]++);
   }
   const int per_host = ranks_on[0];
+  // One rank on each host (a hierarchy's own group across the hosts, say): nothing to say.
+  if (per_host == 1 && ranks_on.size() == addresses.size()) return std::string();
   if (per_host < 2 ||
       std::any_of(ranks_on.begin(), ranks_on.end(), [&](int n) { return n != per_host; })) {
     return std::string("; hierarchical all-reduce: no (not the same number of ranks, at least "
