@@ -84,6 +84,10 @@ must_not "//worker/modes/..." "//worker:all + //worker/torch/..." \
 must_not "//worker/nn/... + //worker/data/..." \
   "//worker/engines/... + //worker:all + //worker/torch/... + //worker/modes/..." \
   "models and data are below the engines"
+must_not "//worker/pipeline/..." \
+  "//worker/collectives/... + //worker/engines/... + //worker:all + //worker/torch/... + \
+//worker/jobs/... + //worker/modes/..." \
+  "pipeline schedules are plain algorithms below both front ends"
 
 if ((failed)); then
   echo "check_layers: the layering is broken (docs/architecture.md)"
