@@ -340,8 +340,9 @@ class RingRun {
     for (int b = 0; b < world_; ++b) {
       const Partition block = Block(b);
       if (block.size == 0) continue;
-      auto elements = [&](int position) { return Element(staging.Region(Wrap(position)),
-                                                         block.offset); };
+      auto elements = [&](int position) {
+        return Element(staging.Region(Wrap(position)), block.offset);
+      };
       const uint8_t* partial = elements(b + 1);
       for (int q = b + 2; q < b + world_; ++q) {
         uint8_t* out = staging.Region(world_ + q % 2);
