@@ -96,6 +96,10 @@ struct CommunicatorOptions {
   // (see above); 0: never. Every rank must use the same value (tessera-worker
   // --direct-read-min-bytes).
   size_t direct_read_min_bytes = kDefaultDirectReadMinBytes;
+  // How long the threads that run Enqueue's and EnqueueRecv's ops poll for the next op before
+  // they sleep (CommPool's spin_us; tessera-worker --comm-spin-us). The world's counts for
+  // every group.
+  int64_t comm_spin_us = kDefaultCommSpinUs;
 };
 
 class Communicator final : public Collectives {

@@ -136,6 +136,7 @@ StatusOr<std::shared_ptr<GroupHost>> MakeHost(const GroupMemberOptions& options,
   world.setup_timeout_ms = std::max<int64_t>(1, deadline.RemainingMillis());
   world.segment_bytes = options.segment_bytes;
   world.direct_read_min_bytes = options.direct_read_min_bytes;
+  world.comm_spin_us = options.comm_spin_us;
   world.credentials = options.credentials;
   world.metrics = options.metrics;
   StatusOr<std::unique_ptr<Communicator>> connected = Communicator::Connect(world);

@@ -78,6 +78,9 @@ struct GroupMemberOptions {
   size_t segment_bytes = 1 << 20;
   // CommunicatorOptions::direct_read_min_bytes (TESSERA_DIRECT_READ_MIN_BYTES); 0: off.
   size_t direct_read_min_bytes = kDefaultDirectReadMinBytes;
+  // CommunicatorOptions::comm_spin_us (TESSERA_COMM_SPIN_US); also how long a Work's wait()
+  // polls before it blocks. Only the default group's counts for the comm threads.
+  int64_t comm_spin_us = kDefaultCommSpinUs;
   MetricsRegistry* metrics = nullptr;  // may be null; must outlive the member
 };
 
