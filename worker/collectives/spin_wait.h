@@ -18,12 +18,14 @@
 namespace tessera::worker {
 
 // The default of CommThread's and CommPool's spin_us, tessera-worker --comm-spin-us and
-// TESSERA_COMM_SPIN_US: 0, never spin. Measured with tessera-bench torch (DDP on the MLP, 2
-// ranks on a 2-core VM, docs/benchmarks.md, issue 45): each rank has a training thread and a
-// comm thread, so the host has twice as many busy threads as cores, and a comm thread that
-// spins takes the core from the training thread that would make its next bucket; no spin
-// budget made DDP faster there. On hosts with cores to spare a spin of 20-50 us saves the
-// wake-up of every op; measure there before raising it.
+// TESSERA_COMM_SPIN_US: 0, never spin. Measured on the 2-core VMs (docs/benchmarks.md, issue
+// 45): DDP on tessera over Gloo (tessera-bench torch, MLP, 2 ranks) was 1.35-1.53x with 0 and
+// 1.39-1.51x with 20, 50 or 200 us, i.e. no gain beyond the noise; a 4 KiB all-reduce gained
+// ~1 us (11.3 -> 10.3 us) and sometimes lost 4-6 us. There each rank has a training thread and
+// a comm thread, twice as many busy threads as cores, and a comm thread that spins takes the
+// core its training thread needs; and a wake-up costs ~0.5 us at the median (2 us in all).
+// On hosts with cores to spare, 20-50 us removes the slow wake-ups (p90 55 -> 1.5 us) without
+// costing compute: measure there before raising it.
 inline constexpr int64_t kDefaultCommSpinUs = 0;
 // The largest spin_us the flags and the environment accept: 1 s. A longer spin is no longer a
 // spin-then-wait but a busy core.
