@@ -1,8 +1,9 @@
 // SpinUntil: the "spin" half of a spin-then-wait. A thread about to sleep on a condition
-// variable (or a future) first polls for what it waits for, for at most spin_us, because a
-// sleep and the wake-up that ends it cost tens of microseconds (the comm thread's hand-off:
-// ~17 us per op, issue 45) where a poll costs a few nanoseconds. Each round yields the core, so
-// that on a host with more runnable threads than cores the spinner gives way to the others.
+// variable (or a future) first polls for what it waits for, for at most spin_us, because the
+// wake-up that ends a sleep costs microseconds, and tens of them when the core has gone idle
+// (issue 45 put the comm thread's hand-off at ~17 us per op), where a poll costs nanoseconds.
+// Each round yields the core, so that on a host with more runnable threads than cores the
+// spinner gives way to the others.
 //
 //   if (!SpinUntil([&] { return signals_.load() != seen; }, spin_us)) cv_.wait(lock, ...);
 //
