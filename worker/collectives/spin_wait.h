@@ -21,8 +21,8 @@ namespace tessera::worker {
 // The default of CommThread's and CommPool's spin_us, tessera-worker --comm-spin-us and
 // TESSERA_COMM_SPIN_US: 0, never spin. Measured on the 2-core VMs (docs/benchmarks.md, issue
 // 45): DDP on tessera over Gloo (tessera-bench torch, MLP, 2 ranks) was 1.35-1.53x with 0 and
-// 1.39-1.51x with 20, 50 or 200 us, i.e. no gain beyond the noise; a 4 KiB all-reduce gained
-// ~1 us (11.3 -> 10.3 us) and sometimes lost 4-6 us. There each rank has a training thread and
+// 1.39-1.55x with 20, 50 or 200 us, i.e. no gain beyond the noise; a 4 KiB all-reduce gained
+// ~1.3 us (11.3 -> 10.0 us) and sometimes lost 4-6 us. There each rank has a training thread and
 // a comm thread, twice as many busy threads as cores, and a comm thread that spins takes the
 // core its training thread needs; and a wake-up costs ~0.5 us at the median (2 us in all).
 // On hosts with cores to spare, 20-50 us removes the slow wake-ups (p90 55 -> 1.5 us) without
