@@ -268,6 +268,15 @@ void AddWorkerFlags(CLI::App* app, WorkerFlags* flags) {
                   "to 0 while waits outlast it. 0: never spin")
       ->check(CLI::Range(int64_t{0}, int64_t{1000000}))
       ->capture_default_str();
+  ddp->add_option("--comm-spin-us", modes->comm_spin_us,
+                  "allreduce, zero1-3, hsdp: how long the communication thread, once idle, "
+                  "polls for the next collective (and the training thread for a collective's "
+                  "end) before it sleeps, yielding the core each round; saves a thread wake-up "
+                  "per collective, at the cost of a core's time while it polls. 0: sleep at "
+                  "once (best where the workers have no spare cores; "
+                  "worker/collectives/spin_wait.h)")
+      ->check(CLI::Range(int64_t{0}, kMaxCommSpinUs))
+      ->capture_default_str();
   ddp->add_option("--direct-read-min-bytes", modes->direct_read_min_bytes,
                   "Where every worker of a communicator is on this host and the kernel allows "
                   "cross-memory attach (process_vm_readv; checked at start, a refusal is logged), "

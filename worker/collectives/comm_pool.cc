@@ -7,11 +7,14 @@
 
 namespace tessera::worker {
 
+CommPool::CommPool(int64_t spin_us) : spin_us_(std::clamp<int64_t>(spin_us, 0, kMaxCommSpinUs)) {}
+
 CommPool::~CommPool() {
   std::vector<std::thread> threads;
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
+    signals_.fetch_add(1, std::memory_order_release);
     threads.swap(threads_);
   }
   work_.notify_all();
@@ -49,6 +52,7 @@ std::shared_future<Status> CommPool::Submit(const std::shared_ptr<Strand>& stran
   strand->queue.push_back(std::move(task));
   if (waiting) return done;
   runnable_.push_back(strand);
+  signals_.fetch_add(1, std::memory_order_release);
   if (runnable_.size() > idle_) {
     // Every thread is busy (or taken): this strand gets one of its own rather than wait
     // behind work that may wait for it. The new thread counts as idle from now, not from
@@ -98,6 +102,15 @@ void CommPool::Loop() {
       }
       finished.reset();
       thrown = nullptr;
+      lock.lock();
+    }
+    if (spin_us_ > 0 && runnable_.empty() && !stopping_) {
+      // Idle (and counted so: a Submit now finds this thread rather than starting another):
+      // poll for a runnable strand before sleeping. Submit bumps signals_ under mu_, so what
+      // is read here, under it, misses none that came after.
+      const uint64_t seen = signals_.load(std::memory_order_relaxed);
+      lock.unlock();
+      SpinUntil([&] { return signals_.load(std::memory_order_acquire) != seen; }, spin_us_);
       lock.lock();
     }
     work_.wait(lock, [this] { return stopping_ || !runnable_.empty(); });

@@ -12,13 +12,19 @@
 //   std::shared_future<Status> done = pool.Submit(group, [&] { return comm->AllReduce(...); });
 //   pool.Close(*group, "the group is being destroyed");  // drops what has not started
 //
+// spin_us (spin_wait.h): a thread that has run a task and finds nothing runnable polls for up
+// to spin_us before it sleeps, so that work submitted within that time costs no wake-up (as
+// CommThread's spin_us). 0 (the default) sleeps at once.
+//
 // Thread-safety: thread-safe. Work may Submit more work (to any strand), but must not Close
 // its own strand.
 #ifndef TESSERA_WORKER_COLLECTIVES_COMM_POOL_H_
 #define TESSERA_WORKER_COLLECTIVES_COMM_POOL_H_
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <future>
@@ -29,6 +35,7 @@
 #include <vector>
 
 #include "common/base/status.h"
+#include "worker/collectives/spin_wait.h"
 
 namespace tessera::worker {
 
@@ -36,8 +43,10 @@ class CommPool {
  public:
   class Strand;
 
-  CommPool() = default;
-  // What has not started never runs (CANCELLED); waits for what runs, and joins.
+  // REQUIRES: 0 <= spin_us <= kMaxCommSpinUs (the flags check it; here it is clamped).
+  explicit CommPool(int64_t spin_us = kDefaultCommSpinUs);
+  // What has not started never runs (CANCELLED); waits for what runs, and joins. Threads that
+  // spin stop spinning at once.
   ~CommPool();
   CommPool(const CommPool&) = delete;
   CommPool& operator=(const CommPool&) = delete;
@@ -58,6 +67,8 @@ class CommPool {
   // How many threads the pool has started.
   size_t threads() const;
 
+  int64_t spin_us() const { return spin_us_; }
+
  private:
   struct Task {
     std::function<Status()> work;
@@ -66,6 +77,7 @@ class CommPool {
 
   void Loop();
 
+  const int64_t spin_us_;
   mutable std::mutex mu_;
   std::condition_variable work_;   // a strand became runnable, or stopping_
   std::condition_variable ended_;  // a strand's running work ended
@@ -75,6 +87,9 @@ class CommPool {
   std::vector<std::thread> threads_;  // guarded by mu_
   size_t idle_ = 0;  // threads that will look at runnable_ before they wait; guarded by mu_
   bool stopping_ = false;  // guarded by mu_
+  // Bumped (under mu_) whenever a strand becomes runnable and when the pool stops, so that a
+  // thread spinning without mu_ sees it.
+  std::atomic<uint64_t> signals_{0};
 };
 
 class CommPool::Strand {

@@ -1,16 +1,20 @@
 #include "worker/collectives/comm_thread.h"
 
+#include <algorithm>
+#include <chrono>
 #include <exception>
 #include <utility>
 
 namespace tessera::worker {
 
-CommThread::CommThread() : thread_([this] { Loop(); }) {}
+CommThread::CommThread(int64_t spin_us)
+    : spin_us_(std::clamp<int64_t>(spin_us, 0, kMaxCommSpinUs)), thread_([this] { Loop(); }) {}
 
 CommThread::~CommThread() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
+    signals_.fetch_add(1, std::memory_order_release);
   }
   cv_.notify_all();
   thread_.join();
@@ -22,9 +26,16 @@ std::shared_future<Status> CommThread::Submit(std::function<Status()> work) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     queue_.push_back(std::move(task));
+    signals_.fetch_add(1, std::memory_order_release);
   }
-  cv_.notify_all();
+  cv_.notify_all();  // with no sleeper (the comm thread spins) a load, no system call
   return done;
+}
+
+Status CommThread::Wait(const std::shared_future<Status>& done) const {
+  SpinUntil([&] { return done.wait_for(std::chrono::seconds(0)) == std::future_status::ready; },
+            spin_us_);
+  return done.get();
 }
 
 void CommThread::CancelPending(const std::string& reason) {
@@ -41,6 +52,14 @@ void CommThread::Loop() {
     Task task;
     {
       std::unique_lock<std::mutex> lock(mu_);
+      if (spin_us_ > 0 && queue_.empty() && !stopping_) {
+        // Idle: poll for the next Submit (or the destructor) before sleeping. Submit bumps
+        // signals_ under mu_, so what is read here, under it, misses none that came after.
+        const uint64_t seen = signals_.load(std::memory_order_relaxed);
+        lock.unlock();
+        SpinUntil([&] { return signals_.load(std::memory_order_acquire) != seen; }, spin_us_);
+        lock.lock();
+      }
       cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
       if (queue_.empty()) return;  // stopping, and nothing left to run
       task = std::move(queue_.front());

@@ -31,6 +31,8 @@ std::string RankList(const std::vector<int>& ranks) {
 }  // namespace
 
 struct Communicator::Process {
+  explicit Process(const CommunicatorOptions& options)
+      : world(options), pool(options.comm_spin_us) {}
   CommunicatorOptions world;
   mutable std::mutex mu;
   uint32_t next_group_id = 1;  // guarded by mu
@@ -64,8 +66,7 @@ StatusOr<std::unique_ptr<Communicator>> Communicator::Connect(const Communicator
                                       "and a failure bus");
   }
   if (options.timeout_ms <= 0) return InvalidArgumentError(who + ": the timeout is not positive");
-  auto process = std::make_shared<Process>();
-  process->world = options;
+  auto process = std::make_shared<Process>(options);
   std::vector<int> everyone(static_cast<size_t>(options.world_size));
   for (int q = 0; q < options.world_size; ++q) everyone[static_cast<size_t>(q)] = q;
   std::unique_ptr<Communicator> world(new Communicator(process, kWorldCommunicator, options.rank,

@@ -109,6 +109,10 @@ struct CommunicatorOptions {
   // RingCollectivesOptions::one_shot_max_bytes: all-reduces on the ring of at most this many
   // bytes gather the whole buffers (tessera-worker --one-shot-max-bytes); 0: never.
   size_t one_shot_max_bytes = kDefaultOneShotMaxBytes;
+  // How long the threads that run Enqueue's and EnqueueRecv's ops poll for the next op before
+  // they sleep (CommPool's spin_us; tessera-worker --comm-spin-us). The world's counts for
+  // every group.
+  int64_t comm_spin_us = kDefaultCommSpinUs;
 };
 
 class Communicator final : public Collectives {

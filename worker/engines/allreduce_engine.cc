@@ -254,7 +254,7 @@ Status AllReduceEngine::Step(int64_t step, float* params, float* grads,
   // (they run in order) is the step's error.
   Status error;
   for (const std::shared_future<Status>& reduction : reductions_) {
-    const Status& status = reduction.get();
+    const Status status = comm_.Wait(reduction);
     if (error.ok() && !status.ok()) error = status;
   }
   reductions_.clear();

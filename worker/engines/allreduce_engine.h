@@ -64,6 +64,8 @@ struct AllReduceEngineOptions {
   LrScheduleOptions schedule;
   uint64_t bucket_bytes = 25ull << 20;  // PyTorch DDP's default bucket_cap_mb = 25
   bool overlap = true;                  // start buckets during backward
+  // CommThread's spin_us (the comm thread's, and Step's wait for each bucket's reduction).
+  int64_t comm_spin_us = kDefaultCommSpinUs;
   // Longest wait for zero1's parameter all-gather of one tensor (each collective also has its
   // own deadline).
   int64_t wait_timeout_ms = 60000;
@@ -100,7 +102,10 @@ class AllReduceEngine final : public TrainingEngine {
 
  private:
   AllReduceEngine(const AllReduceEngineOptions& options, Collectives* collectives)
-      : options_(options), collectives_(collectives), tracker_(&buckets_) {}
+      : options_(options),
+        collectives_(collectives),
+        tracker_(&buckets_),
+        comm_(options.comm_spin_us) {}
   // Hands the all-reduce of `bucket` to the communication thread.
   void Enqueue(size_t bucket);
   Status RunAllReduce(size_t bucket, float* grads, int64_t step);

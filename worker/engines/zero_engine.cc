@@ -117,7 +117,7 @@ Status ZeroEngine::Initialize(const ParameterLayout& layout,
   reduced_times_.assign(tensors_.size(), 0);
   state_.assign(StateFloatsPerElement(options_.optimizer.kind) * owned_, 0.0f);
   InitOptimizerState(options_.optimizer, state_.data(), owned_);
-  comm_ = std::make_unique<CommThread>();
+  comm_ = std::make_unique<CommThread>(options_.comm_spin_us);
   PublishBytes();
   TLOG(INFO) << name() << " among " << world << " workers"
              << (replicate != nullptr
@@ -169,6 +169,8 @@ void ZeroEngine::AddTransient(std::atomic<uint64_t>* bytes, std::atomic<uint64_t
 }
 
 Status ZeroEngine::Wait(const std::shared_future<Status>& done, const std::string& what) {
+  SpinUntil([&] { return done.wait_for(std::chrono::seconds(0)) == std::future_status::ready; },
+            options_.comm_spin_us);
   if (done.wait_for(std::chrono::milliseconds(options_.wait_timeout_ms)) !=
       std::future_status::ready) {
     return DeadlineExceededError(std::string(name()) + ": " + what + " did not finish within " +

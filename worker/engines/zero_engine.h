@@ -78,6 +78,8 @@ struct ZeroEngineOptions {
   bool prefetch = true;            // stage 3: gather the next block during the current one
   int max_gradient_blocks_in_flight = 2;  // held at once (see above); at least 1
   int64_t wait_timeout_ms = 60000;  // longest wait for one collective (each also has its own)
+  // CommThread's spin_us (the comm thread's, and Wait's before it blocks).
+  int64_t comm_spin_us = kDefaultCommSpinUs;
   // RestoreCheckpoint: the modes whose checkpoints this engine restores (sharded_state.h's
   // format), as the mode registry (worker/modes/mode_registry.h) lists them.
   std::vector<std::string> restores_checkpoints_of;

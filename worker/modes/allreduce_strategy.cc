@@ -18,6 +18,7 @@ StatusOr<std::unique_ptr<TrainingStrategy>> MakeStrategy(const StrategyContext& 
         options.schedule = context.schedule;
         options.bucket_bytes = static_cast<uint64_t>(flags.bucket_mb * (1 << 20));
         options.overlap = !flags.no_overlap;
+        options.comm_spin_us = flags.comm_spin_us;
         options.restores_checkpoints_of = context.restores_checkpoints_of;
         ASSIGN_OR_RETURN(std::unique_ptr<AllReduceEngine> engine,
                          AllReduceEngine::Create(options, collectives,

@@ -119,6 +119,7 @@ StatusOr<std::unique_ptr<TrainingStrategy>> MakeHsdpStrategy(const StrategyConte
         options.optimizer = context.optimizer;
         options.schedule = context.schedule;
         options.prefetch = !context.mode.flags->no_overlap;
+        options.comm_spin_us = context.mode.flags->comm_spin_us;
         // A wait covers one block's collectives, each bounded by the request timeout; here
         // a reduce-scatter and an all-reduce per tensor.
         options.wait_timeout_ms = 8 * context.mode.runtime->config().request_timeout_ms;

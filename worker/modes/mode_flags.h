@@ -14,6 +14,7 @@
 #include "worker/collectives/channel/links/ring_links.h"
 #include "worker/collectives/direct_read_collectives.h"
 #include "worker/collectives/ring_collectives.h"
+#include "worker/collectives/spin_wait.h"
 #include "worker/jobs/allreduce_bench_job.h"
 #include "worker/jobs/smoke_job.h"
 
@@ -32,6 +33,8 @@ struct ModeFlags {
   uint64_t segment_kb = 1024;
   std::string ring_transport = "auto";
   int64_t ring_spin_us = kDefaultRingSpinCapUs;
+  // CommThread's and CommPool's spin_us (spin_wait.h).
+  int64_t comm_spin_us = kDefaultCommSpinUs;
   // CommunicatorOptions::direct_read_min_bytes (0: off).
   uint64_t direct_read_min_bytes = kDefaultDirectReadMinBytes;
   // CommunicatorOptions::one_shot_max_bytes (0: off).

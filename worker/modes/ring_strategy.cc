@@ -111,6 +111,7 @@ StatusOr<std::unique_ptr<Communicator>> MakeWorkerWorld(const ModeContext& conte
   world.setup_timeout_ms = runtime.config().rendezvous_timeout_ms;
   world.segment_bytes = static_cast<size_t>(flags.segment_kb) * 1024;
   world.links_spin_us = flags.ring_spin_us;
+  world.comm_spin_us = flags.comm_spin_us;
   world.direct_read_min_bytes = static_cast<size_t>(flags.direct_read_min_bytes);
   world.one_shot_max_bytes = static_cast<size_t>(flags.one_shot_max_bytes);
   world.credentials = runtime.credentials();

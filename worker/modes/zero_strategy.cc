@@ -16,6 +16,7 @@ StatusOr<std::unique_ptr<TrainingStrategy>> MakeStrategy(const StrategyContext& 
         options.optimizer = context.optimizer;
         options.schedule = context.schedule;
         options.prefetch = !context.mode.flags->no_overlap;
+        options.comm_spin_us = context.mode.flags->comm_spin_us;
         // A wait covers one block's collectives, each bounded by the request timeout.
         options.wait_timeout_ms = 4 * context.mode.runtime->config().request_timeout_ms;
         options.restores_checkpoints_of = context.restores_checkpoints_of;

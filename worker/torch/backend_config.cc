@@ -121,6 +121,12 @@ StatusOr<BackendConfig> BackendConfigFrom(const Environment& env, std::string_vi
                                   int64_t{1} << 40, "a number of bytes (0: never)"));
     member.one_shot_max_bytes = static_cast<size_t>(bytes);
   }
+  if (auto it = env.find("TESSERA_COMM_SPIN_US"); it != env.end()) {
+    ASSIGN_OR_RETURN(member.comm_spin_us,
+                     ParseInteger("TESSERA_COMM_SPIN_US", it->second, 0, kMaxCommSpinUs,
+                                  "a number of microseconds from 0 (never spin) to " +
+                                      std::to_string(kMaxCommSpinUs)));
+  }
   if (auto it = env.find("TESSERA_TIMEOUT_MS"); it != env.end()) {
     ASSIGN_OR_RETURN(member.timeout_ms,
                      ParseInteger("TESSERA_TIMEOUT_MS", it->second, 1, int64_t{1} << 40,

@@ -16,6 +16,9 @@
 //   TESSERA_COORDINATOR     HOST:PORT of a running tessera-coordinator: each rank registers
 //                           there as a worker, so its dashboard and /sd list the ranks
 //                           (needs TESSERA_METRICS_PORT, which a default of 0 supplies)
+//   TESSERA_COMM_SPIN_US    how long an idle comm thread polls for the next op, and a Work's
+//                           wait() for its op's end, before sleeping (default 0: at once),
+//                           as tessera-worker's --comm-spin-us (spin_wait.h)
 //   TESSERA_TIMEOUT_MS      the default timeout of every operation when init_process_group is
 //                           given none (default 300000, 5 minutes, instead of torch's 30)
 //   TESSERA_AUTH_KEY_FILE   the job's key file (required unless TESSERA_INSECURE=1), as

@@ -19,6 +19,7 @@ TEST(BackendConfigTest, DefaultsWithAnEmptyEnvironment) {
   EXPECT_EQ(config->member.ring_transport, "auto");
   EXPECT_EQ(config->member.direct_read_min_bytes, kDefaultDirectReadMinBytes);
   EXPECT_EQ(config->member.one_shot_max_bytes, kDefaultOneShotMaxBytes);
+  EXPECT_EQ(config->member.comm_spin_us, kDefaultCommSpinUs);
   EXPECT_EQ(config->member.timeout_ms, 5 * 60 * 1000);
   EXPECT_FALSE(config->metrics.has_value());
   EXPECT_TRUE(config->coordinator.empty());
@@ -29,6 +30,7 @@ TEST(BackendConfigTest, ReadsEveryVariable) {
                                                       {"TESSERA_RING_TRANSPORT", "links"},
                                                       {"TESSERA_DIRECT_READ_MIN_BYTES", "0"},
                                                       {"TESSERA_ONE_SHOT_MAX_BYTES", "4096"},
+                                                      {"TESSERA_COMM_SPIN_US", "50"},
                                                       {"TESSERA_TIMEOUT_MS", "2500"},
                                                       {"TESSERA_METRICS_PORT", "9100"},
                                                       {"TESSERA_METRICS_BIND_HOST", "auto"},
@@ -41,6 +43,7 @@ TEST(BackendConfigTest, ReadsEveryVariable) {
   EXPECT_EQ(config->member.ring_transport, "links");
   EXPECT_EQ(config->member.direct_read_min_bytes, 0u);
   EXPECT_EQ(config->member.one_shot_max_bytes, 4096u);
+  EXPECT_EQ(config->member.comm_spin_us, 50);
   EXPECT_EQ(config->member.timeout_ms, 2500);
   ASSERT_TRUE(config->metrics.has_value());
   EXPECT_EQ(config->metrics->port, 9100);
@@ -94,6 +97,22 @@ TEST(BackendConfigTest, ACoordinatorGetsMetricsOnAPortTheOsPicks) {
   EXPECT_EQ(config->metrics->bind_host, "loopback");
 }
 
+// The spin bounds: 0 and the largest accepted pass; past them the error says the range.
+TEST(BackendConfigTest, CommSpinUsTakesZeroToOneSecond) {
+  StatusOr<BackendConfig> zero = BackendConfigFrom(Insecure({{"TESSERA_COMM_SPIN_US", "0"}}));
+  ASSERT_TRUE(zero.ok()) << zero.status();
+  EXPECT_EQ(zero->member.comm_spin_us, 0);
+  StatusOr<BackendConfig> most = BackendConfigFrom(
+      Insecure({{"TESSERA_COMM_SPIN_US", std::to_string(kMaxCommSpinUs)}}));
+  ASSERT_TRUE(most.ok()) << most.status();
+  EXPECT_EQ(most->member.comm_spin_us, kMaxCommSpinUs);
+  Status absurd = BackendConfigFrom(Insecure({{"TESSERA_COMM_SPIN_US", "5000000"}})).status();
+  EXPECT_NE(absurd.message().find("TESSERA_COMM_SPIN_US=\"5000000\" is not a number of "
+                                  "microseconds from 0 (never spin) to 1000000"),
+            std::string::npos)
+      << absurd;
+}
+
 TEST(BackendConfigTest, TorchsDefaultTimeoutMeansNoneWasGiven) {
   StatusOr<BackendConfig> config = BackendConfigFrom(Insecure({{"TESSERA_TIMEOUT_MS", "7000"}}));
   ASSERT_TRUE(config.ok()) << config.status();
@@ -109,7 +128,9 @@ TEST(BackendConfigTest, BadValuesNameTheVariable) {
       {"TESSERA_ONE_SHOT_MAX_BYTES", "-1"},    {"TESSERA_ONE_SHOT_MAX_BYTES", "64K"},
       {"TESSERA_TIMEOUT_MS", "5s"},          {"TESSERA_METRICS_PORT", "70000"},
       {"TESSERA_METRICS_PORT", "-1"},        {"TESSERA_COORDINATOR", "host"},
-      {"TESSERA_COORDINATOR", "host:0"},
+      {"TESSERA_COORDINATOR", "host:0"},     {"TESSERA_COMM_SPIN_US", "-1"},
+      {"TESSERA_COMM_SPIN_US", "20us"},      {"TESSERA_COMM_SPIN_US", ""},
+      {"TESSERA_COMM_SPIN_US", "1000001"},   {"TESSERA_COMM_SPIN_US", "99999999999999999999"},
   };
   for (const auto& [name, value] : bad) {
     StatusOr<BackendConfig> config = BackendConfigFrom(Insecure({{name, value}}));

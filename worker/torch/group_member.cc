@@ -137,6 +137,7 @@ StatusOr<std::shared_ptr<GroupHost>> MakeHost(const GroupMemberOptions& options,
   world.segment_bytes = options.segment_bytes;
   world.direct_read_min_bytes = options.direct_read_min_bytes;
   world.one_shot_max_bytes = options.one_shot_max_bytes;
+  world.comm_spin_us = options.comm_spin_us;
   world.credentials = options.credentials;
   world.metrics = options.metrics;
   StatusOr<std::unique_ptr<Communicator>> connected = Communicator::Connect(world);

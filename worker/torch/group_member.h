@@ -80,6 +80,9 @@ struct GroupMemberOptions {
   size_t direct_read_min_bytes = kDefaultDirectReadMinBytes;
   // CommunicatorOptions::one_shot_max_bytes (TESSERA_ONE_SHOT_MAX_BYTES); 0: off.
   size_t one_shot_max_bytes = kDefaultOneShotMaxBytes;
+  // CommunicatorOptions::comm_spin_us (TESSERA_COMM_SPIN_US); also how long a Work's wait()
+  // polls before it blocks. Only the default group's counts for the comm threads.
+  int64_t comm_spin_us = kDefaultCommSpinUs;
   MetricsRegistry* metrics = nullptr;  // may be null; must outlive the member
 };
 

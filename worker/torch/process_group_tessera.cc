@@ -10,20 +10,29 @@
 #include <stdexcept>
 #include <utility>
 
+#include "worker/collectives/spin_wait.h"
+
 namespace tessera::worker {
 namespace {
 
 // A torch Work completed by the comm thread: its future holds the output tensors or the
 // error. Work's own state (completed_, exception_) follows, so wait() and isSuccess() agree.
+// wait() polls for completion for up to spin_us before it blocks (CommPool's spin_us, the other
+// half of the hand-off). DDP's reducer waits on getFuture() instead, which this cannot reach.
 class TesseraWork final : public c10d::Work {
  public:
-  TesseraWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs)
+  TesseraWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs, int64_t spin_us)
       : c10d::Work(rank, type),
+        spin_us_(spin_us),
         outputs_(std::move(outputs)),
         future_(c10::make_intrusive<c10::ivalue::Future>(
             c10::ListType::create(c10::TensorType::get()))) {}
 
   std::vector<at::Tensor> result() override { return outputs_; }
+  bool wait(std::chrono::milliseconds timeout) override {
+    SpinUntil([this] { return isCompleted(); }, spin_us_);
+    return c10d::Work::wait(timeout);
+  }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
   // The rank a receive's message came from (torch's recv(src=None) returns it); -1 before.
   int sourceRank() const override { return source_rank_.load(); }
@@ -45,6 +54,7 @@ class TesseraWork final : public c10d::Work {
   }
 
  private:
+  const int64_t spin_us_;
   const std::vector<at::Tensor> outputs_;
   const c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::atomic<int> source_rank_{-1};
@@ -243,7 +253,10 @@ ProcessGroupTessera::ProcessGroupTessera(const c10::intrusive_ptr<c10d::Store>& 
                                          int size, std::chrono::milliseconds timeout,
                                          const GroupMemberOptions& defaults,
                                          BackendMetrics* metrics)
-    : c10d::ProcessGroup(rank, size), timeout_(timeout), metrics_(metrics) {
+    : c10d::ProcessGroup(rank, size),
+      timeout_(timeout),
+      comm_spin_us_(defaults.comm_spin_us),
+      metrics_(metrics) {
   TorchStore rendezvous(store);
   GroupMemberOptions options = defaults;
   options.rank = rank;
@@ -285,7 +298,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTessera::Enqueue(c10d::OpType type,
                                                            std::function<Status(int*)> body,
                                                            Queue queue) {
   ReleaseFinished();  // what earlier ops held, on this (the caller's) thread
-  auto work = c10::make_intrusive<TesseraWork>(rank_, type, std::move(outputs));
+  auto work = c10::make_intrusive<TesseraWork>(rank_, type, std::move(outputs), comm_spin_us_);
   auto op = std::make_shared<FinishedOp>(FinishedOp{work, std::move(body)});
   std::function<Status()> run = [this, op]() {
     auto& done = static_cast<TesseraWork&>(*op->work);

@@ -122,6 +122,7 @@ class ProcessGroupTessera final : public c10d::ProcessGroup {
   void ReleaseFinished();
 
   const std::chrono::milliseconds timeout_;
+  const int64_t comm_spin_us_;     // GroupMemberOptions::comm_spin_us: a Work's wait() polls
   BackendMetrics* const metrics_;  // may be null
   std::unique_ptr<GroupMember> member_;
   std::atomic<uint64_t> sequence_{0};  // collectives issued (getSequenceNumberForGroup)
