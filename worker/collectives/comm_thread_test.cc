@@ -192,16 +192,21 @@ TEST(CommThreadSpinTest, SpinOnAndOffGiveTheSameResultsInTheSameOrder) {
   }
 }
 
+// Whether work submitted to `comm` now runs.
+bool RunsASubmit(CommThread& comm) {
+  std::atomic<bool> ran{false};
+  const bool ok = comm.Wait(comm.Submit([&ran] {
+                        ran = true;
+                        return OkStatus();
+                      })).ok();
+  return ok && ran.load();
+}
+
 TEST(CommThreadSpinTest, ASubmitWhileTheThreadSpinsRuns) {
   CommThread comm(kMaxCommSpinUs);  // idle, it polls for a second before it sleeps
   ASSERT_TRUE(comm.Wait(comm.Submit([] { return OkStatus(); })).ok());
   // Now it spins (for up to a second): this submit is seen by the poll.
-  std::atomic<bool> ran{false};
-  EXPECT_TRUE(comm.Wait(comm.Submit([&ran] {
-                    ran = true;
-                    return OkStatus();
-                  })).ok());
-  EXPECT_TRUE(ran.load());
+  EXPECT_TRUE(RunsASubmit(comm));
 }
 
 TEST(CommThreadSpinTest, ASubmitWhileTheThreadSleepsRuns) {
@@ -209,12 +214,7 @@ TEST(CommThreadSpinTest, ASubmitWhileTheThreadSleepsRuns) {
   ASSERT_TRUE(comm.Wait(comm.Submit([] { return OkStatus(); })).ok());
   // 100 us of spinning are long over: the thread sleeps, and Submit's notify wakes it.
   std::this_thread::sleep_for(std::chrono::milliseconds(30));
-  std::atomic<bool> ran{false};
-  EXPECT_TRUE(comm.Wait(comm.Submit([&ran] {
-                    ran = true;
-                    return OkStatus();
-                  })).ok());
-  EXPECT_TRUE(ran.load());
+  EXPECT_TRUE(RunsASubmit(comm));
 }
 
 // A thread that spins for a second stops at once when its CommThread goes: the destructor
