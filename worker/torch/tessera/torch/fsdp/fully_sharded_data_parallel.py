@@ -130,6 +130,7 @@ class FullyShardedDataParallel(StateDictMethods, nn.Module):
                  use_orig_params=False, *, _unit_name=None):
         super().__init__()
         runtime.tune_malloc()
+        runtime.use_block_cache()
         if sharding_strategy is None:
             sharding_strategy = ShardingStrategy.FULL_SHARD
         if not isinstance(sharding_strategy, ShardingStrategy):
