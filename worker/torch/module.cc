@@ -166,6 +166,7 @@ class CachingCpuAllocator final : public c10::Allocator {
   c10::DeleterFnPtr raw_deleter() const override { return &Delete; }
 
   BlockCache::Stats stats() const { return cache_.stats(); }
+  void UnmapKept() const { cache_.UnmapKept(); }
   size_t min_bytes() const { return min_bytes_; }
 
  private:
@@ -198,6 +199,14 @@ bool FsdpUseBlockCache(int64_t min_bytes) {
   if (CachingCpuAllocator::installed() != nullptr) return false;
   CachingCpuAllocator::Install(static_cast<size_t>(min_bytes));
   return true;
+}
+
+// Returns the blocks the cache keeps to the kernel (as torch.cuda.empty_cache does for
+// CUDA's); a no-op before FsdpUseBlockCache.
+void FsdpEmptyBlockCache() {
+  std::lock_guard<std::mutex> lock(cpu_cache_mu);
+  const CachingCpuAllocator* cache = CachingCpuAllocator::installed();
+  if (cache != nullptr) cache->UnmapKept();
 }
 
 // {"min_bytes", "mapped_bytes", "kept_bytes", "peak_mapped_bytes", "hits", "misses",
@@ -513,6 +522,8 @@ PYBIND11_MODULE(_C, module) {
   module.def("fsdp_use_block_cache", &tessera::worker::FsdpUseBlockCache, py::arg("min_bytes"),
              "Puts a cache of mapped blocks under torch's CPU tensors of min_bytes or more "
              "(block_cache.h); False if one is there already");
+  module.def("fsdp_empty_block_cache", &tessera::worker::FsdpEmptyBlockCache,
+             "Unmaps the blocks the CPU block cache keeps for reuse");
   module.def("fsdp_block_cache_stats", &tessera::worker::FsdpBlockCacheStats,
              "The block cache's counters (mapped, kept and peak bytes, hits, misses, "
              "unmapped), or None without one");

@@ -97,6 +97,14 @@ def use_block_cache():
                   "(TESSERA_FSDP_BLOCK_CACHE)", min_bytes)
 
 
+
+def empty_block_cache():
+    """Returns to the kernel the blocks the block cache keeps for reuse (as
+    torch.cuda.empty_cache does on CUDA): for a process done with one FSDP model that goes on
+    without it. A no-op when the cache is off."""
+    _C.fsdp_empty_block_cache()
+
+
 def add_bytes(kind, delta):
     """Held bytes of kind (shard, gathered, gradient_shard, full_gradient) change by delta."""
     if delta:
@@ -240,6 +248,8 @@ class Runtime:
         """The root's autograd callback: every reduction done, every unit freed, the
         gradients checked."""
         try:
+            for unit in self.units:
+                unit.finish_partial_gradient()
             self.finish_reduction()
         finally:
             for unit in self.units:
