@@ -132,22 +132,23 @@ class _PipelineSchedule:
             raise TypeError(f"tessera.torch.pipelining: losses must be a list, got a "
                             f"{type(losses).__name__}")
         first, last = self._by_index.get(0), self._by_index.get(self._stages[0].num_stages - 1)
-        arg_mbs = kwarg_mbs = None
-        if first is not None:
-            arg_mbs, kwarg_mbs = self._split_inputs(args, kwargs)
-        target_mbs = None
-        if last is not None and self._has_backward:
-            if target is None:
-                raise ValueError(f"tessera.torch.pipelining: stage {last.stage_index} (the "
-                                 f"last) is on this rank and computes loss_fn: step() needs "
-                                 f"target=")
-            target_mbs = self._split(target, "target")
         for stage in self._stages:
             stage.clear_runtime_states()
+            if not self._prepared:
+                stage._begin_exchange()
         self.peak_held = 0
         self._sends = []
         internal_losses = {}
         try:
+            arg_mbs = kwarg_mbs = target_mbs = None
+            if first is not None:
+                arg_mbs, kwarg_mbs = self._split_inputs(args, kwargs)
+            if last is not None and self._has_backward:
+                if target is None:
+                    raise ValueError(f"tessera.torch.pipelining: stage {last.stage_index} (the "
+                                     f"last) is on this rank and computes loss_fn: step() "
+                                     f"needs target=")
+                target_mbs = self._split(target, "target")
             if not self._prepared:
                 self._prepare(arg_mbs, kwarg_mbs)
                 self._prepared = True
@@ -156,6 +157,10 @@ class _PipelineSchedule:
                 work.wait()
         except BaseException as e:
             self._failed = f"{type(e).__name__}: {e}"
+            if not self._prepared:
+                # The other ranks wait for this one's metadata or answers: tell them why.
+                for stage in self._stages:
+                    stage._abandon_exchange(e)
             for stage in self._stages:
                 stage.clear_runtime_states()
             raise
@@ -200,20 +205,11 @@ class _PipelineSchedule:
         which cannot deadlock: a stage waits only on stages before it and on the answer of the
         next, which answers before it goes on)."""
         for stage in self._stages:
-            stage._begin_exchange()
-        try:
-            for stage in self._stages:
-                previous = self._by_index.get(stage.stage_index - 1)
-                args, kwargs = stage._exchange_inputs(
-                    arg_mbs[0] if stage.is_first else None,
-                    kwarg_mbs[0] if stage.is_first else None, previous, self._description)
-                stage._exchange_outputs(args, kwargs, self._has_backward, self._description)
-        except BaseException as e:
-            for stage in self._stages:
-                stage._abandon_exchange(f"{e}" if "tessera.torch.pipelining" in str(e) else
-                                        f"tessera.torch.pipelining: stage {stage.stage_index}'s "
-                                        f"rank failed: {type(e).__name__}: {e}")
-            raise
+            previous = self._by_index.get(stage.stage_index - 1)
+            args, kwargs = stage._exchange_inputs(
+                arg_mbs[0] if stage.is_first else None,
+                kwarg_mbs[0] if stage.is_first else None, previous, self._description)
+            stage._exchange_outputs(args, kwargs, self._has_backward, self._description)
 
     # ---- the actions
 

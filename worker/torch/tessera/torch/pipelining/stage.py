@@ -28,6 +28,16 @@ class PipeliningShapeError(RuntimeError):
     """Stages disagree on an activation's (or gradient's) shape or dtype (torch's name)."""
 
 
+class _PeerFailure(RuntimeError):
+    """Another rank of the pipeline failed during the first step and said why."""
+
+
+def _raise_from_peer(message):
+    if message.get("kind") == "shape":
+        raise PipeliningShapeError(message["error"])
+    raise _PeerFailure(message["error"])
+
+
 # Tags: _TAG_BASE + (kind * S + link) * M + micro-batch, below 2^31 (torch's tags are ints; a
 # tessera group's tags are below 2^32). Far above the small tags programs give their own
 # sends on the same group.
@@ -298,9 +308,8 @@ class PipelineStage:
         else:
             tag = self._tag(_METADATA, s - 1, 0)
             message = self._recv_json(s - 1, tag, "the activations' metadata")
-            self._metadata_received = True
             if "error" in message:
-                raise RuntimeError(message["error"])
+                _raise_from_peer(message)
             sent = [_TensorMeta.from_json(t) for t in message["tensors"]]
             source = self._who(s - 1)
             error = ""
@@ -309,7 +318,7 @@ class PipelineStage:
                          f"schedules: {message['schedule']} against {expected_schedule}")
             elif self._given_inputs and _mismatch(sent, self.inputs_meta):
                 error = self._shape_error(sent, source)
-            self._send_json({"error": error} if error else {"ok": True}, s - 1,
+            self._send_json({"error": error, "kind": "shape"} if error else {"ok": True}, s - 1,
                             self._tag(_REPLY, s - 1, 0))
             self._reply_sent = True
             if error:
@@ -353,24 +362,30 @@ class PipelineStage:
             self._metadata_sent = True
             reply = self._recv_json(s + 1, self._tag(_REPLY, s, 0), "the answer to its metadata")
             if "error" in reply:
-                raise PipeliningShapeError(reply["error"])
+                _raise_from_peer(reply)
 
     def _begin_exchange(self):
         self._metadata_sent = False
-        self._metadata_received = False
         self._reply_sent = False
 
     def _abandon_exchange(self, error):
-        """After a failure on this rank during the first step: tells the neighbours on other
+        """After `error` on this rank during the first step: tells the neighbours on other
         ranks that still wait for this stage's metadata or answer, so they fail at once
         quoting the root cause instead of at their deadline."""
+        if isinstance(error, (PipeliningShapeError, _PeerFailure)):
+            message = {"error": str(error),
+                       "kind": "shape" if isinstance(error, PipeliningShapeError) else ""}
+        else:
+            message = {"error": f"tessera.torch.pipelining: rank {self.group_rank} of the "
+                                f"pipeline failed in the first step: {type(error).__name__}: "
+                                f"{error}", "kind": ""}
         s = self.stage_index
         try:
             if self._remote(s + 1) and not self._metadata_sent:
-                self._send_json({"error": error}, s + 1, self._tag(_METADATA, s, 0))
+                self._send_json(message, s + 1, self._tag(_METADATA, s, 0))
                 self._metadata_sent = True
             if self._remote(s - 1) and not self._reply_sent:
-                self._send_json({"error": error}, s - 1, self._tag(_REPLY, s - 1, 0))
+                self._send_json(message, s - 1, self._tag(_REPLY, s - 1, 0))
                 self._reply_sent = True
         except Exception:  # the root cause matters more than a failed notice
             pass
