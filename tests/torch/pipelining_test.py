@@ -206,6 +206,114 @@ def _mismatched_schedules(rank, world):
     return "no error"
 
 
+def _nested_model():
+    torch.manual_seed(0)
+    inner = torch.nn.Sequential(torch.nn.Linear(_WIDTH, _WIDTH), torch.nn.ReLU(),
+                                torch.nn.Linear(_WIDTH, _WIDTH))
+    return torch.nn.Sequential(torch.nn.Linear(_WIDTH, _WIDTH), torch.nn.ReLU(), inner,
+                               torch.nn.ReLU(), torch.nn.Linear(_WIDTH, _WIDTH))
+
+
+def _split_model(rank, world):
+    """pipeline() cut inside a child nn.Sequential trains as the whole model does."""
+    from tessera.torch import pipelining
+
+    model = _nested_model()
+    m = 4
+    x0, _ = _batches()[0]
+    spec = {"2.1": pipelining.SplitPoint.BEGINNING, "3": pipelining.SplitPoint.END}
+    pipe = pipelining.pipeline(model, mb_args=(x0[:_BATCH // m],), split_spec=spec)
+    failures = []
+    if pipe.num_stages != world:
+        return [f"rank {rank}: {pipe.num_stages} stages"]
+    stage = pipe.build_stage(rank, torch.device("cpu"))
+    schedule = pipelining.Schedule1F1B(stage, m, loss_fn=torch.nn.MSELoss())
+    optimizer = _optimizer(pipe.get_stage_module(rank).parameters())
+    reference = _nested_model()
+    reference_optimizer = _optimizer(reference.parameters())
+    for x, y in _batches():
+        optimizer.zero_grad()
+        if rank == 0:
+            schedule.step(x)
+        elif rank == world - 1:
+            schedule.step(target=y)
+        else:
+            schedule.step()
+        optimizer.step()
+        reference_optimizer.zero_grad()
+        torch.nn.MSELoss()(reference(x), y).backward()
+        reference_optimizer.step()
+    # The stage module's names are the model's: compare by name.
+    theirs = dict(reference.named_parameters())
+    for name, p in pipe.get_stage_module(rank).named_parameters():
+        q = theirs[name].detach()
+        error = float((p.detach() - q).abs().max())
+        if error > 1e-5 * float(q.abs().max()):
+            failures.append(f"rank {rank}: {name} differs by {error}")
+    return failures
+
+
+class PipelineSplitTest(unittest.TestCase):
+    """pipeline() in one process: how it cuts, and what it refuses."""
+
+    def test_cuts_and_names(self):
+        from tessera.torch import pipelining
+
+        spec = {"2.1": pipelining.SplitPoint.BEGINNING, "3": pipelining.SplitPoint.END}
+        pipe = pipelining.pipeline(_nested_model(), (torch.randn(2, _WIDTH),), split_spec=spec)
+        self.assertEqual(pipe.num_stages, 3)
+        names = [list(pipe.get_stage_module(i).state_dict()) for i in range(3)]
+        self.assertEqual(names, [["0.weight", "0.bias", "2.0.weight", "2.0.bias"],
+                                 ["2.2.weight", "2.2.bias"], ["4.weight", "4.bias"]])
+        x = torch.randn(2, _WIDTH)
+        y = x
+        for i in range(3):
+            y = pipe.get_stage_module(i)(y)
+        torch.testing.assert_close(y, _nested_model()(x))
+        whole = pipelining.pipeline(_nested_model(), (x,))
+        self.assertEqual(whole.num_stages, 1)
+
+    def test_refusals(self):
+        from tessera.torch import pipelining
+
+        begin = pipelining.SplitPoint.BEGINNING
+        end = pipelining.SplitPoint.END
+
+        class Custom(torch.nn.Sequential):
+            def forward(self, x):
+                return super().forward(x) * 2
+
+        class Block(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.a = torch.nn.Linear(_WIDTH, _WIDTH)
+
+            def forward(self, x):
+                return self.a(x)
+
+        x = (torch.randn(2, _WIDTH),)
+        cases = [
+            (Block(), {"a": begin}, "'a' (SplitPoint.BEGINNING): the model is a Block, not an "
+                                    "nn.Sequential"),
+            (Custom(torch.nn.Linear(_WIDTH, _WIDTH), torch.nn.ReLU()), {"1": begin},
+             "'1' (SplitPoint.BEGINNING): Custom.forward is its own"),
+            (_nested_model(), {"7": begin}, "'7' (SplitPoint.BEGINNING): the model has no "
+                                            "child '7'"),
+            (_nested_model(), {"0.weight": end}, "'0.weight' (SplitPoint.END): child '0' is a "
+                                                 "Linear, not an nn.Sequential"),
+            (_nested_model(), {"2.1.x": end}, "'2.1.x' (SplitPoint.END): only the model's "
+                                              "children and grandchildren"),
+            (_nested_model(), {"0": begin}, "'0' (SplitPoint.BEGINNING): it cuts at the start"),
+            (_nested_model(), {"4": end}, "'4' (SplitPoint.END): it cuts at the end"),
+            (_nested_model(), {"1": end, "2": begin}, "'2' (SplitPoint.BEGINNING): it cuts "
+                                                      "where split point '1' already does"),
+        ]
+        for model, spec, words in cases:
+            with self.assertRaises(ValueError, msg=str(spec)) as caught:
+                pipelining.pipeline(model, x, split_spec=spec)
+            self.assertIn(words, str(caught.exception))
+
+
 class PipeliningTest(unittest.TestCase):
     def _check(self, results):
         failures = [f for rank_failures in results for f in rank_failures]
@@ -220,6 +328,9 @@ class PipeliningTest(unittest.TestCase):
     @torch_testing.not_under_sanitizer
     def test_four_ranks(self):
         self._check(torch_testing.run_ranks(_train, 4))
+
+    def test_pipeline_split(self):
+        self._check(torch_testing.run_ranks(_split_model, 3))
 
     def test_subgroup(self):
         self._check(torch_testing.run_ranks(_subgroup, 3))

@@ -8,6 +8,7 @@ native trainer runs too (schedules.py); stages send and receive over the group's
 point-to-point messages (stage.py). See docs/pytorch.md, "Pipeline parallelism".
 """
 
+from tessera.torch.pipelining.pipe import Pipe, SplitPoint, pipeline
 from tessera.torch.pipelining.schedules import (PipelineScheduleMulti, PipelineScheduleSingle,
                                                 Schedule1F1B, ScheduleGPipe,
                                                 ScheduleInterleaved1F1B, ScheduleZBH1)
@@ -15,4 +16,4 @@ from tessera.torch.pipelining.stage import PipelineStage, PipeliningShapeError
 
 __all__ = ["PipelineStage", "PipeliningShapeError", "PipelineScheduleSingle",
            "PipelineScheduleMulti", "ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B",
-           "ScheduleZBH1"]
+           "ScheduleZBH1", "pipeline", "Pipe", "SplitPoint"]

@@ -283,10 +283,23 @@ def _merge(chunks):
     return chunks
 
 
+def _refuse_specs(name, args_chunk_spec, kwargs_chunk_spec, output_merge_spec):
+    """torch's chunk and merge specs: only their default (dim 0) is supported."""
+    for what, value in (("args_chunk_spec", args_chunk_spec),
+                        ("kwargs_chunk_spec", kwargs_chunk_spec),
+                        ("output_merge_spec", output_merge_spec)):
+        if value is not None:
+            raise NotImplementedError(f"tessera.torch.pipelining: {name}: {what} is not "
+                                      f"supported: tensors are cut and merged along dim 0")
+
+
 class PipelineScheduleSingle(_PipelineSchedule):
     """A schedule of one stage per rank."""
 
-    def __init__(self, stage, n_microbatches, loss_fn=None, scale_grads=True):
+    def __init__(self, stage, n_microbatches, loss_fn=None, args_chunk_spec=None,
+                 kwargs_chunk_spec=None, output_merge_spec=None, scale_grads=True):
+        _refuse_specs(type(self).__name__, args_chunk_spec, kwargs_chunk_spec,
+                      output_merge_spec)
         if isinstance(stage, (list, tuple)):
             raise TypeError(f"tessera.torch.pipelining: {type(self).__name__} runs one stage "
                             f"per rank: pass the stage, not a list (ScheduleInterleaved1F1B "
@@ -302,7 +315,10 @@ class PipelineScheduleSingle(_PipelineSchedule):
 class PipelineScheduleMulti(_PipelineSchedule):
     """A schedule of several stages per rank (stage s on rank s mod P)."""
 
-    def __init__(self, stages, n_microbatches, loss_fn=None, scale_grads=True):
+    def __init__(self, stages, n_microbatches, loss_fn=None, args_chunk_spec=None,
+                 kwargs_chunk_spec=None, output_merge_spec=None, scale_grads=True):
+        _refuse_specs(type(self).__name__, args_chunk_spec, kwargs_chunk_spec,
+                      output_merge_spec)
         if isinstance(stages, PipelineStage):
             stages = [stages]
         super().__init__(list(stages), n_microbatches, loss_fn, scale_grads)
