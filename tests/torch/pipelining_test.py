@@ -319,9 +319,15 @@ class PipeliningTest(unittest.TestCase):
         failures = [f for rank_failures in results for f in rank_failures]
         self.assertEqual(failures, [])
 
+    @torch_testing.not_under_sanitizer
+    def test_one_rank(self):
+        # Every stage on one rank: activations and gradients handed over in memory.
+        self._check(torch_testing.run_ranks(_train, 1))
+
     def test_two_ranks(self):
         self._check(torch_testing.run_ranks(_train, 2))
 
+    @torch_testing.not_under_sanitizer
     def test_three_ranks(self):
         self._check(torch_testing.run_ranks(_train, 3))
 
@@ -329,12 +335,14 @@ class PipeliningTest(unittest.TestCase):
     def test_four_ranks(self):
         self._check(torch_testing.run_ranks(_train, 4))
 
+    @torch_testing.not_under_sanitizer
     def test_pipeline_split(self):
         self._check(torch_testing.run_ranks(_split_model, 3))
 
     def test_subgroup(self):
         self._check(torch_testing.run_ranks(_subgroup, 3))
 
+    @torch_testing.not_under_sanitizer
     def test_forward_only(self):
         self._check(torch_testing.run_ranks(_forward_only, 2))
 
@@ -348,6 +356,7 @@ class PipeliningTest(unittest.TestCase):
             # Well before any deadline (30 s here): the metadata exchange tells both at once.
             self.assertLess(seconds, 2.0, f"rank {rank}: {message}")
 
+    @torch_testing.not_under_sanitizer
     def test_mismatched_schedules_fail_both_ranks(self):
         for rank, message in enumerate(torch_testing.run_ranks(_mismatched_schedules, 2,
                                                                 timeout_s=30)):
