@@ -124,13 +124,6 @@ class _PipelineSchedule:
             raise RuntimeError(f"tessera.torch.pipelining: {type(self).__name__}: an earlier "
                                f"step failed, so the pipeline's ranks no longer agree on "
                                f"their messages: {self._failed}")
-        if self._has_backward and not torch.is_grad_enabled():
-            raise RuntimeError(f"tessera.torch.pipelining: {type(self).__name__}.step() "
-                               f"trains (it has a loss_fn) and needs gradients enabled, not "
-                               f"torch.no_grad()")
-        if losses is not None and not isinstance(losses, list):
-            raise TypeError(f"tessera.torch.pipelining: losses must be a list, got a "
-                            f"{type(losses).__name__}")
         first, last = self._by_index.get(0), self._by_index.get(self._stages[0].num_stages - 1)
         for stage in self._stages:
             stage.clear_runtime_states()
@@ -140,6 +133,14 @@ class _PipelineSchedule:
         self._sends = []
         internal_losses = {}
         try:
+            # Inside: a bad call on the first step reaches the ranks waiting for this one.
+            if self._has_backward and not torch.is_grad_enabled():
+                raise RuntimeError(f"tessera.torch.pipelining: {type(self).__name__}.step() "
+                                   f"trains (it has a loss_fn) and needs gradients enabled, "
+                                   f"not torch.no_grad()")
+            if losses is not None and not isinstance(losses, list):
+                raise TypeError(f"tessera.torch.pipelining: losses must be a list, got a "
+                                f"{type(losses).__name__}")
             arg_mbs = kwarg_mbs = target_mbs = None
             if first is not None:
                 arg_mbs, kwarg_mbs = self._split_inputs(args, kwargs)
