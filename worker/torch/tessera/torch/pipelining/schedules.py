@@ -210,7 +210,7 @@ class _PipelineSchedule:
             args, kwargs = stage._exchange_inputs(
                 arg_mbs[0] if stage.is_first else None,
                 kwarg_mbs[0] if stage.is_first else None, previous, self._description)
-            stage._exchange_outputs(args, kwargs, self._has_backward, self._description)
+            stage._exchange_outputs(args, kwargs, self._description)
 
     # ---- the actions
 

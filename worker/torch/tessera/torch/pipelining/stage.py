@@ -29,7 +29,8 @@ class PipeliningShapeError(RuntimeError):
 
 
 class _PeerFailure(RuntimeError):
-    """Another rank of the pipeline failed during the first step and said why."""
+    """The ranks of a stage pair disagree (other than on shapes), or another rank of the
+    pipeline failed during the first step and said why."""
 
 
 def _raise_from_peer(message):
@@ -312,17 +313,17 @@ class PipelineStage:
                 _raise_from_peer(message)
             sent = [_TensorMeta.from_json(t) for t in message["tensors"]]
             source = self._who(s - 1)
-            error = ""
+            error, kind = "", ""
             if message["schedule"] != expected_schedule:
                 error = (f"tessera.torch.pipelining: {source} and {self._who()} run different "
                          f"schedules: {message['schedule']} against {expected_schedule}")
             elif self._given_inputs and _mismatch(sent, self.inputs_meta):
-                error = self._shape_error(sent, source)
-            self._send_json({"error": error, "kind": "shape"} if error else {"ok": True}, s - 1,
+                error, kind = self._shape_error(sent, source), "shape"
+            self._send_json({"error": error, "kind": kind} if error else {"ok": True}, s - 1,
                             self._tag(_REPLY, s - 1, 0))
             self._reply_sent = True
             if error:
-                raise PipeliningShapeError(error)
+                _raise_from_peer({"error": error, "kind": kind})
         if self._given_inputs and _mismatch(sent, self.inputs_meta):
             raise PipeliningShapeError(self._shape_error(sent, source))
         self.inputs_meta = sent
@@ -334,7 +335,7 @@ class PipelineStage:
                 f"{s - 1} sends an activation of {_describe_metas(sent)}; stage {s} expects "
                 f"{_describe_metas(self.inputs_meta)} (its input_args)")
 
-    def _exchange_outputs(self, args, kwargs, has_backward, schedule_description):
+    def _exchange_outputs(self, args, kwargs, schedule_description):
         """Infers the outputs (unless given), and sends their metadata to a next stage on
         another rank, whose verdict it waits for: a mismatch fails both."""
         if self._outputs_meta is None or self.is_first:
