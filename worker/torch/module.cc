@@ -22,6 +22,7 @@
 #include "worker/torch/block_cache.h"
 #include "worker/torch/fleet_presence.h"
 #include "worker/torch/fsdp_metrics.h"
+#include "worker/torch/pipeline_schedule_binding.h"
 #include "worker/torch/process_group_tessera.h"
 #include "worker/torch/ps_client.h"
 
@@ -569,6 +570,7 @@ PYBIND11_MODULE(_C, module) {
       .def("metrics_text", &PyPsClient::MetricsText)
       .def("leave", &PyPsClient::Leave, py::arg("reason"))
       .def("leave_with_error", &PyPsClient::LeaveWithError, py::arg("error"));
+  tessera::worker::BindPipelineSchedule(module);
   py::module::import("atexit").attr("register")(
       py::cpp_function(&tessera::worker::LeaveFleet, py::call_guard<py::gil_scoped_release>()));
 }
