@@ -6,8 +6,9 @@ same data (a copy taken before parallelize_module), and after STEPS steps of SGD
 every parameter, gathered back from its shards, and every step's loss agree within 1e-5
 relative to the tensor's scale. On a (dp, tp) = (2, 2) mesh each dp replica trains on half of
 the global batch, its gradients averaged over the dp group: the same against one process on
-the global batch. The meshes' groups are checked by all-gathering the members' ranks, and bad
-inputs by their messages.
+the global batch; and so with FSDP on the dp dim instead (torch's 2-D parallelism). The
+meshes' groups are checked by all-gathering the members' ranks, and bad inputs by their
+messages.
 """
 
 import copy
@@ -89,15 +90,20 @@ def _relative(a, b):
     return ((a - b).abs().max() / b.abs().max().clamp_min(1e-12)).item()
 
 
-def _train_and_compare(tp_mesh, dp_group=None, dp_rank=0, dp_size=1):
+def _train_and_compare(tp_mesh, dp_group=None, dp_rank=0, dp_size=1, fsdp_mesh=None):
     """Trains the TP model (each dp replica on its 1/dp_size of every batch, gradients averaged
-    over dp_group) and the same model alone on the whole batch; returns the worst relative
-    error of the parameters and of the losses, and the number of parameters."""
+    over dp_group, or by FSDP over fsdp_mesh) and the same model alone on the whole batch;
+    returns the relative error of each parameter and loss, and the numbers of parameters."""
+    from tessera.torch.fsdp import FullyShardedDataParallel as FSDP
     from tessera.torch.tensor_parallel import parallelize_module
     torch.manual_seed(0)
     model = _Model()
     reference = copy.deepcopy(model)
     parallelize_module(model, tp_mesh, _plan())
+    if fsdp_mesh is not None:
+        # 2-D parallelism as in torch's tutorial: TP within, FSDP across (its flat shards are
+        # cut from the TP shards).
+        model = FSDP(model, device_mesh=fsdp_mesh)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
     rows = BATCH // dp_size
@@ -109,6 +115,9 @@ def _train_and_compare(tp_mesh, dp_group=None, dp_rank=0, dp_size=1):
         loss = _loss(model, tokens[local], labels[local])
         loss.backward()
         loss = loss.detach()
+        if fsdp_mesh is not None:
+            dist.all_reduce(loss, group=fsdp_mesh.get_group())
+            loss /= dp_size
         if dp_group is not None:
             for p in model.parameters():
                 dist.all_reduce(p.grad, group=dp_group)
@@ -123,9 +132,11 @@ def _train_and_compare(tp_mesh, dp_group=None, dp_rank=0, dp_size=1):
         errors[f"loss step {step}"] = _relative(loss, expected.detach())
     tp_group = tp_mesh.get_group()
     full = dict(reference.named_parameters())
-    for name, param in model.named_parameters():
+    # FSDP's state dict holds each of this rank's TP shards whole.
+    local = model.state_dict() if fsdp_mesh is not None else dict(model.named_parameters())
+    for name, param in local.items():
         errors[name] = _relative(_gather(param, _SHARD_DIMS[name], tp_group), full[name].detach())
-    errors["local parameters"] = sum(p.numel() for p in model.parameters())
+    errors["local parameters"] = sum(p.numel() for p in local.values())
     errors["full parameters"] = sum(p.numel() for p in reference.parameters())
     return errors
 
@@ -201,6 +212,8 @@ def _mesh_2d(rank, world_size):
         lambda: parallelize_module(nn.Linear(4, 4), mesh, ColwiseParallel()))
     results["training"] = _train_and_compare(mesh["tp"], mesh.get_group("dp"),
                                              mesh.get_local_rank("dp"), 2)
+    results["fsdp training"] = _train_and_compare(mesh["tp"], None, mesh.get_local_rank("dp"),
+                                                  2, fsdp_mesh=mesh["dp"])
     return results
 
 
@@ -227,7 +240,7 @@ class TensorParallelTest(unittest.TestCase):
         for errors in torch_testing.run_ranks(_tp_only, 4):
             self._check_training(errors, 4)
 
-    def test_2d_mesh_groups_and_dp_times_tp(self):
+    def test_2d_mesh_groups_and_dp_times_tp_and_fsdp_times_tp(self):
         for rank, r in enumerate(torch_testing.run_ranks(_mesh_2d, 4)):
             with self.subTest(rank=rank):
                 dp, tp = rank // 2, rank % 2
@@ -251,6 +264,7 @@ class TensorParallelTest(unittest.TestCase):
                 self.assertIn("takes a 1-D DeviceMesh", r["2-D mesh to parallelize_module"])
                 self.assertIn("mesh['tp']", r["2-D mesh to parallelize_module"])
                 self._check_training(r["training"], 2)
+                self._check_training(r["fsdp training"], 2)
 
     def test_bad_inputs_are_named(self):
         expected = {
