@@ -1,14 +1,15 @@
 """tessera.torch.tensor_parallel and init_device_mesh (issue 46, item 3) train as one process does.
 
 A seeded model of embeddings and MLP blocks (Linear colwise, GELU or ReLU, Linear rowwise) is
-parallelized over T = 2 and 4 ranks; each rank also trains the same seeded model alone on the
-same data (a copy taken before parallelize_module), and after STEPS steps of SGD with momentum
-every parameter, gathered back from its shards, and every step's loss agree within 1e-5
-relative to the tensor's scale. On a (dp, tp) = (2, 2) mesh each dp replica trains on half of
-the global batch, its gradients averaged over the dp group: the same against one process on
-the global batch; and so with FSDP on the dp dim instead (torch's 2-D parallelism). The
-meshes' groups are checked by all-gathering the members' ranks, and bad inputs by their
-messages.
+parallelized over T = 2 and 4 ranks, and so is one with LayerNorms in sequence parallelism
+(the activations split on the sequence dim between the blocks); each rank also trains the same
+seeded model alone on the same data (a copy taken before parallelize_module), and after STEPS
+steps of SGD with momentum every parameter, gathered back from its shards, and every step's
+loss agree within 1e-5 relative to the tensor's scale. On a (dp, tp) = (2, 2) mesh each dp
+replica trains on half of the global batch, its gradients averaged over the dp group: the same
+against one process on the global batch; and so with FSDP on the dp dim instead (torch's 2-D
+parallelism), for both models. The meshes' groups are checked by all-gathering the members'
+ranks, and bad inputs by their messages.
 """
 
 import copy
@@ -22,7 +23,7 @@ import torch.nn.functional as F
 import torch_testing
 
 STEPS = 5
-BATCH, SEQ = 4, 6
+BATCH, SEQ = 4, 8
 VOCAB, DIM, HIDDEN, CLASSES = 16, 8, 32, 12
 TOLERANCE = 1e-5
 
@@ -51,8 +52,47 @@ class _Model(nn.Module):
         return self.head(self.blocks(x))
 
 
-def _plan():
-    from tessera.torch.tensor_parallel import ColwiseParallel, Replicate, RowwiseParallel
+class _SpBlock(nn.Module):
+    def __init__(self, activation):
+        super().__init__()
+        self.norm = nn.LayerNorm(DIM)
+        self.fc1 = nn.Linear(DIM, HIDDEN)
+        self.activation = activation
+        self.fc2 = nn.Linear(HIDDEN, DIM)
+
+    def forward(self, x):
+        return x + self.fc2(self.activation(self.fc1(self.norm(x))))
+
+
+class _SpModel(nn.Module):
+    """For sequence parallelism: between the layers the activations are split on the sequence
+    dim, the norms run on each rank's positions."""
+
+    def __init__(self):
+        super().__init__()
+        self.embedding = nn.Embedding(VOCAB, DIM)
+        self.blocks = nn.Sequential(_SpBlock(nn.GELU()), _SpBlock(nn.ReLU()))
+        self.norm = nn.LayerNorm(DIM)
+        self.head = nn.Linear(DIM, CLASSES)
+        for m in self.modules():  # norms that are not ones and zeros
+            if isinstance(m, nn.LayerNorm):
+                nn.init.normal_(m.weight, 1.0, 0.2)
+                nn.init.normal_(m.bias, 0.0, 0.2)
+
+    def forward(self, tokens):
+        return self.head(self.norm(self.blocks(self.embedding(tokens))))
+
+
+def _plan(kind):
+    from tessera.torch.tensor_parallel import (
+        ColwiseParallel, Replicate, RowwiseParallel, SequenceParallel, Shard)
+    if kind == "sp":
+        return {"embedding": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+                "blocks.*.norm": SequenceParallel(),
+                "blocks.*.fc1": ColwiseParallel(input_layouts=Shard(1)),
+                "blocks.*.fc2": RowwiseParallel(output_layouts=Shard(1)),
+                "norm": SequenceParallel(),
+                "head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())}
     return {"embedding": RowwiseParallel(input_layouts=Replicate()),
             "position": ColwiseParallel(output_layouts=Replicate()),
             "blocks.*.fc1": ColwiseParallel(),
@@ -60,11 +100,13 @@ def _plan():
             "head": ColwiseParallel(output_layouts=Replicate())}
 
 
-# Which dim of each parameter the plan shards (None: replicated).
-_SHARD_DIMS = {"embedding.weight": 0, "position.weight": 1, "head.weight": 0, "head.bias": 0}
+# Which dim of each parameter the plans shard (None: replicated).
+_SHARD_DIMS = {"embedding.weight": 0, "position.weight": 1, "head.weight": 0, "head.bias": 0,
+               "norm.weight": None, "norm.bias": None}
 for _i in range(2):
     _SHARD_DIMS.update({f"blocks.{_i}.fc1.weight": 0, f"blocks.{_i}.fc1.bias": 0,
-                        f"blocks.{_i}.fc2.weight": 1, f"blocks.{_i}.fc2.bias": None})
+                        f"blocks.{_i}.fc2.weight": 1, f"blocks.{_i}.fc2.bias": None,
+                        f"blocks.{_i}.norm.weight": None, f"blocks.{_i}.norm.bias": None})
 
 
 def _batch(step):
@@ -90,16 +132,16 @@ def _relative(a, b):
     return ((a - b).abs().max() / b.abs().max().clamp_min(1e-12)).item()
 
 
-def _train_and_compare(tp_mesh, dp_group=None, dp_rank=0, dp_size=1, fsdp_mesh=None):
+def _train_and_compare(kind, tp_mesh, dp_group=None, dp_rank=0, dp_size=1, fsdp_mesh=None):
     """Trains the TP model (each dp replica on its 1/dp_size of every batch, gradients averaged
     over dp_group, or by FSDP over fsdp_mesh) and the same model alone on the whole batch;
     returns the relative error of each parameter and loss, and the numbers of parameters."""
     from tessera.torch.fsdp import FullyShardedDataParallel as FSDP
     from tessera.torch.tensor_parallel import parallelize_module
     torch.manual_seed(0)
-    model = _Model()
+    model = _SpModel() if kind == "sp" else _Model()
     reference = copy.deepcopy(model)
-    parallelize_module(model, tp_mesh, _plan())
+    parallelize_module(model, tp_mesh, _plan(kind))
     if fsdp_mesh is not None:
         # 2-D parallelism as in torch's tutorial: TP within, FSDP across (its flat shards are
         # cut from the TP shards).
@@ -138,13 +180,15 @@ def _train_and_compare(tp_mesh, dp_group=None, dp_rank=0, dp_size=1, fsdp_mesh=N
         errors[name] = _relative(_gather(param, _SHARD_DIMS[name], tp_group), full[name].detach())
     errors["local parameters"] = sum(p.numel() for p in local.values())
     errors["full parameters"] = sum(p.numel() for p in reference.parameters())
+    errors["replicated parameters"] = sum(p.numel() for n, p in reference.named_parameters()
+                                          if _SHARD_DIMS[n] is None)
     return errors
 
 
 def _tp_only(rank, world_size):
     from tessera.torch import init_device_mesh
     mesh = init_device_mesh("cpu", (world_size,), mesh_dim_names=("tp",))
-    return _train_and_compare(mesh["tp"])
+    return {kind: _train_and_compare(kind, mesh["tp"]) for kind in ("tp", "sp")}
 
 
 def _message(fn):
@@ -158,6 +202,7 @@ def _message(fn):
 def _bad_inputs(rank, world_size):
     """Each bad input's error text, at world size 2."""
     from tessera.torch import init_device_mesh
+    from tessera.torch.fsdp import FullyShardedDataParallel as FSDP
     from tessera.torch.tensor_parallel import (
         ColwiseParallel, RowwiseParallel, parallelize_module)
     mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
@@ -177,6 +222,9 @@ def _bad_inputs(rank, world_size):
         "use_local_output": _message(lambda: ColwiseParallel(use_local_output=False)),
         "twice": _message(lambda: [parallelize_module(model[0:1], mesh, {"0": s}) for s in
                                    (RowwiseParallel(), RowwiseParallel())]),
+        "after FSDP": _message(lambda: parallelize_module(
+            FSDP(nn.Sequential(nn.Linear(4, 4))), mesh, {"_fsdp_wrapped_module.0":
+                                                         ColwiseParallel()})),
         "mesh of the wrong size": _message(lambda: init_device_mesh("cpu", (3,))),
         "mesh on cuda": _message(lambda: init_device_mesh("cuda", (2,))),
         "names of the wrong length": _message(
@@ -210,35 +258,39 @@ def _mesh_2d(rank, world_size):
     results["get_group() of a 2-D mesh"] = _message(lambda: mesh.get_group())
     results["2-D mesh to parallelize_module"] = _message(
         lambda: parallelize_module(nn.Linear(4, 4), mesh, ColwiseParallel()))
-    results["training"] = _train_and_compare(mesh["tp"], mesh.get_group("dp"),
-                                             mesh.get_local_rank("dp"), 2)
-    results["fsdp training"] = _train_and_compare(mesh["tp"], None, mesh.get_local_rank("dp"),
-                                                  2, fsdp_mesh=mesh["dp"])
+    dp = mesh.get_local_rank("dp")
+    results["training"] = _train_and_compare("tp", mesh["tp"], mesh.get_group("dp"), dp, 2)
+    for kind in ("tp", "sp"):
+        results[f"fsdp {kind} training"] = _train_and_compare(kind, mesh["tp"], None, dp, 2,
+                                                              fsdp_mesh=mesh["dp"])
     return results
 
 
 class TensorParallelTest(unittest.TestCase):
     def _check_training(self, errors, world_size):
-        worst = max(e for name, e in errors.items() if not name.endswith("parameters"))
+        worst = max(e for name, e in errors.items() if not name.endswith(" parameters"))
         print(f"T={world_size}: worst relative error against one process: {worst:.3g}")
         for name, error in errors.items():
-            if name.endswith("parameters"):
+            if name.endswith(" parameters"):
                 continue
             with self.subTest(name=name):
                 self.assertLessEqual(error, TOLERANCE, name)
-        # Every parameter but the replicated fc2 biases is split T ways.
-        replicated = 2 * DIM
+        # Every parameter but the replicated ones (fc2's biases, norms) is split T ways.
+        replicated = errors["replicated parameters"]
+        self.assertGreater(replicated, 0)
         self.assertEqual(errors["local parameters"],
                          (errors["full parameters"] - replicated) // world_size + replicated)
 
     def test_tp2_equals_one_process(self):
         for errors in torch_testing.run_ranks(_tp_only, 2):
-            self._check_training(errors, 2)
+            self._check_training(errors["tp"], 2)
+            self._check_training(errors["sp"], 2)
 
     @torch_testing.not_under_sanitizer
     def test_tp4_equals_one_process(self):
         for errors in torch_testing.run_ranks(_tp_only, 4):
-            self._check_training(errors, 4)
+            self._check_training(errors["tp"], 4)
+            self._check_training(errors["sp"], 4)
 
     def test_2d_mesh_groups_and_dp_times_tp_and_fsdp_times_tp(self):
         for rank, r in enumerate(torch_testing.run_ranks(_mesh_2d, 4)):
@@ -264,7 +316,8 @@ class TensorParallelTest(unittest.TestCase):
                 self.assertIn("takes a 1-D DeviceMesh", r["2-D mesh to parallelize_module"])
                 self.assertIn("mesh['tp']", r["2-D mesh to parallelize_module"])
                 self._check_training(r["training"], 2)
-                self._check_training(r["fsdp training"], 2)
+                self._check_training(r["fsdp tp training"], 2)
+                self._check_training(r["fsdp sp training"], 2)
 
     def test_bad_inputs_are_named(self):
         expected = {
@@ -282,6 +335,8 @@ class TensorParallelTest(unittest.TestCase):
                                   "submodule of Sequential"),
             "use_local_output": ("NotImplementedError", "use_local_output=False"),
             "twice": ("ValueError", "'0' is already parallelized (RowwiseParallel("),
+            "after FSDP": ("ValueError", "'_fsdp_wrapped_module.0' is already inside a "
+                           "FullyShardedDataParallel unit: apply parallelize_module first"),
             "mesh of the wrong size": ("ValueError", "mesh_shape (3,) holds 3 ranks but the "
                                        "world size is 2"),
             "mesh on cuda": ("ValueError", "device_type 'cuda' is not supported"),

@@ -45,8 +45,8 @@ import torch.nn.functional as F
 
 from tessera.torch.device_mesh import DeviceMesh
 
-__all__ = ["ColwiseParallel", "ParallelStyle", "Replicate", "RowwiseParallel", "Shard",
-           "parallelize_module"]
+__all__ = ["ColwiseParallel", "ParallelStyle", "Replicate", "RowwiseParallel",
+           "SequenceParallel", "Shard", "parallelize_module"]
 
 
 # -- placements ---------------------------------------------------------------------------------
@@ -94,23 +94,37 @@ def _all_reduce(tensor, group):
     return tensor
 
 
-def _all_gather_last_dim(tensor, group):
+def _check_split(tensor, dim, group, what):
     size = dist.get_world_size(group)
+    if tensor.size(dim) % size:
+        raise ValueError(f"tessera tensor parallel: rank {dist.get_rank()}: {what}: a tensor "
+                         f"of shape {tuple(tensor.shape)} cannot be split on dim {dim} among "
+                         f"the {size} ranks of the tensor-parallel group")
+    return tensor.size(dim) // size
+
+
+def _all_gather(tensor, dim, group):
+    """The ranks' tensors concatenated along dim, in group rank order."""
     tensor = tensor.contiguous()
-    parts = [torch.empty_like(tensor) for _ in range(size)]
+    parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
     dist.all_gather(parts, tensor, group=group)
-    return torch.cat(parts, dim=-1)
+    return torch.cat(parts, dim=dim)
 
 
-def _local_last_dim(tensor, group):
-    size = dist.get_world_size(group)
-    rank = dist.get_rank(group)
-    width = tensor.size(-1)
-    if width % size:
-        raise ValueError(f"tessera tensor parallel: rank {dist.get_rank()}: a tensor of shape "
-                         f"{tuple(tensor.shape)} cannot be split on its last dim among the "
-                         f"{size} ranks of the tensor-parallel group")
-    return tensor.narrow(-1, rank * (width // size), width // size).contiguous()
+def _local_slice(tensor, dim, group, what):
+    """This rank's slice along dim (the group's ranks in order)."""
+    width = _check_split(tensor, dim, group, what)
+    return tensor.narrow(dim, dist.get_rank(group) * width, width).contiguous()
+
+
+def _reduce_scatter(tensor, dim, group, what):
+    """The sum over the ranks of their tensors, of which this rank keeps its slice along
+    dim."""
+    _check_split(tensor, dim, group, what)
+    chunks = [c.contiguous() for c in tensor.chunk(dist.get_world_size(group), dim=dim)]
+    output = torch.empty_like(chunks[0])
+    dist.reduce_scatter(output, chunks, group=group)
+    return output
 
 
 class _CopyToGroup(torch.autograd.Function):
@@ -138,32 +152,62 @@ class _ReduceFromGroup(torch.autograd.Function):
         return grad, None
 
 
-class _GatherLastDim(torch.autograd.Function):
-    """Forward all-gathers the ranks' slices along the last dim; backward keeps this rank's
-    slice of the (replicated) gradient."""
+class _Gather(torch.autograd.Function):
+    """Forward all-gathers the ranks' slices along dim into the replicated tensor; backward
+    keeps this rank's slice of the (replicated) gradient."""
 
     @staticmethod
-    def forward(ctx, tensor, group):
-        ctx.group = group
-        return _all_gather_last_dim(tensor, group)
+    def forward(ctx, tensor, dim, group):
+        ctx.dim, ctx.group = dim, group
+        return _all_gather(tensor, dim, group)
 
     @staticmethod
     def backward(ctx, grad):
-        return _local_last_dim(grad, ctx.group), None
+        return _local_slice(grad, ctx.dim, ctx.group, "backward of an all-gather"), None, None
 
 
-class _SplitLastDim(torch.autograd.Function):
-    """Forward keeps this rank's slice of a replicated tensor's last dim; backward all-gathers
+class _Split(torch.autograd.Function):
+    """Forward keeps this rank's slice along dim of a replicated tensor; backward all-gathers
     the slices' gradients, so every rank has the whole (replicated) gradient."""
 
     @staticmethod
-    def forward(ctx, tensor, group):
-        ctx.group = group
-        return _local_last_dim(tensor, group)
+    def forward(ctx, tensor, dim, group):
+        ctx.dim, ctx.group = dim, group
+        return _local_slice(tensor, dim, group, "the input")
 
     @staticmethod
     def backward(ctx, grad):
-        return _all_gather_last_dim(grad, ctx.group), None
+        return _all_gather(grad, ctx.dim, ctx.group), None, None
+
+
+class _GatherFromSequence(torch.autograd.Function):
+    """Sequence parallelism's entry to a column layer: forward all-gathers the ranks' slices
+    along dim; backward reduce-scatters the gradient, each rank's holding only its columns'
+    part of every position (Megatron-SP's g-bar)."""
+
+    @staticmethod
+    def forward(ctx, tensor, dim, group):
+        ctx.dim, ctx.group = dim, group
+        return _all_gather(tensor, dim, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return (_reduce_scatter(grad, ctx.dim, ctx.group, "backward of an all-gather"), None,
+                None)
+
+
+class _ReduceScatter(torch.autograd.Function):
+    """Sequence parallelism's exit from a row layer: forward sums the partial outputs and
+    keeps this rank's slice along dim; backward all-gathers the slices' gradients."""
+
+    @staticmethod
+    def forward(ctx, tensor, dim, group):
+        ctx.dim, ctx.group = dim, group
+        return _reduce_scatter(tensor, dim, group, "the output")
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _all_gather(grad, ctx.dim, ctx.group), None, None
 
 
 # -- styles -------------------------------------------------------------------------------------
@@ -236,21 +280,32 @@ def _check_embedding(style, name, module, rowwise):
 
 
 def _mark(module, style, name):
+    if any(hasattr(m, "_tessera_fsdp_param_names") for m in module.modules()):
+        raise ValueError(f"tessera tensor parallel: '{name}' is already inside a "
+                         f"FullyShardedDataParallel unit: apply parallelize_module first, "
+                         f"then wrap the model in FSDP (as with torch's)")
     if getattr(module, "_tessera_tp_style", None) is not None:
         raise ValueError(f"tessera tensor parallel: '{name}' is already parallelized "
                          f"({module._tessera_tp_style}); a module takes one style")
     module._tessera_tp_style = style
 
 
+def _ids(input, layout, group):
+    """An embedding's ids as every rank gives them (Replicate()) or all-gathered along their
+    sharded dim (they carry no gradient)."""
+    return input if layout == Replicate() else _all_gather(input, layout.dim, group)
+
+
 class ColwiseParallel(ParallelStyle):
     """torch.distributed.tensor.parallel.ColwiseParallel: shards nn.Linear's output features
     (the weight's rows and the bias) or nn.Embedding's embedding_dim across the group.
 
-    input_layouts: Replicate() (the default): every rank gives the whole input. output_layouts:
-    Shard(-1) (the default): the output is this rank's slice of the last dim, as a following
-    RowwiseParallel wants it; or Replicate(): all-gathered into the whole output on every rank.
-    use_local_output must be True (outputs are plain tensors). Other layouts raise
-    NotImplementedError.
+    input_layouts: Replicate() (the default): every rank gives the whole input; or Shard(d)
+    (sequence parallelism: each rank gives its slice along d, all-gathered before the layer,
+    the gradient reduce-scattered back). output_layouts: Shard(-1) (the default): the output
+    is this rank's slice of the last dim, as a following RowwiseParallel wants it; or
+    Replicate(): all-gathered into the whole output on every rank. use_local_output must be
+    True (outputs are plain tensors). Other layouts raise NotImplementedError.
     """
 
     def __init__(self, *, input_layouts=None, output_layouts=None, use_local_output=True):
@@ -266,14 +321,16 @@ class ColwiseParallel(ParallelStyle):
 
     def _apply(self, module, group, name, src_data_rank):
         style = "ColwiseParallel"
-        if self.input_layouts[0] != Replicate():
-            _refuse(style, name, f"input_layouts={self.input_layouts[0]} is not supported "
-                                 f"(Replicate() only)")
+        input_layout = self.input_layouts[0]
         gather = self.output_layouts[0] == Replicate()
         if not gather and not _is_last_dim_shard(self.output_layouts[0]):
             _refuse(style, name, f"output_layouts={self.output_layouts[0]} is not supported "
                                  f"(Shard(-1) or Replicate())")
         size = dist.get_world_size(group)
+
+        def finish(output):
+            return _Gather.apply(output, -1, group) if gather else output
+
         if isinstance(module, nn.Linear):
             _check_divisible(style, name, module, "out_features", size)
             _mark(module, self, name)
@@ -282,8 +339,11 @@ class ColwiseParallel(ParallelStyle):
                 _shard_parameter(module, "bias", 0, group, name, style, src_data_rank)
 
             def forward(self_, input):
-                output = F.linear(_CopyToGroup.apply(input, group), self_.weight, self_.bias)
-                return _GatherLastDim.apply(output, group) if gather else output
+                if input_layout == Replicate():
+                    input = _CopyToGroup.apply(input, group)
+                else:
+                    input = _GatherFromSequence.apply(input, input_layout.dim, group)
+                return finish(F.linear(input, self_.weight, self_.bias))
         elif isinstance(module, nn.Embedding):
             _check_embedding(style, name, module, rowwise=False)
             _check_divisible(style, name, module, "embedding_dim", size)
@@ -291,10 +351,10 @@ class ColwiseParallel(ParallelStyle):
             _shard_parameter(module, "weight", 1, group, name, style, src_data_rank)
 
             def forward(self_, input):
-                # The ids carry no gradient: no collective before the lookup.
-                output = F.embedding(input, self_.weight, self_.padding_idx, None, 2.0,
-                                     self_.scale_grad_by_freq, self_.sparse)
-                return _GatherLastDim.apply(output, group) if gather else output
+                output = F.embedding(_ids(input, input_layout, group), self_.weight,
+                                     self_.padding_idx, None, 2.0, self_.scale_grad_by_freq,
+                                     self_.sparse)
+                return finish(output)
         else:
             _refuse(style, name, f"{type(module).__name__} is not supported (nn.Linear and "
                                  f"nn.Embedding are)")
@@ -305,13 +365,15 @@ class ColwiseParallel(ParallelStyle):
 class RowwiseParallel(ParallelStyle):
     """torch.distributed.tensor.parallel.RowwiseParallel: shards nn.Linear's input features
     (the weight's columns; the bias stays whole) or nn.Embedding's num_embeddings across the
-    group, and all-reduces the output.
+    group, and sums the ranks' partial outputs.
 
     input_layouts: for nn.Linear Shard(-1) (the default: this rank's slice of the last dim, as
     a ColwiseParallel layer gives it) or Replicate() (every rank gives the whole input and
-    keeps its slice); for nn.Embedding Replicate() (the ids; torch's default Shard(-1)
-    all-gathers them along their last dim first). output_layouts: Replicate() (the default).
-    use_local_output must be True. Other layouts raise NotImplementedError.
+    keeps its slice); for nn.Embedding Replicate() (the ids) or Shard(d) (ids all-gathered
+    along d first; torch's default Shard(-1) does that). output_layouts: Replicate() (the
+    default: all-reduced), or Shard(d) for a dim d other than the last (sequence parallelism:
+    reduce-scattered along d; the bias is then added to each rank's slice and its gradient
+    all-reduced). use_local_output must be True. Other layouts raise NotImplementedError.
     """
 
     def __init__(self, *, input_layouts=None, output_layouts=None, use_local_output=True):
@@ -327,15 +389,31 @@ class RowwiseParallel(ParallelStyle):
 
     def _apply(self, module, group, name, src_data_rank):
         style = "RowwiseParallel"
-        if self.output_layouts[0] != Replicate():
-            _refuse(style, name, f"output_layouts={self.output_layouts[0]} is not supported "
-                                 f"(Replicate() only)")
-        replicated_input = self.input_layouts[0] == Replicate()
-        if not replicated_input and not _is_last_dim_shard(self.input_layouts[0]):
-            _refuse(style, name, f"input_layouts={self.input_layouts[0]} is not supported "
-                                 f"(Shard(-1) or Replicate())")
+        input_layout, output_layout = self.input_layouts[0], self.output_layouts[0]
+        if _is_last_dim_shard(output_layout):
+            _refuse(style, name, "output_layouts=Shard(-1) is not supported (Replicate() or "
+                                 "Shard(d) of another dim)")
         size = dist.get_world_size(group)
+
+        def finish(partial, bias):
+            """The sum of the ranks' partial outputs in the output layout, plus the bias
+            (whole on every rank: added once, after the sum)."""
+            if output_layout == Replicate():
+                output = _ReduceFromGroup.apply(partial, group)
+                return output + bias if bias is not None else output
+            dim = output_layout.dim % partial.ndim
+            if dim == partial.ndim - 1:
+                raise ValueError(f"tessera tensor parallel: RowwiseParallel on '{name}': "
+                                 f"output_layouts={output_layout} is the last dim of the "
+                                 f"output of shape {tuple(partial.shape)}; shard another dim")
+            output = _ReduceScatter.apply(partial, dim, group)
+            # Each rank adds the bias to its slice only: its gradient is the sum over ranks.
+            return output + _CopyToGroup.apply(bias, group) if bias is not None else output
+
         if isinstance(module, nn.Linear):
+            if input_layout != Replicate() and not _is_last_dim_shard(input_layout):
+                _refuse(style, name, f"input_layouts={input_layout} is not supported for "
+                                     f"nn.Linear (Shard(-1) or Replicate())")
             _check_divisible(style, name, module, "in_features", size)
             _mark(module, self, name)
             _shard_parameter(module, "weight", 1, group, name, style, src_data_rank)
@@ -343,17 +421,15 @@ class RowwiseParallel(ParallelStyle):
                 _shard_parameter(module, "bias", None, group, name, style, src_data_rank)
 
             def forward(self_, input):
-                if replicated_input:
-                    input = _SplitLastDim.apply(input, group)
+                if input_layout == Replicate():
+                    input = _Split.apply(input, -1, group)
                 elif input.size(-1) != self_.weight.size(1):
                     raise ValueError(
                         f"tessera tensor parallel: RowwiseParallel on '{name}': rank "
                         f"{dist.get_rank()}: the input of shape {tuple(input.shape)} is not "
                         f"this rank's slice of the last dim (expected "
                         f"{self_.weight.size(1)} = in_features {self_.in_features} / {size})")
-                output = _ReduceFromGroup.apply(F.linear(input, self_.weight), group)
-                # The bias is whole on every rank: added once, after the sum.
-                return output + self_.bias if self_.bias is not None else output
+                return finish(F.linear(input, self_.weight), self_.bias)
         elif isinstance(module, nn.Embedding):
             _check_embedding(style, name, module, rowwise=True)
             _check_divisible(style, name, module, "num_embeddings", size)
@@ -366,19 +442,71 @@ class RowwiseParallel(ParallelStyle):
                              and first <= padding_idx < first + rows else None)
 
             def forward(self_, input):
-                if not replicated_input:
-                    input = _all_gather_last_dim(input, group)
-                # Ids outside this rank's rows look up row 0 and are zeroed: the all-reduce
-                # then adds exactly one rank's row to each position.
+                input = _ids(input, input_layout, group)
+                # Ids outside this rank's rows look up row 0 and are zeroed: the sum then
+                # holds exactly one rank's row at each position.
                 outside = (input < first) | (input >= first + rows)
                 local = (input - first).masked_fill(outside, 0)
                 output = F.embedding(local, self_.weight, local_padding, None, 2.0, False,
                                      self_.sparse)
-                output = output.masked_fill(outside.unsqueeze(-1), 0.0)
-                return _ReduceFromGroup.apply(output, group)
+                return finish(output.masked_fill(outside.unsqueeze(-1), 0.0), None)
         else:
             _refuse(style, name, f"{type(module).__name__} is not supported (nn.Linear and "
                                  f"nn.Embedding are)")
+        module.forward = types.MethodType(forward, module)
+        return module
+
+
+class SequenceParallel(ParallelStyle):
+    """torch.distributed.tensor.parallel.SequenceParallel: the module (nn.LayerNorm,
+    nn.Dropout, an RMSNorm, ...) runs unchanged on each rank's slice of the sequence dim
+    (its input is that slice, as a RowwiseParallel with output_layouts=Shard(sequence_dim)
+    gives it), with its parameters replicated: every rank starts from the group's rank 0's
+    values (src_data_rank; torch assumes equal ones), and each parameter's gradient, each rank
+    having only its positions' part, is all-reduced over the group in backward (through the
+    module's forward, so that it holds under FullyShardedDataParallel too). Outputs are
+    local tensors whatever use_local_output says (there is no DTensor here).
+    """
+
+    def __init__(self, *, sequence_dim=1, use_local_output=False):
+        super().__init__()
+        self.sequence_dim = sequence_dim
+        self.use_local_output = use_local_output
+
+    def __repr__(self):
+        return f"SequenceParallel(sequence_dim={self.sequence_dim})"
+
+    def _apply(self, module, group, name, src_data_rank):
+        _mark(module, self, name)
+        if src_data_rank is not None:
+            with torch.no_grad():
+                for param in module.parameters():
+                    dist.broadcast(param.data, src=_global_rank(group, src_data_rank),
+                                   group=group)
+        inner = module.forward
+        slots = [(m, param_name) for m in module.modules()
+                 for param_name, param in m._parameters.items() if param is not None]
+
+        def forward(self_, *args, **kwargs):
+            # For the forward's length each parameter is seen through _CopyToGroup, whose
+            # backward all-reduces its gradient. Done here rather than by hooks on the
+            # parameters, so that it holds for whatever tensor stands for a parameter at the
+            # time: FullyShardedDataParallel replaces them by views of its gathered flat
+            # parameter, held in _parameters or (flattened) in the module's __dict__.
+            swapped = []
+            if torch.is_grad_enabled():
+                for m, param_name in slots:
+                    where = m._parameters if param_name in m._parameters else m.__dict__
+                    param = where.get(param_name)
+                    if torch.is_tensor(param) and param.requires_grad:
+                        where[param_name] = _CopyToGroup.apply(param, group)
+                        swapped.append((where, param_name, param))
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                for where, param_name, param in swapped:
+                    where[param_name] = param
+
         module.forward = types.MethodType(forward, module)
         return module
 
