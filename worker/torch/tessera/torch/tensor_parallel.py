@@ -1,13 +1,14 @@
-"""torch.distributed.tensor.parallel for torch 1.13 (issue 46): ColwiseParallel, RowwiseParallel
-and parallelize_module with PyTorch 2.6's names and semantics, on plain tensors (no DTensor).
-A program written for torch's changes
+"""torch.distributed.tensor.parallel for torch 1.13 (issue 46): ColwiseParallel, RowwiseParallel,
+SequenceParallel and parallelize_module with PyTorch 2.6's names and semantics, on plain
+tensors (no DTensor). A program written for torch's changes
 
     from torch.distributed.tensor.parallel import (
-        ColwiseParallel, RowwiseParallel, parallelize_module)
+        ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module)
     from torch.distributed.tensor import Replicate, Shard
 to
     from tessera.torch.tensor_parallel import (
-        ColwiseParallel, RowwiseParallel, parallelize_module, Replicate, Shard)
+        ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module, Replicate,
+        Shard)
 
 Megatron-LM's tensor parallelism over the ranks of one group (the "TP group", T ranks, this
 rank's index r in it):
@@ -26,6 +27,14 @@ A column layer followed by a row layer (an MLP block, attention) thus costs one 
 forward and one in backward. On nn.Embedding, ColwiseParallel shards embedding_dim (output
 sharded on the last dim, as a column layer's) and RowwiseParallel shards num_embeddings (each
 rank looks up the ids in its rows, zeros the others, and the output is all-reduced).
+
+Sequence parallelism (Megatron-SP): between the blocks each rank holds its slice of the
+sequence dim. A column layer with input_layouts=Shard(1) all-gathers it before the layer (and
+reduce-scatters the gradient), a row layer with output_layouts=Shard(1) reduce-scatters its
+partial outputs instead of all-reducing them (and all-gathers the gradient), and the modules
+between them (norms, dropout) run on the slice under SequenceParallel, their replicated
+parameters' gradients all-reduced: the same traffic as the all-reduces, activations T times
+smaller.
 
 Parameters become nn.Parameters holding this rank's shard (the modules' in_features,
 out_features, num_embeddings and embedding_dim keep the full layer's values), cut from the full
@@ -216,8 +225,6 @@ class ParallelStyle:
     """torch.distributed.tensor.parallel.ParallelStyle: how parallelize_module changes one
     module. Subclasses implement _apply(module, group, name, src_data_rank)."""
 
-    src_data_rank = 0
-
     def _apply(self, module, group, name, src_data_rank):
         raise NotImplementedError
 
@@ -236,7 +243,7 @@ def _check_options(style, input_layouts, output_layouts, use_local_output):
                                   f"there is no DTensor here, outputs are local tensors")
 
 
-def _shard_parameter(module, param_name, dim, group, name, style, src_data_rank):
+def _shard_parameter(module, param_name, dim, group, src_data_rank):
     """Replaces module.<param_name> by this rank's slice along dim of its full value (first
     broadcast from the group's rank src_data_rank unless that is None)."""
     full = getattr(module, param_name)
@@ -334,9 +341,9 @@ class ColwiseParallel(ParallelStyle):
         if isinstance(module, nn.Linear):
             _check_divisible(style, name, module, "out_features", size)
             _mark(module, self, name)
-            _shard_parameter(module, "weight", 0, group, name, style, src_data_rank)
+            _shard_parameter(module, "weight", 0, group, src_data_rank)
             if module.bias is not None:
-                _shard_parameter(module, "bias", 0, group, name, style, src_data_rank)
+                _shard_parameter(module, "bias", 0, group, src_data_rank)
 
             def forward(self_, input):
                 if input_layout == Replicate():
@@ -348,7 +355,7 @@ class ColwiseParallel(ParallelStyle):
             _check_embedding(style, name, module, rowwise=False)
             _check_divisible(style, name, module, "embedding_dim", size)
             _mark(module, self, name)
-            _shard_parameter(module, "weight", 1, group, name, style, src_data_rank)
+            _shard_parameter(module, "weight", 1, group, src_data_rank)
 
             def forward(self_, input):
                 output = F.embedding(_ids(input, input_layout, group), self_.weight,
@@ -416,9 +423,9 @@ class RowwiseParallel(ParallelStyle):
                                      f"nn.Linear (Shard(-1) or Replicate())")
             _check_divisible(style, name, module, "in_features", size)
             _mark(module, self, name)
-            _shard_parameter(module, "weight", 1, group, name, style, src_data_rank)
+            _shard_parameter(module, "weight", 1, group, src_data_rank)
             if module.bias is not None:
-                _shard_parameter(module, "bias", None, group, name, style, src_data_rank)
+                _shard_parameter(module, "bias", None, group, src_data_rank)
 
             def forward(self_, input):
                 if input_layout == Replicate():
@@ -434,7 +441,7 @@ class RowwiseParallel(ParallelStyle):
             _check_embedding(style, name, module, rowwise=True)
             _check_divisible(style, name, module, "num_embeddings", size)
             _mark(module, self, name)
-            _shard_parameter(module, "weight", 0, group, name, style, src_data_rank)
+            _shard_parameter(module, "weight", 0, group, src_data_rank)
             rows = module.num_embeddings // size
             first = dist.get_rank(group) * rows
             padding_idx = module.padding_idx
