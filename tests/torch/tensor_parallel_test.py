@@ -208,7 +208,20 @@ def _bad_inputs(rank, world_size):
     mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
     group = mesh.get_group()
     model = nn.Sequential(nn.Linear(4, 5), nn.Linear(5, 4), nn.Conv1d(2, 2, 1))
+    row = parallelize_module(nn.Linear(4, 2), mesh, RowwiseParallel())
+    # src_data_rank: the shards are cut from the group's rank 0's values (the default) or from
+    # each rank's own (None); each rank's module is seeded differently.
+    torch.manual_seed(10)
+    rank_0s = nn.Linear(4, 4).weight.detach().clone()
+    torch.manual_seed(10 + rank)
+    own = nn.Linear(4, 4)
+    own_weight = own.weight.detach().clone()
+    from_rank_0 = parallelize_module(copy.deepcopy(own), mesh, ColwiseParallel())
+    from_own = parallelize_module(own, mesh, ColwiseParallel(), src_data_rank=None)
     return {
+        "from rank 0": torch.equal(_gather(from_rank_0.weight, 0, group), rank_0s),
+        "from its own": torch.equal(from_own.weight, own_weight[2 * rank:2 * rank + 2]),
+        "input not the rank's slice": _message(lambda: row(torch.ones(3, 4))),
         "colwise indivisible": _message(
             lambda: parallelize_module(model, mesh, {"0": ColwiseParallel()})),
         "rowwise indivisible": _message(
@@ -255,6 +268,13 @@ def _mesh_2d(rank, world_size):
         results[f"{name} rank in group"] = dist.get_rank(group)
         results[f"{name} sub-mesh"] = mesh[name].mesh.tolist()
         results[f"{name} sub-mesh group is the dim's"] = mesh[name].get_group() is group
+    # A mesh of another layout: dim "b" runs down the rows of [[0, 2], [1, 3]].
+    custom = DeviceMesh("cpu", [[0, 2], [1, 3]], mesh_dim_names=("a", "b"))
+    results["custom coordinate"] = custom.get_coordinate()
+    for name in ("a", "b"):
+        members = [None] * custom.size(name)
+        dist.all_gather_object(members, rank, group=custom.get_group(name))
+        results[f"custom {name} members"] = members
     results["get_group() of a 2-D mesh"] = _message(lambda: mesh.get_group())
     results["2-D mesh to parallelize_module"] = _message(
         lambda: parallelize_module(nn.Linear(4, 4), mesh, ColwiseParallel()))
@@ -310,6 +330,9 @@ class TensorParallelTest(unittest.TestCase):
                 self.assertTrue(r["dp sub-mesh group is the dim's"])
                 self.assertTrue(r["tp sub-mesh group is the dim's"])
                 self.assertTrue(r["whole slice is the mesh"])
+                self.assertEqual(r["custom coordinate"], [rank % 2, rank // 2])
+                self.assertEqual(r["custom a members"], [2 * (rank // 2), 2 * (rank // 2) + 1])
+                self.assertEqual(r["custom b members"], [rank % 2, rank % 2 + 2])
                 self.assertTrue(r["is a DeviceMesh"])
                 self.assertIn("RuntimeError", r["get_group() of a 2-D mesh"])
                 self.assertIn("name the dim with mesh_dim=", r["get_group() of a 2-D mesh"])
@@ -319,7 +342,7 @@ class TensorParallelTest(unittest.TestCase):
                 self._check_training(r["fsdp tp training"], 2)
                 self._check_training(r["fsdp sp training"], 2)
 
-    def test_bad_inputs_are_named(self):
+    def test_bad_inputs_are_named_and_src_data_rank(self):
         expected = {
             "colwise indivisible": ("ValueError", "ColwiseParallel on '0' (Linear): "
                                     "out_features 5 is not divisible by the tensor-parallel "
@@ -335,6 +358,10 @@ class TensorParallelTest(unittest.TestCase):
                                   "submodule of Sequential"),
             "use_local_output": ("NotImplementedError", "use_local_output=False"),
             "twice": ("ValueError", "'0' is already parallelized (RowwiseParallel("),
+            "input not the rank's slice": ("ValueError", "RowwiseParallel on '<root>': rank "
+                                           "RANK: the input of shape (3, 4) is not this "
+                                           "rank's slice of the last dim (expected 2 = "
+                                           "in_features 4 / 2)"),
             "after FSDP": ("ValueError", "'_fsdp_wrapped_module.0' is already inside a "
                            "FullyShardedDataParallel unit: apply parallelize_module first"),
             "mesh of the wrong size": ("ValueError", "mesh_shape (3,) holds 3 ranks but the "
@@ -347,7 +374,10 @@ class TensorParallelTest(unittest.TestCase):
             "unknown dim name in get_group": ("KeyError", "mesh dim 'dp' does not exist"),
         }
         for rank, r in enumerate(torch_testing.run_ranks(_bad_inputs, 2)):
+            self.assertTrue(r.pop("from rank 0"))
+            self.assertTrue(r.pop("from its own"))
             for case, (kind, text) in expected.items():
+                text = text.replace("RANK", str(rank))
                 with self.subTest(rank=rank, case=case):
                     self.assertTrue(r[case].startswith(kind + ":"), r[case])
                     self.assertIn(text, r[case])

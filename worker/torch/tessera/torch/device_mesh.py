@@ -148,8 +148,11 @@ class DeviceMesh:
         return dist.get_rank()
 
     def get_local_rank(self, mesh_dim=None):
-        """This rank's index along mesh_dim (its rank in that dim's group)."""
-        return self._coordinate[self._one_dim(mesh_dim, "get_local_rank()")]
+        """This rank's rank in its group along mesh_dim, as torch's: its index along the dim
+        in a mesh from init_device_mesh; in a DeviceMesh whose dim does not list ranks in
+        increasing order, its place among the group's ranks sorted (dist.new_group's order,
+        in which collectives of the group place the ranks' tensors)."""
+        return dist.get_rank(self._groups[self._one_dim(mesh_dim, "get_local_rank()")])
 
     def get_coordinate(self):
         """This rank's coordinate in the mesh (a list, one index per dim), or None when the
