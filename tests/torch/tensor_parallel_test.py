@@ -7,9 +7,9 @@ seeded model alone on the same data (a copy taken before parallelize_module), an
 steps of SGD with momentum every parameter, gathered back from its shards, and every step's
 loss agree within 1e-5 relative to the tensor's scale. On a (dp, tp) = (2, 2) mesh each dp
 replica trains on half of the global batch, its gradients averaged over the dp group: the same
-against one process on the global batch; and so with FSDP on the dp dim instead (torch's 2-D
-parallelism), for both models. The meshes' groups are checked by all-gathering the members'
-ranks, and bad inputs by their messages.
+against one process on the global batch; and so with DDP (the sequence-parallel model) or FSDP
+(both; torch's 2-D parallelism) on the dp dim instead. The meshes' groups are checked by
+all-gathering the members' ranks, and bad inputs by their messages.
 """
 
 import copy
@@ -132,20 +132,24 @@ def _relative(a, b):
     return ((a - b).abs().max() / b.abs().max().clamp_min(1e-12)).item()
 
 
-def _train_and_compare(kind, tp_mesh, dp_group=None, dp_rank=0, dp_size=1, fsdp_mesh=None):
-    """Trains the TP model (each dp replica on its 1/dp_size of every batch, gradients averaged
-    over dp_group, or by FSDP over fsdp_mesh) and the same model alone on the whole batch;
-    returns the relative error of each parameter and loss, and the numbers of parameters."""
+def _train_and_compare(kind, tp_mesh, dp_mesh=None, wrap=None):
+    """Trains the TP model (each replica along dp_mesh on its share of every batch, the
+    gradients averaged over dp_mesh by hand, or by "ddp" or "fsdp" as `wrap` says) and the same
+    model alone on the whole batch; returns the relative error of each parameter and loss,
+    and the numbers of parameters."""
     from tessera.torch.fsdp import FullyShardedDataParallel as FSDP
     from tessera.torch.tensor_parallel import parallelize_module
     torch.manual_seed(0)
     model = _SpModel() if kind == "sp" else _Model()
     reference = copy.deepcopy(model)
     parallelize_module(model, tp_mesh, _plan(kind))
-    if fsdp_mesh is not None:
+    dp_rank, dp_size = (dp_mesh.get_local_rank(), dp_mesh.size()) if dp_mesh else (0, 1)
+    if wrap == "fsdp":
         # 2-D parallelism as in torch's tutorial: TP within, FSDP across (its flat shards are
         # cut from the TP shards).
-        model = FSDP(model, device_mesh=fsdp_mesh)
+        model = FSDP(model, device_mesh=dp_mesh)
+    elif wrap == "ddp":
+        model = nn.parallel.DistributedDataParallel(model, process_group=dp_mesh.get_group())
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
     rows = BATCH // dp_size
@@ -157,14 +161,12 @@ def _train_and_compare(kind, tp_mesh, dp_group=None, dp_rank=0, dp_size=1, fsdp_
         loss = _loss(model, tokens[local], labels[local])
         loss.backward()
         loss = loss.detach()
-        if fsdp_mesh is not None:
-            dist.all_reduce(loss, group=fsdp_mesh.get_group())
-            loss /= dp_size
-        if dp_group is not None:
-            for p in model.parameters():
-                dist.all_reduce(p.grad, group=dp_group)
-                p.grad /= dp_size
-            dist.all_reduce(loss, group=dp_group)
+        if dp_mesh is not None:
+            if wrap is None:
+                for p in model.parameters():
+                    dist.all_reduce(p.grad, group=dp_mesh.get_group())
+                    p.grad /= dp_size
+            dist.all_reduce(loss, group=dp_mesh.get_group())
             loss /= dp_size
         optimizer.step()
         reference_optimizer.zero_grad()
@@ -175,7 +177,8 @@ def _train_and_compare(kind, tp_mesh, dp_group=None, dp_rank=0, dp_size=1, fsdp_
     tp_group = tp_mesh.get_group()
     full = dict(reference.named_parameters())
     # FSDP's state dict holds each of this rank's TP shards whole.
-    local = model.state_dict() if fsdp_mesh is not None else dict(model.named_parameters())
+    local = (model.state_dict() if wrap == "fsdp" else dict(model.module.named_parameters())
+             if wrap == "ddp" else dict(model.named_parameters()))
     for name, param in local.items():
         errors[name] = _relative(_gather(param, _SHARD_DIMS[name], tp_group), full[name].detach())
     errors["local parameters"] = sum(p.numel() for p in local.values())
@@ -278,11 +281,11 @@ def _mesh_2d(rank, world_size):
     results["get_group() of a 2-D mesh"] = _message(lambda: mesh.get_group())
     results["2-D mesh to parallelize_module"] = _message(
         lambda: parallelize_module(nn.Linear(4, 4), mesh, ColwiseParallel()))
-    dp = mesh.get_local_rank("dp")
-    results["training"] = _train_and_compare("tp", mesh["tp"], mesh.get_group("dp"), dp, 2)
+    results["training"] = _train_and_compare("tp", mesh["tp"], mesh["dp"])
+    results["ddp sp training"] = _train_and_compare("sp", mesh["tp"], mesh["dp"], "ddp")
     for kind in ("tp", "sp"):
-        results[f"fsdp {kind} training"] = _train_and_compare(kind, mesh["tp"], None, dp, 2,
-                                                              fsdp_mesh=mesh["dp"])
+        results[f"fsdp {kind} training"] = _train_and_compare(kind, mesh["tp"], mesh["dp"],
+                                                              "fsdp")
     return results
 
 
@@ -312,7 +315,7 @@ class TensorParallelTest(unittest.TestCase):
             self._check_training(errors["tp"], 4)
             self._check_training(errors["sp"], 4)
 
-    def test_2d_mesh_groups_and_dp_times_tp_and_fsdp_times_tp(self):
+    def test_2d_mesh_groups_and_dp_ddp_fsdp_times_tp(self):
         for rank, r in enumerate(torch_testing.run_ranks(_mesh_2d, 4)):
             with self.subTest(rank=rank):
                 dp, tp = rank // 2, rank % 2
@@ -339,6 +342,7 @@ class TensorParallelTest(unittest.TestCase):
                 self.assertIn("takes a 1-D DeviceMesh", r["2-D mesh to parallelize_module"])
                 self.assertIn("mesh['tp']", r["2-D mesh to parallelize_module"])
                 self._check_training(r["training"], 2)
+                self._check_training(r["ddp sp training"], 2)
                 self._check_training(r["fsdp tp training"], 2)
                 self._check_training(r["fsdp sp training"], 2)
 
