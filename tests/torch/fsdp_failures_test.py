@@ -136,9 +136,10 @@ class FsdpFailuresTest(unittest.TestCase):
             self.assertIn("FloatingPointError", errors[rank])
             self.assertIn("TESSERA_ON_NONFINITE=skip drops such steps instead", errors[rank])
         text = errors[0] + errors[1]
-        # The first unit checked is the last reduced (backward's order); the NaN is everywhere.
-        self.assertRegex(text, r"the reduced gradient of 'blocks\.3\.0\.weight' \(element \d+ "
-                               r"of 256\) in its shard is NaN")
+        # The units are checked in the order they were reduced: the root (the head, whose
+        # gradient backward makes first) first. The NaN is everywhere.
+        self.assertRegex(text, r"the reduced gradient of 'head\.weight' \(element \d+ "
+                               r"of 16\) in its shard is NaN")
 
     def test_nonfinite_gradients_skip_the_step_on_every_rank(self):
         results = torch_testing.run_ranks(_nonfinite, 2, args=("skip",))

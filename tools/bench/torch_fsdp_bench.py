@@ -126,18 +126,31 @@ def reset_peak():
 
 
 class SavedActivations:
-    """Bytes of the distinct storages autograd saves for backward while active, parameters
-    (leaves that require grad) and views of them (FSDP's gathered parameters) excepted."""
+    """Bytes of the distinct storages autograd saves for backward while active, the model's
+    parameters excepted: leaves that require grad, views of them, and the storages of the
+    tensors the modules hold as attributes (FSDP's gathered parameters, views of its flat
+    tensor: each a leaf of its own whose base does not require grad)."""
 
-    def __init__(self, torch):
+    def __init__(self, torch, model):
+        self.torch = torch
+        self.model = model
         self.hooks = torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t)
         self.storages = {}
+
+    def _parameter_storages(self):
+        held = set()
+        for m in self.model.modules():
+            for value in list(vars(m).values()) + list(m.parameters(recurse=False)):
+                if isinstance(value, self.torch.Tensor) and value.device.type != "meta":
+                    held.add(value.storage().data_ptr())
+        return held
 
     def pack(self, t):
         base = t._base if t._base is not None else t
         if not (base.requires_grad and base.is_leaf):
             storage = t.storage()
-            self.storages[storage.data_ptr()] = storage.size() * t.element_size()
+            if storage.data_ptr() not in self._parameter_storages():
+                self.storages[storage.data_ptr()] = storage.size() * t.element_size()
         return t
 
     def total(self):
@@ -350,7 +363,7 @@ def main():
               "tessera_channel": getattr(dist.group.WORLD, "channel", ""),
               "wrap_policy": policy_source, "peak_reset": peak_reset})
 
-    saved = SavedActivations(torch)
+    saved = SavedActivations(torch, model)
     losses = []
 
     def step(index, measure=False):

@@ -3,12 +3,14 @@
 #include <pybind11/chrono.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <c10/core/CPUAllocator.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <chrono>
 #include <cmath>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -17,8 +19,10 @@
 #include "common/transport/bind_address.h"
 #include "common/security/job_key.h"
 #include "worker/torch/backend_config.h"
+#include "worker/torch/block_cache.h"
 #include "worker/torch/fleet_presence.h"
 #include "worker/torch/fsdp_metrics.h"
+#include "worker/torch/pipeline_schedule_binding.h"
 #include "worker/torch/process_group_tessera.h"
 #include "worker/torch/ps_client.h"
 
@@ -139,6 +143,91 @@ void FsdpPrefetchWait(double seconds) {
 }
 
 void FsdpResetPeaks() { Fsdp().ResetPeaks(); }
+
+// torch's CPU allocator with BlockCache (block_cache.h) under its large tensors: requests of at
+// least min_bytes take cached blocks, smaller ones go to the allocator it replaced. Each
+// DataPtr's context is its data (ATen's raw_allocate requires it), so the deleter finds a
+// block by its address and hands any other to the replaced allocator's deleter. Installed once
+// per process and never removed (a tensor's memory may outlive anything).
+class CachingCpuAllocator final : public c10::Allocator {
+ public:
+  static void Install(size_t min_bytes) {
+    instance = new CachingCpuAllocator(c10::GetCPUAllocator(), min_bytes);
+    // Above the default allocator's priority (0), so that it takes over.
+    c10::SetCPUAllocator(instance, /*priority=*/1);
+  }
+  static const CachingCpuAllocator* installed() { return instance; }
+
+  c10::DataPtr allocate(size_t bytes) const override {
+    if (bytes < min_bytes_) return small_->allocate(bytes);
+    StatusOr<void*> block = cache_.Acquire(bytes);
+    if (!block.ok()) throw std::bad_alloc();
+    return {*block, *block, &Delete, c10::Device(c10::DeviceType::CPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &Delete; }
+
+  BlockCache::Stats stats() const { return cache_.stats(); }
+  void UnmapKept() const { cache_.UnmapKept(); }
+  size_t min_bytes() const { return min_bytes_; }
+
+ private:
+  CachingCpuAllocator(c10::Allocator* small, size_t min_bytes)
+      : small_(small), small_deleter_(small->raw_deleter()), min_bytes_(min_bytes) {}
+
+  static void Delete(void* data) {
+    if (data == nullptr || instance->cache_.Release(data)) return;
+    // raw_allocate's small blocks only; torch's default CPU allocator has a raw deleter.
+    if (instance->small_deleter_ != nullptr) instance->small_deleter_(data);
+  }
+
+  static inline CachingCpuAllocator* instance = nullptr;  // leaked on purpose
+  c10::Allocator* const small_;
+  const c10::DeleterFnPtr small_deleter_;
+  const size_t min_bytes_;
+  mutable BlockCache cache_;
+};
+
+std::mutex cpu_cache_mu;
+
+// Puts BlockCache under torch's CPU tensors of at least min_bytes; False if it already is
+// (with whatever min_bytes it was given first).
+bool FsdpUseBlockCache(int64_t min_bytes) {
+  if (min_bytes <= 0) {
+    throw py::value_error("tessera: fsdp_use_block_cache: min_bytes must be > 0, got " +
+                          std::to_string(min_bytes));
+  }
+  std::lock_guard<std::mutex> lock(cpu_cache_mu);
+  if (CachingCpuAllocator::installed() != nullptr) return false;
+  CachingCpuAllocator::Install(static_cast<size_t>(min_bytes));
+  return true;
+}
+
+// Returns the blocks the cache keeps to the kernel (as torch.cuda.empty_cache does for
+// CUDA's); a no-op before FsdpUseBlockCache.
+void FsdpEmptyBlockCache() {
+  std::lock_guard<std::mutex> lock(cpu_cache_mu);
+  const CachingCpuAllocator* cache = CachingCpuAllocator::installed();
+  if (cache != nullptr) cache->UnmapKept();
+}
+
+// {"min_bytes", "mapped_bytes", "kept_bytes", "peak_mapped_bytes", "hits", "misses",
+//  "unmapped"}, or None before FsdpUseBlockCache.
+py::object FsdpBlockCacheStats() {
+  std::lock_guard<std::mutex> lock(cpu_cache_mu);
+  const CachingCpuAllocator* cache = CachingCpuAllocator::installed();
+  if (cache == nullptr) return py::none();
+  const BlockCache::Stats stats = cache->stats();
+  py::dict out;
+  out["min_bytes"] = cache->min_bytes();
+  out["mapped_bytes"] = stats.mapped_bytes;
+  out["kept_bytes"] = stats.kept_bytes;
+  out["peak_mapped_bytes"] = stats.peak_mapped_bytes;
+  out["peak_acquired_bytes"] = stats.peak_acquired_bytes;
+  out["hits"] = stats.hits;
+  out["misses"] = stats.misses;
+  out["unmapped"] = stats.unmapped;
+  return out;
+}
 
 // {"held": {kind: int}, "peak": {kind: int}, "collective_seconds": {op: float},
 //  "collective_count": {op: int}, "prefetch_waits": int, "prefetch_wait_seconds": float}
@@ -431,6 +520,14 @@ PYBIND11_MODULE(_C, module) {
   module.def("fsdp_metrics", &tessera::worker::FsdpMetricsDict,
              "FSDP's instruments: {held, peak: {kind: int}, collective_seconds: {op: float}, "
              "collective_count: {op: int}, prefetch_waits: int, prefetch_wait_seconds: float}");
+  module.def("fsdp_use_block_cache", &tessera::worker::FsdpUseBlockCache, py::arg("min_bytes"),
+             "Puts a cache of mapped blocks under torch's CPU tensors of min_bytes or more "
+             "(block_cache.h); False if one is there already");
+  module.def("fsdp_empty_block_cache", &tessera::worker::FsdpEmptyBlockCache,
+             "Unmaps the blocks the CPU block cache keeps for reuse");
+  module.def("fsdp_block_cache_stats", &tessera::worker::FsdpBlockCacheStats,
+             "The block cache's counters (mapped, kept and peak bytes, hits, misses, "
+             "unmapped), or None without one");
   module.def("leave_fleet_with_error", &tessera::worker::LeaveFleetWithError, py::arg("error"),
              py::call_guard<py::gil_scoped_release>(),
              "Tells the coordinator (if any) this process is failing with `error`");
@@ -473,6 +570,7 @@ PYBIND11_MODULE(_C, module) {
       .def("metrics_text", &PyPsClient::MetricsText)
       .def("leave", &PyPsClient::Leave, py::arg("reason"))
       .def("leave_with_error", &PyPsClient::LeaveWithError, py::arg("error"));
+  tessera::worker::BindPipelineSchedule(module);
   py::module::import("atexit").attr("register")(
       py::cpp_function(&tessera::worker::LeaveFleet, py::call_guard<py::gil_scoped_release>()));
 }

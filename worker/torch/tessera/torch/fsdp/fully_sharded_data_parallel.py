@@ -8,13 +8,15 @@ Words used below:
   flat         the unit's parameters concatenated in one 1-D tensor, padded with zeros to a
                multiple of the world size ("padded" numel).
   shard        rank r's slice of the flat tensor: the nn.Parameter the optimizer sees.
-  full         the gathered flat tensor, a leaf of autograd the module's parameters are views
-               of during forward and backward. To free it, its storage is resized to 0 and
-               later resized back and refilled (fairscale's trick): the views autograd saved in
-               forward stay valid for backward.
+  full         the gathered flat tensor. In forward the module's parameters are views of it,
+               each a leaf of autograd of its own ("leaves"), whose gradients are gathered in
+               the unit's flat gradient as autograd makes them. To free it, its storage is
+               resized to 0 and later resized back and refilled (fairscale's trick): the views
+               autograd saved in forward stay valid for backward.
 """
 
 import contextlib
+import functools
 import math
 
 import torch
@@ -154,6 +156,7 @@ class FullyShardedDataParallel(StateDictMethods, nn.Module):
                  use_orig_params=False, *, device_mesh=None, _unit_name=None):
         super().__init__()
         runtime.tune_malloc()
+        runtime.use_block_cache()
         if sharding_strategy is None:
             sharding_strategy = ShardingStrategy.FULL_SHARD
         if not isinstance(sharding_strategy, ShardingStrategy):
@@ -215,6 +218,12 @@ class FullyShardedDataParallel(StateDictMethods, nn.Module):
         self._pre_backward_done = False
         self._gradient_shard_bytes = 0  # what the root last told the metrics
         self._full_gradient_bytes = 0   # this unit's unreduced gradient held (metrics)
+        # This backward's flat gradient (see _leaf_gradient), and the unreduced one no_sync
+        # keeps for the next backward.
+        self._grad_accumulators = []
+        self._grad_target = None
+        self._grad_filled = None
+        self._full_grad = None
 
         ignored_modules = set(ignored_modules or ())
         for m in list(ignored_modules):
@@ -410,26 +419,23 @@ class FullyShardedDataParallel(StateDictMethods, nn.Module):
             start = self.rank * self._shard_numel
             self._set_flat_param(nn.Parameter(flat[start:start + self._shard_numel].clone(),
                                               requires_grad=self._requires_grad))
-            self._full = flat.to(self._param_dtype).requires_grad_(self._requires_grad)
+            self._full = flat.to(self._param_dtype)
         elif self._param_dtype == self._dtype:
             # The shard is the whole: the full tensor shares its memory (other version counter).
             self._set_flat_param(nn.Parameter(flat, requires_grad=self._requires_grad))
-            self._full = flat.data.requires_grad_(self._requires_grad)
+            self._full = flat.data
         else:
             # NO_SHARD in lower precision: the full tensor is the shard's cast copy, made anew
             # at each forward.
             self._set_flat_param(nn.Parameter(flat, requires_grad=self._requires_grad))
-            self._full = flat.to(self._param_dtype).requires_grad_(self._requires_grad)
+            self._full = flat.to(self._param_dtype)
         self._full_is_shard = self._full.data_ptr() == self.flat_param.data_ptr()
         runtime.add_bytes("shard", self.flat_param.numel() * self.flat_param.element_size())
         self._full_bytes = self._padded * self._full.element_size()
         self._params = None  # the originals are now views of the full tensor
-        self._grad_accumulator = None
-        if self._requires_grad:
-            # Kept alive here: the tensor holds its AccumulateGrad node only weakly, and a new
-            # node would not have the hook.
-            self._grad_accumulator = self._full.expand_as(self._full).grad_fn.next_functions[0][0]
-            self._grad_accumulator.register_hook(self._post_backward)
+        self._offsets = [0]
+        for numel in self._numels:
+            self._offsets.append(self._offsets[-1] + numel)
         # Views for attribute access before the first forward; made before the storage is freed.
         self._set_views(self._full.data)
         self._full_gathered = True
@@ -576,12 +582,87 @@ class FullyShardedDataParallel(StateDictMethods, nn.Module):
             for m, name, _ in self._param_slots:
                 m.__dict__.pop(name, None)
 
-    def _set_views(self, full):
-        views = full.split(self._numels + [self._padded - self._numel])
+    def _set_views(self, full, views=None):
+        if views is None:
+            views = [v.view(shape)
+                     for v, shape in zip(full[:self._numel].split(self._numels),
+                                         self._shapes)]
         for m, name, index in self._param_slots:
             # In the instance's dict: found before the module's parameters (use_orig_params
             # keeps the sharded originals registered there).
-            m.__dict__[name] = views[index].view(self._shapes[index])
+            m.__dict__[name] = views[index]
+
+    def _set_leaves(self):
+        """The module's parameters for a forward: views of the gathered full tensor, each a
+        leaf of autograd whose gradient _leaf_gradient moves into the unit's flat gradient as
+        soon as autograd has accumulated it. One leaf for the whole flat tensor, with the
+        parameters as its views, would keep every parameter's gradient until the last one is
+        made and then copy them all into one (the views' backward concatenates): a whole unit's
+        gradient more at the peak of backward."""
+        full = self._full.data[:self._numel]
+        leaves = [v.view(shape).requires_grad_(self._requires_grad)
+                  for v, shape in zip(full.split(self._numels), self._shapes)]
+        # The AccumulateGrad nodes are kept here: a tensor holds its own only weakly, and a new
+        # node would not have the hook.
+        self._grad_accumulators = []
+        if self._requires_grad and torch.is_grad_enabled():
+            for index, leaf in enumerate(leaves):
+                node = leaf.expand_as(leaf).grad_fn.next_functions[0][0]
+                node.register_hook(functools.partial(self._leaf_gradient, index, leaf))
+                self._grad_accumulators.append(node)
+        self._leaves_pending = len(leaves)
+        self._set_views(self._full, leaves)
+
+    def _leaf_gradient(self, index, leaf, *unused):
+        """AccumulateGrad's hook for parameter `index`: moves its gradient into this
+        backward's flat gradient (added to what no_sync kept), and once every parameter's is
+        in, reduces it (_post_backward). Parameters no gradient reaches leave zeros, and the
+        root's end of backward reduces a unit that some never reached."""
+        grad = leaf.grad
+        leaf.grad = None
+        if grad is None:
+            return
+        with torch.no_grad():
+            if self._grad_target is None:
+                if self._full_grad is not None:  # no_sync's sum so far: added to
+                    self._grad_target, self._full_grad = self._full_grad, None
+                    self._grad_filled = None
+                else:
+                    # The unit before's reduction has had this unit's first gradient's time to
+                    # finish: its full gradient is freed before this one is made.
+                    self._runtime.finish_reduction()
+                    self._grad_target = torch.empty(self._padded, dtype=grad.dtype)
+                    self._grad_target[self._numel:].zero_()
+                    self._grad_filled = [False] * len(self._numels)
+                    self._count_full_gradient(self._grad_target)
+            part = self._grad_target[self._offsets[index]:self._offsets[index + 1]]
+            if self._grad_filled is None:
+                part.add_(grad.reshape(-1))
+            else:
+                part.copy_(grad.reshape(-1))
+                self._grad_filled[index] = True
+        del grad
+        self._leaves_pending -= 1
+        if self._leaves_pending == 0:
+            self._post_backward()
+
+    def _take_gradient(self):
+        """This backward's flat gradient (None if none came), its unfilled parts zeroed."""
+        grad, self._grad_target = self._grad_target, None
+        if grad is not None and self._grad_filled is not None:
+            with torch.no_grad():
+                for index, filled in enumerate(self._grad_filled):
+                    if not filled:
+                        grad[self._offsets[index]:self._offsets[index + 1]].zero_()
+        self._grad_filled = None
+        return grad
+
+    def finish_partial_gradient(self):
+        """At the root's end of backward: reduces a gradient some parameters' never reached
+        (they count as zero)."""
+        if self._grad_target is not None:
+            self._leaves_pending = 0
+            self._post_backward()
 
     # -- forward and backward -------------------------------------------------------------------
 
@@ -604,7 +685,7 @@ class FullyShardedDataParallel(StateDictMethods, nn.Module):
             if self._gather is None:
                 self._free_full()
             self._gather_full(prefetched=True)
-            self._set_views(self._full)
+            self._set_leaves()
         following = self._runtime.forward_started(self)
         # One gathered in an earlier forward without backward (evaluation) refreshes itself.
         if following is not None and self._forward_prefetch and not following._full_gathered:
@@ -637,9 +718,11 @@ class FullyShardedDataParallel(StateDictMethods, nn.Module):
             following._start_gather()
         return grad
 
-    def _post_backward(self, *unused):
-        grad = self._full.grad
-        self._full.grad = None
+    def _post_backward(self):
+        grad = self._take_gradient()
+        # Freed before the reduction is issued: issuing it finishes the one before (its full
+        # gradient held until then), and this unit's parameters are not needed any more.
+        self._free_full()
         if grad is not None and self._sync_gradients:
             with torch.no_grad():
                 # Averaged, as DDP does, in the reduction's dtype; in place (the gradient is
@@ -649,9 +732,8 @@ class FullyShardedDataParallel(StateDictMethods, nn.Module):
             self._reduce(reduced)
         elif grad is not None:
             # no_sync: keep the unreduced full gradient for the next synced backward.
-            self._full.grad = grad
+            self._full_grad = grad
             self._count_full_gradient(grad)
-        self._free_full()
         following = self._following_in_backward
         if following is not None and self._backward_prefetch == BackwardPrefetch.BACKWARD_POST:
             following._start_gather()

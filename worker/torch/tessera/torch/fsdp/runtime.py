@@ -81,6 +81,30 @@ def tune_malloc():
                   "own (TESSERA_FSDP_MMAP_THRESHOLD), so freed units leave memory", threshold)
 
 
+def use_block_cache():
+    """Once per process: torch's CPU tensors of TESSERA_FSDP_BLOCK_CACHE bytes or more (default
+    1 MiB; 0: off) come from a cache of mapped blocks (worker/torch/block_cache.h) that keeps
+    what FSDP and autograd free for the next tensor of its size: the unit-sized tensors of a
+    step reuse the same pages, and what stays mapped never exceeds the most held at once."""
+    text = os.environ.get("TESSERA_FSDP_BLOCK_CACHE", str(1 << 20))
+    try:
+        min_bytes = int(text)
+    except ValueError:
+        raise ValueError(f"tessera FSDP: TESSERA_FSDP_BLOCK_CACHE={text!r}: a number of bytes "
+                         f"(0 leaves torch's CPU allocator as it is)") from None
+    if min_bytes > 0 and _C.fsdp_use_block_cache(min_bytes):
+        _LOG.info("tessera FSDP: CPU tensors of %d bytes or more come from a block cache "
+                  "(TESSERA_FSDP_BLOCK_CACHE)", min_bytes)
+
+
+
+def empty_block_cache():
+    """Returns to the kernel the blocks the block cache keeps for reuse (as
+    torch.cuda.empty_cache does on CUDA): for a process done with one FSDP model that goes on
+    without it. A no-op when the cache is off."""
+    _C.fsdp_empty_block_cache()
+
+
 def add_bytes(kind, delta):
     """Held bytes of kind (shard, gathered, gradient_shard, full_gradient) change by delta."""
     if delta:
@@ -224,6 +248,8 @@ class Runtime:
         """The root's autograd callback: every reduction done, every unit freed, the
         gradients checked."""
         try:
+            for unit in self.units:
+                unit.finish_partial_gradient()
             self.finish_reduction()
         finally:
             for unit in self.units:
