@@ -19,10 +19,11 @@ from tessera.torch import _C
 from tessera.torch import ps as _ps
 from tessera.torch.ps import ParameterServerOptimizer, ShardedEmbedding, ShardedEmbeddingBag
 from tessera.torch.fsdp import FullyShardedDataParallel, hybrid_groups
+from tessera.torch.device_mesh import DeviceMesh, init_device_mesh
 
 __all__ = ["BACKEND", "make_job_key", "metrics_url", "FullyShardedDataParallel",
            "hybrid_groups", "ParameterServerOptimizer", "ShardedEmbedding",
-           "ShardedEmbeddingBag"]
+           "ShardedEmbeddingBag", "DeviceMesh", "init_device_mesh"]
 
 # The name to give torch.distributed.init_process_group.
 BACKEND = "tessera"

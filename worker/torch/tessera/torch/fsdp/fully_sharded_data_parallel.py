@@ -49,6 +49,28 @@ def _hybrid_pair(process_group):
                      "replicate_group) pair (tessera.torch.hybrid_groups builds one)")
 
 
+def _groups_of_mesh(device_mesh, process_group, sharding_strategy):
+    """process_group as torch 2.2+ derives it from device_mesh: a 1-D mesh is the group; for
+    the hybrid strategies a 2-D mesh is (replicate, shard) in that dim order, as in torch's
+    _init_process_group_state_for_hybrid_shard (dim 0 across hosts, dim 1 within one)."""
+    from tessera.torch.device_mesh import DeviceMesh
+    if process_group is not None:
+        raise ValueError("tessera FSDP: give process_group or device_mesh, not both")
+    if not isinstance(device_mesh, DeviceMesh):
+        raise TypeError(f"tessera FSDP: device_mesh must be a tessera.torch.DeviceMesh "
+                        f"(init_device_mesh), not {type(device_mesh).__name__}")
+    if sharding_strategy in _HYBRID:
+        if device_mesh.ndim != 2:
+            raise ValueError(f"tessera FSDP: {sharding_strategy.name} takes a 2-D device_mesh "
+                             f"(replicate, shard), not {device_mesh!r}")
+        return device_mesh.get_group(1), device_mesh.get_group(0)
+    if device_mesh.ndim != 1:
+        raise ValueError(f"tessera FSDP: {sharding_strategy.name} takes a 1-D device_mesh, not "
+                         f"{device_mesh!r}: pass the data-parallel dim, e.g. mesh['dp'] (a "
+                         f"2-D mesh is for HYBRID_SHARD and _HYBRID_SHARD_ZERO2)")
+    return device_mesh.get_group()
+
+
 def _resize_storage(tensor, numel):
     """Resizes the storage under `tensor` to numel elements (0 frees it), keeping the storage
     object, so every view of it (those autograd saved included) sees the new memory."""
@@ -104,14 +126,16 @@ class FullyShardedDataParallel(StateDictMethods, nn.Module):
     """torch.distributed.fsdp.FullyShardedDataParallel (later releases' semantics) for CPU
     tensors. Supported: process_group (for HYBRID_SHARD and _HYBRID_SHARD_ZERO2 one group, the
     default, to shard within each host, or a (shard_group, replicate_group) pair: see
-    hybrid_groups), sharding_strategy (all five), mixed_precision, auto_wrap_policy,
-    ignored_modules, device_id None or CPU, sync_module_states, no_sync(), clip_grad_norm_(),
-    summon_full_params(), full, local and sharded state dicts (checkpoint.py), and the full
-    optimizer state dict functions. Gathers and reduce-scatters run on the backend's comm
-    thread (runtime.py): backward_prefetch (BACKWARD_PRE, the default, or BACKWARD_POST)
-    issues the next unit's gather in backward, forward_prefetch=True in forward, each from the
-    order the units ran in the first iteration; at most one unit is prefetched, so at most two
-    are gathered at once whatever limit_all_gathers says. Other arguments that are not their
+    hybrid_groups), or instead device_mesh (tessera.torch.init_device_mesh: 1-D, or for the
+    hybrid strategies 2-D (replicate, shard), as torch's), sharding_strategy (all five),
+    mixed_precision, auto_wrap_policy, ignored_modules, device_id None or CPU,
+    sync_module_states, no_sync(), clip_grad_norm_(), summon_full_params(), full, local and
+    sharded state dicts (checkpoint.py), and the full optimizer state dict functions. Gathers
+    and reduce-scatters run on the backend's comm thread (runtime.py): backward_prefetch
+    (BACKWARD_PRE, the default, or BACKWARD_POST) issues the next unit's gather in backward,
+    forward_prefetch=True in forward, each from the order the units ran in the first
+    iteration; at most one unit is prefetched, so at most two are gathered at once whatever
+    limit_all_gathers says. Other arguments that are not their
     default raise NotImplementedError (issue 44).
 
     mixed_precision: the shards (and the optimizer) stay in the parameters' dtype; the full
@@ -129,7 +153,7 @@ class FullyShardedDataParallel(StateDictMethods, nn.Module):
                  auto_wrap_policy=None, backward_prefetch=BackwardPrefetch.BACKWARD_PRE,
                  mixed_precision=None, ignored_modules=None, param_init_fn=None, device_id=None,
                  sync_module_states=False, forward_prefetch=False, limit_all_gathers=False,
-                 use_orig_params=False, *, _unit_name=None):
+                 use_orig_params=False, *, device_mesh=None, _unit_name=None):
         super().__init__()
         runtime.tune_malloc()
         runtime.use_block_cache()
@@ -153,6 +177,11 @@ class FullyShardedDataParallel(StateDictMethods, nn.Module):
             raise ValueError("tessera FSDP: the module has parameters off the CPU; only CPU "
                              "tensors are supported (and meta ones, materialized on the CPU: "
                              "param_init_fn)")
+        # The mesh's groups stand for process_group, once, at the outermost unit (the units
+        # auto-wrap makes get the groups).
+        self._device_mesh = device_mesh
+        if device_mesh is not None:
+            process_group = _groups_of_mesh(device_mesh, process_group, sharding_strategy)
         # Hybrid strategies: process_group becomes the (shard_group, replicate_group) pair
         # once, at the outermost unit, and the units auto-wrap makes get the pair.
         self._replicate_group = None
