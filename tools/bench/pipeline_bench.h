@@ -27,7 +27,8 @@
 // carrying schedule, stages (P), micro_batches, bubble_measured, bubble_formula,
 // throughput_over_one_process, throughput_over_ddp, peak_activation_bytes, ...) ends with the
 // goals of issue 46, each met or MISSED: GPipe's and 1F1B's measured bubble within 0.05 of the
-// formula; ZB-H1's below 1F1B's at equal peak_held. When P exceeds the machine's cores the
+// formula; ZB-H1's below 1F1B's at equal peak_held (the most micro-batches any rank holds:
+// ZB-H1's ranks all hold P, 1F1B's rank r P - r). When P exceeds the machine's cores the
 // output says so: the ranks then share cores, and neither bubble nor throughput is a
 // pipeline's.
 //
