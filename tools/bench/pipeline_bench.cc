@@ -521,7 +521,7 @@ BenchCommand AddPipelineBench(CLI::App* parent) {
       "--stages, P processes run DDP and every schedule at every M. interleaved runs 2 stages "
       "per rank. Skips (exit 0, saying why) when /usr/bin/python3 cannot import torch or "
       "tessera.torch.\n"
-      "The defaults take about a minute on 2 cores. Quick look:  tessera-bench pipeline "
+      "The defaults take about 2 minutes on 2 cores. Quick look:  tessera-bench pipeline "
       "--dim 256 --layers 8 --steps 3");
   app->add_option("--stages", o->stages_text,
                   "P: pipeline processes (stages; interleaved runs 2P), comma-separated, 2-16; "
