@@ -44,6 +44,7 @@ const std::vector<Binary> kBinaries = {
     {"tessera-bench torch", "tools/tessera-bench", {"torch"}, {}, 5},
     {"tessera-bench ps", "tools/tessera-bench", {"ps"}, {}, 5},
     {"tessera-bench groups", "tools/tessera-bench", {"groups"}, {}, 5},
+    {"tessera-bench pipeline", "tools/tessera-bench", {"pipeline"}, {}, 7},
     {"comm-handoff-bench", "tools/comm-handoff-bench", {}, {}, 3},
 };
 

@@ -12,6 +12,7 @@
 //   tessera-bench ps ...          tools/bench/ps_bench.h
 //   tessera-bench security ...    tools/bench/security_bench.h
 //   tessera-bench groups ...      tools/bench/groups_bench.h
+//   tessera-bench pipeline ...    tools/bench/pipeline_bench.h
 //
 // To add one: a tools/bench/<name>_bench.{h,cc} with `BenchCommand Add<Name>Bench(CLI::App*)`,
 // a cc_library in tools/BUILD, and a line in the list below.
@@ -26,6 +27,7 @@
 #include "tools/bench/failover_bench.h"
 #include "tools/bench/groups_bench.h"
 #include "tools/bench/memory_bench.h"
+#include "tools/bench/pipeline_bench.h"
 #include "tools/bench/ps_bench.h"
 #include "tools/bench/security_bench.h"
 #include "tools/bench/torch_bench.h"
@@ -48,6 +50,7 @@ int main(int argc, char** argv) {
       tessera::tools::AddPsBench(&app),
       tessera::tools::AddSecurityBench(&app),
       tessera::tools::AddGroupsBench(&app),
+      tessera::tools::AddPipelineBench(&app),
   };
   CLI11_PARSE(app, argc, argv);
   tessera::SetMinLogLevel(tessera::LogLevel::kWarning);

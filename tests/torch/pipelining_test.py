@@ -74,7 +74,9 @@ def _train_case(rank, world, kind, m, per_rank, layers, group=None):
     params = [p for s in sorted(parts) for p in parts[s].parameters()]
     optimizer = _optimizer(params)
     failures = []
-    expected_peak = _C.pipeline_schedule(kind, world, m, per_rank)["peak_held"][rank]
+    plan = _C.pipeline_schedule(kind, world, m, per_rank)
+    expected_peak = plan["peak_held"][rank]
+    expected_compute = [tuple(a) for a in plan["actions"][rank] if a[0] in ("F", "B", "I", "W")]
     reference, reference_losses = _reference(layers)
     for step, (x, y) in enumerate(_batches()):
         optimizer.zero_grad()
@@ -88,6 +90,7 @@ def _train_case(rank, world, kind, m, per_rank, layers, group=None):
         if schedule.peak_held != expected_peak:
             failures.append(f"{what} step {step}: held {schedule.peak_held} micro-batches at "
                             f"once, the library's schedule {expected_peak}")
+        failures += _timeline_failures(f"{what} step {step}", schedule, expected_compute)
         if kwargs:
             if len(losses) != m:
                 failures.append(f"{what} step {step}: {len(losses)} losses")
@@ -107,6 +110,30 @@ def _train_case(rank, world, kind, m, per_rank, layers, group=None):
             if error > 1e-5 * scale:
                 failures.append(f"{what}: stage {s} parameter {i} differs by {error} "
                                 f"(scale {scale})")
+    return failures
+
+
+def _timeline_failures(what, schedule, expected_compute):
+    """The last step's timeline has each compute action of the library's list once, in its
+    order, each ending before the next starts, and busy_s is their total, within the step."""
+    timeline = schedule.timeline
+    ran = [(op, s, m) for op, s, m, _, _ in timeline]
+    if ran != expected_compute:
+        return [f"{what}: the timeline ran {ran}, the library's list is {expected_compute}"]
+    failures = []
+    previous_end = float("-inf")
+    for op, s, m, start, end in timeline:
+        if not previous_end <= start <= end:
+            failures.append(f"{what}: {s}{op}{m} ran from {start} to {end}, after an action "
+                            f"that ended at {previous_end}")
+        previous_end = end
+    busy = sum(end - start for _, _, _, start, end in timeline)
+    if abs(schedule.busy_s - busy) > 1e-9:
+        failures.append(f"{what}: busy_s {schedule.busy_s} is not the timeline's {busy}")
+    if not 0 < schedule.busy_s <= schedule.step_s:
+        failures.append(f"{what}: busy {schedule.busy_s} s in a step of {schedule.step_s} s")
+    if timeline and not timeline[-1][4] - timeline[0][3] <= schedule.step_s:
+        failures.append(f"{what}: the timeline spans more than the step's {schedule.step_s} s")
     return failures
 
 
@@ -159,6 +186,9 @@ def _forward_only(rank, world):
     schedule = pipelining.Schedule1F1B(stage, world)
     x, _ = _batches()[0]
     out = schedule.step(x) if rank == 0 else schedule.step()
+    # Forwards only: the timeline holds the list's F actions and nothing else.
+    if [op for op, _, _, _, _ in schedule.timeline] != ["F"] * world:
+        return [f"rank {rank}: a forward-only step's timeline is {schedule.timeline}"]
     if rank == world - 1:
         expected = full(x)
         if not torch.allclose(out, expected, rtol=1e-5, atol=1e-6):

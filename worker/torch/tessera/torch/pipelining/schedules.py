@@ -27,7 +27,16 @@ number of micro-batches (the loss's gradient starts at 1/M), so that a loss_fn t
 over its micro-batch gives the gradient of the average over the batch; gradients already in
 .grad before the step are left alone (torch 2.6 divides the whole .grad after the step: the
 same for a program that zeroes its gradients every step).
+
+Each step keeps its timeline: schedule.timeline lists this rank's compute actions of the last
+step as (op, stage, micro_batch, start, end), op one of F, B, I, W and the times
+time.perf_counter() seconds, in the order they ran; schedule.busy_s is their total and
+schedule.step_s the step's wall time (on this rank, from entering step() to leaving it). So
+1 - busy_s / step_s is the share of the step this rank sat idle: its bubble, waits for the
+other ranks' messages included.
 """
+
+import time
 
 import torch
 import torch.distributed as dist
@@ -98,6 +107,11 @@ class _PipelineSchedule:
         # library's simulation); peak_held is what the last step held.
         self.expected_peak_held = plan["peak_held"][first.group_rank]
         self.peak_held = 0
+        # The last step's compute actions, (op, stage, micro_batch, start, end), their total
+        # and the step's wall time (see the module's docstring).
+        self.timeline = []
+        self.busy_s = 0.0
+        self.step_s = 0.0
         self._prepared = False
         self._failed = None
         self._sends = []
@@ -124,7 +138,10 @@ class _PipelineSchedule:
             raise RuntimeError(f"tessera.torch.pipelining: {type(self).__name__}: an earlier "
                                f"step failed, so the pipeline's ranks no longer agree on "
                                f"their messages: {self._failed}")
+        started = time.perf_counter()
         first, last = self._by_index.get(0), self._by_index.get(self._stages[0].num_stages - 1)
+        self.timeline = []
+        self.busy_s = self.step_s = 0.0
         for stage in self._stages:
             stage.clear_runtime_states()
             if not self._prepared:
@@ -156,6 +173,8 @@ class _PipelineSchedule:
             self._run(arg_mbs, kwarg_mbs, target_mbs, internal_losses)
             for work in self._sends:
                 work.wait()
+            self.busy_s = sum(end - start for _, _, _, start, end in self.timeline)
+            self.step_s = time.perf_counter() - started
         except BaseException as e:
             self._failed = f"{type(e).__name__}: {e}"
             if not self._prepared:
@@ -218,10 +237,15 @@ class _PipelineSchedule:
         scale = 1.0 / self._n_microbatches if self.scale_grads else 1.0
         backward = self._has_backward
         held = 0
+        timeline = self.timeline
+        clock = time.perf_counter
         for op, s, m in self._actions:
             if not backward and op in _BACKWARD:
                 continue
             stage = self._by_index[s]
+            # Two clock reads and a tuple per compute action: microseconds against the
+            # milliseconds of a stage's forward, so the timeline is always kept.
+            start = clock() if op in _COMPUTE else None
             if op == "F":
                 if stage.is_first:
                     output = stage._forward(m, arg_mbs[m], kwarg_mbs[m], backward)
@@ -263,6 +287,8 @@ class _PipelineSchedule:
             else:
                 raise RuntimeError(f"tessera.torch.pipelining: unknown action {op!r} from the "
                                    f"schedule library")
+            if start is not None:
+                timeline.append((op, s, m, start, clock()))
 
 
 def _detach(value):

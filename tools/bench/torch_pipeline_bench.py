@@ -1,0 +1,342 @@
+#!/usr/bin/python3
+"""Ranks of `tessera-bench pipeline` (issue 46): tessera.torch.pipelining's schedules.
+
+tessera-bench starts these processes (they meet through a file store in --store-dir, no port
+is chosen):
+  --mode=single    one process (--world 1) trains the whole model on the global batch: the
+                   one-process reference.
+  --mode=pipeline  --world P processes on the tessera backend. First DistributedDataParallel
+                   over them, each rank on batch / P (the data-parallel reference), then each
+                   schedule of --schedules at each M of --micro-batches, in that order, with the
+                   model cut into P stages (interleaved: 2 P, two per rank).
+
+Model: --layers blocks of Linear(--dim, --dim) + ReLU (an nn.Sequential, weights from --seed,
+the same in every configuration), cut evenly into the stages; MSE loss against a synthetic
+target; SGD with momentum 0.9. The global batch is --batch-size rows.
+
+A configuration: --warmup-steps untimed steps, one untimed step that measures activation
+memory (below), then --steps timed steps, each after a barrier of a gloo group kept for the
+bench's bookkeeping (so the ranks start a step together and no bookkeeping is timed). A
+step is zero_grad, schedule.step (or forward, loss and backward), optimizer.step, timed with
+perf_counter; a step's time is the max over the ranks and the configuration's step_s the
+median over its steps; samples_per_second = batch / step_s.
+
+Bubble: schedule.step() keeps the step's timeline of compute actions (F, B, I, W) and their
+total, busy_s, and its wall time step_s (schedules.py). A step's length is the longest
+step_s over the ranks (they started together), and rank r's idle share
+1 - busy_s(r) / length, waits for messages included; bubble_per_rank is its median over the
+timed steps, bubble_measured their mean over the ranks. The library's bubble_fraction (from
+running the schedule with F = 1, B = 2, free messages) comes with it as bubble_formula.
+
+Activation memory: during the untimed memory step a saved_tensors_hooks pair counts the bytes
+of the distinct tensors (by address and size) autograd holds for backward (parameters and
+their views excepted) while the graph holds them (a handle per saved tensor, released when
+autograd releases it); peak_activation_bytes_per_rank is the most held at once on each rank
+over the step, all its stages' micro-batches together, and activation_bytes_left_after_step
+what was still held at its end (0: every saved tensor was released).
+
+Rank 0 prints a {"bench": "torch_pipeline_info", ...} line, then one {"bench":
+"torch_pipeline", "config": "single" | "ddp" | <schedule>, ...} line per configuration. Exit
+status 3 when torch or tessera.torch cannot be imported (stderr says which).
+"""
+
+import argparse
+import datetime
+import gc
+import json
+import os
+import statistics
+import sys
+import time
+
+SCHEDULES = {
+    "gpipe": ("ScheduleGPipe", 1),
+    "1f1b": ("Schedule1F1B", 1),
+    "interleaved": ("ScheduleInterleaved1F1B", 2),
+    "zb-h1": ("ScheduleZBH1", 1),
+}
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mode", choices=("single", "pipeline"), required=True)
+    parser.add_argument("--rank", type=int, default=0)
+    parser.add_argument("--world", type=int, default=1)
+    parser.add_argument("--store-dir", required=True, help="directory of the file store")
+    parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
+    parser.add_argument("--timeout-s", type=float, default=300.0, help="process groups' timeout")
+    parser.add_argument("--dim", type=int, default=1024)
+    parser.add_argument("--layers", type=int, default=16)
+    parser.add_argument("--batch-size", type=int, default=256, help="the global batch")
+    parser.add_argument("--schedules", default="gpipe,1f1b,interleaved,zb-h1")
+    parser.add_argument("--micro-batches", default="4,8")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup-steps", type=int, default=2)
+    parser.add_argument("--lr", type=float, default=0.001)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    args.schedules = args.schedules.split(",")
+    args.micro_batches = [int(m) for m in args.micro_batches.split(",")]
+    for kind in args.schedules:
+        if kind not in SCHEDULES:
+            parser.error("--schedules: %r is not one of %s" % (kind, ", ".join(SCHEDULES)))
+        stages = args.world * SCHEDULES[kind][1]
+        if args.mode == "pipeline" and args.layers % stages:
+            parser.error("--layers %d does not cut evenly into %s's %d stages"
+                         % (args.layers, kind, stages))
+    for m in args.micro_batches:
+        if m < 1 or args.batch_size % m:
+            parser.error("--batch-size %d does not cut into %d micro-batches"
+                         % (args.batch_size, m))
+    if args.batch_size % args.world:
+        parser.error("--batch-size %d does not split over %d ranks" % (args.batch_size,
+                                                                       args.world))
+    return args
+
+
+def emit(record):
+    print(json.dumps(record), flush=True)
+
+
+class LiveActivations:
+    """Bytes of the distinct tensors autograd holds for backward at each moment, the
+    parameters excepted, and the most held at once. pack wraps each saved tensor in a
+    handle that autograd keeps in its graph; the handle's release (when autograd frees the
+    saved tensor: after the backward, or after W for zero bubble's split backward) is the
+    moment the graph stops holding it."""
+
+    class _Handle:
+        __slots__ = ("owner", "key", "tensor")
+
+        def __init__(self, owner, key, tensor):
+            self.owner, self.key, self.tensor = owner, key, tensor
+
+        def __del__(self):
+            self.owner._release(self.key)
+
+    def __init__(self, torch, parameters):
+        self.hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        self.parameter_storages = {p.storage().data_ptr() for p in parameters}
+        self.counts = {}  # (address, bytes) -> handles alive
+        self.sizes = {}   # (address, bytes) -> bytes
+        self.live = 0
+        self.peak = 0
+
+    def _pack(self, tensor):
+        if tensor.storage().data_ptr() in self.parameter_storages:
+            return tensor  # a parameter, or a view of one (Linear's weight.t())
+        # By address and size, not by storage: a micro-batch of the batch (stage 0's input, the
+        # last stage's target) is a view of the whole batch's storage, of which it holds only
+        # its rows.
+        key = (tensor.data_ptr(), tensor.numel() * tensor.element_size())
+        if self.counts.get(key, 0) == 0:
+            self.sizes[key] = key[1]
+            self.live += self.sizes[key]
+            self.peak = max(self.peak, self.live)
+        self.counts[key] = self.counts.get(key, 0) + 1
+        return LiveActivations._Handle(self, key, tensor)
+
+    @staticmethod
+    def _unpack(saved):
+        return saved.tensor if isinstance(saved, LiveActivations._Handle) else saved
+
+    def _release(self, key):
+        self.counts[key] -= 1
+        if self.counts[key] == 0:
+            del self.counts[key]
+            self.live -= self.sizes.pop(key)
+
+
+def make_model(torch, args):
+    torch.manual_seed(args.seed)
+    modules = []
+    for _ in range(args.layers):
+        modules += [torch.nn.Linear(args.dim, args.dim), torch.nn.ReLU()]
+    return torch.nn.Sequential(*modules)
+
+
+def make_batch(torch, args):
+    generator = torch.Generator().manual_seed(args.seed + 1)
+    x = torch.randn(args.batch_size, args.dim, generator=generator)
+    y = torch.randn(args.batch_size, args.dim, generator=generator)
+    return x, y
+
+
+def optimizer_of(torch, args, parameters):
+    return torch.optim.SGD(parameters, lr=args.lr, momentum=0.9)
+
+
+def whole_model_steps(torch, args, model, x, y, barrier):
+    """Trains `model` on (x, y) as one process (or one DDP rank) does; each step's seconds."""
+    optimizer = optimizer_of(torch, args, model.parameters())
+    loss_fn = torch.nn.MSELoss()
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        loss_fn(model(x), y).backward()
+        optimizer.step()
+
+    for _ in range(args.warmup_steps + 1):  # + 1: the pipeline's memory step
+        step()
+    times = []
+    for _ in range(args.steps):
+        barrier()
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def run_single(torch, args):
+    model = make_model(torch, args)
+    x, y = make_batch(torch, args)
+    times = whole_model_steps(torch, args, model, x, y, lambda: None)
+    step_s = statistics.median(times)
+    emit({"bench": "torch_pipeline_info", "torch_version": torch.__version__,
+          "threads": torch.get_num_threads()})
+    emit({"bench": "torch_pipeline", "config": "single", "world": 1, "step_s": step_s,
+          "steps_s": times, "samples_per_second": args.batch_size / step_s,
+          "parameters": sum(p.numel() for p in model.parameters())})
+
+
+def run_pipeline(torch, dist, args):
+    import tessera.torch as tessera_torch
+    from tessera.torch import pipelining
+
+    timeout = datetime.timedelta(seconds=args.timeout_s)
+    dist.init_process_group("tessera", init_method="file://%s/store" % args.store_dir,
+                            rank=args.rank, world_size=args.world, timeout=timeout)
+    book = dist.new_group(backend="gloo", timeout=timeout)
+    world, rank = args.world, args.rank
+
+    def barrier():
+        dist.barrier(group=book)
+
+    def gathered(values):
+        """values (one per step) of every rank: a list per rank."""
+        t = torch.zeros(world, len(values), dtype=torch.float64)
+        t[rank] = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(t, group=book)
+        return t.tolist()
+
+    if rank == 0:
+        emit({"bench": "torch_pipeline_info", "torch_version": torch.__version__,
+              "threads": torch.get_num_threads(), "world": world,
+              "tessera_package": getattr(tessera_torch, "__file__", ""),
+              "tessera_channel": getattr(dist.group.WORLD, "channel", "")})
+    x, y = make_batch(torch, args)
+    loss_fn = torch.nn.MSELoss()
+
+    # Data parallelism over the same processes: each rank its share of the batch.
+    share = args.batch_size // world
+    ddp = torch.nn.parallel.DistributedDataParallel(make_model(torch, args))
+    times = whole_model_steps(torch, args, ddp, x[rank * share:(rank + 1) * share],
+                              y[rank * share:(rank + 1) * share], barrier)
+    times = [max(column) for column in zip(*gathered(times))]
+    if rank == 0:
+        step_s = statistics.median(times)
+        emit({"bench": "torch_pipeline", "config": "ddp", "world": world, "step_s": step_s,
+              "steps_s": times, "samples_per_second": args.batch_size / step_s})
+    del ddp
+    gc.collect()
+
+    for kind in args.schedules:
+        class_name, per_rank = SCHEDULES[kind]
+        stages_total = world * per_rank
+        per_stage = 2 * args.layers // stages_total  # modules: a Linear and a ReLU per block
+        for m in args.micro_batches:
+            model = make_model(torch, args)
+            parts = {s: model[s * per_stage:(s + 1) * per_stage]
+                     for s in range(rank, stages_total, world)}
+            stages = [pipelining.PipelineStage(parts[s], s, stages_total, torch.device("cpu"))
+                      for s in sorted(parts)]
+            cls = getattr(pipelining, class_name)
+            schedule = cls(stages if per_rank > 1 else stages[0], m, loss_fn=loss_fn)
+            parameters = [p for s in sorted(parts) for p in parts[s].parameters()]
+            optimizer = optimizer_of(torch, args, parameters)
+            last = rank == (stages_total - 1) % world
+
+            def step():
+                optimizer.zero_grad(set_to_none=True)
+                if rank == 0:
+                    schedule.step(x, **({"target": y} if last else {}))
+                elif last:
+                    schedule.step(target=y)
+                else:
+                    schedule.step()
+                optimizer.step()
+
+            for _ in range(args.warmup_steps):
+                step()
+            live = LiveActivations(torch, parameters)
+            with live.hooks:
+                step()
+            step_times, schedule_s, busy_s = [], [], []
+            for _ in range(args.steps):
+                barrier()
+                start = time.perf_counter()
+                step()
+                step_times.append(time.perf_counter() - start)
+                schedule_s.append(schedule.step_s)
+                busy_s.append(schedule.busy_s)
+            step_times = [max(column) for column in zip(*gathered(step_times))]
+            lengths = [max(column) for column in zip(*gathered(schedule_s))]
+            busy = gathered(busy_s)
+            bubbles = [statistics.median(1 - b / length for b, length in zip(busy[r], lengths))
+                       for r in range(world)]
+            peaks = [int(v[0]) for v in gathered([live.peak])]
+            left = [int(v[0]) for v in gathered([live.live])]
+            held = [int(v[0]) for v in gathered([schedule.peak_held])]
+            if rank == 0:
+                step_s = statistics.median(step_times)
+                emit({"bench": "torch_pipeline", "config": kind, "schedule": kind,
+                      "world": world, "stages_per_rank": per_rank, "micro_batches": m,
+                      "step_s": step_s, "steps_s": step_times,
+                      "schedule_step_s": statistics.median(lengths),
+                      "samples_per_second": args.batch_size / step_s,
+                      "bubble_measured": sum(bubbles) / world, "bubble_per_rank": bubbles,
+                      "bubble_formula": schedule.bubble_fraction,
+                      "peak_activation_bytes_per_rank": peaks,
+                      "activation_bytes_left_after_step": left,
+                      "peak_held_per_rank": held,
+                      "expected_peak_held_per_rank": pipelining_peaks(kind, world, m,
+                                                                      per_rank)})
+            del schedule, stages, parts, model, optimizer
+            gc.collect()
+
+
+def pipelining_peaks(kind, world, m, per_rank):
+    from tessera.torch import _C
+    return list(_C.pipeline_schedule(kind, world, m, per_rank)["peak_held"])
+
+
+def main():
+    args = parse_args()
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError as error:
+        print("torch_pipeline_bench.py: cannot import torch.distributed (%s); install "
+              "Debian's PyTorch with `apt-get install python3-torch`" % error, file=sys.stderr)
+        return 3
+    if args.mode == "pipeline":
+        try:
+            import tessera.torch  # noqa: F401  (registers the backend)
+        except ImportError as error:
+            print("torch_pipeline_bench.py: cannot import tessera.torch (%s); sys.path: %s"
+                  % (error, sys.path), file=sys.stderr)
+            return 3
+    torch.set_num_threads(args.threads)
+    if args.mode == "single":
+        run_single(torch, args)
+    else:
+        run_pipeline(torch, dist, args)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Exits before the groups and DDP's reducer are released, as torch_fsdp_bench.py does
+    # (a rank hung once in those destructors after the others had exited); all is done.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
