@@ -26,6 +26,7 @@ StatusOr<void*> BlockCache::Acquire(size_t bytes) {
   if (bytes == 0) return InvalidArgumentError("block cache: a block of 0 bytes");
   const size_t rounded = PageRounded(bytes);
   std::list<Block> room;
+  Block trimmed, grown;  // a kept block cut to this size, or one grown to it
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto [first, last] = kept_by_size_.equal_range(rounded);
@@ -41,17 +42,54 @@ StatusOr<void*> BlockCache::Acquire(size_t bytes) {
       ++stats_.hits;
       return data;
     }
-    // Kept blocks stay while the bytes mapped, with this request, fit in the most ever
-    // acquired at once (this request counted in): the rest go, the least recently kept first.
-    const size_t acquired = stats_.mapped_bytes - stats_.kept_bytes;
-    stats_.peak_acquired_bytes = std::max(stats_.peak_acquired_bytes, acquired + rounded);
-    const size_t budget = stats_.peak_acquired_bytes - acquired - rounded;
-    room = TakeForRoom(stats_.kept_bytes > budget ? stats_.kept_bytes - budget : 0);
-    ++stats_.misses;
-    stats_.unmapped += room.size();
+    // No kept block of this size: the smallest larger one is cut to it, its head's pages
+    // resident already (a step's sizes differ a little from unit to unit: parameters'
+    // gradients, activations; a cache that only matched sizes mapped fresh pages every step).
+    auto larger = kept_by_size_.upper_bound(rounded);
+    if (larger != kept_by_size_.end()) {
+      trimmed = *larger->second;
+      kept_.erase(larger->second);
+      kept_by_size_.erase(larger);
+      stats_.kept_bytes -= trimmed.bytes;
+      stats_.mapped_bytes -= trimmed.bytes - rounded;
+      acquired_.emplace(trimmed.data, rounded);
+      stats_.peak_acquired_bytes = std::max(stats_.peak_acquired_bytes,
+                                            stats_.mapped_bytes - stats_.kept_bytes);
+      ++stats_.trimmed;
+    } else {
+      if (!kept_by_size_.empty()) {
+        // Only smaller ones: the largest grows to this size (mremap keeps its pages).
+        auto smaller = std::prev(kept_by_size_.end());
+        grown = *smaller->second;
+        kept_.erase(smaller->second);
+        kept_by_size_.erase(smaller);
+        stats_.kept_bytes -= grown.bytes;
+        stats_.mapped_bytes -= grown.bytes;  // counted again, grown, below
+      }
+      // Kept blocks stay while the bytes mapped, with this request, fit in the most ever
+      // acquired at once (this request counted in): the rest go, the least recently kept
+      // first.
+      const size_t acquired = stats_.mapped_bytes - stats_.kept_bytes;
+      stats_.peak_acquired_bytes = std::max(stats_.peak_acquired_bytes, acquired + rounded);
+      const size_t budget = stats_.peak_acquired_bytes - acquired - rounded;
+      room = TakeForRoom(stats_.kept_bytes > budget ? stats_.kept_bytes - budget : 0);
+      ++stats_.misses;
+      stats_.unmapped += room.size();
+    }
+  }
+  if (trimmed.data != nullptr) {
+    munmap(static_cast<char*>(trimmed.data) + rounded, trimmed.bytes - rounded);
+    return trimmed.data;
   }
   Unmap(room);
-  void* data = mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  void* data = MAP_FAILED;
+  if (grown.data != nullptr) {
+    data = mremap(grown.data, grown.bytes, rounded, MREMAP_MAYMOVE);
+    if (data == MAP_FAILED) munmap(grown.data, grown.bytes);
+  }
+  if (data == MAP_FAILED) {
+    data = mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  }
   if (data == MAP_FAILED) {
     return ResourceExhaustedError("block cache: mapping a block of " + std::to_string(rounded) +
                                   " bytes: " + std::strerror(errno));

@@ -17,12 +17,14 @@
 // Blocks are known by their address alone (Release finds the block), as torch's raw
 // allocation interface needs.
 //
-// The bound: a request no kept block fits maps a new block, first unmapping kept blocks (of
-// other sizes, the least recently kept first) as far as needed for the bytes mapped to stay
-// within the most that were ever acquired at once (this request counted in, each block rounded
-// up to whole pages). So the cache costs nothing in peak memory, and in a loop that asks for
-// the same sizes every iteration (a training step) requests after the first iterations are
-// hits, without a system call or a page fault.
+// A request takes a kept block of its size (rounded up to whole pages); else the smallest
+// larger kept block, its tail unmapped (the head's pages stay resident); else it maps pages:
+// the largest kept block grown to its size (mremap: its pages kept), or a new block, first
+// unmapping kept blocks (the least recently kept first) as far as needed for the bytes mapped
+// to stay within the most that were ever acquired at once (this request counted in). So the
+// cache costs nothing in peak memory, and in a loop that asks for about the same sizes every
+// iteration (a training step) requests after the first iterations take resident pages,
+// without a page fault.
 //
 // Thread-safety: thread-safe (one mutex; Acquire and Release hold it for a list operation, and
 // mmap and munmap run outside it).
@@ -47,8 +49,9 @@ class BlockCache {
     size_t kept_bytes = 0;    // kept for reuse
     size_t peak_mapped_bytes = 0;
     size_t peak_acquired_bytes = 0;  // the most acquired at once (requests being mapped too)
-    uint64_t hits = 0;       // requests served by a kept block
-    uint64_t misses = 0;     // requests that mapped a block
+    uint64_t hits = 0;       // requests served by a kept block of their size
+    uint64_t trimmed = 0;    // requests served by a larger kept block, cut to their size
+    uint64_t misses = 0;     // requests that mapped pages (a new block, or a kept one grown)
     uint64_t unmapped = 0;   // kept blocks unmapped to make room
   };
 

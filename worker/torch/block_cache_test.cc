@@ -80,6 +80,32 @@ TEST(BlockCacheTest, AStepThatRepeatsItsSizesHitsEveryTimeAfterTheFirst) {
   EXPECT_EQ(stats.unmapped, 0u);
 }
 
+TEST(BlockCacheTest, ALargerKeptBlockIsCutAndASmallerOneGrown) {
+  BlockCache cache;
+  void* big = MustAcquire(cache, 8 * kPage);
+  std::memset(big, 1, 8 * kPage);
+  cache.Release(big);
+  // Cut: the same memory, its tail returned.
+  void* cut = MustAcquire(cache, 3 * kPage);
+  EXPECT_EQ(cut, big);
+  BlockCache::Stats stats = cache.stats();
+  EXPECT_EQ(stats.trimmed, 1u);
+  EXPECT_EQ(stats.mapped_bytes, 3 * kPage);
+  EXPECT_EQ(static_cast<unsigned char*>(cut)[3 * kPage - 1], 1);  // the head's bytes kept
+  cache.Release(cut);
+  // Grown: the kept 3 pages become 6, their bytes kept, within the peak (8 pages).
+  void* grown = MustAcquire(cache, 6 * kPage);
+  ASSERT_NE(grown, nullptr);
+  EXPECT_EQ(static_cast<unsigned char*>(grown)[0], 1);
+  std::memset(grown, 2, 6 * kPage);  // all of it writable
+  stats = cache.stats();
+  EXPECT_EQ(stats.misses, 2u);
+  EXPECT_EQ(stats.kept_bytes, 0u);
+  EXPECT_EQ(stats.mapped_bytes, 6 * kPage);
+  EXPECT_LE(stats.peak_mapped_bytes, 8 * kPage);
+  cache.Release(grown);
+}
+
 TEST(BlockCacheTest, ZeroBytesIsRefused) {
   BlockCache cache;
   StatusOr<void*> block = cache.Acquire(0);
@@ -109,7 +135,7 @@ TEST(BlockCacheTest, ThreadsAcquireAndReleaseAtOnce) {
   }
   for (std::thread& thread : threads) thread.join();
   BlockCache::Stats stats = cache.stats();
-  EXPECT_EQ(stats.hits + stats.misses, 800u);
+  EXPECT_EQ(stats.hits + stats.trimmed + stats.misses, 800u);
   EXPECT_LE(stats.peak_mapped_bytes, 4 * 3 * kPage);
 }
 

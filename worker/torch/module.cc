@@ -210,7 +210,7 @@ void FsdpEmptyBlockCache() {
   if (cache != nullptr) cache->UnmapKept();
 }
 
-// {"min_bytes", "mapped_bytes", "kept_bytes", "peak_mapped_bytes", "hits", "misses",
+// {"min_bytes", "mapped_bytes", "kept_bytes", "peak_mapped_bytes", "hits", "trimmed", "misses",
 //  "unmapped"}, or None before FsdpUseBlockCache.
 py::object FsdpBlockCacheStats() {
   std::lock_guard<std::mutex> lock(cpu_cache_mu);
@@ -224,6 +224,7 @@ py::object FsdpBlockCacheStats() {
   out["peak_mapped_bytes"] = stats.peak_mapped_bytes;
   out["peak_acquired_bytes"] = stats.peak_acquired_bytes;
   out["hits"] = stats.hits;
+  out["trimmed"] = stats.trimmed;
   out["misses"] = stats.misses;
   out["unmapped"] = stats.unmapped;
   return out;
