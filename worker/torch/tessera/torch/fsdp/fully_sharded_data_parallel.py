@@ -135,8 +135,8 @@ class FullyShardedDataParallel(StateDictMethods, nn.Module):
     (BACKWARD_PRE, the default, or BACKWARD_POST) issues the next unit's gather in backward,
     forward_prefetch=True in forward, each from the order the units ran in the first
     iteration; at most one unit is prefetched, so at most two are gathered at once whatever
-    limit_all_gathers says. Other arguments that are not their
-    default raise NotImplementedError (issue 44).
+    limit_all_gathers says. Other arguments that are not their default raise
+    NotImplementedError (issue 44).
 
     mixed_precision: the shards (and the optimizer) stay in the parameters' dtype; the full
     parameters are gathered in param_dtype, floating-point inputs are cast to it, gradients are
