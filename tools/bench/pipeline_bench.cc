@@ -35,6 +35,12 @@ const std::vector<std::string> kSchedules = {"gpipe", "1f1b", "interleaved", "zb
 constexpr int kInterleavedStagesPerRank = 2;
 // Issue 46: GPipe's and 1F1B's measured bubble within 5 points of the formula.
 constexpr double kBubbleTolerance = 0.05;
+// Issue 46: tensor parallelism over T = 2 processes at >= 0.8x data parallelism's samples/s.
+constexpr int kTensorParallel = 2;
+constexpr double kTpOverDdpGoal = 0.8;
+// TP's and DDP's losses after the same steps differ only by float32 rounding (the sums run in
+// other orders); a TP that computes something else is far off.
+constexpr double kLossRelTolerance = 1e-3;
 
 struct PipelineBenchOptions {
   std::string stages_text = "2";
@@ -49,6 +55,9 @@ struct PipelineBenchOptions {
   std::string ring_transport = "auto";
   int timeout_s = 600;
   bool json = false;
+  bool no_tp = false;
+  int tp_dim = 4096;
+  int tp_batch = 128;  // a one-process step of about 0.4 s at d = 4096 on one core
 
   // Parsed from the texts above.
   std::vector<int64_t> stages, micro_batches;
@@ -84,6 +93,18 @@ StatusOr<std::string> ParseSchedule(const std::string& item) {
 }
 
 Status ParseOptions(PipelineBenchOptions* o) {
+  if (!o->no_tp) {
+    if (o->tp_dim % kTensorParallel != 0) {
+      return InvalidArgumentError("--tp-dim " + std::to_string(o->tp_dim) +
+                                  " is odd: tensor parallelism T = 2 halves the layers' rows "
+                                  "and columns");
+    }
+    if (o->tp_batch % kTensorParallel != 0) {
+      return InvalidArgumentError("--tp-batch " + std::to_string(o->tp_batch) +
+                                  " is odd: it does not split over the 2 data-parallel ranks "
+                                  "(the DDP reference)");
+    }
+  }
   ASSIGN_OR_RETURN(o->stages, ParseList<int64_t>("--stages", o->stages_text, ParseStages));
   ASSIGN_OR_RETURN(o->micro_batches,
                    ParseList<int64_t>("--micro-batches", o->micro_batches_text, ParsePositive));
@@ -136,6 +157,8 @@ struct Results {
   std::map<int64_t, nlohmann::json> ddp;
   std::map<RowKey, nlohmann::json> rows;
   nlohmann::json info;  // the first pipeline run's torch_pipeline_info
+  // The tensor-parallel part (absent with --no-tp): one process, DDP and TP at T = 2.
+  nlohmann::json tp_single, tp_ddp, tp;
 };
 
 class Runner {
@@ -176,7 +199,9 @@ class Runner {
             "--layers=" + std::to_string(o_.layers),
             "--batch-size=" + std::to_string(o_.batch_size), "--schedules=" + Join(o_.schedules),
             "--micro-batches=" + Join(o_.micro_batches), "--steps=" + std::to_string(o_.steps),
-            "--warmup-steps=" + std::to_string(o_.warmup_steps)}) {
+            "--warmup-steps=" + std::to_string(o_.warmup_steps),
+            "--tp-dim=" + std::to_string(o_.tp_dim),
+            "--tp-batch=" + std::to_string(o_.tp_batch)}) {
         argv.push_back(arg);
       }
       children.push_back({"torch_pipeline_bench.py " + mode + " rank " + std::to_string(rank) +
@@ -186,7 +211,7 @@ class Runner {
     ASSIGN_OR_RETURN(std::vector<ChildOutput> outputs,
                      RunAllToCompletion(children, int64_t{o_.timeout_s} * 1000));
     for (const nlohmann::json& j : BenchLines({outputs[0]}, "torch_pipeline_info")) {
-      if (info_.is_null() && mode == "pipeline") info_ = j;
+      if (info_.is_null() && np > 1) info_ = j;
     }
     return BenchLines({outputs[0]}, "torch_pipeline");
   }
@@ -247,8 +272,64 @@ Status Measure(const PipelineBenchOptions& o, const PythonSetup& py, Results* re
       }
     }
   }
+  if (!o.no_tp) {
+    progress("tensor parallel: one process, then DDP and TP T = 2 on 2 processes");
+    ASSIGN_OR_RETURN(lines, runner.Run("tp", 1));
+    for (const nlohmann::json& j : lines) {
+      if (j.value("config", "") == "tp_single") results->tp_single = j;
+    }
+    ASSIGN_OR_RETURN(lines, runner.Run("tp", kTensorParallel));
+    for (const nlohmann::json& j : lines) {
+      if (j.value("config", "") == "tp_ddp") results->tp_ddp = j;
+      if (j.value("config", "") == "tp") results->tp = j;
+    }
+    for (const auto& [line, what] : {std::pair{&results->tp_single, "one process"},
+                                     std::pair{&results->tp_ddp, "DDP"},
+                                     std::pair{&results->tp, "TP"}}) {
+      if (!positive(*line, "samples_per_second") || !line->contains("loss") ||
+          !line->at("loss").is_number()) {
+        return DataLossError(std::string("torch_pipeline_bench.py reported no samples/s or "
+                                         "loss for the tensor-parallel part's ") +
+                             what);
+      }
+    }
+  }
   results->info = runner.info();
   return OkStatus();
+}
+
+// The tensor-parallel row of --json and of the table: TP beside its references, and whether
+// its loss after the timed steps is DDP's (else TP computed something else).
+nlohmann::json TensorParallelRow(const PipelineBenchOptions& o, const Results& r,
+                                 unsigned cores) {
+  const double rate = r.tp.at("samples_per_second").get<double>();
+  const double ddp_rate = r.tp_ddp.at("samples_per_second").get<double>();
+  const double single_rate = r.tp_single.at("samples_per_second").get<double>();
+  const double loss = r.tp.at("loss").get<double>();
+  const double ddp_loss = r.tp_ddp.at("loss").get<double>();
+  const bool matches = std::abs(loss - ddp_loss) <= kLossRelTolerance * std::abs(ddp_loss);
+  return {{"benchmark", "pipeline"},
+          {"kind", "tensor_parallel"},
+          {"tp", kTensorParallel},
+          {"dim", o.tp_dim},
+          {"batch_size", o.tp_batch},
+          {"parameters", 2 * (int64_t{o.tp_dim} * o.tp_dim + o.tp_dim)},
+          {"shard_parameters", r.tp.value("shard_parameters", int64_t{0})},
+          {"step_s", r.tp.at("step_s")},
+          {"samples_per_second", rate},
+          {"step_s_ddp", r.tp_ddp.at("step_s")},
+          {"samples_per_second_ddp", ddp_rate},
+          {"step_s_one_process", r.tp_single.at("step_s")},
+          {"samples_per_second_one_process", single_rate},
+          {"throughput_over_ddp", rate / ddp_rate},
+          {"throughput_over_one_process", rate / single_rate},
+          {"loss", loss},
+          {"loss_per_rank", r.tp.value("loss_per_rank", nlohmann::json::array())},
+          {"loss_ddp", ddp_loss},
+          {"loss_one_process", r.tp_single.at("loss")},
+          {"loss_rel_tolerance", kLossRelTolerance},
+          {"loss_matches_ddp", matches},
+          {"oversubscribed", cores > 0 && kTensorParallel > static_cast<int64_t>(cores)}};
 }
 
 // (P-1)/(M+P-1): GPipe's and 1F1B's bubble with stages of equal cost and free messages.
@@ -305,7 +386,8 @@ nlohmann::json Goal(const std::string& goal, bool met, const std::string& detail
           {"detail", detail}};
 }
 
-std::vector<nlohmann::json> CheckGoals(const PipelineBenchOptions& o, const Results& r) {
+std::vector<nlohmann::json> CheckGoals(const PipelineBenchOptions& o, const Results& r,
+                                       unsigned cores) {
   std::vector<nlohmann::json> goals;
   auto has = [&](const std::string& schedule) {
     return std::count(o.schedules.begin(), o.schedules.end(), schedule) > 0;
@@ -344,6 +426,22 @@ std::vector<nlohmann::json> CheckGoals(const PipelineBenchOptions& o, const Resu
       }
     }
   }
+  if (!o.no_tp) {
+    const nlohmann::json row = TensorParallelRow(o, r, cores);
+    const double ratio = row.at("throughput_over_ddp").get<double>();
+    const bool matches = row.at("loss_matches_ddp").get<bool>();
+    std::string detail = Fixed(ratio, 2) + "x";
+    if (!matches) {
+      detail += ", but TP's loss after the timed steps " + Fixed(row.at("loss").get<double>(), 6) +
+                " is not DDP's " + Fixed(row.at("loss_ddp").get<double>(), 6) +
+                ": TP computed something else";
+    }
+    goals.push_back(Goal("tensor parallel T=" + std::to_string(kTensorParallel) + " >= " +
+                             Fixed(kTpOverDdpGoal, 1) + "x DDP on the same " +
+                             std::to_string(kTensorParallel) + " processes (d=" +
+                             std::to_string(o.tp_dim) + ")",
+                         matches && ratio >= kTpOverDdpGoal, detail));
+  }
   return goals;
 }
 
@@ -363,9 +461,40 @@ std::string MiBPerRank(const nlohmann::json& values) {
   return text;
 }
 
+void ReportTensorParallel(const PipelineBenchOptions& o, const Results& r, unsigned cores) {
+  const nlohmann::json row = TensorParallelRow(o, r, cores);
+  std::cout << "\ntensor parallel T = " << kTensorParallel << " (tessera.torch.tensor_parallel)"
+            << ": Linear(" << o.tp_dim << ", " << o.tp_dim << ") ColwiseParallel + ReLU + Linear("
+            << o.tp_dim << ", " << o.tp_dim << ") RowwiseParallel, "
+            << row.at("parameters").get<int64_t>() << " parameters ("
+            << row.at("shard_parameters").get<int64_t>() << " per TP rank), MSE loss, SGD "
+            << "momentum 0.9; global batch " << o.tp_batch << " (DDP: "
+            << o.tp_batch / kTensorParallel << " per rank; TP: all of it on each rank, the "
+            << "weights halved); steps timed as above; loss: on the whole batch after the "
+            << "timed steps\n\n"
+            << std::left << std::setw(26) << "config" << std::right << std::setw(9) << "step ms"
+            << std::setw(11) << "samples/s" << std::setw(14) << "loss" << "\n";
+  auto line = [&](const std::string& config, const char* step, const char* rate,
+                  const char* loss) {
+    std::cout << std::left << std::setw(26) << config << std::right << std::setw(9)
+              << Fixed(row.at(step).get<double>() * 1e3, 1) << std::setw(11)
+              << Fixed(row.at(rate).get<double>(), 1) << std::setw(14)
+              << Fixed(row.at(loss).get<double>(), 6) << "\n";
+  };
+  line("one process", "step_s_one_process", "samples_per_second_one_process",
+       "loss_one_process");
+  line("DDP, 2 processes", "step_s_ddp", "samples_per_second_ddp", "loss_ddp");
+  line("TP T=2, 2 processes", "step_s", "samples_per_second", "loss");
+  std::cout << "TP: " << Fixed(row.at("throughput_over_ddp").get<double>(), 2) << "x DDP, "
+            << Fixed(row.at("throughput_over_one_process").get<double>(), 2)
+            << "x one process; loss "
+            << (row.at("loss_matches_ddp").get<bool>() ? "matches" : "DOES NOT match")
+            << " DDP's (relative tolerance " << kLossRelTolerance << ")\n";
+}
+
 void Report(const PipelineBenchOptions& o, const PythonSetup& py, const Results& r) {
   const unsigned cores = std::thread::hardware_concurrency();
-  const std::vector<nlohmann::json> goals = CheckGoals(o, r);
+  const std::vector<nlohmann::json> goals = CheckGoals(o, r, cores);
   std::vector<int64_t> oversubscribed;
   for (int64_t p : o.stages) {
     if (cores > 0 && p > static_cast<int64_t>(cores)) oversubscribed.push_back(p);
@@ -412,6 +541,7 @@ void Report(const PipelineBenchOptions& o, const PythonSetup& py, const Results&
         }
       }
     }
+    if (!o.no_tp) std::cout << TensorParallelRow(o, r, cores).dump() << "\n";
     for (const nlohmann::json& goal : goals) std::cout << goal.dump() << "\n";
     return;
   }
@@ -470,6 +600,7 @@ void Report(const PipelineBenchOptions& o, const PythonSetup& py, const Results&
       }
     }
   }
+  if (!o.no_tp) ReportTensorParallel(o, r, cores);
   if (!goals.empty()) std::cout << "\ngoals (issue 46):\n";
   for (const nlohmann::json& goal : goals) {
     std::cout << "  " << (goal.at("met").get<bool>() ? "met    " : "MISSED ")
@@ -521,8 +652,11 @@ BenchCommand AddPipelineBench(CLI::App* parent) {
       "--stages, P processes run DDP and every schedule at every M. interleaved runs 2 stages "
       "per rank. Skips (exit 0, saying why) when /usr/bin/python3 cannot import torch or "
       "tessera.torch.\n"
+      "Then, unless --no-tp, the tensor-parallel part: a Linear(--tp-dim, --tp-dim) colwise, "
+      "ReLU, Linear rowwise pair trained by one process, by DDP over 2 processes and by "
+      "tensor parallelism T = 2 over the same 2.\n"
       "The defaults take about 2 minutes on 2 cores. Quick look:  tessera-bench pipeline "
-      "--dim 256 --layers 8 --steps 3");
+      "--dim 256 --layers 8 --steps 3 --tp-dim 1024");
   app->add_option("--stages", o->stages_text,
                   "P: pipeline processes (stages; interleaved runs 2P), comma-separated, 2-16; "
                   "above the machine's cores the ranks share cores (the output says so)")
@@ -565,9 +699,21 @@ BenchCommand AddPipelineBench(CLI::App* parent) {
                   "Deadline of each run of the rank processes, and their groups' timeout")
       ->check(CLI::Range(1, 86400))
       ->capture_default_str();
+  app->add_flag("--no-tp", o->no_tp,
+                "Skip the tensor-parallel part (one process, DDP and TP T = 2 on a Megatron "
+                "pair of Linear(--tp-dim, --tp-dim))");
+  app->add_option("--tp-dim", o->tp_dim,
+                  "d of the tensor-parallel part's two Linear(d, d) (even: T = 2 halves them)")
+      ->check(CLI::Range(2, 65536))
+      ->capture_default_str();
+  app->add_option("--tp-batch", o->tp_batch,
+                  "Global batch (rows) per step of the tensor-parallel part (even: DDP halves "
+                  "it)")
+      ->check(CLI::Range(2, 1048576))
+      ->capture_default_str();
   app->add_flag("--json", o->json,
                 "One JSON object per line (config, the references, a row per schedule, P and "
-                "M, then the goals) instead of the table");
+                "M, the tensor_parallel row, then the goals) instead of the table");
   return {app, [o]() -> int {
             Status status = ParseOptions(o.get());
             if (!status.ok()) {

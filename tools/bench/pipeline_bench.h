@@ -1,7 +1,8 @@
 //   tessera-bench pipeline [--stages 2] [--micro-batches 4,8]
 //                          [--schedules gpipe,1f1b,interleaved,zb-h1] [--dim 1024]
 //                          [--layers 16] [--batch-size 256] [--steps 10] [--warmup-steps 2]
-//                          [--threads 1] [--ring-transport auto] [--timeout-s 600] [--json]
+//                          [--threads 1] [--ring-transport auto] [--timeout-s 600]
+//                          [--tp-dim 4096] [--tp-batch 128] [--no-tp] [--json]
 //
 // pipeline (issue 46): tessera.torch.pipelining's schedules on the tessera backend, each
 // beside the formula of its bubble, beside one process and beside data parallelism on the
@@ -31,6 +32,17 @@
 // ZB-H1's ranks all hold P, 1F1B's rank r P - r). When P exceeds the machine's cores the
 // output says so: the ranks then share cores, and neither bubble nor throughput is a
 // pipeline's.
+//
+// Then (unless --no-tp) the tensor-parallel part, issue 46's "T = 2 at >= 0.8x the throughput
+// of data parallel on the same two processes for a layer of 4096 x 4096": a Megatron pair
+// (Linear(--tp-dim, --tp-dim) ColwiseParallel, ReLU, Linear(--tp-dim, --tp-dim)
+// RowwiseParallel from tessera.torch.tensor_parallel), MSE loss, SGD momentum 0.9, a global
+// batch of --tp-batch rows, trained by one process, by DDP on the tessera backend over 2
+// processes (half the batch each) and by TP T = 2 over the same 2 (the whole batch each, the
+// weights halved), timed as the schedules are. The row (--json kind "tensor_parallel") has
+// TP's samples/s, throughput_over_ddp and throughput_over_one_process, and each one's loss on
+// the whole batch after the timed steps; the goal is met when TP reaches 0.8x DDP and its loss
+// is DDP's within a relative 1e-3 (a TP that computes something else cannot look fast).
 //
 // Every rank runs torch with --threads threads; they meet through a file store in a scratch
 // directory. The package `tessera` is found as for `tessera-bench torch` (torch_python.h);

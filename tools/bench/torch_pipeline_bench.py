@@ -9,6 +9,12 @@ is chosen):
                    over them, each rank on batch / P (the data-parallel reference), then each
                    schedule of --schedules at each M of --micro-batches, in that order, with the
                    model cut into P stages (interleaved: 2 P, two per rank).
+  --mode=tp        the tensor-parallel part (issue 46: T = 2 at >= 0.8x DDP's throughput for
+                   a 4096 x 4096 layer), on its own model (below): --world 1 trains it as one
+                   process; --world 2 on the tessera backend runs DDP over the two processes
+                   (each rank on --tp-batch / 2 rows), then tensor parallelism T = 2
+                   (tessera.torch.tensor_parallel: each rank on all --tp-batch rows, the
+                   weights halved).
 
 Model: --layers blocks of Linear(--dim, --dim) + ReLU (an nn.Sequential, weights from --seed,
 the same in every configuration), cut evenly into the stages; MSE loss against a synthetic
@@ -38,9 +44,20 @@ what was still held at its end (0: every saved tensor was released).
 Rank 0 prints a {"bench": "torch_pipeline_info", ...} line, then one {"bench":
 "torch_pipeline", "config": "single" | "ddp" | <schedule>, ...} line per configuration. Exit
 status 3 when torch or tessera.torch cannot be imported (stderr says which).
+
+Tensor parallel (--mode=tp): one Megatron pair, Linear(--tp-dim, --tp-dim) (ColwiseParallel
+under TP), ReLU, Linear(--tp-dim, --tp-dim) (RowwiseParallel), weights from --seed; MSE loss,
+SGD with momentum 0.9, a global batch of --tp-batch rows; steps timed as above (TP's step
+holds the row layer's all-reduce in forward and the column layer's in backward, DDP's its
+gradient all-reduce). After the timed steps, a forward without autograd gives each
+configuration's loss on the whole batch (DDP: the mean of the ranks' losses on their halves,
+the same mean squared error): every configuration takes the same steps from the same weights
+on the same batch, so a TP that computes something else shows a different loss. Rank 0 prints
+{"bench": "torch_pipeline", "config": "tp_single" | "tp_ddp" | "tp", "loss": ..., ...}.
 """
 
 import argparse
+import collections
 import datetime
 import gc
 import json
@@ -59,7 +76,7 @@ SCHEDULES = {
 
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mode", choices=("single", "pipeline"), required=True)
+    parser.add_argument("--mode", choices=("single", "pipeline", "tp"), required=True)
     parser.add_argument("--rank", type=int, default=0)
     parser.add_argument("--world", type=int, default=1)
     parser.add_argument("--store-dir", required=True, help="directory of the file store")
@@ -74,7 +91,16 @@ def parse_args():
     parser.add_argument("--warmup-steps", type=int, default=2)
     parser.add_argument("--lr", type=float, default=0.001)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tp-dim", type=int, default=4096, help="d of --mode=tp's layers")
+    parser.add_argument("--tp-batch", type=int, default=128, help="--mode=tp's global batch")
     args = parser.parse_args()
+    if args.mode == "tp":
+        if args.world not in (1, 2):
+            parser.error("--mode=tp runs on --world 1 or 2, not %d" % args.world)
+        if args.tp_dim % 2 or args.tp_batch % 2:
+            parser.error("--tp-dim %d and --tp-batch %d must be even (T = 2, two DDP halves)"
+                         % (args.tp_dim, args.tp_batch))
+        return args
     args.schedules = args.schedules.split(",")
     args.micro_batches = [int(m) for m in args.micro_batches.split(",")]
     for kind in args.schedules:
@@ -305,6 +331,99 @@ def run_pipeline(torch, dist, args):
             gc.collect()
 
 
+def make_tp_model(torch, args):
+    """The Megatron pair: a column layer, ReLU, a row layer (named for the TP plan)."""
+    torch.manual_seed(args.seed)
+    d = args.tp_dim
+    return torch.nn.Sequential(collections.OrderedDict(
+        [("fc1", torch.nn.Linear(d, d)), ("relu", torch.nn.ReLU()),
+         ("fc2", torch.nn.Linear(d, d))]))
+
+
+def make_tp_batch(torch, args):
+    generator = torch.Generator().manual_seed(args.seed + 1)
+    x = torch.randn(args.tp_batch, args.tp_dim, generator=generator)
+    y = torch.randn(args.tp_batch, args.tp_dim, generator=generator)
+    return x, y
+
+
+def loss_after(torch, model, x, y):
+    with torch.no_grad():
+        return torch.nn.functional.mse_loss(model(x), y).item()
+
+
+def tp_record(args, config, world, times, loss):
+    step_s = statistics.median(times)
+    return {"bench": "torch_pipeline", "config": config, "world": world, "step_s": step_s,
+            "steps_s": times, "samples_per_second": args.tp_batch / step_s, "loss": loss,
+            "dim": args.tp_dim, "batch_size": args.tp_batch}
+
+
+def run_tp(torch, dist, args):
+    """--mode=tp: the one-process reference (--world 1), or DDP then TP T = 2 (--world 2)."""
+    x, y = make_tp_batch(torch, args)
+    if args.world == 1:
+        model = make_tp_model(torch, args)
+        times = whole_model_steps(torch, args, model, x, y, lambda: None)
+        emit({"bench": "torch_pipeline_info", "torch_version": torch.__version__,
+              "threads": torch.get_num_threads()})
+        emit(tp_record(args, "tp_single", 1, times, loss_after(torch, model, x, y)))
+        return
+    import tessera.torch as tessera_torch
+    from tessera.torch.tensor_parallel import (ColwiseParallel, RowwiseParallel,
+                                               parallelize_module)
+
+    timeout = datetime.timedelta(seconds=args.timeout_s)
+    dist.init_process_group("tessera", init_method="file://%s/store" % args.store_dir,
+                            rank=args.rank, world_size=args.world, timeout=timeout)
+    book = dist.new_group(backend="gloo", timeout=timeout)
+    world, rank = args.world, args.rank
+
+    def barrier():
+        dist.barrier(group=book)
+
+    def slowest(times):
+        t = torch.zeros(world, len(times), dtype=torch.float64)
+        t[rank] = torch.tensor(times, dtype=torch.float64)
+        dist.all_reduce(t, group=book)
+        return [max(column) for column in zip(*t.tolist())]
+
+    def gathered(value):
+        """value of every rank, by rank."""
+        t = torch.zeros(world, dtype=torch.float64)
+        t[rank] = value
+        dist.all_reduce(t, group=book)
+        return t.tolist()
+
+    if rank == 0:
+        emit({"bench": "torch_pipeline_info", "torch_version": torch.__version__,
+              "threads": torch.get_num_threads(), "world": world,
+              "tessera_package": getattr(tessera_torch, "__file__", ""),
+              "tessera_channel": getattr(dist.group.WORLD, "channel", "")})
+
+    share = args.tp_batch // world
+    mine = slice(rank * share, (rank + 1) * share)
+    ddp = torch.nn.parallel.DistributedDataParallel(make_tp_model(torch, args))
+    times = slowest(whole_model_steps(torch, args, ddp, x[mine], y[mine], barrier))
+    # Equal halves: the mean of the halves' mean squared errors is the whole batch's.
+    loss = sum(gathered(loss_after(torch, ddp.module, x[mine], y[mine]))) / world
+    if rank == 0:
+        emit(tp_record(args, "tp_ddp", world, times, loss))
+    del ddp
+    gc.collect()
+
+    model = parallelize_module(make_tp_model(torch, args), dist.group.WORLD,
+                               {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
+    times = slowest(whole_model_steps(torch, args, model, x, y, barrier))
+    loss = loss_after(torch, model, x, y)  # the row layer's output is whole on every rank
+    losses = gathered(loss)  # equal on the ranks unless the all-reduce is broken
+    if rank == 0:
+        record = tp_record(args, "tp", world, times, loss)
+        record["loss_per_rank"] = losses
+        record["shard_parameters"] = sum(p.numel() for p in model.parameters())
+        emit(record)
+
+
 def pipelining_peaks(kind, world, m, per_rank):
     from tessera.torch import _C
     return list(_C.pipeline_schedule(kind, world, m, per_rank)["peak_held"])
@@ -319,7 +438,7 @@ def main():
         print("torch_pipeline_bench.py: cannot import torch.distributed (%s); install "
               "Debian's PyTorch with `apt-get install python3-torch`" % error, file=sys.stderr)
         return 3
-    if args.mode == "pipeline":
+    if args.mode == "pipeline" or (args.mode == "tp" and args.world > 1):
         try:
             import tessera.torch  # noqa: F401  (registers the backend)
         except ImportError as error:
@@ -329,6 +448,8 @@ def main():
     torch.set_num_threads(args.threads)
     if args.mode == "single":
         run_single(torch, args)
+    elif args.mode == "tp":
+        run_tp(torch, dist, args)
     else:
         run_pipeline(torch, dist, args)
     sys.stdout.flush()
