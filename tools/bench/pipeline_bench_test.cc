@@ -1,8 +1,9 @@
 // Smoke test of `tessera-bench pipeline`: a tiny model, one process, then two real Python
-// ranks running DDP and every schedule at M = 2 and 4 for one step; checks the --json report's
-// keys and that its figures are sane (fractions in [0, 1], GPipe's and 1F1B's formula
-// (P-1)/(M+P-1), the micro-batches held as the library says), not their values: benchmarks
-// are not tests. Skipped when /usr/bin/python3 cannot import torch (the bench says so) and
+// ranks running DDP and every schedule at M = 2 and 4 for one step, then the tensor-parallel
+// part at d = 16 (one process, DDP and TP T = 2); checks the --json report's keys and that its
+// figures are sane (fractions in [0, 1], GPipe's and 1F1B's formula (P-1)/(M+P-1), the
+// micro-batches held as the library says, TP's loss DDP's), not their values: benchmarks are
+// not tests. Skipped when /usr/bin/python3 cannot import torch (the bench says so) and
 // under the sanitizer configurations (the interpreter is not instrumented).
 #include <gtest/gtest.h>
 
@@ -48,7 +49,7 @@ TEST(PipelineBenchTest, TwoRanksJsonShape) {
       "tessera-bench pipeline",
       {*bench, "pipeline", "--stages", "2", "--micro-batches", "2,4", "--dim", "16", "--layers",
        "4", "--batch-size", "8", "--steps", "1", "--warmup-steps", "0", "--timeout-s", "60",
-       "--json"},
+       "--tp-dim", "16", "--tp-batch", "8", "--json"},
       /*timeout_ms=*/120'000);
   ASSERT_TRUE(output.ok()) << output.status();
   std::map<std::string, std::vector<nlohmann::json>> by_kind = ByKind(output->stdout_lines);
@@ -117,12 +118,52 @@ TEST(PipelineBenchTest, TwoRanksJsonShape) {
   const int64_t one_f_one_b_peak = rows[{"1f1b", 4}]["peak_activation_bytes_per_rank"][0];
   EXPECT_GT(gpipe_peak, one_f_one_b_peak);
 
-  // gpipe and 1f1b at M = 2 and 4, zb-h1 against 1f1b at both.
-  ASSERT_EQ(by_kind["goal"].size(), 6u);
+  // The tensor-parallel row: TP T = 2 beside one process and DDP on the same batch; after the
+  // same steps from the same weights its loss is DDP's (and the one process's).
+  ASSERT_EQ(by_kind["tensor_parallel"].size(), 1u);
+  const nlohmann::json& tp = by_kind["tensor_parallel"][0];
+  {
+    SCOPED_TRACE(tp.dump());
+    EXPECT_EQ(tp.value("tp", 0), 2);
+    EXPECT_EQ(tp.value("dim", 0), 16);
+    EXPECT_EQ(tp.value("batch_size", 0), 8);
+    EXPECT_EQ(tp.value("parameters", 0), 2 * (16 * 16 + 16));
+    // Rank 0's shard: half of fc1's rows and bias, half of fc2's columns, fc2's whole bias.
+    EXPECT_EQ(tp.value("shard_parameters", 0), 8 * 16 + 8 + 16 * 8 + 16);
+    for (const char* key : {"step_s", "samples_per_second", "samples_per_second_ddp",
+                            "samples_per_second_one_process", "throughput_over_ddp",
+                            "throughput_over_one_process", "loss", "loss_ddp",
+                            "loss_one_process"}) {
+      EXPECT_GT(tp.value(key, 0.0), 0.0) << key;
+    }
+    EXPECT_NEAR(tp.value("throughput_over_ddp", 0.0),
+                tp.value("samples_per_second", 0.0) / tp.value("samples_per_second_ddp", 1.0),
+                1e-9);
+    EXPECT_NEAR(tp.value("throughput_over_one_process", 0.0),
+                tp.value("samples_per_second", 0.0) /
+                    tp.value("samples_per_second_one_process", 1.0),
+                1e-9);
+    EXPECT_TRUE(tp.value("loss_matches_ddp", false));
+    EXPECT_NEAR(tp.value("loss", 0.0), tp.value("loss_ddp", -1.0),
+                1e-4 * tp.value("loss_ddp", 0.0));
+    EXPECT_NEAR(tp.value("loss", 0.0), tp.value("loss_one_process", -1.0),
+                1e-4 * tp.value("loss_one_process", 0.0));
+    ASSERT_EQ(tp["loss_per_rank"].size(), 2u);
+    EXPECT_EQ(tp["loss_per_rank"][0], tp["loss_per_rank"][1]);
+    EXPECT_TRUE(tp["oversubscribed"].is_boolean());
+  }
+
+  // gpipe and 1f1b at M = 2 and 4, zb-h1 against 1f1b at both, then tensor parallelism.
+  ASSERT_EQ(by_kind["goal"].size(), 7u);
   for (const nlohmann::json& goal : by_kind["goal"]) {
     EXPECT_TRUE(goal.contains("met")) << goal.dump();
     EXPECT_FALSE(goal.value("detail", "").empty()) << goal.dump();
   }
+  const nlohmann::json& tp_goal = by_kind["goal"].back();
+  EXPECT_EQ(tp_goal.value("goal", ""),
+            "tensor parallel T=2 >= 0.8x DDP on the same 2 processes (d=16)");
+  EXPECT_EQ(tp_goal.value("met", false), tp.value("throughput_over_ddp", 0.0) >= 0.8)
+      << tp_goal.dump();
 }
 
 TEST(PipelineBenchTest, RejectsBadFlagsNamingThem) {
@@ -140,6 +181,9 @@ TEST(PipelineBenchTest, RejectsBadFlagsNamingThem) {
       {{"--batch-size", "12"}, "does not cut into --micro-batches 8"},
       {{"--batch-size", "255", "--micro-batches", "3", "--schedules", "gpipe"},
        "does not split over --stages 2"},
+      {{"--tp-dim", "4095"}, "is odd: tensor parallelism T = 2 halves the layers' rows"},
+      {{"--tp-batch", "7"}, "is odd: it does not split over the 2 data-parallel ranks"},
+      {{"--tp-dim", "0"}, "--tp-dim: Value 0 not in range 2 to 65536"},
   };
   for (const auto& [args, words] : cases) {
     std::vector<std::string> argv = {*bench, "pipeline"};
