@@ -655,7 +655,8 @@ BenchCommand AddPipelineBench(CLI::App* parent) {
       "Then, unless --no-tp, the tensor-parallel part: a Linear(--tp-dim, --tp-dim) colwise, "
       "ReLU, Linear rowwise pair trained by one process, by DDP over 2 processes and by "
       "tensor parallelism T = 2 over the same 2.\n"
-      "The defaults take about 2 minutes on 2 cores. Quick look:  tessera-bench pipeline "
+      "The defaults take about 3 minutes on 2 cores (the tensor-parallel part about 1). "
+      "Quick look:  tessera-bench pipeline "
       "--dim 256 --layers 8 --steps 3 --tp-dim 1024");
   app->add_option("--stages", o->stages_text,
                   "P: pipeline processes (stages; interleaved runs 2P), comma-separated, 2-16; "
