@@ -225,25 +225,40 @@ def run_single(torch, args):
           "parameters": sum(p.numel() for p in model.parameters())})
 
 
+class _Ranks:
+    """This rank in the tessera process group of the run, with a Gloo group beside it for the
+    benchmark's own bookkeeping (barriers between steps, the ranks' figures), so that it never
+    shares the backend it measures."""
+
+    def __init__(self, torch, dist, args):
+        timeout = datetime.timedelta(seconds=args.timeout_s)
+        dist.init_process_group("tessera", init_method="file://%s/store" % args.store_dir,
+                                rank=args.rank, world_size=args.world, timeout=timeout)
+        self.book = dist.new_group(backend="gloo", timeout=timeout)
+        self.world, self.rank = args.world, args.rank
+        self._torch, self._dist = torch, dist
+
+    def barrier(self):
+        self._dist.barrier(group=self.book)
+
+    def gathered(self, values):
+        """values (a list, one per step) of every rank: a list per rank."""
+        t = self._torch.zeros(self.world, len(values), dtype=self._torch.float64)
+        t[self.rank] = self._torch.tensor(values, dtype=self._torch.float64)
+        self._dist.all_reduce(t, group=self.book)
+        return t.tolist()
+
+    def slowest(self, values):
+        """The largest over the ranks of each of values."""
+        return [max(column) for column in zip(*self.gathered(values))]
+
+
 def run_pipeline(torch, dist, args):
     import tessera.torch as tessera_torch
     from tessera.torch import pipelining
 
-    timeout = datetime.timedelta(seconds=args.timeout_s)
-    dist.init_process_group("tessera", init_method="file://%s/store" % args.store_dir,
-                            rank=args.rank, world_size=args.world, timeout=timeout)
-    book = dist.new_group(backend="gloo", timeout=timeout)
-    world, rank = args.world, args.rank
-
-    def barrier():
-        dist.barrier(group=book)
-
-    def gathered(values):
-        """values (one per step) of every rank: a list per rank."""
-        t = torch.zeros(world, len(values), dtype=torch.float64)
-        t[rank] = torch.tensor(values, dtype=torch.float64)
-        dist.all_reduce(t, group=book)
-        return t.tolist()
+    ranks = _Ranks(torch, dist, args)
+    world, rank, barrier, gathered = ranks.world, ranks.rank, ranks.barrier, ranks.gathered
 
     if rank == 0:
         emit({"bench": "torch_pipeline_info", "torch_version": torch.__version__,
@@ -258,7 +273,7 @@ def run_pipeline(torch, dist, args):
     ddp = torch.nn.parallel.DistributedDataParallel(make_model(torch, args))
     times = whole_model_steps(torch, args, ddp, x[rank * share:(rank + 1) * share],
                               y[rank * share:(rank + 1) * share], barrier)
-    times = [max(column) for column in zip(*gathered(times))]
+    times = ranks.slowest(times)
     if rank == 0:
         step_s = statistics.median(times)
         emit({"bench": "torch_pipeline", "config": "ddp", "world": world, "step_s": step_s,
@@ -305,8 +320,8 @@ def run_pipeline(torch, dist, args):
                 step_times.append(time.perf_counter() - start)
                 schedule_s.append(schedule.step_s)
                 busy_s.append(schedule.busy_s)
-            step_times = [max(column) for column in zip(*gathered(step_times))]
-            lengths = [max(column) for column in zip(*gathered(schedule_s))]
+            step_times = ranks.slowest(step_times)
+            lengths = ranks.slowest(schedule_s)
             busy = gathered(busy_s)
             bubbles = [statistics.median(1 - b / length for b, length in zip(busy[r], lengths))
                        for r in range(world)]
@@ -373,27 +388,12 @@ def run_tp(torch, dist, args):
     from tessera.torch.tensor_parallel import (ColwiseParallel, RowwiseParallel,
                                                parallelize_module)
 
-    timeout = datetime.timedelta(seconds=args.timeout_s)
-    dist.init_process_group("tessera", init_method="file://%s/store" % args.store_dir,
-                            rank=args.rank, world_size=args.world, timeout=timeout)
-    book = dist.new_group(backend="gloo", timeout=timeout)
-    world, rank = args.world, args.rank
-
-    def barrier():
-        dist.barrier(group=book)
-
-    def slowest(times):
-        t = torch.zeros(world, len(times), dtype=torch.float64)
-        t[rank] = torch.tensor(times, dtype=torch.float64)
-        dist.all_reduce(t, group=book)
-        return [max(column) for column in zip(*t.tolist())]
+    ranks = _Ranks(torch, dist, args)
+    world, rank, barrier, slowest = ranks.world, ranks.rank, ranks.barrier, ranks.slowest
 
     def gathered(value):
         """value of every rank, by rank."""
-        t = torch.zeros(world, dtype=torch.float64)
-        t[rank] = value
-        dist.all_reduce(t, group=book)
-        return t.tolist()
+        return [v[0] for v in ranks.gathered([value])]
 
     if rank == 0:
         emit({"bench": "torch_pipeline_info", "torch_version": torch.__version__,
