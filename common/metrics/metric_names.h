@@ -242,6 +242,57 @@ inline constexpr MetricName kTrainStepPhaseSeconds{
 inline constexpr MetricName kTrainEvalAccuracy{"tessera_train_eval_accuracy",
                                                "Accuracy of the last evaluation."};
 
+// --- Pipeline parallelism (worker/pipeline/pipeline_metrics.h), native and PyTorch ---
+
+// counter; labels: stage.
+inline constexpr MetricName kPipelineBusySecondsTotal{
+    "tessera_pipeline_busy_seconds_total",
+    "Seconds this rank computed forwards and backwards of the pipeline stage, over every step."};
+// counter.
+inline constexpr MetricName kPipelineIdleSecondsTotal{
+    "tessera_pipeline_idle_seconds_total",
+    "Seconds of pipeline steps this rank computed nothing: its bubble, waits for messages and "
+    "the step's own bookkeeping."};
+// counter.
+inline constexpr MetricName kPipelineStepsTotal{"tessera_pipeline_steps_total",
+                                                "Pipeline steps this rank finished."};
+// counter; labels: kind (activation, gradient).
+inline constexpr MetricName kPipelineSentBytesTotal{
+    "tessera_pipeline_sent_bytes_total",
+    "Bytes of activations (to the next stage) and gradients (to the stage before) this rank "
+    "sent."};
+// gauge.
+inline constexpr MetricName kPipelineMicroBatchesHeld{
+    "tessera_pipeline_micro_batches_held",
+    "The most micro-batches whose activations this rank held at once in the last step."};
+// gauge.
+inline constexpr MetricName kPipelineMicroBatchesHeldBound{
+    "tessera_pipeline_micro_batches_held_bound",
+    "The most micro-batches the schedule lets this rank hold at once."};
+// gauge.
+inline constexpr MetricName kPipelineRank{
+    "tessera_pipeline_rank", "This rank's place in its pipeline (0 runs the first stage)."};
+// gauge.
+inline constexpr MetricName kPipelineBubbleFormula{
+    "tessera_pipeline_bubble_formula",
+    "The idle share of a step the schedule predicts for equal-cost stages, as a fraction."};
+// gauge.
+inline constexpr MetricName kPipelineLastStepStartSeconds{
+    "tessera_pipeline_last_step_start_seconds",
+    "When the last step began, in seconds since the Unix epoch."};
+// gauge.
+inline constexpr MetricName kPipelineLastStepSeconds{
+    "tessera_pipeline_last_step_seconds", "How long the last step took, in seconds."};
+// gauges; labels: op (F, B, I, W), stage, micro_batch.
+inline constexpr MetricName kPipelineActionStartSeconds{
+    "tessera_pipeline_action_start_seconds",
+    "When a compute action of the last step began, in seconds after the step's start (NaN: "
+    "not in the last step)."};
+inline constexpr MetricName kPipelineActionEndSeconds{
+    "tessera_pipeline_action_end_seconds",
+    "When a compute action of the last step ended, in seconds after the step's start (NaN: "
+    "not in the last step)."};
+
 }  // namespace tessera::metric_names
 
 #endif  // TESSERA_COMMON_METRICS_METRIC_NAMES_H_
