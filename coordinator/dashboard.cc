@@ -2,9 +2,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <map>
+#include <string>
+#include <tuple>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -102,6 +107,92 @@ std::string QueryValue(const std::string& query, const std::string& key) {
   return "";
 }
 
+// A label's non-negative decimal integer (as PipelineMetrics writes them), or false.
+bool ParseInt(const std::string& text, int* value) {
+  auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), *value);
+  return error == std::errc() && end == text.data() + text.size() && *value >= 0;
+}
+
+// The pipeline panel's part of a process: totals, the last step's bubble (its idle share:
+// 1 - its actions' time / its length) beside the schedule's, and the last step's actions as
+// [op, stage, micro_batch, start, end] with times in seconds after the step's start, which
+// starts at step_start_unix_ms (an integer, so the page can line up the ranks' steps).
+nlohmann::json PipelineJson(const MetricsReading& reading) {
+  using nlohmann::json;
+  json busy = json::object(), sent = json::object(), actions = json::array();
+  double busy_total = kNoValue, busy_last = 0;
+  for (const auto& [stage, seconds] : reading.pipeline_busy_seconds) {
+    busy[stage] = Number(seconds);
+    Accumulate(&busy_total, seconds);
+  }
+  for (const auto& [kind, bytes] : reading.pipeline_sent_bytes) sent[kind] = Number(bytes);
+  for (const MetricsReading::PipelineAction& action : reading.pipeline_actions) {
+    actions.push_back({action.op, action.stage, action.micro_batch,
+                       Number(action.start_seconds), Number(action.end_seconds)});
+    busy_last += action.end_seconds - action.start_seconds;
+  }
+  const double step = reading.pipeline_step_seconds;
+  const double start = reading.pipeline_step_start_unix_seconds;
+  return {{"rank", Number(reading.pipeline_rank)},
+          {"steps", Number(reading.pipeline_steps)},
+          {"busy_seconds_total", std::move(busy)},
+          {"idle_seconds_total", Number(reading.pipeline_idle_seconds)},
+          {"sent_bytes_total", std::move(sent)},
+          {"held", Number(reading.pipeline_held)},
+          {"held_bound", Number(reading.pipeline_held_bound)},
+          {"bubble_formula", Number(reading.pipeline_bubble_formula)},
+          {"bubble_last_step",
+           Number(step > 0 && !reading.pipeline_actions.empty() ? 1 - busy_last / step
+                                                                 : kNoValue)},
+          {"step_seconds", Number(step)},
+          {"step_start_unix_ms",
+           std::isfinite(start) ? json(static_cast<int64_t>(std::llround(start * 1000)))
+                                : json(nullptr)},
+          {"actions", std::move(actions)}};
+}
+
+// One tessera_pipeline_* sample into `reading`; the actions' start and end into `actions`.
+void ReadPipelineSample(
+    const MetricSample& sample, MetricsReading* reading,
+    std::map<std::tuple<std::string, int, int>, std::pair<double, double>>* actions) {
+  const std::string& name = sample.name;
+  auto label = [&sample](const char* key) {
+    auto it = sample.labels.find(key);
+    return it == sample.labels.end() ? std::string() : it->second;
+  };
+  if (name == names::kPipelineRank.name) {
+    reading->pipeline_rank = sample.value;
+  } else if (name == names::kPipelineStepsTotal.name) {
+    reading->pipeline_steps = sample.value;
+  } else if (name == names::kPipelineIdleSecondsTotal.name) {
+    reading->pipeline_idle_seconds = sample.value;
+  } else if (name == names::kPipelineBusySecondsTotal.name) {
+    reading->pipeline_busy_seconds[label("stage")] += sample.value;
+  } else if (name == names::kPipelineSentBytesTotal.name) {
+    reading->pipeline_sent_bytes[label("kind")] += sample.value;
+  } else if (name == names::kPipelineMicroBatchesHeld.name) {
+    reading->pipeline_held = sample.value;
+  } else if (name == names::kPipelineMicroBatchesHeldBound.name) {
+    reading->pipeline_held_bound = sample.value;
+  } else if (name == names::kPipelineBubbleFormula.name) {
+    reading->pipeline_bubble_formula = sample.value;
+  } else if (name == names::kPipelineLastStepStartSeconds.name) {
+    reading->pipeline_step_start_unix_seconds = sample.value;
+  } else if (name == names::kPipelineLastStepSeconds.name) {
+    reading->pipeline_step_seconds = sample.value;
+  } else if (name == names::kPipelineActionStartSeconds.name ||
+             name == names::kPipelineActionEndSeconds.name) {
+    int stage = 0, micro_batch = 0;
+    if (!ParseInt(label("stage"), &stage) || !ParseInt(label("micro_batch"), &micro_batch)) {
+      return;  // not ours: a page the dashboard cannot draw from is left out, not guessed at
+    }
+    auto [it, fresh] = actions->try_emplace({label("op"), stage, micro_batch}, kNoValue,
+                                            kNoValue);
+    (name == names::kPipelineActionStartSeconds.name ? it->second.first : it->second.second) =
+        sample.value;
+  }
+}
+
 }  // namespace
 
 std::string_view DashboardPageHtml() { return std::string_view(kPage, sizeof(kPage) - 1); }
@@ -112,6 +203,8 @@ MetricsReading ReadMetrics(const std::vector<MetricSample>& samples) {
   const std::string fsdp_sum = std::string(names::kFsdpCollectiveSeconds.name) + "_sum";
   const std::string fsdp_count = std::string(names::kFsdpCollectiveSeconds.name) + "_count";
   MetricsReading reading;
+  // The last step's actions by (op, stage, micro-batch): start and end come as two samples.
+  std::map<std::tuple<std::string, int, int>, std::pair<double, double>> actions;
   for (const MetricSample& sample : samples) {
     const std::string& name = sample.name;
     auto label = [&sample](const char* key) {
@@ -161,8 +254,20 @@ MetricsReading ReadMetrics(const std::vector<MetricSample>& samples) {
       } else if (name == names::kFsdpPrefetchWaitSecondsTotal.name) {
         Accumulate(&reading.fsdp_prefetch_wait_seconds, sample.value);
       }
+    } else if (name.rfind("tessera_pipeline_", 0) == 0) {
+      reading.pipeline = true;
+      ReadPipelineSample(sample, &reading, &actions);
     }
   }
+  for (const auto& [key, times] : actions) {
+    const auto& [op, stage, micro_batch] = key;
+    if (!std::isfinite(times.first) || !std::isfinite(times.second)) continue;  // not last step
+    reading.pipeline_actions.push_back({op, stage, micro_batch, times.first, times.second});
+  }
+  std::sort(reading.pipeline_actions.begin(), reading.pipeline_actions.end(),
+            [](const MetricsReading::PipelineAction& a, const MetricsReading::PipelineAction& b) {
+              return a.start_seconds < b.start_seconds;
+            });
   return reading;
 }
 
@@ -466,6 +571,7 @@ std::string Dashboard::DataJson(int64_t since_unix_ms) const {
     } else {
       process["fsdp"] = nullptr;
     }
+    process["pipeline"] = reading && reading->pipeline ? PipelineJson(*reading) : json(nullptr);
     processes.push_back(std::move(process));
 
     json points = {{"role", std::string(RoleName(info.role))}, {"rank", info.rank}};

@@ -21,7 +21,9 @@
 // worker over time, step time, bytes sent and received per process (and by peer role), the
 // straggler indicator and the model state each rank holds; for torch ranks that train with
 // tessera.torch.fsdp, the FSDP bytes they hold and held at most by kind, the mean time of their
-// all-gathers, reduce-scatters and all-reduces, and their waits for prefetched all-gathers.
+// all-gathers, reduce-scatters and all-reduces, and their waits for prefetched all-gathers;
+// for pipeline ranks, the last step as a timeline (rank by time, forwards and backwards
+// coloured), its bubble beside the schedule's, micro-batches held and bytes sent.
 // The straggler indicator compares each worker's own time per step, the data and compute
 // phases of tessera_train_step_phase_seconds over the last straggler_window_ms, with the
 // median over the workers: in synchronous modes everyone's total step time is the same (the
@@ -106,6 +108,27 @@ struct MetricsReading {
   std::map<std::string, std::pair<double, double>> fsdp_collective;
   double fsdp_prefetch_waits = kNoValue;          // tessera_fsdp_prefetch_waits_total
   double fsdp_prefetch_wait_seconds = kNoValue;   // tessera_fsdp_prefetch_wait_seconds_total
+  // A pipeline rank's series (tessera_pipeline_*, worker/pipeline/pipeline_metrics.h: native
+  // or tessera.torch.pipelining); pipeline is false, and the rest empty, without them.
+  bool pipeline = false;
+  double pipeline_rank = kNoValue;
+  double pipeline_steps = kNoValue;
+  double pipeline_idle_seconds = kNoValue;                  // over every step
+  std::map<std::string, double> pipeline_busy_seconds;      // over every step, by stage
+  std::map<std::string, double> pipeline_sent_bytes;        // activation, gradient
+  double pipeline_held = kNoValue;                          // the last step's most held
+  double pipeline_held_bound = kNoValue;
+  double pipeline_bubble_formula = kNoValue;
+  double pipeline_step_start_unix_seconds = kNoValue;       // the last step's
+  double pipeline_step_seconds = kNoValue;
+  struct PipelineAction {
+    std::string op;  // F, B, I, W
+    int stage = 0;
+    int micro_batch = 0;
+    double start_seconds = 0;  // after the step's start
+    double end_seconds = 0;
+  };
+  std::vector<PipelineAction> pipeline_actions;  // the last step's, by start
 };
 MetricsReading ReadMetrics(const std::vector<MetricSample>& samples);
 

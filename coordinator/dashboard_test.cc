@@ -101,6 +101,32 @@ class FakeProcess {
         .value()->WithLabels({}).value()->Increment(0.25);
   }
 
+  // The series of a pipeline rank (as worker/pipeline/pipeline_metrics.h registers them) after
+  // one step of rank 1: F0 from 0.25 s to 0.5 s, B0 from 0.5 s to 1 s of a 1 s step.
+  void ExportPipeline() {
+    auto gauge = [this](const names::MetricName& name, double value) {
+      registry_.RegisterGauge(name.name, name.help).value()->WithLabels({}).value()->Set(value);
+    };
+    gauge(names::kPipelineRank, 1);
+    gauge(names::kPipelineMicroBatchesHeld, 2);
+    gauge(names::kPipelineMicroBatchesHeldBound, 2);
+    gauge(names::kPipelineBubbleFormula, 0.25);
+    gauge(names::kPipelineLastStepStartSeconds, 1800000000.25);
+    gauge(names::kPipelineLastStepSeconds, 1);
+    registry_.RegisterCounter(names::kPipelineSentBytesTotal.name,
+                              names::kPipelineSentBytesTotal.help, {"kind"})
+        .value()->WithLabels({"activation"}).value()->Increment(8192);
+    const std::vector<std::string> labels = {"op", "stage", "micro_batch"};
+    auto start = registry_.RegisterGauge(names::kPipelineActionStartSeconds.name,
+                                         names::kPipelineActionStartSeconds.help, labels).value();
+    auto end = registry_.RegisterGauge(names::kPipelineActionEndSeconds.name,
+                                       names::kPipelineActionEndSeconds.help, labels).value();
+    start->WithLabels({"F", "1", "0"}).value()->Set(0.25);
+    end->WithLabels({"F", "1", "0"}).value()->Set(0.5);
+    start->WithLabels({"B", "1", "0"}).value()->Set(0.5);
+    end->WithLabels({"B", "1", "0"}).value()->Set(1);
+  }
+
  private:
   MetricsRegistry registry_;
   Gauge* step_ = nullptr;
@@ -284,6 +310,88 @@ TEST(ReadMetricsTest, ReadsFsdpSeries) {
   MetricsReading none = ReadMetrics(*ParseExpositionText("tessera_train_step 1\n"));
   EXPECT_FALSE(none.fsdp);
   EXPECT_TRUE(std::isnan(none.fsdp_prefetch_waits));
+}
+
+TEST(ReadMetricsTest, ReadsPipelineSeriesAndLeavesOutActionsNotInTheLastStep) {
+  auto samples = ParseExpositionText(
+      "tessera_pipeline_rank 1\n"
+      "tessera_pipeline_steps_total 3\n"
+      "tessera_pipeline_busy_seconds_total{stage=\"1\"} 0.5\n"
+      "tessera_pipeline_busy_seconds_total{stage=\"3\"} 0.25\n"
+      "tessera_pipeline_idle_seconds_total 0.25\n"
+      "tessera_pipeline_sent_bytes_total{kind=\"activation\"} 4096\n"
+      "tessera_pipeline_sent_bytes_total{kind=\"gradient\"} 2048\n"
+      "tessera_pipeline_micro_batches_held 2\n"
+      "tessera_pipeline_micro_batches_held_bound 3\n"
+      "tessera_pipeline_bubble_formula 0.2\n"
+      "tessera_pipeline_last_step_start_seconds 1.8e+09\n"
+      "tessera_pipeline_last_step_seconds 0.5\n"
+      "tessera_pipeline_action_start_seconds{op=\"B\",stage=\"1\",micro_batch=\"0\"} 0.25\n"
+      "tessera_pipeline_action_end_seconds{op=\"B\",stage=\"1\",micro_batch=\"0\"} 0.5\n"
+      "tessera_pipeline_action_start_seconds{op=\"F\",stage=\"1\",micro_batch=\"0\"} 0\n"
+      "tessera_pipeline_action_end_seconds{op=\"F\",stage=\"1\",micro_batch=\"0\"} 0.125\n"
+      "tessera_pipeline_action_start_seconds{op=\"W\",stage=\"1\",micro_batch=\"0\"} NaN\n"
+      "tessera_pipeline_action_end_seconds{op=\"W\",stage=\"1\",micro_batch=\"0\"} NaN\n"
+      "tessera_pipeline_action_start_seconds{op=\"F\",stage=\"x\",micro_batch=\"0\"} 0\n");
+  ASSERT_TRUE(samples.ok()) << samples.status();
+  MetricsReading reading = ReadMetrics(*samples);
+  EXPECT_TRUE(reading.pipeline);
+  EXPECT_FALSE(reading.fsdp);
+  EXPECT_EQ(reading.pipeline_rank, 1);
+  EXPECT_EQ(reading.pipeline_steps, 3);
+  EXPECT_EQ(reading.pipeline_busy_seconds,
+            (std::map<std::string, double>{{"1", 0.5}, {"3", 0.25}}));
+  EXPECT_EQ(reading.pipeline_idle_seconds, 0.25);
+  EXPECT_EQ(reading.pipeline_sent_bytes,
+            (std::map<std::string, double>{{"activation", 4096}, {"gradient", 2048}}));
+  EXPECT_EQ(reading.pipeline_held, 2);
+  EXPECT_EQ(reading.pipeline_held_bound, 3);
+  EXPECT_EQ(reading.pipeline_bubble_formula, 0.2);
+  EXPECT_EQ(reading.pipeline_step_start_unix_seconds, 1.8e9);
+  EXPECT_EQ(reading.pipeline_step_seconds, 0.5);
+  // By start; W (NaN: not in the last step) and the unparsable stage left out.
+  ASSERT_EQ(reading.pipeline_actions.size(), 2u);
+  EXPECT_EQ(reading.pipeline_actions[0].op, "F");
+  EXPECT_EQ(reading.pipeline_actions[0].end_seconds, 0.125);
+  EXPECT_EQ(reading.pipeline_actions[1].op, "B");
+  EXPECT_EQ(reading.pipeline_actions[1].stage, 1);
+  EXPECT_EQ(reading.pipeline_actions[1].start_seconds, 0.25);
+
+  MetricsReading none = ReadMetrics(*ParseExpositionText("tessera_train_step 1\n"));
+  EXPECT_FALSE(none.pipeline);
+  EXPECT_TRUE(none.pipeline_actions.empty());
+}
+
+// A pipeline rank gets the pipeline panel's data, with its last step's bubble; the others
+// null, which hides the panel.
+TEST(DashboardTest, ShowsThePipelineTimelineForTheMembersThatExportIt) {
+  FakeProcess worker0(true), worker1(true);
+  worker1.ExportPipeline();
+  auto dashboard = Dashboard::Create(Options()).value();
+  FleetView view;
+  view.job = "dashjob";
+  view.num_workers = 2;
+  view.members = {Member(Role::kWorker, 0, MemberState::kAlive, worker0.url(), 101),
+                  Member(Role::kWorker, 1, MemberState::kAlive, worker1.url(), 102)};
+  dashboard->UpdateFleet(view);
+  dashboard->ScrapeOnce();
+  json doc = json::parse(dashboard->DataJson(0));
+  const json* w0 = FindProcess(doc, "worker 0");
+  const json* w1 = FindProcess(doc, "worker 1");
+  ASSERT_NE(w0, nullptr);
+  ASSERT_NE(w1, nullptr);
+  EXPECT_TRUE(w0->at("pipeline").is_null()) << *w0;
+  const json& pipeline = w1->at("pipeline");
+  EXPECT_EQ(pipeline.at("rank"), 1) << pipeline;
+  EXPECT_EQ(pipeline.at("held"), 2);
+  EXPECT_EQ(pipeline.at("held_bound"), 2);
+  EXPECT_EQ(pipeline.at("bubble_formula"), 0.25);
+  // 1 - (0.25 + 0.5) / 1 s.
+  EXPECT_EQ(pipeline.at("bubble_last_step"), 0.25);
+  EXPECT_EQ(pipeline.at("step_start_unix_ms"), int64_t{1800000000250});
+  EXPECT_EQ(pipeline.at("actions"), json::parse(R"([["F", 1, 0, 0.25, 0.5],
+                                                     ["B", 1, 0, 0.5, 1]])"));
+  EXPECT_EQ(pipeline.at("sent_bytes_total").at("activation"), 8192);
 }
 
 // A torch rank that trains with tessera.torch.fsdp gets the FSDP panel's data; the others

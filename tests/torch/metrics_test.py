@@ -297,6 +297,36 @@ def _fsdp_on_the_dashboard(rank, world_size):
     return data
 
 
+def _pipeline_on_the_dashboard(rank, world_size):
+    """Two 1F1B steps of a 2-stage pipeline with 4 micro-batches on a registered rank; rank 0
+    waits until the dashboard has both ranks' last steps. Returns (the dashboard's data, this
+    rank's schedule's timeline and its expected bound)."""
+    from tessera.torch import pipelining
+
+    torch.manual_seed(0)
+    stage = pipelining.PipelineStage(torch.nn.Linear(8, 8), rank, world_size, "cpu")
+    schedule = pipelining.Schedule1F1B(stage, 4, loss_fn=torch.nn.MSELoss())
+    x, y = torch.randn(16, 8), torch.randn(16, 8)
+    for _ in range(2):
+        if rank == 0:
+            schedule.step(x)
+        else:
+            schedule.step(target=y)
+    data = None
+    if rank == 0:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            data = json.loads(_fetch(os.environ["TEST_COORDINATOR_DATA"]))
+            ranks = [p for p in data["processes"] if p["role"] == "worker" and p["pipeline"]
+                     and p["pipeline"]["steps"] == 2]
+            if len(ranks) == world_size:
+                break
+            time.sleep(0.2)
+    dist.barrier()  # both ranks stay (and are scraped) until rank 0 has seen them
+    timeline = [(op, s, m) for op, s, m, _, _ in schedule.timeline]
+    return data, timeline, schedule.expected_peak_held, schedule.peak_held
+
+
 def _chromium_dom(url):
     """The DOM of `url` after its JavaScript ran, from a headless Chromium (Debian's chromium,
     tools/install_deps.sh), bounded by 90 s; the whole process group is killed on a timeout."""
@@ -352,6 +382,59 @@ class CoordinatorTest(unittest.TestCase):
             coordinator.wait(timeout=30)
             coordinator.stdout.close()
 
+
+    def test_chromium_draws_the_pipeline_timeline_of_the_torch_ranks(self):
+        self.assertTrue(os.access("/usr/bin/chromium", os.X_OK),
+                        "/usr/bin/chromium is missing: run tools/install_deps.sh")
+        coordinator, ready = _start_coordinator(subprocess.DEVNULL)
+        try:
+            self.assertTrue(ready, "the coordinator never printed TESSERA_READY")
+            dashboard = ready["metrics"].replace("/metrics", "/dashboard")
+            results = torch_testing.run_ranks(
+                _pipeline_on_the_dashboard, 2,
+                env={"TESSERA_COORDINATOR": ready["address"][len("tcp://"):],
+                     "TEST_COORDINATOR_DATA": dashboard + "/data"})
+            data = results[0][0]
+            workers = {p["rank"]: p for p in data["processes"] if p["role"] == "worker"}
+            for rank in range(2):
+                pipeline = workers[rank]["pipeline"]
+                self.assertIsNotNone(pipeline, workers[rank])
+                _, timeline, bound, held = results[rank]
+                self.assertEqual(pipeline["rank"], rank)
+                self.assertEqual(pipeline["steps"], 2)
+                self.assertEqual(pipeline["held_bound"], bound)
+                self.assertEqual(pipeline["held"], held)
+                # 1F1B with 2 ranks and 4 micro-batches: (P-1)/(M+P-1).
+                self.assertAlmostEqual(pipeline["bubble_formula"], 0.2, places=5)
+                # The dashboard's actions are the schedule's last step's, in its order.
+                self.assertEqual([tuple(a[:3]) for a in pipeline["actions"]], timeline)
+                for _, _, _, start, end in pipeline["actions"]:
+                    self.assertLessEqual(0, start)
+                    self.assertLessEqual(start, end)
+                    self.assertLessEqual(end, pipeline["step_seconds"] * 1.001)
+                self.assertGreater(0.999, pipeline["bubble_last_step"])
+                # 2 steps x 4 micro-batches x a 4 x 8 float32 tensor, one way each.
+                sent = pipeline["sent_bytes_total"]
+                self.assertEqual(sent["activation" if rank == 0 else "gradient"], 2 * 4 * 128)
+                self.assertEqual(sent["gradient" if rank == 0 else "activation"], 0)
+            code, dom, err = _chromium_dom(dashboard)
+            self.assertEqual(code, 0, err)
+            self.assertNotIn('id="pipeline-panel" hidden', dom, dom[:4000])
+            rows = re.findall(r'<g data-pipeline-row="([^"]*)" data-pipeline-rank="(\d+)">(.*?)</g>',
+                              dom)
+            self.assertEqual([(name, rank) for name, rank, _ in rows],
+                             [("worker 0", "0"), ("worker 1", "1")], dom[:4000])
+            for rank, (_, _, row) in enumerate(rows):
+                drawn = re.findall(r'data-action="(\d+)([FBIW])(\d+)"', row)
+                self.assertEqual(sorted(drawn),
+                                 sorted((str(rank), op, str(m)) for op in "FB" for m in range(4)))
+            table = re.findall(r'<tr data-pipeline="([^"]*)">', dom)
+            self.assertEqual(table, ["worker 0", "worker 1"], dom[:4000])
+            self.assertIn('data-bubble-formula="0.2">20.0 %', dom)
+        finally:
+            coordinator.terminate()
+            coordinator.wait(timeout=30)
+            coordinator.stdout.close()
 
     def test_an_uncaught_exception_is_told_to_the_coordinator(self):
         with tempfile.TemporaryDirectory() as directory:

@@ -13,11 +13,13 @@
 #include <new>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "common/base/host_port.h"
 #include "common/transport/bind_address.h"
 #include "common/security/job_key.h"
+#include "worker/pipeline/pipeline_metrics.h"
 #include "worker/torch/backend_config.h"
 #include "worker/torch/block_cache.h"
 #include "worker/torch/fleet_presence.h"
@@ -50,6 +52,18 @@ FsdpMetrics& Fsdp() {
     return made->release();
   }();
   return *fsdp;
+}
+
+// tessera.torch.pipelining's instruments (worker/pipeline/pipeline_metrics.h) in it,
+// registered by a schedule's first step, so that only pipeline ranks export
+// tessera_pipeline_* (the dashboard draws its pipeline timeline from those).
+PipelineMetrics& Pipeline() {
+  static PipelineMetrics* const pipeline = [] {
+    StatusOr<std::unique_ptr<PipelineMetrics>> made = PipelineMetrics::Register(&Registry());
+    TORCH_CHECK(made.ok(), "tessera: ", made.status().message());  // a bug: names are fixed
+    return made->release();
+  }();
+  return *pipeline;
 }
 
 // The process's FleetPresence, made with its first group (init_process_group's world group,
@@ -143,6 +157,44 @@ void FsdpPrefetchWait(double seconds) {
 }
 
 void FsdpResetPeaks() { Fsdp().ResetPeaks(); }
+
+void PipelineSetSchedule(int pipeline_rank, int held_bound, double bubble_formula) {
+  Pipeline().SetSchedule(pipeline_rank, held_bound, bubble_formula);
+}
+
+// One finished step of a schedule: `actions` its compute actions as (op, stage, micro_batch,
+// start, end) with op one of F, B, I, W and times in seconds after the step's start.
+void PipelineRecordStep(double start_unix_seconds, double seconds,
+                        const std::vector<std::tuple<std::string, int, int, double, double>>&
+                            actions,
+                        int64_t activation_bytes, int64_t gradient_bytes, int peak_held) {
+  if (activation_bytes < 0 || gradient_bytes < 0) {
+    throw py::value_error("tessera: pipeline_record_step: bytes sent must be >= 0");
+  }
+  PipelineStepRecord step;
+  step.start_unix_seconds = start_unix_seconds;
+  step.seconds = seconds;
+  step.activation_bytes_sent = static_cast<uint64_t>(activation_bytes);
+  step.gradient_bytes_sent = static_cast<uint64_t>(gradient_bytes);
+  step.peak_held = peak_held;
+  step.actions.reserve(actions.size());
+  for (const auto& [op, stage, micro_batch, start, end] : actions) {
+    TimedAction action{PipelineOp::kForward, stage, micro_batch, start, end};
+    if (op == "B") {
+      action.op = PipelineOp::kBackward;
+    } else if (op == "I") {
+      action.op = PipelineOp::kBackwardInput;
+    } else if (op == "W") {
+      action.op = PipelineOp::kBackwardWeight;
+    } else if (op != "F") {
+      throw py::value_error("tessera: pipeline_record_step: action op '" + op +
+                            "' is not one of F, B, I or W");
+    }
+    step.actions.push_back(action);
+  }
+  Status recorded = Pipeline().RecordStep(step);
+  if (!recorded.ok()) throw py::value_error("tessera: " + recorded.message());
+}
 
 // torch's CPU allocator with BlockCache (block_cache.h) under its large tensors: requests of at
 // least min_bytes take cached blocks, smaller ones go to the allocator it replaced. Each
@@ -521,6 +573,14 @@ PYBIND11_MODULE(_C, module) {
   module.def("fsdp_metrics", &tessera::worker::FsdpMetricsDict,
              "FSDP's instruments: {held, peak: {kind: int}, collective_seconds: {op: float}, "
              "collective_count: {op: int}, prefetch_waits: int, prefetch_wait_seconds: float}");
+  module.def("pipeline_set_schedule", &tessera::worker::PipelineSetSchedule,
+             py::arg("pipeline_rank"), py::arg("held_bound"), py::arg("bubble_formula"),
+             "What the pipeline schedule says of this rank, for tessera_pipeline_*");
+  module.def("pipeline_record_step", &tessera::worker::PipelineRecordStep,
+             py::arg("start_unix_seconds"), py::arg("seconds"), py::arg("actions"),
+             py::arg("activation_bytes"), py::arg("gradient_bytes"), py::arg("peak_held"),
+             "One finished pipeline step: its compute actions as (op, stage, micro_batch, "
+             "start, end) in seconds after its start, bytes sent and micro-batches held");
   module.def("fsdp_use_block_cache", &tessera::worker::FsdpUseBlockCache, py::arg("min_bytes"),
              "Puts a cache of mapped blocks under torch's CPU tensors of min_bytes or more "
              "(block_cache.h); False if one is there already");

@@ -115,6 +115,8 @@ class _PipelineSchedule:
         self._prepared = False
         self._failed = None
         self._sends = []
+        self._sent_bytes = {"activation": 0, "gradient": 0}  # this step's, for the metrics
+        self._metrics_schedule_set = False
         for stage in self._stages:
             stage._schedule = self
             stage.clear_runtime_states()
@@ -139,6 +141,7 @@ class _PipelineSchedule:
                                f"step failed, so the pipeline's ranks no longer agree on "
                                f"their messages: {self._failed}")
         started = time.perf_counter()
+        started_unix = time.time()
         first, last = self._by_index.get(0), self._by_index.get(self._stages[0].num_stages - 1)
         self.timeline = []
         self.busy_s = self.step_s = 0.0
@@ -148,6 +151,7 @@ class _PipelineSchedule:
                 stage._begin_exchange()
         self.peak_held = 0
         self._sends = []
+        self._sent_bytes = {"activation": 0, "gradient": 0}
         internal_losses = {}
         try:
             # Inside: a bad call on the first step reaches the ranks waiting for this one.
@@ -175,6 +179,7 @@ class _PipelineSchedule:
                 work.wait()
             self.busy_s = sum(end - start for _, _, _, start, end in self.timeline)
             self.step_s = time.perf_counter() - started
+            self._record_metrics(started, started_unix)
         except BaseException as e:
             self._failed = f"{type(e).__name__}: {e}"
             if not self._prepared:
@@ -193,6 +198,19 @@ class _PipelineSchedule:
             losses.extend(internal_losses[m] for m in range(self._n_microbatches))
         chunks = [last.output_chunks.pop(m) for m in range(self._n_microbatches)]
         return _merge(chunks)
+
+    def _record_metrics(self, started, started_unix):
+        """The step into this process's tessera_pipeline_* series (the dashboard's pipeline
+        timeline): a few dozen gauge writes."""
+        if not self._metrics_schedule_set:
+            _C.pipeline_set_schedule(self._stages[0].group_rank, self.expected_peak_held,
+                                     self.bubble_fraction)
+            self._metrics_schedule_set = True
+        actions = [(op, s, m, start - started, end - started)
+                   for op, s, m, start, end in self.timeline]
+        _C.pipeline_record_step(started_unix, self.step_s, actions,
+                                self._sent_bytes["activation"], self._sent_bytes["gradient"],
+                                self.peak_held)
 
     def _split(self, value, what):
         """`value` cut along dim 0 into n_microbatches equal parts (a tensor), or repeated."""

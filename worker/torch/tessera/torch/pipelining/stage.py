@@ -425,6 +425,7 @@ class PipelineStage:
         s = self.stage_index
         for tensor in self._outgoing.pop(m):
             self._send(tensor, s + 1, self._tag(_ACTIVATION, s, m))
+            self._schedule._sent_bytes["activation"] += tensor.numel() * tensor.element_size()
 
     def _forward(self, m, args, kwargs, has_backward):
         """Runs micro-batch m; returns the submodule's output (the last stage's, for the
@@ -476,6 +477,7 @@ class PipelineStage:
         for grad in self._input_grads.pop(m):
             if grad is not None:
                 self._send(grad, s - 1, self._tag(_GRADIENT, s - 1, m))
+                self._schedule._sent_bytes["gradient"] += grad.numel() * grad.element_size()
 
     def _differentiated(self, m, loss_scale):
         """(tensors, their gradients) that micro-batch m's backward starts from."""
