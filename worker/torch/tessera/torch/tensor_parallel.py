@@ -258,6 +258,12 @@ def _shard_parameter(module, param_name, dim, group, src_data_rank):
         width = data.size(dim) // size
         local = data.narrow(dim, rank * width, width).clone()
     module.register_parameter(param_name, nn.Parameter(local, requires_grad=full.requires_grad))
+    # Where the shard lies in the full tensor, for distributed_checkpoint's state dicts (which
+    # find it by the module, since FSDP may flatten the parameter later).
+    placements = getattr(module, "_tessera_tp_placements", None)
+    if placements is None:
+        placements = module._tessera_tp_placements = {}
+    placements[param_name] = None if dim is None else (dim, rank, size, tuple(data.shape))
 
 
 def _global_rank(group, group_rank):
