@@ -20,10 +20,12 @@ Status Sequential::Add(std::unique_ptr<Layer> layer) {
   return OkStatus();
 }
 
-Status Sequential::DeclareParameters(const std::string& prefix, ParameterLayout* layout) {
+Status Sequential::DeclareParameters(const std::string& prefix, ParameterLayout* layout,
+                                     int first_index) {
   blocks_.clear();
   for (size_t i = 0; i < layers_.size(); ++i) {
-    RETURN_IF_ERROR(layers_[i]->DeclareParameters(prefix + std::to_string(i), layout));
+    RETURN_IF_ERROR(layers_[i]->DeclareParameters(
+        prefix + std::to_string(first_index + static_cast<int>(i)), layout));
     ParameterBlock block;
     std::vector<ParameterView> views = layers_[i]->parameters();
     if (!views.empty()) block.offset = views.front().offset;

@@ -32,9 +32,11 @@ class Sequential {
   // Appends `layer`. InvalidArgument when its input width differs from the previous layer's
   // output width (naming both layers) or a width is not positive.
   Status Add(std::unique_ptr<Layer> layer);
-  // Declares every layer's parameters as "<prefix><index>.<name>" (index = position, as
-  // PyTorch's nn.Sequential names them). Call once, after the last Add.
-  Status DeclareParameters(const std::string& prefix, ParameterLayout* layout);
+  // Declares every layer's parameters as "<prefix><index>.<name>" (index = first_index +
+  // position, as PyTorch's nn.Sequential names them; a pipeline stage holding layers k.. of a
+  // model passes k). Call once, after the last Add.
+  Status DeclareParameters(const std::string& prefix, ParameterLayout* layout,
+                           int first_index = 0);
   // Initial values for every layer, in layer order, from one generator.
   void InitializeParameters(std::mt19937_64* rng, float* params) const;
 
