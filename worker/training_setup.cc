@@ -13,6 +13,7 @@
 #include "worker/nn/ctr_model.h"
 #include "worker/nn/cuda/cuda_backend.h"
 #include "worker/nn/mlp.h"
+#include "worker/pipeline/stage_split.h"
 
 namespace tessera::worker {
 namespace {
@@ -129,6 +130,22 @@ StatusOr<Datasets> MakeDatasets(const TrainingFlags& flags) {
   return sets;
 }
 
+namespace {
+
+StatusOr<MlpOptions> MakeMlpOptions(const TrainingFlags& flags, const data::Dataset& train) {
+  MlpOptions options;
+  ASSIGN_OR_RETURN(options.activation, ParseActivation(flags.activation));
+  if (!flags.hidden.empty()) {
+    ASSIGN_OR_RETURN(options.hidden, ParseWidths(flags.hidden));
+  }
+  options.input_dim = static_cast<int64_t>(train.feature_dim());
+  options.classes = static_cast<int64_t>(train.num_classes());
+  options.layer_norm = flags.layer_norm;
+  return options;
+}
+
+}  // namespace
+
 StatusOr<std::unique_ptr<Model>> MakeModel(const TrainingFlags& flags, const data::Dataset& train,
                                            ComputeBackend* backend) {
   ASSIGN_OR_RETURN(Activation activation, ParseActivation(flags.activation));
@@ -137,12 +154,7 @@ StatusOr<std::unique_ptr<Model>> MakeModel(const TrainingFlags& flags, const dat
     ASSIGN_OR_RETURN(hidden, ParseWidths(flags.hidden));
   }
   if (flags.model == "mlp") {
-    MlpOptions options;
-    options.input_dim = static_cast<int64_t>(train.feature_dim());
-    options.classes = static_cast<int64_t>(train.num_classes());
-    if (!flags.hidden.empty()) options.hidden = hidden;
-    options.activation = activation;
-    options.layer_norm = flags.layer_norm;
+    ASSIGN_OR_RETURN(MlpOptions options, MakeMlpOptions(flags, train));
     ASSIGN_OR_RETURN(auto model, Mlp::Create(options, backend));
     return std::unique_ptr<Model>(std::move(model));
   }
@@ -209,6 +221,80 @@ TrainerOptions MakeTrainerOptions(const TrainingFlags& flags, int rank, int worl
   options.on_nonfinite = ParseNonFinitePolicy(flags.on_nonfinite).value();
   options.inject_nonfinite_step = flags.inject_nonfinite_step;
   return options;
+}
+
+StatusOr<ParallelShape> MakeParallelShape(const TrainingFlags& flags, const std::string& mode,
+                                          int world) {
+  ParallelShape shape;
+  shape.pipeline = flags.pipeline_stages;
+  shape.tensor = flags.tensor_parallel;
+  if (shape.pipeline < 1 || shape.tensor < 1) {
+    return InvalidArgumentError("--pipeline-stages " + std::to_string(shape.pipeline) +
+                                " and --tensor-parallel " + std::to_string(shape.tensor) +
+                                " must be at least 1");
+  }
+  const bool pipeline_flags = flags.micro_batches != 1 || flags.pipeline_virtual_stages != 1 ||
+                              !flags.pipeline_split.empty() ||
+                              flags.pipeline_schedule != "gpipe";
+  if (!shape.used()) {
+    if (pipeline_flags) {
+      return InvalidArgumentError("--micro-batches, --pipeline-schedule, "
+                                  "--pipeline-virtual-stages and --pipeline-split need "
+                                  "--pipeline-stages (or --tensor-parallel) above 1");
+    }
+    shape.data = world;
+    return shape;
+  }
+  const std::string given = "--pipeline-stages " + std::to_string(shape.pipeline) +
+                            " --tensor-parallel " + std::to_string(shape.tensor);
+  if (mode != "allreduce" && mode != "zero1") {
+    return InvalidArgumentError(given + " run with --mode allreduce or zero1 across the "
+                                "data-parallel groups, not --mode " + mode);
+  }
+  if (world % (shape.pipeline * shape.tensor) != 0) {
+    return InvalidArgumentError(
+        "the world of " + std::to_string(world) + " workers is not a multiple of " + given +
+        " (" + std::to_string(shape.pipeline) + " x " + std::to_string(shape.tensor) + " = " +
+        std::to_string(shape.pipeline * shape.tensor) + " workers per data-parallel replica)");
+  }
+  shape.data = world / (shape.pipeline * shape.tensor);
+  if (flags.model != "mlp") {
+    return InvalidArgumentError(given + " split the native mlp; --model " + flags.model +
+                                " is not supported with them");
+  }
+  if (flags.micro_batches < 1 || flags.batch_size % flags.micro_batches != 0) {
+    return InvalidArgumentError("--batch-size " + std::to_string(flags.batch_size) +
+                                " (per data-parallel replica) is not divisible by "
+                                "--micro-batches " + std::to_string(flags.micro_batches));
+  }
+  ASSIGN_OR_RETURN(ScheduleKind kind, ParseScheduleKind(flags.pipeline_schedule));
+  if (flags.pipeline_virtual_stages != 1 && kind != ScheduleKind::kInterleaved1F1B) {
+    return InvalidArgumentError("--pipeline-virtual-stages " +
+                                std::to_string(flags.pipeline_virtual_stages) +
+                                " is for --pipeline-schedule interleaved, not " +
+                                flags.pipeline_schedule);
+  }
+  if (flags.grad_accumulation != 1) {
+    return InvalidArgumentError(given + ": use --micro-batches instead of --grad-accumulation");
+  }
+  if (!flags.checkpoint_dir.empty()) {
+    return InvalidArgumentError(given + ": --checkpoint-dir is not supported with pipeline or "
+                                "tensor parallelism yet");
+  }
+  return shape;
+}
+
+StatusOr<std::unique_ptr<PipelineMlp>> MakePipelineModel(const TrainingFlags& flags,
+                                                         const data::Dataset& train,
+                                                         StageLinks* links,
+                                                         ComputeBackend* backend) {
+  PipelineMlpOptions options;
+  ASSIGN_OR_RETURN(options.mlp, MakeMlpOptions(flags, train));
+  ASSIGN_OR_RETURN(options.schedule, ParseScheduleKind(flags.pipeline_schedule));
+  options.micro_batches = flags.micro_batches;
+  options.virtual_stages = flags.pipeline_virtual_stages;
+  ASSIGN_OR_RETURN(options.split, ParsePipelineSplit(flags.pipeline_split));
+  return PipelineMlp::Create(options, links, backend);
 }
 
 }  // namespace tessera::worker

@@ -20,6 +20,8 @@
 #include "worker/nn/compute_backend.h"
 #include "worker/nn/cuda/cuda_backend.h"
 #include "worker/nn/model.h"
+#include "worker/pipeline/pipeline_mlp.h"
+#include "worker/pipeline/stage_links.h"
 #include "worker/trainer.h"
 
 namespace tessera::worker {
@@ -63,6 +65,13 @@ struct TrainingFlags {
   std::string on_nonfinite = "error";  // error | skip | off
   int64_t inject_nonfinite_step = 0;   // tests (hidden flag): a NaN input at this step
   bool checkpoint_on_sigterm = false;
+  // Pipeline and tensor parallelism (issue 46): the world is D x P x T workers.
+  int pipeline_stages = 1;                // P
+  int micro_batches = 1;                  // M: --batch-size is cut into these
+  std::string pipeline_schedule = "gpipe";  // gpipe | 1f1b | interleaved | zb-h1
+  int pipeline_virtual_stages = 1;        // V: stages per pipeline rank (interleaved)
+  std::string pipeline_split;             // where stages 1.. begin; empty: balanced by cost
+  int tensor_parallel = 1;                // T
 };
 
 // The backend for --device: "cpu"; "cuda" (device local_rank, or 0; Unavailable with the
@@ -86,6 +95,28 @@ StatusOr<OptimizerOptions> MakeOptimizerOptions(const TrainingFlags& flags);
 // total_steps is what the trainer will run (for the cosine schedule's length).
 StatusOr<LrScheduleOptions> MakeLrSchedule(const TrainingFlags& flags, int64_t total_steps);
 TrainerOptions MakeTrainerOptions(const TrainingFlags& flags, int rank, int world_size);
+
+// How the world is split for pipeline and tensor parallelism: data x pipeline x tensor
+// workers, row-major (rank = (d P + p) T + t: a tensor-parallel group is consecutive ranks).
+struct ParallelShape {
+  int data = 1, pipeline = 1, tensor = 1;
+  bool used() const { return pipeline * tensor > 1; }
+  // This world rank's data-parallel replica.
+  int DataRank(int rank) const { return rank / (pipeline * tensor); }
+};
+// The shape for the flags, --mode `mode` and a world of `world` workers. InvalidArgument
+// naming the flags and numbers: a world that is not a multiple of P x T, a mode other than
+// allreduce or zero1, another model than mlp, a --batch-size that --micro-batches does not
+// divide, --pipeline-virtual-stages with another schedule than interleaved, the pipeline
+// flags without --pipeline-stages or --tensor-parallel, and what is not supported with them
+// yet (--grad-accumulation, --checkpoint-dir).
+StatusOr<ParallelShape> MakeParallelShape(const TrainingFlags& flags, const std::string& mode,
+                                          int world);
+// This rank's stages and tensor slices of the mlp the flags describe (pipeline_mlp.h).
+StatusOr<std::unique_ptr<PipelineMlp>> MakePipelineModel(const TrainingFlags& flags,
+                                                         const data::Dataset& train,
+                                                         StageLinks* links,
+                                                         ComputeBackend* backend);
 
 }  // namespace tessera::worker
 

@@ -61,6 +61,38 @@ void AddTrainingFlags(CLI::App* app, TrainingFlags* f) {
       ->check(CLI::Range(int64_t{2}, int64_t{1} << 20))
       ->capture_default_str();
 
+  auto* parallel = app->add_option_group(
+      "Pipeline and tensor parallelism",
+      "The native mlp split across W = D x P x T workers (ranks row-major over (dp, pp, tp): "
+      "a tensor-parallel group is consecutive ranks), with --mode allreduce or zero1 across "
+      "the D data-parallel replicas; --batch-size is per replica (docs/pipeline.md)");
+  parallel->add_option("--pipeline-stages", f->pipeline_stages,
+                       "P: pipeline ranks; the mlp's layers are split into P x V stages, "
+                       "balanced by multiply-adds per sample unless --pipeline-split")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  parallel->add_option("--micro-batches", f->micro_batches,
+                       "M: micro-batches each replica's --batch-size is cut into")
+      ->check(CLI::Range(1, 65535))
+      ->capture_default_str();
+  parallel->add_option("--pipeline-schedule", f->pipeline_schedule,
+                       "gpipe, 1f1b (needs M >= P), interleaved (M a multiple of P; "
+                       "--pipeline-virtual-stages) or zb-h1 (needs M >= P)")
+      ->check(OneOf({"gpipe", "1f1b", "interleaved", "zb-h1"}))
+      ->capture_default_str();
+  parallel->add_option("--pipeline-virtual-stages", f->pipeline_virtual_stages,
+                       "V: stages per pipeline rank (interleaved only)")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  parallel->add_option("--pipeline-split", f->pipeline_split,
+                       "Layer indices (mlp.<i>) where stages 1.. begin, comma-separated, "
+                       "instead of the balanced split");
+  parallel->add_option("--tensor-parallel", f->tensor_parallel,
+                       "T: ranks each pair of hidden Linear layers is split across (column "
+                       "then row parallel, Megatron-style)")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+
   auto* train = app->add_option_group("Training");
   train->add_option("--batch-size", f->batch_size, "Samples per step, per worker")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 24))

@@ -47,6 +47,7 @@
 #include "common/transport/rpc_endpoint.h"
 #include "worker/collectives/channel/zmq/collective_mailbox.h"
 #include "worker/hosted_coordinator.h"
+#include "worker/modes/mesh_links.h"
 #include "worker/modes/mode_context.h"
 #include "worker/modes/mode_registry.h"
 #include "worker/params_file.h"
@@ -79,7 +80,8 @@ StatusOr<nlohmann::json> ModelStateBytes(MetricsRegistry& metrics) {
 std::string FormatSummary(const TrainingSummary& s, const TrainingFlags& flags,
                           const std::string& mode, int rank, int world_size, const Model& model,
                           const ComputeBackend& backend, const std::string& dataset,
-                          const OptimizerOptions& optimizer, const nlohmann::json& model_state) {
+                          const OptimizerOptions& optimizer, const nlohmann::json& model_state,
+                          const nlohmann::json& parallel) {
   if (flags.json) {
     nlohmann::json j = {
         {"rank", rank},
@@ -105,6 +107,7 @@ std::string FormatSummary(const TrainingSummary& s, const TrainingFlags& flags,
     };
     if (!flags.save_params.empty()) j["params_path"] = flags.save_params;
     if (!model_state.is_null()) j["model_state_bytes"] = model_state;
+    if (!parallel.is_null()) j["parallel"] = parallel;
     return j.dump();
   }
   std::ostringstream line;
@@ -136,7 +139,12 @@ Status RunTraining(ProcessRuntime& runtime, const WorkerFlags& worker_flags, con
                    MakeBackend(flags.device, runtime.config().local_rank, cuda));
   ASSIGN_OR_RETURN(Datasets data, MakeDatasets(flags));
   ASSIGN_OR_RETURN(std::unique_ptr<Model> model, MakeModel(flags, *data.train, backend.get()));
-  TrainerOptions trainer = MakeTrainerOptions(flags, rank, world);
+  ASSIGN_OR_RETURN(const ParallelShape shape, MakeParallelShape(flags, worker_flags.mode, world));
+  // With pipeline or tensor parallelism the data order is the replica's: every rank of one
+  // replica reads the same samples.
+  TrainerOptions trainer = shape.used()
+                               ? MakeTrainerOptions(flags, shape.DataRank(rank), shape.data)
+                               : MakeTrainerOptions(flags, rank, world);
   if (trainer.on_nonfinite == NonFinitePolicy::kSkip && mode.Has(kCannotSkipEmbeddingSteps) &&
       !model->embedding_tables().empty()) {
     // Their rows go to the servers apart from the dense chunks, before the dense check.
@@ -157,7 +165,23 @@ Status RunTraining(ProcessRuntime& runtime, const WorkerFlags& worker_flags, con
   context.checkpoint_on_stop = trainer.checkpoint_on_stop && !trainer.checkpoint_dir.empty();
   context.every_rank_stops = every_rank_stops;
   context.restores_checkpoints_of = CheckpointSiblings(mode);
+  if (shape.used()) context.mesh_dims = {shape.data, shape.pipeline, shape.tensor};
   ASSIGN_OR_RETURN(std::unique_ptr<TrainingStrategy> strategy, mode.make_strategy(context));
+  // This rank's stages and slices replace the whole model (made above for the checks that
+  // read it); the links run on the strategy's mesh and outlive nothing they serve.
+  std::unique_ptr<MeshLinks> links;
+  PipelineMlp* pipeline = nullptr;
+  if (shape.used()) {
+    const DeviceMesh* mesh = strategy->mesh();
+    if (mesh == nullptr) return InternalError("--mode " + worker_flags.mode + " made no mesh");
+    links = std::make_unique<MeshLinks>(&mesh->along(1), &mesh->along(2));
+    ASSIGN_OR_RETURN(std::unique_ptr<PipelineMlp> stages,
+                     MakePipelineModel(flags, *data.train, links.get(), backend.get()));
+    pipeline = stages.get();
+    model = std::move(stages);
+    TLOG(INFO) << "worker " << rank << ": data-parallel replica " << shape.DataRank(rank)
+               << " of " << shape.data << ", " << pipeline->Describe();
+  }
   trainer.on_stop_agreed = [strategy = strategy.get()] { strategy->OnStopAgreed(); };
   const OptimizerOptions& optimizer = context.optimizer;
   TLOG(INFO) << "training " << model->name() << " (" << model->layout().total_size()
@@ -169,8 +193,32 @@ Status RunTraining(ProcessRuntime& runtime, const WorkerFlags& worker_flags, con
   ASSIGN_OR_RETURN(TrainingSummary summary,
                    Train(trainer, *data.train, data.eval.get(), model.get(), backend.get(),
                          strategy->engine(), &params));
-  // Rank 0 writes the parameters (in ps-sync and allreduce every rank has the same).
-  if (!flags.save_params.empty() && rank == 0) {
+  // Rank 0 writes the parameters (in ps-sync and allreduce every rank has the same); a
+  // pipeline's in the full model's layout, from every stage and slice.
+  nlohmann::json parallel;  // null: neither pipeline nor tensor parallelism
+  if (pipeline != nullptr) {
+    if (!flags.save_params.empty()) {
+      std::vector<float> full;
+      RETURN_IF_ERROR(pipeline->GatherFull(params.data(), &full)
+                          .WithContext("gathering the parameters to save"));
+      if (rank == 0) {
+        RETURN_IF_ERROR(SaveParams(flags.save_params, pipeline->full_layout(), full));
+      }
+    }
+    const DeviceMesh& mesh = *strategy->mesh();
+    parallel = {{"data_parallel", shape.data},
+                {"pipeline_stages", shape.pipeline},
+                {"tensor_parallel", shape.tensor},
+                {"coordinate", mesh.coordinate()},
+                {"schedule", ScheduleKindName(pipeline->schedule().kind())},
+                {"micro_batches", flags.micro_batches},
+                {"virtual_stages", flags.pipeline_virtual_stages},
+                {"peak_held", pipeline->peak_held()},
+                {"schedule_peak_held", pipeline->schedule().peak_held(mesh.coordinate()[1])},
+                {"bubble_fraction", pipeline->schedule().bubble_fraction()},
+                {"stage_parameters", pipeline->layout().total_size()},
+                {"full_parameters", pipeline->full_layout().total_size()}};
+  } else if (!flags.save_params.empty() && rank == 0) {
     RETURN_IF_ERROR(SaveParams(flags.save_params, model->layout(), params));
   }
   TrainingFlags reported = flags;
@@ -180,7 +228,8 @@ Status RunTraining(ProcessRuntime& runtime, const WorkerFlags& worker_flags, con
     ASSIGN_OR_RETURN(model_state, ModelStateBytes(runtime.metrics()));
   }
   std::printf("%s\n", FormatSummary(summary, reported, worker_flags.mode, rank, world, *model,
-                                    *backend, data.description, optimizer, model_state)
+                                    *backend, data.description, optimizer, model_state,
+                                    parallel)
                           .c_str());
   std::fflush(stdout);
   return OkStatus();

@@ -7,6 +7,7 @@
 #include "worker/collectives/communicator.h"
 #include "worker/collectives/ring_channel_setup.h"
 #include "worker/engines/zero_engine.h"
+#include "worker/modes/group_tags.h"
 #include "worker/modes/ring_strategy.h"
 
 namespace tessera::worker {
@@ -16,48 +17,6 @@ namespace {
 // use 1 << 40 .. 1 << 44 and 1 << 59 up).
 constexpr uint64_t kShardSplitTag = 1ull << 57;
 constexpr uint64_t kReplicateSplitTag = kShardSplitTag + 1;
-
-// The ZeRO engine's tags are the world's, up to 2^61; a group takes tags below 2^32
-// (communicator.h). GroupTags folds each of the engine's ranges into a quarter of that: the
-// setup's (below 2^44) as they are, the collectives' (from 2^44), the stop agreements' (from
-// 2^59) and the checkpoints' (from 2^60) modulo 2^30 above their quarter's start. Tags of
-// one range wrap only after 2^30 calls, long after the calls that shared them have finished.
-class GroupTags final : public Collectives {
- public:
-  explicit GroupTags(std::unique_ptr<Communicator> group) : group_(std::move(group)) {}
-
-  int rank() const override { return group_->rank(); }
-  int world_size() const override { return group_->world_size(); }
-  Status AllReduce(void* data, size_t count, DataType dtype, ReduceOp op,
-                   const std::string& tensor, uint64_t tag) override {
-    return group_->AllReduce(data, count, dtype, op, tensor, Folded(tag));
-  }
-  Status ReduceScatter(const void* input, void* output, size_t count, DataType dtype,
-                       ReduceOp op, const std::string& tensor, uint64_t tag) override {
-    return group_->ReduceScatter(input, output, count, dtype, op, tensor, Folded(tag));
-  }
-  Status AllGather(const void* input, void* output, size_t count, DataType dtype,
-                   const std::string& tensor, uint64_t tag) override {
-    return group_->AllGather(input, output, count, dtype, tensor, Folded(tag));
-  }
-  Status Broadcast(void* data, size_t count, DataType dtype, int root, const std::string& tensor,
-                   uint64_t tag) override {
-    return group_->Broadcast(data, count, dtype, root, tensor, Folded(tag));
-  }
-  Status Barrier(uint64_t tag) override { return group_->Barrier(Folded(tag)); }
-
- private:
-  static uint64_t Folded(uint64_t tag) {
-    constexpr uint64_t kQuarter = 1ull << 30;
-    const uint64_t within = tag % kQuarter;
-    if (tag >= (1ull << 60)) return 3 * kQuarter + within;
-    if (tag >= (1ull << 59)) return 2 * kQuarter + within;
-    if (tag >= (1ull << 44)) return kQuarter + within;
-    return within;
-  }
-
-  const std::unique_ptr<Communicator> group_;
-};
 
 }  // namespace
 

@@ -9,6 +9,7 @@
 #include "common/base/logging.h"
 #include "worker/collectives/ring_channel_setup.h"
 #include "worker/engines/ps_engine.h"  // kStopGraceMs: the ring waits as long as the PS engine
+#include "worker/modes/group_tags.h"
 
 namespace tessera::worker {
 namespace {
@@ -77,10 +78,12 @@ class RingStrategy final : public TrainingStrategy {
     engine_.reset();
     stop_grace_.reset();
     groups_.clear();
+    mesh_.reset();
     collectives_.reset();
   }
 
   TrainingEngine* engine() override { return engine_.get(); }
+  const DeviceMesh* mesh() const override { return mesh_.get(); }
   void OnStopAgreed() override {
     if (stop_grace_ != nullptr) stop_grace_->Disarm();
     if (every_rank_stops_ != nullptr) *every_rank_stops_ = true;
@@ -88,7 +91,8 @@ class RingStrategy final : public TrainingStrategy {
 
   bool* const every_rank_stops_;
   std::unique_ptr<Communicator> collectives_;
-  std::vector<std::unique_ptr<Collectives>> groups_;  // made from collectives_
+  std::unique_ptr<DeviceMesh> mesh_;                  // of collectives_, when asked for
+  std::vector<std::unique_ptr<Collectives>> groups_;  // made from collectives_ (or mesh_)
   std::unique_ptr<RingStopGrace> stop_grace_;
   std::unique_ptr<TrainingEngine> engine_;
 };
@@ -121,16 +125,52 @@ StatusOr<std::unique_ptr<Communicator>> MakeWorkerWorld(const ModeContext& conte
   return communicator;
 }
 
+namespace {
+
+// The world's mesh for pipeline and tensor parallelism: its Splits' tags (hsdp's are from
+// 1 << 57; the engines' below 1 << 44 and from 1 << 59).
+constexpr uint64_t kMeshTag = 1ull << 56;
+
+using MeshEngineFactory = std::function<StatusOr<std::unique_ptr<TrainingEngine>>(
+    Communicator* world, DeviceMesh* mesh, std::vector<std::unique_ptr<Collectives>>* groups)>;
+
+StatusOr<std::unique_ptr<TrainingStrategy>> MakeStrategy(const StrategyContext& context,
+                                                         const MeshEngineFactory& make_engine);
+
+}  // namespace
+
 StatusOr<std::unique_ptr<TrainingStrategy>> MakeRingStrategy(const StrategyContext& context,
                                                             const RingEngineFactory& make_engine) {
-  return MakeGroupedRingStrategy(
-      context, [&make_engine](Communicator* world, std::vector<std::unique_ptr<Collectives>>*) {
-        return make_engine(world);
+  return MakeStrategy(
+      context,
+      [&make_engine](Communicator* world, DeviceMesh* mesh,
+                     std::vector<std::unique_ptr<Collectives>>* groups)
+          -> StatusOr<std::unique_ptr<TrainingEngine>> {
+        if (mesh == nullptr) return make_engine(world);
+        auto dp = std::make_unique<GroupTags>(&mesh->along(0));
+        ASSIGN_OR_RETURN(std::unique_ptr<TrainingEngine> engine, make_engine(dp.get()));
+        groups->push_back(std::move(dp));
+        return engine;
       });
 }
 
 StatusOr<std::unique_ptr<TrainingStrategy>> MakeGroupedRingStrategy(
     const StrategyContext& context, const GroupedEngineFactory& make_engine) {
+  if (!context.mesh_dims.empty()) {
+    return InvalidArgumentError("this mode makes its own groups; it takes no pipeline or "
+                                "tensor-parallel mesh");
+  }
+  return MakeStrategy(context,
+                      [&make_engine](Communicator* world, DeviceMesh*,
+                                     std::vector<std::unique_ptr<Collectives>>* groups) {
+                        return make_engine(world, groups);
+                      });
+}
+
+namespace {
+
+StatusOr<std::unique_ptr<TrainingStrategy>> MakeStrategy(const StrategyContext& context,
+                                                         const MeshEngineFactory& make_engine) {
   auto strategy = std::make_unique<RingStrategy>(context.every_rank_stops);
   // A stop while the ring is set up ends its waits after the grace too.
   strategy->stop_grace_ =
@@ -139,9 +179,22 @@ StatusOr<std::unique_ptr<TrainingStrategy>> MakeGroupedRingStrategy(
   // With a checkpoint on stop, a step slower than the grace must not cost the checkpoint:
   // a hung peer is then left to the heartbeat (--heartbeat-timeout-ms).
   if (context.checkpoint_on_stop) strategy->stop_grace_.reset();
-  ASSIGN_OR_RETURN(strategy->engine_,
-                   make_engine(strategy->collectives_.get(), &strategy->groups_));
+  if (!context.mesh_dims.empty()) {
+    ASSIGN_OR_RETURN(DeviceMesh mesh, DeviceMesh::Create(*strategy->collectives_,
+                                                         context.mesh_dims,
+                                                         {"dp", "pp", "tp"}, kMeshTag));
+    strategy->mesh_ = std::make_unique<DeviceMesh>(std::move(mesh));
+    TLOG(INFO) << "mesh dp x pp x tp = " << context.mesh_dims[0] << " x "
+               << context.mesh_dims[1] << " x " << context.mesh_dims[2] << ": this rank at ("
+               << strategy->mesh_->coordinate()[0] << ", " << strategy->mesh_->coordinate()[1]
+               << ", " << strategy->mesh_->coordinate()[2] << "); tp ring channel: "
+               << strategy->mesh_->along(2).channel_description();
+  }
+  ASSIGN_OR_RETURN(strategy->engine_, make_engine(strategy->collectives_.get(),
+                                                  strategy->mesh_.get(), &strategy->groups_));
   return std::unique_ptr<TrainingStrategy>(std::move(strategy));
 }
+
+}  // namespace
 
 }  // namespace tessera::worker

@@ -38,7 +38,10 @@ using GroupedEngineFactory = std::function<StatusOr<std::unique_ptr<TrainingEngi
 // grace that
 // ends a wait on a peer that never answers after a stop (not with a checkpoint on stop), and
 // the engine `make_engine` builds on it. OnStopAgreed disarms the grace and sets
-// *every_rank_stops.
+// *every_rank_stops. With context.mesh_dims, the world is first made into that mesh
+// ("dp", "pp", "tp"; the strategy's mesh()) and the engine runs on its "dp" group instead
+// (group_tags.h folds its tags), so that data parallelism reduces across the replicas of one
+// pipeline stage and tensor slice.
 StatusOr<std::unique_ptr<TrainingStrategy>> MakeRingStrategy(const StrategyContext& context,
                                                             const RingEngineFactory& make_engine);
 // The same, for an engine on groups of the world (--mode hsdp).

@@ -15,6 +15,7 @@
 #include "common/base/status.h"
 #include "common/training/lr_schedule.h"
 #include "common/training/optimizer.h"
+#include "worker/collectives/device_mesh.h"
 #include "worker/engines/training_engine.h"
 #include "worker/modes/mode_context.h"
 
@@ -33,6 +34,10 @@ struct StrategyContext {
   bool* every_rank_stops = nullptr;
   // The modes whose checkpoints this one restores (mode_registry.h's CheckpointSiblings).
   std::vector<std::string> restores_checkpoints_of;
+  // Pipeline and tensor parallelism (--pipeline-stages, --tensor-parallel): the world as a
+  // mesh ("dp", "pp", "tp") of these dims, row-major (a tensor-parallel group is consecutive
+  // ranks); the engine then runs on the "dp" group. Empty: the engine runs on the world.
+  std::vector<int> mesh_dims;
 };
 
 class TrainingStrategy {
@@ -45,6 +50,10 @@ class TrainingStrategy {
   // The trainer's TrainerOptions::on_stop_agreed: every rank answered the stop. The default
   // does nothing (a mode whose ranks do not agree on stopping).
   virtual void OnStopAgreed() {}
+
+  // The mesh made for StrategyContext::mesh_dims (valid while the strategy lives); null
+  // without one.
+  virtual const DeviceMesh* mesh() const { return nullptr; }
 };
 
 // A mode's factory. Errors name what failed (the ring's setup, the engine's options).
