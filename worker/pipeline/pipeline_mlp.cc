@@ -338,15 +338,20 @@ StatusOr<StepStats> PipelineMlp::ForwardBackward(ParameterStorage* storage,
   RETURN_IF_ERROR(inputs_.Load(batch, options_.mlp.input_dim, options_.mlp.classes)
                       .WithContext("mlp"));
   const int64_t rows = static_cast<int64_t>(batch.size) / micro;
+  // A rank whose stages are all without parameters (a lone activation) has none to ask for.
   const ParameterBlock all{0, layout_.total_size()};
-  ASSIGN_OR_RETURN(const float* params, storage->Acquire(all, Pass::kForward));
-  StatusOr<float*> grads = storage->GradientBlock(all);
-  if (!grads.ok()) {
-    storage->Release(all);
-    return grads.status();
+  const float* params = nullptr;
+  step_grads_ = nullptr;
+  if (all.size > 0) {
+    ASSIGN_OR_RETURN(params, storage->Acquire(all, Pass::kForward));
+    StatusOr<float*> grads = storage->GradientBlock(all);
+    if (!grads.ok()) {
+      storage->Release(all);
+      return grads.status();
+    }
+    step_grads_ = *grads;
+    std::fill(step_grads_, step_grads_ + all.size, 0.0f);
   }
-  step_grads_ = *grads;
-  std::fill(step_grads_, step_grads_ + all.size, 0.0f);
   micro_.clear();
   held_ = 0;
   StepStats stats;
@@ -360,9 +365,9 @@ StatusOr<StepStats> PipelineMlp::ForwardBackward(ParameterStorage* storage,
   }
   micro_.clear();
   step_grads_ = nullptr;
-  storage->Release(all);
+  if (all.size > 0) storage->Release(all);
   RETURN_IF_ERROR(ran);
-  RETURN_IF_ERROR(storage->GradientsDone(all));
+  if (all.size > 0) RETURN_IF_ERROR(storage->GradientsDone(all));
   // The loss and accuracy are the last stage's; every rank reports them.
   float shared[2] = {static_cast<float>(stats.loss / micro), static_cast<float>(stats.correct)};
   RETURN_IF_ERROR(links_->SumOverPipeline(shared, 2, "the step's loss").WithContext(where));
@@ -378,7 +383,10 @@ StatusOr<StepStats> PipelineMlp::Evaluate(ParameterStorage* storage, const data:
                       .WithContext("mlp"));
   const int64_t rows = static_cast<int64_t>(batch.size);
   const ParameterBlock all{0, layout_.total_size()};
-  ASSIGN_OR_RETURN(const float* params, storage->Acquire(all, Pass::kForward));
+  const float* params = nullptr;
+  if (all.size > 0) {
+    ASSIGN_OR_RETURN(params, storage->Acquire(all, Pass::kForward));
+  }
   StepStats stats;
   std::vector<float> input, output;
   Status ran = OkStatus();
@@ -417,7 +425,7 @@ StatusOr<StepStats> PipelineMlp::Evaluate(ParameterStorage* storage, const data:
       if (!ran.ok()) break;
     }
   }
-  storage->Release(all);
+  if (all.size > 0) storage->Release(all);
   RETURN_IF_ERROR(ran.WithContext(where));
   float shared[2] = {static_cast<float>(stats.loss), static_cast<float>(stats.correct)};
   RETURN_IF_ERROR(links_->SumOverPipeline(shared, 2, "the evaluation loss").WithContext(where));
