@@ -277,10 +277,6 @@ StatusOr<ParallelShape> MakeParallelShape(const TrainingFlags& flags, const std:
   if (flags.grad_accumulation != 1) {
     return InvalidArgumentError(given + ": use --micro-batches instead of --grad-accumulation");
   }
-  if (!flags.checkpoint_dir.empty()) {
-    return InvalidArgumentError(given + ": --checkpoint-dir is not supported with pipeline or "
-                                "tensor parallelism yet");
-  }
   return shape;
 }
 

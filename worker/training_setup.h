@@ -108,8 +108,8 @@ struct ParallelShape {
 // naming the flags and numbers: a world that is not a multiple of P x T, a mode other than
 // allreduce or zero1, another model than mlp, a --batch-size that --micro-batches does not
 // divide, --pipeline-virtual-stages with another schedule than interleaved, the pipeline
-// flags without --pipeline-stages or --tensor-parallel, and what is not supported with them
-// yet (--grad-accumulation, --checkpoint-dir).
+// flags without --pipeline-stages or --tensor-parallel, and --grad-accumulation (use
+// --micro-batches).
 StatusOr<ParallelShape> MakeParallelShape(const TrainingFlags& flags, const std::string& mode,
                                           int world);
 // This rank's stages and tensor slices of the mlp the flags describe (pipeline_mlp.h).

@@ -181,6 +181,21 @@ Status RunTraining(ProcessRuntime& runtime, const WorkerFlags& worker_flags, con
     model = std::move(stages);
     TLOG(INFO) << "worker " << rank << ": data-parallel replica " << shape.DataRank(rank)
                << " of " << shape.data << ", " << pipeline->Describe();
+    // Checkpoints of the full model, each rank writing its part (issue 46, item 5).
+    CheckpointPlacement placement;
+    placement.full_layout = &pipeline->full_layout();
+    placement.runs = [pipeline](uint64_t offset, uint64_t size, bool writing) {
+      std::vector<CheckpointPlacement::Run> runs;
+      for (const PipelineMlp::Run& run : pipeline->FullRuns(offset, size, writing)) {
+        runs.push_back({run.local_offset, run.full_offset, run.size});
+      }
+      return runs;
+    };
+    placement.take_part = [pipeline](const float* full, float* local) {
+      pipeline->TakePart(full, local);
+    };
+    placement.world = strategy->world();
+    RETURN_IF_ERROR(strategy->engine()->SetCheckpointPlacement(std::move(placement)));
   }
   trainer.on_stop_agreed = [strategy = strategy.get()] { strategy->OnStopAgreed(); };
   const OptimizerOptions& optimizer = context.optimizer;

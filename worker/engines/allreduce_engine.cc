@@ -310,9 +310,67 @@ Status AllReduceEngine::Step(int64_t step, float* params, float* grads,
   return OkStatus();
 }
 
+std::vector<Partition> AllReduceEngine::StateRanges() const {
+  if (options_.zero_stage == 0) return {{0, size_}};
+  return owned_;
+}
+
+// A part of a model (CheckpointPlacement): the checkpoint is the full model's, in the same
+// format, so any split of it, or a plain run, restores it. The ranks that write an element
+// are as without the placement (data parallel: the replicas' rank 0; zero1: each its owned
+// slices), of those the placement says write it (one copy of a replicated tensor).
+Status AllReduceEngine::SavePlacedCheckpoint(const std::string& root, int64_t step,
+                                             const float* params) {
+  const ShardedCheckpointSpec spec{std::string(name()), placement_.full_layout,
+                                   options_.optimizer.kind, options_.restores_checkpoints_of};
+  const size_t k = StateFloatsPerElement(options_.optimizer.kind);
+  std::vector<Partition> slices;
+  std::vector<float> slice_params, slice_state;
+  const bool writes = options_.zero_stage != 0 || collectives_->rank() == 0;
+  uint64_t at = 0;  // where the range's state starts in state_, in elements
+  for (const Partition& range : StateRanges()) {
+    if (writes && range.size > 0) {
+      for (const auto& run : placement_.runs(range.offset, range.size, /*writing=*/true)) {
+        slices.push_back({run.full_offset, run.size});
+        slice_params.insert(slice_params.end(), params + run.local_offset,
+                            params + run.local_offset + run.size);
+        const float* state = state_.data() + (at + run.local_offset - range.offset) * k;
+        slice_state.insert(slice_state.end(), state, state + run.size * k);
+      }
+    }
+    at += range.size;
+  }
+  const uint64_t tag = kCheckpointTagBase + 4 * static_cast<uint64_t>(step);
+  return SaveShardedCheckpoint(root, step, spec, slices, slice_params.data(),
+                               slice_state.data(), placement_.world, tag);
+}
+
+Status AllReduceEngine::RestorePlacedCheckpoint(const std::string& root, int64_t step,
+                                                float* params) {
+  const ShardedCheckpointSpec spec{std::string(name()), placement_.full_layout,
+                                   options_.optimizer.kind, options_.restores_checkpoints_of};
+  // The runs cover each range in local order, so the slices' state lands in state_'s order.
+  std::vector<Partition> slices;
+  for (const Partition& range : StateRanges()) {
+    if (range.size == 0) continue;
+    for (const auto& run : placement_.runs(range.offset, range.size, /*writing=*/false)) {
+      slices.push_back({run.full_offset, run.size});
+    }
+  }
+  std::vector<float> full(placement_.full_layout->total_size());
+  const uint64_t tag = kCheckpointTagBase + 4 * static_cast<uint64_t>(step) + 2;
+  RETURN_IF_ERROR(RestoreShardedCheckpoint(root, step, spec, slices, /*slice_params=*/nullptr,
+                                           state_.data(), full.data(), placement_.world, tag));
+  placement_.take_part(full.data(), params);
+  TLOG(INFO) << "restored this rank's part of the checkpoint of step " << step << " from "
+             << CheckpointStepDirectory(root, step);
+  return OkStatus();
+}
+
 Status AllReduceEngine::SaveCheckpoint(const std::string& root, int64_t step,
                                        const float* params) {
   RETURN_IF_ERROR(AwaitParameters(0, size_));  // complete parameters, no gather still reading
+  if (placement_.full_layout != nullptr) return SavePlacedCheckpoint(root, step, params);
   const ShardedCheckpointSpec spec{std::string(name()), &layout_, options_.optimizer.kind,
                                    options_.restores_checkpoints_of};
   const uint64_t tag = kCheckpointTagBase + 4 * static_cast<uint64_t>(step);
@@ -333,6 +391,7 @@ Status AllReduceEngine::SaveCheckpoint(const std::string& root, int64_t step,
 
 Status AllReduceEngine::RestoreCheckpoint(const std::string& root, int64_t step, float* params) {
   RETURN_IF_ERROR(AwaitParameters(0, size_));  // no gather may write `params` meanwhile
+  if (placement_.full_layout != nullptr) return RestorePlacedCheckpoint(root, step, params);
   const ShardedCheckpointSpec spec{std::string(name()), &layout_, options_.optimizer.kind,
                                    options_.restores_checkpoints_of};
   const uint64_t tag = kCheckpointTagBase + 4 * static_cast<uint64_t>(step) + 2;

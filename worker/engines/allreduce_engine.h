@@ -93,6 +93,10 @@ class AllReduceEngine final : public TrainingEngine {
               const std::vector<SparseRows>& sparse) override;
   Status SaveCheckpoint(const std::string& root, int64_t step, const float* params) override;
   Status RestoreCheckpoint(const std::string& root, int64_t step, float* params) override;
+  Status SetCheckpointPlacement(CheckpointPlacement placement) override {
+    placement_ = std::move(placement);
+    return OkStatus();
+  }
   // zero1: waits until the all-gathers Step started cover params[offset, offset + size).
   Status AwaitParameters(uint64_t offset, uint64_t size) override;
 
@@ -118,6 +122,11 @@ class AllReduceEngine final : public TrainingEngine {
   uint64_t size_ = 0;
   ParameterLayout layout_;  // a copy of Initialize's, for checkpoints
   std::vector<float> state_;  // optimizer state, interleaved per element (of the owned slices)
+  CheckpointPlacement placement_;  // full_layout null: checkpoints of layout_ on collectives_
+  // The ranges of layout_ whose optimizer state state_ holds, in its order.
+  std::vector<Partition> StateRanges() const;
+  Status SavePlacedCheckpoint(const std::string& root, int64_t step, const float* params);
+  Status RestorePlacedCheckpoint(const std::string& root, int64_t step, float* params);
   // ZeRO: the parameter tensors (layout order) and the slice of each this rank owns
   // (absolute offsets into the flat buffer), in the same order.
   std::vector<ParameterView> tensors_;

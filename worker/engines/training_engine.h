@@ -29,6 +29,7 @@
 #include "common/base/status.h"
 #include "common/training/embedding_table.h"
 #include "common/training/parameter_layout.h"
+#include "worker/collectives/collectives.h"
 #include "worker/nn/model.h"
 #include "worker/nn/parameter_storage.h"
 
@@ -51,6 +52,24 @@ struct GradientCheck {
   // Told, on a rank whose own scan passed, that rank `rank` skipped `step` (its scan failed on
   // the gradients from layout element `offset` on, when known): this rank skips it too.
   std::function<void(int64_t step, int rank, std::optional<uint64_t> offset)> skipped_by_peer;
+};
+
+// Pipeline and tensor parallelism (issue 46): the engine's layout is one rank's part of a
+// larger model's (its stages' tensors, their tensor-parallel slices), and its checkpoints are
+// to be that model's, so that a job resumes with another split or none (issue 46, item 5).
+struct CheckpointPlacement {
+  // One run of consecutive local elements that are consecutive in the full layout too.
+  struct Run {
+    uint64_t local_offset = 0, full_offset = 0, size = 0;
+  };
+  const ParameterLayout* full_layout = nullptr;  // must outlive the engine
+  // The runs of local elements [offset, offset + size), in local order, covering them all;
+  // with `writing`, leaving out those another rank writes (a replicated tensor's copies).
+  std::function<std::vector<Run>(uint64_t offset, uint64_t size, bool writing)> runs;
+  // This rank's part of the full parameters `full` into `local` (the engine's layout).
+  std::function<void(const float* full, float* local)> take_part;
+  // Every rank of the job (the writers of one checkpoint); must outlive the engine.
+  Collectives* world = nullptr;
 };
 
 class TrainingEngine {
@@ -139,6 +158,12 @@ class TrainingEngine {
   }
   virtual Status RestoreCheckpoint(const std::string& root, int64_t step, float* params) {
     return UnimplementedError(std::string(name()) + " mode cannot restore a checkpoint");
+  }
+  // Before Initialize: checkpoints are of `placement`'s full model, written and read by every
+  // rank of its world. Unimplemented by default (the engines that support it: allreduce and
+  // zero1).
+  virtual Status SetCheckpointPlacement(CheckpointPlacement placement) {
+    return UnimplementedError(std::string(name()) + " mode cannot checkpoint part of a model");
   }
 
  protected:

@@ -84,6 +84,7 @@ class RingStrategy final : public TrainingStrategy {
 
   TrainingEngine* engine() override { return engine_.get(); }
   const DeviceMesh* mesh() const override { return mesh_.get(); }
+  Collectives* world() override { return collectives_.get(); }
   void OnStopAgreed() override {
     if (stop_grace_ != nullptr) stop_grace_->Disarm();
     if (every_rank_stops_ != nullptr) *every_rank_stops_ = true;

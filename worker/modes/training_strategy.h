@@ -54,6 +54,8 @@ class TrainingStrategy {
   // The mesh made for StrategyContext::mesh_dims (valid while the strategy lives); null
   // without one.
   virtual const DeviceMesh* mesh() const { return nullptr; }
+  // Every worker's communicator, for a strategy built on it (null otherwise).
+  virtual Collectives* world() { return nullptr; }
 };
 
 // A mode's factory. Errors name what failed (the ring's setup, the engine's options).

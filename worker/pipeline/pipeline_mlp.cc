@@ -176,6 +176,35 @@ void PipelineMlp::TakePart(const float* full, float* local) const {
   }
 }
 
+std::vector<PipelineMlp::Run> PipelineMlp::FullRuns(uint64_t offset, uint64_t size,
+                                                    bool writing) const {
+  std::vector<Run> runs;
+  const uint64_t end = offset + size;
+  for (const Part& part : parts_) {
+    const uint64_t begin = std::max(offset, part.local->offset);
+    const uint64_t stop = std::min(end, part.local->offset + part.local->size);
+    if (begin >= stop) continue;
+    if (writing && part.slice.axis < 0 && links_->tensor_rank() != 0) continue;
+    const std::vector<int64_t>& shape = part.full->shape;
+    const uint64_t columns = shape.size() > 1 ? static_cast<uint64_t>(shape[1]) : 1;
+    if (part.slice.axis != 1) {  // the whole tensor, or whole rows: one run
+      const uint64_t first = part.slice.axis == 0 ? part.slice.begin * columns : 0;
+      runs.push_back({begin, part.full->offset + first + (begin - part.local->offset),
+                      stop - begin});
+      continue;
+    }
+    // Columns [slice.begin, slice.end) of each row: a run per (part of a) row.
+    const uint64_t width = static_cast<uint64_t>(part.slice.end - part.slice.begin);
+    for (uint64_t at = begin; at < stop;) {
+      const uint64_t e = at - part.local->offset, row = e / width, column = e % width;
+      const uint64_t count = std::min(width - column, stop - at);
+      runs.push_back({at, part.full->offset + row * columns + part.slice.begin + column, count});
+      at += count;
+    }
+  }
+  return runs;
+}
+
 Status PipelineMlp::GatherFull(const float* local, std::vector<float>* full) {
   full->assign(full_->layout().total_size(), 0.0f);
   // Each element is written by exactly one rank of the pipeline and tensor groups (a

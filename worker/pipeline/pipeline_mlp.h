@@ -91,6 +91,13 @@ class PipelineMlp final : public Model {
   Status GatherFull(const float* local, std::vector<float>* full);
   // This rank's part of the full parameters `full` (full_layout() size) into `local`.
   void TakePart(const float* full, float* local) const;
+  // Where layout() elements [offset, offset + size) lie in full_layout(): runs of elements
+  // consecutive in both, in local order. With `writing`, without the replicated tensors'
+  // copies on tensor ranks other than 0 (so that each element is written once).
+  struct Run {
+    uint64_t local_offset = 0, full_offset = 0, size = 0;
+  };
+  std::vector<Run> FullRuns(uint64_t offset, uint64_t size, bool writing) const;
 
   const PipelineSchedule& schedule() const { return schedule_; }
   // The most (stage, micro-batch) pairs held at once in any step so far.
