@@ -65,7 +65,7 @@ void AddTrainingFlags(CLI::App* app, TrainingFlags* f) {
       "Pipeline and tensor parallelism",
       "The native mlp split across W = D x P x T workers (ranks row-major over (dp, pp, tp): "
       "a tensor-parallel group is consecutive ranks), with --mode allreduce or zero1 across "
-      "the D data-parallel replicas; --batch-size is per replica (docs/pipeline.md)");
+      "the D data-parallel replicas; --batch-size is per replica (docs/allreduce.md)");
   parallel->add_option("--pipeline-stages", f->pipeline_stages,
                        "P: pipeline ranks; the mlp's layers are split into P x V stages, "
                        "balanced by multiply-adds per sample unless --pipeline-split")
