@@ -51,6 +51,7 @@
 #include "worker/modes/mode_context.h"
 #include "worker/modes/mode_registry.h"
 #include "worker/params_file.h"
+#include "worker/pipeline/pipeline_metrics.h"
 #include "worker/trainer.h"
 #include "worker/training_setup.h"
 #include "worker/worker_flags.h"
@@ -170,6 +171,7 @@ Status RunTraining(ProcessRuntime& runtime, const WorkerFlags& worker_flags, con
   // This rank's stages and slices replace the whole model (made above for the checks that
   // read it); the links run on the strategy's mesh and outlive nothing they serve.
   std::unique_ptr<MeshLinks> links;
+  std::unique_ptr<PipelineMetrics> pipeline_metrics;  // tessera_pipeline_*, fed by the model
   PipelineMlp* pipeline = nullptr;
   if (shape.used()) {
     const DeviceMesh* mesh = strategy->mesh();
@@ -179,6 +181,8 @@ Status RunTraining(ProcessRuntime& runtime, const WorkerFlags& worker_flags, con
                      MakePipelineModel(flags, *data.train, links.get(), backend.get()));
     pipeline = stages.get();
     model = std::move(stages);
+    ASSIGN_OR_RETURN(pipeline_metrics, PipelineMetrics::Register(&runtime.metrics()));
+    pipeline->SetMetrics(pipeline_metrics.get());
     TLOG(INFO) << "worker " << rank << ": data-parallel replica " << shape.DataRank(rank)
                << " of " << shape.data << ", " << pipeline->Describe();
     // Checkpoints of the full model, each rank writing its part (issue 46, item 5).

@@ -11,12 +11,7 @@
 namespace tessera::worker {
 namespace {
 
-bool IsCompute(PipelineOp op) {
-  return op == PipelineOp::kForward || op == PipelineOp::kBackward ||
-         op == PipelineOp::kBackwardInput || op == PipelineOp::kBackwardWeight;
-}
-
-// The op label: "F", "B", "I" or "W". REQUIRES: IsCompute(op).
+// The op label: "F", "B", "I" or "W". REQUIRES: IsComputeAction(op).
 std::string OpLabel(PipelineOp op) {
   switch (op) {
     case PipelineOp::kForward: return "F";
@@ -97,7 +92,7 @@ Status PipelineMetrics::RecordStep(const PipelineStepRecord& step) {
   std::set<ActionKey> keys;
   for (const TimedAction& action : step.actions) {
     const std::string name = ActionName({action.op, action.stage, action.micro_batch});
-    if (!IsCompute(action.op)) {
+    if (!IsComputeAction(action.op)) {
       return InvalidArgumentError("pipeline step record: action " + name +
                                   " is not a compute action (F, B, I or W)");
     }

@@ -1,7 +1,9 @@
 #include "worker/pipeline/pipeline_mlp.h"
 
 #include <algorithm>
+#include <chrono>
 
+#include "common/base/logging.h"
 #include "worker/nn/layers.h"
 #include "worker/nn/tensor_parallel_linear.h"
 #include "worker/pipeline/stage_split.h"
@@ -47,6 +49,15 @@ uint32_t Tag(TagKind kind, int stage, int micro_batch) {
 
 std::string StageName(int stage, int micro_batch) {
   return "stage " + std::to_string(stage) + " micro-batch " + std::to_string(micro_batch);
+}
+
+// What a receive waits for, with the shape this stage takes, so that a stage built otherwise
+// (its bytes of another size) is named with both sides: "activation of stage 0 micro-batch 3
+// for stage 1 ([4, 33] float32 here)".
+std::string Expected(const std::string& what, int from, int to, int m, int64_t rows,
+                     int64_t dim) {
+  return what + " of " + StageName(from, m) + " for stage " + std::to_string(to) + " ([" +
+         std::to_string(rows) + ", " + std::to_string(dim) + "] float32 here)";
 }
 
 }  // namespace
@@ -228,6 +239,14 @@ PipelineMlp::Stage* PipelineMlp::LocalStage(int stage) {
 void PipelineMlp::Held(int stage, int m, bool held) {
   held_ += held ? 1 : -1;
   peak_held_ = std::max(peak_held_, held_);
+  step_peak_held_ = std::max(step_peak_held_, held_);
+}
+
+void PipelineMlp::SetMetrics(PipelineMetrics* metrics) {
+  metrics_ = metrics;
+  if (metrics_ == nullptr) return;
+  const int rank = links_->pipeline_rank();
+  metrics_->SetSchedule(rank, schedule_.peak_held(rank), schedule_.bubble_fraction());
 }
 
 StatusOr<const float*> PipelineMlp::StageForward(Stage& stage, int m, const float* params,
@@ -313,12 +332,14 @@ Status PipelineMlp::RunAction(const PipelineAction& action, const float* params,
       RETURN_IF_ERROR(links_->Send(state.output.data(), state.output.size(),
                                    schedule_.RankOf(s + 1), Tag(kActivation, s, m),
                                    "activation of " + StageName(s, m)));
+      step_activation_bytes_ += state.output.size() * sizeof(float);
       state.output = {};
       return OkStatus();
     case PipelineOp::kRecvActivation:
       state.input.resize(static_cast<size_t>(rows * stage->input_dim));
       return links_->Recv(state.input.data(), state.input.size(), schedule_.RankOf(s - 1),
-                          Tag(kActivation, s - 1, m), "activation of " + StageName(s - 1, m));
+                          Tag(kActivation, s - 1, m),
+                          Expected("activation", s - 1, s, m, rows, stage->input_dim));
     case PipelineOp::kBackward:
       RETURN_IF_ERROR(StageBackward(*stage, m, params, rows, scratch_grads_.data()));
       accumulate(scratch_grads_.data() + stage->grad_offset);
@@ -340,12 +361,14 @@ Status PipelineMlp::RunAction(const PipelineAction& action, const float* params,
     case PipelineOp::kSendGradient:
       RETURN_IF_ERROR(links_->Send(state.dx.data(), state.dx.size(), schedule_.RankOf(s - 1),
                                    Tag(kGradient, s, m), "input gradient of " + StageName(s, m)));
+      step_gradient_bytes_ += state.dx.size() * sizeof(float);
       state.dx = {};
       return OkStatus();
     case PipelineOp::kRecvGradient:
       state.dout.resize(static_cast<size_t>(rows * stage->output_dim));
       return links_->Recv(state.dout.data(), state.dout.size(), schedule_.RankOf(s + 1),
-                          Tag(kGradient, s + 1, m), "input gradient of " + StageName(s + 1, m));
+                          Tag(kGradient, s + 1, m),
+                          Expected("input gradient", s + 1, s, m, rows, stage->output_dim));
   }
   return InternalError("unknown pipeline action");
 }
@@ -383,13 +406,30 @@ StatusOr<StepStats> PipelineMlp::ForwardBackward(ParameterStorage* storage,
   }
   micro_.clear();
   held_ = 0;
+  step_peak_held_ = 0;
+  step_activation_bytes_ = step_gradient_bytes_ = 0;
   StepStats stats;
   Status ran = OkStatus();
+  // The step's compute actions, timed, for metrics_ (two clock reads an action: nothing
+  // against a stage's GEMMs).
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point started = Clock::now();
+  const double started_unix = std::chrono::duration<double>(
+      std::chrono::system_clock::now().time_since_epoch()).count();
+  PipelineStepRecord record;
+  auto since_start = [started](Clock::time_point t) {
+    return std::chrono::duration<double>(t - started).count();
+  };
   for (const PipelineAction& action : schedule_.actions(links_->pipeline_rank())) {
+    const Clock::time_point begin = Clock::now();
     ran = RunAction(action, params, rows, &stats);
     if (!ran.ok()) {
       ran = ran.WithContext(where + ": " + ActionName(action));
       break;
+    }
+    if (metrics_ != nullptr && IsComputeAction(action.op)) {
+      record.actions.push_back({action.op, action.stage, action.micro_batch,
+                                since_start(begin), since_start(Clock::now())});
     }
   }
   micro_.clear();
@@ -400,6 +440,16 @@ StatusOr<StepStats> PipelineMlp::ForwardBackward(ParameterStorage* storage,
   // The loss and accuracy are the last stage's; every rank reports them.
   float shared[2] = {static_cast<float>(stats.loss / micro), static_cast<float>(stats.correct)};
   RETURN_IF_ERROR(links_->SumOverPipeline(shared, 2, "the step's loss").WithContext(where));
+  if (metrics_ != nullptr) {
+    record.start_unix_seconds = started_unix;
+    record.seconds = since_start(Clock::now());
+    record.activation_bytes_sent = step_activation_bytes_;
+    record.gradient_bytes_sent = step_gradient_bytes_;
+    record.peak_held = step_peak_held_;
+    // A bad record is a bug here, not a reason to stop training: logged, not returned.
+    Status recorded = metrics_->RecordStep(record);
+    if (!recorded.ok()) TLOG(WARNING) << where << ": pipeline metrics: " << recorded;
+  }
   return StepStats{shared[0], static_cast<int64_t>(shared[1]),
                    static_cast<int64_t>(batch.size)};
 }

@@ -49,6 +49,7 @@
 #include "worker/nn/model.h"
 #include "worker/nn/sequential.h"
 #include "worker/nn/tensor_slice.h"
+#include "worker/pipeline/pipeline_metrics.h"
 #include "worker/pipeline/pipeline_schedule.h"
 #include "worker/pipeline/stage_links.h"
 
@@ -98,6 +99,11 @@ class PipelineMlp final : public Model {
     uint64_t local_offset = 0, full_offset = 0, size = 0;
   };
   std::vector<Run> FullRuns(uint64_t offset, uint64_t size, bool writing) const;
+
+  // Feeds `metrics` (may be null; must outlive the model) after every training step: the
+  // step's compute actions as a timeline, the bytes sent, the micro-batches held
+  // (pipeline_metrics.h), as tessera.torch.pipelining does for its schedules.
+  void SetMetrics(PipelineMetrics* metrics);
 
   const PipelineSchedule& schedule() const { return schedule_; }
   // The most (stage, micro-batch) pairs held at once in any step so far.
@@ -161,6 +167,10 @@ class PipelineMlp final : public Model {
   std::vector<float> scratch_grads_;  // layout() size: one micro-batch's weight gradients
   float* step_grads_ = nullptr;       // the trainer's gradient buffer during ForwardBackward
   int held_ = 0, peak_held_ = 0;
+  // The step's, for metrics_.
+  int step_peak_held_ = 0;
+  uint64_t step_activation_bytes_ = 0, step_gradient_bytes_ = 0;
+  PipelineMetrics* metrics_ = nullptr;
 };
 
 }  // namespace tessera::worker

@@ -177,6 +177,13 @@ TEST_P(PipelineMlpTest, GradientsEqualOneProcess) {
           results[index] = model.status();
           return;
         }
+        MetricsRegistry registry;
+        auto metrics = PipelineMetrics::Register(&registry);
+        if (!metrics.ok()) {
+          results[index] = metrics.status();
+          return;
+        }
+        (*model)->SetMetrics(metrics->get());
         const uint64_t size = (*model)->layout().total_size();
         std::vector<float> local(size), local_grads(size);
         (*model)->InitializeParameters(9, local.data());
@@ -193,6 +200,28 @@ TEST_P(PipelineMlpTest, GradientsEqualOneProcess) {
           results[index] = InternalError("peak held " + std::to_string((*model)->peak_held()) +
                                          ", the schedule's " +
                                          std::to_string((*model)->schedule().peak_held(p)));
+        }
+        // The step's metrics: one step, its held bound, one timeline entry per compute action.
+        const std::string text = registry.RenderText();
+        size_t computes = 0;
+        for (const PipelineAction& action : (*model)->schedule().actions(p)) {
+          computes += IsComputeAction(action.op) ? 1 : 0;
+        }
+        size_t timed = 0;
+        for (size_t at = text.find("\ntessera_pipeline_action_end_seconds{");
+             at != std::string::npos;
+             at = text.find("\ntessera_pipeline_action_end_seconds{", at + 1)) {
+          ++timed;
+        }
+        const std::string held =
+            "\ntessera_pipeline_micro_batches_held " +
+            std::to_string((*model)->schedule().peak_held(p)) + "\n";
+        if (results[index].ok() &&
+            (text.find("\ntessera_pipeline_steps_total 1\n") == std::string::npos ||
+             text.find(held) == std::string::npos || timed != computes)) {
+          results[index] = InternalError("pipeline metrics after one step (" +
+                                         std::to_string(timed) + " of " +
+                                         std::to_string(computes) + " actions timed):\n" + text);
         }
       });
     }

@@ -148,6 +148,11 @@ StatusOr<ScheduleKind> ParseScheduleKind(const std::string& name) {
   return InvalidArgumentError("pipeline schedule '" + name + "': not one of " + names);
 }
 
+bool IsComputeAction(PipelineOp op) {
+  return op == PipelineOp::kForward || op == PipelineOp::kBackward ||
+         op == PipelineOp::kBackwardInput || op == PipelineOp::kBackwardWeight;
+}
+
 std::string ActionName(const PipelineAction& action) {
   const char* op = "?";
   switch (action.op) {

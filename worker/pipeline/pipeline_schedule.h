@@ -76,6 +76,9 @@ struct PipelineAction {
   }
 };
 
+// F, B, I and W: what computes (the rest move messages).
+bool IsComputeAction(PipelineOp op);
+
 // torch's notation: "2F0" (stage 2's forward of micro-batch 0), "1B3", "0I1", "0W1",
 // "3RECV_F0", "2SEND_F0", "1RECV_B3", "2SEND_B3".
 std::string ActionName(const PipelineAction& action);
