@@ -115,6 +115,8 @@ class _PipelineSchedule:
         self._prepared = False
         self._failed = None
         self._sends = []
+        # Zero bubble: F collects what I and W need to split the backward (split_backward.py).
+        self._split_backward = self._has_backward and any(a[0] == "I" for a in self._actions)
         for stage in self._stages:
             stage._schedule = self
             stage.clear_runtime_states()
@@ -367,8 +369,9 @@ class Schedule1F1B(PipelineScheduleSingle):
 class ScheduleZBH1(PipelineScheduleSingle):
     """1F1B with each backward split into the input's gradient (I, which the stage before
     waits for) and the weights' (W, which nobody waits for, run later to fill the bubble:
-    Qi et al. 2023, ZB-H1). I is torch.autograd.grad with respect to the stage's inputs, W
-    with respect to its parameters, from the graph I kept. Needs n_microbatches >= P."""
+    Qi et al. 2023, ZB-H1). I differentiates with respect to the stage's inputs and keeps the
+    gradients flowing into the nodes where the weights join; W starts from those alone, so
+    neither recomputes the other's part (split_backward.py). Needs n_microbatches >= P."""
 
     _KIND = "zb-h1"
 
