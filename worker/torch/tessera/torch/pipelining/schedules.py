@@ -42,12 +42,19 @@ import torch
 import torch.distributed as dist
 
 from tessera.torch import _C
-from tessera.torch.pipelining.stage import PipelineStage, PipeliningShapeError, _tags_fit
+from tessera.torch.pipelining.failures import FailureWatch, PipelineFailure
+from tessera.torch.pipelining.stage import (PipelineStage, PipeliningShapeError, _PeerFailure,
+                                            _tags_fit)
 
 __all__ = ["PipelineScheduleSingle", "PipelineScheduleMulti", "ScheduleGPipe",
            "Schedule1F1B", "ScheduleInterleaved1F1B", "ScheduleZBH1"]
 
 _COMPUTE = ("F", "B", "I", "W")
+# The actions as failures name them.
+_ACTION_WORDS = {"F": "its forward", "B": "its backward", "I": "its input-gradient backward (I)",
+                 "W": "its weight-gradient backward (W)", "RECV_F": "receiving the activation",
+                 "SEND_F": "sending the activation", "RECV_B": "receiving the gradient",
+                 "SEND_B": "sending the gradient"}
 _BACKWARD = ("B", "I", "W", "RECV_B", "SEND_B")
 
 
@@ -117,9 +124,13 @@ class _PipelineSchedule:
         self._sends = []
         # Zero bubble: F collects what I and W need to split the backward (split_backward.py).
         self._split_backward = self._has_backward and any(a[0] == "I" for a in self._actions)
+        # What this rank runs (op, stage, micro-batch), for a failure to name.
+        self._action = None
         for stage in self._stages:
             stage._schedule = self
             stage.clear_runtime_states()
+        # How the ranks learn which stage failed (failures.py).
+        self._watch = FailureWatch(first.group, first._who, self._by_index)
 
     @property
     def n_microbatches(self):
@@ -179,6 +190,9 @@ class _PipelineSchedule:
             self.step_s = time.perf_counter() - started
         except BaseException as e:
             self._failed = f"{type(e).__name__}: {e}"
+            if not isinstance(e, (PipelineFailure, _PeerFailure)):
+                # This rank's own failure: the others, waiting for it, quote this at once.
+                self._watch.tell("error", *self._where_failed(e))
             if not self._prepared:
                 # The other ranks wait for this one's metadata or answers: tell them why.
                 for stage in self._stages:
@@ -195,6 +209,18 @@ class _PipelineSchedule:
             losses.extend(internal_losses[m] for m in range(self._n_microbatches))
         chunks = [last.output_chunks.pop(m) for m in range(self._n_microbatches)]
         return _merge(chunks)
+
+    def _where_failed(self, error):
+        """(stage, text) of this rank's own failure `error`, for the other ranks."""
+        who = self._stages[0]._who
+        if self._action is None:
+            stage = self._stages[0].stage_index
+            where = "before its first micro-batch" + ("" if self._prepared else
+                                                      " of its first step")
+            return stage, f"{who(stage)} failed {where}: {type(error).__name__}: {error}"
+        op, stage, m = self._action
+        return stage, (f"{who(stage)} failed in {_ACTION_WORDS.get(op, op)} of micro-batch {m}: "
+                       f"{type(error).__name__}: {error}")
 
     def _split(self, value, what):
         """`value` cut along dim 0 into n_microbatches equal parts (a tensor), or repeated."""
@@ -244,6 +270,7 @@ class _PipelineSchedule:
         for op, s, m in self._actions:
             if not backward and op in _BACKWARD:
                 continue
+            self._action = (op, s, m)
             stage = self._by_index[s]
             # Two clock reads and a tuple per compute action: microseconds against the
             # milliseconds of a stage's forward, so the timeline is always kept.
@@ -291,6 +318,7 @@ class _PipelineSchedule:
                                    f"schedule library")
             if start is not None:
                 timeline.append((op, s, m, start, clock()))
+        self._action = None
 
 
 def _detach(value):

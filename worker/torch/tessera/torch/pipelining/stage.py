@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from tessera.torch.pipelining import split_backward
+from tessera.torch.pipelining.failures import PipelineFailure
 
 __all__ = ["PipelineStage", "PipeliningShapeError"]
 
@@ -235,7 +236,10 @@ class PipelineStage:
 
     def _who(self, stage=None):
         stage = self.stage_index if stage is None else stage
-        return f"stage {stage} (rank {stage % self.group_size})"
+        if self.group is None or self.group is dist.group.WORLD:
+            return f"stage {stage} (rank {stage % self.group_size})"
+        return (f"stage {stage} (rank {stage % self.group_size} of the pipeline group, world "
+                f"rank {self._global_rank(stage)})")
 
     def _global_rank(self, stage):
         group_rank = stage % self.group_size
@@ -258,8 +262,13 @@ class PipelineStage:
         self._schedule._sends.append(work)
 
     def _recv(self, tensor, stage, tag, what):
+        peer = self._global_rank(stage)
         try:
-            dist.irecv(tensor, self._global_rank(stage), group=self.group, tag=tag).wait()
+            work = dist.irecv(tensor, peer, group=self.group, tag=tag)
+            # Waits in slices, reading the other ranks' failure notices (failures.py).
+            self._schedule._watch.wait(work, self.stage_index, stage, peer, what)
+        except (PipelineFailure, _PeerFailure, PipeliningShapeError):
+            raise
         except Exception as e:
             raise RuntimeError(f"tessera.torch.pipelining: {self._who()}: receiving {what} "
                                f"from {self._who(stage)}: {e}") from e
@@ -402,6 +411,13 @@ class PipelineStage:
 
     def _check(self, tensors, metas, what, m):
         got = _metas_of(tensors, what, tensors_only=self.is_first and metas is self.inputs_meta)
+        if _mismatch(got, metas) and metas is self._outputs_meta and not self.is_last:
+            s = self.stage_index
+            raise PipeliningShapeError(
+                f"tessera.torch.pipelining: {self._who()} -> {self._who(s + 1)}, micro-batch "
+                f"{m}: stage {s}'s forward returns {_describe_metas(got)}; stage {s + 1} "
+                f"expects {_describe_metas(metas)} (the first step's: micro-batches keep the "
+                f"first step's shapes)")
         if _mismatch(got, metas):
             raise PipeliningShapeError(
                 f"tessera.torch.pipelining: {self._who()}, micro-batch {m}: {what} "
