@@ -3,7 +3,7 @@ or raising mid-step) fails every rank of the pipeline at once naming it; a stage
 named by the ranks waiting for it when the process group's timeout passes (which stage, which
 micro-batch, how long); stages that disagree on a shape in a later step fail both ranks within
 1 s naming the pair, the micro-batch and both shapes; schedules that cannot run are refused at
-their start.
+their start (a zero-bubble schedule over FSDP units too: its W would lose their gradients).
 
 Three ranks, one stage each, Schedule1F1B with 4 micro-batches: the trap is set in stage
 `victim`'s forward of micro-batch 1 of the second step. Rank 0 never talks to stage 2: it learns
@@ -121,6 +121,7 @@ def _message(fn):
 def _refusals(rank, world):
     """Schedules and pipelines that cannot run, refused before any message."""
     from tessera.torch import pipelining
+    from tessera.torch.fsdp import FullyShardedDataParallel as FSDP
 
     stage = pipelining.PipelineStage(nn.Linear(_WIDTH, _WIDTH), rank, world, "cpu")
     two_children = nn.Sequential(nn.Linear(_WIDTH, _WIDTH), nn.ReLU())
@@ -133,6 +134,9 @@ def _refusals(rank, world):
             [pipelining.PipelineStage(nn.Linear(_WIDTH, _WIDTH), rank + k * world, 2 * world,
                                       "cpu") for k in range(2)], 4)),
         "stage of a 2-stage pipe": _message(lambda: pipe.build_stage(rank, "cpu")),
+        "zb-h1 over fsdp": _message(lambda: pipelining.ScheduleZBH1(
+            pipelining.PipelineStage(FSDP(nn.Linear(_WIDTH, _WIDTH)), rank, world, "cpu"), 4,
+            loss_fn=nn.MSELoss())),
     }
 
 
@@ -201,6 +205,9 @@ class PipelineFailuresTest(unittest.TestCase):
                 self.assertIn("ValueError: tessera.torch.pipelining: ScheduleInterleaved1F1B: ",
                               r["interleaved"])
                 self.assertIn("a multiple", r["interleaved"])
+                self.assertIn("ValueError: tessera.torch.pipelining: ScheduleZBH1: stage "
+                              f"{rank}'s module '<root>' is a FullyShardedDataParallel unit, "
+                              "which a zero-bubble schedule cannot split", r["zb-h1 over fsdp"])
                 if rank < 2:
                     self.assertIn("2 stages over a group of 3 ranks: num_stages must be a "
                                   "multiple of the group's size", r["stage of a 2-stage pipe"])

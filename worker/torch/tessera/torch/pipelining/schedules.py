@@ -124,6 +124,8 @@ class _PipelineSchedule:
         self._sends = []
         # Zero bubble: F collects what I and W need to split the backward (split_backward.py).
         self._split_backward = self._has_backward and any(a[0] == "I" for a in self._actions)
+        if self._split_backward:
+            _refuse_fsdp(name, stages)
         # What this rank runs (op, stage, micro-batch), for a failure to name.
         self._action = None
         for stage in self._stages:
@@ -319,6 +321,22 @@ class _PipelineSchedule:
             if start is not None:
                 timeline.append((op, s, m, start, clock()))
         self._action = None
+
+
+def _refuse_fsdp(name, stages):
+    """A zero-bubble schedule cannot run FSDP units: FSDP gathers a unit's parameters when
+    its output's gradient arrives and reduces them when the parameters' own do, while W runs
+    the weights' part from inside the unit, long after I; its gradients would be lost
+    silently."""
+    from tessera.torch.fsdp import FullyShardedDataParallel
+    for stage in stages:
+        for path, module in stage.submod.named_modules():
+            if isinstance(module, FullyShardedDataParallel):
+                raise ValueError(f"tessera.torch.pipelining: {name}: stage {stage.stage_index}'s "
+                                 f"module {path or '<root>'!r} is a FullyShardedDataParallel "
+                                 f"unit, which a zero-bubble schedule cannot split into I and "
+                                 f"W: use Schedule1F1B (or average the gradients over the "
+                                 f"data-parallel group with an all_reduce after the step)")
 
 
 def _detach(value):
