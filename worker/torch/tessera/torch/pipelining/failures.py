@@ -93,11 +93,18 @@ class FailureWatch:
         _SCHEDULES[ranks] = _SCHEDULES.get(ranks, 0) + 1
         self._prefix = (f"tessera.pipelining/{','.join(map(str, ranks))}/"
                         f"{_SCHEDULES[ranks]}/")
-        self._read = {}  # ticket -> notice
+        self._seen = {}  # ticket -> notice
         self._peers = {}  # global rank -> its process, once read
         self._me = _process()
         self._store_call(lambda s: s.set(f"tessera.pipelining/process/{dist.get_rank()}",
                                           json.dumps(self._me)))
+
+    def _read(self, key):
+        """The value of `key` (bytes), or None when it is not set: compare_set with a value no
+        key holds answers without waiting and writes nothing (a FileStore appends every add,
+        even of 0, to its file: polling must not)."""
+        value = self._store_call(lambda s: s.compare_set(key, _ABSENT, _ABSENT))
+        return None if value is None or value == _ABSENT else value
 
     def _store_call(self, call):
         if self._store is None:
@@ -122,14 +129,13 @@ class FailureWatch:
 
     def notices(self):
         """Every notice written so far (in the order of their tickets)."""
-        count = self._store_call(lambda s: s.add(self._prefix + "tickets", 0)) or 0
-        for ticket in range(1, count + 1):
-            if ticket not in self._read:
-                key = self._prefix + f"notice/{ticket}"
-                value = self._store_call(lambda s: s.compare_set(key, _ABSENT, _ABSENT))
-                if value is not None and value != _ABSENT:
-                    self._read[ticket] = json.loads(value.decode())
-        return [self._read[t] for t in sorted(self._read)]
+        count = self._read(self._prefix + "tickets")
+        for ticket in range(1, int(count) + 1 if count else 1):
+            if ticket not in self._seen:
+                value = self._read(self._prefix + f"notice/{ticket}")
+                if value is not None:  # else its writer is between add and set
+                    self._seen[ticket] = json.loads(value.decode())
+        return [self._seen[t] for t in sorted(self._seen)]
 
     @staticmethod
     def _decisive(notices):
@@ -168,9 +174,8 @@ class FailureWatch:
             return ""
         peer = self._peers.get(global_rank)
         if peer is None:
-            key = f"tessera.pipelining/process/{global_rank}"
-            value = self._store_call(lambda s: s.compare_set(key, _ABSENT, _ABSENT))
-            if value is None or value == _ABSENT:
+            value = self._read(f"tessera.pipelining/process/{global_rank}")
+            if value is None:
                 return ""
             peer = self._peers[global_rank] = json.loads(value.decode())
         if not peer or any(peer[k] != self._me[k] for k in ("host", "boot", "pidns")):
