@@ -187,6 +187,11 @@ def backward_input(roots, seeds, inputs, params, candidates):
     input_nodes = {id(t): _accumulator(t) for t in inputs if t.requires_grad}
     wanted = [t for t in inputs if input_nodes.get(id(t)) in graph]
     input_side, _ = _above([input_nodes[id(t)] for t in wanted], consumers)
+    if not wanted:
+        # No input takes a gradient (stage 0): I has nothing to do and W is the whole backward,
+        # run once. (Walking each parameter's way to the roots would cost nodes x parameters.)
+        whole = [p for p in params if _accumulator(p) in graph]
+        return [None] * len(inputs), WeightWork([], whole, roots, seeds)
     candidates = dict(candidates)
     for root in roots:
         if root.grad_fn is not None:
