@@ -79,6 +79,31 @@ def _trained(rank, world, victim, trap, hang_s=0.0):
     return "no error", None
 
 
+def _mesh_hang(rank, world, hang_s):
+    """Two pipelines of 2 stages on a ("dp", "pp") = (2, 2) mesh; stage 1 of both hangs in
+    micro-batch 1 of step 1. The pp groups are init_device_mesh's own (new_group)."""
+    from tessera.torch import init_device_mesh, pipelining
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "pp"))
+    pp = mesh.get_coordinate()[1]
+    stage = pipelining.PipelineStage(_Trap("hang" if pp == 1 else None, hang_s), pp, 2, "cpu",
+                                     group=mesh.get_group("pp"))
+    schedule = pipelining.Schedule1F1B(stage, _M, loss_fn=nn.MSELoss())
+    try:
+        for _ in range(3):
+            if pp == 0:
+                schedule.step(torch.randn(2 * _M, _WIDTH))
+            else:
+                schedule.step(target=torch.randn(2 * _M, _WIDTH))
+    except Exception as e:  # noqa: BLE001
+        if pp == 1:
+            raise
+        failed_at = time.time()
+        with open(os.path.join(os.environ["TESSERA_TEST_DIR"], "trap")) as f:
+            return f"{type(e).__name__}: {e}", failed_at - float(f.read())
+    return "no error", None
+
+
 def _later_shapes(rank, world):
     """Stage 0's forward returns (2, 3) instead of (2, 4) from micro-batch 2 of step 1: both
     ranks fail; returns (error, seconds from the step's start)."""
@@ -184,6 +209,22 @@ class PipelineFailuresTest(unittest.TestCase):
             self.assertIn("on this host) is alive: it is stuck", message)
             # The timeout the user set, plus the grace in which the others' notices arrive.
             self.assertGreater(seconds, timeout_s - 1, f"rank {rank}: {message}")
+            self.assertLess(seconds, timeout_s + 3, f"rank {rank}: {message}")
+
+    def test_a_hung_stage_on_a_mesh_is_named_at_the_timeout_the_user_set(self):
+        # init_device_mesh's groups take init_process_group's timeout (4 s), not new_group's
+        # 30 minutes.
+        timeout_s = 4
+        failure = torch_testing.run_ranks(_mesh_hang, 4, args=(timeout_s + 4,),
+                                          timeout_s=timeout_s, return_errors=True)
+        self.assertIsInstance(failure, torch_testing.RankFailure, f"no rank failed: {failure}")
+        self.assertEqual(set(failure.errors), {1, 3}, str(failure))
+        for rank, (message, seconds) in sorted(failure.results.items()):
+            print(f"rank {rank}: {seconds:.2f} s after the trap: {message}")
+            self.assertIn(f"stage 0 (rank 0 of the pipeline group, world rank {rank}) waited "
+                          f"{timeout_s}.", message)
+            self.assertIn(f"from stage 1 (rank 1 of the pipeline group, world rank {rank + 1}),"
+                          f" which sent nothing", message)
             self.assertLess(seconds, timeout_s + 3, f"rank {rank}: {message}")
 
     def test_shapes_that_change_in_a_later_step_fail_both_ranks_at_once(self):
