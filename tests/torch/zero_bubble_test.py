@@ -167,7 +167,48 @@ def _split_work(rank, world, three_d):
     return failures
 
 
+def _tensor_parallel_split(rank, world):
+    """A column- then row-parallel pair (tessera.torch.tensor_parallel) splits whole: W starts
+    from anchors above the rows' all-reduce, whose backward is the identity, so it runs no
+    collective; the gradients equal a full backward's."""
+    from tessera.torch import init_device_mesh
+    from tessera.torch.pipelining import split_backward
+    from tessera.torch.tensor_parallel import (ColwiseParallel, RowwiseParallel,
+                                               parallelize_module)
+
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
+
+    def model():
+        torch.manual_seed(5)
+        module = nn.Sequential(nn.Linear(_WIDTH, 8), nn.ReLU(), nn.Linear(8, _WIDTH))
+        return parallelize_module(module, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+
+    x = torch.randn(3, _WIDTH, generator=torch.Generator().manual_seed(6))
+    seed = torch.randn(3, _WIDTH, generator=torch.Generator().manual_seed(7))
+    split, reference = model(), model()
+    xs = x.clone().requires_grad_()
+    with split_backward.Candidates(split) as candidates:
+        output = split(xs)
+    (dx,), work = split_backward.backward_input([output], [seed], [xs],
+                                                list(split.parameters()), candidates.by_node)
+    whole = len(work.whole_params)
+    work.run()
+    xr = x.clone().requires_grad_()
+    reference(xr).backward(seed)
+    failures = [] if whole == 0 else [f"rank {rank}: {whole} parameters differentiated whole"]
+    if not torch.allclose(dx, xr.grad, rtol=1e-5, atol=1e-6):
+        failures.append(f"rank {rank}: the input's gradient differs")
+    for (name, p), q in zip(split.named_parameters(), reference.parameters()):
+        if not torch.allclose(p.grad, q.grad, rtol=1e-5, atol=1e-6):
+            failures.append(f"rank {rank}: {name}'s gradient differs")
+    return failures
+
+
 class ZeroBubbleTest(unittest.TestCase):
+    def test_tensor_parallel_layers_split(self):
+        results = torch_testing.run_ranks(_tensor_parallel_split, 2)
+        self.assertEqual([f for r in results for f in r], [])
+
     def test_w_runs_no_input_gradient_node(self):
         for three_d in (False, True):
             results = torch_testing.run_ranks(_split_work, 2, args=(three_d,))
@@ -177,8 +218,19 @@ class ZeroBubbleTest(unittest.TestCase):
 # -- in one process: backward_input and WeightWork against a full backward --------------------
 
 class _Scale(nn.Module):
-    """x * scale + x: the weight node (Mul) has no anchor (the module's output is an Add's):
-    `scale` is differentiated whole."""
+    """tanh(x * scale) + x: the weight node (Mul) has no anchor (a Tanh, which computes, lies
+    between it and the module's output): `scale` is differentiated whole."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.linspace(0.5, 1.5, _WIDTH))
+
+    def forward(self, x):
+        return torch.tanh(x * self.scale) + x
+
+
+class _Residual(nn.Module):
+    """x * scale + x: the Add above the weight node (Mul) is cheap: it splits."""
 
     def __init__(self):
         super().__init__()
@@ -220,6 +272,7 @@ def _modules():
         "twice": _Twice(),
         "offset": _Offset(),
         "layernorm": nn.Sequential(nn.Linear(_WIDTH, _WIDTH), nn.LayerNorm(_WIDTH)),
+        "residual": nn.Sequential(nn.Linear(_WIDTH, _WIDTH), _Residual()),
     }
 
 
@@ -287,6 +340,7 @@ class SplitBackwardTest(unittest.TestCase):
                                                            id(mlp[2].bias)]))]), []))
         scale = modules["scale"]
         self.assertEqual(plan(scale)[1], [id(scale[1].scale)])
+        self.assertEqual(plan(modules["residual"])[1], [])
         twice = modules["twice"]
         self.assertEqual(plan(twice), ([], sorted(id(p) for p in twice.parameters())))
         offset = modules["offset"]

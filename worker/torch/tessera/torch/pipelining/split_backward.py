@@ -13,9 +13,9 @@ Words (the autograd graph of one micro-batch on one stage):
                inputs is a weight node of the parameters that reach it (stage 0: every
                parameter's, as stage 0's input takes no gradient).
   anchor       a tensor of the forward whose grad_fn is a weight node, or reaches one through
-               shape-only nodes (a Linear on a 3-d input: ViewBackward over the Addmm). 1.13's
-               autograd starts only from tensors: W starts from the anchors, with the gradient
-               I saw flowing into them (a pre-hook on the anchor's node).
+               cheap nodes (_CHEAP: views, adds; a Linear on a 3-d input is a View over the
+               Addmm). 1.13's autograd starts only from tensors: W starts from the anchors,
+               with the gradient I saw flowing into them (a pre-hook on the anchor's node).
   group        parameters that share anchors. W runs one autograd.backward per group, from its
                anchors to its parameters only: the engine then computes, at each weight node,
                the weight's part alone (an Addmm's mat2 and bias, not mat1), and runs no node
@@ -38,12 +38,21 @@ import torch
 
 __all__ = ["Candidates", "WeightWork", "backward_input"]
 
-# Nodes that only move or reshape their gradient: an anchor may sit this far above its weight
-# node (W re-runs them; they cost no arithmetic).
-_SHAPE_ONLY = ("ViewBackward", "UnsafeViewBackward", "ReshapeAliasBackward", "TBackward",
-               "TransposeBackward", "PermuteBackward", "SqueezeBackward", "UnsqueezeBackward",
-               "AsStridedBackward")
-_MAX_SHAPE_HOPS = 4
+# Nodes whose backward only moves, reshapes or adds up its gradient: an anchor may sit this
+# many of them above its weight node (W runs them again, at no real cost): a Linear on a 3-d
+# input (View over Addmm), a bias added after the matmul (Add). Custom autograd Functions
+# join them with a class attribute tessera_cheap_backward = True (no arithmetic to speak of,
+# no communication: tensor_parallel.py's sums and gathers, whose backward is the identity or
+# a slice).
+_CHEAP = ("ViewBackward", "UnsafeViewBackward", "ReshapeAliasBackward", "TBackward",
+          "TransposeBackward", "PermuteBackward", "SqueezeBackward", "UnsqueezeBackward",
+          "AsStridedBackward", "AddBackward", "SubBackward")
+_MAX_CHEAP_HOPS = 4
+
+
+def _cheap(node):
+    return (node.name().startswith(_CHEAP)
+            or getattr(getattr(node, "_forward_cls", None), "tessera_cheap_backward", False))
 
 
 def _accumulator(tensor):
@@ -138,12 +147,12 @@ def _above(starts, consumers, stop=None):
 
 def _anchor_node(node, candidates, consumers):
     """The node of the candidate that anchors weight node `node`: itself, or the top of a
-    short chain of shape-only nodes each taking the one output of the one below; or None."""
-    for _ in range(_MAX_SHAPE_HOPS + 1):
+    short chain of cheap nodes each taking the one output of the one below; or None."""
+    for _ in range(_MAX_CHEAP_HOPS + 1):
         if node in candidates:
             return node
         above = consumers.get(node, ())
-        if len(above) != 1 or not above[0].name().startswith(_SHAPE_ONLY):
+        if len(above) != 1 or not _cheap(above[0]):
             return None
         node = above[0]
     return None
