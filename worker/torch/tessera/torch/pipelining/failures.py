@@ -193,6 +193,7 @@ class FailureWatch:
         peer's process is gone, or when the receive's deadline passed."""
         started = time.monotonic()
         grace_until = None
+        first_slice = True
         while True:
             try:
                 work.wait(datetime.timedelta(seconds=SLICE_S))
@@ -211,12 +212,16 @@ class FailureWatch:
                 raise PipelineFailure(
                     f"tessera.torch.pipelining: {self._who(stage)}, waiting {waited:.1f} s for "
                     f"{what} from {self._who(peer_stage)}: {decisive['text']}")
+            # Given up on before this wait: this rank was the stuck one, and is back too late.
+            # (A notice that comes while it waits is another rank's deadline passing first on
+            # the way to the stage this one waits for, which the grace below sorts out.)
             given_up = [n for n in notices
                         if n["kind"] == "timeout" and n["blames"] in self._stages]
-            if given_up:  # this rank was the stuck one, and is back: too late
+            if first_slice and given_up:
                 raise PipelineFailure(
                     f"tessera.torch.pipelining: {self._who(stage)} is too late: the other ranks "
                     f"gave up waiting for it: {given_up[0]['text']}")
+            first_slice = False
             gone = self.exited(peer_rank)
             if gone:
                 text = (f"{self._who(peer_stage)} is dead: {gone} (seen by {self._who(stage)} "
