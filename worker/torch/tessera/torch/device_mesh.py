@@ -13,6 +13,9 @@ Words used below:
               "tp" last dim puts each tensor-parallel group on consecutive ranks (one host).
   sub-mesh    mesh[names]: the slice along the named dims through this rank's coordinate. It
               shares the root mesh's dim groups: slicing makes no group.
+
+The dim groups take the default group's timeout (init_process_group's), where torch's take
+new_group's default (30 minutes).
 """
 
 import math
@@ -30,12 +33,23 @@ def _dim_slices(mesh, dim):
     return [row.tolist() for row in moved]
 
 
+def _default_timeout():
+    """The timeout the default group was made with: init_process_group gives it to the default
+    store too, where 1.13 lets it be read."""
+    try:
+        return dist.distributed_c10d._get_default_store().timeout
+    except Exception:  # noqa: BLE001  (no store to read: torch's default)
+        return dist.distributed_c10d.default_pg_timeout
+
+
 def _new_group(ranks, world_size):
     # A dim spanning the whole default group in its order is that group, as in torch (no
     # group to make).
     if ranks == list(range(world_size)):
         return dist.group.WORLD
-    return dist.new_group(ranks)
+    # The timeout the user set at init_process_group, not new_group's default of 30 minutes
+    # (torch's): a stage or peer that hangs is named at the deadline the program chose.
+    return dist.new_group(ranks, timeout=_default_timeout())
 
 
 class DeviceMesh:

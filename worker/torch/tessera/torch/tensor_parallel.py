@@ -152,6 +152,10 @@ class _CopyToGroup(torch.autograd.Function):
 class _ReduceFromGroup(torch.autograd.Function):
     """All-reduce (sum) forward; identity backward (Megatron's g)."""
 
+    # Its backward neither computes nor communicates: zero bubble's W may run it again
+    # between a weight's node and its anchor (pipelining/split_backward.py).
+    tessera_cheap_backward = True
+
     @staticmethod
     def forward(ctx, tensor, group):
         return _all_reduce(tensor, group)
@@ -164,6 +168,8 @@ class _ReduceFromGroup(torch.autograd.Function):
 class _Gather(torch.autograd.Function):
     """Forward all-gathers the ranks' slices along dim into the replicated tensor; backward
     keeps this rank's slice of the (replicated) gradient."""
+
+    tessera_cheap_backward = True  # a slice: see _ReduceFromGroup
 
     @staticmethod
     def forward(ctx, tensor, dim, group):

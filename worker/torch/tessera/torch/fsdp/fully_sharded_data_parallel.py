@@ -719,6 +719,9 @@ class FullyShardedDataParallel(StateDictMethods, nn.Module):
         return grad
 
     def _post_backward(self):
+        # The next backward gathers again: it may be another forward's, run before this one's
+        # backward (a pipeline schedule runs several micro-batches' forwards first).
+        self._pre_backward_done = False
         grad = self._take_gradient()
         # Freed before the reduction is issued: issuing it finishes the one before (its full
         # gradient held until then), and this unit's parameters are not needed any more.

@@ -77,7 +77,8 @@ class Pipe:
     def _check(self, stage_index):
         if not isinstance(stage_index, int) or not 0 <= stage_index < self.num_stages:
             raise ValueError(f"tessera.torch.pipelining: Pipe: stage {stage_index!r} is not in "
-                             f"0 .. {self.num_stages - 1}")
+                             f"0 .. {self.num_stages - 1}: pipeline() cut the model into "
+                             f"{self.num_stages} stage(s), one more than its split points")
 
     def get_stage_module(self, stage_idx):
         """Stage `stage_idx`'s module (its parameters are the model's)."""

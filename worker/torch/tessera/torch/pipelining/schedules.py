@@ -42,12 +42,19 @@ import torch
 import torch.distributed as dist
 
 from tessera.torch import _C
-from tessera.torch.pipelining.stage import PipelineStage, PipeliningShapeError, _tags_fit
+from tessera.torch.pipelining.failures import FailureWatch, PipelineFailure
+from tessera.torch.pipelining.stage import (PipelineStage, PipeliningShapeError, _PeerFailure,
+                                            _tags_fit)
 
 __all__ = ["PipelineScheduleSingle", "PipelineScheduleMulti", "ScheduleGPipe",
            "Schedule1F1B", "ScheduleInterleaved1F1B", "ScheduleZBH1"]
 
 _COMPUTE = ("F", "B", "I", "W")
+# The actions as failures name them.
+_ACTION_WORDS = {"F": "its forward", "B": "its backward", "I": "its input-gradient backward (I)",
+                 "W": "its weight-gradient backward (W)", "RECV_F": "receiving the activation",
+                 "SEND_F": "sending the activation", "RECV_B": "receiving the gradient",
+                 "SEND_B": "sending the gradient"}
 _BACKWARD = ("B", "I", "W", "RECV_B", "SEND_B")
 
 
@@ -117,9 +124,17 @@ class _PipelineSchedule:
         self._sends = []
         self._sent_bytes = {"activation": 0, "gradient": 0}  # this step's, for the metrics
         self._metrics_schedule_set = False
+        # Zero bubble: F collects what I and W need to split the backward (split_backward.py).
+        self._split_backward = self._has_backward and any(a[0] == "I" for a in self._actions)
+        if self._split_backward:
+            _refuse_fsdp(name, stages)
+        # What this rank runs (op, stage, micro-batch), for a failure to name.
+        self._action = None
         for stage in self._stages:
             stage._schedule = self
             stage.clear_runtime_states()
+        # How the ranks learn which stage failed (failures.py).
+        self._watch = FailureWatch(first.group, first._who, self._by_index)
 
     @property
     def n_microbatches(self):
@@ -182,6 +197,9 @@ class _PipelineSchedule:
             self._record_metrics(started, started_unix)
         except BaseException as e:
             self._failed = f"{type(e).__name__}: {e}"
+            if not isinstance(e, (PipelineFailure, _PeerFailure)):
+                # This rank's own failure: the others, waiting for it, quote this at once.
+                self._watch.tell("error", *self._where_failed(e))
             if not self._prepared:
                 # The other ranks wait for this one's metadata or answers: tell them why.
                 for stage in self._stages:
@@ -211,6 +229,18 @@ class _PipelineSchedule:
         _C.pipeline_record_step(started_unix, self.step_s, actions,
                                 self._sent_bytes["activation"], self._sent_bytes["gradient"],
                                 self.peak_held)
+
+    def _where_failed(self, error):
+        """(stage, text) of this rank's own failure `error`, for the other ranks."""
+        who = self._stages[0]._who
+        if self._action is None:
+            stage = self._stages[0].stage_index
+            where = "before its first micro-batch" + ("" if self._prepared else
+                                                      " of its first step")
+            return stage, f"{who(stage)} failed {where}: {type(error).__name__}: {error}"
+        op, stage, m = self._action
+        return stage, (f"{who(stage)} failed in {_ACTION_WORDS.get(op, op)} of micro-batch {m}: "
+                       f"{type(error).__name__}: {error}")
 
     def _split(self, value, what):
         """`value` cut along dim 0 into n_microbatches equal parts (a tensor), or repeated."""
@@ -260,6 +290,7 @@ class _PipelineSchedule:
         for op, s, m in self._actions:
             if not backward and op in _BACKWARD:
                 continue
+            self._action = (op, s, m)
             stage = self._by_index[s]
             # Two clock reads and a tuple per compute action: microseconds against the
             # milliseconds of a stage's forward, so the timeline is always kept.
@@ -307,6 +338,23 @@ class _PipelineSchedule:
                                    f"schedule library")
             if start is not None:
                 timeline.append((op, s, m, start, clock()))
+        self._action = None
+
+
+def _refuse_fsdp(name, stages):
+    """A zero-bubble schedule cannot run FSDP units: FSDP gathers a unit's parameters when
+    its output's gradient arrives and reduces them when the parameters' own do, while W runs
+    the weights' part from inside the unit, long after I; its gradients would be lost
+    silently."""
+    from tessera.torch.fsdp import FullyShardedDataParallel
+    for stage in stages:
+        for path, module in stage.submod.named_modules():
+            if isinstance(module, FullyShardedDataParallel):
+                raise ValueError(f"tessera.torch.pipelining: {name}: stage {stage.stage_index}'s "
+                                 f"module {path or '<root>'!r} is a FullyShardedDataParallel "
+                                 f"unit, which a zero-bubble schedule cannot split into I and "
+                                 f"W: use Schedule1F1B (or average the gradients over the "
+                                 f"data-parallel group with an all_reduce after the step)")
 
 
 def _detach(value):
@@ -385,8 +433,9 @@ class Schedule1F1B(PipelineScheduleSingle):
 class ScheduleZBH1(PipelineScheduleSingle):
     """1F1B with each backward split into the input's gradient (I, which the stage before
     waits for) and the weights' (W, which nobody waits for, run later to fill the bubble:
-    Qi et al. 2023, ZB-H1). I is torch.autograd.grad with respect to the stage's inputs, W
-    with respect to its parameters, from the graph I kept. Needs n_microbatches >= P."""
+    Qi et al. 2023, ZB-H1). I differentiates with respect to the stage's inputs and keeps the
+    gradients flowing into the nodes where the weights join; W starts from those alone, so
+    neither recomputes the other's part (split_backward.py). Needs n_microbatches >= P."""
 
     _KIND = "zb-h1"
 

@@ -21,6 +21,9 @@ import json
 import torch
 import torch.distributed as dist
 
+from tessera.torch.pipelining import split_backward
+from tessera.torch.pipelining.failures import PipelineFailure
+
 __all__ = ["PipelineStage", "PipeliningShapeError"]
 
 
@@ -223,7 +226,8 @@ class PipelineStage:
         self._output_grads = {}  # m -> gradients of the outputs, received or handed over
         self._input_grads = {}  # m -> gradients of the inputs, for the stage before
         self._forward_state = {}  # m -> (inputs, tensors to differentiate); held activations
-        self._weight_pending = {}  # m -> (tensors, grads) after I, before W (zero bubble)
+        self._candidates = {}  # m -> candidate anchors of F, for I (zero bubble)
+        self._weight_pending = {}  # m -> split_backward.WeightWork after I, before W
         self.output_chunks = {}  # m -> the last stage's detached outputs
         self.held = 0
         self.peak_held = 0
@@ -232,7 +236,10 @@ class PipelineStage:
 
     def _who(self, stage=None):
         stage = self.stage_index if stage is None else stage
-        return f"stage {stage} (rank {stage % self.group_size})"
+        if self.group is None or self.group is dist.group.WORLD:
+            return f"stage {stage} (rank {stage % self.group_size})"
+        return (f"stage {stage} (rank {stage % self.group_size} of the pipeline group, world "
+                f"rank {self._global_rank(stage)})")
 
     def _global_rank(self, stage):
         group_rank = stage % self.group_size
@@ -255,8 +262,13 @@ class PipelineStage:
         self._schedule._sends.append(work)
 
     def _recv(self, tensor, stage, tag, what):
+        peer = self._global_rank(stage)
         try:
-            dist.irecv(tensor, self._global_rank(stage), group=self.group, tag=tag).wait()
+            work = dist.irecv(tensor, peer, group=self.group, tag=tag)
+            # Waits in slices, reading the other ranks' failure notices (failures.py).
+            self._schedule._watch.wait(work, self.stage_index, stage, peer, what)
+        except (PipelineFailure, _PeerFailure, PipeliningShapeError):
+            raise
         except Exception as e:
             raise RuntimeError(f"tessera.torch.pipelining: {self._who()}: receiving {what} "
                                f"from {self._who(stage)}: {e}") from e
@@ -399,6 +411,13 @@ class PipelineStage:
 
     def _check(self, tensors, metas, what, m):
         got = _metas_of(tensors, what, tensors_only=self.is_first and metas is self.inputs_meta)
+        if _mismatch(got, metas) and metas is self._outputs_meta and not self.is_last:
+            s = self.stage_index
+            raise PipeliningShapeError(
+                f"tessera.torch.pipelining: {self._who()} -> {self._who(s + 1)}, micro-batch "
+                f"{m}: stage {s}'s forward returns {_describe_metas(got)}; stage {s + 1} "
+                f"expects {_describe_metas(metas)} (the first step's: micro-batches keep the "
+                f"first step's shapes)")
         if _mismatch(got, metas):
             raise PipeliningShapeError(
                 f"tessera.torch.pipelining: {self._who()}, micro-batch {m}: {what} "
@@ -436,7 +455,12 @@ class PipelineStage:
         else:
             inputs = self._received.pop(m)
             args, kwargs = inputs, {}
-        if has_backward:
+        if has_backward and self._schedule._split_backward:
+            # I and W need the anchors of the weights' gradients (split_backward.py).
+            with split_backward.Candidates(self.submod) as candidates:
+                output = self.submod(*args, **kwargs)
+            self._candidates[m] = candidates.by_node
+        elif has_backward:
             output = self.submod(*args, **kwargs)
         else:
             with torch.no_grad():
@@ -505,33 +529,23 @@ class PipelineStage:
         self._held_changed(-1)
 
     def _backward_input(self, m, loss_scale):
-        """I (zero bubble): the input's gradient only; the graph stays for W."""
+        """I (zero bubble): the input's gradient only; keeps what W needs of the graph."""
         inputs, tensors, seeds = self._differentiated(m, loss_scale)
-        wanted = [i for i in inputs if i.requires_grad]
-        grads = {}
-        if tensors and wanted:
-            computed = torch.autograd.grad(tensors, wanted, grad_outputs=seeds,
-                                           retain_graph=True, allow_unused=True)
-            grads = {id(i): g for i, g in zip(wanted, computed)}
+        candidates = self._candidates.pop(m, {})
+        params = [p for p in self.submod.parameters() if p.requires_grad]
+        if tensors:
+            grads, work = split_backward.backward_input(tensors, seeds, inputs, params,
+                                                        candidates)
+        else:
+            grads, work = [None] * len(inputs), split_backward.WeightWork([], [], [], [])
         if not self.is_first:
-            self._input_grads[m] = self._input_grad_list(inputs,
-                                                         [grads.get(id(i)) for i in inputs])
-        self._weight_pending[m] = (tensors, seeds)
+            self._input_grads[m] = self._input_grad_list(inputs, grads)
+        self._weight_pending[m] = work
 
     def _backward_weight(self, m):
-        """W (zero bubble): the weights' gradients of micro-batch m, into .grad; frees the
-        graph."""
-        tensors, seeds = self._weight_pending.pop(m)
-        params = [p for p in self.submod.parameters() if p.requires_grad]
-        if tensors and params:
-            grads = torch.autograd.grad(tensors, params, grad_outputs=seeds, allow_unused=True)
-            for p, g in zip(params, grads):
-                if g is None:
-                    continue
-                if p.grad is None:
-                    p.grad = g
-                else:
-                    p.grad.add_(g)
+        """W (zero bubble): the weights' gradients of micro-batch m, into .grad, from what I
+        kept and nothing of the input side; frees the graph."""
+        self._weight_pending.pop(m).run()
         self._held_changed(-1)
 
     def _input_grad_list(self, inputs, grads):
