@@ -5,12 +5,10 @@
 // every run trains on the same global batches.
 #include <gtest/gtest.h>
 
-#include <algorithm>
-#include <cmath>
 #include <fstream>
 
 #include "tests/fleet_harness.h"
-#include "worker/params_file.h"
+#include "tests/params_match.h"
 
 namespace tessera::testing {
 namespace {
@@ -28,25 +26,6 @@ std::vector<std::string> Flags(int batch_size, int steps) {
 const std::vector<std::string> kPipelineByTensor = {
     "--pipeline-stages", "2", "--micro-batches", "2", "--tensor-parallel", "2",
     "--pipeline-split", "4"};
-
-void ExpectMatches(const std::string& got_path, const std::string& want_path) {
-  auto got = worker::LoadParams(got_path);
-  auto want = worker::LoadParams(want_path);
-  ASSERT_TRUE(got.ok()) << got.status();
-  ASSERT_TRUE(want.ok()) << want.status();
-  ASSERT_EQ(got->values.size(), want->values.size());
-  for (const ParameterView& view : want->layout.views()) {
-    const ParameterView* other = got->layout.Find(view.name);
-    ASSERT_NE(other, nullptr) << view.name;
-    double scale = 0, worst = 0;
-    for (uint64_t i = 0; i < view.size; ++i) {
-      scale = std::max(scale, std::fabs(static_cast<double>(want->values[view.offset + i])));
-      worst = std::max(worst, std::fabs(static_cast<double>(got->values[other->offset + i]) -
-                                        want->values[view.offset + i]));
-    }
-    EXPECT_LE(worst, 1e-5 * scale) << view.name << ": largest difference " << worst;
-  }
-}
 
 // Runs a launcher to success; its output.
 std::string RunToSuccess(FleetHarness& harness, const std::string& label,
@@ -82,7 +61,7 @@ TEST(PipelineCheckpointTest, APipelineOfTensorParallelStagesResumesWithOtherSpli
              Concat(Flags(16, 8), {"--checkpoint-dir", dir, "--resume", "--save-params",
                                    alone})));
   EXPECT_NE(output.find("resumed from the checkpoint of step 4"), std::string::npos) << output;
-  ExpectMatches(alone, whole);
+  ExpectParamsMatch(alone, whole);
   // (2, 1, 2) in zero1: two replicas of 8 samples, each split across 2 tensor-parallel ranks.
   const std::string split = TempPath("pp_tp_2x1x2.bin");
   RunToSuccess(harness, "resumed as 2 x 1 x 2",
@@ -90,7 +69,7 @@ TEST(PipelineCheckpointTest, APipelineOfTensorParallelStagesResumesWithOtherSpli
                       Concat(Flags(8, 8), {"--tensor-parallel", "2", "--checkpoint-dir", dir,
                                            "--resume", "--resume-step", "4", "--save-params",
                                            split})));
-  ExpectMatches(split, whole);
+  ExpectParamsMatch(split, whole);
 }
 
 // The other way: a plain zero1 job's checkpoint resumed by a 1f1b pipeline of 2 stages.
@@ -111,7 +90,7 @@ TEST(PipelineCheckpointTest, APlainCheckpointResumesInAPipeline) {
                                    "--pipeline-schedule", "1f1b", "--checkpoint-dir", dir,
                                    "--resume", "--save-params", resumed})));
   EXPECT_NE(output.find("resumed from the checkpoint of step 4"), std::string::npos) << output;
-  ExpectMatches(resumed, whole);
+  ExpectParamsMatch(resumed, whole);
 }
 
 }  // namespace

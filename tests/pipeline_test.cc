@@ -12,13 +12,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cmath>
 #include <tuple>
 
 #include <nlohmann/json.hpp>
 
 #include "tests/fleet_harness.h"
-#include "worker/params_file.h"
+#include "tests/params_match.h"
 
 namespace tessera::testing {
 namespace {
@@ -30,31 +29,6 @@ std::vector<std::string> Flags() {
           "momentum=0.9", "--device", "cpu", "--log-every", "2", "--train-samples", "256",
           "--hidden", "32,32,32,32", "--input-dim", "16", "--classes", "4", "--seed", "7",
           "--batch-size", "16", "--eval-samples", "32", "--json"};
-}
-
-// Every tensor of `got` within 1e-5 of the scale of the same tensor of `want`.
-void ExpectMatches(const std::string& got_path, const std::string& want_path) {
-  auto got = worker::LoadParams(got_path);
-  auto want = worker::LoadParams(want_path);
-  ASSERT_TRUE(got.ok()) << got.status();
-  ASSERT_TRUE(want.ok()) << want.status();
-  ASSERT_EQ(got->values.size(), want->values.size());
-  ASSERT_EQ(got->layout.views().size(), want->layout.views().size());
-  for (const ParameterView& view : want->layout.views()) {
-    const ParameterView* other = got->layout.Find(view.name);
-    ASSERT_NE(other, nullptr) << view.name;
-    ASSERT_EQ(other->shape, view.shape) << view.name;
-    double scale = 0, worst = 0;
-    for (uint64_t i = 0; i < view.size; ++i) {
-      scale = std::max(scale, std::fabs(static_cast<double>(want->values[view.offset + i])));
-    }
-    for (uint64_t i = 0; i < view.size; ++i) {
-      worst = std::max(worst, std::fabs(static_cast<double>(got->values[other->offset + i]) -
-                                        want->values[view.offset + i]));
-    }
-    EXPECT_LE(worst, 1e-5 * scale) << view.name << ": largest difference " << worst
-                                   << " at scale " << scale;
-  }
 }
 
 // The parameters of one process on the 16-sample batch, made once for the suite.
@@ -109,7 +83,7 @@ TEST_P(PipelineMatchesOneProcess, SgdWithMomentum) {
   ASSERT_TRUE(id.ok()) << id.status();
   auto exit = harness.WaitExit(*id, Deadline::AfterMillis(kRunMs));
   ASSERT_TRUE(exit.ok() && exit->success()) << harness.Output(*id);
-  ExpectMatches(out, Reference());
+  ExpectParamsMatch(out, Reference());
   // Each stage held at most what the schedule says, and reached it.
   const std::vector<nlohmann::json> summaries = ParallelSummaries(harness.Output(*id));
   ASSERT_EQ(summaries.size(), static_cast<size_t>(ranks)) << harness.Output(*id);

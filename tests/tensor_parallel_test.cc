@@ -9,10 +9,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cmath>
 
 #include "tests/fleet_harness.h"
-#include "worker/params_file.h"
+#include "tests/params_match.h"
 
 namespace tessera::testing {
 namespace {
@@ -26,27 +25,6 @@ std::vector<std::string> Flags(int batch_size) {
           "momentum=0.9", "--device", "cpu", "--log-every", "2", "--train-samples", "256",
           "--hidden", "32,32,32", "--input-dim", "16", "--classes", "4", "--seed", "11",
           "--batch-size", std::to_string(batch_size), "--eval-samples", "32", "--json"};
-}
-
-void ExpectMatches(const std::string& got_path, const std::string& want_path) {
-  auto got = worker::LoadParams(got_path);
-  auto want = worker::LoadParams(want_path);
-  ASSERT_TRUE(got.ok()) << got.status();
-  ASSERT_TRUE(want.ok()) << want.status();
-  ASSERT_EQ(got->values.size(), want->values.size());
-  for (const ParameterView& view : want->layout.views()) {
-    const ParameterView* other = got->layout.Find(view.name);
-    ASSERT_NE(other, nullptr) << view.name;
-    ASSERT_EQ(other->shape, view.shape) << view.name;
-    double scale = 0, worst = 0;
-    for (uint64_t i = 0; i < view.size; ++i) {
-      scale = std::max(scale, std::fabs(static_cast<double>(want->values[view.offset + i])));
-      worst = std::max(worst, std::fabs(static_cast<double>(got->values[other->offset + i]) -
-                                        want->values[view.offset + i]));
-    }
-    EXPECT_LE(worst, 1e-5 * scale) << view.name << ": largest difference " << worst
-                                   << " at scale " << scale;
-  }
 }
 
 // One process's parameters after training on batches of `batch_size`.
@@ -79,7 +57,7 @@ TEST(TensorParallelTest, TwoAndFourRanksEqualOneProcess) {
   const std::string reference = Reference(harness, 16);
   for (int ranks : {2, 4}) {
     SCOPED_TRACE("T = " + std::to_string(ranks));
-    ExpectMatches(Train(harness, "t" + std::to_string(ranks), ranks, "allreduce",
+    ExpectParamsMatch(Train(harness, "t" + std::to_string(ranks), ranks, "allreduce",
                       {"--tensor-parallel", std::to_string(ranks)}),
                   reference);
   }
@@ -92,7 +70,7 @@ TEST(TensorParallelTest, DataPipelineAndTensorParallelTwoByTwoByTwoEqualOneProce
   const std::string reference = Reference(harness, 32);
   for (const std::string mode : {"allreduce", "zero1"}) {
     SCOPED_TRACE(mode);
-    ExpectMatches(Train(harness, "dpt_" + mode, 8, mode,
+    ExpectParamsMatch(Train(harness, "dpt_" + mode, 8, mode,
                       {"--pipeline-stages", "2", "--micro-batches", "4", "--pipeline-schedule",
                        "1f1b", "--tensor-parallel", "2", "--pipeline-split", "4"}),
                   reference);
@@ -103,7 +81,7 @@ TEST(TensorParallelTest, DataPipelineAndTensorParallelTwoByTwoByTwoEqualOneProce
 TEST(TensorParallelTest, PipelineOfTensorParallelStagesEqualsOneProcess) {
   FleetHarness harness;
   const std::string reference = Reference(harness, 16);
-  ExpectMatches(Train(harness, "pt", 4, "zero1",
+  ExpectParamsMatch(Train(harness, "pt", 4, "zero1",
                     {"--pipeline-stages", "2", "--micro-batches", "2", "--pipeline-schedule",
                      "zb-h1", "--tensor-parallel", "2", "--pipeline-split", "4"}),
                 reference);
