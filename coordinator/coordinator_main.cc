@@ -47,6 +47,18 @@ int main(int argc, char** argv) {
                        "(node 0 of a multi-node tessera-launch uses it to outlive the other "
                        "nodes' workers). Not with --num-workers 0, the long-running fleet that "
                        "successive jobs attach to");
+  // Elastic jobs (issue 47; coordinator/coordinator.h). The coordinator alone decides whether
+  // a worker's loss is a membership change or the job's failure; the others follow its notice.
+  int min_workers = 0;
+  command_line.AddOption("--min-workers", &min_workers,
+                         "Elastic job: keep training while at least this many workers remain; "
+                         "a worker that leaves or dies is a membership change the others "
+                         "survive (0, the default: any worker's loss stops the job)",
+                         0, 1 << 20, /*show_default=*/false);
+  int max_workers = 0;
+  command_line.AddOption("--max-workers", &max_workers,
+                         "Elastic job: the most workers it may have (default --num-workers)",
+                         0, 1 << 20, /*show_default=*/false);
   bool dashboard_enabled = true;
   command_line.AddFlag("--dashboard,!--no-dashboard", &dashboard_enabled,
                        "Serve the live dashboard at /dashboard on the metrics port (default on): "
@@ -60,6 +72,8 @@ int main(int argc, char** argv) {
     options.num_servers = config.num_servers;
     options.num_workers = config.num_workers;
     options.exit_when_workers_leave = exit_when_workers_leave;
+    options.min_workers = min_workers;
+    options.max_workers = max_workers;
     options.key_space = key_space;
     options.replicas = replicas;
     options.rendezvous_timeout_ms = config.rendezvous_timeout_ms;

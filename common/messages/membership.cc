@@ -133,7 +133,7 @@ std::string MembershipHistory::StopReason(const MembershipChange& cause,
   return "the job has " + std::to_string(w) + (w == 1 ? " worker" : " workers") +
          ", below --min-workers " + std::to_string(min_workers_) + ", since " +
          DescribeMembershipChange(cause) +
-         (checkpoint.empty() ? "; no checkpoint was written" : "; last checkpoint: " + checkpoint);
+         (checkpoint.empty() ? "" : "; last checkpoint: " + checkpoint);
 }
 
 }  // namespace tessera

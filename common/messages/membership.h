@@ -75,8 +75,9 @@ class MembershipHistory {
 
   bool BelowMinimum() const { return static_cast<int>(in_job_.size()) < min_workers_; }
   // Why a job below its minimum stops, naming the change that took it there and the last
-  // checkpoint (empty: none), e.g. "the job has 1 worker, below --min-workers 2, since
-  // membership epoch 3: worker 2 left after step 40 (killed: SIGKILL); last checkpoint: ...".
+  // checkpoint (empty: not known here, not mentioned), e.g. "the job has 1 worker, below
+  // --min-workers 2, since membership epoch 3: worker 2 left after step 40 (killed: SIGKILL);
+  // 1 worker now; last checkpoint: ...".
   std::string StopReason(const MembershipChange& cause, const std::string& checkpoint) const;
 
   uint64_t epoch() const { return changes_.empty() ? 0 : changes_.back().epoch; }
