@@ -815,8 +815,9 @@ void Coordinator::DeclareGone(Member& member, const std::string& reason, bool st
 }
 
 bool Coordinator::ElasticLeave(Member& member, MembershipKind kind, const std::string& reason) {
+  // Once below the minimum the job is over: what follows is its consequence, not a change.
   if (!membership_.has_value() || !complete_ || member.info.role != Role::kWorker ||
-      membership_->in_job().count(member.info.rank) == 0) {
+      membership_->BelowMinimum() || membership_->in_job().count(member.info.rank) == 0) {
     return false;
   }
   const double now = std::chrono::duration<double>(

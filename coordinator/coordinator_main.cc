@@ -1,12 +1,16 @@
 // tessera-coordinator: the rendezvous point of one job (see coordinator/coordinator.h).
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <fstream>
 #include <memory>
 #include <set>
 
 #include "common/base/logging.h"
 #include "common/config/config.h"
+#include "common/messages/membership.h"
 #include "common/process/process_runtime.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/dashboard.h"
@@ -59,6 +63,11 @@ int main(int argc, char** argv) {
   command_line.AddOption("--max-workers", &max_workers,
                          "Elastic job: the most workers it may have (default --num-workers)",
                          0, 1 << 20, /*show_default=*/false);
+  std::string membership_log;
+  command_line.AddOption("--membership-log", &membership_log,
+                         "Elastic job: write each membership change here as a line of JSON "
+                         "(epoch, step, kind, rank, reason, world_size, time); the file is "
+                         "replaced at start");
   bool dashboard_enabled = true;
   command_line.AddFlag("--dashboard,!--no-dashboard", &dashboard_enabled,
                        "Serve the live dashboard at /dashboard on the metrics port (default on): "
@@ -74,6 +83,20 @@ int main(int argc, char** argv) {
     options.exit_when_workers_leave = exit_when_workers_leave;
     options.min_workers = min_workers;
     options.max_workers = max_workers;
+    // Shared with the callback, which runs on the Run thread while this function waits in Run.
+    auto log = std::make_shared<std::ofstream>();
+    if (!membership_log.empty()) {
+      log->open(membership_log, std::ios::out | std::ios::trunc);
+      if (!*log) {
+        return InvalidArgumentError("--membership-log=" + membership_log +
+                                    ": cannot open it for writing: " + std::strerror(errno));
+      }
+      options.on_membership_change = [log, membership_log](const MembershipChange& change) {
+        // Flushed per line, so the history is on disk even if this process is killed next.
+        *log << MembershipJsonLine(change) << std::endl;
+        if (!*log) TLOG(WARNING) << "--membership-log=" << membership_log << ": write failed";
+      };
+    }
     options.key_space = key_space;
     options.replicas = replicas;
     options.rendezvous_timeout_ms = config.rendezvous_timeout_ms;

@@ -210,6 +210,15 @@ void RendezvousClient::PeerFailed(const FailureNotice& notice) {
   Fail(AbortedError(what));
 }
 
+Status RendezvousClient::SendStep(int64_t step) {
+  SetStep(step);
+  StatusOr<Envelope> ack = endpoint_->Call(
+      options_.coordinator_address, Heartbeat{0}, step,
+      Deadline::AfterMillis(options_.heartbeat_timeout_ms), "heartbeat with step " +
+      std::to_string(step));
+  return ack.status();
+}
+
 void RendezvousClient::SetMembershipHandler(std::function<void(const FailureNotice&)> handler) {
   std::lock_guard<std::mutex> lock(mu_);
   on_membership_ = std::move(handler);

@@ -118,6 +118,10 @@ class RendezvousClient {
   // The last step this process completed, which its heartbeats carry from now on: the step a
   // membership change names when this process goes.
   void SetStep(int64_t step) { last_step_.store(step, std::memory_order_relaxed); }
+  // SetStep, then a heartbeat at once, returning once the coordinator acknowledged it (or the
+  // error naming why not, within the heartbeat timeout): for a process about to leave, so the
+  // change names its exact step rather than the one of its last periodic heartbeat.
+  Status SendStep(int64_t step);
 
   // RendezvousOptions::join: starts heartbeating (the first one at once). Once only.
   void StartHeartbeats();
