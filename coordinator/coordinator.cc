@@ -655,6 +655,7 @@ void Coordinator::HandleGoodbye(const Envelope& envelope) {
     return ReplyAck(envelope.origin, envelope.header.request_id, "not a live member");
   }
   const Goodbye& goodbye = *envelope.As<Goodbye>();
+  member->last_step = std::max(member->last_step, envelope.header.step);
   const bool workers_alive =
       std::any_of(members_.begin(), members_.end(), [](const auto& entry) {
         return entry.second.info.role == Role::kWorker &&

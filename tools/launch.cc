@@ -1062,7 +1062,9 @@ class Launcher {
         ++workers_lost_;
         const int remaining = config_.LocalWorkers() - workers_finished_ - workers_lost_;
         const std::string minimum = "--min-workers " + std::to_string(config_.min_workers);
-        if (remaining >= config_.min_workers) {
+        // As the coordinator counts: workers that finished did their part (in ps-async the
+        // fast ones finish long before the slow ones); only losses take a job below it.
+        if (config_.LocalWorkers() - workers_lost_ >= config_.min_workers) {
           Announce(what + "; an elastic job (" + minimum + "): the other workers go on");
           return;
         }

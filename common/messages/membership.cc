@@ -100,6 +100,7 @@ StatusOr<MembershipChange> MembershipHistory::Leave(int rank, MembershipKind kin
                                    " cannot leave: it is not in the job (membership epoch " +
                                    std::to_string(epoch()) + ")");
   }
+  if (kind == MembershipKind::kExit) ++exited_;
   changes_.push_back({epoch() + 1, step, kind, rank, reason, world_size(), unix_time_s});
   return changes_.back();
 }

@@ -73,7 +73,10 @@ class MembershipHistory {
   // The lowest rank below max_workers not in the job (a joiner's), or -1 when it is full.
   int FreeRank() const;
 
-  bool BelowMinimum() const { return static_cast<int>(in_job_.size()) < min_workers_; }
+  // Whether fewer than min_workers are in the job or left it cleanly: a worker that finished
+  // (or chose to leave) did its part, and in ps-async the fast ones finish long before the
+  // slow ones; only failures (killed, error) can take a job below its minimum.
+  bool BelowMinimum() const { return world_size() + exited_ < min_workers_; }
   // Why a job below its minimum stops, naming the change that took it there and the last
   // checkpoint (empty: not known here, not mentioned), e.g. "the job has 1 worker, below
   // --min-workers 2, since membership epoch 3: worker 2 left after step 40 (killed: SIGKILL);
@@ -91,6 +94,7 @@ class MembershipHistory {
   const int min_workers_;
   const int max_workers_;
   std::set<int> in_job_;
+  int exited_ = 0;  // workers that left cleanly (MembershipKind::kExit)
   std::vector<MembershipChange> changes_;
 };
 

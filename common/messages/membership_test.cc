@@ -49,6 +49,17 @@ TEST(MembershipHistoryTest, BelowMinWorkersNamesTheCauseAndTheCheckpoint) {
   EXPECT_EQ(history.StopReason(*left, "").find("checkpoint"), std::string::npos);
 }
 
+TEST(MembershipHistoryTest, WorkersThatLeftCleanlyStillCountTowardsTheMinimum) {
+  // ps-async: a fast worker finishes (a clean exit) long before a slow one is killed.
+  MembershipHistory history(3, 4, 4);
+  ASSERT_TRUE(history.Leave(0, MembershipKind::kExit, "finished", 20, 0).ok());
+  ASSERT_TRUE(history.Leave(1, MembershipKind::kKilled, "gone", 5, 0).ok());
+  EXPECT_EQ(history.world_size(), 2);
+  EXPECT_FALSE(history.BelowMinimum());
+  ASSERT_TRUE(history.Leave(2, MembershipKind::kError, "disk full", 6, 0).ok());
+  EXPECT_TRUE(history.BelowMinimum());
+}
+
 TEST(MembershipJsonLineTest, RoundTripsAndNamesABadField) {
   MembershipChange change{3, 40, MembershipKind::kKilled, 2, "a \"quoted\"\nreason", 3, 1.25};
   const std::string line = MembershipJsonLine(change);

@@ -364,7 +364,8 @@ void RendezvousClient::SendGoodbye(Goodbye goodbye) {
   StopHeartbeats();
   if (!health().ok()) return;  // the coordinator is gone or the fleet failed: nobody to tell
   StatusOr<Envelope> reply = endpoint_->Call(
-      options_.coordinator_address, std::move(goodbye), -1,
+      // With the last step (SetStep): an elastic job's change names it.
+      options_.coordinator_address, std::move(goodbye), last_step_.load(std::memory_order_relaxed),
       Deadline::AfterMillis(std::min<int64_t>(options_.request_timeout_ms, kGoodbyeTimeoutMs)),
       "goodbye");
   // A failure or stop relayed while saying goodbye already told the coordinator's side.
