@@ -75,6 +75,15 @@ StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(RpcEndpoint* endpoint
           std::to_string(options.max_workers) +
           " must satisfy 1 <= min <= num <= max (and not a long-running fleet)");
     }
+    if (options.replicas > 1) {
+      // DenseShard::RemoveWorker does not forward the step a leave completes: the backups
+      // would silently fall behind their primaries.
+      return InvalidArgumentError("elastic job: --min-workers=" +
+                                  std::to_string(options.min_workers) + " with --replicas=" +
+                                  std::to_string(options.replicas) +
+                                  ": not yet (a step a leave completes is not forwarded to the "
+                                  "backups)");
+    }
   }
   std::unique_ptr<Coordinator> coordinator(new Coordinator(endpoint, options));
   if (options.min_workers > 0) {

@@ -380,6 +380,13 @@ TEST(CoordinatorTest, ElasticBoundsAreChecked) {
   EXPECT_NE(refused.status().message().find("--min-workers=3 --num-workers=2"),
             std::string::npos)
       << refused.status();
+  options.min_workers = 1;
+  options.num_servers = 2;
+  options.replicas = 2;
+  auto replicated = Coordinator::Create(endpoint.get(), options, &metrics);
+  ASSERT_FALSE(replicated.ok());
+  EXPECT_NE(replicated.status().message().find("with --replicas=2: not yet"), std::string::npos)
+      << replicated.status();
 }
 
 // A server started with --join takes a failed server's place: it gets the view at once and is

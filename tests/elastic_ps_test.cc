@@ -166,5 +166,35 @@ TEST(ElasticPsTest, ALossBelowMinWorkersStopsTheJobNamingTheCause) {
   EXPECT_EQ(changes[0].world_size, 1);
 }
 
+TEST(ElasticPsTest, ElasticFlagsAreValidatedNamingWhatIsWrong) {
+  FleetHarness harness;
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--workers", "2", "--mode", "allreduce", "--min-workers", "1"},
+       "--min-workers=1 with --mode=allreduce: only the parameter-server modes"},
+      {{"--servers", "1", "--workers", "2", "--mode", "ps-sync", "--max-workers", "3"},
+       "give --min-workers too"},
+  };
+  for (const auto& [args, message] : cases) {
+    auto id = harness.Start("launcher", "tools/tessera-launch", args);
+    ASSERT_TRUE(id.ok());
+    auto exit = harness.WaitExit(*id, Deadline::AfterMillis(10000));
+    ASSERT_TRUE(exit.ok()) << exit.status();
+    EXPECT_EQ(exit->status, 2) << harness.Output(*id);
+    EXPECT_NE(harness.Output(*id).find(message), std::string::npos) << harness.Output(*id);
+  }
+  // What the coordinator checks: min <= workers <= max.
+  auto id = harness.Start("launcher", "tools/tessera-launch",
+                          {"--servers", "1", "--workers", "2", "--mode", "ps-sync",
+                           "--min-workers", "3", "--", "--steps", "1", "--device", "cpu"});
+  ASSERT_TRUE(id.ok());
+  auto exit = harness.WaitExit(*id, Deadline::AfterMillis(30000));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  EXPECT_NE(exit->status, 0);
+  EXPECT_NE(harness.Output(*id).find("--min-workers=3 --num-workers=2 --max-workers=0 must "
+                                     "satisfy 1 <= min <= num <= max"),
+            std::string::npos)
+      << harness.Output(*id);
+}
+
 }  // namespace
 }  // namespace tessera::testing

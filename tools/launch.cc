@@ -383,6 +383,11 @@ Status Validate(const LaunchConfig& config) {
       return InvalidArgumentError("--max-workers and --membership-log are for an elastic job: "
                                   "give --min-workers too");
     }
+    if (config.mode.rfind("ps-", 0) != 0) {
+      return InvalidArgumentError("--min-workers=" + std::to_string(config.min_workers) +
+                                  " with --mode=" + config.mode + ": only the parameter-server "
+                                  "modes (ps-sync, ps-async, ps-ssp) go on without a worker yet");
+    }
     if (config.nnodes > 1 || !config.attach.empty() || config.max_restarts > 0) {
       return InvalidArgumentError("--min-workers=" + std::to_string(config.min_workers) +
                                   ": an elastic job is one launcher's fleet for now (not with "

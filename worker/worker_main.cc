@@ -294,6 +294,8 @@ Status RunMemberOfFleet(ProcessRuntime& runtime, const WorkerFlags& flags, const
   options.metrics_address = runtime.metrics_url();
   options.stop_requested = [&runtime] { return runtime.StopRequested(); };
   options.handlers_follow = mode.Has(kSurvivesServerLoss);
+  // Elastic jobs (--min-workers): only the parameter-server modes go on without a worker.
+  options.membership_changes_are_fatal = !mode.Has(kNeedsServers);
   ASSIGN_OR_RETURN(std::unique_ptr<RendezvousClient> client,
                    RendezvousClient::Join(&endpoint, options, &runtime.metrics()));
   // A failed peer (or a lost coordinator) wakes a collective waiting for frames with the root

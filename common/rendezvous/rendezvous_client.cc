@@ -175,7 +175,7 @@ void RendezvousClient::PeerFailed(const FailureNotice& notice) {
     Fail(UnavailableError("lost contact with the coordinator: " + reason));
     return;
   }
-  if (notice.membership_epoch > 0) {
+  if (notice.membership_epoch > 0 && !options_.membership_changes_are_fatal) {
     // An elastic job's membership change, which the job survives: told, never fatal.
     TLOG(WARNING) << reason;
     std::function<void(const FailureNotice&)> on_membership;

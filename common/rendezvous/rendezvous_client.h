@@ -59,6 +59,10 @@ struct RendezvousOptions {
   // returns with the view at once and the process heartbeats only from StartHeartbeats() on
   // (once it serves: the coordinator makes it alive, and tells the others, at its first).
   bool join = false;
+  // Elastic jobs: whether a membership change (a worker left; FailureNotice::membership_epoch)
+  // fails this process as a plain failure notice would. A worker of a mode without servers
+  // cannot go on without a peer (its ring would wait for it) until issue 47's ring re-forming.
+  bool membership_changes_are_fatal = false;
   // True once this process was asked to stop (SIGTERM, SIGINT): Join and Barrier then give up
   // waiting within kStopCheckMs with Cancelled, instead of waiting out their timeouts. Null:
   // never.
