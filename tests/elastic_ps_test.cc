@@ -145,6 +145,24 @@ TEST(ElasticPsTest, PsAsyncGoesOnWithoutAKilledWorkerAndLearns) {
   ExpectLeave(log, 1, 5, MembershipKind::kKilled);
 }
 
+// ps-ssp: the survivors' replies wait for the slowest worker's clock; a killed worker's clock
+// would hold them for ever (until their deadline) if it still counted.
+TEST(ElasticPsTest, PsSspGoesOnWithoutAKilledWorkersClock) {
+  FleetHarness harness;
+  const std::string log = TempPath("elastic_ssp.jsonl");
+  StatusOr<int> run = harness.Start(
+      "ssp", "tools/tessera-launch",
+      Concat(Fleet("ps-ssp", 4, 3, log),
+             Concat(TrainingFlags(), {"--staleness", "1", "--test-exit", "3:4"})));
+  ASSERT_TRUE(run.ok()) << run.status();
+  StatusOr<tools::ChildExit> exit = harness.WaitExit(*run, Deadline::AfterMillis(kRunMs));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  const std::string output = harness.Output(*run);
+  ASSERT_TRUE(exit->success()) << output;
+  EXPECT_EQ(Losses(output, 0).size(), 20u) << output;
+  ExpectLeave(log, 3, 4, MembershipKind::kKilled);
+}
+
 TEST(ElasticPsTest, ALossBelowMinWorkersStopsTheJobNamingTheCause) {
   FleetHarness harness;
   const std::string log = TempPath("elastic_below.jsonl");
