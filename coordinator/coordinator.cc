@@ -65,7 +65,33 @@ StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(RpcEndpoint* endpoint
                                 " must be between 1 and --num-servers=" +
                                 std::to_string(options.num_servers));
   }
+  if (options.min_workers != 0 || options.max_workers != 0) {
+    const int max_workers = options.max_workers == 0 ? options.num_workers : options.max_workers;
+    if (options.num_workers == 0 || options.min_workers < 1 ||
+        options.min_workers > options.num_workers || options.num_workers > max_workers) {
+      return InvalidArgumentError(
+          "elastic job: --min-workers=" + std::to_string(options.min_workers) +
+          " --num-workers=" + std::to_string(options.num_workers) + " --max-workers=" +
+          std::to_string(options.max_workers) +
+          " must satisfy 1 <= min <= num <= max (and not a long-running fleet)");
+    }
+    if (options.replicas > 1) {
+      // DenseShard::RemoveWorker does not forward the step a leave completes: the backups
+      // would silently fall behind their primaries.
+      return InvalidArgumentError("elastic job: --min-workers=" +
+                                  std::to_string(options.min_workers) + " with --replicas=" +
+                                  std::to_string(options.replicas) +
+                                  ": not yet (a step a leave completes is not forwarded to the "
+                                  "backups)");
+    }
+  }
   std::unique_ptr<Coordinator> coordinator(new Coordinator(endpoint, options));
+  if (options.min_workers > 0) {
+    coordinator->membership_.emplace(
+        options.min_workers,
+        options.max_workers == 0 ? options.num_workers : options.max_workers,
+        options.num_workers);
+  }
   if (coordinator->IsFleet() && options.num_servers == 0) {
     coordinator->complete_ = true;  // nothing to wait for: jobs may attach at once
     coordinator->epoch_ = 1;
@@ -125,6 +151,16 @@ Status Coordinator::RegisterMetrics(MetricsRegistry* metrics) {
                                                        {"role"}));
   for (Role role : {Role::kServer, Role::kWorker}) {
     RETURN_IF_ERROR(failures_->WithLabels({std::string(RoleName(role))}).status());
+  }
+  ASSIGN_OR_RETURN(GaugeFamily * epoch, metrics->RegisterGauge(names::kMembershipEpoch.name,
+                                                               names::kMembershipEpoch.help));
+  ASSIGN_OR_RETURN(membership_epoch_, epoch->WithLabels({}));
+  ASSIGN_OR_RETURN(membership_changes_,
+                   metrics->RegisterCounter(names::kMembershipChangesTotal.name,
+                                            names::kMembershipChangesTotal.help, {"kind"}));
+  for (MembershipKind kind : {MembershipKind::kJoin, MembershipKind::kExit,
+                              MembershipKind::kKilled, MembershipKind::kError}) {
+    RETURN_IF_ERROR(membership_changes_->WithLabels({MembershipKindName(kind)}).status());
   }
   UpdateMemberGauges();
   return OkStatus();
@@ -603,6 +639,7 @@ void Coordinator::HandleHeartbeat(const Envelope& envelope) {
     }
   }
   Member* member = FindLive(envelope.header);
+  if (member != nullptr) member->last_step = std::max(member->last_step, envelope.header.step);
   if (member == nullptr) {
     return ReplyError(envelope.origin, envelope.header.request_id,
                       FailedPreconditionError(envelope.header.DescribeSender() +
@@ -627,6 +664,7 @@ void Coordinator::HandleGoodbye(const Envelope& envelope) {
     return ReplyAck(envelope.origin, envelope.header.request_id, "not a live member");
   }
   const Goodbye& goodbye = *envelope.As<Goodbye>();
+  member->last_step = std::max(member->last_step, envelope.header.step);
   const bool workers_alive =
       std::any_of(members_.begin(), members_.end(), [](const auto& entry) {
         return entry.second.info.role == Role::kWorker &&
@@ -646,6 +684,14 @@ void Coordinator::HandleGoodbye(const Envelope& envelope) {
     }
     DeclareGone(*member, goodbye.reason, /*stopped=*/true);
     ReplyAck(envelope.origin, envelope.header.request_id, "stop relayed");
+    MaybeEndJob();
+    return;
+  }
+  // Elastic: a worker's going, clean or not, is a membership change the others survive.
+  if (!stopped && ElasticLeave(*member, goodbye.code == StatusCode::kOk ? MembershipKind::kExit
+                                                                          : MembershipKind::kError,
+                               goodbye.reason)) {
+    ReplyAck(envelope.origin, envelope.header.request_id, "membership change relayed");
     MaybeEndJob();
     return;
   }
@@ -764,6 +810,7 @@ void Coordinator::CheckLocalProcesses() {
 
 void Coordinator::DeclareGone(Member& member, const std::string& reason, bool stopped,
                               const std::string& unexplained) {
+  if (ElasticLeave(member, MembershipKind::kKilled, reason)) return;
   const bool after_a_failure =
       (member.info.role == Role::kWorker || stopped) &&
       std::any_of(members_.begin(), members_.end(), [](const auto& entry) {
@@ -775,6 +822,51 @@ void Coordinator::DeclareGone(Member& member, const std::string& reason, bool st
   TLOG(INFO) << member.info.Name() << " went after the failure or stop above (" << reason << ")";
   UpdateMemberGauges();
   PublishSnapshot();
+}
+
+bool Coordinator::ElasticLeave(Member& member, MembershipKind kind, const std::string& reason) {
+  // Once below the minimum the job is over: what follows is its consequence, not a change.
+  if (!membership_.has_value() || !complete_ || member.info.role != Role::kWorker ||
+      membership_->BelowMinimum() || membership_->in_job().count(member.info.rank) == 0) {
+    return false;
+  }
+  const double now = std::chrono::duration<double>(
+                         std::chrono::system_clock::now().time_since_epoch()).count();
+  StatusOr<MembershipChange> change =
+      membership_->Leave(member.info.rank, kind, reason, member.last_step, now);
+  if (!change.ok()) return false;
+  const std::string described = DescribeMembershipChange(*change);
+  if (membership_epoch_ != nullptr) membership_epoch_->Set(static_cast<double>(change->epoch));
+  if (membership_changes_ != nullptr) {
+    StatusOr<Counter*> counter = membership_changes_->WithLabels({MembershipKindName(kind)});
+    if (counter.ok()) (*counter)->Increment();
+  }
+  if (options_.on_membership_change) options_.on_membership_change(*change);
+  // A clean exit never stops the others (at the end of a job every worker exits).
+  if (kind != MembershipKind::kExit && membership_->BelowMinimum()) {
+    DeclareFailed(member, membership_->StopReason(*change, ""));
+    return true;
+  }
+  member.info.state = MemberState::kLeft;
+  ++epoch_;
+  if (kind == MembershipKind::kExit) {
+    TLOG(INFO) << described << "; telling every other process";
+  } else {
+    TLOG(WARNING) << described << "; telling every other process";
+  }
+  for (auto& [key, other] : members_) {
+    if (other.info.state != MemberState::kAlive) continue;
+    FailureNotice notice{member.info.role, member.info.rank, member.info.address, described};
+    notice.membership_epoch = change->epoch;
+    notice.membership_step = change->step;
+    notice.world_size = change->world_size;
+    Status sent = endpoint_->transport().Reply(other.route, OutgoingMessage{0, -1, notice});
+    if (!sent.ok()) TLOG(WARNING) << "membership notice to " << other.info.Name() << ": " << sent;
+  }
+  UpdateMemberGauges();
+  PublishSnapshot();
+  TryReleaseBarriers();  // it no longer holds anyone up
+  return true;
 }
 
 void Coordinator::DeclareFailed(Member& member, const std::string& reason, bool stopped) {

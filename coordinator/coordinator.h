@@ -20,6 +20,13 @@
 //   - records departures (Goodbye): a clean one is not a failure; one that carries an error
 //     (the member is stopping because of it) declares the member failed at once, and the
 //     FailureNotice the others get quotes that error.
+// Elastic jobs (min_workers > 0, issue 47): a worker that leaves or fails after the rendezvous
+// is a membership change (common/messages/membership.h), not the job's failure, while at
+// least min_workers remain: the coordinator logs it, exports it (tessera_membership_epoch,
+// tessera_membership_changes_total{kind}), marks the worker left and sends every live member
+// a FailureNotice carrying the epoch, the step (the leaver's last, from its heartbeats) and
+// the world size, which they survive (servers stop counting the worker). A loss that takes the
+// job below min_workers is a failure as without elasticity, its notice naming the change.
 // If the fleet is not complete within rendezvous_timeout, every registered process gets an
 // error naming the roles and ranks that never arrived, and Run() returns that error.
 //
@@ -53,6 +60,7 @@
 #include "common/base/deadline.h"
 #include "common/base/status.h"
 #include "common/messages/fleet_view.h"
+#include "common/messages/membership.h"
 #include "common/metrics/metrics.h"
 #include "common/transport/envelope_queue.h"
 #include "common/transport/rpc_endpoint.h"
@@ -72,6 +80,13 @@ struct CoordinatorOptions {
   int replicas = 1;
   int64_t rendezvous_timeout_ms = 60000;
   int64_t heartbeat_timeout_ms = 4000;
+  // Elastic jobs (see above): 0, the default, is a job in which any worker's loss stops it.
+  // REQUIRES (Create checks): 1 <= min_workers <= num_workers <= max_workers, num_workers > 0.
+  int min_workers = 0;
+  int max_workers = 0;  // 0: num_workers
+  // Called on the Run thread with each membership change of an elastic job (after it was
+  // logged and sent); must be quick. May be empty. (tessera-launch --membership-log.)
+  std::function<void(const MembershipChange&)> on_membership_change;
   // Called with the new membership whenever it changes (a process registers, the fleet
   // completes, a member fails or leaves), and once from Create(). Runs on the Run() thread (or
   // Create()'s), so it must be quick and must not call back into the Coordinator. May be empty.
@@ -111,6 +126,7 @@ class Coordinator {
     // A server that registered with --join in a failed one's place: kJoining until its first
     // heartbeat (sent once it serves), then alive, and every other member gets the view.
     bool joining_late = false;
+    int64_t last_step = -1;  // the latest step its heartbeats carried (-1: none yet)
   };
   struct Arrival {
     Origin route;
@@ -176,6 +192,10 @@ class Coordinator {
   // or was killed" is a guess the coordinator makes only when nothing else explains it).
   void DeclareGone(Member& member, const std::string& reason, bool stopped = false,
                    const std::string& unexplained = "");
+  // Elastic jobs: records worker `member`'s going as a membership change and tells everyone
+  // (or, below min_workers, DeclareFailed naming the change). False, doing nothing, when the
+  // job is not elastic, the rendezvous is not complete, or `member` is not a worker in it.
+  bool ElasticLeave(Member& member, MembershipKind kind, const std::string& reason);
   void TryReleaseBarriers();
   bool IsParticipant(const Member& member, const std::optional<Role>& scope) const;
   // The live participants of `barrier` that have not arrived, by name.
@@ -221,6 +241,9 @@ class Coordinator {
   GaugeFamily* members_gauge_ = nullptr;
   Counter* heartbeats_ = nullptr;
   CounterFamily* failures_ = nullptr;
+  Gauge* membership_epoch_ = nullptr;
+  CounterFamily* membership_changes_ = nullptr;
+  std::optional<MembershipHistory> membership_;  // elastic jobs only (Run thread)
 
   mutable std::mutex snapshot_mu_;
   FleetView snapshot_;  // guarded by snapshot_mu_

@@ -1,12 +1,16 @@
 // tessera-coordinator: the rendezvous point of one job (see coordinator/coordinator.h).
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <fstream>
 #include <memory>
 #include <set>
 
 #include "common/base/logging.h"
 #include "common/config/config.h"
+#include "common/messages/membership.h"
 #include "common/process/process_runtime.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/dashboard.h"
@@ -47,6 +51,23 @@ int main(int argc, char** argv) {
                        "(node 0 of a multi-node tessera-launch uses it to outlive the other "
                        "nodes' workers). Not with --num-workers 0, the long-running fleet that "
                        "successive jobs attach to");
+  // Elastic jobs (issue 47; coordinator/coordinator.h). The coordinator alone decides whether
+  // a worker's loss is a membership change or the job's failure; the others follow its notice.
+  int min_workers = 0;
+  command_line.AddOption("--min-workers", &min_workers,
+                         "Elastic job: keep training while at least this many workers remain; "
+                         "a worker that leaves or dies is a membership change the others "
+                         "survive (0, the default: any worker's loss stops the job)",
+                         0, 1 << 20, /*show_default=*/false);
+  int max_workers = 0;
+  command_line.AddOption("--max-workers", &max_workers,
+                         "Elastic job: the most workers it may have (default --num-workers)",
+                         0, 1 << 20, /*show_default=*/false);
+  std::string membership_log;
+  command_line.AddOption("--membership-log", &membership_log,
+                         "Elastic job: write each membership change here as a line of JSON "
+                         "(epoch, step, kind, rank, reason, world_size, time); the file is "
+                         "replaced at start");
   bool dashboard_enabled = true;
   command_line.AddFlag("--dashboard,!--no-dashboard", &dashboard_enabled,
                        "Serve the live dashboard at /dashboard on the metrics port (default on): "
@@ -60,6 +81,22 @@ int main(int argc, char** argv) {
     options.num_servers = config.num_servers;
     options.num_workers = config.num_workers;
     options.exit_when_workers_leave = exit_when_workers_leave;
+    options.min_workers = min_workers;
+    options.max_workers = max_workers;
+    // Shared with the callback, which runs on the Run thread while this function waits in Run.
+    auto log = std::make_shared<std::ofstream>();
+    if (!membership_log.empty()) {
+      log->open(membership_log, std::ios::out | std::ios::trunc);
+      if (!*log) {
+        return InvalidArgumentError("--membership-log=" + membership_log +
+                                    ": cannot open it for writing: " + std::strerror(errno));
+      }
+      options.on_membership_change = [log, membership_log](const MembershipChange& change) {
+        // Flushed per line, so the history is on disk even if this process is killed next.
+        *log << MembershipJsonLine(change) << std::endl;
+        if (!*log) TLOG(WARNING) << "--membership-log=" << membership_log << ": write failed";
+      };
+    }
     options.key_space = key_space;
     options.replicas = replicas;
     options.rendezvous_timeout_ms = config.rendezvous_timeout_ms;

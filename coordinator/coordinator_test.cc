@@ -26,7 +26,7 @@ struct Fleet {
   std::promise<Status> result;
 
   Fleet(int servers, int workers, int64_t rendezvous_ms = 10000, int64_t heartbeat_ms = 1000,
-        bool exit_when_workers_leave = false) {
+        bool exit_when_workers_leave = false, int min_workers = 0) {
     ZmqTransportOptions transport;
     transport.role = Role::kCoordinator;
     coordinator_endpoint = std::move(StartZmqEndpoint(transport, nullptr)).value();
@@ -38,6 +38,11 @@ struct Fleet {
     options.rendezvous_timeout_ms = rendezvous_ms;
     options.heartbeat_timeout_ms = heartbeat_ms;
     options.exit_when_workers_leave = exit_when_workers_leave;
+    options.min_workers = min_workers;
+    options.on_membership_change = [this](const MembershipChange& change) {
+      std::lock_guard<std::mutex> lock(changes_mu);
+      changes.push_back(change);
+    };
     coordinator = std::move(Coordinator::Create(coordinator_endpoint.get(), options, &metrics)).value();
     run_thread = std::thread([this] { result.set_value(coordinator->Run([this] { return stop.load(); })); });
   }
@@ -59,6 +64,8 @@ struct Fleet {
     return options;
   }
   MetricsRegistry metrics;
+  std::mutex changes_mu;
+  std::vector<MembershipChange> changes;  // guarded by changes_mu
   int job_workers = 0;  // what workers register as their job's size
   bool workers_handlers_follow = false;  // RendezvousOptions::handlers_follow for workers
 };
@@ -310,6 +317,76 @@ TEST(CoordinatorTest, AFailingMembersErrorReachesEveryoneAtOnce) {
   // A member told of a failure sends no error of its own: the root cause stays the first.
   processes[1].client->LeaveWithError(AbortedError("a consequence"));
   EXPECT_EQ(fleet.coordinator->Snapshot().Find(Role::kWorker, 0)->state, MemberState::kAlive);
+}
+
+// Elastic jobs (issue 47): a worker's going is a membership epoch the others survive, told to
+// every live member with its step and world size, until the job falls below --min-workers.
+TEST(CoordinatorTest, ElasticJobSurvivesAWorkerUntilBelowMinWorkers) {
+  Fleet fleet(1, 3, 10000, /*heartbeat_ms=*/10000, /*exit_when_workers_leave=*/false,
+              /*min_workers=*/2);
+  auto processes = JoinAll(fleet, {{Role::kServer, 0}, {Role::kWorker, 0}, {Role::kWorker, 1},
+                                   {Role::kWorker, 2}});
+  std::promise<FailureNotice> server_told;
+  processes[0].client->SetMembershipHandler(
+      [&](const FailureNotice& notice) { server_told.set_value(notice); });
+  std::promise<Status> worker0_failed;
+  processes[1].client->SetFailureCallback([&](const Status& s) { worker0_failed.set_value(s); });
+  processes[3].client->SetStep(7);
+  // Heartbeats go every 100 ms: within 300 ms the coordinator has heard step 7.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  processes[3].client->LeaveWithError(InternalError("disk full"));
+  auto told = server_told.get_future();
+  ASSERT_EQ(told.wait_for(std::chrono::seconds(2)), std::future_status::ready);
+  const FailureNotice notice = told.get();
+  EXPECT_EQ(notice.rank, 2);
+  EXPECT_EQ(notice.membership_epoch, 1u);
+  EXPECT_EQ(notice.membership_step, 7);
+  EXPECT_EQ(notice.world_size, 2);
+  EXPECT_NE(notice.reason.find("membership epoch 1: worker 2 left after step 7 (error: "),
+            std::string::npos)
+      << notice.reason;
+  EXPECT_TRUE(processes[1].client->health().ok()) << processes[1].client->health();
+  EXPECT_TRUE(processes[2].client->health().ok()) << processes[2].client->health();
+  EXPECT_EQ(fleet.coordinator->Snapshot().Find(Role::kWorker, 2)->state, MemberState::kLeft);
+  const std::string text = fleet.metrics.RenderText();
+  EXPECT_NE(text.find("tessera_membership_epoch 1"), std::string::npos) << text;
+  EXPECT_NE(text.find("tessera_membership_changes_total{kind=\"error\"} 1"), std::string::npos);
+  // Worker 1 goes too: 1 worker is below --min-workers 2, and the job stops naming why.
+  processes[2].client->LeaveWithError(InternalError("out of memory"));
+  auto failed = worker0_failed.get_future();
+  ASSERT_EQ(failed.wait_for(std::chrono::seconds(2)), std::future_status::ready);
+  const Status stopped = failed.get();
+  EXPECT_EQ(stopped.code(), StatusCode::kAborted);
+  EXPECT_NE(stopped.message().find("the job has 1 worker, below --min-workers 2, since "
+                                   "membership epoch 2: worker 1 left after step"),
+            std::string::npos)
+      << stopped;
+  std::lock_guard<std::mutex> lock(fleet.changes_mu);
+  ASSERT_EQ(fleet.changes.size(), 2u);
+  EXPECT_EQ(fleet.changes[1].kind, MembershipKind::kError);
+  EXPECT_EQ(fleet.changes[1].rank, 1);
+}
+
+TEST(CoordinatorTest, ElasticBoundsAreChecked) {
+  ZmqTransportOptions transport;
+  transport.role = Role::kCoordinator;
+  auto endpoint = std::move(StartZmqEndpoint(transport, nullptr)).value();
+  MetricsRegistry metrics;
+  CoordinatorOptions options;
+  options.num_workers = 2;
+  options.min_workers = 3;
+  auto refused = Coordinator::Create(endpoint.get(), options, &metrics);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("--min-workers=3 --num-workers=2"),
+            std::string::npos)
+      << refused.status();
+  options.min_workers = 1;
+  options.num_servers = 2;
+  options.replicas = 2;
+  auto replicated = Coordinator::Create(endpoint.get(), options, &metrics);
+  ASSERT_FALSE(replicated.ok());
+  EXPECT_NE(replicated.status().message().find("with --replicas=2: not yet"), std::string::npos)
+      << replicated.status();
 }
 
 // A server started with --join takes a failed server's place: it gets the view at once and is

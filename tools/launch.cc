@@ -69,6 +69,10 @@ struct LaunchConfig {
   std::optional<int64_t> heartbeat_timeout_ms;  // absent: the children's default
   double grace_s = 5;
   int max_restarts = 0;
+  // Elastic jobs (issue 47): 0, the default, any worker's death stops the job.
+  int min_workers = 0;
+  int max_workers = 0;         // 0: --workers
+  std::string membership_log;  // the coordinator writes each membership change here (JSON lines)
   // Multi-node (torchrun's --nnodes/--node-rank/--nproc-per-node/--rdzv-endpoint).
   int nnodes = 1;
   int node_rank = 0;
@@ -135,6 +139,12 @@ Multi-node (as torchrun --nnodes/--node-rank/--nproc-per-node/--rdzv-endpoint):
   to the coordinator (--bind-host auto); name an interface (--bind-host eth1, or
   TESSERA_SOCKET_IFNAME) when that is not the network the nodes should use.
 
+Elastic job (ps-sync, ps-async; docs/parameter-server.md):
+  --min-workers N: a worker that leaves or dies is a membership change the other workers
+  survive (the servers stop counting it at once), while at least N remain; below N the job
+  stops, naming who left, why and after which step. --membership-log PATH: the changes, a
+  line of JSON each. --max-workers M: the most it may have (joining is not done yet).
+
 Long-running fleet:
   --workers 0 starts a coordinator (with --num-workers 0) and the servers and runs until
   interrupted. Jobs then attach one at a time with --attach HOST:PORT (or plain tessera-worker
@@ -158,7 +168,8 @@ How it works:
   ../worker/tessera-worker).
 
 Exit status:
-  0    every worker exited 0 (the coordinator and servers are then stopped)
+  0    every worker exited 0 (the coordinator and servers are then stopped); in an elastic
+       job, every worker that did not leave the job
   1    a child failed, did not become ready in time, or could not be started: the last line
        names it, e.g. "[launch] worker 1 (pid 1234) exited with status 3; stopped the rest
        of the fleet"
@@ -245,6 +256,20 @@ void AddFlags(CLI::App& app, LaunchConfig* config) {
       ->type_name("N")
       ->check(CLI::Range(0, 1000))
       ->capture_default_str();
+  app.add_option("--min-workers", config->min_workers,
+                 "Elastic job (ps-sync, ps-async): keep training while at least N workers "
+                 "remain; a worker that leaves or dies is a membership change the others "
+                 "survive, not the job's end (default 0: any worker's death stops the job)")
+      ->type_name("N")
+      ->check(CLI::Range(0, kMaxProcesses));
+  app.add_option("--max-workers", config->max_workers,
+                 "Elastic job: the most workers it may have (default --workers)")
+      ->type_name("N")
+      ->check(CLI::Range(0, kMaxProcesses));
+  app.add_option("--membership-log", config->membership_log,
+                 "Elastic job: write each membership change (epoch, step, kind, rank, reason, "
+                 "world size, time) to this file as a line of JSON")
+      ->type_name("PATH");
   app.add_option("--nnodes", config->nnodes, "Nodes in the job, one launcher on each")
       ->type_name("N")
       ->check(CLI::Range(1, kMaxProcesses))
@@ -350,6 +375,23 @@ Status Validate(const LaunchConfig& config) {
       return InvalidArgumentError("--servers=" + std::to_string(config.servers) +
                                   " on --node-rank=" + std::to_string(config.node_rank) +
                                   ": node 0 starts all the servers; give --servers there only");
+    }
+  }
+  if (config.min_workers > 0 || config.max_workers > 0 || !config.membership_log.empty()) {
+    // The coordinator checks min <= workers <= max; what only this launcher knows is here.
+    if (config.min_workers == 0) {
+      return InvalidArgumentError("--max-workers and --membership-log are for an elastic job: "
+                                  "give --min-workers too");
+    }
+    if (config.mode.rfind("ps-", 0) != 0) {
+      return InvalidArgumentError("--min-workers=" + std::to_string(config.min_workers) +
+                                  " with --mode=" + config.mode + ": only the parameter-server "
+                                  "modes (ps-sync, ps-async, ps-ssp) go on without a worker yet");
+    }
+    if (config.nnodes > 1 || !config.attach.empty() || config.max_restarts > 0) {
+      return InvalidArgumentError("--min-workers=" + std::to_string(config.min_workers) +
+                                  ": an elastic job is one launcher's fleet for now (not with "
+                                  "--nnodes > 1, --attach or --max-restarts)");
     }
   }
   if (config.max_restarts > 0 && (config.nnodes > 1 || !config.attach.empty())) {
@@ -708,6 +750,15 @@ class Launcher {
     if (config_.replicas > 1) {
       args.insert(args.end(), {"--replicas", std::to_string(config_.replicas)});
     }
+    if (config_.min_workers > 0) {
+      args.insert(args.end(), {"--min-workers", std::to_string(config_.min_workers)});
+    }
+    if (config_.max_workers > 0) {
+      args.insert(args.end(), {"--max-workers", std::to_string(config_.max_workers)});
+    }
+    if (!config_.membership_log.empty()) {
+      args.insert(args.end(), {"--membership-log", config_.membership_log});
+    }
     if (!Spawn(Role::kCoordinator, 0, std::move(args))) return false;
     while (!ShouldStop() && !members_[0].ready) PollOnce(Deadline::AfterMillis(1000));
     return !ShouldStop();
@@ -752,9 +803,10 @@ class Launcher {
       Announce("no workers: a long-running fleet, until interrupted (Ctrl-C); jobs attach with "
                "tessera-launch --attach " + coordinator_address_ + " --workers N ...");
     }
-    while (!ShouldStop() && (workers == 0 || workers_finished_ < workers)) {
+    while (!ShouldStop() && (workers == 0 || workers_finished_ + workers_lost_ < workers)) {
       PollOnce(Deadline::AfterMillis(1000));
     }
+    if (below_minimum_.has_value()) Fail(*below_minimum_);
   }
 
   // Node 0 of several: the coordinator exits by itself once every node's workers have left
@@ -1007,6 +1059,27 @@ class Launcher {
       return;
     }
     if (member.role == Role::kWorker) {
+      // Elastic: the coordinator told the others, who go on while --min-workers remain. Below
+      // that it stops the job, and the remaining workers fail quoting its reason (who left
+      // why, after which step), which is worth more than this exit status: they are waited
+      // for, and the job fails once they are done (SuperviseUntilWorkersFinish).
+      if (!exit.success() && config_.min_workers > 0) {
+        ++workers_lost_;
+        const int remaining = config_.LocalWorkers() - workers_finished_ - workers_lost_;
+        const std::string minimum = "--min-workers " + std::to_string(config_.min_workers);
+        // As the coordinator counts: workers that finished did their part (in ps-async the
+        // fast ones finish long before the slow ones); only losses take a job below it.
+        if (config_.LocalWorkers() - workers_lost_ >= config_.min_workers) {
+          Announce(what + "; an elastic job (" + minimum + "): the other workers go on");
+          return;
+        }
+        if (!below_minimum_.has_value()) {
+          below_minimum_ = what + "; " + std::to_string(remaining) + " workers remain, below " +
+                           minimum + ": the job stopped";
+        }
+        Announce(what + "; below " + minimum + ": the coordinator stops the job");
+        return;
+      }
       if (!exit.success()) return Fail(what);
       ++workers_finished_;
       Announce(what + (member.ready ? "" : " (it never printed TESSERA_READY)"));
@@ -1053,6 +1126,8 @@ class Launcher {
   std::vector<Member> members_;      // indexed by ProcessGroup child id
   std::string coordinator_address_;  // HOST:PORT, from the coordinator's ready line
   int workers_finished_ = 0;         // workers that exited 0
+  int workers_lost_ = 0;             // elastic: workers that failed or were killed
+  std::optional<std::string> below_minimum_;  // elastic: the loss that took the job below it
   std::set<int> lost_servers_;       // servers that died (--replicas > 1)
   bool lingering_ = false;           // every worker has finished
   bool coordinator_done_ = false;    // several nodes: the coordinator exited 0

@@ -434,6 +434,7 @@ StatusOr<TrainingSummary> Train(const TrainerOptions& options, const data::Datas
       RETURN_IF_ERROR(engine->AwaitParameters(0, layout.total_size()).WithContext(where));
     }
     buffers.UploadParams();
+    if (options.after_step) options.after_step(step);
     bool stop = false, asked = false;
     if (options.should_stop) {
       asked = options.should_stop();

@@ -68,6 +68,9 @@ struct TrainerOptions {
   // Polled after every step: true ends training with Cancelled (a signal, preemption). With
   // checkpoint_on_stop (and checkpoint_dir), the finished step is checkpointed first.
   std::function<bool()> should_stop;
+  // Called after every step, once its parameters are in, with the step (before should_stop).
+  // May be empty. (An elastic job's worker: its heartbeats carry the step; tests exit here.)
+  std::function<void(int64_t step)> after_step;
   // Called once the ranks agreed to stop (every rank answered: none hangs), before the
   // checkpoint on stop. May be empty.
   std::function<void()> on_stop_agreed;

@@ -337,6 +337,8 @@ std::shared_ptr<CLI::App> WorkerCommandLine(WorkerFlags* flags) {
       "tessera-worker: a training process. --mode local trains alone (standalone or in a "
       "fleet); the other modes join the fleet at --coordinator.");
   AddWorkerFlags(app.get(), flags);
+  // Tests only, so not in --help (see WorkerFlags::test_exit); parsed in worker_main.
+  app->add_option("--test-exit", flags->test_exit)->group("");
   return app;
 }
 

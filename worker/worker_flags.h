@@ -25,6 +25,10 @@ struct WorkerFlags {
   std::string mode = "local";  // a name in worker/modes/mode_registry.h
   TrainingFlags training;
   ModeFlags modes;  // the flags of the modes and jobs (worker/modes/mode_flags.h)
+  // Tests only (hidden --test-exit RANK:STEP[:leave], issue 47): worker RANK exits right after
+  // step STEP, SIGKILLing itself or (":leave") saying goodbye first, so that an elastic job's
+  // membership change falls on a step boundary. Empty: never.
+  std::string test_exit;
 };
 
 // A command line with every flag of tessera-worker bound to `flags` (with help text and

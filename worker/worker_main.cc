@@ -28,6 +28,8 @@
 // coordinator declares it failed and tells the rest of the fleet, which then fail naming it
 // instead of waiting for it.
 #include <malloc.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <memory>
@@ -124,6 +126,31 @@ std::string FormatSummary(const TrainingSummary& s, const TrainingFlags& flags,
   return line.str();
 }
 
+// --test-exit RANK:STEP[:leave] (WorkerFlags::test_exit), parsed. rank < 0: none.
+struct TestExit {
+  int rank = -1;
+  int64_t step = 0;
+  bool leave = false;  // say goodbye first (a clean leave) instead of SIGKILL
+};
+
+StatusOr<TestExit> ParseTestExit(const std::string& text) {
+  TestExit parsed;
+  if (text.empty()) return parsed;
+  int rank = -1;
+  long long step = 0;
+  char how[16] = {0};
+  const int fields = std::sscanf(text.c_str(), "%d:%lld:%15s", &rank, &step, how);
+  if (fields < 2 || rank < 0 || step < 1 ||
+      (fields == 3 && std::string(how) != "leave")) {
+    return InvalidArgumentError("--test-exit=" + text + ": expected RANK:STEP or RANK:STEP:leave "
+                                "(RANK >= 0, STEP >= 1)");
+  }
+  parsed.rank = rank;
+  parsed.step = step;
+  parsed.leave = fields == 3;
+  return parsed;
+}
+
 // Trains in `mode`: alone (a mode that trains alone; client may be null) or as worker
 // client->rank() of the fleet. Sets *every_rank_stops (if not null) when the ranks of a mode
 // that agrees on stopping (the ring modes, ps-sync) agreed to stop.
@@ -155,6 +182,24 @@ Status RunTraining(ProcessRuntime& runtime, const WorkerFlags& worker_flags, con
   }
   trainer.metrics = &runtime.metrics();
   trainer.should_stop = [&runtime] { return runtime.StopRequested(); };
+  ASSIGN_OR_RETURN(const TestExit test_exit, ParseTestExit(worker_flags.test_exit));
+  trainer.after_step = [client, rank, test_exit](int64_t step) {
+    if (client != nullptr) client->SetStep(step);  // an elastic change names it
+    if (test_exit.rank != rank || test_exit.step != step) return;
+    // The coordinator records this step with the change: the periodic heartbeat may be late.
+    if (client != nullptr) {
+      Status sent = client->SendStep(step);
+      if (!sent.ok()) TLOG(WARNING) << "--test-exit: step " << step << " not reported: " << sent;
+    }
+    if (test_exit.leave && client != nullptr) {
+      client->Leave("left after step " + std::to_string(step) + " (--test-exit)");
+      std::fflush(nullptr);
+      _exit(0);
+    }
+    TLOG(WARNING) << "--test-exit: worker " << rank << " kills itself after step " << step;
+    std::fflush(nullptr);
+    raise(SIGKILL);
+  };
   trainer.gradients_reduced_across_ranks = mode.Has(kReducesGradientsAcrossRanks);
   StrategyContext context;
   context.mode = {&runtime, &worker_flags.modes, client, wiring};
@@ -317,6 +362,8 @@ Status RunMemberOfFleet(ProcessRuntime& runtime, const WorkerFlags& flags, const
   options.metrics_address = runtime.metrics_url();
   options.stop_requested = [&runtime] { return runtime.StopRequested(); };
   options.handlers_follow = mode.Has(kSurvivesServerLoss);
+  // Elastic jobs (--min-workers): only the parameter-server modes go on without a worker.
+  options.membership_changes_are_fatal = !mode.Has(kNeedsServers);
   ASSIGN_OR_RETURN(std::unique_ptr<RendezvousClient> client,
                    RendezvousClient::Join(&endpoint, options, &runtime.metrics()));
   // A failed peer (or a lost coordinator) wakes a collective waiting for frames with the root

@@ -55,6 +55,13 @@ struct FailureNotice {
   int32_t rank = -1;
   std::string address;
   std::string reason;
+  // Elastic jobs (issue 47, common/messages/membership.h): not 0 when this notice is the job's
+  // membership epoch of that number (a worker left, or joined when `joined`), which the other
+  // processes survive: the servers stop counting the worker, the workers carry on.
+  uint64_t membership_epoch = 0;
+  int64_t membership_step = -1;  // the last step the job completed then
+  int32_t world_size = 0;        // workers in the job after the change
+  bool joined = false;
 };
 
 struct BarrierRequest {

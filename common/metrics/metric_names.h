@@ -74,6 +74,12 @@ inline constexpr MetricName kHeartbeatsReceivedTotal{"tessera_heartbeats_receive
 // counter; labels: role.
 inline constexpr MetricName kFailuresDetectedTotal{"tessera_failures_detected_total",
                                                    "Fleet members declared failed, by role."};
+// gauge: the elastic job's membership epoch (0 until a worker leaves or joins; issue 47).
+inline constexpr MetricName kMembershipEpoch{
+    "tessera_membership_epoch", "The elastic job's membership epoch: its changes so far."};
+// counter; labels: kind (join, exit, killed, error).
+inline constexpr MetricName kMembershipChangesTotal{
+    "tessera_membership_changes_total", "Workers that left or joined the elastic job, by kind."};
 // histogram (seconds).
 inline constexpr MetricName kBarrierWaitSeconds{
     "tessera_barrier_wait_seconds", "Time a process waited in a barrier for the others."};

@@ -175,6 +175,17 @@ void RendezvousClient::PeerFailed(const FailureNotice& notice) {
     Fail(UnavailableError("lost contact with the coordinator: " + reason));
     return;
   }
+  if (notice.membership_epoch > 0 && !options_.membership_changes_are_fatal) {
+    // An elastic job's membership change, which the job survives: told, never fatal.
+    TLOG(WARNING) << reason;
+    std::function<void(const FailureNotice&)> on_membership;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      on_membership = on_membership_;
+    }
+    if (on_membership) on_membership(notice);
+    return;
+  }
   std::string what = MemberName(notice.role, notice.rank) + " (" + address + ") failed: " + reason;
   std::function<Status(const FailureNotice&)> on_peer_loss;
   {
@@ -197,6 +208,20 @@ void RendezvousClient::PeerFailed(const FailureNotice& notice) {
     if (!carry_on.message().empty()) what += "; " + carry_on.message();
   }
   Fail(AbortedError(what));
+}
+
+Status RendezvousClient::SendStep(int64_t step) {
+  SetStep(step);
+  StatusOr<Envelope> ack = endpoint_->Call(
+      options_.coordinator_address, Heartbeat{0}, step,
+      Deadline::AfterMillis(options_.heartbeat_timeout_ms), "heartbeat with step " +
+      std::to_string(step));
+  return ack.status();
+}
+
+void RendezvousClient::SetMembershipHandler(std::function<void(const FailureNotice&)> handler) {
+  std::lock_guard<std::mutex> lock(mu_);
+  on_membership_ = std::move(handler);
 }
 
 void RendezvousClient::SetPeerLossHandler(std::function<Status(const FailureNotice&)> handler) {
@@ -252,7 +277,8 @@ void RendezvousClient::HeartbeatLoop() {
   while (!stopping_ && health_.ok()) {
     lock.unlock();
     in_flight.push_back(endpoint_->CallAsync(
-        options_.coordinator_address, Heartbeat{sequence++}, -1,
+        options_.coordinator_address, Heartbeat{sequence++},
+        last_step_.load(std::memory_order_relaxed),
         Deadline::AfterMillis(options_.heartbeat_timeout_ms), "heartbeat"));
     // Collect answered heartbeats: an ack refreshes contact; an error from the coordinator
     // (e.g. "not a member": it restarted or declared us failed) is final.
@@ -338,7 +364,8 @@ void RendezvousClient::SendGoodbye(Goodbye goodbye) {
   StopHeartbeats();
   if (!health().ok()) return;  // the coordinator is gone or the fleet failed: nobody to tell
   StatusOr<Envelope> reply = endpoint_->Call(
-      options_.coordinator_address, std::move(goodbye), -1,
+      // With the last step (SetStep): an elastic job's change names it.
+      options_.coordinator_address, std::move(goodbye), last_step_.load(std::memory_order_relaxed),
       Deadline::AfterMillis(std::min<int64_t>(options_.request_timeout_ms, kGoodbyeTimeoutMs)),
       "goodbye");
   // A failure or stop relayed while saying goodbye already told the coordinator's side.

@@ -59,6 +59,10 @@ struct RendezvousOptions {
   // returns with the view at once and the process heartbeats only from StartHeartbeats() on
   // (once it serves: the coordinator makes it alive, and tells the others, at its first).
   bool join = false;
+  // Elastic jobs: whether a membership change (a worker left; FailureNotice::membership_epoch)
+  // fails this process as a plain failure notice would. A worker of a mode without servers
+  // cannot go on without a peer (its ring would wait for it) until issue 47's ring re-forming.
+  bool membership_changes_are_fatal = false;
   // True once this process was asked to stop (SIGTERM, SIGINT): Join and Barrier then give up
   // waiting within kStopCheckMs with Cancelled, instead of waiting out their timeouts. Null:
   // never.
@@ -110,6 +114,19 @@ class RendezvousClient {
   // one's place), on the endpoint's handler thread; must not block. Null: ignored. A newer
   // view held until now (RendezvousOptions::handlers_follow) goes to it at once.
   void SetFleetChangeHandler(std::function<void(const FleetView&)> handler);
+  // Elastic jobs (issue 47): called with each membership change the coordinator sends (a
+  // FailureNotice whose membership_epoch is not 0: a worker left or joined), on the endpoint's
+  // handler thread; must not block. Such a notice is never this process's failure, whether or
+  // not a handler is set. (A server stops counting the worker: PsService::WorkerLeft.)
+  void SetMembershipHandler(std::function<void(const FailureNotice&)> handler);
+  // The last step this process completed, which its heartbeats carry from now on: the step a
+  // membership change names when this process goes.
+  void SetStep(int64_t step) { last_step_.store(step, std::memory_order_relaxed); }
+  // SetStep, then a heartbeat at once, returning once the coordinator acknowledged it (or the
+  // error naming why not, within the heartbeat timeout): for a process about to leave, so the
+  // change names its exact step rather than the one of its last periodic heartbeat.
+  Status SendStep(int64_t step);
+
   // RendezvousOptions::join: starts heartbeating (the first one at once). Once only.
   void StartHeartbeats();
 
@@ -149,6 +166,8 @@ class RendezvousClient {
   std::function<void(const Status&)> on_failure_;      // guarded by mu_
   std::function<Status(const FailureNotice&)> on_peer_loss_;  // guarded by mu_
   std::function<void(const FleetView&)> on_fleet_change_;      // guarded by mu_
+  std::function<void(const FailureNotice&)> on_membership_;    // guarded by mu_
+  std::atomic<int64_t> last_step_{-1};
   uint64_t newest_epoch_ = 0;                                  // guarded by mu_
   // RendezvousOptions::handlers_follow: what arrived before the handlers were set.
   std::vector<FailureNotice> held_losses_;        // guarded by mu_

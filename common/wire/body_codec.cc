@@ -231,7 +231,9 @@ class BodyEncoder {
   Encoded operator()(HeartbeatAck& b) { return As(proto::CreateHeartbeatAck(fbb_, b.epoch)); }
   Encoded operator()(FailureNotice& b) {
     return As(proto::CreateFailureNoticeDirect(fbb_, WireRole(b.role), b.rank,
-                                               b.address.c_str(), b.reason.c_str()));
+                                               b.address.c_str(), b.reason.c_str(),
+                                               b.membership_epoch, b.membership_step,
+                                               b.world_size, b.joined));
   }
   Encoded operator()(BarrierRequest& b) {
     return As(proto::CreateBarrierRequestDirect(fbb_, b.name.c_str(), b.generation,
@@ -477,6 +479,10 @@ StatusOr<MessageBody> DecodeBody(const proto::Header& header, const Message& mes
       body.rank = b.rank();
       body.address = Str(b.address());
       body.reason = Str(b.reason());
+      body.membership_epoch = b.membership_epoch();
+      body.membership_step = b.membership_step();
+      body.world_size = b.world_size();
+      body.joined = b.joined();
       return MessageBody(std::move(body));
     }
     case proto::Body::BarrierRequest: {

@@ -173,6 +173,22 @@ TEST(WireCodecTest, RoundTripEveryBody) {
   EXPECT_EQ(back.members[0].metrics_address, "http://127.0.0.1:6000/metrics");
   EXPECT_EQ(back.members[1].state, MemberState::kFailed);
 
+  // An elastic job's membership epoch travels with the notice (issue 47); 0 by default.
+  FailureNotice left{Role::kWorker, 2, "tcp://c:1", "process gone"};
+  left.membership_epoch = 3;
+  left.membership_step = 40;
+  left.world_size = 3;
+  const auto notice =
+      std::get<FailureNotice>(Decoded(EncodeMessage(WorkerHeader(0), left)).body);
+  EXPECT_EQ(notice.membership_epoch, 3u);
+  EXPECT_EQ(notice.membership_step, 40);
+  EXPECT_EQ(notice.world_size, 3);
+  EXPECT_FALSE(notice.joined);
+  const auto plain = std::get<FailureNotice>(
+      Decoded(EncodeMessage(WorkerHeader(0), FailureNotice{Role::kWorker, 1, "a", "b"})).body);
+  EXPECT_EQ(plain.membership_epoch, 0u);
+  EXPECT_EQ(plain.membership_step, -1);
+
   const auto barrier = std::get<BarrierRequest>(
       Decoded(EncodeMessage(WorkerHeader(0), BarrierRequest{"all", 3, 600, std::nullopt})).body);
   EXPECT_FALSE(barrier.scope.has_value());

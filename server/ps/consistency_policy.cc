@@ -10,7 +10,9 @@ ConsistencyPolicy::ConsistencyPolicy(PsConsistency model, int num_workers, int64
     : model_(model),
       num_workers_(num_workers),
       staleness_(staleness),
-      clocks_(static_cast<size_t>(num_workers), 0) {}
+      clocks_(static_cast<size_t>(num_workers), 0),
+      in_job_(static_cast<size_t>(num_workers), true),
+      first_step_(static_cast<size_t>(num_workers), 0) {}
 
 StatusOr<PushDecision> ConsistencyPolicy::Push(int rank, int64_t step) {
   return Arrive(rank, step, /*skip=*/false);
@@ -22,6 +24,14 @@ StatusOr<PushDecision> ConsistencyPolicy::Skip(int rank, int64_t step) {
 
 StatusOr<PushDecision> ConsistencyPolicy::Arrive(int rank, int64_t step, bool skip) {
   PushDecision decision;
+  if (!Counts(rank, step)) {
+    // A leaver's push still in flight, or a joiner's before its first step: taking it would
+    // let a worker the others no longer wait for (or do not wait for yet) change a step.
+    return FailedPreconditionError(
+        "worker " + std::to_string(rank) + " pushed step " + std::to_string(step) + ", but " +
+        (in_job_[rank] ? "it counts only from step " + std::to_string(first_step_[rank])
+                       : std::string("it left the job")));
+  }
   if (model_ != PsConsistency::kSync) {
     if (model_ == PsConsistency::kSsp) {
       decision.reply.min_clock = step - staleness_;
@@ -71,10 +81,29 @@ StatusOr<PushDecision> ConsistencyPolicy::Arrive(int rank, int64_t step, bool sk
   clocks_[rank] = std::max(clocks_[rank], step);
   decision.update = step;
   decision.reply.min_version = step;
-  if (std::count(pushed.begin(), pushed.end(), true) < num_workers_) {
+  if (!Complete(step, pushed)) {
     decision.action = PushAction::kHold;
     return decision;
   }
+  PushDecision completed = CompleteStep(step);
+  completed.reply = decision.reply;
+  return completed;
+}
+
+bool ConsistencyPolicy::Complete(int64_t step, const std::vector<bool>& pushed) const {
+  bool any = false;
+  for (int rank = 0; rank < num_workers_; ++rank) {
+    const bool did = static_cast<size_t>(rank) < pushed.size() && pushed[rank];
+    any |= did;
+    if (Counts(rank, step) && !did) return false;
+  }
+  return any;  // a step nobody pushed has nothing to apply
+}
+
+PushDecision ConsistencyPolicy::CompleteStep(int64_t step) {
+  PushDecision decision;
+  decision.update = step;
+  decision.reply.min_version = step;
   decision.action = PushAction::kApplyHeld;
   if (auto skipped = skipped_by_.find(step); skipped != skipped_by_.end()) {
     decision.action = PushAction::kDropHeld;
@@ -82,8 +111,49 @@ StatusOr<PushDecision> ConsistencyPolicy::Arrive(int rank, int64_t step, bool sk
     skipped_by_.erase(skipped);
   }
   pushed_.erase(step);
-  version_ = step;
+  version_ = std::max(version_, step);
   return decision;
+}
+
+std::vector<PushDecision> ConsistencyPolicy::Leave(int rank) {
+  std::vector<PushDecision> completed;
+  if (!in_job_[rank]) return completed;
+  in_job_[rank] = false;
+  if (model_ != PsConsistency::kSync) return completed;
+  // Oldest first, as the pushes that completed them would have. (Workers push a step only
+  // once the one before it is applied, so there is at most one held step in practice.)
+  std::vector<int64_t> complete;
+  for (const auto& [step, pushed] : pushed_) {
+    if (Complete(step, pushed)) complete.push_back(step);
+  }
+  for (int64_t step : complete) completed.push_back(CompleteStep(step));
+  return completed;
+}
+
+Status ConsistencyPolicy::Join(int rank, int64_t first_step) {
+  if (in_job_[rank]) {
+    return FailedPreconditionError("worker " + std::to_string(rank) +
+                                   " cannot join: that rank is in the job already");
+  }
+  if (first_step <= version_) {
+    return FailedPreconditionError("worker " + std::to_string(rank) + " cannot join at step " +
+                                   std::to_string(first_step) + ": step " +
+                                   std::to_string(version_) + " is applied here already");
+  }
+  in_job_[rank] = true;
+  first_step_[rank] = first_step;
+  clocks_[rank] = first_step - 1;
+  return OkStatus();
+}
+
+bool ConsistencyPolicy::Counts(int rank, int64_t step) const {
+  return in_job_[rank] && step >= first_step_[rank];
+}
+
+int ConsistencyPolicy::CountingWorkers(int64_t step) const {
+  int count = 0;
+  for (int rank = 0; rank < num_workers_; ++rank) count += Counts(rank, step) ? 1 : 0;
+  return count;
 }
 
 ReleaseRule ConsistencyPolicy::Pull(int64_t step) const {
@@ -103,7 +173,11 @@ bool ConsistencyPolicy::MayRelease(const ReleaseRule& rule) const {
 }
 
 int64_t ConsistencyPolicy::Spread() const {
-  return *std::max_element(clocks_.begin(), clocks_.end()) - SlowestClock();
+  int64_t fastest = SlowestClock();
+  for (int rank = 0; rank < num_workers_; ++rank) {
+    if (in_job_[rank]) fastest = std::max(fastest, clocks_[rank]);
+  }
+  return fastest - SlowestClock();
 }
 
 int64_t ConsistencyPolicy::Lead(const ReleaseRule& rule) const {
@@ -137,6 +211,7 @@ std::vector<int> ConsistencyPolicy::NotPushed(int64_t step) const {
   if (step <= version_) return missing;
   auto pushed = pushed_.find(step);
   for (int rank = 0; rank < num_workers_; ++rank) {
+    if (!Counts(rank, step)) continue;
     if (pushed == pushed_.end() || !pushed->second[static_cast<size_t>(rank)]) {
       missing.push_back(rank);
     }
@@ -145,7 +220,13 @@ std::vector<int> ConsistencyPolicy::NotPushed(int64_t step) const {
 }
 
 int64_t ConsistencyPolicy::SlowestClock() const {
-  return *std::min_element(clocks_.begin(), clocks_.end());
+  // A worker that left would hold the others back for ever: only those in the job count. With
+  // nobody left, nothing waits: the fastest clock any worker reached.
+  int64_t slowest = INT64_MAX;
+  for (int rank = 0; rank < num_workers_; ++rank) {
+    if (in_job_[rank]) slowest = std::min(slowest, clocks_[rank]);
+  }
+  return slowest != INT64_MAX ? slowest : *std::max_element(clocks_.begin(), clocks_.end());
 }
 
 }  // namespace tessera::server

@@ -23,6 +23,11 @@
 // push of step t: in ps-sync the step is then dropped for every worker (nothing applied, the
 // version still becomes t, so every reply goes with the values of step t - 1); elsewhere it
 // applies nothing and moves only that worker's clock.
+// Elastic jobs (issue 47): a worker that left (Leave) stops counting at once: ps-sync's steps
+// wait only for the workers that still count, and a step whose last missing push was the
+// leaver's is complete there and then (its gradient is the average of the pushes that came,
+// the leaver's included if it pushed before going). A worker that joins (Join) counts from a
+// given step on; ps-ssp's slowest clock is that of the workers that count.
 //
 //   ConsistencyPolicy policy(PsConsistency::kSync, /*num_workers=*/2, /*staleness=*/0);
 //   ASSIGN_OR_RETURN(PushDecision push, policy.Push(rank, step));
@@ -114,9 +119,26 @@ class ConsistencyPolicy {
   // REQUIRES: clocks.size() == num_workers.
   void Restore(int64_t version, std::vector<int64_t> clocks);
 
-  // ps-sync: the workers whose push of `step` has not come, by rank (every worker when none
-  // has; none once the step is applied).
+  // ps-sync: the workers whose push of `step` has not come, by rank (every worker that counts
+  // for it when none has; none once the step is applied).
   std::vector<int> NotPushed(int64_t step) const;
+
+  // Worker `rank` left the job (elastic): it no longer counts for any step, and its later
+  // pushes are refused (FailedPrecondition naming it). ps-sync: the held steps this completes,
+  // oldest first, each kApplyHeld (or kDropHeld when a worker skipped it); the caller applies
+  // them as it would the last push's decision, then releases its waiting replies. Empty for the
+  // other models, or when nothing was waiting only for it. Leaving twice changes nothing.
+  // REQUIRES: 0 <= rank < num_workers.
+  std::vector<PushDecision> Leave(int rank);
+  // Worker `rank` (a place free since its former holder left, or never taken) counts from
+  // step `first_step` on: steps before it neither wait for it nor take its pushes. Refused
+  // (FailedPrecondition) when the rank counts already, or when `first_step` is not after the
+  // version (a step applied cannot take a gradient any more). REQUIRES: 0 <= rank < num_workers.
+  Status Join(int rank, int64_t first_step);
+  // Whether worker `rank` counts for step `step`.
+  bool Counts(int rank, int64_t step) const;
+  // How many workers count for `step`.
+  int CountingWorkers(int64_t step) const;
 
   PsConsistency model() const { return model_; }
   int64_t staleness() const { return staleness_; }
@@ -125,6 +147,10 @@ class ConsistencyPolicy {
 
  private:
   StatusOr<PushDecision> Arrive(int rank, int64_t step, bool skip);
+  // ps-sync: whether every worker that counts for `step` pushed it, given who did.
+  bool Complete(int64_t step, const std::vector<bool>& pushed) const;
+  // The step's decision once Complete: apply (or drop) it; the version becomes `step`.
+  PushDecision CompleteStep(int64_t step);
   int64_t SlowestClock() const;
 
   const PsConsistency model_;
@@ -134,6 +160,10 @@ class ConsistencyPolicy {
   std::vector<int64_t> clocks_;                  // by rank
   std::map<int64_t, std::vector<bool>> pushed_;  // ps-sync: who pushed a step not yet applied
   std::map<int64_t, int> skipped_by_;            // ps-sync: the first who skipped such a step
+  // Elastic membership, by rank: whether the worker is in the job, and the first step it
+  // counts for (0 for the workers the job started with).
+  std::vector<bool> in_job_;
+  std::vector<int64_t> first_step_;
 };
 
 }  // namespace tessera::server

@@ -236,5 +236,76 @@ TEST(ConsistencyPolicyTest, ACopyTakesItsVersionAndEachWorkersClock) {
   EXPECT_FALSE(ssp.MayRelease(MustPush(ssp, 0, 5).reply));  // 5 - 1 > 3
 }
 
+// Elastic jobs (issue 47): a worker that leaves stops counting at once.
+TEST(ConsistencyPolicyTest, SyncLeaveCompletesTheStepTheLeaverHeldUp) {
+  ConsistencyPolicy policy(PsConsistency::kSync, 4, 0);
+  for (int rank = 0; rank < 4; ++rank) MustPush(policy, rank, 1);
+  ASSERT_EQ(policy.version(), 1);
+  // Worker 2 dies after step 1: the others' pushes of step 2 wait for it...
+  PushDecision a = MustPush(policy, 0, 2);
+  MustPush(policy, 1, 2);
+  MustPush(policy, 3, 2);
+  EXPECT_EQ(a.action, PushAction::kHold);
+  EXPECT_EQ(policy.NotPushed(2), std::vector<int>({2}));
+  // ...until it leaves: step 2 is complete with the three that pushed.
+  std::vector<PushDecision> completed = policy.Leave(2);
+  ASSERT_EQ(completed.size(), 1u);
+  EXPECT_EQ(completed[0].action, PushAction::kApplyHeld);
+  EXPECT_EQ(completed[0].update, 2);
+  EXPECT_EQ(policy.version(), 2);
+  EXPECT_TRUE(policy.MayRelease(a.reply));
+  EXPECT_TRUE(policy.Leave(2).empty());  // twice: nothing more
+  // Step 3 waits only for the three, and the leaver's late push is refused naming it.
+  MustPush(policy, 0, 3);
+  MustPush(policy, 1, 3);
+  EXPECT_EQ(MustPush(policy, 3, 3).action, PushAction::kApplyHeld);
+  StatusOr<PushDecision> late = policy.Push(2, 4);
+  ASSERT_FALSE(late.ok());
+  EXPECT_EQ(late.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(late.status().message().find("worker 2 pushed step 4"), std::string::npos)
+      << late.status();
+  EXPECT_EQ(policy.CountingWorkers(4), 3);
+}
+
+TEST(ConsistencyPolicyTest, SyncLeaveOfAWorkerThatPushedKeepsItsGradientInTheStep) {
+  ConsistencyPolicy policy(PsConsistency::kSync, 3, 0);
+  MustPush(policy, 1, 1);  // pushed, then died before its reply
+  EXPECT_TRUE(policy.Leave(1).empty());  // 0 and 2 still count for step 1
+  MustPush(policy, 0, 1);
+  EXPECT_EQ(MustPush(policy, 2, 1).action, PushAction::kApplyHeld);
+  EXPECT_EQ(policy.version(), 1);
+}
+
+TEST(ConsistencyPolicyTest, SyncJoinerCountsFromItsFirstStep) {
+  ConsistencyPolicy policy(PsConsistency::kSync, 3, 0);
+  policy.Leave(2);
+  MustPush(policy, 0, 1);
+  EXPECT_EQ(MustPush(policy, 1, 1).action, PushAction::kApplyHeld);
+  EXPECT_FALSE(policy.Join(0, 5).ok());  // in the job already
+  Status applied = policy.Join(2, 1);
+  EXPECT_EQ(applied.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(applied.message().find("step 1 is applied"), std::string::npos) << applied;
+  ASSERT_TRUE(policy.Join(2, 3).ok());
+  // Step 2 does not wait for it, nor takes its push; step 3 waits for it.
+  EXPECT_FALSE(policy.Push(2, 2).ok());
+  MustPush(policy, 0, 2);
+  EXPECT_EQ(MustPush(policy, 1, 2).action, PushAction::kApplyHeld);
+  MustPush(policy, 0, 3);
+  EXPECT_EQ(MustPush(policy, 1, 3).action, PushAction::kHold);
+  EXPECT_EQ(MustPush(policy, 2, 3).action, PushAction::kApplyHeld);
+}
+
+TEST(ConsistencyPolicyTest, SspSlowestClockIgnoresAWorkerThatLeft) {
+  ConsistencyPolicy policy(PsConsistency::kSsp, 2, /*staleness=*/1);
+  MustPush(policy, 0, 1);
+  MustPush(policy, 1, 1);
+  MustPush(policy, 0, 2);
+  PushDecision ahead = MustPush(policy, 0, 3);
+  EXPECT_FALSE(policy.MayRelease(ahead.reply));  // worker 1 is at 1, 3 - 1 > 1
+  EXPECT_TRUE(policy.Leave(1).empty());
+  EXPECT_TRUE(policy.MayRelease(ahead.reply));
+  EXPECT_EQ(policy.Spread(), 0);
+}
+
 }  // namespace
 }  // namespace tessera::server

@@ -56,6 +56,19 @@ std::vector<const float*> FloatsByRank(const std::vector<TensorData>& by_rank,
 
 }  // namespace
 
+// The gradients of the workers that pushed, in rank order: a worker that left before pushing
+// (elastic jobs) has an empty slot, and the step's average is over those that pushed. A chunk
+// of no floats keeps every slot (all are empty).
+std::vector<TensorData> Pushed(std::vector<TensorData> by_rank, size_t chunk_size) {
+  if (chunk_size == 0) return by_rank;
+  std::vector<TensorData> pushed;
+  pushed.reserve(by_rank.size());
+  for (TensorData& slot : by_rank) {
+    if (!slot.bytes.empty()) pushed.push_back(std::move(slot));
+  }
+  return pushed;
+}
+
 // A chunk's values. Replies send them without a copy: each holds a lease (`readers`) until
 // its transport is done with them, and an update while a lease is out writes to a fresh copy
 // (Writable), so the values a reply carries never change under it.
@@ -690,7 +703,7 @@ std::string DenseShard::OwnerMessage(uint64_t key) const {
 // a bit): its frame.
 TensorData DenseShard::AverageHeld(int64_t step, Chunk* chunk) {
   auto held = chunk->held.find(step);
-  std::vector<TensorData> slots = std::move(held->second.by_rank);
+  std::vector<TensorData> slots = Pushed(std::move(held->second.by_rank), chunk->where.size);
   chunk->held.erase(held);
   const std::string name = "chunk" + std::to_string(chunk->where.index);
   if (slots.size() == 1) {
@@ -709,7 +722,7 @@ TensorData DenseShard::AverageHeld(int64_t step, Chunk* chunk) {
 
 void DenseShard::ApplyHeld(int64_t step, Chunk* chunk) {
   auto held = chunk->held.find(step);
-  std::vector<TensorData> slots = std::move(held->second.by_rank);
+  std::vector<TensorData> slots = Pushed(std::move(held->second.by_rank), chunk->where.size);
   chunk->held.erase(held);
   ApplyAverage(step, slots, chunk);
 }
@@ -952,6 +965,40 @@ void DenseShard::Restore(std::map<uint64_t, ChunkState> saved, int64_t step) {
     }
     Send(ready);
   }
+}
+
+void DenseShard::RemoveWorker(int rank) {
+  for (auto& [key, chunk] : chunks_) {
+    Ready ready;
+    {
+      std::lock_guard<std::mutex> lock(chunk->mu);
+      for (const PushDecision& decision : chunk->policy.Leave(rank)) {
+        if (decision.action == PushAction::kApplyHeld) {
+          ApplyHeld(decision.update, chunk.get());
+        } else {  // kDropHeld: a worker that stayed skipped the step
+          chunk->held.erase(decision.update);
+          chunk->dropped_step = decision.update;
+          chunk->dropped_by = decision.skipped_by;
+          metrics_->DenseUpdateSkipped();
+        }
+        ForgetOldStops(chunk.get());
+      }
+      ReleaseReady(chunk.get(), &ready);
+    }
+    Send(ready);
+  }
+}
+
+Status DenseShard::AddWorker(int rank, int64_t first_step) {
+  for (auto& [key, chunk] : chunks_) {
+    std::lock_guard<std::mutex> lock(chunk->mu);
+    Status joined = chunk->policy.Join(rank, first_step);
+    if (!joined.ok()) {
+      return Status(joined.code(),
+                    "chunk " + std::to_string(chunk->where.index) + ": " + joined.message());
+    }
+  }
+  return OkStatus();
 }
 
 }  // namespace tessera::server

@@ -216,6 +216,15 @@ class DenseShard {
   // state_per_element() * chunk.size state floats (and as many clocks as workers, if any).
   void Restore(std::map<uint64_t, ChunkState> saved, int64_t step);
 
+  // Elastic jobs (issue 47): worker `rank` left the job (ConsistencyPolicy::Leave on every
+  // chunk). A ps-sync step it alone held up is applied at once, its gradient the average of
+  // the pushes that came, and the replies waiting for it go. Not forwarded: an elastic job has
+  // one copy of each key range (forwarding such a step is later work).
+  void RemoveWorker(int rank);
+  // Worker `rank` counts from step `first_step` on, on every chunk (ConsistencyPolicy::Join);
+  // the first chunk's refusal, naming the chunk, if any (the chunks before it took the join).
+  Status AddWorker(int rank, int64_t first_step);
+
  private:
   struct Values;
   struct PendingReply;

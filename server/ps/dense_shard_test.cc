@@ -1140,3 +1140,57 @@ TEST_F(DenseShardTest, HeldRepliesKeepTheirValuesWhileOtherWorkersUpdate) {
 
 }  // namespace
 }  // namespace tessera::server
+
+namespace tessera::server {
+namespace {
+
+// Elastic jobs (issue 47): a worker that leaves stops counting at once, and the step it held
+// up is the average of the pushes that came: bitwise what a job of the workers that stayed
+// computes (here: a 2-worker shard given the same two pushes).
+TEST_F(DenseShardTest, RemoveWorkerCompletesTheStepWithThePushesThatCame) {
+  std::unique_ptr<DenseShard> elastic = Create(Config(PsConsistency::kSync, 3));
+  std::unique_ptr<DenseShard> reference = Create(Config(PsConsistency::kSync, 2));
+  ASSERT_NE(elastic, nullptr);
+  ASSERT_NE(reference, nullptr);
+  const Floats g0 = {0.1f, 0.2f, 0.3f, 0.7f};
+  const Floats g1 = {0.4f, 0.5f, 0.6f, 0.9f};
+  Captured a = Push(*elastic, 0, 1, {Chunk(0, g0)});
+  Captured b = Push(*elastic, 1, 1, {Chunk(0, g1)});
+  EXPECT_FALSE(a.came());  // worker 2 has not pushed step 1
+  elastic->RemoveWorker(2);
+  ASSERT_TRUE(a.came());
+  ASSERT_TRUE(b.came());
+  Push(*reference, 0, 1, {Chunk(0, g0)});
+  Captured want = Push(*reference, 1, 1, {Chunk(0, g1)});
+  ASSERT_TRUE(want.came());
+  EXPECT_EQ(a.Values(0), want.Values(0));
+  EXPECT_EQ(b.Values(0), want.Values(0));
+  // Step 2 needs only the two; worker 2's late push is refused, naming it.
+  Captured refused;
+  Status late = elastic->PushPull(2, 2, {Chunk(0, g0)}, true, refused.Callback());
+  EXPECT_EQ(late.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(late.message().find("worker 2 pushed step 2"), std::string::npos) << late;
+  Push(*elastic, 0, 2, {Chunk(0, g1)});
+  EXPECT_TRUE(Push(*elastic, 1, 2, {Chunk(0, g0)}).came());
+}
+
+TEST_F(DenseShardTest, AddWorkerCountsTheJoinerFromItsFirstStep) {
+  std::unique_ptr<DenseShard> shard = Create(Config(PsConsistency::kSync, 3));
+  ASSERT_NE(shard, nullptr);
+  shard->RemoveWorker(2);
+  const Floats g = {1, 1, 1, 1};
+  Push(*shard, 0, 1, {Chunk(0, g)});
+  EXPECT_TRUE(Push(*shard, 1, 1, {Chunk(0, g)}).came());
+  Status applied = shard->AddWorker(2, 1);
+  EXPECT_EQ(applied.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(applied.message().find("chunk 0: "), std::string::npos) << applied;
+  ASSERT_TRUE(shard->AddWorker(2, 2).ok());
+  Push(*shard, 0, 2, {Chunk(0, g)});
+  Captured waits = Push(*shard, 1, 2, {Chunk(0, g)});
+  EXPECT_FALSE(waits.came());  // the joiner counts for step 2
+  EXPECT_TRUE(Push(*shard, 2, 2, {Chunk(0, g)}).came());
+  EXPECT_TRUE(waits.came());
+}
+
+}  // namespace
+}  // namespace tessera::server

@@ -74,6 +74,48 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
     forwarder_.PeerLost(address, why);
   }
 
+  // On the work queue (urgent: the replies it releases are what every other worker waits
+  // for), not on the caller's thread: applying a completed step takes the chunks' locks.
+  void WorkerLeft(int rank, const std::string& why) {
+    std::weak_ptr<Impl> weak = shared_from_this();
+    queue_.PostUrgent([weak, rank, why] {
+      auto self = weak.lock();
+      if (self == nullptr) return;
+      for (const std::shared_ptr<Job>& job : self->Jobs()) {
+        if (rank < 0 || rank >= job->config.num_workers) continue;
+        TLOG(INFO) << RangeName(job->range) << ": worker " << rank
+                   << " no longer counts (elastic job): " << why;
+        job->dense->RemoveWorker(rank);
+        if (job->tables != nullptr) job->tables->RemoveWorker(rank);
+      }
+    });
+  }
+
+  Status WorkerJoined(int rank, int64_t first_step) {
+    for (const std::shared_ptr<Job>& job : Jobs()) {
+      if (rank < 0 || rank >= job->config.num_workers) {
+        return InvalidArgumentError(RangeName(job->range) + ": worker " + std::to_string(rank) +
+                                    " cannot join a job of " +
+                                    std::to_string(job->config.num_workers) + " workers");
+      }
+      Status joined = job->dense->AddWorker(rank, first_step);
+      if (joined.ok() && job->tables != nullptr) {
+        joined = job->tables->AddWorker(rank, first_step);
+      }
+      if (!joined.ok()) {
+        return Status(joined.code(), RangeName(job->range) + ": " + joined.message());
+      }
+    }
+    return OkStatus();
+  }
+
+  std::vector<std::shared_ptr<Job>> Jobs() {
+    std::vector<std::shared_ptr<Job>> jobs;
+    std::lock_guard<std::mutex> held(job_mu_);
+    for (const auto& [range, job] : jobs_) jobs.push_back(job);
+    return jobs;
+  }
+
   void StartWatch() {
     if (options_.long_wait_ms <= 0) return;
     watch_ = std::thread([this] { WatchLongWaits(); });
@@ -762,6 +804,12 @@ PsService::~PsService() { impl_->Stop(); }
 
 void PsService::PeerLost(const std::string& address, const std::string& why) {
   impl_->PeerLost(address, why);
+}
+
+void PsService::WorkerLeft(int rank, const std::string& why) { impl_->WorkerLeft(rank, why); }
+
+Status PsService::WorkerJoined(int rank, int64_t first_step) {
+  return impl_->WorkerJoined(rank, first_step);
 }
 
 }  // namespace tessera::server

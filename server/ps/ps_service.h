@@ -108,6 +108,15 @@ class PsService {
   // not forwarded there any more, and those waiting for it go on.
   void PeerLost(const std::string& address, const std::string& why);
 
+  // Elastic jobs (issue 47): worker `rank` left the job or died (`why`): it stops counting in
+  // every job part here (DenseShard::RemoveWorker, SparseTables::RemoveWorker), so a ps-sync
+  // step waiting only for it completes with the workers that pushed. Returns at once; the
+  // work runs on the service's queue. A rank outside a job is ignored.
+  void WorkerLeft(int rank, const std::string& why);
+  // Worker `rank` joins the running job and counts from step `first_step` on in every part
+  // here. FailedPrecondition when that rank is in the job or the step is applied already.
+  Status WorkerJoined(int rank, int64_t first_step);
+
   class Impl;
 
  private:

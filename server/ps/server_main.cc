@@ -96,6 +96,13 @@ Status Serve(ProcessRuntime& runtime, bool join) {
     }
     return OkStatus();
   });
+  // Elastic jobs (issue 47): a worker that left stops counting here at once, so the others'
+  // step completes without it.
+  client->SetMembershipHandler([service = service.get()](const FailureNotice& notice) {
+    if (notice.role == Role::kWorker && !notice.joined) {
+      service->WorkerLeft(notice.rank, notice.reason);
+    }
+  });
   runtime.AnnounceReady(rank);
   if (join) {
     // Serving now: the coordinator makes this server alive at its first heartbeat and tells

@@ -26,6 +26,7 @@ struct SparseTables::Table {
   struct RankRows {
     std::vector<int64_t> ids;
     std::vector<float> grads;
+    bool pushed = false;  // ps-sync: this worker pushed the step (perhaps no rows)
   };
   // ps-sync: the rows of a step not applied yet, by rank.
   std::map<int64_t, std::vector<RankRows>> held;  // guarded by mu
@@ -173,7 +174,7 @@ Status SparseTables::Push(const std::string& name, int rank, int64_t step,
     } else {
       auto& slots = table.held[step];
       slots.resize(static_cast<size_t>(config_.num_workers));
-      slots[rank] = {std::move(ids), std::move(grads)};
+      slots[rank] = {std::move(ids), std::move(grads), /*pushed=*/true};
       if (decision->action == PushAction::kApplyHeld) applied = ApplyHeld(step, &table);
     }
     ReleaseReady(&table, &ready);
@@ -279,12 +280,16 @@ Status SparseTables::ApplyHeld(int64_t step, Table* table) {
   auto held = table->held.find(step);
   std::vector<int64_t> all_ids;
   std::vector<float> all_grads;
+  // The average is over the workers that pushed: all of them, unless one left the job
+  // (elastic) before pushing the step.
+  int pushers = 0;
   for (const Table::RankRows& part : held->second) {  // rank order
+    pushers += part.pushed ? 1 : 0;
     all_ids.insert(all_ids.end(), part.ids.begin(), part.ids.end());
     all_grads.insert(all_grads.end(), part.grads.begin(), part.grads.end());
   }
   table->held.erase(held);
-  const float scale = 1.0f / static_cast<float>(config_.num_workers);
+  const float scale = 1.0f / static_cast<float>(pushers > 0 ? pushers : 1);
   for (float& g : all_grads) g *= scale;
   const float lr = LearningRate(config_.schedule, config_.optimizer.lr, step - 1);
   metrics_->SparseUpdate();
@@ -425,6 +430,37 @@ void SparseTables::CommitRestore(Restored restored, int64_t step,
     }
     Send(&ready);
   }
+}
+
+void SparseTables::RemoveWorker(int rank) {
+  for (auto& [name, table] : tables_) {
+    Ready ready;
+    {
+      std::lock_guard<std::mutex> lock(table->mu);
+      for (const PushDecision& decision : table->policy.Leave(rank)) {
+        if (decision.action == PushAction::kApplyHeld) {
+          // Every id was checked on arrival, so this does not fail.
+          Status applied = ApplyHeld(decision.update, table.get());
+          if (!applied.ok()) TLOG(ERROR) << "table '" << name << "': " << applied;
+        } else {
+          table->held.erase(decision.update);
+        }
+      }
+      ReleaseReady(table.get(), &ready);
+    }
+    Send(&ready);
+  }
+}
+
+Status SparseTables::AddWorker(int rank, int64_t first_step) {
+  for (auto& [name, table] : tables_) {
+    std::lock_guard<std::mutex> lock(table->mu);
+    Status joined = table->policy.Join(rank, first_step);
+    if (!joined.ok()) {
+      return Status(joined.code(), "table '" + name + "': " + joined.message());
+    }
+  }
+  return OkStatus();
 }
 
 }  // namespace tessera::server

@@ -132,6 +132,12 @@ class SparseTables {
   // waiting pulls the restored version allows go.
   // REQUIRES: `restored` came from PrepareRestore of this object; a table's clocks, if any,
   // are one per worker.
+  // Elastic jobs: worker `rank` left (ConsistencyPolicy::Leave on every table); a ps-sync step
+  // it alone held up is applied with the rows of the workers that pushed, and the waiting
+  // replies go. Not forwarded (as DenseShard::RemoveWorker).
+  void RemoveWorker(int rank);
+  // Worker `rank` counts from step `first_step` on, on every table (ConsistencyPolicy::Join).
+  Status AddWorker(int rank, int64_t first_step);
   void CommitRestore(Restored restored, int64_t step,
                      const std::map<std::string, TableRows>& saved = {});
 
