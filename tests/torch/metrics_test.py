@@ -420,8 +420,8 @@ class CoordinatorTest(unittest.TestCase):
             code, dom, err = _chromium_dom(dashboard)
             self.assertEqual(code, 0, err)
             self.assertNotIn('id="pipeline-panel" hidden', dom, dom[:4000])
-            rows = re.findall(r'<g data-pipeline-row="([^"]*)" data-pipeline-rank="(\d+)">(.*?)</g>',
-                              dom)
+            rows = re.findall(
+                r'<g data-pipeline-row="([^"]*)" data-pipeline-rank="(\d+)">(.*?)</g>', dom)
             self.assertEqual([(name, rank) for name, rank, _ in rows],
                              [("worker 0", "0"), ("worker 1", "1")], dom[:4000])
             for rank, (_, _, row) in enumerate(rows):
