@@ -91,24 +91,6 @@ class PsService::Impl : public std::enable_shared_from_this<PsService::Impl> {
     });
   }
 
-  Status WorkerJoined(int rank, int64_t first_step) {
-    for (const std::shared_ptr<Job>& job : Jobs()) {
-      if (rank < 0 || rank >= job->config.num_workers) {
-        return InvalidArgumentError(RangeName(job->range) + ": worker " + std::to_string(rank) +
-                                    " cannot join a job of " +
-                                    std::to_string(job->config.num_workers) + " workers");
-      }
-      Status joined = job->dense->AddWorker(rank, first_step);
-      if (joined.ok() && job->tables != nullptr) {
-        joined = job->tables->AddWorker(rank, first_step);
-      }
-      if (!joined.ok()) {
-        return Status(joined.code(), RangeName(job->range) + ": " + joined.message());
-      }
-    }
-    return OkStatus();
-  }
-
   std::vector<std::shared_ptr<Job>> Jobs() {
     std::vector<std::shared_ptr<Job>> jobs;
     std::lock_guard<std::mutex> held(job_mu_);
@@ -807,9 +789,5 @@ void PsService::PeerLost(const std::string& address, const std::string& why) {
 }
 
 void PsService::WorkerLeft(int rank, const std::string& why) { impl_->WorkerLeft(rank, why); }
-
-Status PsService::WorkerJoined(int rank, int64_t first_step) {
-  return impl_->WorkerJoined(rank, first_step);
-}
 
 }  // namespace tessera::server

@@ -113,9 +113,6 @@ class PsService {
   // step waiting only for it completes with the workers that pushed. Returns at once; the
   // work runs on the service's queue. A rank outside a job is ignored.
   void WorkerLeft(int rank, const std::string& why);
-  // Worker `rank` joins the running job and counts from step `first_step` on in every part
-  // here. FailedPrecondition when that rank is in the job or the step is applied already.
-  Status WorkerJoined(int rank, int64_t first_step);
 
   class Impl;
 

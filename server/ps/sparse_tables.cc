@@ -452,15 +452,4 @@ void SparseTables::RemoveWorker(int rank) {
   }
 }
 
-Status SparseTables::AddWorker(int rank, int64_t first_step) {
-  for (auto& [name, table] : tables_) {
-    std::lock_guard<std::mutex> lock(table->mu);
-    Status joined = table->policy.Join(rank, first_step);
-    if (!joined.ok()) {
-      return Status(joined.code(), "table '" + name + "': " + joined.message());
-    }
-  }
-  return OkStatus();
-}
-
 }  // namespace tessera::server

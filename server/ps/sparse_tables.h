@@ -136,8 +136,6 @@ class SparseTables {
   // it alone held up is applied with the rows of the workers that pushed, and the waiting
   // replies go. Not forwarded (as DenseShard::RemoveWorker).
   void RemoveWorker(int rank);
-  // Worker `rank` counts from step `first_step` on, on every table (ConsistencyPolicy::Join).
-  Status AddWorker(int rank, int64_t first_step);
   void CommitRestore(Restored restored, int64_t step,
                      const std::map<std::string, TableRows>& saved = {});
 
