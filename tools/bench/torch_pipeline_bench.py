@@ -160,7 +160,10 @@ class LiveActivations:
             self.live += self.sizes[key]
             self.peak = max(self.peak, self.live)
         self.counts[key] = self.counts.get(key, 0) + 1
-        return LiveActivations._Handle(self, key, tensor)
+        # Detached (the same storage, no grad_fn; autograd gives an output back its own when it
+        # unpacks it): a handle holding a saved output itself would tie it to the node that
+        # saved it, a cycle that a graph kept with retain_graph (ZB-H1's I) never frees.
+        return LiveActivations._Handle(self, key, tensor.detach())
 
     @staticmethod
     def _unpack(saved):
